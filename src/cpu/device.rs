@@ -1,0 +1,149 @@
+//! `CpuDevice`: the host as a device.
+
+use std::fmt;
+
+use crate::backend::DeviceInfo;
+use crate::device::{Device, QueueFactory};
+use crate::error::Result;
+use crate::params::Limits;
+use crate::queue::QueueKind;
+use crate::signal::check_value;
+use crate::spec::DeviceSpec;
+use crate::sync::Arc;
+
+use super::{Cpu, CpuBuffer, CpuQueue, CpuSignal};
+
+/// What one CPU `exec` may ask for. The local limits match CUDA's, so a
+/// schedule tested on the CPU launches unchanged on a GPU.
+pub const CPU_LIMITS: Limits = Limits {
+    max_local_size: [1024, 1024, 64],
+    max_local_count: 1024,
+    max_groups: [u32::MAX, u32::MAX, u32::MAX],
+    max_buffers: 64,
+};
+
+/// The CPU, opened. Cheap to clone; clones share one device.
+#[derive(Clone)]
+pub struct CpuDevice {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    threads: usize,
+    name: String,
+}
+
+impl CpuDevice {
+    /// Opens the CPU, using every core the process may run on.
+    pub fn new() -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_threads(threads)
+    }
+
+    /// Opens the CPU with `threads` threads per `exec` (at least 1).
+    pub fn with_threads(threads: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                threads: threads.max(1),
+                name: cpu_name(),
+            }),
+        }
+    }
+
+    /// Threads an `exec` may use.
+    pub fn threads(&self) -> usize {
+        self.inner.threads
+    }
+
+    pub(crate) fn limits_ref(&self) -> Limits {
+        CPU_LIMITS
+    }
+
+    /// What the probe reports for this machine.
+    pub(crate) fn info() -> DeviceInfo {
+        DeviceInfo {
+            spec: DeviceSpec::cpu(),
+            name: cpu_name(),
+            memory: total_memory(),
+            compute_units: std::thread::available_parallelism()
+                .ok()
+                .and_then(|n| u32::try_from(n.get()).ok()),
+        }
+    }
+}
+
+impl Default for CpuDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QueueFactory for CpuDevice {
+    type Queue = CpuQueue;
+    type Signal = CpuSignal;
+
+    fn compute_queue(&self) -> Result<CpuQueue> {
+        CpuQueue::new(self, QueueKind::Compute)
+    }
+
+    /// The CPU has no copy engine, but a copy queue is a second worker
+    /// thread, so uploads overlap kernels as on a GPU.
+    fn copy_queue(&self) -> Result<Option<CpuQueue>> {
+        CpuQueue::new(self, QueueKind::Copy).map(Some)
+    }
+
+    fn new_signal(&self, initial: u64) -> Result<CpuSignal> {
+        check_value(initial)?;
+        Ok(CpuSignal::new(initial))
+    }
+}
+
+impl Device for CpuDevice {
+    type Backend = Cpu;
+
+    fn spec(&self) -> DeviceSpec {
+        DeviceSpec::cpu()
+    }
+
+    fn name(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    fn limits(&self) -> Limits {
+        CPU_LIMITS
+    }
+
+    fn alloc(&self, size: usize) -> Result<CpuBuffer> {
+        CpuBuffer::new(size)
+    }
+}
+
+impl fmt::Debug for CpuDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuDevice")
+            .field("name", &self.inner.name)
+            .field("threads", &self.inner.threads)
+            .finish()
+    }
+}
+
+/// The CPU's model name from `/proc/cpuinfo`, or a generic name.
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split_once(':'))
+                .map(|(_, name)| name.trim().to_owned())
+        })
+        .unwrap_or_else(|| format!("{} CPU", std::env::consts::ARCH))
+}
+
+/// Total memory from `/proc/meminfo`, where there is one.
+fn total_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

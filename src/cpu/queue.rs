@@ -1,0 +1,639 @@
+//! `CpuQueue`: batches recorded on the caller's thread, run in order by a
+//! worker thread the queue owns.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::mem;
+use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::backend::Backend;
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crate::params::{ExecParams, Limits};
+use crate::program::{Program, Scalar};
+use crate::queue::{HardwareQueue, QueueKind};
+use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::sync::{Arc, Condvar, Mutex, Ordering, fence, spawn};
+
+use super::device::CpuDevice;
+use super::program::{BufferView, KernelArgs, WorkGroup};
+use super::{Cpu, CpuBuffer, CpuProgram, CpuSignal};
+
+/// A command queue of the CPU backend.
+///
+/// Recording happens on the caller's thread; [`submit`](HardwareQueue::submit)
+/// moves the batch to a worker thread owned by the queue, which runs batches
+/// in submission order:
+///
+/// - `wait` blocks the worker until the signal is reached (or failed);
+/// - `signal` raises the signal after every earlier command completed;
+/// - `exec` runs the grid's work-groups in parallel on the device's cores
+///   (one work-group runs inline on the worker), holding its buffers
+///   exclusively;
+/// - `copy` moves whole buffers of equal size;
+/// - `memory_barrier` is a `SeqCst` fence: the worker already runs commands
+///   in order, and each `exec` joins its threads before the next command.
+///
+/// Dropping a queue finishes the work already submitted (the worker drains
+/// it, then exits) and fails the signals of a batch recorded but never
+/// submitted, so nobody waits on them forever.
+pub struct CpuQueue {
+    kind: QueueKind,
+    limits: Limits,
+    batch: Batch,
+    /// The first invalid command of the batch being recorded.
+    rejected: Option<Error>,
+    shared: Arc<Shared>,
+}
+
+/// One submitted unit of work. Buffers and scalars of all `exec`s live in
+/// two vectors per batch, so recording an `exec` allocates nothing once the
+/// vectors have grown; finished batches are recycled.
+#[derive(Default)]
+struct Batch {
+    commands: Vec<Command>,
+    buffers: Vec<CpuBuffer>,
+    scalars: Vec<Scalar>,
+    /// `State::epoch` when submitted.
+    epoch: u64,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.commands.clear();
+        self.buffers.clear();
+        self.scalars.clear();
+    }
+
+    /// Fails every signal the commands from `from` on would have set.
+    fn fail_signals(&self, from: usize, cause: &Error) {
+        for command in &self.commands[from..] {
+            if let Command::Signal { signal, value } = command {
+                signal.fail(*value, cause.clone());
+            }
+        }
+    }
+}
+
+enum Command {
+    Wait {
+        signal: CpuSignal,
+        value: u64,
+    },
+    /// A wait on another backend's signal: the only boxed command, off the
+    /// same-backend path.
+    WaitForeign {
+        signal: Box<dyn ForeignSignal>,
+        value: u64,
+    },
+    Signal {
+        signal: CpuSignal,
+        value: u64,
+    },
+    Exec {
+        program: CpuProgram,
+        buffers: Range<usize>,
+        scalars: Range<usize>,
+        params: ExecParams,
+    },
+    Copy {
+        dst: CpuBuffer,
+        src: CpuBuffer,
+    },
+    Barrier,
+}
+
+/// A signal of any backend that the worker can block on.
+trait ForeignSignal: Send + Sync {
+    fn wait_forever(&self, value: u64) -> Result<()>;
+}
+
+impl<S: TimelineSignal> ForeignSignal for S {
+    fn wait_forever(&self, value: u64) -> Result<()> {
+        self.wait(value, Timeout::Forever)
+    }
+}
+
+/// What the owner and the worker share.
+struct Shared {
+    state: Mutex<State>,
+    /// The worker parks here for batches.
+    work: Condvar,
+    /// `synchronize` parks here for `in_flight == 0`.
+    idle: Condvar,
+    /// Threads an `exec` may use.
+    threads: usize,
+}
+
+#[derive(Default)]
+struct State {
+    /// Submitted, not yet started.
+    pending: VecDeque<Batch>,
+    /// Submitted, not yet finished (pending or running).
+    in_flight: usize,
+    /// The owner dropped the queue: exit once `pending` is empty.
+    closed: bool,
+    worker_parked: bool,
+    sync_waiters: usize,
+    /// A failure not yet reported to the owner.
+    failure: Option<std::sync::Arc<Error>>,
+    /// How many failures the owner has been told of. A batch submitted in
+    /// the epoch of a failure was submitted before the owner knew, and is
+    /// not run.
+    epoch: u64,
+    /// Finished batches, cleared, for reuse.
+    spare: Vec<Batch>,
+}
+
+/// How many finished batches to keep for reuse.
+const SPARE_BATCHES: usize = 4;
+
+impl CpuQueue {
+    pub(crate) fn new(device: &CpuDevice, kind: QueueKind) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            threads: device.threads(),
+        });
+        let worker = shared.clone();
+        spawn(format!("hwqueue-cpu-{kind}"), move || run_worker(&worker)).map_err(|e| {
+            Error::System {
+                what: "spawning a CPU queue's worker thread",
+                detail: e.to_string(),
+            }
+        })?;
+        Ok(Self {
+            kind,
+            limits: device.limits_ref(),
+            batch: Batch::default(),
+            rejected: None,
+            shared,
+        })
+    }
+
+    /// How many commands are recorded and not yet submitted.
+    pub fn recorded(&self) -> usize {
+        self.batch.commands.len()
+    }
+
+    fn check_exec(
+        &self,
+        program: &CpuProgram,
+        buffers: &[&CpuBuffer],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        if self.kind == QueueKind::Copy {
+            return Err(Error::UnsupportedCommand {
+                kind: self.kind,
+                command: "exec",
+            });
+        }
+        params.validate(&self.limits)?;
+        let bad = |reason: String| {
+            Err(Error::InvalidArguments {
+                program: program.name().to_owned(),
+                reason,
+            })
+        };
+        if buffers.len() != program.buffer_count() {
+            return bad(format!(
+                "it takes {} buffer(s) but {} were given",
+                program.buffer_count(),
+                buffers.len()
+            ));
+        }
+        if scalars.len() != program.scalar_count() {
+            return bad(format!(
+                "it takes {} scalar(s) but {} were given",
+                program.scalar_count(),
+                scalars.len()
+            ));
+        }
+        if buffers.len() > self.limits.max_buffers {
+            return bad(format!(
+                "{} buffers exceed the limit of {}",
+                buffers.len(),
+                self.limits.max_buffers
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl HardwareQueue for CpuQueue {
+    type Backend = Cpu;
+
+    fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    fn wait(&mut self, signal: &CpuSignal, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::Wait {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn signal(&mut self, signal: &CpuSignal, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        // Recorded even in a rejected batch, so `submit` can fail it.
+        self.batch.commands.push(Command::Signal {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn exec(
+        &mut self,
+        program: &CpuProgram,
+        buffers: &[&CpuBuffer],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        if self.rejected.is_some() {
+            return self;
+        }
+        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
+            return self.reject(e);
+        }
+        let first_buffer = self.batch.buffers.len();
+        self.batch
+            .buffers
+            .extend(buffers.iter().map(|b| (*b).clone()));
+        let first_scalar = self.batch.scalars.len();
+        self.batch.scalars.extend_from_slice(scalars);
+        self.batch.commands.push(Command::Exec {
+            program: program.clone(),
+            buffers: first_buffer..self.batch.buffers.len(),
+            scalars: first_scalar..self.batch.scalars.len(),
+            params,
+        });
+        self
+    }
+
+    fn copy(&mut self, dst: &CpuBuffer, src: &CpuBuffer) -> &mut Self {
+        if dst.size() != src.size() {
+            return self.reject(Error::CopySizeMismatch {
+                dst: dst.size(),
+                src: src.size(),
+            });
+        }
+        self.batch.commands.push(Command::Copy {
+            dst: dst.clone(),
+            src: src.clone(),
+        });
+        self
+    }
+
+    fn memory_barrier(&mut self) -> &mut Self {
+        self.batch.commands.push(Command::Barrier);
+        self
+    }
+
+    /// The worker blocks on the foreign signal's own host `wait`: correct for
+    /// any backend whose signal tells the truth, costs one boxed command at
+    /// record time and one host wait (a parked thread) at run time.
+    fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitForeign {
+            signal: Box::new(signal.clone()),
+            value,
+        });
+        self
+    }
+
+    fn reject(&mut self, error: Error) -> &mut Self {
+        if self.rejected.is_none() {
+            self.rejected = Some(error);
+        }
+        self
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(error) = self.rejected.take() {
+            let cause = std::sync::Arc::new(error);
+            self.batch.fail_signals(
+                0,
+                &Error::BatchRejected {
+                    cause: cause.clone(),
+                },
+            );
+            self.batch.clear();
+            return Err(Error::BatchRejected { cause });
+        }
+        let mut state = self.shared.state.lock();
+        if let Some(cause) = state.failure.take() {
+            state.epoch += 1;
+            return Err(Error::QueueFailed { cause });
+        }
+        if self.batch.commands.is_empty() {
+            return Ok(());
+        }
+        let fresh = state.spare.pop().unwrap_or_default();
+        let mut batch = mem::replace(&mut self.batch, fresh);
+        batch.epoch = state.epoch;
+        state.pending.push_back(batch);
+        state.in_flight += 1;
+        if state.worker_parked {
+            self.shared.work.notify_one();
+        }
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        let mut state = self.shared.state.lock();
+        state.sync_waiters += 1;
+        while state.in_flight > 0 {
+            state = self.shared.idle.wait(state);
+        }
+        state.sync_waiters -= 1;
+        if let Some(cause) = state.failure.take() {
+            state.epoch += 1;
+            return Err(Error::QueueFailed { cause });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CpuQueue {
+    fn drop(&mut self) {
+        if !self.batch.commands.is_empty() {
+            self.batch.fail_signals(
+                0,
+                &Error::Backend {
+                    backend: Cpu::ID,
+                    message: "the queue was dropped with a batch recorded but not submitted; call \
+                              `submit` before dropping the queue"
+                        .into(),
+                },
+            );
+        }
+        let mut state = self.shared.state.lock();
+        state.closed = true;
+        self.shared.work.notify_one();
+    }
+}
+
+impl fmt::Debug for CpuQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuQueue")
+            .field("kind", &self.kind)
+            .field("recorded", &self.batch.commands.len())
+            .field("rejected", &self.rejected)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The worker: runs batches in order until the queue is dropped and drained.
+fn run_worker(shared: &Shared) {
+    // The epoch and cause of the last failure this worker saw.
+    let mut last_failure: Option<(u64, std::sync::Arc<Error>)> = None;
+    loop {
+        let mut batch = {
+            let mut state = shared.state.lock();
+            loop {
+                if let Some(batch) = state.pending.pop_front() {
+                    break batch;
+                }
+                if state.closed {
+                    return;
+                }
+                state.worker_parked = true;
+                state = shared.work.wait(state);
+                state.worker_parked = false;
+            }
+        };
+        let outcome = match &last_failure {
+            Some((epoch, cause)) if batch.epoch <= *epoch => Err((
+                0,
+                Error::EarlierBatchFailed {
+                    cause: cause.clone(),
+                },
+            )),
+            _ => run_batch(&batch, shared.threads),
+        };
+        let mut new_failure = None;
+        if let Err((from, error)) = outcome {
+            batch.fail_signals(from, &error);
+            let cause = std::sync::Arc::new(error);
+            last_failure = Some((batch.epoch, cause.clone()));
+            new_failure = Some(cause);
+        }
+        batch.clear();
+        let mut state = shared.state.lock();
+        if let Some(cause) = new_failure {
+            if state.failure.is_none() {
+                state.failure = Some(cause);
+            }
+        }
+        state.in_flight -= 1;
+        if state.spare.len() < SPARE_BATCHES {
+            state.spare.push(batch);
+        }
+        if state.in_flight == 0 && state.sync_waiters > 0 {
+            shared.idle.notify_all();
+        }
+    }
+}
+
+/// Runs a batch; on failure, the index of the failed command and why.
+fn run_batch(batch: &Batch, threads: usize) -> std::result::Result<(), (usize, Error)> {
+    for (index, command) in batch.commands.iter().enumerate() {
+        let result = match command {
+            Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
+            Command::WaitForeign { signal, value } => signal.wait_forever(*value),
+            Command::Signal { signal, value } => {
+                signal.set(*value);
+                Ok(())
+            }
+            Command::Exec {
+                program,
+                buffers,
+                scalars,
+                params,
+            } => run_exec(
+                program,
+                &batch.buffers[buffers.clone()],
+                &batch.scalars[scalars.clone()],
+                params,
+                threads,
+            ),
+            Command::Copy { dst, src } => {
+                run_copy(dst, src);
+                Ok(())
+            }
+            Command::Barrier => {
+                fence(Ordering::SeqCst);
+                Ok(())
+            }
+        };
+        result.map_err(|error| (index, error))?;
+    }
+    Ok(())
+}
+
+fn run_copy(dst: &CpuBuffer, src: &CpuBuffer) {
+    if dst.same_as(src) {
+        return;
+    }
+    // Lock in address order, as `run_exec` does, so two queues never wait
+    // on each other's buffers in a cycle.
+    let (first, second) = if dst.address() < src.address() {
+        (dst, src)
+    } else {
+        (src, dst)
+    };
+    let _a = first.lock_exclusive();
+    let _b = second.lock_exclusive();
+    // SAFETY: distinct buffers (checked above) of equal size (checked at
+    // record time), both held exclusively, so the ranges are valid, do not
+    // overlap, and nothing else accesses them.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.size()) };
+}
+
+fn run_exec(
+    program: &CpuProgram,
+    buffers: &[CpuBuffer],
+    scalars: &[Scalar],
+    params: &ExecParams,
+    threads: usize,
+) -> Result<()> {
+    // Hold every distinct buffer exclusively, in address order.
+    let mut order: Vec<&CpuBuffer> = buffers.iter().collect();
+    order.sort_unstable_by_key(|b| b.address());
+    order.dedup_by_key(|b| b.address());
+    let _guards: Vec<_> = order.iter().map(|b| b.lock_exclusive()).collect();
+
+    let views: Vec<BufferView> = buffers
+        .iter()
+        // SAFETY: each buffer's memory is `size` valid, initialised,
+        // 64-aligned bytes, held exclusively by `_guards` until this function
+        // returns, which outlives every use of the views.
+        .map(|b| unsafe { BufferView::new(b.as_ptr(), b.size()) })
+        .collect();
+    let args = KernelArgs {
+        program: program.name(),
+        buffers: &views,
+        scalars,
+    };
+    let grid = Grid {
+        groups: params.groups(),
+        local: params.local(),
+    };
+    let total = params.group_count();
+    let outcome = if total <= 1 || threads <= 1 {
+        catch_unwind(AssertUnwindSafe(|| grid.run(program, &args, 0..total))).map_err(panic_message)
+    } else {
+        run_parallel(program, &args, &grid, total, threads)
+    };
+    outcome.map_err(|message| Error::KernelFailed {
+        program: program.name().to_owned(),
+        message,
+    })
+}
+
+/// The shape of a grid, for turning linear group indices into work-groups.
+struct Grid {
+    groups: [u32; 3],
+    local: [u32; 3],
+}
+
+impl Grid {
+    #[inline]
+    fn run(&self, program: &CpuProgram, args: &KernelArgs<'_>, range: Range<u64>) {
+        let [gx, gy, _] = self.groups.map(u64::from);
+        for linear in range {
+            // Each coordinate is below its u32 group count.
+            let group = WorkGroup {
+                id: [
+                    (linear % gx) as u32,
+                    ((linear / gx) % gy) as u32,
+                    (linear / (gx * gy)) as u32,
+                ],
+                groups: self.groups,
+                local: self.local,
+            };
+            program.run_group(&group, args);
+        }
+    }
+}
+
+/// Runs the groups on `threads` scoped threads pulling chunks from a counter.
+/// The first panic wins; the others stop at their next chunk.
+#[cfg(not(loom))]
+fn run_parallel(
+    program: &CpuProgram,
+    args: &KernelArgs<'_>,
+    grid: &Grid,
+    total: u64,
+    threads: usize,
+) -> std::result::Result<(), String> {
+    use crate::sync::{AtomicBool, AtomicU64};
+
+    let workers = threads.min(usize::try_from(total).unwrap_or(usize::MAX));
+    // Enough chunks per thread to balance uneven groups, few enough to keep
+    // the counter cold.
+    let chunk = (total / (workers as u64 * 8)).max(1);
+    let next = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let first_panic = Mutex::new(None::<String>);
+    let work = || {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let start = next.fetch_add(chunk, Ordering::Relaxed);
+                if start >= total {
+                    break;
+                }
+                grid.run(program, args, start..(start + chunk).min(total));
+            }
+        }));
+        if let Err(payload) = result {
+            stop.store(true, Ordering::Relaxed);
+            first_panic.lock().get_or_insert(panic_message(payload));
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..workers {
+            scope.spawn(work);
+        }
+        work();
+    });
+    match first_panic.lock().take() {
+        Some(message) => Err(message),
+        None => Ok(()),
+    }
+}
+
+/// Under loom there are no real threads to spare: run the groups in order.
+#[cfg(loom)]
+fn run_parallel(
+    program: &CpuProgram,
+    args: &KernelArgs<'_>,
+    grid: &Grid,
+    total: u64,
+    _threads: usize,
+) -> std::result::Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| grid.run(program, args, 0..total))).map_err(panic_message)
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        (*message).to_owned()
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "the kernel panicked with a non-string payload".to_owned()
+    }
+}

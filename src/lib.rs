@@ -1,0 +1,104 @@
+//! # hwqueue: the device layer of an ML compiler
+//!
+//! A compiler hands hwqueue compiled kernels, buffers and dependencies;
+//! hwqueue runs them through hardware command queues and timeline signals.
+//!
+//! ## Design choices
+//!
+//! - **Backends are types, chosen at compile time.** A [`Backend`] is a
+//!   zero-sized type naming a family of associated types (device, queue,
+//!   signal, buffer, program). Code generic over `B: Backend` is
+//!   monomorphised, so a launch through [`QueueOf<B>`] is a direct call: no
+//!   `dyn` stands on the path of `wait`, `signal`, `exec`, `copy` or
+//!   `submit`. Each associated type points back to its backend, so handing a
+//!   CUDA buffer to a CPU queue does not compile.
+//! - **Queues record, then submit.** A [`HardwareQueue`] batches commands;
+//!   `submit` hands the batch over without waiting. Commands run in order.
+//!   An invalid command rejects its whole batch at `submit`: nothing is
+//!   silently dropped or clamped.
+//! - **Signals tell the truth.** A [`TimelineSignal`]'s value is the highest
+//!   value whose work has *completed*. When work fails, the signals it would
+//!   have set fail too, and their waiters wake with the error: failure never
+//!   hangs anyone.
+//! - **One place for synchronisation.** Atomics, locks and condvars come from
+//!   one internal `sync` module, which swaps in loom's types under
+//!   `cfg(loom)`, so the loom models check the real code.
+//! - **Errors say how to fix it.** One [`Error`] enum; each variant carries the
+//!   facts, each message ends with what to do.
+//!
+//! ## The traits
+//!
+//! | trait | role |
+//! |-------|------|
+//! | [`Backend`] | the root: ids, precedence, associated types, probe and open |
+//! | [`Device`] | an opened device: allocates buffers, reports limits |
+//! | [`QueueFactory`] | makes compute queues, an optional copy queue, and signals |
+//! | [`HardwareQueue`] | records `wait`/`signal`/`exec`/`copy`/`memory_barrier`, then `submit`s |
+//! | [`TimelineSignal`] | a monotonically increasing `u64`: `value`, `set`, `wait`, `is_reached` |
+//! | [`Buffer`] | device memory with host `write_from`/`read_into` |
+//! | [`Program`] | a loaded kernel |
+//!
+//! Plain types: [`ExecParams`] (1–3-D global and local sizes, validated at
+//! `submit`), [`DeviceSpec`] (`cpu`, `cuda:1`, …), [`Timeout`], [`Scalar`].
+//!
+//! ## Backends
+//!
+//! | backend | module | feature |
+//! |---------|--------|---------|
+//! | CPU (the reference) | [`cpu`] | always |
+//!
+//! ## Example
+//!
+//! ```
+//! use hwqueue::cpu::{CpuDevice, CpuProgram, WorkGroup, KernelArgs};
+//! use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+//!
+//! fn double(group: &WorkGroup, args: &KernelArgs<'_>) {
+//!     let range = group.global_range(0);
+//!     // SAFETY: each work-group touches only its own range.
+//!     let data = unsafe { args.buffer(0).slice_mut::<f32>(range) };
+//!     for x in data {
+//!         *x *= 2.0;
+//!     }
+//! }
+//!
+//! # fn main() -> hwqueue::Result<()> {
+//! let device = CpuDevice::new();
+//! let buffer = device.alloc(1024 * 4)?;
+//! buffer.write_from(&vec![1.0f32; 1024])?;
+//! let program = CpuProgram::from_fn("double", 1, 0, double);
+//! let done = device.new_signal(0)?;
+//!
+//! let mut queue = device.compute_queue()?;
+//! queue
+//!     .exec(&program, &[&buffer], &[], ExecParams::new_1d(1024, 256))
+//!     .signal(&done, 1)
+//!     .submit()?;
+//! done.wait(1, Timeout::Forever)?;
+//!
+//! assert_eq!(buffer.to_vec::<f32>()?, vec![2.0f32; 1024]);
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod backend;
+pub mod buffer;
+pub mod cpu;
+pub mod device;
+pub mod error;
+pub mod params;
+pub mod program;
+pub mod queue;
+pub mod signal;
+pub mod spec;
+mod sync;
+
+pub use backend::{Backend, BufferOf, DeviceInfo, DeviceOf, ProgramOf, QueueOf, SignalOf};
+pub use buffer::{Buffer, Pod};
+pub use device::{Device, QueueFactory};
+pub use error::{Error, Result};
+pub use params::{ExecParams, Limits};
+pub use program::{Program, Scalar};
+pub use queue::{HardwareQueue, QueueKind};
+pub use signal::{MAX_SIGNAL_VALUE, TimelineSignal, Timeout};
+pub use spec::{DeviceSpec, SPEC_NAMES, SpecName};

@@ -1,0 +1,169 @@
+//! Work sizes of a kernel launch, and the limits a backend puts on them.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// Global and local work sizes in one to three dimensions.
+///
+/// The grid is `global / local` work-groups per dimension, each of `local`
+/// work-items (CUDA: grid = global / local, block = local). **Rule:** every
+/// size is at least 1, and each global size is a whole multiple of its local
+/// size. Construction never fails or panics; the sizes are checked against
+/// this rule and the backend's [`Limits`] when the `exec` is recorded, and a
+/// violation fails the batch at `submit` with [`Error::InvalidExecParams`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExecParams {
+    global: [u32; 3],
+    local: [u32; 3],
+    dims: u8,
+}
+
+impl ExecParams {
+    /// One dimension: `global` work-items in groups of `local`.
+    pub const fn new_1d(global: u32, local: u32) -> Self {
+        Self {
+            global: [global, 1, 1],
+            local: [local, 1, 1],
+            dims: 1,
+        }
+    }
+
+    /// Two dimensions (x, y).
+    pub const fn new_2d(global: [u32; 2], local: [u32; 2]) -> Self {
+        Self {
+            global: [global[0], global[1], 1],
+            local: [local[0], local[1], 1],
+            dims: 2,
+        }
+    }
+
+    /// Three dimensions (x, y, z).
+    pub const fn new_3d(global: [u32; 3], local: [u32; 3]) -> Self {
+        Self {
+            global,
+            local,
+            dims: 3,
+        }
+    }
+
+    /// How many dimensions were given (1 to 3).
+    pub const fn dims(&self) -> u8 {
+        self.dims
+    }
+
+    /// Global sizes; unused dimensions are 1.
+    pub const fn global(&self) -> [u32; 3] {
+        self.global
+    }
+
+    /// Local (work-group) sizes; unused dimensions are 1.
+    pub const fn local(&self) -> [u32; 3] {
+        self.local
+    }
+
+    /// Work-groups per dimension (`global / local`). Meaningful once
+    /// [`validate`](Self::validate) passed.
+    pub const fn groups(&self) -> [u32; 3] {
+        [
+            div_or_zero(self.global[0], self.local[0]),
+            div_or_zero(self.global[1], self.local[1]),
+            div_or_zero(self.global[2], self.local[2]),
+        ]
+    }
+
+    /// Total work-groups.
+    pub const fn group_count(&self) -> u64 {
+        let g = self.groups();
+        g[0] as u64 * g[1] as u64 * g[2] as u64
+    }
+
+    /// Work-items in one work-group.
+    pub const fn local_count(&self) -> u64 {
+        self.local[0] as u64 * self.local[1] as u64 * self.local[2] as u64
+    }
+
+    /// Checks the rule above and `limits`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidExecParams`] naming the first violation and the fix.
+    pub fn validate(&self, limits: &Limits) -> Result<()> {
+        let fail = |reason: String| {
+            Err(Error::InvalidExecParams {
+                params: self.to_string(),
+                reason,
+            })
+        };
+        for d in 0..3 {
+            let axis = ["x", "y", "z"][d];
+            let (global, local) = (self.global[d], self.local[d]);
+            if global == 0 || local == 0 {
+                return fail(format!(
+                    "{axis} size is zero; every global and local size must be at least 1"
+                ));
+            }
+            if global % local != 0 {
+                return fail(format!(
+                    "global {axis} size {global} is not a multiple of local {axis} size {local}; \
+                     round global up to {} and guard the tail in the kernel",
+                    global.div_ceil(local) * local
+                ));
+            }
+            if local > limits.max_local_size[d] {
+                return fail(format!(
+                    "local {axis} size {local} exceeds this device's limit of {}",
+                    limits.max_local_size[d]
+                ));
+            }
+            let groups = global / local;
+            if groups > limits.max_groups[d] {
+                return fail(format!(
+                    "{groups} work-groups along {axis} exceed this device's limit of {}; use \
+                     larger work-groups",
+                    limits.max_groups[d]
+                ));
+            }
+        }
+        if self.local_count() > u64::from(limits.max_local_count) {
+            return fail(format!(
+                "a work-group of {} work-items exceeds this device's limit of {}; use smaller local \
+                 sizes",
+                self.local_count(),
+                limits.max_local_count
+            ));
+        }
+        Ok(())
+    }
+}
+
+const fn div_or_zero(a: u32, b: u32) -> u32 {
+    match a.checked_div(b) {
+        Some(quotient) => quotient,
+        None => 0,
+    }
+}
+
+impl fmt::Display for ExecParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = usize::from(self.dims.clamp(1, 3));
+        write!(
+            f,
+            "global {:?} local {:?}",
+            &self.global[..d],
+            &self.local[..d]
+        )
+    }
+}
+
+/// What a device allows in one `exec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest local size per dimension.
+    pub max_local_size: [u32; 3],
+    /// Largest work-items per work-group.
+    pub max_local_count: u32,
+    /// Largest work-group count per dimension.
+    pub max_groups: [u32; 3],
+    /// Largest number of buffer arguments to one kernel.
+    pub max_buffers: usize,
+}

@@ -1,0 +1,78 @@
+//! Loaded kernels and their scalar arguments.
+
+use crate::backend::Backend;
+
+/// A handle to a loaded kernel. Clones name the same kernel.
+pub trait Program: Clone + Send + Sync + 'static {
+    /// The backend that runs it.
+    type Backend: Backend<Program = Self>;
+
+    /// The kernel's name, used in errors and plans.
+    fn name(&self) -> &str;
+}
+
+/// A scalar kernel argument, passed by value.
+///
+/// Buffers and scalars are separate lists: a kernel's parameters are its
+/// buffers in order, then its scalars in order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    /// `uint32_t`.
+    U32(u32),
+    /// `int32_t`.
+    I32(i32),
+    /// `uint64_t`.
+    U64(u64),
+    /// `int64_t`.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
+}
+
+impl Scalar {
+    /// The type's name, for errors.
+    pub const fn type_name(&self) -> &'static str {
+        match self {
+            Scalar::U32(_) => "u32",
+            Scalar::I32(_) => "i32",
+            Scalar::U64(_) => "u64",
+            Scalar::I64(_) => "i64",
+            Scalar::F32(_) => "f32",
+            Scalar::F64(_) => "f64",
+        }
+    }
+
+    /// The value's native-endian bytes (and how many are used), as a kernel parameter buffer holds them.
+    pub fn to_ne_bytes(&self) -> ([u8; 8], usize) {
+        let mut out = [0u8; 8];
+        let len = match *self {
+            Scalar::U32(v) => put(&mut out, &v.to_ne_bytes()),
+            Scalar::I32(v) => put(&mut out, &v.to_ne_bytes()),
+            Scalar::U64(v) => put(&mut out, &v.to_ne_bytes()),
+            Scalar::I64(v) => put(&mut out, &v.to_ne_bytes()),
+            Scalar::F32(v) => put(&mut out, &v.to_ne_bytes()),
+            Scalar::F64(v) => put(&mut out, &v.to_ne_bytes()),
+        };
+        (out, len)
+    }
+}
+
+fn put(out: &mut [u8; 8], bytes: &[u8]) -> usize {
+    out[..bytes.len()].copy_from_slice(bytes);
+    bytes.len()
+}
+
+macro_rules! scalar_from {
+    ($($t:ty => $v:ident),*) => {
+        $(
+            impl From<$t> for Scalar {
+                fn from(value: $t) -> Self {
+                    Scalar::$v(value)
+                }
+            }
+        )*
+    };
+}
+scalar_from!(u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => F64);

@@ -1,0 +1,202 @@
+//! The one place that touches synchronisation primitives.
+//!
+//! Everything else in the crate imports atomics, mutexes, condition variables,
+//! `Arc` and thread spawning from here. Under `cfg(loom)` these are loom's
+//! model-checked types, so the loom models in `loom_tests/` exercise the real
+//! signal and queue code; otherwise they are `std` atomics and `parking_lot`
+//! locks. Tiny adapters give both sides one API (no lock poisoning, a condvar
+//! `wait` that takes and returns the guard).
+//!
+//! loom has no timed condvar wait: under `cfg(loom)` a timed wait behaves as an
+//! untimed one, so models must not rely on timeouts firing.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::Arc;
+#[cfg(not(loom))]
+#[allow(unused_imports)]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::Arc;
+#[cfg(loom)]
+#[allow(unused_imports)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+
+#[cfg(not(loom))]
+mod imp {
+    use std::time::Instant;
+
+    /// A mutex without poisoning (`parking_lot`).
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    /// The guard of [`Mutex`].
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// A reader-writer lock without poisoning (`parking_lot`).
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
+
+    pub(crate) type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::RwLock::new(value))
+        }
+
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+
+    /// A condition variable whose `wait` takes and returns the guard.
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+
+        /// Waits until notified or `deadline` passes (`None`: no deadline).
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            deadline: Option<Instant>,
+        ) -> MutexGuard<'a, T> {
+            match deadline {
+                Some(deadline) => {
+                    self.0.wait_until(&mut guard, deadline);
+                }
+                None => self.0.wait(&mut guard),
+            }
+            guard
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+
+    /// Spawns a named thread.
+    pub(crate) fn spawn<F>(name: String, f: F) -> std::io::Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        std::thread::Builder::new().name(name).spawn(f).map(drop)
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    use std::time::Instant;
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::RwLock::new(value))
+        }
+
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0
+                .wait(guard)
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        /// loom's condvar never times out: this is an untimed wait.
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            _deadline: Option<Instant>,
+        ) -> MutexGuard<'a, T> {
+            self.wait(guard)
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+    }
+
+    pub(crate) fn spawn<F>(_name: String, f: F) -> std::io::Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        drop(loom::thread::spawn(f));
+        Ok(())
+    }
+}
+
+pub(crate) use imp::{Condvar, Mutex, RwLock, RwLockWriteGuard, spawn};
+#[allow(unused_imports)]
+pub(crate) use imp::{MutexGuard, RwLockReadGuard};

@@ -1,0 +1,491 @@
+//! `CpuQueue`: ordering, hand-off, failure, drop.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuQueue, CpuSignal};
+use hwqueue::{
+    Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, QueueKind, TimelineSignal,
+    Timeout,
+};
+
+fn setup() -> (CpuDevice, CpuQueue) {
+    let device = CpuDevice::new();
+    let queue = device.compute_queue().unwrap();
+    (device, queue)
+}
+
+fn u32_buffer(device: &CpuDevice, len: usize) -> CpuBuffer {
+    device.alloc(len * 4).unwrap()
+}
+
+#[test]
+fn signal_after_exec_is_reached_only_after_the_kernel_ran() {
+    let (device, mut queue) = setup();
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 4096);
+    queue
+        .wait(&gate, 1)
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[42u32.into()],
+            ExecParams::new_1d(4096, 256),
+        )
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    // The kernel cannot have run: the queue is held at the gate.
+    assert!(!done.is_reached(1));
+    assert!(matches!(
+        done.wait(1, Duration::from_millis(20)),
+        Err(Error::Timeout { .. })
+    ));
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 4096]);
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+    // Once the signal is reached, every write of the kernel is visible.
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![42; 4096]);
+}
+
+#[test]
+fn submit_does_not_wait_for_completion() {
+    let (device, mut queue) = setup();
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    // If submit waited, this would block forever on the gate.
+    queue.wait(&gate, 1).signal(&done, 1).submit().unwrap();
+    assert_eq!(done.value(), 0);
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+}
+
+#[test]
+fn commands_run_in_order_within_and_across_batches() {
+    let (device, mut queue) = setup();
+    let log = u32_buffer(&device, 1 + 300);
+    let append = append_program();
+    let done = device.new_signal(0).unwrap();
+    for batch in 0..30u32 {
+        for i in 0..10u32 {
+            queue.exec(
+                &append,
+                &[&log],
+                &[(batch * 10 + i).into()],
+                ExecParams::new_1d(1, 1),
+            );
+        }
+        queue.signal(&done, u64::from(batch) + 1).submit().unwrap();
+    }
+    done.wait(30, LONG).unwrap();
+    let log = log.to_vec::<u32>().unwrap();
+    assert_eq!(log[0], 300);
+    assert_eq!(&log[1..], (0..300).collect::<Vec<u32>>().as_slice());
+}
+
+#[test]
+fn two_queues_ordered_by_a_signal() {
+    let device = CpuDevice::new();
+    let mut a = device.compute_queue().unwrap();
+    let mut b = device.compute_queue().unwrap();
+    let gate = device.new_signal(0).unwrap();
+    let a_done = device.new_signal(0).unwrap();
+    let b_done = device.new_signal(0).unwrap();
+    let x = u32_buffer(&device, 1);
+    let y = u32_buffer(&device, 1);
+    // B is submitted first but must wait for A's write of x.
+    b.wait(&a_done, 1)
+        .exec(
+            &increment_program(),
+            &[&x, &y],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .signal(&b_done, 1)
+        .submit()
+        .unwrap();
+    a.wait(&gate, 1)
+        .exec(
+            &fill_program(),
+            &[&x],
+            &[10u32.into()],
+            ExecParams::new_1d(1, 1),
+        )
+        .signal(&a_done, 1)
+        .submit()
+        .unwrap();
+    assert!(!b_done.is_reached(1));
+    gate.set(1);
+    b_done.wait(1, LONG).unwrap();
+    assert_eq!(y.to_vec::<u32>().unwrap(), vec![11]);
+}
+
+#[test]
+fn a_copy_with_mismatched_sizes_is_an_error_and_copies_nothing() {
+    let (device, mut queue) = setup();
+    let src = u32_buffer(&device, 8);
+    let dst = u32_buffer(&device, 4);
+    src.write_from(&[7u32; 8]).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let error = queue
+        .copy(&dst, &src)
+        .signal(&done, 1)
+        .submit()
+        .unwrap_err();
+    assert!(matches!(
+        error.root_cause(),
+        Error::CopySizeMismatch { dst: 16, src: 32 }
+    ));
+    assert!(error.to_string().contains("same size"), "{error}");
+    queue.synchronize().unwrap();
+    assert_eq!(dst.to_vec::<u32>().unwrap(), vec![0; 4]);
+    // The batch's signal fails rather than leaving a waiter hanging.
+    assert!(matches!(
+        done.wait(1, Timeout::Forever),
+        Err(Error::SignalFailed { .. })
+    ));
+    // The queue works afterwards.
+    let ok = u32_buffer(&device, 8);
+    queue.copy(&ok, &src).signal(&done, 2).submit().unwrap();
+    done.wait(2, LONG).unwrap();
+    assert_eq!(ok.to_vec::<u32>().unwrap(), vec![7; 8]);
+}
+
+#[test]
+fn copies_move_whole_buffers() {
+    let (device, mut queue) = setup();
+    let src = u32_buffer(&device, 1000);
+    let dst = u32_buffer(&device, 1000);
+    let data: Vec<u32> = (0..1000).collect();
+    src.write_from(&data).unwrap();
+    queue.copy(&dst, &src).copy(&src, &src).submit().unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(dst.to_vec::<u32>().unwrap(), data);
+    assert_eq!(src.to_vec::<u32>().unwrap(), data);
+}
+
+#[test]
+fn invalid_exec_params_are_errors_at_submit() {
+    let (device, mut queue) = setup();
+    let buffer = u32_buffer(&device, 64);
+    let fill = fill_program();
+    for params in [
+        ExecParams::new_1d(0, 1),
+        ExecParams::new_1d(64, 0),
+        ExecParams::new_1d(64, 10),
+        ExecParams::new_1d(2048, 2048),
+        ExecParams::new_2d([64, 64], [64, 32]),
+        ExecParams::new_3d([1, 1, 128], [1, 1, 128]),
+    ] {
+        let error = queue
+            .exec(&fill, &[&buffer], &[1u32.into()], params)
+            .submit()
+            .unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::InvalidExecParams { .. }),
+            "{params}: {error}"
+        );
+    }
+    queue.synchronize().unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 64]);
+}
+
+#[test]
+fn wrong_argument_counts_are_errors_at_submit() {
+    let (device, mut queue) = setup();
+    let buffer = u32_buffer(&device, 4);
+    let error = queue
+        .exec(
+            &fill_program(),
+            &[&buffer, &buffer],
+            &[1u32.into()],
+            ExecParams::new_1d(4, 4),
+        )
+        .submit()
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("takes 1 buffer(s) but 2"),
+        "{error}"
+    );
+    let error = queue
+        .exec(&fill_program(), &[&buffer], &[], ExecParams::new_1d(4, 4))
+        .submit()
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("takes 1 scalar(s) but 0"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_copy_queue_refuses_exec() {
+    let device = CpuDevice::new();
+    let mut copy = device
+        .copy_queue()
+        .unwrap()
+        .expect("the CPU has a copy queue");
+    assert_eq!(copy.kind(), QueueKind::Copy);
+    let buffer = u32_buffer(&device, 4);
+    let error = copy
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[1u32.into()],
+            ExecParams::new_1d(4, 4),
+        )
+        .submit()
+        .unwrap_err();
+    assert!(matches!(
+        error.root_cause(),
+        Error::UnsupportedCommand {
+            kind: QueueKind::Copy,
+            command: "exec"
+        }
+    ));
+}
+
+#[test]
+fn signal_values_past_the_range_reject_the_batch() {
+    let (device, mut queue) = setup();
+    let signal = device.new_signal(0).unwrap();
+    let error = queue.signal(&signal, u64::MAX).submit().unwrap_err();
+    assert!(matches!(
+        error.root_cause(),
+        Error::SignalValueOutOfRange { .. }
+    ));
+}
+
+#[test]
+fn a_panicking_kernel_fails_its_batch_wakes_waiters_and_reports_to_the_owner() {
+    let (device, mut queue) = setup();
+    let started = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let later = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 4);
+    let waiter = {
+        let done = done.clone();
+        std::thread::spawn(move || done.wait(1, Timeout::Forever))
+    };
+    queue
+        .signal(&started, 1)
+        .exec(&explode_program(), &[], &[], ExecParams::new_1d(4, 1))
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[9u32.into()],
+            ExecParams::new_1d(4, 4),
+        )
+        .signal(&done, 1)
+        .signal(&later, 5)
+        .submit()
+        .unwrap();
+    // The waiter wakes with an error naming the kernel and its panic.
+    let error = waiter.join().unwrap().unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("explode") && message.contains("boom in group 1"),
+        "{message}"
+    );
+    assert!(matches!(error.root_cause(), Error::KernelFailed { .. }));
+    assert!(matches!(
+        later.wait(5, LONG),
+        Err(Error::SignalFailed { .. })
+    ));
+    // Commands before the failure ran; those after did not.
+    assert_eq!(started.value(), 1);
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 4]);
+    // The owner is told once, then the queue works again.
+    let error = queue.synchronize().unwrap_err();
+    assert!(matches!(error, Error::QueueFailed { .. }), "{error}");
+    queue.synchronize().unwrap();
+    queue
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[3u32.into()],
+            ExecParams::new_1d(4, 4),
+        )
+        .signal(&done, 2)
+        .submit()
+        .unwrap();
+    done.wait(2, LONG).unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![3; 4]);
+}
+
+#[test]
+fn batches_submitted_before_the_owner_saw_a_failure_do_not_run() {
+    let (device, mut queue) = setup();
+    let gate = device.new_signal(0).unwrap();
+    let second = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 4);
+    queue
+        .wait(&gate, 1)
+        .exec(&explode_program(), &[], &[], ExecParams::new_1d(4, 1))
+        .submit()
+        .unwrap();
+    // Depends on the first batch by queue order alone: must not run.
+    queue
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[5u32.into()],
+            ExecParams::new_1d(4, 4),
+        )
+        .signal(&second, 1)
+        .submit()
+        .unwrap();
+    gate.set(1);
+    let error = second.wait(1, LONG).unwrap_err();
+    assert!(error.to_string().contains("earlier batch"), "{error}");
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 4]);
+    // submit reports the failure and keeps the recorded batch for a retry.
+    queue.signal(&second, 2);
+    assert!(matches!(queue.submit(), Err(Error::QueueFailed { .. })));
+    assert_eq!(queue.recorded(), 1);
+    queue.submit().unwrap();
+    second.wait(2, LONG).unwrap();
+}
+
+#[test]
+fn a_failed_wait_fails_the_waiting_batch_too() {
+    let device = CpuDevice::new();
+    let mut a = device.compute_queue().unwrap();
+    let mut b = device.compute_queue().unwrap();
+    let a_done = device.new_signal(0).unwrap();
+    let b_done = device.new_signal(0).unwrap();
+    b.wait(&a_done, 1).signal(&b_done, 1).submit().unwrap();
+    a.exec(&explode_program(), &[], &[], ExecParams::new_1d(2, 1))
+        .signal(&a_done, 1)
+        .submit()
+        .unwrap();
+    let error = b_done.wait(1, LONG).unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::KernelFailed { .. }),
+        "{error}"
+    );
+    assert!(b.synchronize().is_err());
+    assert!(a.synchronize().is_err());
+}
+
+#[test]
+fn dropping_a_queue_completes_submitted_work() {
+    let (device, mut queue) = setup();
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 1024);
+    queue
+        .wait(&gate, 1)
+        .exec(
+            &fill_program(),
+            &[&buffer],
+            &[8u32.into()],
+            ExecParams::new_1d(1024, 64),
+        )
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    drop(queue);
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![8; 1024]);
+}
+
+#[test]
+fn dropping_a_queue_fails_signals_of_an_unsubmitted_batch() {
+    let (device, mut queue) = setup();
+    let done = device.new_signal(0).unwrap();
+    queue.memory_barrier().signal(&done, 1);
+    drop(queue);
+    let error = done.wait(1, LONG).unwrap_err();
+    assert!(error.to_string().contains("call `submit`"), "{error}");
+}
+
+#[test]
+fn a_queue_waits_on_a_signal_through_wait_foreign() {
+    let (device, mut queue) = setup();
+    let other: CpuSignal = CpuSignal::new(0);
+    let done = device.new_signal(0).unwrap();
+    queue
+        .wait_foreign(&other, 2)
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    other.set(1);
+    assert!(matches!(
+        done.wait(1, Duration::from_millis(20)),
+        Err(Error::Timeout { .. })
+    ));
+    other.set(2);
+    done.wait(1, LONG).unwrap();
+}
+
+#[test]
+fn a_large_grid_runs_every_group_exactly_once() {
+    let (device, mut queue) = setup();
+    let [x, y, z] = [64usize, 24, 8];
+    let buffer = u32_buffer(&device, x * y * z);
+    queue
+        .exec(
+            &count_3d_program(),
+            &[&buffer],
+            &[],
+            ExecParams::new_3d([x as u32, y as u32, z as u32], [8, 4, 2]),
+        )
+        .exec(
+            &count_3d_program(),
+            &[&buffer],
+            &[],
+            ExecParams::new_3d([x as u32, y as u32, z as u32], [64, 1, 1]),
+        )
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![2; x * y * z]);
+}
+
+#[test]
+fn vector_add_matches_the_host() {
+    let (device, mut queue) = setup();
+    let n = 1 << 16;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| (2 * i) as f32 + 0.5).collect();
+    let [ba, bb, bc] = [0, 0, 0].map(|_| device.alloc(n * 4).unwrap());
+    ba.write_from(&a).unwrap();
+    bb.write_from(&b).unwrap();
+    queue
+        .exec(
+            &add_program(),
+            &[&ba, &bb, &bc],
+            &[],
+            ExecParams::new_1d(n as u32, 256),
+        )
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    let expected: Vec<f32> = a.iter().zip(&b).map(|(a, b)| a + b).collect();
+    assert_eq!(bc.to_vec::<f32>().unwrap(), expected);
+}
+
+#[test]
+fn a_kernel_misusing_its_arguments_fails_with_a_message() {
+    let (device, mut queue) = setup();
+    fn wrong_scalar(_: &hwqueue::cpu::WorkGroup, args: &hwqueue::cpu::KernelArgs<'_>) {
+        let _: f32 = args.scalar(0);
+    }
+    let program = hwqueue::cpu::CpuProgram::from_fn("wrong_scalar", 0, 1, wrong_scalar);
+    queue
+        .exec(&program, &[], &[1u32.into()], ExecParams::new_1d(1, 1))
+        .submit()
+        .unwrap();
+    let error = queue.synchronize().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("scalar argument 0 is u32, not f32"),
+        "{error}"
+    );
+    let _ = device;
+}
