@@ -27,6 +27,9 @@ pub trait Backend: Copy + Default + fmt::Debug + Send + Sync + 'static {
     /// Whether this backend is a reference oracle other backends are tested
     /// against (never chosen by automatic selection).
     const REFERENCE_ORACLE: bool;
+    /// Other names a device spec may use for this backend, lower case
+    /// (`"gpu"` for CUDA). Matching ignores ASCII case.
+    const ALIASES: &'static [&'static str] = &[];
 
     /// An opened device.
     type Device: Device<Backend = Self>;

@@ -81,18 +81,25 @@
 //! # }
 //! ```
 
+pub mod any;
 pub mod backend;
 pub mod buffer;
+#[cfg(doctest)]
+pub mod compile_fail_tests;
 pub mod cpu;
 pub mod device;
 pub mod error;
 pub mod params;
 pub mod program;
 pub mod queue;
+pub mod registry;
 pub mod signal;
 pub mod spec;
 mod sync;
 
+pub use any::{
+    AnyBackend, AnyBuffer, AnyDevice, AnyProgram, AnyQueue, AnySignal, BackendEntry, BackendSet,
+};
 pub use backend::{Backend, BufferOf, DeviceInfo, DeviceOf, ProgramOf, QueueOf, SignalOf};
 pub use buffer::{Buffer, Pod};
 pub use device::{Device, QueueFactory};
@@ -100,5 +107,8 @@ pub use error::{Error, Result};
 pub use params::{ExecParams, Limits};
 pub use program::{Program, Scalar};
 pub use queue::{HardwareQueue, QueueKind};
+pub use registry::{BackendReport, Policy, Registry, Selection};
+#[cfg(not(loom))]
+pub use registry::{acquire, registry};
 pub use signal::{MAX_SIGNAL_VALUE, TimelineSignal, Timeout};
 pub use spec::{DeviceSpec, SPEC_NAMES, SpecName};

@@ -15,12 +15,16 @@ pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(not(loom))]
+pub(crate) use std::sync::mpsc;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 #[allow(unused_imports)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+#[cfg(loom)]
+pub(crate) use loom::sync::mpsc;
 
 #[cfg(not(loom))]
 mod imp {
@@ -198,5 +202,20 @@ mod imp {
 }
 
 pub(crate) use imp::{Condvar, Mutex, RwLock, RwLockWriteGuard, spawn};
+
+/// Identifies a thread (a loom thread under loom, where every model thread
+/// shares one OS thread).
+#[cfg(not(loom))]
+pub(crate) type ThreadKey = std::thread::ThreadId;
+#[cfg(loom)]
+pub(crate) type ThreadKey = loom::thread::ThreadId;
+
+/// The calling thread's key.
+pub(crate) fn current_thread() -> ThreadKey {
+    #[cfg(not(loom))]
+    return std::thread::current().id();
+    #[cfg(loom)]
+    return loom::thread::current().id();
+}
 #[allow(unused_imports)]
 pub(crate) use imp::{MutexGuard, RwLockReadGuard};

@@ -41,6 +41,7 @@ impl Backend for Cpu {
     const PRECEDENCE: u32 = 0;
     const DISPATCHES: bool = true;
     const REFERENCE_ORACLE: bool = true;
+    const ALIASES: &'static [&'static str] = &["host"];
 
     type Device = CpuDevice;
     type Queue = CpuQueue;

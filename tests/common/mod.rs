@@ -102,3 +102,4 @@ pub fn count_3d(group: &WorkGroup, args: &KernelArgs<'_>) {
 pub fn count_3d_program() -> CpuProgram {
     CpuProgram::from_fn("count_3d", 1, 0, count_3d)
 }
+pub mod mock;

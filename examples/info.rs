@@ -1,0 +1,67 @@
+//! What this build of hwqueue can run on: the compiled-in backends by
+//! precedence, what each probe found, and which backend selection picks and
+//! why. Run it first on a new machine: `cargo run --release --example info`.
+
+use hwqueue::{Device, Policy, SPEC_NAMES, registry};
+
+fn main() {
+    println!(
+        "hwqueue {}: compiled-in backends, highest precedence first",
+        env!("CARGO_PKG_VERSION")
+    );
+    for report in registry().backends() {
+        let role = match (report.dispatches, report.reference_oracle) {
+            (true, true) => "reference oracle, the fallback",
+            (true, false) => "dispatches",
+            (false, _) => "does not dispatch",
+        };
+        println!(
+            "\n  {} (precedence {}, {role})",
+            report.id, report.precedence
+        );
+        match &report.probe {
+            Ok(devices) if devices.is_empty() => println!("    probe: no device found"),
+            Ok(devices) => {
+                for device in devices {
+                    let memory = device.memory.map_or("memory unknown".to_owned(), |m| {
+                        format!("{:.1} GiB", m as f64 / (1u64 << 30) as f64)
+                    });
+                    let units = device
+                        .compute_units
+                        .map_or(String::new(), |u| format!(", {u} compute units"));
+                    println!("    {}: {} ({memory}{units})", device.spec, device.name);
+                }
+            }
+            Err(error) => println!("    probe: {error}"),
+        }
+    }
+
+    let missing: Vec<_> = SPEC_NAMES
+        .iter()
+        .filter_map(|n| n.missing_feature.map(|f| (n.id, f)))
+        .collect();
+    if !missing.is_empty() {
+        println!("\nnot compiled in:");
+        for (id, feature) in &missing {
+            println!("  {id}: rebuild with `--features {feature}` to include it");
+        }
+    }
+    if missing.iter().any(|(id, _)| *id == "cuda") {
+        println!("\nno GPU backend in this build: work runs on the CPU.");
+    }
+
+    println!();
+    match registry().select(Policy::default()) {
+        Ok(selection) => println!(
+            "selected: {} ({})\n  because {}",
+            selection.spec,
+            selection.device.name(),
+            selection.reason
+        ),
+        Err(error) => println!("selected: nothing: {error}"),
+    }
+    match hwqueue::registry::preferred::<hwqueue::AnyBackend>(Policy::no_fallback()) {
+        Ok(entry) => println!("without the CPU fallback: {}", entry.id),
+        Err(error) => println!("without the CPU fallback: {error}"),
+    }
+}

@@ -1,0 +1,372 @@
+//! The registry: compiled-in backends, devices opened once per spec, and the
+//! selection of the preferred backend present at run time.
+//!
+//! # Opening
+//! [`Registry::acquire`] opens each spec at most once and caches it. The map
+//! of specs is locked only to find or insert a spec's slot; the open itself
+//! runs with no registry lock held, so opening one spec never blocks lookups
+//! or opens of another, and an open that itself calls into the registry (for
+//! another spec, or `select`) does not deadlock. Callers racing the first
+//! open of one spec wait on that spec's slot and share the result. A failed
+//! open is not cached: the slot goes back to empty and the next caller (or a
+//! waiter) tries again. An open that asks for its own spec is an error, not a
+//! deadlock.
+//!
+//! # Selection
+//! [`Registry::select`] (and [`preferred`]) follow one documented rule:
+//!
+//! 1. Candidates are the set's backends that **dispatch** and are **not
+//!    reference oracles**, in descending [`Backend::PRECEDENCE`](crate::Backend::PRECEDENCE) (unique per
+//!    set, checked at compile time, so there are no ties).
+//! 2. Each candidate's probe runs in that order (probes never open a
+//!    device); the first whose probe finds a device wins, and its device 0 is
+//!    opened.
+//! 3. If none is present and the [`Policy`] allows the fallback, the
+//!    dispatching reference oracle of highest precedence is used (the CPU in
+//!    the crate's set). If the policy forbids it, selection fails with every
+//!    candidate's probe result.
+//!
+//! Only the device returned is opened.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::any::{BackendEntry, BackendSet};
+use crate::backend::DeviceInfo;
+use crate::error::{Error, Result};
+use crate::spec::{DeviceSpec, SPEC_NAMES, SpecName};
+use crate::sync::{Arc, Condvar, Mutex, ThreadKey, current_thread};
+
+/// What selection may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// Whether the reference oracle (the CPU) may be chosen when no other
+    /// backend is present. Default: true.
+    pub allow_fallback: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            allow_fallback: true,
+        }
+    }
+}
+
+impl Policy {
+    /// A policy that never falls back to the reference oracle.
+    pub const fn no_fallback() -> Self {
+        Self {
+            allow_fallback: false,
+        }
+    }
+}
+
+/// The backend the selection rule picks for set `S`, without opening
+/// anything. See the [module docs](self).
+///
+/// # Errors
+/// [`Error::NoDriver`]-style report naming every candidate's probe result
+/// when nothing is present (or the fallback is forbidden).
+pub fn preferred<S: BackendSet>(policy: Policy) -> Result<&'static BackendEntry<S::Device>> {
+    choose::<S>(policy).map(|(entry, _)| entry)
+}
+
+/// The chosen entry and why.
+fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Device>, String)> {
+    let mut candidates: Vec<&BackendEntry<S::Device>> = S::entries()
+        .iter()
+        .filter(|e| e.dispatches && !e.reference_oracle)
+        .collect();
+    candidates.sort_by_key(|e| std::cmp::Reverse(e.precedence));
+    let mut skipped = Vec::new();
+    for entry in candidates {
+        match (entry.probe)() {
+            Ok(devices) if !devices.is_empty() => {
+                let mut why = format!(
+                    "`{}` has the highest precedence ({}) among present backends",
+                    entry.id, entry.precedence
+                );
+                if !skipped.is_empty() {
+                    why.push_str(&format!(" (skipped: {})", skipped.join("; ")));
+                }
+                return Ok((entry, why));
+            }
+            Ok(_) => skipped.push(format!("`{}`: no device found", entry.id)),
+            Err(error) => skipped.push(format!("`{}`: {error}", entry.id)),
+        }
+    }
+    let fallback = S::entries()
+        .iter()
+        .filter(|e| e.dispatches && e.reference_oracle)
+        .max_by_key(|e| e.precedence);
+    let nothing = if skipped.is_empty() {
+        "no accelerator backend is compiled in".to_owned()
+    } else {
+        format!("no accelerator present ({})", skipped.join("; "))
+    };
+    match fallback {
+        Some(entry) if policy.allow_fallback => Ok((
+            entry,
+            format!(
+                "{nothing}; falling back to the reference backend `{}`",
+                entry.id
+            ),
+        )),
+        Some(entry) => Err(Error::Backend {
+            backend: "registry",
+            message: format!(
+                "{nothing}, and the policy forbids the fallback to `{}`; install a driver, enable \
+                 a backend feature, or allow the fallback",
+                entry.id
+            ),
+        }),
+        None => Err(Error::Backend {
+            backend: "registry",
+            message: format!("{nothing}, and the set has no fallback backend"),
+        }),
+    }
+}
+
+/// One backend as [`Registry::backends`] reports it.
+#[derive(Debug, Clone)]
+pub struct BackendReport {
+    /// The backend's id.
+    pub id: &'static str,
+    /// Its precedence.
+    pub precedence: u32,
+    /// Whether it dispatches work.
+    pub dispatches: bool,
+    /// Whether it is a reference oracle (only ever the fallback).
+    pub reference_oracle: bool,
+    /// What its probe found.
+    pub probe: Result<Vec<DeviceInfo>>,
+}
+
+/// What [`Registry::select`] chose.
+pub struct Selection<D> {
+    /// The spec opened.
+    pub spec: DeviceSpec,
+    /// The device, shared with the registry's cache.
+    pub device: Arc<D>,
+    /// Why this backend: the rule that picked it and what was skipped.
+    pub reason: String,
+}
+
+impl<D> fmt::Debug for Selection<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Selection")
+            .field("spec", &self.spec)
+            .field("reason", &self.reason)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Devices of a backend set, opened once per spec and cached.
+pub struct Registry<S: BackendSet> {
+    /// Spec → its slot. Held only to find or insert a slot, never across an
+    /// open.
+    slots: Mutex<HashMap<DeviceSpec, Arc<Slot<S::Device>>>>,
+    names: Vec<SpecName>,
+}
+
+/// One spec's device, and whoever is opening it.
+struct Slot<D> {
+    state: Mutex<SlotState<D>>,
+    changed: Condvar,
+}
+
+enum SlotState<D> {
+    Empty,
+    Opening(ThreadKey),
+    Open(Arc<D>),
+}
+
+impl<S: BackendSet> Default for Registry<S> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S: BackendSet> Registry<S> {
+    /// An empty registry of set `S`.
+    pub fn new() -> Self {
+        let names = S::entries()
+            .iter()
+            .map(|e| SpecName {
+                id: e.id,
+                aliases: e.aliases,
+                missing_feature: None,
+            })
+            .collect();
+        Self {
+            slots: Mutex::new(HashMap::new()),
+            names,
+        }
+    }
+
+    /// Parses a spec against this set's backends.
+    ///
+    /// # Errors
+    /// [`Error::BackendNotCompiled`] for a crate backend whose feature is off,
+    /// [`Error::InvalidDeviceSpec`] naming the accepted names otherwise.
+    pub fn parse(&self, spec: &str) -> Result<DeviceSpec> {
+        match DeviceSpec::parse_with(spec, &self.names) {
+            Ok(spec) => Ok(spec),
+            Err(error @ Error::InvalidDeviceSpec { .. }) => {
+                // A crate backend this build or set lacks says how to get it.
+                match DeviceSpec::parse_with(spec, SPEC_NAMES) {
+                    Err(not_compiled @ Error::BackendNotCompiled { .. }) => Err(not_compiled),
+                    _ => Err(error),
+                }
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The device for `spec` (`"cpu"`, `"cuda:1"`), opened on first use.
+    ///
+    /// # Errors
+    /// Parse errors as [`parse`](Self::parse); the backend's open error
+    /// (not cached: the next call retries).
+    pub fn acquire(&self, spec: &str) -> Result<Arc<S::Device>> {
+        let spec = self.parse(spec)?;
+        self.open(spec)
+    }
+
+    /// The device for a parsed spec, opened on first use. See the
+    /// [module docs](self) for the concurrency rules.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDeviceSpec`] for a backend not in the set; the
+    /// backend's open error (not cached); an error for an open that asks for
+    /// its own spec.
+    pub fn open(&self, spec: DeviceSpec) -> Result<Arc<S::Device>> {
+        let entry = S::entries()
+            .iter()
+            .find(|e| e.id == spec.backend())
+            .ok_or_else(|| Error::InvalidDeviceSpec {
+                input: spec.to_string(),
+                reason: format!("backend `{}` is not in this registry's set", spec.backend()),
+                accepted: self
+                    .names
+                    .iter()
+                    .map(|n| n.id)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let slot = self
+            .slots
+            .lock()
+            .entry(spec)
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    state: Mutex::new(SlotState::Empty),
+                    changed: Condvar::new(),
+                })
+            })
+            .clone();
+        let me = current_thread();
+        let mut state = slot.state.lock();
+        loop {
+            match &*state {
+                SlotState::Open(device) => return Ok(device.clone()),
+                SlotState::Opening(opener) if *opener == me => {
+                    return Err(Error::Backend {
+                        backend: "registry",
+                        message: format!(
+                            "opening `{spec}` asked the registry for `{spec}` itself; a device \
+                             open must not acquire its own spec"
+                        ),
+                    });
+                }
+                SlotState::Opening(_) => state = slot.changed.wait(state),
+                SlotState::Empty => break,
+            }
+        }
+        *state = SlotState::Opening(me);
+        drop(state);
+
+        let opened = (entry.open)(spec.ordinal());
+
+        let mut state = slot.state.lock();
+        let result = match opened {
+            Ok(device) => {
+                let device = Arc::new(device);
+                *state = SlotState::Open(device.clone());
+                Ok(device)
+            }
+            Err(error) => {
+                *state = SlotState::Empty;
+                Err(error)
+            }
+        };
+        slot.changed.notify_all();
+        result
+    }
+
+    /// Whether `spec` is open in this registry (nothing is opened).
+    pub fn is_open(&self, spec: DeviceSpec) -> bool {
+        let slot = self.slots.lock().get(&spec).cloned();
+        slot.is_some_and(|slot| matches!(*slot.state.lock(), SlotState::Open(_)))
+    }
+
+    /// Opens device 0 of the preferred backend (see the [module docs](self)).
+    ///
+    /// # Errors
+    /// When nothing is present and the policy forbids the fallback, or the
+    /// chosen device fails to open.
+    pub fn select(&self, policy: Policy) -> Result<Selection<S::Device>> {
+        let (entry, reason) = choose::<S>(policy)?;
+        let spec = DeviceSpec::new(entry.id, 0);
+        let device = self.open(spec)?;
+        Ok(Selection {
+            spec,
+            device,
+            reason,
+        })
+    }
+
+    /// The set's backends, highest precedence first, with their probes.
+    pub fn backends(&self) -> Vec<BackendReport> {
+        let mut reports: Vec<BackendReport> = S::entries()
+            .iter()
+            .map(|e| BackendReport {
+                id: e.id,
+                precedence: e.precedence,
+                dispatches: e.dispatches,
+                reference_oracle: e.reference_oracle,
+                probe: (e.probe)(),
+            })
+            .collect();
+        reports.sort_by_key(|r| std::cmp::Reverse(r.precedence));
+        reports
+    }
+}
+
+impl<S: BackendSet> fmt::Debug for Registry<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field(
+                "backends",
+                &self.names.iter().map(|n| n.id).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// The process-wide registry of the crate's default set.
+#[cfg(not(loom))]
+pub fn registry() -> &'static Registry<crate::AnyBackend> {
+    static REGISTRY: std::sync::OnceLock<Registry<crate::AnyBackend>> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(Registry::new)
+}
+
+/// Opens `spec` in the process-wide registry: `acquire("cpu")`.
+///
+/// # Errors
+/// As [`Registry::acquire`].
+#[cfg(not(loom))]
+pub fn acquire(spec: &str) -> Result<Arc<crate::AnyDevice>> {
+    registry().acquire(spec)
+}
