@@ -46,6 +46,11 @@
 //! | backend | module | feature |
 //! |---------|--------|---------|
 //! | CPU (the reference) | [`cpu`] | always |
+//! | CUDA (driver API and NVRTC via `cudarc`, loaded at run time) | `cuda` | `cuda` |
+//!
+//! The CUDA signal is an [`EventRing`](ring::EventRing) of device events, a
+//! concept compiled in every build (and tested with a mock event) so it can
+//! be checked without a GPU.
 //!
 //! ## Example
 //!
@@ -87,12 +92,15 @@ pub mod buffer;
 #[cfg(doctest)]
 pub mod compile_fail_tests;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod params;
 pub mod program;
 pub mod queue;
 pub mod registry;
+pub mod ring;
 pub mod signal;
 pub mod spec;
 mod sync;

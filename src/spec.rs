@@ -32,9 +32,13 @@ pub const SPEC_NAMES: &[SpecName] = &[
     SpecName {
         id: "cuda",
         aliases: &["gpu", "nvidia"],
-        // The CUDA backend is not in this build yet: every CUDA spec is an
-        // error that says so.
-        missing_feature: Some("cuda"),
+        // Without the feature, every CUDA spec is an error that says how to
+        // compile it in.
+        missing_feature: if cfg!(feature = "cuda") {
+            None
+        } else {
+            Some("cuda")
+        },
     },
 ];
 

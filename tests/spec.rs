@@ -12,6 +12,7 @@ fn cpu_parses_in_any_case_and_by_alias() {
 }
 
 #[test]
+#[cfg(not(feature = "cuda"))]
 fn cuda_without_the_feature_says_how_to_fix_it() {
     for input in ["cuda", "cuda:1", "gpu:2", "NVIDIA"] {
         let error = input.parse::<DeviceSpec>().unwrap_err();
@@ -27,6 +28,19 @@ fn cuda_without_the_feature_says_how_to_fix_it() {
         );
         assert!(error.to_string().contains("--features cuda"), "{error}");
     }
+}
+
+#[test]
+#[cfg(feature = "cuda")]
+fn cuda_with_the_feature_parses() {
+    for (input, ordinal) in [("cuda", 0), ("cuda:1", 1), ("gpu:2", 2), ("NVIDIA", 0)] {
+        let spec: DeviceSpec = input.parse().unwrap();
+        assert_eq!(spec, DeviceSpec::cuda(ordinal), "{input}");
+    }
+    assert_eq!(
+        "cuda:1".parse::<DeviceSpec>().unwrap().to_string(),
+        "cuda:1"
+    );
 }
 
 /// The names a build with CUDA compiled in would accept.

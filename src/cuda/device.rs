@@ -1,0 +1,185 @@
+//! `CudaDevice`: one CUDA context per ordinal.
+
+use std::fmt;
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+
+use crate::device::{Device, QueueFactory};
+use crate::error::{Error, Result};
+use crate::params::Limits;
+use crate::queue::QueueKind;
+use crate::signal::check_value;
+use crate::spec::DeviceSpec;
+use crate::sync::Arc;
+
+use super::{Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, ensure_driver};
+
+/// The most buffers one CUDA `exec` takes (as on the CPU, so a schedule
+/// tested there launches unchanged). Kernel parameters are 8 bytes each and
+/// must fit CUDA's 4 KiB parameter space.
+pub const CUDA_MAX_BUFFERS: usize = 64;
+
+/// CUDA's parameter space per launch, in bytes.
+pub(crate) const PARAMETER_BYTES: usize = 4096;
+
+/// A CUDA device, opened: its primary context, and a stream for allocation
+/// and host transfers. Cheap to clone; clones share the context.
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ordinal: u32,
+    context: std::sync::Arc<CudaContext>,
+    /// Allocations, zero fills, host uploads and downloads, and frees.
+    /// Each host transfer synchronises it before returning.
+    host_stream: std::sync::Arc<CudaStream>,
+    name: String,
+    limits: Limits,
+}
+
+impl CudaDevice {
+    /// Opens CUDA device `ordinal` (retains its primary context).
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] (saying how to install it) when the driver is
+    /// missing or too old; [`Error::NoSuchDevice`] past the devices present;
+    /// whatever the driver reports.
+    pub fn open(ordinal: u32) -> Result<Self> {
+        ensure_driver()?;
+        let count = match device_count() {
+            Err(Error::NoSuchDevice { .. }) => 0,
+            other => other?,
+        };
+        if ordinal >= count {
+            return Err(Error::NoSuchDevice {
+                backend: "cuda",
+                ordinal,
+                count,
+            });
+        }
+        let fail = |what| move |e| driver_error(what, e);
+        let context = CudaContext::new(ordinal as usize).map_err(fail("creating a context"))?;
+        // SAFETY: the contract of `disable_event_tracking` is that the user
+        // orders streams themselves. hwqueue does: a buffer is used on a
+        // queue's stream only after its allocation stream was synchronised
+        // (`CudaBuffer::new`), queues keep every buffer they use alive until
+        // their stream passed it (so no free races a use), and concurrent
+        // writes are ordered by the caller's signals, as on every backend.
+        // Tracking would also make every allocation create two events and
+        // every use wait on them, which hwqueue's signals already express.
+        unsafe { context.disable_event_tracking() };
+        let host_stream = context
+            .new_stream()
+            .map_err(fail("creating the host-transfer stream"))?;
+        let name = context.name().map_err(fail("reading the device name"))?;
+        let limits = read_limits(&context)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ordinal,
+                context,
+                host_stream,
+                name,
+                limits,
+            }),
+        })
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> u32 {
+        self.inner.ordinal
+    }
+
+    /// The cudarc context, for work hwqueue does not cover (device
+    /// attributes, libraries that take a context). Work submitted through it
+    /// is not ordered with hwqueue's queues except by your own
+    /// synchronisation.
+    pub fn context(&self) -> &std::sync::Arc<CudaContext> {
+        &self.inner.context
+    }
+
+    pub(crate) fn host_stream(&self) -> &std::sync::Arc<CudaStream> {
+        &self.inner.host_stream
+    }
+
+    /// Whether two handles name the same context.
+    pub fn same_as(&self, other: &CudaDevice) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || *self.inner.context == *other.inner.context
+    }
+}
+
+/// The launch limits the device reports.
+fn read_limits(context: &std::sync::Arc<CudaContext>) -> Result<Limits> {
+    use sys::CUdevice_attribute as A;
+    let attribute = |attribute| {
+        context
+            .attribute(attribute)
+            .map(|value| u32::try_from(value).unwrap_or(0))
+            .map_err(|e| driver_error("reading device limits", e))
+    };
+    Ok(Limits {
+        max_local_size: [
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+        ],
+        max_local_count: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        max_groups: [
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+            attribute(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+        ],
+        max_buffers: CUDA_MAX_BUFFERS,
+    })
+}
+
+impl QueueFactory for CudaDevice {
+    type Queue = CudaQueue;
+    type Signal = CudaSignal;
+
+    /// A queue on a new CUDA stream of this context.
+    fn compute_queue(&self) -> Result<CudaQueue> {
+        CudaQueue::new(self, QueueKind::Compute)
+    }
+
+    /// A queue on a second stream of the same context: the copy engines run
+    /// its copies alongside the compute queue's kernels.
+    fn copy_queue(&self) -> Result<Option<CudaQueue>> {
+        CudaQueue::new(self, QueueKind::Copy).map(Some)
+    }
+
+    fn new_signal(&self, initial: u64) -> Result<CudaSignal> {
+        check_value(initial)?;
+        Ok(CudaSignal::new(initial))
+    }
+}
+
+impl Device for CudaDevice {
+    type Backend = Cuda;
+
+    fn spec(&self) -> DeviceSpec {
+        DeviceSpec::cuda(self.inner.ordinal)
+    }
+
+    fn name(&self) -> String {
+        self.inner.name.clone()
+    }
+
+    fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    fn alloc(&self, size: usize) -> Result<CudaBuffer> {
+        CudaBuffer::new(self, size)
+    }
+}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.inner.ordinal)
+            .field("name", &self.inner.name)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,257 @@
+//! The CUDA backend, on [`cudarc`]'s driver API and NVRTC (feature `cuda`).
+//!
+//! - **No panic on a missing driver.** cudarc loads `libcuda` and `libnvrtc`
+//!   at run time and panics when they are absent. Every path that reaches
+//!   the driver starts at [`Cuda::probe`], [`Cuda::open`] /
+//!   [`CudaDevice::open`] or [`CudaProgram::from_cuda_c`], and each first
+//!   checks the library with `is_culib_present()` (and that the driver is new
+//!   enough to have every function the backend calls), answering
+//!   [`Error::NoDriver`] with how to install it. Everything else needs a
+//!   [`CudaDevice`], which only exists once those checks passed.
+//! - [`CudaDevice`] holds one CUDA context per ordinal (the device's primary
+//!   context) and a stream of its own for allocation and host transfers.
+//! - [`CudaQueue`] records commands, then enqueues them on its own CUDA
+//!   stream at `submit` (a copy queue is a second stream of the same
+//!   context). `exec` launches with grid = global / local and block = local;
+//!   the kernel ABI is the buffers' device pointers in order, then the
+//!   scalars by value.
+//! - [`CudaSignal`] is an [`EventRing`](crate::ring::EventRing) of CUDA
+//!   events: its value moves only when an event *completes*.
+//! - **Waits that the stream cannot express are made on the host, before
+//!   enqueueing.** A wait on a CUDA signal value that is recorded is a
+//!   device-side `cuStreamWaitEvent`. A wait on a value not recorded yet, or
+//!   on another backend's signal ([`HardwareQueue::wait_foreign`]), stops the
+//!   enqueueing: the queue's worker thread blocks on the host until the value
+//!   is recorded (or the foreign signal is reached), then enqueues the rest.
+//!   The stream never holds work gated on the host, so every recorded event
+//!   completes on its own. See [`CudaQueue`] for the cost.
+//!
+//! Failure never hangs: a launch or driver error while enqueueing, or a
+//! failed wait, fails the signals the rest of the batch would have set and is
+//! reported to the owner by the next `submit` or `synchronize`; a device
+//! fault shows up to signal waiters as [`Error::SignalFailed`].
+//!
+//! [`HardwareQueue::wait_foreign`]: crate::HardwareQueue::wait_foreign
+
+mod buffer;
+mod device;
+mod program;
+mod queue;
+mod signal;
+
+pub use buffer::CudaBuffer;
+pub use device::{CUDA_MAX_BUFFERS, CudaDevice};
+pub use program::CudaProgram;
+pub use queue::CudaQueue;
+pub use signal::CudaSignal;
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{DriverError, result, sys};
+
+use crate::backend::{Backend, DeviceInfo};
+use crate::error::{Error, Result};
+use crate::spec::DeviceSpec;
+
+/// The CUDA backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Cuda;
+
+impl Backend for Cuda {
+    const ID: &'static str = "cuda";
+    const PRECEDENCE: u32 = 100;
+    const DISPATCHES: bool = true;
+    const REFERENCE_ORACLE: bool = false;
+    const ALIASES: &'static [&'static str] = &["gpu", "nvidia"];
+
+    type Device = CudaDevice;
+    type Queue = CudaQueue;
+    type Signal = CudaSignal;
+    type Buffer = CudaBuffer;
+    type Program = CudaProgram;
+
+    /// The CUDA devices present: `Ok(vec![])` when the driver is installed
+    /// but sees no GPU.
+    fn probe() -> Result<Vec<DeviceInfo>> {
+        ensure_driver()?;
+        let count = match device_count() {
+            Err(Error::NoSuchDevice { .. }) => return Ok(Vec::new()),
+            other => other?,
+        };
+        (0..count).map(device_info).collect()
+    }
+
+    fn open(ordinal: u32) -> Result<CudaDevice> {
+        CudaDevice::open(ordinal)
+    }
+}
+
+/// Checks, once per process, that `libcuda` loads and is at least as new as
+/// the bindings (`cudarc::driver::sys::CUDA_VERSION`). Nothing may call the
+/// driver before this passed.
+pub(crate) fn ensure_driver() -> Result<()> {
+    static DRIVER: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    DRIVER
+        .get_or_init(check_driver)
+        .clone()
+        .map_err(|detail| Error::NoDriver {
+            backend: Cuda::ID,
+            detail,
+        })
+}
+
+fn check_driver() -> std::result::Result<(), String> {
+    // SAFETY: `is_culib_present` tries to load the NVIDIA driver library by
+    // its usual names and unloads it again; loading runs the vendor
+    // library's initialisers, which is what every CUDA program does.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(
+            "the NVIDIA driver's CUDA library (`libcuda.so.1`, `nvcuda.dll`) could not \
+                    be loaded; install the NVIDIA driver for your GPU \
+                    (https://www.nvidia.com/drivers, or your distribution's `nvidia-driver` \
+                    package), or add the directory holding `libcuda.so.1` to \
+                    `LD_LIBRARY_PATH`"
+                .into(),
+        );
+    }
+    let mut version = 0;
+    // SAFETY: the library is present (checked above), so cudarc loads it
+    // instead of panicking; `cuDriverGetVersion` exists in every driver and
+    // only writes the `c_int` we pass. The result layer has no wrapper for
+    // it, hence the raw call.
+    let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+    if status != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!(
+            "the CUDA driver did not report its version ({status:?}); reinstall the NVIDIA \
+             driver, and check that `nvidia-smi` works"
+        ));
+    }
+    if version < MIN_DRIVER_VERSION {
+        return Err(format!(
+            "the installed driver supports CUDA {} but the CUDA backend needs CUDA {} or newer; \
+             update the NVIDIA driver (https://www.nvidia.com/drivers)",
+            cuda_version(version),
+            cuda_version(MIN_DRIVER_VERSION)
+        ));
+    }
+    Ok(())
+}
+
+/// The oldest driver (as `cuDriverGetVersion` reports it) the backend runs
+/// on, whatever `cuda-XXXXX` version the bindings were built for.
+///
+/// cudarc resolves each driver function on its first call and panics when
+/// the loaded driver lacks it. The backend calls only functions that every
+/// driver since CUDA 11.2 exports (`cuMemAllocAsync`/`cuMemFreeAsync` are the
+/// newest; the rest are older: contexts, streams, events, `cuLaunchKernel`,
+/// `cuMemcpy*Async_v2`, modules), and 11.4 is the oldest CUDA cudarc
+/// supports. A driver at least this new therefore has every symbol the
+/// backend can reach. Calling a newer driver function through
+/// [`CudaDevice::context`] is the caller's own check.
+const MIN_DRIVER_VERSION: i32 = 11040;
+
+/// Checks, once per process, that NVRTC loads. Nothing may call NVRTC
+/// before this passed.
+pub(crate) fn ensure_nvrtc() -> Result<()> {
+    static NVRTC: OnceLock<bool> = OnceLock::new();
+    // SAFETY: as for `libcuda` in `check_driver`: a trial load of the vendor
+    // library by its usual names.
+    if *NVRTC.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }) {
+        Ok(())
+    } else {
+        Err(Error::NoDriver {
+            backend: Cuda::ID,
+            detail: "CUDA's runtime compiler (`libnvrtc`) could not be loaded; install NVRTC \
+                     (the CUDA toolkit, the `cuda-nvrtc` package of NVIDIA's repositories, or \
+                     `pip install nvidia-cuda-nvrtc-cu12`) and add its `lib` directory to \
+                     `LD_LIBRARY_PATH`, or load kernels from PTX with `CudaProgram::from_ptx`"
+                .into(),
+        })
+    }
+}
+
+/// `12080` as `12.8`.
+fn cuda_version(version: i32) -> String {
+    format!("{}.{}", version / 1000, version % 1000 / 10)
+}
+
+/// Initialises the driver and counts the devices. Call after
+/// [`ensure_driver`].
+///
+/// # Errors
+/// [`Error::NoSuchDevice`] (with a count of 0) when the driver sees no GPU;
+/// [`Error::NoDriver`] when it cannot start.
+pub(crate) fn device_count() -> Result<u32> {
+    match result::init() {
+        Ok(()) => {}
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => {
+            return Err(Error::NoSuchDevice {
+                backend: Cuda::ID,
+                ordinal: 0,
+                count: 0,
+            });
+        }
+        Err(error) => {
+            return Err(Error::NoDriver {
+                backend: Cuda::ID,
+                detail: format!(
+                    "the CUDA driver failed to start ({error}); check that the NVIDIA kernel \
+                     module is loaded and matches the driver (`nvidia-smi` should list the GPU)"
+                ),
+            });
+        }
+    }
+    let count = result::device::get_count().map_err(|e| driver_error("counting devices", e))?;
+    Ok(u32::try_from(count).unwrap_or(0))
+}
+
+/// What the probe reports for device `ordinal`, without opening a context.
+fn device_info(ordinal: u32) -> Result<DeviceInfo> {
+    let fail = |e| driver_error("querying a device", e);
+    let index = i32::try_from(ordinal).map_err(|_| Error::NoSuchDevice {
+        backend: Cuda::ID,
+        ordinal,
+        count: 0,
+    })?;
+    let device = result::device::get(index).map_err(fail)?;
+    let name = result::device::get_name(device).map_err(fail)?;
+    // SAFETY: `device` came from `cuDeviceGet` for an ordinal below the
+    // device count, after `cuInit` succeeded.
+    let memory = unsafe { result::device::total_mem(device) }.map_err(fail)?;
+    // SAFETY: as above; the attribute exists in every CUDA version.
+    let units = unsafe {
+        result::device::get_attribute(
+            device,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+    }
+    .map_err(fail)?;
+    Ok(DeviceInfo {
+        spec: DeviceSpec::cuda(ordinal),
+        name,
+        memory: u64::try_from(memory).ok(),
+        compute_units: u32::try_from(units).ok(),
+    })
+}
+
+/// A driver call that failed, as an [`Error`].
+pub(crate) fn driver_error(what: &str, error: DriverError) -> Error {
+    Error::Backend {
+        backend: Cuda::ID,
+        message: format!(
+            "{what} failed: {error}; if the error is sticky (an illegal address, a launch \
+             failure), the context is unusable: reopen the device"
+        ),
+    }
+}
+
+static_assertions::assert_eq_size!(Cuda, ());
+static_assertions::assert_impl_all!(CudaQueue: Send);
+static_assertions::assert_impl_all!(CudaSignal: Send, Sync, Clone);
+static_assertions::assert_impl_all!(CudaBuffer: Send, Sync, Clone);
+static_assertions::assert_impl_all!(CudaProgram: Send, Sync, Clone);
+static_assertions::assert_impl_all!(CudaDevice: Send, Sync, Clone);
+// Handles are one pointer, so the Any* enums stay a pointer and a tag.
+static_assertions::assert_eq_size!(CudaSignal, usize);
+static_assertions::assert_eq_size!(CudaBuffer, usize);
+static_assertions::assert_eq_size!(CudaProgram, usize);

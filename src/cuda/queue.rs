@@ -1,0 +1,803 @@
+//! `CudaQueue`: batches recorded on the caller's thread and enqueued on a
+//! CUDA stream, with host-side waits deferred to a worker thread.
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::fmt;
+use std::mem;
+use std::ops::Range;
+
+use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg, result};
+
+use crate::backend::Backend;
+use crate::buffer::Buffer;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::params::ExecParams;
+use crate::program::{Program, Scalar};
+use crate::queue::{HardwareQueue, QueueKind};
+use crate::ring::Dependency;
+use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::sync::{Arc, Condvar, Mutex, spawn};
+
+use super::device::PARAMETER_BYTES;
+use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, CudaSignal, driver_error};
+
+/// A command queue of the CUDA backend: one CUDA stream.
+///
+/// Recording happens on the caller's thread. [`submit`](HardwareQueue::submit)
+/// enqueues the batch on the stream right there, command by command, and
+/// returns without waiting for the GPU:
+///
+/// - `exec` is a kernel launch with grid = global / local and block = local;
+///   its parameters are the buffers' device pointers in order, then the
+///   scalars by value;
+/// - `copy` is a device-to-device `cuMemcpyDtoDAsync` of whole buffers of
+///   equal size;
+/// - `signal(s, v)` records one of `s`'s events on the stream (see
+///   [`CudaSignal`]): `v` is reached when the GPU gets there;
+/// - `wait(s, v)` on a value already recorded is `cuStreamWaitEvent` on the
+///   event of the smallest recorded value `>= v` (a device-side wait, also
+///   across streams and devices); on a value already reached it is nothing;
+/// - `memory_barrier` enqueues nothing: a stream runs its commands in order,
+///   each seeing the writes of the ones before, and other queues see them
+///   through the events they wait on.
+///
+/// **Waits the stream cannot express.** A `wait(s, v)` whose value is not
+/// recorded yet (the producing queue submits later, or the host will `set`
+/// it), and a [`wait_foreign`](HardwareQueue::wait_foreign) on another
+/// backend's signal that is not reached yet, stop the enqueueing: the rest
+/// of the batch, and every later batch, goes to the queue's worker thread,
+/// which blocks on the host (the ring's condvar, or the foreign signal's own
+/// `wait`) and then enqueues the rest. So the stream never runs past such a
+/// wait, because what follows is not on it yet, and it never holds work
+/// gated on the host, so every event it records completes on its own.
+/// Cost: nothing while the value is already there; otherwise one parked
+/// thread while waiting, a host wake-up (microseconds) plus the enqueueing
+/// of the remaining commands once it arrives, and a thread hand-off per
+/// `submit` until the worker has caught up. The GPU idles on this stream
+/// meanwhile, as it would behind any wait.
+///
+/// Failure never hangs: a launch or driver error while enqueueing, or a
+/// failed wait, abandons the rest of the batch, fails the signals it would
+/// have set, and is reported by the next `submit` or `synchronize`; batches
+/// submitted before the owner was told are not run either. A kernel that
+/// faults on the GPU shows up later, to waiters of its signals as
+/// [`Error::SignalFailed`] and to the owner at `synchronize`.
+///
+/// Buffers and programs of submitted work are kept alive until the stream
+/// passed them. Dropping a queue lets the worker finish the work already
+/// submitted, and fails the signals of a batch recorded but not submitted.
+pub struct CudaQueue {
+    kind: QueueKind,
+    device: CudaDevice,
+    batch: Batch,
+    /// The first invalid command of the batch being recorded.
+    rejected: Option<Error>,
+    shared: Arc<Shared>,
+}
+
+/// One submitted unit of work (layout as on the CPU queue: the buffers and
+/// scalars of every `exec` in two vectors, recycled between batches).
+#[derive(Default)]
+struct Batch {
+    commands: Vec<Command>,
+    buffers: Vec<CudaBuffer>,
+    scalars: Vec<Scalar>,
+    /// `State::epoch` when submitted.
+    epoch: u64,
+}
+
+impl Batch {
+    fn clear(&mut self) {
+        self.commands.clear();
+        self.buffers.clear();
+        self.scalars.clear();
+    }
+
+    /// Fails every signal the commands from `from` on would have set.
+    fn fail_signals(&self, from: usize, cause: &Error) {
+        for command in &self.commands[from..] {
+            if let Command::Signal { signal, value } = command {
+                signal.fail(*value, cause.clone());
+            }
+        }
+    }
+}
+
+enum Command {
+    Wait {
+        signal: CudaSignal,
+        value: u64,
+    },
+    /// A wait on another backend's signal: the only boxed command, off the
+    /// same-backend path.
+    WaitForeign {
+        signal: Box<dyn ForeignSignal>,
+        value: u64,
+    },
+    Signal {
+        signal: CudaSignal,
+        value: u64,
+    },
+    Exec {
+        program: CudaProgram,
+        buffers: Range<usize>,
+        scalars: Range<usize>,
+        params: ExecParams,
+    },
+    Copy {
+        dst: CudaBuffer,
+        src: CudaBuffer,
+    },
+    Barrier,
+}
+
+/// A signal of any backend that the worker can block on.
+trait ForeignSignal: Send + Sync {
+    fn is_reached(&self, value: u64) -> bool;
+    fn wait_forever(&self, value: u64) -> Result<()>;
+}
+
+impl<S: TimelineSignal> ForeignSignal for S {
+    fn is_reached(&self, value: u64) -> bool {
+        TimelineSignal::is_reached(self, value)
+    }
+
+    fn wait_forever(&self, value: u64) -> Result<()> {
+        self.wait(value, Timeout::Forever)
+    }
+}
+
+/// How far a batch got on the stream.
+enum Outcome {
+    /// Every command is on the stream.
+    Done,
+    /// Commands before this index are on the stream; this one waits for
+    /// something the host must see first.
+    Blocked(usize),
+    /// Commands before this index are on the stream; this one failed.
+    Failed(usize, Error),
+}
+
+/// What the owner and the worker share.
+struct Shared {
+    stream: std::sync::Arc<CudaStream>,
+    state: Mutex<State>,
+    /// The worker parks here for batches.
+    work: Condvar,
+    /// `synchronize` parks here for the worker to catch up.
+    idle: Condvar,
+    /// Lock order: `state`, then `in_flight`; never the reverse.
+    in_flight: Mutex<InFlight>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Batches for the worker, and the command each resumes at.
+    pending: VecDeque<(Batch, usize)>,
+    /// The worker has batches, so later ones must go through it too (to
+    /// stay in order). Set by the owner when it hands one over, cleared by
+    /// the worker once `pending` is empty.
+    worker_busy: bool,
+    /// The owner dropped the queue: the worker exits once `pending` is empty.
+    closed: bool,
+    sync_waiters: usize,
+    /// A failure not yet reported to the owner.
+    failure: Option<std::sync::Arc<Error>>,
+    /// How many failures the owner has been told of. A batch submitted in
+    /// the epoch of a failure was submitted before the owner knew, and is
+    /// not run.
+    epoch: u64,
+}
+
+/// Enqueued batches, kept (with their buffers and programs) until the
+/// stream passed the event recorded after them.
+#[derive(Default)]
+struct InFlight {
+    batches: VecDeque<(CudaEvent, Batch)>,
+    spare_events: Vec<CudaEvent>,
+    spare_batches: Vec<Batch>,
+}
+
+/// How many finished batches and completion events to keep for reuse.
+const SPARE_BATCHES: usize = 4;
+const SPARE_EVENTS: usize = 16;
+
+impl CudaQueue {
+    pub(crate) fn new(device: &CudaDevice, kind: QueueKind) -> Result<Self> {
+        let stream = device
+            .context()
+            .new_stream()
+            .map_err(|e| driver_error("creating a stream", e))?;
+        let shared = Arc::new(Shared {
+            stream,
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            in_flight: Mutex::new(InFlight::default()),
+        });
+        let worker = shared.clone();
+        spawn(
+            format!("hwqueue-cuda{}-{kind}", device.ordinal()),
+            move || run_worker(&worker),
+        )
+        .map_err(|e| Error::System {
+            what: "spawning a CUDA queue's worker thread",
+            detail: e.to_string(),
+        })?;
+        Ok(Self {
+            kind,
+            device: device.clone(),
+            batch: Batch::default(),
+            rejected: None,
+            shared,
+        })
+    }
+
+    /// How many commands are recorded and not yet submitted.
+    pub fn recorded(&self) -> usize {
+        self.batch.commands.len()
+    }
+
+    /// The CUDA stream this queue enqueues on.
+    pub fn stream(&self) -> &std::sync::Arc<CudaStream> {
+        &self.shared.stream
+    }
+
+    fn check_exec(
+        &self,
+        program: &CudaProgram,
+        buffers: &[&CudaBuffer],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        if self.kind == QueueKind::Copy {
+            return Err(Error::UnsupportedCommand {
+                kind: self.kind,
+                command: "exec",
+            });
+        }
+        let limits = self.device.limits();
+        params.validate(&limits)?;
+        let bad = |reason: String| {
+            Err(Error::InvalidArguments {
+                program: program.name().to_owned(),
+                reason,
+            })
+        };
+        if buffers.len() != program.buffer_count() {
+            return bad(format!(
+                "it takes {} buffer(s) but {} were given",
+                program.buffer_count(),
+                buffers.len()
+            ));
+        }
+        if scalars.len() != program.scalar_count() {
+            return bad(format!(
+                "it takes {} scalar(s) but {} were given",
+                program.scalar_count(),
+                scalars.len()
+            ));
+        }
+        if buffers.len() > limits.max_buffers {
+            return bad(format!(
+                "{} buffers exceed the limit of {}",
+                buffers.len(),
+                limits.max_buffers
+            ));
+        }
+        let parameter_bytes = (buffers.len() + scalars.len()) * 8;
+        if parameter_bytes > PARAMETER_BYTES {
+            return bad(format!(
+                "its {parameter_bytes} bytes of parameters exceed CUDA's {PARAMETER_BYTES}; pass \
+                 fewer scalars, or put them in a buffer"
+            ));
+        }
+        if !program.device().same_as(&self.device) {
+            return Err(self.wrong_device("the program", program.device()));
+        }
+        if let Some((index, buffer)) = buffers
+            .iter()
+            .enumerate()
+            .find(|(_, buffer)| !buffer.device().same_as(&self.device))
+        {
+            return Err(self.wrong_device(&format!("buffer {index} of exec"), buffer.device()));
+        }
+        Ok(())
+    }
+
+    fn wrong_device(&self, what: &str, other: &CudaDevice) -> Error {
+        Error::Backend {
+            backend: Cuda::ID,
+            message: format!(
+                "{what} belongs to {} but the queue runs on {}; allocate or load it on the \
+                 queue's device, or copy it over through the host",
+                other.spec(),
+                self.device.spec()
+            ),
+        }
+    }
+}
+
+impl HardwareQueue for CudaQueue {
+    type Backend = Cuda;
+
+    fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    fn wait(&mut self, signal: &CudaSignal, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::Wait {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn signal(&mut self, signal: &CudaSignal, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        // Recorded even in a rejected batch, so `submit` can fail it.
+        self.batch.commands.push(Command::Signal {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn exec(
+        &mut self,
+        program: &CudaProgram,
+        buffers: &[&CudaBuffer],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        if self.rejected.is_some() {
+            return self;
+        }
+        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
+            return self.reject(e);
+        }
+        let first_buffer = self.batch.buffers.len();
+        self.batch
+            .buffers
+            .extend(buffers.iter().map(|b| (*b).clone()));
+        let first_scalar = self.batch.scalars.len();
+        self.batch.scalars.extend_from_slice(scalars);
+        self.batch.commands.push(Command::Exec {
+            program: program.clone(),
+            buffers: first_buffer..self.batch.buffers.len(),
+            scalars: first_scalar..self.batch.scalars.len(),
+            params,
+        });
+        self
+    }
+
+    fn copy(&mut self, dst: &CudaBuffer, src: &CudaBuffer) -> &mut Self {
+        if dst.size() != src.size() {
+            return self.reject(Error::CopySizeMismatch {
+                dst: dst.size(),
+                src: src.size(),
+            });
+        }
+        for (what, buffer) in [("the copy destination", dst), ("the copy source", src)] {
+            if !buffer.device().same_as(&self.device) {
+                let error = self.wrong_device(what, buffer.device());
+                return self.reject(error);
+            }
+        }
+        self.batch.commands.push(Command::Copy {
+            dst: dst.clone(),
+            src: src.clone(),
+        });
+        self
+    }
+
+    fn memory_barrier(&mut self) -> &mut Self {
+        self.batch.commands.push(Command::Barrier);
+        self
+    }
+
+    /// Blocks the enqueueing, not the GPU: when the batch reaches this wait
+    /// and `signal` is not at `value` yet, the queue's worker thread waits on
+    /// the host (`signal.wait`) and only then enqueues what follows, so the
+    /// stream cannot run past it. Costs one boxed command at record time;
+    /// nothing more when the signal is already reached by `submit`;
+    /// otherwise a parked thread and a host wake-up (see [`CudaQueue`]). A
+    /// [`CudaSignal`] passed here takes the native, device-side
+    /// [`wait`](HardwareQueue::wait).
+    fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+        if let Some(native) = (signal as &dyn Any).downcast_ref::<CudaSignal>() {
+            return self.wait(native, value);
+        }
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitForeign {
+            signal: Box::new(signal.clone()),
+            value,
+        });
+        self
+    }
+
+    fn reject(&mut self, error: Error) -> &mut Self {
+        if self.rejected.is_none() {
+            self.rejected = Some(error);
+        }
+        self
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(error) = self.rejected.take() {
+            let cause = std::sync::Arc::new(error);
+            self.batch.fail_signals(
+                0,
+                &Error::BatchRejected {
+                    cause: cause.clone(),
+                },
+            );
+            self.batch.clear();
+            return Err(Error::BatchRejected { cause });
+        }
+        let mut state = self.shared.state.lock();
+        if let Some(cause) = state.failure.take() {
+            state.epoch += 1;
+            return Err(Error::QueueFailed { cause });
+        }
+        if self.batch.commands.is_empty() {
+            return Ok(());
+        }
+        let fresh = self
+            .shared
+            .in_flight
+            .lock()
+            .spare_batches
+            .pop()
+            .unwrap_or_default();
+        let mut batch = mem::replace(&mut self.batch, fresh);
+        batch.epoch = state.epoch;
+        if state.worker_busy {
+            // Behind a deferred wait: keep the order.
+            state.pending.push_back((batch, 0));
+            self.shared.work.notify_one();
+            return Ok(());
+        }
+        drop(state);
+        self.shared.retire();
+        match self.shared.enqueue(&batch, 0) {
+            Outcome::Done => self.shared.finish(batch),
+            Outcome::Blocked(at) => {
+                let mut state = self.shared.state.lock();
+                state.worker_busy = true;
+                state.pending.push_back((batch, at));
+                self.shared.work.notify_one();
+            }
+            // Reported by the next `submit` or `synchronize`, as for work
+            // that fails on the GPU.
+            Outcome::Failed(at, error) => drop(self.shared.fail(batch, at, error)),
+        }
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        {
+            let mut state = self.shared.state.lock();
+            state.sync_waiters += 1;
+            while state.worker_busy {
+                state = self.shared.idle.wait(state);
+            }
+            state.sync_waiters -= 1;
+        }
+        let synced = self.shared.stream.synchronize();
+        self.shared.retire();
+        let mut state = self.shared.state.lock();
+        if let Err(e) = synced {
+            state.failure.get_or_insert_with(|| {
+                std::sync::Arc::new(driver_error("running the queue's work", e))
+            });
+        }
+        if let Some(cause) = state.failure.take() {
+            state.epoch += 1;
+            return Err(Error::QueueFailed { cause });
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Puts the commands of `batch` from `from` on the stream, without ever
+    /// blocking on the host.
+    fn enqueue(&self, batch: &Batch, from: usize) -> Outcome {
+        for (index, command) in batch.commands.iter().enumerate().skip(from) {
+            let result = match command {
+                Command::Wait { signal, value } => match signal.dependency(*value) {
+                    Ok(None) => return Outcome::Blocked(index),
+                    Ok(Some(Dependency::Reached)) => Ok(()),
+                    Ok(Some(Dependency::Event(event))) => {
+                        self.stream.wait(event.event()).map_err(|e| {
+                            driver_error("making the stream wait for a signal's event", e)
+                        })
+                    }
+                    Err(error) => Err(error),
+                },
+                Command::WaitForeign { signal, value } => {
+                    if !signal.is_reached(*value) {
+                        return Outcome::Blocked(index);
+                    }
+                    Ok(())
+                }
+                Command::Signal { signal, value } => signal.record(*value, &self.stream),
+                Command::Exec {
+                    program,
+                    buffers,
+                    scalars,
+                    params,
+                } => self.launch(
+                    program,
+                    &batch.buffers[buffers.clone()],
+                    &batch.scalars[scalars.clone()],
+                    params,
+                ),
+                Command::Copy { dst, src } => self.copy(dst, src),
+                Command::Barrier => Ok(()),
+            };
+            if let Err(error) = result {
+                return Outcome::Failed(index, error);
+            }
+        }
+        Outcome::Done
+    }
+
+    /// Launches `program`: grid = global / local, block = local; parameters
+    /// are the buffers' device pointers, then the scalars.
+    fn launch(
+        &self,
+        program: &CudaProgram,
+        buffers: &[CudaBuffer],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
+        // start the cell, which is what the driver reads for a 4-byte one.
+        let parameters: Vec<u64> = buffers
+            .iter()
+            .map(CudaBuffer::device_pointer)
+            .chain(
+                scalars
+                    .iter()
+                    .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
+            )
+            .collect();
+        let mut launch = self.stream.launch_builder(program.function());
+        for parameter in &parameters {
+            launch.arg(parameter);
+        }
+        let [gx, gy, gz] = params.groups();
+        let [lx, ly, lz] = params.local();
+        let config = LaunchConfig {
+            grid_dim: (gx, gy, gz),
+            block_dim: (lx, ly, lz),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the parameters are exactly the kernel ABI of `CudaProgram`
+        // (one device pointer per buffer, then the scalars), in counts
+        // checked against the program at record time; each points at a live
+        // 8-byte cell the driver copies before `launch` returns. Every buffer
+        // belongs to this stream's device and is kept alive until the stream
+        // passed this launch (`InFlight`). What the kernel does with them is
+        // the kernel's contract, as with any GPU kernel.
+        unsafe { launch.launch(config) }
+            .map(drop)
+            .map_err(|e| Error::KernelFailed {
+                program: program.name().to_owned(),
+                message: format!("the launch failed: {e}"),
+            })
+    }
+
+    /// Copies all of `src` into `dst` on the stream.
+    fn copy(&self, dst: &CudaBuffer, src: &CudaBuffer) -> Result<()> {
+        if dst.same_as(src) || src.size() == 0 {
+            return Ok(());
+        }
+        let fail = |e| driver_error("a device-to-device copy", e);
+        self.stream.context().bind_to_thread().map_err(fail)?;
+        // The result layer, because cudarc's safe copy wants the destination
+        // `&mut` (a lock per buffer, and lock ordering between two) for an
+        // exclusivity our queues do not need: signals order buffer use.
+        // SAFETY: both pointers are allocations of at least `size` bytes on
+        // this stream's device (checked at record time), kept alive until
+        // the stream passed this copy; they are distinct allocations (the
+        // same buffer returned above), so the ranges do not overlap.
+        unsafe {
+            result::memcpy_dtod_async(
+                dst.device_pointer(),
+                src.device_pointer(),
+                src.size(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(fail)
+    }
+
+    /// Keeps `batch` until the stream passed what was enqueued of it.
+    fn finish(&self, batch: Batch) {
+        let mut in_flight = self.in_flight.lock();
+        let event = match in_flight.spare_events.pop() {
+            Some(event) => Ok(event),
+            None => self.stream.context().new_event(None),
+        };
+        match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
+            Ok(event) => in_flight.batches.push_back((event, batch)),
+            Err(_) => {
+                // No event to tell when the stream is done with the batch:
+                // wait for it here (the stream only holds work that
+                // completes on its own). An error is the stream's, and is
+                // reported by `synchronize`.
+                drop(in_flight);
+                let _ = self.stream.synchronize();
+                self.recycle(batch, None);
+            }
+        }
+    }
+
+    /// Fails the signals of `batch` from command `at` on, keeps what was
+    /// enqueued of it, and records the failure for the owner.
+    fn fail(&self, batch: Batch, at: usize, error: Error) -> std::sync::Arc<Error> {
+        batch.fail_signals(at, &error);
+        let cause = std::sync::Arc::new(error);
+        self.finish(batch);
+        self.state
+            .lock()
+            .failure
+            .get_or_insert_with(|| cause.clone());
+        cause
+    }
+
+    /// Drops the buffers and programs of batches the stream has passed.
+    fn retire(&self) {
+        let mut in_flight = self.in_flight.lock();
+        loop {
+            // A query error means the context faulted: the stream will not
+            // use the batch again either.
+            let passed = in_flight
+                .batches
+                .front()
+                .is_some_and(|(event, _)| !matches!(event.try_is_complete(), Ok(false)));
+            if !passed {
+                break;
+            }
+            if let Some((event, batch)) = in_flight.batches.pop_front() {
+                in_flight.keep(batch, Some(event));
+            }
+        }
+    }
+
+    fn recycle(&self, batch: Batch, event: Option<CudaEvent>) {
+        self.in_flight.lock().keep(batch, event);
+    }
+
+    /// After the owner dropped the queue and the worker drained it: wait for
+    /// the stream, then release everything.
+    fn shut_down(&self) {
+        let _ = self.stream.synchronize();
+        let mut in_flight = self.in_flight.lock();
+        let batches = mem::take(&mut in_flight.batches);
+        in_flight.spare_events.clear();
+        in_flight.spare_batches.clear();
+        drop(in_flight);
+        drop(batches);
+    }
+}
+
+impl InFlight {
+    /// Clears a finished batch and keeps it, and its event, for reuse.
+    fn keep(&mut self, mut batch: Batch, event: Option<CudaEvent>) {
+        batch.clear();
+        if self.spare_batches.len() < SPARE_BATCHES {
+            self.spare_batches.push(batch);
+        }
+        if let Some(event) = event {
+            if self.spare_events.len() < SPARE_EVENTS {
+                self.spare_events.push(event);
+            }
+        }
+    }
+}
+
+impl Drop for CudaQueue {
+    fn drop(&mut self) {
+        if !self.batch.commands.is_empty() {
+            self.batch.fail_signals(
+                0,
+                &Error::Backend {
+                    backend: Cuda::ID,
+                    message: "the queue was dropped with a batch recorded but not submitted; call \
+                              `submit` before dropping the queue"
+                        .into(),
+                },
+            );
+        }
+        let mut state = self.shared.state.lock();
+        state.closed = true;
+        self.shared.work.notify_one();
+    }
+}
+
+impl fmt::Debug for CudaQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaQueue")
+            .field("kind", &self.kind)
+            .field("device", &self.device.ordinal())
+            .field("recorded", &self.batch.commands.len())
+            .field("rejected", &self.rejected)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The worker: enqueues handed-over batches in order, blocking on the host
+/// for the waits that stopped them, until the queue is dropped and drained.
+fn run_worker(shared: &Shared) {
+    // The epoch and cause of the last failure this worker saw.
+    let mut last_failure: Option<(u64, std::sync::Arc<Error>)> = None;
+    loop {
+        let (batch, mut from) = {
+            let mut state = shared.state.lock();
+            loop {
+                if let Some(next) = state.pending.pop_front() {
+                    break next;
+                }
+                state.worker_busy = false;
+                if state.sync_waiters > 0 {
+                    shared.idle.notify_all();
+                }
+                if state.closed {
+                    drop(state);
+                    shared.shut_down();
+                    return;
+                }
+                state = shared.work.wait(state);
+            }
+        };
+        let outcome = match &last_failure {
+            Some((epoch, cause)) if batch.epoch <= *epoch => Outcome::Failed(
+                from,
+                Error::EarlierBatchFailed {
+                    cause: cause.clone(),
+                },
+            ),
+            _ => loop {
+                match shared.enqueue(&batch, from) {
+                    Outcome::Blocked(at) => match block_on(&batch.commands[at]) {
+                        // The value is recorded, reached, or the foreign
+                        // signal is reached: the command now enqueues.
+                        Ok(()) => from = at,
+                        Err(error) => break Outcome::Failed(at, error),
+                    },
+                    other => break other,
+                }
+            },
+        };
+        match outcome {
+            Outcome::Failed(at, error) => {
+                let epoch = batch.epoch;
+                last_failure = Some((epoch, shared.fail(batch, at, error)));
+            }
+            _ => shared.finish(batch),
+        }
+        shared.retire();
+    }
+}
+
+/// Blocks on the host until the wait `command` can be enqueued.
+fn block_on(command: &Command) -> Result<()> {
+    match command {
+        Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
+        Command::WaitForeign { signal, value } => signal.wait_forever(*value),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,573 @@
+//! `EventRing`: a timeline signal whose values stand for device events.
+//!
+//! A GPU queue cannot raise a host word when its work completes; it can only
+//! *record an event* that the host may later query or block on. An
+//! [`EventRing`] turns such events into a [`TimelineSignal`](crate::TimelineSignal)-shaped value:
+//! `record(v)` puts `(v, event)` in one of [`RING_SLOTS`] slots, and
+//!
+//! - [`value`](EventRing::value) is the highest value whose event has
+//!   **completed** (or that the host [`set`](EventRing::set)); recording never
+//!   moves it, so "submitted" can never pass for "completed";
+//! - [`wait`](EventRing::wait) synchronises on the event of the smallest
+//!   recorded value `>= target`, and, when no such value is recorded yet,
+//!   waits on the host for a record, a host `set` or a failure;
+//! - [`fail`](EventRing::fail) has the
+//!   [`TimelineSignal::fail`](crate::TimelineSignal::fail) semantics.
+//!
+//! The ring knows nothing of CUDA: events are any [`RingEvent`] ("is it
+//! complete?", "block until complete"), and a queue records them through an
+//! [`EventRecorder`]. So this file is compiled in every build and tested
+//! with a mock event (`tests/ring.rs`), and loom can model it.
+//!
+//! ## Slots, reuse and wrap-around
+//!
+//! A slot is *done* once its value is `<=` the completed value: its work
+//! finished, or the host raised the value past it. Events are handles
+//! (`Arc<E>`); a waiter clones a slot's handle **under the lock** and blocks
+//! on its clone **outside** it. `record(v)`, under the lock, takes the first
+//! of:
+//!
+//! 1. a done slot whose event nobody else holds (`strong_count == 1`, and the
+//!    recorder [accepts](EventRecorder::accepts) it): the event is re-recorded
+//!    in place. This is the steady state: no event is created per record;
+//! 2. an empty slot, or a done slot whose event a waiter still holds: a new
+//!    event is created; the old handle (if any) is dropped by the ring, and
+//!    the waiter's clone keeps the event alive until it is done with it;
+//! 3. otherwise every slot holds unfinished work: the recorder blocks (outside
+//!    the lock) on the **oldest** record's event, folds it in, and tries
+//!    again. This is back-pressure: at most [`RING_SLOTS`] records of one
+//!    signal are in flight. It cannot deadlock as long as every recorded
+//!    event completes on its own, which holds for queues that only record
+//!    events after work already handed to the device (the CUDA queue defers
+//!    host-side waits instead of putting them on the stream).
+//!
+//! An event is therefore never re-recorded or destroyed while a waiter holds
+//! it, and a waiter is never lost: it remembers the value of the slot it
+//! cloned and, once its event completes, raises the value to it itself, even
+//! if the slot was handed to another record meanwhile.
+//!
+//! Only the crate's `sync` primitives are used, so loom can check the
+//! protocol.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::signal::{MAX_SIGNAL_VALUE, Timeout, value_out_of_range};
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
+
+/// How many records one ring holds at once (and how many events it keeps
+/// for reuse). A queue rarely has more than a few values of one signal in
+/// flight; past this many, recording blocks on the oldest (see the module
+/// docs).
+pub const RING_SLOTS: usize = 16;
+const _: () = assert!(RING_SLOTS > 0, "a ring needs at least one slot");
+
+/// The first and the longest sleep between polls of an event, when a wait
+/// has a finite timeout (an event cannot be waited on with a timeout, so the
+/// wait polls with exponential back-off; an unbounded wait blocks instead).
+const POLL_FIRST: Duration = Duration::from_micros(10);
+const POLL_LONGEST: Duration = Duration::from_millis(1);
+
+/// A device event as the ring sees it.
+pub trait RingEvent: Send + Sync + 'static {
+    /// Whether the work recorded in this event has completed. Never blocks.
+    ///
+    /// # Errors
+    /// When the device reports a failure (a faulted context).
+    fn is_complete(&self) -> Result<bool>;
+
+    /// Blocks until the work recorded in this event has completed.
+    ///
+    /// # Errors
+    /// When the device reports a failure.
+    fn synchronize(&self) -> Result<()>;
+}
+
+/// How a queue makes and records events for an [`EventRing`]. Called by the
+/// ring under its lock, so `record` must not block.
+pub trait EventRecorder<E> {
+    /// A new event, not recorded yet.
+    ///
+    /// # Errors
+    /// When the device cannot create one.
+    fn create(&mut self) -> Result<E>;
+
+    /// Whether `event` can be recorded by this recorder (a CUDA event can
+    /// only be recorded on a stream of its own context). Events it refuses
+    /// are not reused for this record.
+    fn accepts(&self, event: &E) -> bool {
+        let _ = event;
+        true
+    }
+
+    /// Records the current point of the queue into `event`: it completes
+    /// once everything the queue was given before it has completed.
+    ///
+    /// # Errors
+    /// When the device refuses the record.
+    fn record(&mut self, event: &E) -> Result<()>;
+}
+
+/// What a queue must wait for before running past `wait(signal, target)`.
+#[derive(Debug)]
+pub enum Dependency<E> {
+    /// The target is reached already: nothing to wait for.
+    Reached,
+    /// The event of the smallest recorded value `>= target`: make the device
+    /// wait for it (CUDA: `cuStreamWaitEvent`). Holding the handle keeps the
+    /// ring from re-recording the event.
+    Event(Arc<E>),
+}
+
+/// A timeline signal made of a ring of device events. See the module docs.
+pub struct EventRing<E> {
+    /// The completed value, mirrored for the lock-free fast path of
+    /// `is_reached` and `wait`.
+    ///
+    /// | written by | how | read by | how |
+    /// |------------|-----|---------|-----|
+    /// | whoever raises `RingState::completed` (a fold, a waiter whose event completed, `set`) | `store(Release)`, under `state`, after `completed` | `is_reached`, `wait` fast paths | `load(Acquire)` |
+    ///
+    /// Only stored under the lock, right after `completed`, so it never
+    /// runs ahead of it and never goes down. A stale read is only ever too
+    /// low, which sends the reader to the locked path.
+    reached: AtomicU64,
+    state: Mutex<RingState<E>>,
+    /// Notified (under `state`) whenever something a waiter checks changes:
+    /// a record, a raise of `completed`, a failure.
+    changed: Condvar,
+}
+
+/// The ring's state, all guarded by [`EventRing::state`].
+///
+/// | field | meaning | changed by |
+/// |-------|---------|------------|
+/// | `slots` | at most [`RING_SLOTS`] `(value, seq, event)`; a slot is *done* when `value <= completed`, *pending* otherwise | `record` (fill, re-record, replace) |
+/// | `completed` | the highest value known completed: a pending slot whose event completed, or a host `set`. Only rises | folds (`value`, `wait`, `record`), a waiter after its event completed, `set` |
+/// | `failed_upto` | every value `<= failed_upto` not reached has failed (0: none) | `fail` |
+/// | `failures` | the causes, `(upto, cause)` sorted by `upto`; entries `<= completed` are dropped | `fail`, raises |
+/// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
+///
+/// Nothing but a completed event or the host raises `completed`: in
+/// particular `record` never does, so a value cannot be reached before its
+/// work is done (DESIGN.md, mistake 2).
+struct RingState<E> {
+    slots: Vec<Slot<E>>,
+    completed: u64,
+    failed_upto: u64,
+    failures: Vec<(u64, std::sync::Arc<Error>)>,
+    next_seq: u64,
+}
+
+struct Slot<E> {
+    value: u64,
+    seq: u64,
+    /// Cloned by waiters under the lock; reused only when unique.
+    event: Arc<E>,
+}
+
+/// What the ring knows about a target, under its lock.
+enum Step<E> {
+    Reached,
+    /// The smallest recorded value `>= target`, and its event.
+    Recorded(u64, Arc<E>),
+    Unrecorded,
+}
+
+impl<E: RingEvent> EventRing<E> {
+    /// A ring at `initial`, with no event recorded.
+    ///
+    /// # Panics
+    /// If `initial` exceeds [`MAX_SIGNAL_VALUE`].
+    pub fn new(initial: u64) -> Self {
+        if initial > MAX_SIGNAL_VALUE {
+            value_out_of_range(initial);
+        }
+        Self {
+            reached: AtomicU64::new(initial),
+            state: Mutex::new(RingState {
+                slots: Vec::with_capacity(RING_SLOTS),
+                completed: initial,
+                failed_upto: 0,
+                failures: Vec::new(),
+                next_seq: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The highest value whose event completed, or that the host set. Folds
+    /// in every pending slot whose event completed; never blocks (event
+    /// queries do not).
+    pub fn value(&self) -> u64 {
+        let mut state = self.state.lock();
+        self.fold(&mut state);
+        state.completed
+    }
+
+    /// Whether `value() >= target`. Never blocks.
+    pub fn is_reached(&self, target: u64) -> bool {
+        self.reached.load(Ordering::Acquire) >= target || self.value() >= target
+    }
+
+    /// Raises the value to `value` from the host; a lower value is ignored.
+    /// Wakes the waiters it satisfies.
+    ///
+    /// # Panics
+    /// If `value` exceeds [`MAX_SIGNAL_VALUE`].
+    pub fn set(&self, value: u64) {
+        if value > MAX_SIGNAL_VALUE {
+            value_out_of_range(value);
+        }
+        let mut state = self.state.lock();
+        self.raise(&mut state, value);
+    }
+
+    /// Records `value`: the recorder's next event stands for it, and the
+    /// value is reached once that event completes. A value already reached
+    /// records nothing. May block when every slot holds unfinished work (see
+    /// the module docs).
+    ///
+    /// # Errors
+    /// [`Error::SignalValueOutOfRange`]; whatever the recorder or a blocking
+    /// event reports (nothing is recorded then).
+    pub fn record(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
+        if value > MAX_SIGNAL_VALUE {
+            return Err(out_of_range(value));
+        }
+        let mut guard = self.state.lock();
+        loop {
+            self.fold(&mut guard);
+            let state = &mut *guard;
+            if value <= state.completed {
+                return Ok(());
+            }
+            let completed = state.completed;
+            let seq = state.next_seq;
+
+            // 1. Reuse a done slot's event that nobody else holds.
+            let reusable = state.slots.iter_mut().find(|slot| {
+                slot.value <= completed
+                    && Arc::strong_count(&slot.event) == 1
+                    && recorder.accepts(&slot.event)
+            });
+            if let Some(slot) = reusable {
+                // Pairs with the `Release` decrement of the last waiter's
+                // clone: its use of the event happens-before the re-record.
+                fence(Ordering::Acquire);
+                recorder.record(&slot.event)?;
+                slot.value = value;
+                slot.seq = seq;
+                state.next_seq += 1;
+                self.changed.notify_all();
+                return Ok(());
+            }
+
+            // 2. A new event, in an empty slot or a done one (whose old event
+            //    a waiter may still hold: its clone keeps it alive).
+            let free = if state.slots.len() < RING_SLOTS {
+                Some(None)
+            } else {
+                state
+                    .slots
+                    .iter()
+                    .position(|slot| slot.value <= completed)
+                    .map(Some)
+            };
+            if let Some(at) = free {
+                let event = recorder.create()?;
+                recorder.record(&event)?;
+                let slot = Slot {
+                    value,
+                    seq,
+                    event: Arc::new(event),
+                };
+                state.next_seq += 1;
+                let replaced = match at {
+                    Some(index) => Some(std::mem::replace(&mut state.slots[index], slot)),
+                    None => {
+                        state.slots.push(slot);
+                        None
+                    }
+                };
+                self.changed.notify_all();
+                drop(guard);
+                // The ring's handle to a replaced event goes outside the
+                // lock: if it is the last one, destroying the event may call
+                // the driver.
+                drop(replaced);
+                return Ok(());
+            }
+
+            // 3. Every slot holds unfinished work: wait for the oldest.
+            let Some(oldest) = state.slots.iter().min_by_key(|slot| slot.seq) else {
+                unreachable!("a full ring has slots");
+            };
+            let (oldest_value, event) = (oldest.value, oldest.event.clone());
+            drop(guard);
+            let outcome = event.synchronize();
+            drop(event);
+            outcome?;
+            guard = self.state.lock();
+            self.raise(&mut guard, oldest_value);
+        }
+    }
+
+    /// What a queue must wait for before running past `target`, without
+    /// blocking: `None` when no value `>= target` is recorded yet.
+    ///
+    /// # Errors
+    /// [`Error::SignalFailed`] when `target` failed;
+    /// [`Error::SignalValueOutOfRange`] for a target no signal reaches.
+    pub fn dependency(&self, target: u64) -> Result<Option<Dependency<E>>> {
+        if target > MAX_SIGNAL_VALUE {
+            return Err(out_of_range(target));
+        }
+        let mut state = self.state.lock();
+        Ok(match self.step(&mut state, target)? {
+            Step::Reached => Some(Dependency::Reached),
+            Step::Recorded(_, event) => Some(Dependency::Event(event)),
+            Step::Unrecorded => None,
+        })
+    }
+
+    /// As [`dependency`](Self::dependency), but blocks on the host until a
+    /// value `>= target` is recorded, set or failed, or `timeout` passes.
+    ///
+    /// # Errors
+    /// As `dependency`, and [`Error::Timeout`].
+    pub fn wait_dependency(
+        &self,
+        target: u64,
+        timeout: impl Into<Timeout>,
+    ) -> Result<Dependency<E>> {
+        if target > MAX_SIGNAL_VALUE {
+            return Err(out_of_range(target));
+        }
+        let start = Instant::now();
+        let deadline = timeout.into().deadline_from(start);
+        let mut state = self.state.lock();
+        loop {
+            match self.step(&mut state, target)? {
+                Step::Reached => return Ok(Dependency::Reached),
+                Step::Recorded(_, event) => return Ok(Dependency::Event(event)),
+                Step::Unrecorded => state = self.park(state, target, start, deadline)?,
+            }
+        }
+    }
+
+    /// Blocks until `value() >= target`: synchronises on the event of the
+    /// smallest recorded value `>= target`, or, while none is recorded,
+    /// waits on the host for a record, a `set` or a failure.
+    ///
+    /// With [`Timeout::Forever`] the wait blocks on the event itself (a
+    /// host `set` or `fail` arriving meanwhile is seen once that event
+    /// completes, which recorded work always does); with a finite timeout
+    /// it polls the event with back-off from 10 µs to 1 ms.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with the target, the value reached and the time
+    /// waited; [`Error::SignalFailed`] when the work that would have set
+    /// `target` failed, or its event reports a device failure;
+    /// [`Error::SignalValueOutOfRange`].
+    pub fn wait(&self, target: u64, timeout: impl Into<Timeout>) -> Result<()> {
+        if self.reached.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        if target > MAX_SIGNAL_VALUE {
+            return Err(out_of_range(target));
+        }
+        let start = Instant::now();
+        let deadline = timeout.into().deadline_from(start);
+        let mut poll = POLL_FIRST;
+        let mut state = self.state.lock();
+        loop {
+            let (value, event) = match self.step(&mut state, target)? {
+                Step::Reached => return Ok(()),
+                Step::Unrecorded => {
+                    state = self.park(state, target, start, deadline)?;
+                    continue;
+                }
+                Step::Recorded(value, event) => (value, event),
+            };
+            drop(state);
+            let complete = match deadline {
+                None => event.synchronize().map(|()| true),
+                Some(_) => event.is_complete(),
+            };
+            // Our clone goes before the lock is taken again: if the ring
+            // replaced the slot meanwhile, this is the last handle.
+            drop(event);
+            match complete {
+                Ok(true) => {
+                    let mut state = self.state.lock();
+                    self.raise(&mut state, value);
+                    return Ok(());
+                }
+                Ok(false) => {}
+                Err(cause) => {
+                    return Err(Error::SignalFailed {
+                        target,
+                        current: self.value(),
+                        cause: std::sync::Arc::new(cause),
+                    });
+                }
+            }
+            // Only a finite deadline gets here.
+            let now = Instant::now();
+            match deadline {
+                Some(deadline) if now < deadline => {
+                    std::thread::sleep(poll.min(deadline - now));
+                    poll = (poll * 2).min(POLL_LONGEST);
+                }
+                _ => {
+                    return Err(Error::Timeout {
+                        target,
+                        current: self.value(),
+                        waited: start.elapsed(),
+                    });
+                }
+            }
+            state = self.state.lock();
+        }
+    }
+
+    /// Marks every value up to `upto` that is not reached as failed with
+    /// `cause`, and wakes their waiters with [`Error::SignalFailed`]. Values
+    /// above `upto`, and values already reached, are not affected; a failed
+    /// value whose event later completes (or that the host sets) is reached
+    /// as usual.
+    pub fn fail(&self, upto: u64, cause: Error) {
+        let mut guard = self.state.lock();
+        self.fold(&mut guard);
+        let state = &mut *guard;
+        if upto <= state.completed {
+            return;
+        }
+        let at = state
+            .failures
+            .partition_point(|(old_upto, _)| *old_upto < upto);
+        if state
+            .failures
+            .get(at)
+            .is_none_or(|(old_upto, _)| *old_upto != upto)
+        {
+            state
+                .failures
+                .insert(at, (upto, std::sync::Arc::new(cause)));
+        }
+        state.failed_upto = state.failed_upto.max(upto);
+        self.changed.notify_all();
+    }
+
+    /// How many slots hold a record (done or pending), at most [`RING_SLOTS`].
+    pub fn slots_in_use(&self) -> usize {
+        self.state.lock().slots.len()
+    }
+
+    /// Raises `completed` to `value` (if higher) and wakes every waiter.
+    fn raise(&self, state: &mut RingState<E>, value: u64) {
+        if value <= state.completed {
+            return;
+        }
+        state.completed = value;
+        self.reached.store(value, Ordering::Release);
+        // Causes for values now reached can never be reported again.
+        state.failures.retain(|(upto, _)| *upto > value);
+        self.changed.notify_all();
+    }
+
+    /// Raises `completed` to the highest pending value whose event has
+    /// completed. Queries only slots above the best value found so far.
+    fn fold(&self, state: &mut RingState<E>) {
+        let mut best = state.completed;
+        for slot in &state.slots {
+            // A query error (a faulted device) is not completion; waiters
+            // see the error when they query or block on the event.
+            if slot.value > best && matches!(slot.event.is_complete(), Ok(true)) {
+                best = slot.value;
+            }
+        }
+        self.raise(state, best);
+    }
+
+    /// Folds, then says where `target` stands.
+    fn step(&self, state: &mut RingState<E>, target: u64) -> Result<Step<E>> {
+        self.fold(state);
+        if state.completed >= target {
+            return Ok(Step::Reached);
+        }
+        if state.failed_upto >= target {
+            let cause = state
+                .failures
+                .iter()
+                .find(|(upto, _)| *upto >= target)
+                .map(|(_, cause)| cause.clone())
+                .unwrap_or_else(|| {
+                    std::sync::Arc::new(Error::Backend {
+                        backend: "ring",
+                        message: "failure cause lost".into(),
+                    })
+                });
+            return Err(Error::SignalFailed {
+                target,
+                current: state.completed,
+                cause,
+            });
+        }
+        // Every slot `>= target` is pending, since `target > completed`.
+        // Ties go to the older record.
+        Ok(state
+            .slots
+            .iter()
+            .filter(|slot| slot.value >= target)
+            .min_by_key(|slot| (slot.value, slot.seq))
+            .map_or(Step::Unrecorded, |slot| {
+                Step::Recorded(slot.value, slot.event.clone())
+            }))
+    }
+
+    /// Waits for a change (a record, a raise, a failure) or the deadline.
+    fn park<'a>(
+        &self,
+        state: MutexGuard<'a, RingState<E>>,
+        target: u64,
+        start: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<MutexGuard<'a, RingState<E>>> {
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Err(Error::Timeout {
+                target,
+                current: state.completed,
+                waited: start.elapsed(),
+            });
+        }
+        Ok(self.changed.wait_until(state, deadline))
+    }
+}
+
+fn out_of_range(value: u64) -> Error {
+    Error::SignalValueOutOfRange {
+        value,
+        max: MAX_SIGNAL_VALUE,
+    }
+}
+
+impl<E> fmt::Debug for EventRing<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock();
+        let mut pending: Vec<u64> = state
+            .slots
+            .iter()
+            .map(|slot| slot.value)
+            .filter(|value| *value > state.completed)
+            .collect();
+        pending.sort_unstable();
+        f.debug_struct("EventRing")
+            .field("completed", &state.completed)
+            .field("pending", &pending)
+            .field("failed_upto", &state.failed_upto)
+            .finish()
+    }
+}

@@ -1,0 +1,540 @@
+//! The CUDA backend. GPU tests begin by probing: without a CUDA driver or
+//! device they print `skipped: no CUDA driver` and return. The tests at the
+//! top need no GPU and run wherever the feature is on.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::LONG;
+use cudarc::driver::sys::CUdevice_attribute;
+use hwqueue::cpu::CpuSignal;
+use hwqueue::cuda::{Cuda, CudaBuffer, CudaDevice, CudaProgram, CudaSignal};
+use hwqueue::ring::RING_SLOTS;
+use hwqueue::{
+    Backend, Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, Scalar,
+    TimelineSignal, Timeout,
+};
+
+/// The kernels of these tests (CUDA C, compiled with NVRTC).
+const KERNELS: &str = r#"
+extern "C" __global__ void add(const float *a, const float *b, float *c, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        c[i] = a[i] + b[i];
+    }
+}
+
+extern "C" __global__ void increment(const unsigned int *src, unsigned int *dst) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    dst[i] = src[i] + 1;
+}
+
+extern "C" __global__ void fill(unsigned int *out, unsigned int value) {
+    out[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+
+extern "C" __global__ void spin(unsigned long long cycles) {
+    long long start = clock64();
+    while ((unsigned long long)(clock64() - start) < cycles) {
+    }
+}
+"#;
+
+/// Opens device 0, or says why the test is skipped.
+fn device() -> Option<CudaDevice> {
+    match Cuda::probe() {
+        Ok(devices) if !devices.is_empty() => {
+            Some(Cuda::open(0).expect("a probed CUDA device opens"))
+        }
+        _ => {
+            println!("skipped: no CUDA driver");
+            None
+        }
+    }
+}
+
+fn kernel(device: &CudaDevice, name: &str, buffers: usize, scalars: usize) -> CudaProgram {
+    CudaProgram::from_cuda_c(device, KERNELS, name, buffers, scalars)
+        .unwrap_or_else(|e| panic!("compiling `{name}`: {e}"))
+}
+
+fn u32_buffer(device: &CudaDevice, len: usize) -> CudaBuffer {
+    device.alloc(len * 4).unwrap()
+}
+
+/// Kernel cycles for about `duration` at the device's clock.
+fn cycles_for(device: &CudaDevice, duration: Duration) -> u64 {
+    let khz = device
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+        .unwrap();
+    u64::try_from(khz).unwrap() * duration.as_millis() as u64
+}
+
+// ---------------------------------------------------------------------------
+// No GPU needed.
+
+#[test]
+fn probe_and_open_answer_without_panicking() {
+    match Cuda::probe() {
+        Ok(devices) => {
+            for (ordinal, info) in devices.iter().enumerate() {
+                assert_eq!(info.spec.to_string(), format!("cuda:{ordinal}"));
+            }
+        }
+        Err(error) => {
+            assert!(matches!(
+                error,
+                Error::NoDriver {
+                    backend: "cuda",
+                    ..
+                }
+            ));
+            assert!(error.to_string().contains("install"), "{error}");
+        }
+    }
+    match Cuda::open(u32::MAX) {
+        Err(Error::NoDriver { .. } | Error::NoSuchDevice { .. }) => {}
+        other => panic!("opening cuda:{} gave {other:?}", u32::MAX),
+    }
+}
+
+#[test]
+fn a_signal_works_from_the_host_without_a_device() {
+    let signal = CudaSignal::new(1);
+    assert_eq!(signal.value(), 1);
+    assert!(!signal.is_reached(2));
+    let waiter = {
+        let signal = signal.clone();
+        thread::spawn(move || signal.wait(3, LONG))
+    };
+    thread::sleep(Duration::from_millis(20));
+    signal.set(3);
+    signal.set(2);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(signal.value(), 3);
+    assert!(matches!(
+        signal.wait(4, Duration::from_millis(10)),
+        Err(Error::Timeout {
+            target: 4,
+            current: 3,
+            ..
+        })
+    ));
+    signal.fail(
+        5,
+        Error::KernelFailed {
+            program: "k".into(),
+            message: "boom".into(),
+        },
+    );
+    assert!(matches!(
+        signal.wait(5, Timeout::Forever),
+        Err(Error::SignalFailed { target: 5, .. })
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// GPU.
+
+#[test]
+fn vector_add_matches_the_host() {
+    let Some(device) = device() else { return };
+    const N: u32 = 1 << 20;
+    let a_host: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let b_host: Vec<f32> = (0..N).map(|i| 0.5 * i as f32).collect();
+    let expected: Vec<f32> = a_host.iter().zip(&b_host).map(|(a, b)| a + b).collect();
+    let a = device.alloc(N as usize * 4).unwrap();
+    let b = device.alloc(N as usize * 4).unwrap();
+    a.write_from(&a_host).unwrap();
+    b.write_from(&b_host).unwrap();
+
+    let compiled = kernel(&device, "add", 3, 1);
+    // The same kernel again, loaded from the PTX NVRTC produced.
+    let from_ptx = CudaProgram::from_ptx(&device, compiled.ptx(), "add", 3, 1).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    for (round, program) in [compiled, from_ptx].iter().enumerate() {
+        let c = device.alloc(N as usize * 4).unwrap();
+        let done = device.new_signal(0).unwrap();
+        queue
+            .exec(
+                program,
+                &[&a, &b, &c],
+                &[Scalar::U32(N)],
+                ExecParams::new_1d(N, 256),
+            )
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        done.wait(1, LONG).unwrap();
+        assert_eq!(c.to_vec::<f32>().unwrap(), expected, "round {round}");
+    }
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn upload_download_round_trip() {
+    let Some(device) = device() else { return };
+    let buffer = device.alloc(4096).unwrap();
+    assert_eq!(buffer.size(), 4096);
+    // Fresh memory is zeroed.
+    assert_eq!(buffer.to_vec::<u8>().unwrap(), vec![0u8; 4096]);
+    let data: Vec<u32> = (0..100).map(|i| i * 7 + 1).collect();
+    buffer.write_at(100, &data).unwrap();
+    let mut back = vec![0u32; 100];
+    buffer.read_at(100, &mut back).unwrap();
+    assert_eq!(back, data);
+    let bytes = buffer.to_vec::<u8>().unwrap();
+    assert!(bytes[..100].iter().all(|&b| b == 0));
+    assert!(bytes[500..].iter().all(|&b| b == 0));
+    // Out of bounds: an error, and nothing is written.
+    assert!(matches!(
+        buffer.write_at(4000, &[0u64; 13]),
+        Err(Error::HostAccessOutOfBounds {
+            offset: 4000,
+            len: 104,
+            size: 4096
+        })
+    ));
+    assert!(
+        buffer.to_vec::<u8>().unwrap()[4000..]
+            .iter()
+            .all(|&b| b == 0)
+    );
+    let mut too_long = vec![0u8; 4097];
+    assert!(matches!(
+        buffer.read_into(&mut too_long),
+        Err(Error::HostAccessOutOfBounds { .. })
+    ));
+    // An empty buffer works too.
+    let empty = device.alloc(0).unwrap();
+    assert_eq!(empty.size(), 0);
+    assert!(empty.to_vec::<u32>().unwrap().is_empty());
+}
+
+#[test]
+fn a_long_kernel_is_not_reached_until_it_completes() {
+    let Some(device) = device() else { return };
+    let spin = kernel(&device, "spin", 0, 1);
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let cycles = cycles_for(&device, Duration::from_millis(500));
+    let start = Instant::now();
+    queue
+        .exec(&spin, &[], &[Scalar::U64(cycles)], ExecParams::new_1d(1, 1))
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    // The event is recorded, the kernel is running: not reached.
+    while start.elapsed() < Duration::from_millis(200) {
+        assert!(!done.is_reached(1), "reached after {:?}", start.elapsed());
+        assert!(done.value() < 1);
+        thread::sleep(Duration::from_millis(10));
+    }
+    assert!(matches!(
+        done.wait(1, Duration::from_millis(10)),
+        Err(Error::Timeout {
+            target: 1,
+            current: 0,
+            ..
+        })
+    ));
+    done.wait(1, LONG).unwrap();
+    assert!(done.is_reached(1));
+    assert_eq!(done.value(), 1);
+    assert!(start.elapsed() >= Duration::from_millis(200));
+}
+
+/// Uploads `0..n` to a staging buffer; the copy queue copies it to `mid`,
+/// the compute queue waits for the copy's signal and writes `mid + 1` to
+/// `out`.
+fn copy_then_increment(submit_compute_first: bool) {
+    let Some(device) = device() else { return };
+    // 64 MiB, so the copy takes long enough for a missing wait to show.
+    const N: usize = 16 << 20;
+    let staging = u32_buffer(&device, N);
+    let mid = u32_buffer(&device, N);
+    let out = u32_buffer(&device, N);
+    let host: Vec<u32> = (0..N as u32).collect();
+    staging.write_from(&host).unwrap();
+
+    let increment = kernel(&device, "increment", 2, 0);
+    let mut copy_queue = device.copy_queue().unwrap().expect("CUDA has a copy queue");
+    let mut compute = device.compute_queue().unwrap();
+    let copied = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+
+    let submit_copy = |queue: &mut hwqueue::cuda::CudaQueue| {
+        queue
+            .copy(&mid, &staging)
+            .signal(&copied, 1)
+            .submit()
+            .unwrap()
+    };
+    let submit_compute = |queue: &mut hwqueue::cuda::CudaQueue| {
+        queue
+            .wait(&copied, 1)
+            .exec(
+                &increment,
+                &[&mid, &out],
+                &[],
+                ExecParams::new_1d(N as u32, 256),
+            )
+            .signal(&done, 1)
+            .submit()
+            .unwrap()
+    };
+    if submit_compute_first {
+        // Wait before signal: the compute queue defers its wait on the host
+        // until the copy's value is recorded.
+        submit_compute(&mut compute);
+        thread::sleep(Duration::from_millis(20));
+        assert!(!done.is_reached(1));
+        submit_copy(&mut copy_queue);
+    } else {
+        submit_copy(&mut copy_queue);
+        submit_compute(&mut compute);
+    }
+    done.wait(1, LONG).unwrap();
+    assert!(copied.is_reached(1));
+    let result = out.to_vec::<u32>().unwrap();
+    assert!(
+        result.iter().enumerate().all(|(i, &v)| v == i as u32 + 1),
+        "the kernel ran before the copy finished"
+    );
+    compute.synchronize().unwrap();
+    copy_queue.synchronize().unwrap();
+}
+
+#[test]
+fn a_compute_queue_waits_on_a_copy_queue_signal() {
+    copy_then_increment(false);
+}
+
+#[test]
+fn a_compute_queue_waits_on_a_copy_signal_submitted_later() {
+    copy_then_increment(true);
+}
+
+#[test]
+fn more_records_in_flight_than_ring_slots_with_waiters_on_old_values() {
+    let Some(device) = device() else { return };
+    let spin = kernel(&device, "spin", 0, 1);
+    let cycles = cycles_for(&device, Duration::from_millis(5));
+    let signal = device.new_signal(0).unwrap();
+    let total = RING_SLOTS as u64 * 3;
+    // Waiters on old and new values, parked before anything is recorded.
+    let waiters: Vec<_> = (1..=total)
+        .filter(|v| v % 7 == 1 || *v == total)
+        .map(|target| {
+            let signal = signal.clone();
+            thread::spawn(move || {
+                signal.wait(target, Timeout::Forever)?;
+                Ok::<_, Error>((target, signal.value()))
+            })
+        })
+        .collect();
+    let mut queue = device.compute_queue().unwrap();
+    for value in 1..=total {
+        queue
+            .exec(&spin, &[], &[Scalar::U64(cycles)], ExecParams::new_1d(1, 1))
+            .signal(&signal, value);
+    }
+    // One submit records 3x the ring's slots: the recorder waits for the
+    // oldest records to complete as it goes.
+    queue.submit().unwrap();
+    for waiter in waiters {
+        let (target, seen) = waiter.join().unwrap().unwrap();
+        assert!(seen >= target, "wait({target}) returned at {seen}");
+    }
+    signal.wait(total, LONG).unwrap();
+    assert_eq!(signal.value(), total);
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn a_queue_waits_on_a_cpu_signal_through_wait_foreign() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let gate = CpuSignal::new(0);
+    let done = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 1024);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait_foreign(&gate, 1)
+        .exec(
+            &fill,
+            &[&buffer],
+            &[Scalar::U32(42)],
+            ExecParams::new_1d(1024, 256),
+        )
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    assert!(!done.is_reached(1));
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 1024]);
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![42; 1024]);
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn a_failed_wait_fails_the_batch_signals_and_reports_to_the_owner() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let upstream = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let buffer = u32_buffer(&device, 256);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait(&upstream, 1)
+        .exec(
+            &fill,
+            &[&buffer],
+            &[Scalar::U32(7)],
+            ExecParams::new_1d(256, 256),
+        )
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    upstream.fail(
+        1,
+        Error::KernelFailed {
+            program: "upstream".into(),
+            message: "boom".into(),
+        },
+    );
+    let error = done.wait(1, LONG).unwrap_err();
+    assert!(
+        matches!(error, Error::SignalFailed { target: 1, .. }),
+        "{error:?}"
+    );
+    assert!(matches!(error.root_cause(), Error::KernelFailed { .. }));
+    assert!(matches!(
+        queue.synchronize(),
+        Err(Error::QueueFailed { .. })
+    ));
+    // The queue works again.
+    let again = device.new_signal(0).unwrap();
+    queue
+        .exec(
+            &fill,
+            &[&buffer],
+            &[Scalar::U32(9)],
+            ExecParams::new_1d(256, 256),
+        )
+        .signal(&again, 1)
+        .submit()
+        .unwrap();
+    again.wait(1, LONG).unwrap();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![9; 256]);
+}
+
+#[test]
+fn invalid_commands_reject_the_batch_and_fail_its_signals() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let small = u32_buffer(&device, 16);
+    let large = u32_buffer(&device, 32);
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let error = queue
+        .copy(&large, &small)
+        .signal(&done, 1)
+        .submit()
+        .unwrap_err();
+    assert!(matches!(
+        error.root_cause(),
+        Error::CopySizeMismatch { dst: 128, src: 64 }
+    ));
+    assert!(matches!(
+        done.wait(1, Duration::ZERO),
+        Err(Error::SignalFailed { .. })
+    ));
+    // Wrong argument counts, and a grid that does not divide.
+    assert!(
+        queue
+            .exec(&fill, &[&small], &[], ExecParams::new_1d(16, 16))
+            .submit()
+            .is_err()
+    );
+    assert!(
+        queue
+            .exec(
+                &fill,
+                &[&small],
+                &[Scalar::U32(1)],
+                ExecParams::new_1d(16, 5)
+            )
+            .submit()
+            .is_err()
+    );
+    let mut copy_queue = device.copy_queue().unwrap().unwrap();
+    assert!(matches!(
+        copy_queue
+            .exec(
+                &fill,
+                &[&small],
+                &[Scalar::U32(1)],
+                ExecParams::new_1d(16, 16)
+            )
+            .submit(),
+        Err(Error::BatchRejected { .. })
+    ));
+}
+
+#[test]
+fn an_nvrtc_compile_error_carries_the_compiler_log() {
+    let Some(device) = device() else { return };
+    let source = r#"extern "C" __global__ void broken(float *out) { out[0] = undefined_thing; }"#;
+    let error = CudaProgram::from_cuda_c(&device, source, "broken", 1, 0).unwrap_err();
+    let message = error.to_string();
+    assert!(
+        matches!(
+            error,
+            Error::Backend {
+                backend: "cuda",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(message.contains("undefined_thing"), "{message}");
+    assert!(message.contains("broken"), "{message}");
+}
+
+#[test]
+fn many_host_waiters_on_one_signal_all_wake() {
+    let Some(device) = device() else { return };
+    let spin = kernel(&device, "spin", 0, 1);
+    let cycles = cycles_for(&device, Duration::from_millis(50));
+    let signal = Arc::new(device.new_signal(0).unwrap());
+    let waiters: Vec<_> = (0..8)
+        .map(|i| {
+            let signal = signal.clone();
+            thread::spawn(move || {
+                if i % 2 == 0 {
+                    signal.wait(1, Timeout::Forever)
+                } else {
+                    signal.wait(1, LONG)
+                }
+            })
+        })
+        .collect();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .exec(&spin, &[], &[Scalar::U64(cycles)], ExecParams::new_1d(1, 1))
+        .signal(&signal, 1)
+        .submit()
+        .unwrap();
+    for waiter in waiters {
+        waiter.join().unwrap().unwrap();
+    }
+    assert!(signal.is_reached(1));
+}
