@@ -228,6 +228,40 @@ pub enum Error {
         detail: String,
     },
 
+    /// An operation of an executor run failed; the run is abandoned and
+    /// everything waiting on it woke with this error.
+    #[error(
+        "operation `{operation}` failed: {cause}; the run was abandoned (run the plan again once fixed)"
+    )]
+    OperationFailed {
+        /// The operation's name, as given to the schedule.
+        operation: String,
+        /// What failed.
+        cause: Arc<Error>,
+    },
+
+    /// A schedule that cannot be planned.
+    #[error("invalid schedule: {reason}")]
+    InvalidSchedule {
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// C kernel source that the system C compiler rejected, or whose library
+    /// does not load.
+    #[error(
+        "C kernel `{program}` did not compile with `{compiler}`; fix the source or \
+         `CompileOptions::flags`. The compiler said:\n{output}"
+    )]
+    Compile {
+        /// The kernel's name.
+        program: String,
+        /// The compiler command.
+        compiler: String,
+        /// What the compiler printed (its errors, with file and line).
+        output: String,
+    },
+
     /// A backend-specific failure (a driver call, a compiler).
     #[error("{backend}: {message}")]
     Backend {
@@ -248,7 +282,8 @@ impl Error {
                 Error::SignalFailed { cause, .. }
                 | Error::EarlierBatchFailed { cause }
                 | Error::QueueFailed { cause }
-                | Error::BatchRejected { cause } => error = cause,
+                | Error::BatchRejected { cause }
+                | Error::OperationFailed { cause, .. } => error = cause,
                 _ => return error,
             }
         }

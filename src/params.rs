@@ -103,10 +103,16 @@ impl ExecParams {
                 ));
             }
             if global % local != 0 {
+                // In u64: rounding up a global size near u32::MAX overflows.
+                let up = u64::from(global).div_ceil(u64::from(local)) * u64::from(local);
+                let fix = if up <= u64::from(u32::MAX) {
+                    format!("round global up to {up} and guard the tail in the kernel")
+                } else {
+                    format!("round global down to {}", global / local * local)
+                };
                 return fail(format!(
                     "global {axis} size {global} is not a multiple of local {axis} size {local}; \
-                     round global up to {} and guard the tail in the kernel",
-                    global.div_ceil(local) * local
+                     {fix}"
                 ));
             }
             if local > limits.max_local_size[d] {

@@ -57,6 +57,11 @@ struct Batch {
     scalars: Vec<Scalar>,
     /// `State::epoch` when submitted.
     epoch: u64,
+    /// A batch that will not run (rejected, discarded, or left recorded
+    /// when the queue was dropped): the worker only fails its signals with
+    /// this cause, after every batch submitted before it finished. Boxed:
+    /// the recording batch lives inside `CpuQueue`, which stays small.
+    abandoned: Option<Box<Error>>,
 }
 
 impl Batch {
@@ -64,6 +69,7 @@ impl Batch {
         self.commands.clear();
         self.buffers.clear();
         self.scalars.clear();
+        self.abandoned = None;
     }
 
     /// Fails every signal the commands from `from` on would have set.
@@ -176,6 +182,61 @@ impl CpuQueue {
     /// How many commands are recorded and not yet submitted.
     pub fn recorded(&self) -> usize {
         self.batch.commands.len()
+    }
+
+    /// Throws away the batch being recorded (and its rejection, if a command
+    /// was invalid) without running any of it; the queue then records a new
+    /// batch. Work already submitted is not affected.
+    ///
+    /// As when a queue is dropped with a batch recorded, the signals the
+    /// batch would have set are [failed](TimelineSignal::fail), so nobody
+    /// waits on them forever; values already reached are left alone. With
+    /// none to fail, discarding takes no lock and allocates nothing.
+    pub fn discard(&mut self) {
+        self.rejected = None;
+        self.abandon_recorded(Error::Backend {
+            backend: Cpu::ID,
+            message: "the batch that would have set this value was discarded before it was \
+                      submitted; record and submit it again"
+                .into(),
+        });
+    }
+
+    /// Fails the signals of the recorded batch, which will not run, with
+    /// `cause`, and starts a new batch.
+    ///
+    /// The failure keeps queue order: while batches submitted earlier are
+    /// still in flight, the batch goes to the worker, which fails its
+    /// signals after those batches finished. Failing at once would fail a
+    /// value that an earlier batch is about to set (`fail(upto)` covers
+    /// every unreached value up to `upto`), and its waiters would wake with
+    /// an error although their work completes. With no unreached signal,
+    /// this takes no lock and allocates nothing.
+    fn abandon_recorded(&mut self, cause: Error) {
+        let unreached = self.batch.commands.iter().any(|command| {
+            matches!(command, Command::Signal { signal, value } if !signal.is_reached(*value))
+        });
+        if !unreached {
+            self.batch.clear();
+            return;
+        }
+        let mut state = self.shared.state.lock();
+        if state.in_flight == 0 {
+            // Nothing earlier can still set a value: fail now. Only the
+            // owner (`&mut self`) submits, so this stays true.
+            drop(state);
+            self.batch.fail_signals(0, &cause);
+            self.batch.clear();
+            return;
+        }
+        let fresh = state.spare.pop().unwrap_or_default();
+        let mut batch = mem::replace(&mut self.batch, fresh);
+        batch.abandoned = Some(Box::new(cause));
+        state.pending.push_back(batch);
+        state.in_flight += 1;
+        if state.worker_parked {
+            self.shared.work.notify_one();
+        }
     }
 
     fn check_exec(
@@ -324,13 +385,9 @@ impl HardwareQueue for CpuQueue {
     fn submit(&mut self) -> Result<()> {
         if let Some(error) = self.rejected.take() {
             let cause = std::sync::Arc::new(error);
-            self.batch.fail_signals(
-                0,
-                &Error::BatchRejected {
-                    cause: cause.clone(),
-                },
-            );
-            self.batch.clear();
+            self.abandon_recorded(Error::BatchRejected {
+                cause: cause.clone(),
+            });
             return Err(Error::BatchRejected { cause });
         }
         let mut state = self.shared.state.lock();
@@ -370,15 +427,12 @@ impl HardwareQueue for CpuQueue {
 impl Drop for CpuQueue {
     fn drop(&mut self) {
         if !self.batch.commands.is_empty() {
-            self.batch.fail_signals(
-                0,
-                &Error::Backend {
-                    backend: Cpu::ID,
-                    message: "the queue was dropped with a batch recorded but not submitted; call \
-                              `submit` before dropping the queue"
-                        .into(),
-                },
-            );
+            self.abandon_recorded(Error::Backend {
+                backend: Cpu::ID,
+                message: "the queue was dropped with a batch recorded but not submitted; call \
+                          `submit` before dropping the queue"
+                    .into(),
+            });
         }
         let mut state = self.shared.state.lock();
         state.closed = true;
@@ -415,8 +469,15 @@ fn run_worker(shared: &Shared) {
                 state.worker_parked = false;
             }
         };
-        let outcome = match &last_failure {
-            Some((epoch, cause)) if batch.epoch <= *epoch => Err((
+        let outcome = match (batch.abandoned.take(), &last_failure) {
+            // Rejected, discarded or dropped: only fail its signals, in
+            // queue order (see `CpuQueue::abandon_recorded`); the owner
+            // already knows.
+            (Some(cause), _) => {
+                batch.fail_signals(0, &cause);
+                Ok(())
+            }
+            (None, Some((epoch, cause))) if batch.epoch <= *epoch => Err((
                 0,
                 Error::EarlierBatchFailed {
                     cause: cause.clone(),
@@ -424,20 +485,23 @@ fn run_worker(shared: &Shared) {
             )),
             _ => run_batch(&batch, shared.threads),
         };
-        let mut new_failure = None;
         if let Err((from, error)) = outcome {
-            batch.fail_signals(from, &error);
             let cause = std::sync::Arc::new(error);
-            last_failure = Some((batch.epoch, cause.clone()));
-            new_failure = Some(cause);
+            // Record the failure for the owner *before* failing the signals:
+            // an owner that sees a failed signal and submits again must find
+            // the failure reported, or its new batch would be taken for one
+            // submitted before it knew, and cascade.
+            {
+                let mut state = shared.state.lock();
+                if state.failure.is_none() {
+                    state.failure = Some(cause.clone());
+                }
+            }
+            batch.fail_signals(from, &cause);
+            last_failure = Some((batch.epoch, cause));
         }
         batch.clear();
         let mut state = shared.state.lock();
-        if let Some(cause) = new_failure {
-            if state.failure.is_none() {
-                state.failure = Some(cause);
-            }
-        }
         state.in_flight -= 1;
         if state.spare.len() < SPARE_BATCHES {
             state.spare.push(batch);
@@ -523,11 +587,7 @@ fn run_exec(
         // returns, which outlives every use of the views.
         .map(|b| unsafe { BufferView::new(b.as_ptr(), b.size()) })
         .collect();
-    let args = KernelArgs {
-        program: program.name(),
-        buffers: &views,
-        scalars,
-    };
+    let args = KernelArgs::new(program, &views, scalars);
     let grid = Grid {
         groups: params.groups(),
         local: params.local(),

@@ -14,7 +14,8 @@ const WAITING: u64 = 1;
 ///
 /// - `set` with nobody waiting is one `fetch_max` (no lock, no fence);
 /// - `wait` on a reached value is one atomic load;
-/// - a waiter is never lost: see the protocol on [`Inner::state`].
+/// - a waiter is never lost: the protocol is documented on the state word
+///   in this file's source, and checked by the loom models.
 #[derive(Clone)]
 pub struct CpuSignal {
     inner: Arc<Inner>,
@@ -111,14 +112,14 @@ impl CpuSignal {
                     cause,
                 });
             }
-            if let Some(deadline) = deadline {
-                if Instant::now() >= deadline {
-                    return Err(Error::Timeout {
-                        target,
-                        current: word >> 1,
-                        waited: start.elapsed(),
-                    });
-                }
+            if let Some(deadline) = deadline
+                && Instant::now() >= deadline
+            {
+                return Err(Error::Timeout {
+                    target,
+                    current: word >> 1,
+                    waited: start.elapsed(),
+                });
             }
             if word & WAITING == 0
                 && inner
