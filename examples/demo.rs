@@ -1,129 +1,500 @@
-//! The hwqueue demo: a small, honest pipeline on the CPU backend.
+//! The hwqueue demo: what a compiler's device layer does, end to end.
 //!
-//! A copy queue uploads two input vectors from staging buffers; a compute
-//! queue waits on the copy queue's signal, runs two dependent kernels
-//! (`c = a + b`, then `d = c * c`), and signals; the host waits on the final
-//! signal, checks every element against plain Rust, and reports.
+//! A two-layer MLP forward pass over a batch (matmul, bias + ReLU, matmul,
+//! bias + softmax), with its kernels generated as C source (CUDA C on a GPU)
+//! with the shapes baked in, compiled at run time, planned once by the
+//! executor (an upload on the copy queue, four kernels on the compute queue,
+//! a download on the copy queue, waits derived from the buffers they touch),
+//! then run for N iterations with fresh inputs. Every iteration's output is
+//! checked against plain Rust.
+//!
+//! ```text
+//! cargo run --release --example demo -- [--device cpu|cuda:0] [--iterations N]
+//! ```
 
-use std::time::Instant;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
-use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+use hwqueue::cpu::{CompileOptions, CpuProgram};
+use hwqueue::{
+    AnyBackend, AnyDevice, AnyProgram, Buffer, Device, ExecParams, Policy, Schedule, Timeout,
+    registry,
+};
 
-const N: usize = 1 << 22;
-const LOCAL: u32 = 1024;
+const BATCH: usize = 64;
+const INPUT: usize = 256;
+const HIDDEN: usize = 512;
+const OUTPUT: usize = 16;
 
-/// `c[i] = a[i] + b[i]`.
-fn add(group: &WorkGroup, args: &KernelArgs<'_>) {
-    let range = group.global_range(0);
-    // SAFETY: a and b are only read; each work-group writes only its range of c.
-    let (a, b, c) = unsafe {
-        (
-            &args.buffer(0).as_slice::<f32>()[range.clone()],
-            &args.buffer(1).as_slice::<f32>()[range.clone()],
-            args.buffer(2).slice_mut::<f32>(range),
-        )
+/// The largest difference from plain Rust accepted: the C kernels sum in
+/// the same order as the reference, but `expf` and a GPU's fused
+/// multiply-adds may differ in the last bits.
+const TOLERANCE: f32 = 1e-4;
+
+struct Options {
+    device: Option<String>,
+    iterations: usize,
+}
+
+fn parse_options() -> Result<Options, String> {
+    let mut options = Options {
+        device: None,
+        iterations: 20,
     };
-    for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
-        *c = a + b;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--device" => {
+                options.device =
+                    Some(args.next().ok_or(
+                        "--device needs a value, e.g. `--device cpu` or `--device cuda:0`",
+                    )?)
+            }
+            "--iterations" => {
+                let value = args.next().ok_or("--iterations needs a number")?;
+                options.iterations = value.parse().ok().filter(|n| *n > 0).ok_or(format!(
+                    "--iterations takes a positive number, not `{value}`"
+                ))?;
+            }
+            "--help" | "-h" => {
+                println!("usage: demo [--device cpu|cuda:0] [--iterations N]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument `{other}`; try --help")),
+        }
+    }
+    Ok(options)
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
+        (0..len).map(|_| self.next() * scale).collect()
     }
 }
 
-/// `d[i] = c[i] * c[i]`.
-fn square(group: &WorkGroup, args: &KernelArgs<'_>) {
-    let range = group.global_range(0);
-    // SAFETY: c is only read; each work-group writes only its range of d.
-    let (c, d) = unsafe {
-        (
-            &args.buffer(0).as_slice::<f32>()[range.clone()],
-            args.buffer(1).slice_mut::<f32>(range),
+struct Weights {
+    w1: Vec<f32>,
+    b1: Vec<f32>,
+    w2: Vec<f32>,
+    b2: Vec<f32>,
+}
+
+/// The model in plain Rust, summing in the kernels' order.
+fn reference(x: &[f32], w: &Weights) -> Vec<f32> {
+    let mut h = vec![0f32; BATCH * HIDDEN];
+    for r in 0..BATCH {
+        for k in 0..INPUT {
+            let a = x[r * INPUT + k];
+            for j in 0..HIDDEN {
+                h[r * HIDDEN + j] += a * w.w1[k * HIDDEN + j];
+            }
+        }
+        for j in 0..HIDDEN {
+            h[r * HIDDEN + j] = (h[r * HIDDEN + j] + w.b1[j]).max(0.0);
+        }
+    }
+    let mut out = vec![0f32; BATCH * OUTPUT];
+    for r in 0..BATCH {
+        for k in 0..HIDDEN {
+            let a = h[r * HIDDEN + k];
+            for j in 0..OUTPUT {
+                out[r * OUTPUT + j] += a * w.w2[k * OUTPUT + j];
+            }
+        }
+        let row = &mut out[r * OUTPUT..(r + 1) * OUTPUT];
+        let mut max = f32::NEG_INFINITY;
+        for (j, v) in row.iter_mut().enumerate() {
+            *v += w.b2[j];
+            max = max.max(*v);
+        }
+        let mut sum = 0f32;
+        for v in row.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        for v in row.iter_mut() {
+            *v /= sum;
+        }
+    }
+    out
+}
+
+/// The C a compiler's CPU backend would emit for this model: one function
+/// per kernel, shapes baked in, called once per work-group.
+fn c_kernels() -> [(&'static str, String); 4] {
+    let matmul = |name: &str, k: usize, n: usize| {
+        format!(
+            r#"
+HWQ_KERNEL({name}) {{
+    const float *a = buffers[0], *b = buffers[1];
+    float *c = buffers[2];
+    size_t col0 = hwq_global_start(group, 0), row0 = hwq_global_start(group, 1);
+    size_t cols = group->local[0], rows = group->local[1];
+    for (size_t r = row0; r < row0 + rows; r++) {{
+        float *out = c + r * {n} + col0;
+        for (size_t j = 0; j < cols; j++) out[j] = 0.0f;
+        for (size_t k = 0; k < {k}; k++) {{
+            float av = a[r * {k} + k];
+            const float *brow = b + k * {n} + col0;
+            for (size_t j = 0; j < cols; j++) out[j] += av * brow[j];
+        }}
+    }}
+}}"#
         )
     };
-    for (d, c) in d.iter_mut().zip(c) {
-        *d = c * c;
+    let bias_relu = format!(
+        r#"
+HWQ_KERNEL(bias_relu) {{
+    float *h = buffers[0];
+    const float *bias = buffers[1];
+    size_t col0 = hwq_global_start(group, 0), row0 = hwq_global_start(group, 1);
+    for (size_t r = row0; r < row0 + group->local[1]; r++)
+        for (size_t j = col0; j < col0 + group->local[0]; j++) {{
+            float v = h[r * {HIDDEN} + j] + bias[j];
+            h[r * {HIDDEN} + j] = v > 0.0f ? v : 0.0f;
+        }}
+}}"#
+    );
+    let bias_softmax = format!(
+        r#"
+#include <math.h>
+HWQ_KERNEL(bias_softmax) {{
+    const float *logits = buffers[0], *bias = buffers[1];
+    float *probs = buffers[2];
+    size_t row0 = hwq_global_start(group, 0);
+    for (size_t r = row0; r < row0 + group->local[0]; r++) {{
+        float *p = probs + r * {OUTPUT};
+        float max = -INFINITY;
+        for (size_t j = 0; j < {OUTPUT}; j++) {{
+            p[j] = logits[r * {OUTPUT} + j] + bias[j];
+            if (p[j] > max) max = p[j];
+        }}
+        float sum = 0.0f;
+        for (size_t j = 0; j < {OUTPUT}; j++) {{ p[j] = expf(p[j] - max); sum += p[j]; }}
+        for (size_t j = 0; j < {OUTPUT}; j++) p[j] /= sum;
+    }}
+}}"#
+    );
+    [
+        ("matmul1", matmul("matmul1", INPUT, HIDDEN)),
+        ("bias_relu", bias_relu),
+        ("matmul2", matmul("matmul2", HIDDEN, OUTPUT)),
+        ("bias_softmax", bias_softmax),
+    ]
+}
+
+/// The same kernels as CUDA C: one thread per output element (per row for
+/// the softmax).
+#[cfg(feature = "cuda")]
+fn cuda_kernels() -> [(&'static str, String); 4] {
+    let matmul = |name: &str, k: usize, n: usize| {
+        format!(
+            r#"extern "C" __global__ void {name}(const float *a, const float *b, float *c) {{
+    unsigned j = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    float acc = 0.0f;
+    for (unsigned k = 0; k < {k}; k++) acc += a[r * {k} + k] * b[k * {n} + j];
+    c[r * {n} + j] = acc;
+}}"#
+        )
+    };
+    [
+        ("matmul1", matmul("matmul1", INPUT, HIDDEN)),
+        (
+            "bias_relu",
+            format!(
+                r#"extern "C" __global__ void bias_relu(float *h, const float *bias) {{
+    unsigned j = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y * blockDim.y + threadIdx.y;
+    float v = h[r * {HIDDEN} + j] + bias[j];
+    h[r * {HIDDEN} + j] = v > 0.0f ? v : 0.0f;
+}}"#
+            ),
+        ),
+        ("matmul2", matmul("matmul2", HIDDEN, OUTPUT)),
+        (
+            "bias_softmax",
+            format!(
+                r#"extern "C" __global__ void bias_softmax(const float *logits, const float *bias, float *probs) {{
+    unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
+    float *p = probs + r * {OUTPUT};
+    float max = -INFINITY;
+    for (unsigned j = 0; j < {OUTPUT}; j++) {{ p[j] = logits[r * {OUTPUT} + j] + bias[j]; max = fmaxf(max, p[j]); }}
+    float sum = 0.0f;
+    for (unsigned j = 0; j < {OUTPUT}; j++) {{ p[j] = expf(p[j] - max); sum += p[j]; }}
+    for (unsigned j = 0; j < {OUTPUT}; j++) p[j] /= sum;
+}}"#
+            ),
+        ),
+    ]
+}
+
+/// Compiles the generated kernels for `device`; reports how.
+fn compile(device: &AnyDevice) -> Result<(Vec<AnyProgram>, String), hwqueue::Error> {
+    let arity = |name: &str| match name {
+        "bias_relu" => 2,
+        _ => 3,
+    };
+    if device.as_cpu().is_some() {
+        let options = CompileOptions::default();
+        let mut programs = Vec::new();
+        let mut outcomes = Vec::new();
+        for (name, source) in c_kernels() {
+            // SAFETY: each kernel above has the ABI's signature (declared by
+            // HWQ_KERNEL), reads and writes only within the buffers the
+            // schedule passes (the shapes are baked in and match the
+            // buffers' sizes), and each work-group writes only its own tile
+            // of rows and columns.
+            let program = unsafe {
+                CpuProgram::from_c_source(name, &source, name, arity(name), 0, &options)?
+            };
+            outcomes.push(format!(
+                "{name}: {:?}",
+                program.cache_outcome().expect("a C kernel")
+            ));
+            programs.push(AnyProgram::from(program));
+        }
+        return Ok((
+            programs,
+            format!(
+                "generated as C, built by the system C compiler ({})",
+                outcomes.join(", ")
+            ),
+        ));
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(cuda) = device.as_cuda() {
+        let mut programs = Vec::new();
+        for (name, source) in cuda_kernels() {
+            let program =
+                hwqueue::cuda::CudaProgram::from_cuda_c(cuda, &source, name, arity(name), 0)?;
+            programs.push(AnyProgram::from(program));
+        }
+        return Ok((
+            programs,
+            "generated as CUDA C, compiled with NVRTC".to_owned(),
+        ));
+    }
+    Err(hwqueue::Error::Backend {
+        backend: "demo",
+        message: format!("the demo has no kernels for `{}`", device.spec()),
+    })
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("demo failed: {message}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let device = CpuDevice::new();
+fn run() -> Result<(), String> {
+    let options = parse_options()?;
+    let err = |e: hwqueue::Error| e.to_string();
+
+    let (device, why) = match &options.device {
+        Some(spec) => (
+            registry().acquire(spec).map_err(err)?,
+            "asked for with --device".to_owned(),
+        ),
+        None => {
+            let selection = registry().select(Policy::default()).map_err(err)?;
+            (selection.device, selection.reason)
+        }
+    };
     println!(
-        "hwqueue demo on `{}` ({}, {} threads per exec)",
-        device.spec(),
-        device.name(),
-        device.threads()
+        "hwqueue demo: a 2-layer MLP forward pass (batch {BATCH}, {INPUT} -> {HIDDEN} -> ReLU -> {OUTPUT} -> softmax), {} iterations",
+        options.iterations
     );
-
-    let bytes = N * size_of::<f32>();
-    let a_host: Vec<f32> = (0..N).map(|i| (i % 1000) as f32 * 0.5).collect();
-    let b_host: Vec<f32> = (0..N).map(|i| 1.0 - (i % 7) as f32).collect();
-
-    // Staging buffers filled by the host; device buffers filled by the copy queue.
-    let staging_a = device.alloc(bytes)?;
-    let staging_b = device.alloc(bytes)?;
-    staging_a.write_from(&a_host)?;
-    staging_b.write_from(&b_host)?;
-    let [a, b, c, d] = [(); 4].map(|_| device.alloc(bytes));
-    let (a, b, c, d) = (a?, b?, c?, d?);
-
-    let uploaded = device.new_signal(0)?;
-    let finished = device.new_signal(0)?;
-    let mut copy = device
-        .copy_queue()?
-        .expect("the CPU backend has a copy queue");
-    let mut compute = device.compute_queue()?;
-    let add = CpuProgram::from_fn("add", 3, 0, add);
-    let square = CpuProgram::from_fn("square", 2, 0, square);
-    let params = ExecParams::new_1d(N as u32, LOCAL);
-
-    let start = Instant::now();
-    // Submit the consumer first: the signal, not submission order, orders them.
-    compute
-        .wait(&uploaded, 1)
-        .exec(&add, &[&a, &b, &c], &[], params)
-        .memory_barrier()
-        .exec(&square, &[&c, &d], &[], params)
-        .signal(&finished, 1)
-        .submit()?;
-    let submitted_compute = start.elapsed();
-    copy.copy(&a, &staging_a)
-        .copy(&b, &staging_b)
-        .signal(&uploaded, 1)
-        .submit()?;
-    let submitted = start.elapsed();
-    println!(
-        "submitted: compute batch (wait uploaded>=1, exec add, barrier, exec square, signal finished=1) in {submitted_compute:?}; copy batch (2 copies of {} MiB, signal uploaded=1) by {submitted:?}",
-        bytes >> 20
-    );
-    println!(
-        "right after submit: uploaded={} finished={} (submit returns without waiting for the work)",
-        uploaded.value(),
-        finished.value()
-    );
-
-    finished.wait(1, Timeout::Forever)?;
-    let elapsed = start.elapsed();
-    compute.synchronize()?;
-    copy.synchronize()?;
-    println!(
-        "after host wait:    uploaded={} finished={}",
-        uploaded.value(),
-        finished.value()
-    );
-
-    let result = d.to_vec::<f32>()?;
-    let mismatches = a_host
-        .iter()
-        .zip(&b_host)
-        .zip(&result)
-        .filter(|((a, b), d)| (*a + *b) * (*a + *b) != **d)
-        .count();
-    if mismatches != 0 {
-        return Err(format!("{mismatches} of {N} elements differ from plain Rust").into());
+    println!("device: {} ({}): {why}", device.spec(), device.name());
+    if device.as_cpu().is_some() && options.device.is_none() {
+        println!(
+            "  (no GPU in use: this runs on the CPU backend; see `cargo run --release --example info`)"
+        );
     }
-    let moved = 2 * bytes + 3 * bytes + 2 * bytes;
+
+    let compile_start = Instant::now();
+    let (programs, how) = compile(&device).map_err(err)?;
+    println!("kernels: 4 {how}, in {:.1?}", compile_start.elapsed());
+
+    let mut rng = Lcg(42);
+    let weights = Weights {
+        w1: rng.vec(INPUT * HIDDEN, 0.1),
+        b1: rng.vec(HIDDEN, 0.1),
+        w2: rng.vec(HIDDEN * OUTPUT, 0.1),
+        b2: rng.vec(OUTPUT, 0.1),
+    };
+    let f32s = |n: usize| device.alloc(n * size_of::<f32>()).map_err(err);
+    let (x_stage, x, w1, b1, h) = (
+        f32s(BATCH * INPUT)?,
+        f32s(BATCH * INPUT)?,
+        f32s(INPUT * HIDDEN)?,
+        f32s(HIDDEN)?,
+        f32s(BATCH * HIDDEN)?,
+    );
+    let (w2, b2, logits, probs, out_stage) = (
+        f32s(HIDDEN * OUTPUT)?,
+        f32s(OUTPUT)?,
+        f32s(BATCH * OUTPUT)?,
+        f32s(BATCH * OUTPUT)?,
+        f32s(BATCH * OUTPUT)?,
+    );
+    for (buffer, data) in [
+        (&w1, &weights.w1),
+        (&b1, &weights.b1),
+        (&w2, &weights.w2),
+        (&b2, &weights.b2),
+    ] {
+        buffer.write_from(data).map_err(err)?;
+    }
+
+    // The schedule, as the compiler hands it over: operations in program
+    // order, each with the buffers it touches.
+    let mut schedule = Schedule::<AnyBackend>::new();
+    let d = schedule.add_device(Arc::clone(&device));
+    let mut add =
+        |name: &str, buffer: &hwqueue::AnyBuffer| schedule.add_buffer(d, name, buffer.clone());
+    let [bx_stage, bx, bw1, bb1, bh, bw2, bb2, blogits, bprobs, bout] = [
+        ("x staging", &x_stage),
+        ("x", &x),
+        ("w1", &w1),
+        ("b1", &b1),
+        ("h", &h),
+        ("w2", &w2),
+        ("b2", &b2),
+        ("logits", &logits),
+        ("probs", &probs),
+        ("out staging", &out_stage),
+    ]
+    .map(|(name, buffer)| add(name, buffer));
+    let tile = |cols: usize, rows: usize, local: [u32; 2]| {
+        ExecParams::new_2d([cols as u32, rows as u32], local)
+    };
+    schedule.copy("upload x", bx, bx_stage);
+    schedule
+        .exec(
+            "matmul1",
+            d,
+            &programs[0],
+            &[bx, bw1, bh],
+            &[],
+            tile(HIDDEN, BATCH, [64, 4]),
+        )
+        .reads(bx, ..)
+        .reads(bw1, ..)
+        .writes(bh, ..);
+    schedule
+        .exec(
+            "bias_relu",
+            d,
+            &programs[1],
+            &[bh, bb1],
+            &[],
+            tile(HIDDEN, BATCH, [64, 4]),
+        )
+        .reads(bh, ..)
+        .reads(bb1, ..)
+        .writes(bh, ..);
+    schedule
+        .exec(
+            "matmul2",
+            d,
+            &programs[2],
+            &[bh, bw2, blogits],
+            &[],
+            tile(OUTPUT, BATCH, [16, 4]),
+        )
+        .reads(bh, ..)
+        .reads(bw2, ..)
+        .writes(blogits, ..);
+    schedule
+        .exec(
+            "bias_softmax",
+            d,
+            &programs[3],
+            &[blogits, bb2, bprobs],
+            &[],
+            ExecParams::new_1d(BATCH as u32, 4),
+        )
+        .reads(blogits, ..)
+        .reads(bb2, ..)
+        .writes(bprobs, ..);
+    schedule.copy("download probs", bout, bprobs);
+    let mut plan = schedule.plan().map_err(err)?;
+    println!("{plan}");
+
+    let mut times = Vec::with_capacity(options.iterations);
+    let mut worst_error = 0f32;
+    let mut output = vec![0f32; BATCH * OUTPUT];
+    for iteration in 0..options.iterations {
+        let input = Lcg(1000 + iteration as u64).vec(BATCH * INPUT, 1.0);
+        let start = Instant::now();
+        x_stage.write_from(&input).map_err(err)?;
+        plan.run()
+            .map_err(err)?
+            .wait(Timeout::Forever)
+            .map_err(err)?;
+        out_stage.read_into(&mut output).map_err(err)?;
+        times.push(start.elapsed());
+
+        let expected = reference(&input, &weights);
+        // A non-finite output counts as an infinite error (f32::max would
+        // otherwise skip a NaN).
+        let error = output
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| {
+                if a.is_finite() {
+                    (a - b).abs()
+                } else {
+                    f32::INFINITY
+                }
+            })
+            .fold(0f32, f32::max);
+        worst_error = worst_error.max(error);
+        if error > TOLERANCE {
+            return Err(format!(
+                "iteration {iteration}: output differs from plain Rust by {error} (tolerance {TOLERANCE})"
+            ));
+        }
+    }
+
+    let mut sorted = times.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let total: Duration = times.iter().sum();
+    let flops = 2.0 * (BATCH * INPUT * HIDDEN + BATCH * HIDDEN * OUTPUT) as f64;
+    println!("per iteration (upload, 4 kernels, download, host wait):");
+    for (i, t) in times.iter().enumerate().take(5) {
+        println!("  iteration {:>3}: {t:.2?}", i + 1);
+    }
+    if times.len() > 5 {
+        println!("  ... {} more", times.len() - 5);
+    }
     println!(
-        "verified: all {N} elements of (a + b)^2 match plain Rust; pipeline took {elapsed:?} ({:.2} GB/s of memory traffic)",
-        moved as f64 / elapsed.as_secs_f64() / 1e9
+        "median {median:.2?}, min {:.2?}, mean {:.2?}; {:.0} samples/s, {:.2} GFLOP/s",
+        sorted[0],
+        total / times.len() as u32,
+        BATCH as f64 / median.as_secs_f64(),
+        flops / median.as_secs_f64() / 1e9
+    );
+    println!(
+        "verified: all {} iterations match plain Rust (max abs error {worst_error:.2e}, tolerance {TOLERANCE:.0e}); {} runs of one plan",
+        options.iterations,
+        plan.runs()
     );
     Ok(())
 }

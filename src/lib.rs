@@ -96,6 +96,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod error;
+pub mod executor;
 pub mod params;
 pub mod program;
 pub mod queue;
@@ -112,6 +113,7 @@ pub use backend::{Backend, BufferOf, DeviceInfo, DeviceOf, ProgramOf, QueueOf, S
 pub use buffer::{Buffer, Pod};
 pub use device::{Device, QueueFactory};
 pub use error::{Error, Result};
+pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Schedule};
 pub use params::{ExecParams, Limits};
 pub use program::{Program, Scalar};
 pub use queue::{HardwareQueue, QueueKind};

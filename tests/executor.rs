@@ -1,0 +1,669 @@
+//! The executor: planner expectations, runs, failure, replays, staging.
+
+#![cfg(not(loom))]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use common::mock::*;
+use common::{LONG, fill_program};
+use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::{
+    Backend, Buffer, Device, Error, ExecParams, Hazard, OpId, Plan, QueueKind, Schedule,
+};
+use proptest::prelude::*;
+
+/// `buf[i] += scalar 0` over the whole buffer (u32), one work-group.
+fn add_scalar(_: &WorkGroup, args: &KernelArgs<'_>) {
+    let value: u32 = args.scalar(0);
+    let view = args.buffer(0);
+    // SAFETY: one work-group.
+    for x in unsafe { view.slice_mut::<u32>(0..view.len::<u32>()) } {
+        *x = x.wrapping_add(value);
+    }
+}
+
+/// `dst[i] = dst[i] * 3 + src[i]` (u32), one work-group; buffers distinct.
+fn mix(_: &WorkGroup, args: &KernelArgs<'_>) {
+    let (src, dst) = (args.buffer(0), args.buffer(1));
+    // SAFETY: one work-group; src is only read, dst only by us.
+    unsafe {
+        let s = src.as_slice::<u32>();
+        for (d, s) in dst.slice_mut::<u32>(0..dst.len::<u32>()).iter_mut().zip(s) {
+            *d = d.wrapping_mul(3).wrapping_add(*s);
+        }
+    }
+}
+
+/// Panics when its flag buffer holds a non-zero value.
+fn maybe_fail(_: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group, read only.
+    if unsafe { args.buffer(0).as_slice::<u32>()[0] } != 0 {
+        panic!("the flag is set");
+    }
+}
+
+struct Setup {
+    schedule: Schedule<Cpu>,
+    device: hwqueue::DeviceId,
+}
+
+fn setup() -> Setup {
+    let mut schedule = Schedule::<Cpu>::new();
+    let device = schedule.add_device(Arc::new(CpuDevice::new()));
+    Setup { schedule, device }
+}
+
+fn buffer(s: &mut Setup, name: &str, bytes: usize) -> hwqueue::BufferId {
+    let b = CpuDevice::new().alloc(bytes).unwrap();
+    s.schedule.add_buffer(s.device, name, b)
+}
+
+fn noop(_: &WorkGroup, _: &KernelArgs<'_>) {}
+
+fn exec_program() -> CpuProgram {
+    CpuProgram::from_fn("noop", 1, 0, noop)
+}
+
+/// An exec on the compute queue touching `buf` as declared.
+fn touch(
+    s: &mut Setup,
+    name: &str,
+    buf: hwqueue::BufferId,
+    read: Option<std::ops::Range<usize>>,
+    write: Option<std::ops::Range<usize>>,
+) -> OpId {
+    let program = exec_program();
+    let mut op = s.schedule.exec(
+        name,
+        s.device,
+        &program,
+        &[buf],
+        &[],
+        ExecParams::new_1d(1, 1),
+    );
+    if let Some(r) = read {
+        op = op.reads(buf, r);
+    }
+    if let Some(w) = write {
+        op = op.writes(buf, w);
+    }
+    op.id()
+}
+
+/// A copy-queue op that touches `buf` through a copy into a scratch buffer
+/// of the same size (so it lands on the other queue).
+fn copy_touch(s: &mut Setup, name: &str, dst: hwqueue::BufferId, src: hwqueue::BufferId) -> OpId {
+    s.schedule.copy(name, dst, src).on(QueueKind::Copy).id()
+}
+
+/// The waits within one run, as (awaited op, waiting op, hazard).
+fn waits(plan: &Plan<Cpu>) -> Vec<(usize, usize, Hazard)> {
+    plan.waits()
+        .filter(|(_, w)| !w.previous_run)
+        .map(|(op, w)| {
+            let hazard = if w.reason.starts_with("read-after-write") {
+                Hazard::ReadAfterWrite
+            } else if w.reason.starts_with("write-after-read") {
+                Hazard::WriteAfterRead
+            } else {
+                Hazard::WriteAfterWrite
+            };
+            (w.after.index(), op.index(), hazard)
+        })
+        .collect()
+}
+
+#[test]
+fn read_after_write_across_queues_waits() {
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 64), buffer(&mut s, "staging", 64));
+    copy_touch(&mut s, "upload", x, staging);
+    touch(&mut s, "use", x, Some(0..64), None);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 1, Hazard::ReadAfterWrite)]);
+    assert_eq!(plan.queue_labels(), ["cpu:0 copy", "cpu:0 compute"]);
+}
+
+#[test]
+fn write_after_read_across_queues_waits() {
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 64), buffer(&mut s, "staging", 64));
+    touch(&mut s, "read x", x, Some(0..64), None);
+    copy_touch(&mut s, "overwrite x", x, staging);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 1, Hazard::WriteAfterRead)]);
+}
+
+#[test]
+fn write_after_write_on_overlapping_ranges_waits() {
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 16), buffer(&mut s, "staging", 16));
+    touch(&mut s, "write [0,9)", x, None, Some(0..9));
+    copy_touch(&mut s, "copy into x", x, staging);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 1, Hazard::WriteAfterWrite)]);
+
+    // [0,9) and [8,16) overlap in byte 8.
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 16), buffer(&mut s, "staging", 16));
+    touch(&mut s, "write [0,9)", x, None, Some(0..9));
+    s.schedule
+        .copy("copy", staging, staging)
+        .on(QueueKind::Copy)
+        .writes(x, 8..16);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 1, Hazard::WriteAfterWrite)]);
+    assert!(
+        plan.to_string().contains("write-after-write on `x` [8, 9)"),
+        "{plan}"
+    );
+}
+
+#[test]
+fn disjoint_ranges_do_not_wait() {
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 16), buffer(&mut s, "staging", 16));
+    touch(&mut s, "write [0,8)", x, None, Some(0..8));
+    s.schedule
+        .copy("copy", staging, staging)
+        .on(QueueKind::Copy)
+        .writes(x, 8..16);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), []);
+}
+
+#[test]
+fn reads_after_reads_and_same_queue_dependencies_do_not_wait() {
+    let mut s = setup();
+    let (x, y) = (buffer(&mut s, "x", 16), buffer(&mut s, "y", 16));
+    touch(&mut s, "write x", x, None, Some(0..16));
+    touch(&mut s, "read x", x, Some(0..16), None); // same queue: ordered already
+    copy_touch(&mut s, "copy x to y", y, x); // waits: reads x written on compute
+    touch(&mut s, "read x again", x, Some(0..16), None); // read after read: nothing
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 2, Hazard::ReadAfterWrite)]);
+}
+
+#[test]
+fn a_wait_implied_by_an_earlier_one_is_not_repeated() {
+    let mut s = setup();
+    let (x, y, sx, sy) = (
+        buffer(&mut s, "x", 16),
+        buffer(&mut s, "y", 16),
+        buffer(&mut s, "sx", 16),
+        buffer(&mut s, "sy", 16),
+    );
+    copy_touch(&mut s, "upload x", x, sx); // copy value 1
+    copy_touch(&mut s, "upload y", y, sy); // copy value 2
+    touch(&mut s, "read y", y, Some(0..16), None); // waits copy >= 2
+    touch(&mut s, "read x", x, Some(0..16), None); // needs copy >= 1: implied
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(1, 2, Hazard::ReadAfterWrite)]);
+}
+
+#[test]
+fn a_wait_implied_through_a_third_queue_is_not_repeated() {
+    // Three queues: cpu copy (A), cpu compute (B), and a second cpu device's
+    // compute queue (C). C waits on B, which waited on A: C needs no wait on A.
+    let mut schedule = Schedule::<Cpu>::new();
+    let d0 = schedule.add_device(Arc::new(CpuDevice::new()));
+    let d1 = schedule.add_device(Arc::new(CpuDevice::new()));
+    let alloc = |n| CpuDevice::new().alloc(n).unwrap();
+    let (x, sx, y) = (
+        schedule.add_buffer(d0, "x", alloc(16)),
+        schedule.add_buffer(d0, "sx", alloc(16)),
+        schedule.add_buffer(d0, "y", alloc(16)),
+    );
+    let p = exec_program();
+    schedule.copy("upload x", x, sx).on(QueueKind::Copy); // A1
+    schedule
+        .exec("y from x", d0, &p, &[x], &[], ExecParams::new_1d(1, 1))
+        .reads(x, ..)
+        .writes(y, ..); // B1 waits A1
+    // An exec on device 1 may only name its own buffers; declare accesses to
+    // device 0's buffers to model a consumer of both.
+    let z = schedule.add_buffer(d1, "z", alloc(16));
+    schedule
+        .exec(
+            "z from x and y",
+            d1,
+            &p,
+            &[z],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .reads(x, ..)
+        .reads(y, ..)
+        .writes(z, ..);
+    let plan = schedule.plan().unwrap();
+    let w: Vec<_> = plan
+        .waits()
+        .filter(|(_, w)| !w.previous_run)
+        .map(|(op, w)| (w.after.index(), op.index()))
+        .collect();
+    assert_eq!(w, [(0, 1), (1, 2)], "{plan}");
+}
+
+#[test]
+fn a_chain_split_across_copy_and_compute_gets_exactly_its_cross_queue_waits() {
+    let mut s = setup();
+    let names = ["x", "w", "h", "sx", "sw", "out"];
+    let [x, w, h, sx, sw, out] = names.map(|n| buffer(&mut s, n, 64));
+    copy_touch(&mut s, "upload x", x, sx); // copy 1
+    copy_touch(&mut s, "upload w", w, sw); // copy 2
+    let p = CpuProgram::from_fn("matmul", 3, 0, |_, _| {});
+    s.schedule
+        .exec(
+            "matmul",
+            s.device,
+            &p,
+            &[x, w, h],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .reads(x, ..)
+        .reads(w, ..)
+        .writes(h, ..); // compute 1: waits copy >= 2 once
+    let relu = CpuProgram::from_fn("relu", 1, 0, |_, _| {});
+    s.schedule
+        .exec("relu", s.device, &relu, &[h], &[], ExecParams::new_1d(1, 1)); // compute 2: same queue
+    copy_touch(&mut s, "download", out, h); // copy 3: waits compute >= 2
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(
+        waits(&plan),
+        [
+            (1, 2, Hazard::ReadAfterWrite),
+            (3, 4, Hazard::ReadAfterWrite)
+        ]
+    );
+    let text = plan.to_string();
+    assert!(
+        text.contains("plan: 5 operations on 2 queues, 2 waits"),
+        "{text}"
+    );
+    assert!(
+        text.contains("wait queue 0 >= 2  (read-after-write on `w` [0, 64) after `upload w`)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn invalid_schedules_are_errors_that_say_why() {
+    let mut s = setup();
+    let (a, b) = (buffer(&mut s, "a", 16), buffer(&mut s, "b", 32));
+    s.schedule.copy("bad copy", a, b);
+    let error = s.schedule.plan().unwrap_err();
+    assert!(error.to_string().contains("sizes differ"), "{error}");
+
+    let mut s = setup();
+    let a = buffer(&mut s, "a", 16);
+    touch(&mut s, "past the end", a, Some(0..17), None);
+    assert!(
+        s.schedule
+            .plan()
+            .unwrap_err()
+            .to_string()
+            .contains("holds 16 bytes")
+    );
+
+    let mut s = setup();
+    let a = buffer(&mut s, "a", 16);
+    let p = exec_program();
+    s.schedule
+        .exec(
+            "exec on copy",
+            s.device,
+            &p,
+            &[a],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .on(QueueKind::Copy);
+    assert!(
+        s.schedule
+            .plan()
+            .unwrap_err()
+            .to_string()
+            .contains("copy queue")
+    );
+}
+
+/// y = 3 * y + x, with x += 5 first and an upload, run many times.
+fn pipeline() -> (
+    Plan<Cpu>,
+    hwqueue::cpu::CpuBuffer,
+    hwqueue::cpu::CpuBuffer,
+    hwqueue::cpu::CpuBuffer,
+) {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let [staging, x, y] = [0; 3].map(|_| device.alloc(16).unwrap());
+    staging.write_from(&[1u32, 2, 3, 4]).unwrap();
+    let (bs, bx, by) = (
+        schedule.add_buffer(d, "staging", staging.clone()),
+        schedule.add_buffer(d, "x", x.clone()),
+        schedule.add_buffer(d, "y", y.clone()),
+    );
+    let add = CpuProgram::from_fn("add_scalar", 1, 1, add_scalar);
+    let mixp = CpuProgram::from_fn("mix", 2, 0, mix);
+    schedule.copy("upload", bx, bs);
+    schedule.exec(
+        "x += 5",
+        d,
+        &add,
+        &[bx],
+        &[5u32.into()],
+        ExecParams::new_1d(1, 1),
+    );
+    schedule
+        .exec(
+            "y = 3y + x",
+            d,
+            &mixp,
+            &[bx, by],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .reads(bx, ..)
+        .writes(by, ..)
+        .reads(by, ..);
+    (schedule.plan().unwrap(), staging, x, y)
+}
+
+#[test]
+fn a_thousand_replays_give_identical_results() {
+    let (mut plan, _, x, y) = pipeline();
+    let mut expected_y = [0u32; 4];
+    for run in 0..1000 {
+        y.write_from(&[0u32; 4]).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+        assert_eq!(x.to_vec::<u32>().unwrap(), [6, 7, 8, 9], "run {run}");
+        assert_eq!(y.to_vec::<u32>().unwrap(), [6, 7, 8, 9], "run {run}");
+        expected_y = [6, 7, 8, 9];
+    }
+    assert_eq!(plan.runs(), 1000);
+    assert_eq!(y.to_vec::<u32>().unwrap(), expected_y);
+}
+
+#[test]
+fn a_failing_kernel_fails_the_run_with_its_name_and_the_next_run_works() {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let [flag, x, staging, out] = [0; 4].map(|_| device.alloc(16).unwrap());
+    let (bf, bx, bs, bo) = (
+        schedule.add_buffer(d, "flag", flag.clone()),
+        schedule.add_buffer(d, "x", x.clone()),
+        schedule.add_buffer(d, "staging", staging.clone()),
+        schedule.add_buffer(d, "out", out.clone()),
+    );
+    let fill = fill_program();
+    let check = CpuProgram::from_fn("maybe_fail", 1, 0, maybe_fail);
+    schedule.exec(
+        "fill x",
+        d,
+        &fill,
+        &[bx],
+        &[7u32.into()],
+        ExecParams::new_1d(4, 4),
+    );
+    schedule.exec("the check", d, &check, &[bf], &[], ExecParams::new_1d(1, 1));
+    schedule.exec(
+        "refill x",
+        d,
+        &fill,
+        &[bx],
+        &[9u32.into()],
+        ExecParams::new_1d(4, 4),
+    );
+    schedule.copy("download", bo, bx); // copy queue: waits on compute
+    let _ = bs;
+    let mut plan = schedule.plan().unwrap();
+
+    flag.write_from(&[1u32]).unwrap();
+    let error = plan.run().unwrap().wait(LONG).unwrap_err();
+    match &error {
+        Error::OperationFailed { operation, .. } => assert_eq!(operation, "the check"),
+        other => panic!("expected OperationFailed, got {other}"),
+    }
+    assert!(error.to_string().contains("the flag is set"), "{error}");
+    // Downstream did not run: `out` is untouched, `x` holds the first fill.
+    assert_eq!(out.to_vec::<u32>().unwrap(), [0; 4]);
+    assert_eq!(x.to_vec::<u32>().unwrap(), [7; 4]);
+
+    flag.write_from(&[0u32]).unwrap();
+    plan.run().unwrap().wait(LONG).unwrap();
+    assert_eq!(out.to_vec::<u32>().unwrap(), [9; 4]);
+}
+
+#[test]
+fn a_copy_between_devices_that_cannot_see_each_other_is_staged_through_the_host() {
+    let cpu = Arc::new(MixedDevice::from(CpuDevice::new()));
+    let mock = Arc::new(MixedDevice::from(Mock::open(4).unwrap()));
+    let mut schedule = Schedule::<Mixed>::new();
+    let (dc, dm) = (
+        schedule.add_device(cpu.clone()),
+        schedule.add_device(mock.clone()),
+    );
+    let (on_mock, on_cpu) = (mock.alloc(16).unwrap(), cpu.alloc(16).unwrap());
+    on_mock.write_from(&[4u32, 3, 2, 1]).unwrap();
+    let bm = schedule.add_buffer(dm, "on mock", on_mock);
+    let bc = schedule.add_buffer(dc, "on cpu", on_cpu.clone());
+    schedule.copy("mock to cpu", bc, bm);
+    let add = MixedProgram::from(CpuProgram::from_fn("add_scalar", 1, 1, add_scalar));
+    schedule.exec(
+        "add 10",
+        dc,
+        &add,
+        &[bc],
+        &[10u32.into()],
+        ExecParams::new_1d(1, 1),
+    );
+    let mut plan = schedule.plan().unwrap();
+    assert_eq!(plan.queue_labels(), ["host", "cpu:0 compute"]);
+    for _ in 0..3 {
+        on_cpu.write_from(&[0u32; 4]).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+        assert_eq!(on_cpu.to_vec::<u32>().unwrap(), [14, 13, 12, 11]);
+    }
+}
+
+#[test]
+fn a_run_reports_completion() {
+    let (mut plan, _, _, _) = pipeline();
+    let run = plan.run().unwrap();
+    run.wait(LONG).unwrap();
+    assert!(run.is_complete());
+    let _ = AtomicU32::new(0).load(Ordering::Relaxed);
+}
+
+/// One operation of a random schedule over three u32[4] buffers.
+#[derive(Debug, Clone)]
+enum RandomOp {
+    Add {
+        buf: usize,
+        value: u32,
+    },
+    Mix {
+        src: usize,
+        dst: usize,
+    },
+    Copy {
+        src: usize,
+        dst: usize,
+        copy_queue: bool,
+    },
+}
+
+fn random_op() -> impl Strategy<Value = RandomOp> {
+    prop_oneof![
+        (0..3usize, 1..100u32).prop_map(|(buf, value)| RandomOp::Add { buf, value }),
+        (0..3usize, 0..3usize).prop_filter_map("distinct", |(s, d)| (s != d)
+            .then_some(RandomOp::Mix { src: s, dst: d })),
+        (0..3usize, 0..3usize, any::<bool>()).prop_filter_map("distinct", |(s, d, q)| (s != d)
+            .then_some(RandomOp::Copy {
+                src: s,
+                dst: d,
+                copy_queue: q
+            })),
+    ]
+}
+
+fn interpret(ops: &[RandomOp], state: &mut [[u32; 4]; 3]) {
+    for op in ops {
+        match *op {
+            RandomOp::Add { buf, value } => state[buf]
+                .iter_mut()
+                .for_each(|x| *x = x.wrapping_add(value)),
+            RandomOp::Mix { src, dst } => {
+                let source = state[src];
+                for (d, s) in state[dst].iter_mut().zip(source) {
+                    *d = d.wrapping_mul(3).wrapping_add(s);
+                }
+            }
+            RandomOp::Copy { src, dst, .. } => state[dst] = state[src],
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Planned runs equal a sequential interpreter, run after run.
+    #[test]
+    fn runs_match_a_sequential_interpreter(ops in proptest::collection::vec(random_op(), 1..12)) {
+        let device = Arc::new(CpuDevice::new());
+        let mut schedule = Schedule::<Cpu>::new();
+        let d = schedule.add_device(device.clone());
+        let buffers: Vec<_> = (0..3).map(|_| device.alloc(16).unwrap()).collect();
+        let ids: Vec<_> = buffers.iter().enumerate().map(|(i, b)| schedule.add_buffer(d, format!("b{i}"), b.clone())).collect();
+        let add = CpuProgram::from_fn("add_scalar", 1, 1, add_scalar);
+        let mixp = CpuProgram::from_fn("mix", 2, 0, mix);
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                RandomOp::Add { buf, value } => {
+                    schedule.exec(format!("op{i}"), d, &add, &[ids[buf]], &[value.into()], ExecParams::new_1d(1, 1));
+                }
+                RandomOp::Mix { src, dst } => {
+                    schedule.exec(format!("op{i}"), d, &mixp, &[ids[src], ids[dst]], &[], ExecParams::new_1d(1, 1))
+                        .reads(ids[src], ..).reads(ids[dst], ..).writes(ids[dst], ..);
+                }
+                RandomOp::Copy { src, dst, copy_queue } => {
+                    let kind = if copy_queue { QueueKind::Copy } else { QueueKind::Compute };
+                    schedule.copy(format!("op{i}"), ids[dst], ids[src]).on(kind);
+                }
+            }
+        }
+        let mut plan = schedule.plan().unwrap();
+        let initial = [[1u32, 2, 3, 4], [10, 20, 30, 40], [7, 7, 7, 7]];
+        for (b, init) in buffers.iter().zip(&initial) {
+            b.write_from(init).unwrap();
+        }
+        let mut expected = initial;
+        for _ in 0..2 {
+            interpret(&ops, &mut expected);
+            plan.run().unwrap().wait(LONG).unwrap();
+            for (b, want) in buffers.iter().zip(&expected) {
+                prop_assert_eq!(&b.to_vec::<u32>().unwrap()[..], &want[..], "{}", plan);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_generic_device_of_the_schedule_is_any_backend() {
+    assert_eq!(<Mixed as Backend>::ID, "mixed");
+}
+
+/// The waits against the previous run, as (awaited op, waiting op).
+fn previous_run_waits(plan: &Plan<Cpu>) -> Vec<(usize, usize)> {
+    plan.waits()
+        .filter(|(_, w)| w.previous_run)
+        .map(|(op, w)| (w.after.index(), op.index()))
+        .collect()
+}
+
+#[test]
+fn hazards_against_the_previous_run_get_waits_and_implied_ones_do_not() {
+    // upload x (copy) then read x (compute): the next run's upload must not
+    // overwrite x while this run's read still reads it.
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 64), buffer(&mut s, "staging", 64));
+    copy_touch(&mut s, "upload", x, staging);
+    touch(&mut s, "use", x, Some(0..64), None);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(previous_run_waits(&plan), [(1, 0)]);
+    assert!(
+        plan.to_string().contains("after `use` of the previous run"),
+        "{plan}"
+    );
+
+    // With a download after the compute, the next upload is ordered behind
+    // it on the copy queue already: no previous-run wait.
+    let mut s = setup();
+    let (x, staging, out) = (
+        buffer(&mut s, "x", 64),
+        buffer(&mut s, "staging", 64),
+        buffer(&mut s, "out", 64),
+    );
+    copy_touch(&mut s, "upload", x, staging);
+    touch(&mut s, "use", x, Some(0..64), Some(0..64));
+    copy_touch(&mut s, "download", out, x);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(previous_run_waits(&plan), []);
+    assert_eq!(
+        waits(&plan),
+        [
+            (0, 1, Hazard::ReadAfterWrite),
+            (1, 2, Hazard::ReadAfterWrite)
+        ]
+    );
+}
+
+/// `buf[0] += 1`, slowly, so a missing wait would let the next run's copy
+/// read a stale value.
+fn slow_increment(_: &WorkGroup, args: &KernelArgs<'_>) {
+    std::thread::sleep(std::time::Duration::from_micros(200));
+    // SAFETY: one work-group.
+    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] += 1 };
+}
+
+#[test]
+fn back_to_back_runs_without_waiting_stay_correct() {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let [x, y] = [0; 2].map(|_| device.alloc(4).unwrap());
+    let (bx, by) = (
+        schedule.add_buffer(d, "x", x.clone()),
+        schedule.add_buffer(d, "y", y.clone()),
+    );
+    let increment = CpuProgram::from_fn("slow_increment", 1, 0, slow_increment);
+    // y <- x on the copy queue, then x += 1 on the compute queue: the next
+    // run's copy must see this run's increment (a previous-run wait).
+    schedule.copy("y <- x", by, bx);
+    schedule.exec(
+        "x += 1",
+        d,
+        &increment,
+        &[bx],
+        &[],
+        ExecParams::new_1d(1, 1),
+    );
+    let mut plan = schedule.plan().unwrap();
+    assert_eq!(
+        plan.waits().filter(|(_, w)| w.previous_run).count(),
+        1,
+        "{plan}"
+    );
+    const RUNS: u32 = 50;
+    let runs: Vec<_> = (0..RUNS).map(|_| plan.run().unwrap()).collect();
+    runs.last().unwrap().wait(LONG).unwrap();
+    assert!(runs.iter().all(|r| r.is_complete()));
+    assert_eq!(x.to_vec::<u32>().unwrap(), [RUNS]);
+    assert_eq!(y.to_vec::<u32>().unwrap(), [RUNS - 1]);
+}
