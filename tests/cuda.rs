@@ -538,3 +538,85 @@ fn many_host_waiters_on_one_signal_all_wake() {
     }
     assert!(signal.is_reached(1));
 }
+
+/// What the CPU kernel of the next test saw of the CUDA signal when it ran.
+static CUDA_DONE: std::sync::OnceLock<hwqueue::AnySignal> = std::sync::OnceLock::new();
+static CPU_SAW_CUDA_DONE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn record_cuda_progress(_: &hwqueue::cpu::WorkGroup, _: &hwqueue::cpu::KernelArgs<'_>) {
+    let reached = CUDA_DONE.get().is_some_and(|s| s.is_reached(1));
+    CPU_SAW_CUDA_DONE.store(
+        if reached { 2 } else { 1 },
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// Through the crate's Any* set: a CUDA queue waits on a CPU signal, and a
+/// CPU queue waits on the CUDA queue's signal; neither runs past its wait
+/// before the other side's work completed. A CUDA buffer on the CPU queue is
+/// rejected naming both backends.
+#[test]
+fn cpu_and_cuda_queues_wait_on_each_other_through_the_any_enums() {
+    use hwqueue::cpu::{CpuDevice, CpuProgram};
+    use hwqueue::{AnyBuffer, AnyDevice, AnyProgram, AnyQueue, AnySignal};
+    let Some(cuda) = device() else { return };
+    let spin = AnyProgram::from(kernel(&cuda, "spin", 0, 1));
+    let cycles = cycles_for(&cuda, Duration::from_millis(300));
+    let cuda = AnyDevice::from(cuda);
+    let cpu = AnyDevice::from(CpuDevice::new());
+    let mut queues: Vec<AnyQueue> =
+        vec![cpu.compute_queue().unwrap(), cuda.compute_queue().unwrap()];
+    let gate: AnySignal = cpu.new_signal(0).unwrap();
+    let cuda_done: AnySignal = cuda.new_signal(0).unwrap();
+    let cpu_done: AnySignal = cpu.new_signal(0).unwrap();
+    CUDA_DONE.set(cuda_done.clone()).ok().expect("set once");
+    let record = AnyProgram::from(CpuProgram::from_fn(
+        "record_cuda_progress",
+        0,
+        0,
+        record_cuda_progress,
+    ));
+
+    // Submitted consumer first: only the signals order the work.
+    queues[0]
+        .wait(&cuda_done, 1) // CPU waits on CUDA: the worker blocks on the ring
+        .exec(&record, &[], &[], ExecParams::new_1d(1, 1))
+        .signal(&cpu_done, 1)
+        .submit()
+        .unwrap();
+    queues[1]
+        .wait(&gate, 1) // CUDA waits on CPU: enqueueing is deferred to the worker
+        .exec(&spin, &[], &[Scalar::U64(cycles)], ExecParams::new_1d(1, 1))
+        .signal(&cuda_done, 1)
+        .submit()
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    assert!(!cuda_done.is_reached(1) && !cpu_done.is_reached(1));
+    gate.set(1);
+    cpu_done.wait(1, LONG).unwrap();
+    assert_eq!(
+        CPU_SAW_CUDA_DONE.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the CPU kernel ran before the CUDA kernel completed"
+    );
+    for queue in &mut queues {
+        queue.synchronize().unwrap();
+    }
+
+    let on_gpu: AnyBuffer = cuda.alloc(16).unwrap();
+    let fill = AnyProgram::from(CpuProgram::from_fn("fill", 1, 1, common::fill));
+    let error = queues[0]
+        .exec(
+            &fill,
+            &[&on_gpu],
+            &[Scalar::U32(1)],
+            ExecParams::new_1d(4, 4),
+        )
+        .submit()
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("`cuda`") && message.contains("`cpu`"),
+        "{message}"
+    );
+}
