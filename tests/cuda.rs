@@ -569,7 +569,7 @@ fn cpu_and_cuda_queues_wait_on_each_other_through_the_any_enums() {
     let gate: AnySignal = cpu.new_signal(0).unwrap();
     let cuda_done: AnySignal = cuda.new_signal(0).unwrap();
     let cpu_done: AnySignal = cpu.new_signal(0).unwrap();
-    CUDA_DONE.set(cuda_done.clone()).ok().expect("set once");
+    assert!(CUDA_DONE.set(cuda_done.clone()).is_ok(), "set once");
     let record = AnyProgram::from(CpuProgram::from_fn(
         "record_cuda_progress",
         0,

@@ -701,10 +701,10 @@ impl InFlight {
         if self.spare_batches.len() < SPARE_BATCHES {
             self.spare_batches.push(batch);
         }
-        if let Some(event) = event {
-            if self.spare_events.len() < SPARE_EVENTS {
-                self.spare_events.push(event);
-            }
+        if let Some(event) = event
+            && self.spare_events.len() < SPARE_EVENTS
+        {
+            self.spare_events.push(event);
         }
     }
 }
