@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
-use crate::params::ExecParams;
+use crate::params::{ExecParams, Limits};
 use crate::program::Scalar;
 use crate::signal::TimelineSignal;
 
@@ -98,4 +98,50 @@ pub trait HardwareQueue: Send + Sized {
     /// # Errors
     /// [`Error::QueueFailed`] when submitted work failed since the last report.
     fn synchronize(&mut self) -> Result<()>;
+}
+
+/// The checks every backend makes when an `exec` is recorded: the queue's
+/// kind, the work sizes against `limits`, and the argument counts (`takes`
+/// is what the program declares, `given` what the `exec` passes; each is
+/// `(buffers, scalars)`).
+pub(crate) fn check_exec(
+    kind: QueueKind,
+    limits: &Limits,
+    program: &str,
+    takes: (usize, usize),
+    given: (usize, usize),
+    params: &ExecParams,
+) -> Result<()> {
+    if kind == QueueKind::Copy {
+        return Err(Error::UnsupportedCommand {
+            kind,
+            command: "exec",
+        });
+    }
+    params.validate(limits)?;
+    let bad = |reason: String| {
+        Err(Error::InvalidArguments {
+            program: program.to_owned(),
+            reason,
+        })
+    };
+    if given.0 != takes.0 {
+        return bad(format!(
+            "it takes {} buffer(s) but {} were given",
+            takes.0, given.0
+        ));
+    }
+    if given.1 != takes.1 {
+        return bad(format!(
+            "it takes {} scalar(s) but {} were given",
+            takes.1, given.1
+        ));
+    }
+    if given.0 > limits.max_buffers {
+        return bad(format!(
+            "{} buffers exceed the limit of {}",
+            given.0, limits.max_buffers
+        ));
+    }
+    Ok(())
 }

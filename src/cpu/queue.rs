@@ -246,41 +246,14 @@ impl CpuQueue {
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
-        if self.kind == QueueKind::Copy {
-            return Err(Error::UnsupportedCommand {
-                kind: self.kind,
-                command: "exec",
-            });
-        }
-        params.validate(&self.limits)?;
-        let bad = |reason: String| {
-            Err(Error::InvalidArguments {
-                program: program.name().to_owned(),
-                reason,
-            })
-        };
-        if buffers.len() != program.buffer_count() {
-            return bad(format!(
-                "it takes {} buffer(s) but {} were given",
-                program.buffer_count(),
-                buffers.len()
-            ));
-        }
-        if scalars.len() != program.scalar_count() {
-            return bad(format!(
-                "it takes {} scalar(s) but {} were given",
-                program.scalar_count(),
-                scalars.len()
-            ));
-        }
-        if buffers.len() > self.limits.max_buffers {
-            return bad(format!(
-                "{} buffers exceed the limit of {}",
-                buffers.len(),
-                self.limits.max_buffers
-            ));
-        }
-        Ok(())
+        crate::queue::check_exec(
+            self.kind,
+            &self.limits,
+            program.name(),
+            (program.buffer_count(), program.scalar_count()),
+            (buffers.len(), scalars.len()),
+            params,
+        )
     }
 }
 

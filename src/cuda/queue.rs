@@ -252,41 +252,21 @@ impl CudaQueue {
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
-        if self.kind == QueueKind::Copy {
-            return Err(Error::UnsupportedCommand {
-                kind: self.kind,
-                command: "exec",
-            });
-        }
         let limits = self.device.limits();
-        params.validate(&limits)?;
+        crate::queue::check_exec(
+            self.kind,
+            &limits,
+            program.name(),
+            (program.buffer_count(), program.scalar_count()),
+            (buffers.len(), scalars.len()),
+            params,
+        )?;
         let bad = |reason: String| {
             Err(Error::InvalidArguments {
                 program: program.name().to_owned(),
                 reason,
             })
         };
-        if buffers.len() != program.buffer_count() {
-            return bad(format!(
-                "it takes {} buffer(s) but {} were given",
-                program.buffer_count(),
-                buffers.len()
-            ));
-        }
-        if scalars.len() != program.scalar_count() {
-            return bad(format!(
-                "it takes {} scalar(s) but {} were given",
-                program.scalar_count(),
-                scalars.len()
-            ));
-        }
-        if buffers.len() > limits.max_buffers {
-            return bad(format!(
-                "{} buffers exceed the limit of {}",
-                buffers.len(),
-                limits.max_buffers
-            ));
-        }
         let parameter_bytes = (buffers.len() + scalars.len()) * 8;
         if parameter_bytes > PARAMETER_BYTES {
             return bad(format!(
