@@ -3,7 +3,8 @@
 //! A GPU queue cannot raise a host word when its work completes; it can only
 //! *record an event* that the host may later query or block on. An
 //! [`EventRing`] turns such events into a [`TimelineSignal`](crate::TimelineSignal)-shaped value:
-//! `record(v)` puts `(v, event)` in one of [`RING_SLOTS`] slots, and
+//! `record(v)` puts `(v, event)` in one of [`RING_SLOTS`] slots (or as
+//! many as [`EventRing::with_slots`] asks for), and
 //!
 //! - [`value`](EventRing::value) is the highest value whose event has
 //!   **completed** (or that the host [`set`](EventRing::set)); recording never
@@ -35,7 +36,7 @@
 //!    the waiter's clone keeps the event alive until it is done with it;
 //! 3. otherwise every slot holds unfinished work: the recorder blocks (outside
 //!    the lock) on the **oldest** record's event, folds it in, and tries
-//!    again. This is back-pressure: at most [`RING_SLOTS`] records of one
+//!    again. This is back-pressure: at most `slots` records of one
 //!    signal are in flight. It cannot deadlock as long as every recorded
 //!    event completes on its own, which holds for queues that only record
 //!    events after work already handed to the device (the CUDA queue defers
@@ -59,7 +60,9 @@ use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 /// How many records one ring holds at once (and how many events it keeps
 /// for reuse). A queue rarely has more than a few values of one signal in
 /// flight; past this many, recording blocks on the oldest (see the module
-/// docs).
+/// docs). The default of [`EventRing::new`]; [`EventRing::with_slots`]
+/// picks another count (the loom models use one or two slots and the fuzz
+/// harness one to four, so that wrap-around takes few operations).
 pub const RING_SLOTS: usize = 16;
 const _: () = assert!(RING_SLOTS > 0, "a ring needs at least one slot");
 
@@ -134,6 +137,9 @@ pub struct EventRing<E> {
     /// low, which sends the reader to the locked path.
     reached: AtomicU64,
     state: Mutex<RingState<E>>,
+    /// How many slots the ring holds (at least one): [`RING_SLOTS`] unless
+    /// built by [`with_slots`](Self::with_slots). Never changes.
+    capacity: usize,
     /// Notified (under `state`) whenever something a waiter checks changes:
     /// a record, a raise of `completed`, a failure.
     changed: Condvar,
@@ -143,7 +149,7 @@ pub struct EventRing<E> {
 ///
 /// | field | meaning | changed by |
 /// |-------|---------|------------|
-/// | `slots` | at most [`RING_SLOTS`] `(value, seq, event)`; a slot is *done* when `value <= completed`, *pending* otherwise | `record` (fill, re-record, replace) |
+/// | `slots` | at most `capacity` `(value, seq, event)`; a slot is *done* when `value <= completed`, *pending* otherwise | `record` (fill, re-record, replace) |
 /// | `completed` | the highest value known completed: a pending slot whose event completed, or a host `set`. Only rises | folds (`value`, `wait`, `record`), a waiter after its event completed, `set` |
 /// | `failed_upto` | every value `<= failed_upto` not reached has failed (0: none) | `fail` |
 /// | `failures` | the causes, `(upto, cause)` sorted by `upto`; entries `<= completed` are dropped | `fail`, raises |
@@ -181,18 +187,30 @@ impl<E: RingEvent> EventRing<E> {
     /// # Panics
     /// If `initial` exceeds [`MAX_SIGNAL_VALUE`].
     pub fn new(initial: u64) -> Self {
+        Self::with_slots(initial, RING_SLOTS)
+    }
+
+    /// A ring at `initial` with `slots` slots instead of [`RING_SLOTS`]:
+    /// at most that many records in flight, and that many events kept for
+    /// reuse.
+    ///
+    /// # Panics
+    /// If `initial` exceeds [`MAX_SIGNAL_VALUE`], or `slots` is 0.
+    pub fn with_slots(initial: u64, slots: usize) -> Self {
         if initial > MAX_SIGNAL_VALUE {
             value_out_of_range(initial);
         }
+        assert!(slots > 0, "an event ring needs at least one slot");
         Self {
             reached: AtomicU64::new(initial),
             state: Mutex::new(RingState {
-                slots: Vec::with_capacity(RING_SLOTS),
+                slots: Vec::with_capacity(slots),
                 completed: initial,
                 failed_upto: 0,
                 failures: Vec::new(),
                 next_seq: 0,
             }),
+            capacity: slots,
             changed: Condvar::new(),
         }
     }
@@ -266,7 +284,7 @@ impl<E: RingEvent> EventRing<E> {
 
             // 2. A new event, in an empty slot or a done one (whose old event
             //    a waiter may still hold: its clone keeps it alive).
-            let free = if state.slots.len() < RING_SLOTS {
+            let free = if state.slots.len() < self.capacity {
                 Some(None)
             } else {
                 state
@@ -461,9 +479,16 @@ impl<E: RingEvent> EventRing<E> {
         self.changed.notify_all();
     }
 
-    /// How many slots hold a record (done or pending), at most [`RING_SLOTS`].
+    /// How many slots hold a record (done or pending), at most
+    /// [`slots`](Self::slots).
     pub fn slots_in_use(&self) -> usize {
         self.state.lock().slots.len()
+    }
+
+    /// How many slots the ring has: [`RING_SLOTS`] unless built by
+    /// [`with_slots`](Self::with_slots).
+    pub fn slots(&self) -> usize {
+        self.capacity
     }
 
     /// Raises `completed` to `value` (if higher) and wakes every waiter.

@@ -49,3 +49,97 @@ fn params_print_their_dimensions() {
         "global [8, 4] local [2, 2]"
     );
 }
+
+mod model {
+    //! `validate` against a reference predicate, generated.
+
+    use hwqueue::{Error, ExecParams, Limits};
+    use proptest::prelude::*;
+
+    /// The rule, restated: every size at least 1, global a multiple of
+    /// local, local sizes, work-items per group and group counts within the
+    /// limits.
+    fn reference(global: [u32; 3], local: [u32; 3], limits: &Limits) -> bool {
+        (0..3).all(|d| {
+            global[d] >= 1
+                && local[d] >= 1
+                && global[d].is_multiple_of(local[d])
+                && local[d] <= limits.max_local_size[d]
+                && global[d] / local[d] <= limits.max_groups[d]
+        }) && local.iter().map(|&l| u64::from(l)).product::<u64>()
+            <= u64::from(limits.max_local_count)
+    }
+
+    /// Sizes near the interesting edges: 0, 1, small, powers of two,
+    /// multiples and near-multiples.
+    fn size() -> impl Strategy<Value = u32> {
+        prop_oneof![
+            Just(0u32),
+            1u32..=8,
+            (0u32..=12).prop_map(|p| 1 << p),
+            any::<u32>(),
+        ]
+    }
+
+    fn limits() -> impl Strategy<Value = Limits> {
+        (
+            proptest::array::uniform3(1u32..=2048),
+            1u32..=4096,
+            proptest::array::uniform3(prop_oneof![1u32..=64, Just(u32::MAX)]),
+        )
+            .prop_map(|(max_local_size, max_local_count, max_groups)| Limits {
+                max_local_size,
+                max_local_count,
+                max_groups,
+                max_buffers: 64,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn validate_matches_the_reference(
+            dims in 1u8..=3,
+            global in proptest::array::uniform3(size()),
+            local in proptest::array::uniform3(size()),
+            multiply in any::<bool>(),
+            limits in limits(),
+        ) {
+            // Often make global a multiple of local, so the later checks run.
+            let global = if multiply {
+                [0, 1, 2].map(|d| local[d].saturating_mul(global[d] % 4 + 1))
+            } else {
+                global
+            };
+            let params = match dims {
+                1 => ExecParams::new_1d(global[0], local[0]),
+                2 => ExecParams::new_2d([global[0], global[1]], [local[0], local[1]]),
+                _ => ExecParams::new_3d(global, local),
+            };
+            let expected = reference(params.global(), params.local(), &limits);
+            match params.validate(&limits) {
+                Ok(()) => {
+                    prop_assert!(expected, "{} passed", params);
+                    let (global, local) = (params.global(), params.local());
+                    for (d, groups) in params.groups().into_iter().enumerate() {
+                        prop_assert_eq!(groups * local[d], global[d]);
+                    }
+                }
+                Err(Error::InvalidExecParams { params: printed, reason }) => {
+                    prop_assert!(!expected, "{} failed: {}", params, reason);
+                    prop_assert_eq!(printed, params.to_string());
+                    prop_assert!(!reason.is_empty());
+                }
+                Err(other) => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+    }
+}
+
+/// Found by the model test below: the suggested rounding overflowed (a
+/// panic in debug builds) for a global size near `u32::MAX`.
+#[test]
+fn a_global_size_near_the_top_is_an_error_not_an_overflow() {
+    let why = reason(ExecParams::new_1d(u32::MAX, 2));
+    assert!(why.contains("not a multiple"), "{why}");
+    assert!(why.contains("round global down to 4294967294"), "{why}");
+}

@@ -99,3 +99,106 @@ fn garbage_is_an_error_naming_what_is_accepted() {
         assert!(message.contains("`cuda`/`gpu`/`nvidia`"), "{message}");
     }
 }
+
+mod model {
+    //! Round trip and rejection, generated.
+
+    use hwqueue::{DeviceSpec, Error, SpecName};
+    use proptest::prelude::*;
+
+    use super::WITH_CUDA;
+
+    /// Every spelling a name may take: canonical or alias, in mixed case.
+    fn spelling() -> impl Strategy<Value = (&'static str, String)> {
+        let names: Vec<(&'static str, &'static str)> = WITH_CUDA
+            .iter()
+            .flat_map(|n: &SpecName| {
+                std::iter::once(n.id)
+                    .chain(n.aliases.iter().copied())
+                    .map(move |spelling| (n.id, spelling))
+            })
+            .collect();
+        (proptest::sample::select(names), any::<u64>()).prop_map(|((id, spelling), case)| {
+            let mixed = spelling
+                .chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if case >> (i % 64) & 1 == 1 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect();
+            (id, mixed)
+        })
+    }
+
+    proptest! {
+        /// A spec prints as `backend:ordinal` and parses back to itself,
+        /// however it was spelled.
+        #[test]
+        fn print_parse_round_trip(
+            (id, name) in spelling(),
+            ordinal in any::<u32>(),
+            zeros in 0usize..3,
+            explicit in any::<bool>(),
+            pad in "[ \t]{0,2}",
+        ) {
+            let input = if explicit || ordinal != 0 {
+                format!("{pad}{name}:{}{ordinal}{pad}", "0".repeat(zeros))
+            } else {
+                format!("{pad}{name}{pad}")
+            };
+            let spec = DeviceSpec::parse_with(&input, WITH_CUDA).unwrap();
+            prop_assert_eq!(spec.backend(), id);
+            prop_assert_eq!(spec.ordinal(), ordinal);
+            let printed = spec.to_string();
+            prop_assert_eq!(&printed, &format!("{id}:{ordinal}"));
+            prop_assert_eq!(DeviceSpec::parse_with(&printed, WITH_CUDA).unwrap(), spec);
+            if id == "cpu" {
+                prop_assert_eq!(input.parse::<DeviceSpec>().unwrap(), spec);
+            }
+        }
+
+        /// Arbitrary text never panics; when it parses, it round-trips.
+        #[test]
+        fn any_text_parses_or_is_an_error(input in "\\PC{0,12}") {
+            match DeviceSpec::parse_with(&input, WITH_CUDA) {
+                Ok(spec) => {
+                    prop_assert_eq!(DeviceSpec::parse_with(&spec.to_string(), WITH_CUDA).unwrap(), spec);
+                }
+                Err(error) => prop_assert!(
+                    matches!(error, Error::InvalidDeviceSpec { .. }),
+                    "{:?}", error
+                ),
+            }
+        }
+
+        /// Garbage after a valid name is rejected: a bad ordinal (letters,
+        /// signs, a number past `u32::MAX`), a second colon, an unknown name.
+        #[test]
+        fn garbage_is_rejected(
+            (_, name) in spelling(),
+            junk in "[a-z+\\-. ]{1,4}|[1-9][0-9]{10,13}|:[0-9]{1,3}",
+            prefix in "[a-z]{1,3}",
+        ) {
+            let bad_ordinal = format!("{name}:{junk}");
+            prop_assert!(
+                matches!(
+                    DeviceSpec::parse_with(&bad_ordinal, WITH_CUDA),
+                    Err(Error::InvalidDeviceSpec { .. })
+                ),
+                "{:?} parsed", bad_ordinal
+            );
+            let unknown = format!("{prefix}{name}");
+            prop_assert!(
+                matches!(
+                    DeviceSpec::parse_with(&unknown, WITH_CUDA),
+                    Err(Error::InvalidDeviceSpec { .. })
+                ),
+                "{:?} parsed", unknown
+            );
+        }
+    }
+}

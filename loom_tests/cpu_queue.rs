@@ -1,0 +1,89 @@
+//! `CpuQueue`'s hand-off to its worker thread (a loom thread under loom):
+//! a `signal` recorded after an `exec` is never observed before the
+//! kernel's writes. One exec, one signal: loom's state space grows fast.
+
+use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::{
+    Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout,
+};
+
+use crate::model;
+
+/// `buf[0] = 42`, one work-group.
+fn write_42(_group: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group: nothing else touches the buffer.
+    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 42 };
+}
+
+/// The host blocks on the signal, then reads the buffer: it must see the
+/// kernel's write. The queue is dropped first, so the worker drains the
+/// batch and exits within the model.
+#[test]
+fn signal_after_exec_waits_for_the_kernel() {
+    model(None, || {
+        let device = CpuDevice::with_threads(1);
+        let buffer = device.alloc(4).unwrap();
+        let done = device.new_signal(0).unwrap();
+        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let mut queue = device.compute_queue().unwrap();
+        queue
+            .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        drop(queue);
+        done.wait(1, Timeout::Forever).unwrap();
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![42]);
+    });
+}
+
+/// The host polls the signal without blocking while the worker runs: a
+/// reached signal implies the write is visible; an unreached one may see
+/// either. Then `synchronize` and drop end the worker.
+#[test]
+fn a_polled_signal_is_never_reached_before_the_kernel_wrote() {
+    model(None, || {
+        let device = CpuDevice::with_threads(1);
+        let buffer = device.alloc(4).unwrap();
+        let done = device.new_signal(0).unwrap();
+        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let mut queue = device.compute_queue().unwrap();
+        queue
+            .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        if done.is_reached(1) {
+            assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![42]);
+        }
+        queue.synchronize().unwrap();
+        assert!(done.is_reached(1));
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![42]);
+    });
+}
+
+/// A batch rejected at `submit` while an earlier batch is in flight fails
+/// its signal in queue order: the earlier batch's value is reached, never
+/// failed, and only the rejected batch's own value fails.
+#[test]
+fn a_rejected_batch_fails_its_signals_after_earlier_batches() {
+    model(None, || {
+        let device = CpuDevice::with_threads(1);
+        let done = device.new_signal(0).unwrap();
+        let (small, big) = (device.alloc(4).unwrap(), device.alloc(8).unwrap());
+        let mut queue = device.compute_queue().unwrap();
+        queue.signal(&done, 1).submit().unwrap();
+        let error = queue.copy(&small, &big).signal(&done, 2).submit();
+        assert!(matches!(error, Err(Error::BatchRejected { .. })));
+        done.wait(1, Timeout::Forever).unwrap();
+        assert!(matches!(
+            done.wait(2, Timeout::Forever),
+            Err(Error::SignalFailed {
+                target: 2,
+                current: 1,
+                ..
+            })
+        ));
+        drop(queue);
+    });
+}
