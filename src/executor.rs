@@ -432,7 +432,6 @@ impl<B: Backend> Plan<B> {
         let facts = self.facts.clone();
         let base = |queue: usize| run * facts.counts[queue];
         let mut host_jobs = Vec::new();
-        let mut refs: Vec<&B::Buffer> = Vec::new();
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let own = base(index);
             let last = own + facts.counts[index];
@@ -476,9 +475,14 @@ impl<B: Backend> Plan<B> {
                         scalars,
                         params,
                     } => {
-                        refs.clear();
-                        refs.extend(buffers.iter().map(|b| &self.schedule.buffers[b.0].buffer));
-                        queue.exec(program, &refs, scalars, *params);
+                        let slots = &self.schedule.buffers;
+                        with_buffers(
+                            buffers,
+                            |id| &slots[id.0].buffer,
+                            |refs| {
+                                queue.exec(program, refs, scalars, *params);
+                            },
+                        );
                     }
                     Work::Copy { dst, src } => {
                         queue.copy(
@@ -682,6 +686,27 @@ impl<B: Backend> fmt::Debug for Run<B> {
             .field("run", &self.run)
             .field("complete", &self.is_complete())
             .finish()
+    }
+}
+
+/// Calls `f` with the buffers `ids` name, gathered on the stack (on the heap
+/// only past 16), so a replay records an `exec` without allocating.
+fn with_buffers<'a, T: 'a, R>(
+    ids: &[BufferId],
+    get: impl Fn(BufferId) -> &'a T,
+    f: impl FnOnce(&[&'a T]) -> R,
+) -> R {
+    const INLINE: usize = 16;
+    match ids.first() {
+        None => f(&[]),
+        Some(&first) if ids.len() <= INLINE => {
+            let mut refs = [get(first); INLINE];
+            for (slot, id) in refs.iter_mut().zip(ids) {
+                *slot = get(*id);
+            }
+            f(&refs[..ids.len()])
+        }
+        Some(_) => f(&ids.iter().map(|id| get(*id)).collect::<Vec<_>>()),
     }
 }
 

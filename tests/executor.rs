@@ -667,3 +667,31 @@ fn back_to_back_runs_without_waiting_stay_correct() {
     assert_eq!(x.to_vec::<u32>().unwrap(), [RUNS]);
     assert_eq!(y.to_vec::<u32>().unwrap(), [RUNS - 1]);
 }
+
+/// `buf[i][0] = i` for each of its 20 buffers.
+fn number_buffers(_: &WorkGroup, args: &KernelArgs<'_>) {
+    for i in 0..args.buffer_count() {
+        // SAFETY: one work-group; distinct buffers.
+        unsafe { args.buffer(i).slice_mut::<u32>(0..1)[0] = i as u32 };
+    }
+}
+
+#[test]
+fn an_exec_with_more_buffers_than_fit_on_the_stack_runs() {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let buffers: Vec<_> = (0..20).map(|_| device.alloc(4).unwrap()).collect();
+    let ids: Vec<_> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| schedule.add_buffer(d, format!("b{i}"), b.clone()))
+        .collect();
+    let program = CpuProgram::from_fn("number_buffers", 20, 0, number_buffers);
+    schedule.exec("number", d, &program, &ids, &[], ExecParams::new_1d(1, 1));
+    let mut plan = schedule.plan().unwrap();
+    plan.run().unwrap().wait(LONG).unwrap();
+    for (i, b) in buffers.iter().enumerate() {
+        assert_eq!(b.to_vec::<u32>().unwrap(), [i as u32]);
+    }
+}
