@@ -1,7 +1,8 @@
 //! The one place that touches synchronisation primitives.
 //!
 //! Everything else in the crate imports atomics, mutexes, condition variables,
-//! `Arc` and thread spawning from here. Under `cfg(loom)` these are loom's
+//! `Arc`, thread spawning and the bounded spinning before a park
+//! (`SpinWait`) from here. Under `cfg(loom)` these are loom's
 //! model-checked types, so the loom models in `loom_tests/` exercise the real
 //! signal and queue code; otherwise they are `std` atomics and `parking_lot`
 //! locks. Tiny adapters give both sides one API (no lock poisoning, a condvar
@@ -113,6 +114,109 @@ mod imp {
     {
         std::thread::Builder::new().name(name).spawn(f).map(drop)
     }
+
+    /// Bounded, adaptive spinning before a thread parks.
+    ///
+    /// A value that another core is about to publish often arrives sooner
+    /// than a futex sleep and wake-up take (microseconds each), so a waiter
+    /// may first spin: `spin` pauses 1, 2, 4, … 64 times (127 pause hints in
+    /// all, a few microseconds), re-checking between steps. Spinning only
+    /// pays when the thread it waits for runs on another core; when both
+    /// share one core (an oversubscribed machine) every pause delays the
+    /// very thread it waits for. So each thread adapts: a wait that ended
+    /// while spinning restores the full budget, one that had to park
+    /// shortens the next one by a step, and once the budget is spent a
+    /// thread spins again only on every `PROBE_EVERY`th wait, to notice when
+    /// spinning pays again. It never yields: handing the core away on a busy
+    /// machine can cost a whole time slice.
+    #[derive(Debug)]
+    pub(crate) struct SpinWait {
+        step: u32,
+        limit: u32,
+    }
+
+    /// This thread's spin budget, in `SpinWait` steps, and how many waits
+    /// went without spinning since the last probe.
+    #[derive(Clone, Copy)]
+    struct SpinBudget {
+        limit: u32,
+        skipped: u32,
+    }
+
+    thread_local! {
+        static SPIN_BUDGET: std::cell::Cell<SpinBudget> = const {
+            std::cell::Cell::new(SpinBudget {
+                limit: SpinWait::STEPS,
+                skipped: 0,
+            })
+        };
+    }
+
+    impl SpinWait {
+        /// Steps in the full budget: `2^step` pause hints each.
+        const STEPS: u32 = 7;
+        /// With no budget left, every this many waits spin once in full.
+        const PROBE_EVERY: u32 = 32;
+
+        /// A spinner with this thread's current budget.
+        pub(crate) fn new() -> Self {
+            let limit = SPIN_BUDGET.with(|cell| {
+                let mut budget = cell.get();
+                let limit = if budget.limit > 0 {
+                    budget.limit
+                } else {
+                    budget.skipped += 1;
+                    if budget.skipped >= Self::PROBE_EVERY {
+                        budget.skipped = 0;
+                        Self::STEPS
+                    } else {
+                        0
+                    }
+                };
+                cell.set(budget);
+                limit
+            });
+            Self { step: 0, limit }
+        }
+
+        /// Spins once; `false` (without waiting) once the budget is spent,
+        /// when the caller should park.
+        #[inline]
+        pub(crate) fn spin(&mut self) -> bool {
+            if self.step >= self.limit {
+                return false;
+            }
+            for _ in 0..1u32 << self.step {
+                std::hint::spin_loop();
+            }
+            self.step += 1;
+            true
+        }
+
+        /// The wait ended while spinning: spinning pays on this thread.
+        pub(crate) fn won(self) {
+            SPIN_BUDGET.with(|cell| {
+                cell.set(SpinBudget {
+                    limit: Self::STEPS,
+                    skipped: 0,
+                })
+            });
+        }
+
+        /// The wait had to park after spinning: stop spinning on this
+        /// thread until a probe wins again.
+        pub(crate) fn lost(self) {
+            if self.limit == 0 {
+                return;
+            }
+            SPIN_BUDGET.with(|cell| {
+                cell.set(SpinBudget {
+                    limit: 0,
+                    skipped: 0,
+                })
+            });
+        }
+    }
 }
 
 #[cfg(loom)]
@@ -199,9 +303,29 @@ mod imp {
         drop(loom::thread::spawn(f));
         Ok(())
     }
+
+    /// Under loom a waiter never spins: spinning only re-reads what the
+    /// parking path reads anyway, and every spin would multiply the
+    /// interleavings loom explores. Models check the parking path.
+    #[derive(Debug)]
+    pub(crate) struct SpinWait;
+
+    impl SpinWait {
+        pub(crate) fn new() -> Self {
+            Self
+        }
+
+        pub(crate) fn spin(&mut self) -> bool {
+            false
+        }
+
+        pub(crate) fn won(self) {}
+
+        pub(crate) fn lost(self) {}
+    }
 }
 
-pub(crate) use imp::{Condvar, Mutex, RwLock, RwLockWriteGuard, spawn};
+pub(crate) use imp::{Condvar, Mutex, RwLock, RwLockWriteGuard, SpinWait, spawn};
 
 /// Identifies a thread (a loom thread under loom, where every model thread
 /// shares one OS thread).

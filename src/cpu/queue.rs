@@ -14,7 +14,9 @@ use crate::params::{ExecParams, Limits};
 use crate::program::{Program, Scalar};
 use crate::queue::{HardwareQueue, QueueKind};
 use crate::signal::{TimelineSignal, Timeout, check_value};
-use crate::sync::{Arc, Condvar, Mutex, Ordering, fence, spawn};
+use crate::sync::{
+    Arc, AtomicUsize, Condvar, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence, spawn,
+};
 
 use super::device::CpuDevice;
 use super::program::{BufferView, KernelArgs, WorkGroup};
@@ -35,6 +37,12 @@ use super::{Cpu, CpuBuffer, CpuProgram, CpuSignal};
 /// - `memory_barrier` is a `SeqCst` fence: the worker already runs commands
 ///   in order, and each `exec` joins its threads before the next command.
 ///
+/// The worker may spin for a few microseconds after each batch before it
+/// parks, so a batch submitted right after the previous one finished is
+/// picked up without a wake-up. An `exec` takes its bookkeeping (lock
+/// order, guards, buffer views) from scratch memory the worker keeps, so
+/// one that runs on the worker alone allocates nothing.
+///
 /// Dropping a queue finishes the work already submitted (the worker drains
 /// it, then exits) and fails the signals of a batch recorded but never
 /// submitted, so nobody waits on them forever.
@@ -44,6 +52,11 @@ pub struct CpuQueue {
     batch: Batch,
     /// The first invalid command of the batch being recorded.
     rejected: Option<Error>,
+    /// The last `exec` arguments that passed `check_exec`: (params, the
+    /// program's buffer and scalar counts, the given counts). The check is a
+    /// pure function of these (kind and limits never change), so an `exec`
+    /// like the last one skips it. Boxed: `CpuQueue` stays small.
+    last_checked: Option<Box<CheckedExec>>,
     shared: Arc<Shared>,
 }
 
@@ -62,6 +75,10 @@ struct Batch {
     /// this cause, after every batch submitted before it finished. Boxed:
     /// the recording batch lives inside `CpuQueue`, which stays small.
     abandoned: Option<Box<Error>>,
+    /// The range of `buffers` the last `exec` uses: an `exec` on the same
+    /// buffers shares it instead of cloning the handles again. (`u32`s keep
+    /// `CpuQueue`, which holds the recording batch, small.)
+    last_exec_buffers: Range<u32>,
 }
 
 impl Batch {
@@ -70,6 +87,7 @@ impl Batch {
         self.buffers.clear();
         self.scalars.clear();
         self.abandoned = None;
+        self.last_exec_buffers = 0..0;
     }
 
     /// Fails every signal the commands from `from` on would have set.
@@ -121,6 +139,10 @@ impl<S: TimelineSignal> ForeignSignal for S {
     }
 }
 
+/// What `CpuQueue::check_exec` checked last: the parameters, the program's
+/// buffer and scalar counts, the counts given.
+type CheckedExec = (ExecParams, (usize, usize), (usize, usize));
+
 /// What the owner and the worker share.
 struct Shared {
     state: Mutex<State>,
@@ -130,6 +152,11 @@ struct Shared {
     idle: Condvar,
     /// Threads an `exec` may use.
     threads: usize,
+    /// `state.pending.len()`, written under `state`'s lock whenever it
+    /// changes; read without the lock (`Relaxed`) only by the spinning
+    /// worker, as a hint to take the lock. The deque under the lock stays
+    /// the truth, so a stale read costs a lock round or a park, never a batch.
+    queued: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -162,6 +189,7 @@ impl CpuQueue {
             work: Condvar::new(),
             idle: Condvar::new(),
             threads: device.threads(),
+            queued: AtomicUsize::new(0),
         });
         let worker = shared.clone();
         spawn(format!("hwqueue-cpu-{kind}"), move || run_worker(&worker)).map_err(|e| {
@@ -175,6 +203,7 @@ impl CpuQueue {
             limits: device.limits_ref(),
             batch: Batch::default(),
             rejected: None,
+            last_checked: None,
             shared,
         })
     }
@@ -233,6 +262,9 @@ impl CpuQueue {
         let mut batch = mem::replace(&mut self.batch, fresh);
         batch.abandoned = Some(Box::new(cause));
         state.pending.push_back(batch);
+        self.shared
+            .queued
+            .store(state.pending.len(), Ordering::Relaxed);
         state.in_flight += 1;
         if state.worker_parked {
             self.shared.work.notify_one();
@@ -240,20 +272,33 @@ impl CpuQueue {
     }
 
     fn check_exec(
-        &self,
+        &mut self,
         program: &CpuProgram,
         buffers: &[&CpuBuffer],
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
+        let key = (
+            *params,
+            (program.buffer_count(), program.scalar_count()),
+            (buffers.len(), scalars.len()),
+        );
+        if self.last_checked.as_deref() == Some(&key) {
+            return Ok(());
+        }
         crate::queue::check_exec(
             self.kind,
             &self.limits,
             program.name(),
-            (program.buffer_count(), program.scalar_count()),
-            (buffers.len(), scalars.len()),
+            key.1,
+            key.2,
             params,
-        )
+        )?;
+        match &mut self.last_checked {
+            Some(last) => **last = key,
+            None => self.last_checked = Some(Box::new(key)),
+        }
+        Ok(())
     }
 }
 
@@ -300,15 +345,28 @@ impl HardwareQueue for CpuQueue {
         if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
             return self.reject(e);
         }
-        let first_buffer = self.batch.buffers.len();
-        self.batch
-            .buffers
-            .extend(buffers.iter().map(|b| (*b).clone()));
+        let batch = &mut self.batch;
+        let Range { start, end } = batch.last_exec_buffers.clone();
+        let last = &batch.buffers[start as usize..end as usize];
+        let same_buffers = last.len() == buffers.len()
+            && last.iter().zip(buffers).all(|(old, new)| old.same_as(new));
+        let range = if same_buffers {
+            start as usize..end as usize
+        } else {
+            let first_buffer = batch.buffers.len();
+            batch.buffers.extend(buffers.iter().map(|b| (*b).clone()));
+            let range = first_buffer..batch.buffers.len();
+            // Past `u32::MAX` handles, later `exec`s just clone again.
+            batch.last_exec_buffers = u32::try_from(range.start)
+                .and_then(|start| Ok(start..u32::try_from(range.end)?))
+                .unwrap_or(0..0);
+            range
+        };
         let first_scalar = self.batch.scalars.len();
         self.batch.scalars.extend_from_slice(scalars);
         self.batch.commands.push(Command::Exec {
             program: program.clone(),
-            buffers: first_buffer..self.batch.buffers.len(),
+            buffers: range,
             scalars: first_scalar..self.batch.scalars.len(),
             params,
         });
@@ -375,6 +433,9 @@ impl HardwareQueue for CpuQueue {
         let mut batch = mem::replace(&mut self.batch, fresh);
         batch.epoch = state.epoch;
         state.pending.push_back(batch);
+        self.shared
+            .queued
+            .store(state.pending.len(), Ordering::Relaxed);
         state.in_flight += 1;
         if state.worker_parked {
             self.shared.work.notify_one();
@@ -427,21 +488,46 @@ impl fmt::Debug for CpuQueue {
 fn run_worker(shared: &Shared) {
     // The epoch and cause of the last failure this worker saw.
     let mut last_failure: Option<(u64, std::sync::Arc<Error>)> = None;
+    let mut scratch = ExecScratch::default();
+    // Held at the top of each round: finishing one batch and taking the next
+    // is one critical section.
+    let mut state = shared.state.lock();
     loop {
-        let mut batch = {
-            let mut state = shared.state.lock();
-            loop {
-                if let Some(batch) = state.pending.pop_front() {
-                    break batch;
-                }
-                if state.closed {
-                    return;
-                }
-                state.worker_parked = true;
-                state = shared.work.wait(state);
-                state.worker_parked = false;
+        let mut spin = Some(SpinWait::new());
+        let mut batch = loop {
+            if let Some(batch) = state.pending.pop_front() {
+                shared.queued.store(state.pending.len(), Ordering::Relaxed);
+                break batch;
             }
+            if state.closed {
+                return;
+            }
+            // Spin a little before parking, off the lock: a host that submits
+            // right after its last batch finished (a wait, then the next
+            // step) then costs no wake-up.
+            if let Some(mut spinner) = spin.take() {
+                if spinner.spin() {
+                    drop(state);
+                    loop {
+                        if shared.queued.load(Ordering::Relaxed) != 0 {
+                            spinner.won();
+                            break;
+                        }
+                        if !spinner.spin() {
+                            spinner.lost();
+                            break;
+                        }
+                    }
+                    state = shared.state.lock();
+                    continue;
+                }
+                spinner.lost();
+            }
+            state.worker_parked = true;
+            state = shared.work.wait(state);
+            state.worker_parked = false;
         };
+        drop(state);
         let outcome = match (batch.abandoned.take(), &last_failure) {
             // Rejected, discarded or dropped: only fail its signals, in
             // queue order (see `CpuQueue::abandon_recorded`); the owner
@@ -456,7 +542,7 @@ fn run_worker(shared: &Shared) {
                     cause: cause.clone(),
                 },
             )),
-            _ => run_batch(&batch, shared.threads),
+            _ => run_batch(&batch, shared.threads, &mut scratch),
         };
         if let Err((from, error)) = outcome {
             let cause = std::sync::Arc::new(error);
@@ -474,7 +560,7 @@ fn run_worker(shared: &Shared) {
             last_failure = Some((batch.epoch, cause));
         }
         batch.clear();
-        let mut state = shared.state.lock();
+        state = shared.state.lock();
         state.in_flight -= 1;
         if state.spare.len() < SPARE_BATCHES {
             state.spare.push(batch);
@@ -486,8 +572,27 @@ fn run_worker(shared: &Shared) {
 }
 
 /// Runs a batch; on failure, the index of the failed command and why.
-fn run_batch(batch: &Batch, threads: usize) -> std::result::Result<(), (usize, Error)> {
+fn run_batch(
+    batch: &Batch,
+    threads: usize,
+    scratch: &mut ExecScratch,
+) -> std::result::Result<(), (usize, Error)> {
+    let mut held = HeldBuffers::new(scratch);
+    let outcome = run_commands(batch, threads, &mut held);
+    held.finish(scratch);
+    outcome
+}
+
+fn run_commands<'a>(
+    batch: &'a Batch,
+    threads: usize,
+    held: &mut HeldBuffers<'a>,
+) -> std::result::Result<(), (usize, Error)> {
     for (index, command) in batch.commands.iter().enumerate() {
+        if !matches!(command, Command::Exec { .. }) {
+            // Buffers stay held only from one `exec` to the next.
+            held.release();
+        }
         let result = match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
             Command::WaitForeign { signal, value } => signal.wait_forever(*value),
@@ -502,10 +607,12 @@ fn run_batch(batch: &Batch, threads: usize) -> std::result::Result<(), (usize, E
                 params,
             } => run_exec(
                 program,
-                &batch.buffers[buffers.clone()],
+                &batch.buffers,
+                buffers.clone(),
                 &batch.scalars[scalars.clone()],
                 params,
                 threads,
+                held,
             ),
             Command::Copy { dst, src } => {
                 run_copy(dst, src);
@@ -540,32 +647,116 @@ fn run_copy(dst: &CpuBuffer, src: &CpuBuffer) {
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.size()) };
 }
 
-fn run_exec(
+/// Memory every `exec` of a worker reuses, so that running one allocates
+/// nothing once the vectors have grown. Kept empty between batches.
+#[derive(Default)]
+struct ExecScratch {
+    /// Indices into the `exec`'s buffers, in lock order.
+    order: Vec<usize>,
+    /// Room for the buffer guards.
+    guards: Vec<RwLockWriteGuard<'static, ()>>,
+    /// Room for the kernel's views.
+    views: Vec<BufferView<'static>>,
+}
+
+/// The buffers of the last `exec` of a batch, held exclusively with their
+/// views, while the next command is an `exec` of the same buffers: a run of
+/// `exec`s on one set of buffers takes the locks once. Released before any
+/// other command (a `wait` must never hold a buffer the host may need to
+/// read before it signals) and at the end of the batch.
+struct HeldBuffers<'a> {
+    /// The range of `Batch::buffers` held, if any.
+    range: Option<Range<usize>>,
+    order: Vec<usize>,
+    guards: Vec<RwLockWriteGuard<'a, ()>>,
+    views: Vec<BufferView<'a>>,
+}
+
+impl<'a> HeldBuffers<'a> {
+    fn new(scratch: &mut ExecScratch) -> Self {
+        Self {
+            range: None,
+            order: mem::take(&mut scratch.order),
+            guards: recycle(mem::take(&mut scratch.guards)),
+            views: recycle(mem::take(&mut scratch.views)),
+        }
+    }
+
+    /// Holds `buffers[range]` exclusively, in address order, with views.
+    fn hold(&mut self, buffers: &'a [CpuBuffer], range: Range<usize>) {
+        if self.range.as_ref() == Some(&range) {
+            return;
+        }
+        self.release();
+        let buffers = &buffers[range.clone()];
+        let order = &mut self.order;
+        order.clear();
+        order.extend(0..buffers.len());
+        order.sort_unstable_by_key(|&i| buffers[i].address());
+        order.dedup_by_key(|i| buffers[*i].address());
+        self.guards
+            .extend(order.iter().map(|&i| buffers[i].lock_exclusive()));
+        self.views.extend(
+            buffers
+                .iter()
+                // SAFETY: each buffer's memory is `size` valid, initialised,
+                // 64-aligned bytes, held exclusively by `self.guards` until
+                // `release`, which clears these views first.
+                .map(|b| unsafe { BufferView::new(b.as_ptr(), b.size()) }),
+        );
+        self.range = Some(range);
+    }
+
+    /// Drops the views, then the guards.
+    fn release(&mut self) {
+        self.views.clear();
+        self.guards.clear();
+        self.range = None;
+    }
+
+    /// Releases everything and gives the memory back to `scratch`.
+    fn finish(mut self, scratch: &mut ExecScratch) {
+        self.release();
+        scratch.order = self.order;
+        scratch.views = recycle(self.views);
+        scratch.guards = recycle(self.guards);
+    }
+}
+
+/// An empty vector on `vec`'s memory, for elements that differ from `vec`'s
+/// only in a lifetime: the scratch vectors hold `'static` element types
+/// between `exec`s and borrowed ones during an `exec`.
+#[inline]
+fn recycle<T, U>(mut vec: Vec<T>) -> Vec<U> {
+    const {
+        assert!(size_of::<T>() == size_of::<U>() && align_of::<T>() == align_of::<U>());
+    }
+    vec.clear();
+    let mut vec = mem::ManuallyDrop::new(vec);
+    // SAFETY: the pointer and capacity come from a `Vec<T>` of the global
+    // allocator, and `U` has `T`'s size and alignment (asserted above), so
+    // they describe the same allocation as a `Vec<U>`; the length is 0, so
+    // no `T` is reinterpreted as a `U`; `ManuallyDrop` keeps the old vector
+    // from freeing the memory the new one now owns.
+    unsafe { Vec::from_raw_parts(vec.as_mut_ptr().cast::<U>(), 0, vec.capacity()) }
+}
+
+fn run_exec<'a>(
     program: &CpuProgram,
-    buffers: &[CpuBuffer],
+    batch_buffers: &'a [CpuBuffer],
+    buffers: Range<usize>,
     scalars: &[Scalar],
     params: &ExecParams,
     threads: usize,
+    held: &mut HeldBuffers<'a>,
 ) -> Result<()> {
-    // Hold every distinct buffer exclusively, in address order.
-    let mut order: Vec<&CpuBuffer> = buffers.iter().collect();
-    order.sort_unstable_by_key(|b| b.address());
-    order.dedup_by_key(|b| b.address());
-    let _guards: Vec<_> = order.iter().map(|b| b.lock_exclusive()).collect();
-
-    let views: Vec<BufferView> = buffers
-        .iter()
-        // SAFETY: each buffer's memory is `size` valid, initialised,
-        // 64-aligned bytes, held exclusively by `_guards` until this function
-        // returns, which outlives every use of the views.
-        .map(|b| unsafe { BufferView::new(b.as_ptr(), b.size()) })
-        .collect();
-    let args = KernelArgs::new(program, &views, scalars);
+    held.hold(batch_buffers, buffers);
+    let args = KernelArgs::new(program, &held.views, scalars);
     let grid = Grid {
         groups: params.groups(),
         local: params.local(),
     };
-    let total = params.group_count();
+    let total = grid.count();
     let outcome = if total <= 1 || threads <= 1 {
         catch_unwind(AssertUnwindSafe(|| grid.run(program, &args, 0..total))).map_err(panic_message)
     } else {
@@ -586,20 +777,36 @@ struct Grid {
 impl Grid {
     #[inline]
     fn run(&self, program: &CpuProgram, args: &KernelArgs<'_>, range: Range<u64>) {
-        let [gx, gy, _] = self.groups.map(u64::from);
-        for linear in range {
-            // Each coordinate is below its u32 group count.
+        let [gx, gy, gz] = self.groups.map(u64::from);
+        let run = |id| {
             let group = WorkGroup {
-                id: [
-                    (linear % gx) as u32,
-                    ((linear / gx) % gy) as u32,
-                    (linear / (gx * gy)) as u32,
-                ],
+                id,
                 groups: self.groups,
                 local: self.local,
             };
             program.run_group(&group, args);
+        };
+        if gy == 1 && gz == 1 {
+            // A 1-D grid (the common case): the linear index is x, and no
+            // division is needed. It is below the u32 group count.
+            for linear in range {
+                run([linear as u32, 0, 0]);
+            }
+            return;
         }
+        for linear in range {
+            // Each coordinate is below its u32 group count.
+            run([
+                (linear % gx) as u32,
+                ((linear / gx) % gy) as u32,
+                (linear / (gx * gy)) as u32,
+            ]);
+        }
+    }
+
+    /// How many work-groups the grid has.
+    fn count(&self) -> u64 {
+        self.groups.iter().map(|&g| u64::from(g)).product()
     }
 }
 

@@ -1,0 +1,270 @@
+//! `CpuQueue` against the plain-Rust ways of doing the same work.
+//!
+//! | group | `hwqueue` | baseline |
+//! |-------|-----------|----------|
+//! | `queue_roundtrip` | submit one `signal`, the host waits for it | `channel`: a message to a worker thread over `std::sync::mpsc`, and its reply |
+//! | `queue_throughput` | 1,000 one-work-group `exec`s in one batch, submitted and waited for | `boxed_closures`: 1,000 `Box<dyn FnOnce>` jobs sent to a worker thread, and waited for |
+//! | `exec_bandwidth` | one `exec` of `c = a + b` over 16 Mi `f32` | `scoped_threads`: the same loop split over the cores with `std::thread::scope` |
+//! | `copy_bandwidth` | one `copy` of a 64 MiB buffer | `copy_from_slice` on the calling thread |
+//!
+//! The queue cases include the hand-off to the queue's worker thread and the
+//! host's wait for the final signal, as a user would see them; the baselines
+//! include their own hand-off and wait.
+
+mod support;
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use hwqueue::cpu::{CpuDevice, CpuProgram, CpuQueue, CpuSignal, KernelArgs, WorkGroup};
+use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+
+use support::Profile;
+
+/// Jobs per `queue_throughput` iteration.
+const JOBS: usize = 1_000;
+/// Elements of each `exec_bandwidth` vector: 16 Mi `f32`, 64 MiB.
+const ADD_LEN: usize = 16 << 20;
+/// Work-items per work-group of `exec_bandwidth`.
+const ADD_LOCAL: u32 = 1024;
+/// Bytes of each `copy_bandwidth` buffer.
+const COPY_BYTES: usize = 64 << 20;
+
+/// Submits what `record` recorded plus a signal, and waits for the signal.
+fn submit_and_wait(queue: &mut CpuQueue, done: &CpuSignal, value: u64) {
+    queue.signal(done, value).submit().expect("submit");
+    done.wait(value, Timeout::Forever).expect("the batch ran");
+}
+
+fn queue_roundtrip(c: &mut Criterion) {
+    let mut group = c.benchmark_group("queue_roundtrip");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("channel", |b| {
+        let (request, requests) = mpsc::channel::<u64>();
+        let (reply, replies) = mpsc::channel::<u64>();
+        let worker = std::thread::spawn(move || {
+            for value in requests {
+                reply.send(value).expect("the host is listening");
+            }
+        });
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            request.send(value).expect("the worker is running");
+            replies.recv().expect("the worker replies")
+        });
+        drop(request);
+        worker.join().expect("the worker exits");
+    });
+
+    group.finish();
+}
+
+/// One work-group adds 1 to `buf[0]`: the smallest kernel that still
+/// touches memory.
+fn bump(_group: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group per exec: nothing else touches the buffer.
+    let count = unsafe { args.buffer(0).slice_mut::<u32>(0..1) };
+    count[0] = count[0].wrapping_add(1);
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+fn queue_throughput(c: &mut Criterion) {
+    let mut group = c.benchmark_group("queue_throughput");
+    support::configure(&mut group, Profile::Latency);
+    group.throughput(Throughput::Elements(JOBS as u64));
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let count = device.alloc(64).expect("buffer");
+        let program = CpuProgram::from_fn("bump", 1, 0, bump);
+        let params = ExecParams::new_1d(1, 1);
+        let mut value = 0;
+        b.iter(|| {
+            for _ in 0..JOBS {
+                queue.exec(&program, &[&count], &[], params);
+            }
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("boxed_closures", |b| {
+        let (submit, jobs) = mpsc::channel::<Job>();
+        let worker = std::thread::spawn(move || {
+            for job in jobs {
+                job();
+            }
+        });
+        let count = Arc::new(AtomicU32::new(0));
+        let (finished, finish) = mpsc::channel::<()>();
+        b.iter(|| {
+            for _ in 0..JOBS {
+                let count = count.clone();
+                submit
+                    .send(Box::new(move || {
+                        // Not a read-modify-write: one thread runs the jobs,
+                        // as one work-group runs each `bump`.
+                        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                    }))
+                    .expect("the worker is running");
+            }
+            let finished = finished.clone();
+            submit
+                .send(Box::new(move || {
+                    finished.send(()).expect("the host is listening");
+                }))
+                .expect("the worker is running");
+            finish.recv().expect("the worker ran the jobs");
+        });
+        drop(submit);
+        worker.join().expect("the worker exits");
+        black_box(count.load(Ordering::Relaxed));
+    });
+
+    group.finish();
+}
+
+/// `c[i] = a[i] + b[i]` over the group's range.
+fn add(group: &WorkGroup, args: &KernelArgs<'_>) {
+    let range = group.global_range(0);
+    // SAFETY: a and b are only read; each work-group writes only its range of c.
+    let (a, b, c) = unsafe {
+        (
+            &args.buffer(0).as_slice::<f32>()[range.clone()],
+            &args.buffer(1).as_slice::<f32>()[range.clone()],
+            args.buffer(2).slice_mut::<f32>(range),
+        )
+    };
+    add_slices(a, b, c);
+}
+
+/// The loop both `exec_bandwidth` cases run.
+#[inline]
+fn add_slices(a: &[f32], b: &[f32], c: &mut [f32]) {
+    for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
+        *c = a + b;
+    }
+}
+
+fn inputs() -> (Vec<f32>, Vec<f32>) {
+    let a = (0..ADD_LEN).map(|i| (i % 1000) as f32).collect();
+    let b = (0..ADD_LEN).map(|i| (i % 7) as f32).collect();
+    (a, b)
+}
+
+fn exec_bandwidth(c: &mut Criterion) {
+    let mut group = c.benchmark_group("exec_bandwidth");
+    support::configure(&mut group, Profile::Bandwidth);
+    // Read a and b, write c.
+    group.throughput(Throughput::Bytes(3 * (ADD_LEN * size_of::<f32>()) as u64));
+
+    group.bench_function("hwqueue", |bencher| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let (a_host, b_host) = inputs();
+        let [a, b, c] = [(); 3].map(|_| device.alloc(ADD_LEN * 4).expect("buffer"));
+        a.write_from(&a_host).expect("write");
+        b.write_from(&b_host).expect("write");
+        c.write_from(&a_host).expect("write");
+        let program = CpuProgram::from_fn("add", 3, 0, add);
+        let params = ExecParams::new_1d(ADD_LEN as u32, ADD_LOCAL);
+        let mut value = 0;
+        bencher.iter(|| {
+            queue.exec(&program, &[&a, &b, &c], &[], params);
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("scoped_threads", |bencher| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (a, b) = inputs();
+        let mut c = a.clone();
+        let part = ADD_LEN.div_ceil(threads);
+        bencher.iter(|| {
+            std::thread::scope(|scope| {
+                let mut parts = c
+                    .chunks_mut(part)
+                    .zip(a.chunks(part))
+                    .zip(b.chunks(part))
+                    .map(|((c, a), b)| (a, b, c));
+                let mine = parts.next();
+                for (a, b, c) in parts {
+                    scope.spawn(move || add_slices(a, b, c));
+                }
+                if let Some((a, b, c)) = mine {
+                    add_slices(a, b, c);
+                }
+            });
+            black_box(&mut c);
+        });
+    });
+
+    group.finish();
+}
+
+fn copy_bandwidth(c: &mut Criterion) {
+    let mut group = c.benchmark_group("copy_bandwidth");
+    support::configure(&mut group, Profile::Bandwidth);
+    group.throughput(Throughput::Bytes(COPY_BYTES as u64));
+
+    // Both sources are written first: a never-written zeroed allocation
+    // reads from the kernel's shared zero page, which no real buffer does.
+    let source: Vec<u8> = (0..COPY_BYTES).map(|i| i as u8).collect();
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let src = device.alloc(COPY_BYTES).expect("buffer");
+        let dst = device.alloc(COPY_BYTES).expect("buffer");
+        src.write_from(&source).expect("write");
+        dst.write_from(&source).expect("write");
+        let mut value = 0;
+        b.iter(|| {
+            queue.copy(&dst, &src);
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("copy_from_slice", |b| {
+        let src = source.clone();
+        let mut dst = source.clone();
+        b.iter(|| {
+            dst.copy_from_slice(black_box(&src));
+            black_box(&mut dst);
+        });
+    });
+
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    queue_roundtrip,
+    queue_throughput,
+    exec_bandwidth,
+    copy_bandwidth
+);
+criterion_main!(benches);

@@ -1,0 +1,237 @@
+//! What the generic design costs: the same batch recorded through the
+//! concrete `CpuQueue`, through a generic `fn<Q: HardwareQueue>`, and through
+//! a `Box<dyn ...>` trait object (the baseline a `dyn` design would pay).
+//!
+//! One iteration records 64 commands (32 × `signal`, `memory_barrier`), then
+//! discards the batch with [`CpuQueue::discard`], so the worker thread never
+//! runs and only the recording path is measured. The signal is already at the
+//! recorded value, so discarding has nothing to fail.
+//!
+//! Each case is one function listed in [`CASES`]: `direct`, `generic`, `dyn`
+//! and `enum` (the crate's `AnyQueue`, recorded through the same generic
+//! function). Another case is one more function and one more entry.
+//!
+//! For instruction counts, the same binary runs one case a fixed number of
+//! times under callgrind instead of criterion:
+//!
+//! ```text
+//! HWQUEUE_DISPATCH_COUNT=generic HWQUEUE_DISPATCH_ITERS=10000 \
+//!     valgrind --tool=callgrind target/.../dispatch-HASH
+//! ```
+//!
+//! `benches/callgrind.sh` does this for every case and prints the
+//! instructions per iteration.
+
+mod support;
+
+use std::hint::black_box;
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion};
+use hwqueue::cpu::{Cpu, CpuDevice, CpuQueue, CpuSignal};
+use hwqueue::{AnyQueue, AnySignal, Backend, HardwareQueue, QueueFactory, SignalOf};
+
+use support::Profile;
+
+/// `signal` + `memory_barrier` pairs per iteration: 64 commands.
+const PAIRS: usize = 32;
+
+/// The signal value every case records (the signal starts there).
+const VALUE: u64 = 1;
+
+/// The batch, through the concrete type.
+#[inline(never)]
+fn record_direct(queue: &mut CpuQueue, signal: &CpuSignal) {
+    for _ in 0..PAIRS {
+        queue.signal(signal, VALUE).memory_barrier();
+    }
+}
+
+/// The batch, through a generic function: what a compiler generic over
+/// `B: Backend` runs.
+#[inline(never)]
+fn record_generic<Q: HardwareQueue>(queue: &mut Q, signal: &SignalOf<Q::Backend>) {
+    for _ in 0..PAIRS {
+        queue.signal(signal, VALUE).memory_barrier();
+    }
+}
+
+/// Throwing a recorded batch away without running it. Not part of
+/// `HardwareQueue` (yet): each queue type here implements it.
+trait Discard {
+    fn discard(&mut self);
+}
+
+impl Discard for CpuQueue {
+    fn discard(&mut self) {
+        CpuQueue::discard(self);
+    }
+}
+
+impl Discard for AnyQueue {
+    fn discard(&mut self) {
+        match self.as_cpu_mut() {
+            Some(queue) => queue.discard(),
+            None => unreachable!("the dispatch bench records on CPU queues only"),
+        }
+    }
+}
+
+/// The queue a `dyn` design would hand around. `HardwareQueue` is not
+/// object safe (generic `wait_foreign`, `&mut Self` returns, `Sized`), so a
+/// type-erased queue needs a trait of its own, like this one.
+trait ObjectQueue<B: Backend> {
+    fn signal(&mut self, signal: &SignalOf<B>, value: u64);
+    fn memory_barrier(&mut self);
+    fn discard(&mut self);
+}
+
+/// Any queue, behind [`ObjectQueue`].
+struct Erased<Q>(Q);
+
+impl<Q: HardwareQueue + Discard> ObjectQueue<Q::Backend> for Erased<Q> {
+    fn signal(&mut self, signal: &SignalOf<Q::Backend>, value: u64) {
+        self.0.signal(signal, value);
+    }
+
+    fn memory_barrier(&mut self) {
+        self.0.memory_barrier();
+    }
+
+    fn discard(&mut self) {
+        self.0.discard();
+    }
+}
+
+/// The batch, through a trait object: one indirect call per command.
+#[inline(never)]
+fn record_dyn(queue: &mut dyn ObjectQueue<Cpu>, signal: &CpuSignal) {
+    for _ in 0..PAIRS {
+        queue.signal(signal, VALUE);
+        queue.memory_barrier();
+    }
+}
+
+/// What every case starts from.
+struct Fixture {
+    device: CpuDevice,
+    signal: CpuSignal,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Self {
+            device: CpuDevice::new(),
+            signal: CpuSignal::new(VALUE),
+        }
+    }
+
+    fn queue(&self) -> CpuQueue {
+        self.device.compute_queue().expect("queue")
+    }
+}
+
+/// Where a case's routine runs: under criterion, or a fixed number of
+/// times for callgrind.
+enum Runner<'a, 'g> {
+    Criterion(&'a mut BenchmarkGroup<'g, WallTime>),
+    Count { case: String, iters: u64 },
+}
+
+impl Runner<'_, '_> {
+    fn run(&mut self, name: &str, mut routine: impl FnMut()) {
+        match self {
+            Runner::Criterion(group) => {
+                group.bench_function(name, |b| b.iter(&mut routine));
+            }
+            Runner::Count { case, iters } => {
+                if case == name {
+                    repeat(*iters, routine);
+                }
+            }
+        }
+    }
+}
+
+/// The counted loop: a function of its own, so that callgrind can collect
+/// only inside it (`--toggle-collect='dispatch::repeat*'`).
+#[inline(never)]
+fn repeat(iters: u64, mut routine: impl FnMut()) {
+    for _ in 0..iters {
+        routine();
+    }
+}
+
+fn direct(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    runner.run("direct", || {
+        record_direct(&mut queue, &fixture.signal);
+        queue.discard();
+    });
+}
+
+fn generic(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    runner.run("generic", || {
+        record_generic(&mut queue, &fixture.signal);
+        queue.discard();
+    });
+}
+
+fn dyn_object(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    // `black_box` hides the concrete type, so the calls stay indirect.
+    let mut queue: Box<dyn ObjectQueue<Cpu>> = black_box(Box::new(Erased(fixture.queue())));
+    runner.run("dyn", || {
+        record_dyn(&mut *queue, &fixture.signal);
+        queue.discard();
+    });
+}
+
+fn any_enum(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = AnyQueue::from(fixture.queue());
+    let signal = AnySignal::from(fixture.signal.clone());
+    runner.run("enum", || {
+        record_generic(&mut queue, &signal);
+        queue.discard();
+    });
+}
+
+type Case = fn(&mut Runner<'_, '_>, &Fixture);
+
+/// Every case, in the order criterion runs them.
+const CASES: [Case; 4] = [direct, generic, dyn_object, any_enum];
+
+fn dispatch(c: &mut Criterion) {
+    let fixture = Fixture::new();
+    let mut group = c.benchmark_group("dispatch");
+    support::configure(&mut group, Profile::Latency);
+    let mut runner = Runner::Criterion(&mut group);
+    for case in CASES {
+        case(&mut runner, &fixture);
+    }
+    group.finish();
+}
+
+/// `HWQUEUE_DISPATCH_COUNT=CASE`: run only that case,
+/// `HWQUEUE_DISPATCH_ITERS` times (default 10,000), without criterion.
+fn count(case: String) {
+    let iters = std::env::var("HWQUEUE_DISPATCH_ITERS")
+        .ok()
+        .map(|iters| iters.parse().expect("HWQUEUE_DISPATCH_ITERS is a number"))
+        .unwrap_or(10_000);
+    let fixture = Fixture::new();
+    let mut runner = Runner::Count { case, iters };
+    for case in CASES {
+        case(&mut runner, &fixture);
+    }
+}
+
+fn main() {
+    if let Ok(case) = std::env::var("HWQUEUE_DISPATCH_COUNT") {
+        count(case);
+        return;
+    }
+    let mut criterion = Criterion::default().configure_from_args();
+    dispatch(&mut criterion);
+    criterion.final_summary();
+}

@@ -1,0 +1,163 @@
+//! `CpuSignal` against the primitives it is built from.
+//!
+//! | group | `hwqueue` | baselines |
+//! |-------|-----------|-----------|
+//! | `signal_set` | `CpuSignal::set`, nobody waiting | `fetch_max`: a bare `AtomicU64::fetch_max`; `lock_notify`: `fetch_max`, then lock and `notify_all` every time (the naive correct signal) |
+//! | `signal_wait_reached` | `CpuSignal::wait` on a value already reached | `atomic_load`: one `Acquire` load and a compare |
+//! | `signal_wake` | two threads ping-pong through two `CpuSignal`s | `parking_lot_condvar`: the same with a `parking_lot` `Mutex<u64>` + `Condvar` per direction |
+//!
+//! One iteration of `signal_wake` is one round trip: two wake-ups.
+
+mod support;
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use hwqueue::cpu::CpuSignal;
+use hwqueue::{TimelineSignal, Timeout};
+use parking_lot::{Condvar, Mutex};
+
+use support::Profile;
+
+fn signal_set(c: &mut Criterion) {
+    let mut group = c.benchmark_group("signal_set");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let signal = CpuSignal::new(0);
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            signal.set(black_box(value));
+        });
+    });
+
+    group.bench_function("fetch_max", |b| {
+        let word = AtomicU64::new(0);
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            word.fetch_max(black_box(value), Ordering::AcqRel)
+        });
+    });
+
+    group.bench_function("lock_notify", |b| {
+        let word = AtomicU64::new(0);
+        let lock = Mutex::new(());
+        let parked = Condvar::new();
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            word.fetch_max(black_box(value), Ordering::AcqRel);
+            let _guard = lock.lock();
+            parked.notify_all()
+        });
+    });
+
+    group.finish();
+}
+
+fn signal_wait_reached(c: &mut Criterion) {
+    let mut group = c.benchmark_group("signal_wait_reached");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let signal = CpuSignal::new(1_000);
+        b.iter(|| signal.wait(black_box(500), Timeout::Forever).is_ok());
+    });
+
+    group.bench_function("atomic_load", |b| {
+        let word = AtomicU64::new(1_000);
+        b.iter(|| word.load(Ordering::Acquire) >= black_box(500));
+    });
+
+    group.finish();
+}
+
+/// A one-directional timeline: what one side of the ping-pong waits on.
+trait Timeline: Sync {
+    fn new() -> Self;
+    fn raise(&self, value: u64);
+    fn wait_for(&self, value: u64);
+}
+
+impl Timeline for CpuSignal {
+    fn new() -> Self {
+        CpuSignal::new(0)
+    }
+
+    fn raise(&self, value: u64) {
+        self.set(value);
+    }
+
+    fn wait_for(&self, value: u64) {
+        self.wait(value, Timeout::Forever)
+            .expect("nothing fails this signal");
+    }
+}
+
+/// The textbook baseline: a value under a mutex, and a condvar to wait on.
+struct LockedCounter {
+    value: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Timeline for LockedCounter {
+    fn new() -> Self {
+        Self {
+            value: Mutex::new(0),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn raise(&self, value: u64) {
+        let mut guard = self.value.lock();
+        if *guard < value {
+            *guard = value;
+            self.changed.notify_all();
+        }
+    }
+
+    fn wait_for(&self, value: u64) {
+        let mut guard = self.value.lock();
+        while *guard < value {
+            self.changed.wait(&mut guard);
+        }
+    }
+}
+
+/// `iters` round trips: this thread raises `ping`, a partner thread waits
+/// for it and raises `pong`, this thread waits for `pong`.
+fn ping_pong<T: Timeline>(iters: u64) -> Duration {
+    let ping = T::new();
+    let pong = T::new();
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for value in 1..=iters {
+                ping.wait_for(value);
+                pong.raise(value);
+            }
+        });
+        let start = Instant::now();
+        for value in 1..=iters {
+            ping.raise(value);
+            pong.wait_for(value);
+        }
+        start.elapsed()
+    })
+}
+
+fn signal_wake(c: &mut Criterion) {
+    let mut group = c.benchmark_group("signal_wake");
+    support::configure(&mut group, Profile::Latency);
+    group.bench_function("hwqueue", |b| b.iter_custom(ping_pong::<CpuSignal>));
+    group.bench_function("parking_lot_condvar", |b| {
+        b.iter_custom(ping_pong::<LockedCounter>)
+    });
+    group.finish();
+}
+
+criterion_group!(benches, signal_set, signal_wait_reached, signal_wake);
+criterion_main!(benches);
