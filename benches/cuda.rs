@@ -1,0 +1,113 @@
+//! The CUDA backend against raw cudarc, on the same work.
+//!
+//! | group | `hwqueue` | `cudarc` (baseline) |
+//! |-------|-----------|---------------------|
+//! | `cuda_launch` | 1,000 `exec`s of an empty kernel on a `CudaQueue`, then a signal waited for | 1,000 `launch_builder(..).launch(..)` on a cudarc stream, then `synchronize` |
+//! | `cuda_signal` | `signal(s, v)` + `submit`, then polling `is_reached(v)` until true | `CudaEvent::record` on the stream, then polling `try_is_complete` until true |
+//!
+//! Built only with `--features cuda` (`required-features`); without a CUDA
+//! driver and device it prints `skipped: no CUDA driver` and measures nothing.
+
+mod support;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use cudarc::driver::LaunchConfig;
+use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
+use hwqueue::{Backend, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+
+use support::Profile;
+
+const EMPTY: &str = r#"extern "C" __global__ void empty() {}"#;
+const LAUNCHES: usize = 1_000;
+
+fn device() -> Option<CudaDevice> {
+    match Cuda::probe() {
+        Ok(devices) if !devices.is_empty() => Some(Cuda::open(0).expect("a probed device opens")),
+        _ => {
+            println!("skipped: no CUDA driver");
+            None
+        }
+    }
+}
+
+fn cuda_launch(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("cuda_launch");
+    support::configure(&mut group, Profile::Latency);
+    let one = ExecParams::new_1d(1, 1);
+
+    group.bench_function("hwqueue", |b| {
+        let program = CudaProgram::from_cuda_c(&device, EMPTY, "empty", 0, 0).expect("compile");
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        b.iter(|| {
+            for _ in 0..LAUNCHES {
+                queue.exec(&program, &[], &[], one);
+            }
+            value += 1;
+            queue.signal(&done, value).submit().expect("submit");
+            done.wait(value, Timeout::Forever).expect("ran");
+        });
+    });
+
+    group.bench_function("cudarc", |b| {
+        let context = device.context();
+        let stream = context.new_stream().expect("stream");
+        let ptx = cudarc::nvrtc::compile_ptx(EMPTY).expect("compile");
+        let function = context
+            .load_module(ptx)
+            .expect("module")
+            .load_function("empty")
+            .expect("function");
+        let config = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        b.iter(|| {
+            for _ in 0..LAUNCHES {
+                let mut launch = stream.launch_builder(&function);
+                // SAFETY: `empty` takes no parameters and touches no memory.
+                unsafe { launch.launch(config) }.expect("launch");
+            }
+            stream.synchronize().expect("synchronize");
+        });
+    });
+    group.finish();
+}
+
+fn cuda_signal(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("cuda_signal");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let mut queue = device.compute_queue().expect("queue");
+        let signal = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            queue.signal(&signal, value).submit().expect("submit");
+            while !signal.is_reached(value) {
+                std::hint::spin_loop();
+            }
+        });
+    });
+
+    group.bench_function("cudarc", |b| {
+        let context = device.context();
+        let stream = context.new_stream().expect("stream");
+        let event = context.new_event(None).expect("event");
+        b.iter(|| {
+            event.record(&stream).expect("record");
+            while !event.try_is_complete().expect("query") {
+                std::hint::spin_loop();
+            }
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, cuda_launch, cuda_signal);
+criterion_main!(benches);
