@@ -179,10 +179,30 @@ mod imp {
             Self { step: 0, limit }
         }
 
+        /// Whether this thread may spin at all this time.
+        pub(crate) fn has_budget(&self) -> bool {
+            self.limit > 0
+        }
+
+        /// Spins until `done()` or the budget is spent; whether `done()` won.
+        /// The outcome sets this thread's budget for its next waits.
+        pub(crate) fn until(mut self, done: impl Fn() -> bool) -> bool {
+            loop {
+                if done() {
+                    self.won();
+                    return true;
+                }
+                if !self.spin() {
+                    self.lost();
+                    return false;
+                }
+            }
+        }
+
         /// Spins once; `false` (without waiting) once the budget is spent,
         /// when the caller should park.
         #[inline]
-        pub(crate) fn spin(&mut self) -> bool {
+        fn spin(&mut self) -> bool {
             if self.step >= self.limit {
                 return false;
             }
@@ -194,7 +214,7 @@ mod imp {
         }
 
         /// The wait ended while spinning: spinning pays on this thread.
-        pub(crate) fn won(self) {
+        fn won(self) {
             SPIN_BUDGET.with(|cell| {
                 cell.set(SpinBudget {
                     limit: Self::STEPS,
@@ -205,7 +225,7 @@ mod imp {
 
         /// The wait had to park after spinning: stop spinning on this
         /// thread until a probe wins again.
-        pub(crate) fn lost(self) {
+        fn lost(self) {
             if self.limit == 0 {
                 return;
             }
@@ -315,13 +335,13 @@ mod imp {
             Self
         }
 
-        pub(crate) fn spin(&mut self) -> bool {
+        pub(crate) fn has_budget(&self) -> bool {
             false
         }
 
-        pub(crate) fn won(self) {}
-
-        pub(crate) fn lost(self) {}
+        pub(crate) fn until(self, done: impl Fn() -> bool) -> bool {
+            done()
+        }
     }
 }
 

@@ -179,6 +179,19 @@ struct State {
     spare: Vec<Batch>,
 }
 
+impl Shared {
+    /// Hands `batch` to the worker: queues it, keeps the `queued` hint
+    /// current, counts it in flight, and wakes the worker if it is parked.
+    fn enqueue(&self, state: &mut State, batch: Batch) {
+        state.pending.push_back(batch);
+        self.queued.store(state.pending.len(), Ordering::Relaxed);
+        state.in_flight += 1;
+        if state.worker_parked {
+            self.work.notify_one();
+        }
+    }
+}
+
 /// How many finished batches to keep for reuse.
 const SPARE_BATCHES: usize = 4;
 
@@ -261,14 +274,7 @@ impl CpuQueue {
         let fresh = state.spare.pop().unwrap_or_default();
         let mut batch = mem::replace(&mut self.batch, fresh);
         batch.abandoned = Some(Box::new(cause));
-        state.pending.push_back(batch);
-        self.shared
-            .queued
-            .store(state.pending.len(), Ordering::Relaxed);
-        state.in_flight += 1;
-        if state.worker_parked {
-            self.shared.work.notify_one();
-        }
+        self.shared.enqueue(&mut state, batch);
     }
 
     fn check_exec(
@@ -432,14 +438,7 @@ impl HardwareQueue for CpuQueue {
         let fresh = state.spare.pop().unwrap_or_default();
         let mut batch = mem::replace(&mut self.batch, fresh);
         batch.epoch = state.epoch;
-        state.pending.push_back(batch);
-        self.shared
-            .queued
-            .store(state.pending.len(), Ordering::Relaxed);
-        state.in_flight += 1;
-        if state.worker_parked {
-            self.shared.work.notify_one();
-        }
+        self.shared.enqueue(&mut state, batch);
         Ok(())
     }
 
@@ -505,23 +504,11 @@ fn run_worker(shared: &Shared) {
             // Spin a little before parking, off the lock: a host that submits
             // right after its last batch finished (a wait, then the next
             // step) then costs no wake-up.
-            if let Some(mut spinner) = spin.take() {
-                if spinner.spin() {
-                    drop(state);
-                    loop {
-                        if shared.queued.load(Ordering::Relaxed) != 0 {
-                            spinner.won();
-                            break;
-                        }
-                        if !spinner.spin() {
-                            spinner.lost();
-                            break;
-                        }
-                    }
-                    state = shared.state.lock();
-                    continue;
-                }
-                spinner.lost();
+            if let Some(spinner) = spin.take().filter(SpinWait::has_budget) {
+                drop(state);
+                spinner.until(|| shared.queued.load(Ordering::Relaxed) != 0);
+                state = shared.state.lock();
+                continue;
             }
             state.worker_parked = true;
             state = shared.work.wait(state);
@@ -756,7 +743,7 @@ fn run_exec<'a>(
         groups: params.groups(),
         local: params.local(),
     };
-    let total = grid.count();
+    let total = params.group_count();
     let outcome = if total <= 1 || threads <= 1 {
         catch_unwind(AssertUnwindSafe(|| grid.run(program, &args, 0..total))).map_err(panic_message)
     } else {
@@ -802,11 +789,6 @@ impl Grid {
                 (linear / (gx * gy)) as u32,
             ]);
         }
-    }
-
-    /// How many work-groups the grid has.
-    fn count(&self) -> u64 {
-        self.groups.iter().map(|&g| u64::from(g)).product()
     }
 }
 
