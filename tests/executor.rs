@@ -5,7 +5,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use common::mock::*;
 use common::{LONG, fill_program};
@@ -377,16 +376,15 @@ fn pipeline() -> (
 #[test]
 fn a_thousand_replays_give_identical_results() {
     let (mut plan, _, x, y) = pipeline();
-    let mut expected_y = [0u32; 4];
     for run in 0..1000 {
         y.write_from(&[0u32; 4]).unwrap();
-        plan.run().unwrap().wait(LONG).unwrap();
+        let handle = plan.run().unwrap();
+        handle.wait(LONG).unwrap();
+        assert!(handle.is_complete(), "run {run}");
         assert_eq!(x.to_vec::<u32>().unwrap(), [6, 7, 8, 9], "run {run}");
         assert_eq!(y.to_vec::<u32>().unwrap(), [6, 7, 8, 9], "run {run}");
-        expected_y = [6, 7, 8, 9];
     }
     assert_eq!(plan.runs(), 1000);
-    assert_eq!(y.to_vec::<u32>().unwrap(), expected_y);
 }
 
 #[test]
@@ -395,7 +393,7 @@ fn a_failing_kernel_fails_the_run_with_its_name_and_the_next_run_works() {
     let mut schedule = Schedule::<Cpu>::new();
     let d = schedule.add_device(device.clone());
     let [flag, x, staging, out] = [0; 4].map(|_| device.alloc(16).unwrap());
-    let (bf, bx, bs, bo) = (
+    let (bf, bx, _, bo) = (
         schedule.add_buffer(d, "flag", flag.clone()),
         schedule.add_buffer(d, "x", x.clone()),
         schedule.add_buffer(d, "staging", staging.clone()),
@@ -421,7 +419,6 @@ fn a_failing_kernel_fails_the_run_with_its_name_and_the_next_run_works() {
         ExecParams::new_1d(4, 4),
     );
     schedule.copy("download", bo, bx); // copy queue: waits on compute
-    let _ = bs;
     let mut plan = schedule.plan().unwrap();
 
     flag.write_from(&[1u32]).unwrap();
@@ -470,15 +467,6 @@ fn a_copy_between_devices_that_cannot_see_each_other_is_staged_through_the_host(
         plan.run().unwrap().wait(LONG).unwrap();
         assert_eq!(on_cpu.to_vec::<u32>().unwrap(), [14, 13, 12, 11]);
     }
-}
-
-#[test]
-fn a_run_reports_completion() {
-    let (mut plan, _, _, _) = pipeline();
-    let run = plan.run().unwrap();
-    run.wait(LONG).unwrap();
-    assert!(run.is_complete());
-    let _ = AtomicU32::new(0).load(Ordering::Relaxed);
 }
 
 /// One operation of a random schedule over three u32[4] buffers.
@@ -572,11 +560,6 @@ proptest! {
             }
         }
     }
-}
-
-#[test]
-fn the_generic_device_of_the_schedule_is_any_backend() {
-    assert_eq!(<Mixed as Backend>::ID, "mixed");
 }
 
 /// The waits against the previous run, as (awaited op, waiting op).

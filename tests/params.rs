@@ -135,7 +135,7 @@ mod model {
     }
 }
 
-/// Found by the model test below: the suggested rounding overflowed (a
+/// Found by the model test above: the suggested rounding overflowed (a
 /// panic in debug builds) for a global size near `u32::MAX`.
 #[test]
 fn a_global_size_near_the_top_is_an_error_not_an_overflow() {

@@ -138,10 +138,8 @@ fn the_listing_is_sorted_by_precedence_with_probe_results() {
 }
 
 #[test]
+#[cfg(not(feature = "cuda"))]
 fn cuda_without_the_feature_is_an_error_that_says_how_to_fix_it() {
-    if cfg!(feature = "cuda") {
-        return;
-    }
     for spec in ["cuda", "cuda:0", "gpu:1"] {
         let error = hwqueue::acquire(spec).unwrap_err();
         assert!(
@@ -194,7 +192,6 @@ fn the_set_backend_opens_its_preferred_backend() {
     let device = Mixed::open(7).unwrap();
     assert_eq!(device.spec(), DeviceSpec::new("mock", 7));
     assert!(!Mixed::probe().unwrap().is_empty());
-    let _ = slow_gate().value();
 }
 
 /// With CUDA compiled in: on a machine without a driver, asking for it is an

@@ -13,8 +13,9 @@ use crate::sync::Arc;
 
 use super::{Cpu, CpuBuffer, CpuQueue, CpuSignal};
 
-/// What one CPU `exec` may ask for. The local limits match CUDA's, so a
-/// schedule tested on the CPU launches unchanged on a GPU.
+/// What one CPU `exec` may ask for. The local limits are CUDA's documented
+/// ones, so that a schedule valid on the CPU is meant to be valid on a GPU
+/// too (not yet run on one).
 pub const CPU_LIMITS: Limits = Limits {
     max_local_size: [1024, 1024, 64],
     max_local_count: 1024,

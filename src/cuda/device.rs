@@ -14,9 +14,9 @@ use crate::sync::Arc;
 
 use super::{Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, ensure_driver};
 
-/// The most buffers one CUDA `exec` takes (as on the CPU, so a schedule
-/// tested there launches unchanged). Kernel parameters are 8 bytes each and
-/// must fit CUDA's 4 KiB parameter space.
+/// The most buffers one CUDA `exec` takes (as on the CPU, so that a schedule
+/// valid there is meant to be valid here too; not yet run on a GPU). Kernel
+/// parameters are 8 bytes each and must fit CUDA's 4 KiB parameter space.
 pub const CUDA_MAX_BUFFERS: usize = 64;
 
 /// CUDA's parameter space per launch, in bytes.
