@@ -54,7 +54,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{MAX_SIGNAL_VALUE, Timeout, value_out_of_range};
+use crate::signal::{MAX_SIGNAL_VALUE, Timeout, check_value, value_out_of_range};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 
 /// How many records one ring holds at once (and how many events it keeps
@@ -251,9 +251,7 @@ impl<E: RingEvent> EventRing<E> {
     /// [`Error::SignalValueOutOfRange`]; whatever the recorder or a blocking
     /// event reports (nothing is recorded then).
     pub fn record(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
-        if value > MAX_SIGNAL_VALUE {
-            return Err(out_of_range(value));
-        }
+        check_value(value)?;
         let mut guard = self.state.lock();
         loop {
             self.fold(&mut guard);
@@ -339,9 +337,7 @@ impl<E: RingEvent> EventRing<E> {
     /// [`Error::SignalFailed`] when `target` failed;
     /// [`Error::SignalValueOutOfRange`] for a target no signal reaches.
     pub fn dependency(&self, target: u64) -> Result<Option<Dependency<E>>> {
-        if target > MAX_SIGNAL_VALUE {
-            return Err(out_of_range(target));
-        }
+        check_value(target)?;
         let mut state = self.state.lock();
         Ok(match self.step(&mut state, target)? {
             Step::Reached => Some(Dependency::Reached),
@@ -360,9 +356,7 @@ impl<E: RingEvent> EventRing<E> {
         target: u64,
         timeout: impl Into<Timeout>,
     ) -> Result<Dependency<E>> {
-        if target > MAX_SIGNAL_VALUE {
-            return Err(out_of_range(target));
-        }
+        check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
         let mut state = self.state.lock();
@@ -393,9 +387,7 @@ impl<E: RingEvent> EventRing<E> {
         if self.reached.load(Ordering::Acquire) >= target {
             return Ok(());
         }
-        if target > MAX_SIGNAL_VALUE {
-            return Err(out_of_range(target));
-        }
+        check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
         let mut poll = POLL_FIRST;
@@ -569,13 +561,6 @@ impl<E: RingEvent> EventRing<E> {
             });
         }
         Ok(self.changed.wait_until(state, deadline))
-    }
-}
-
-fn out_of_range(value: u64) -> Error {
-    Error::SignalValueOutOfRange {
-        value,
-        max: MAX_SIGNAL_VALUE,
     }
 }
 

@@ -544,17 +544,24 @@ impl Shared {
     ) -> Result<()> {
         // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
         // start the cell, which is what the driver reads for a 4-byte one.
-        let parameters: Vec<u64> = buffers
-            .iter()
-            .map(CudaBuffer::device_pointer)
-            .chain(
-                scalars
-                    .iter()
-                    .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
-            )
-            .collect();
+        // On the stack: `check_exec` bounded the count by CUDA's parameter
+        // space when the exec was recorded, so a launch allocates nothing.
+        let mut cells = [0u64; PARAMETER_BYTES / 8];
+        let count = buffers.len() + scalars.len();
+        let values = buffers.iter().map(CudaBuffer::device_pointer).chain(
+            scalars
+                .iter()
+                .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
+        );
+        for (cell, value) in cells.iter_mut().zip(values) {
+            *cell = value;
+        }
+        let parameters = cells.get(..count).ok_or_else(|| Error::InvalidArguments {
+            program: program.name().to_owned(),
+            reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
+        })?;
         let mut launch = self.stream.launch_builder(program.function());
-        for parameter in &parameters {
+        for parameter in parameters {
             launch.arg(parameter);
         }
         let [gx, gy, gz] = params.groups();
@@ -628,13 +635,17 @@ impl Shared {
     /// Fails the signals of `batch` from command `at` on, keeps what was
     /// enqueued of it, and records the failure for the owner.
     fn fail(&self, batch: Batch, at: usize, error: Error) -> std::sync::Arc<Error> {
-        batch.fail_signals(at, &error);
         let cause = std::sync::Arc::new(error);
-        self.finish(batch);
+        // Record the failure for the owner *before* failing the signals, as
+        // the CPU queue does: an owner that sees a failed signal and submits
+        // again must find the failure reported, or its new batch would be
+        // taken for one submitted before it knew, and cascade.
         self.state
             .lock()
             .failure
             .get_or_insert_with(|| cause.clone());
+        batch.fail_signals(at, &cause);
+        self.finish(batch);
         cause
     }
 
