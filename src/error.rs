@@ -272,6 +272,17 @@ pub enum Error {
     },
 }
 
+/// The message of a caught panic (a kernel's, a backend open's).
+pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(message) = payload.downcast_ref::<&str>() {
+        (*message).to_owned()
+    } else if let Some(message) = payload.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "it panicked with a non-string payload".to_owned()
+    }
+}
+
 impl Error {
     /// The deepest cause of a chain of wrapped errors (`SignalFailed`,
     /// `QueueFailed`, …): the failure that started it.

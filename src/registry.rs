@@ -287,7 +287,20 @@ impl<S: BackendSet> Registry<S> {
         *state = SlotState::Opening(me);
         drop(state);
 
-        let opened = (entry.open)(spec.ordinal());
+        // A panicking open is a failed open: the slot must not stay
+        // `Opening`, or every later caller of this spec would wait forever.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (entry.open)(spec.ordinal())
+        }))
+        .unwrap_or_else(|payload| {
+            Err(Error::Backend {
+                backend: entry.id,
+                message: format!(
+                    "opening `{spec}` panicked: {}; this is a bug in the backend",
+                    crate::error::panic_message(payload)
+                ),
+            })
+        });
 
         let mut state = slot.state.lock();
         let result = match opened {

@@ -172,7 +172,7 @@ fn unknown_specs_and_devices_are_errors() {
             error,
             Error::NoSuchDevice {
                 ordinal: 99,
-                count: 8,
+                count: MOCK_DEVICES,
                 ..
             }
         ),
@@ -223,4 +223,17 @@ fn cuda_compiled_in_is_preferred_when_present_and_explained_when_not() {
     );
     let error = registry.select(Policy::no_fallback()).unwrap_err();
     assert!(error.to_string().contains("cuda"), "{error}");
+}
+
+#[test]
+fn a_panicking_open_is_an_error_and_the_spec_stays_usable() {
+    let registry = Registry::<Mixed>::new();
+    let spec = format!("mock:{PANIC_ORDINAL}");
+    for _ in 0..2 {
+        // Each caller gets the error; none waits on a slot left `Opening`.
+        let error = registry.acquire(&spec).unwrap_err();
+        assert!(error.to_string().contains("panicked"), "{error}");
+        assert!(!registry.is_open(DeviceSpec::new("mock", PANIC_ORDINAL)));
+    }
+    assert_eq!(OPENS[PANIC_ORDINAL as usize].load(Ordering::SeqCst), 2);
 }

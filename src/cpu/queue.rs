@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::backend::Backend;
 use crate::buffer::Buffer;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
 use crate::program::{Program, Scalar};
 use crate::queue::{HardwareQueue, QueueKind};
@@ -848,14 +848,4 @@ fn run_parallel(
     _threads: usize,
 ) -> std::result::Result<(), String> {
     catch_unwind(AssertUnwindSafe(|| grid.run(program, args, 0..total))).map_err(panic_message)
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
-        (*message).to_owned()
-    } else if let Some(message) = payload.downcast_ref::<String>() {
-        message.clone()
-    } else {
-        "the kernel panicked with a non-string payload".to_owned()
-    }
 }

@@ -14,7 +14,7 @@ use hwqueue::{
     Program, QueueFactory, QueueKind, Registry, Result, Scalar, TimelineSignal, Timeout,
 };
 
-pub const MOCK_DEVICES: u32 = 8;
+pub const MOCK_DEVICES: u32 = 9;
 /// Opened by the 8-thread race test only.
 pub const RACE_ORDINAL: u32 = 6;
 /// Its open blocks until `SLOW_GATE` is set.
@@ -25,6 +25,8 @@ pub const FLAKY_ORDINAL: u32 = 2;
 pub const NESTED_ORDINAL: u32 = 3;
 /// Its open acquires itself from `global_registry()`.
 pub const SELF_ORDINAL: u32 = 5;
+/// Its open panics.
+pub const PANIC_ORDINAL: u32 = 8;
 
 pub static OPENS: [AtomicUsize; MOCK_DEVICES as usize] =
     [const { AtomicUsize::new(0) }; MOCK_DEVICES as usize];
@@ -92,6 +94,7 @@ impl Backend for Mock {
             NESTED_ORDINAL => {
                 global_registry().acquire("cpu")?;
             }
+            PANIC_ORDINAL => panic!("the mock's open of device {PANIC_ORDINAL} panics"),
             SELF_ORDINAL => {
                 global_registry().acquire("mock:5")?;
             }
