@@ -54,7 +54,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{MAX_SIGNAL_VALUE, Timeout, check_value, value_out_of_range};
+use crate::signal::{Failures, MAX_SIGNAL_VALUE, Timeout, check_value, value_out_of_range};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 
 /// How many records one ring holds at once (and how many events it keeps
@@ -151,8 +151,7 @@ pub struct EventRing<E> {
 /// |-------|---------|------------|
 /// | `slots` | at most `capacity` `(value, seq, event)`; a slot is *done* when `value <= completed`, *pending* otherwise | `record` (fill, re-record, replace) |
 /// | `completed` | the highest value known completed: a pending slot whose event completed, or a host `set`. Only rises | folds (`value`, `wait`, `record`), a waiter after its event completed, `set` |
-/// | `failed_upto` | every value `<= failed_upto` not reached has failed (0: none) | `fail` |
-/// | `failures` | the causes, `(upto, cause)` sorted by `upto`; entries `<= completed` are dropped | `fail`, raises |
+/// | `failures` | which unreached values failed, and why ([`Failures`]); causes `<= completed` are dropped | `fail`, raises |
 /// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
 ///
 /// Nothing but a completed event or the host raises `completed`: in
@@ -161,8 +160,7 @@ pub struct EventRing<E> {
 struct RingState<E> {
     slots: Vec<Slot<E>>,
     completed: u64,
-    failed_upto: u64,
-    failures: Vec<(u64, std::sync::Arc<Error>)>,
+    failures: Failures,
     next_seq: u64,
 }
 
@@ -206,8 +204,7 @@ impl<E: RingEvent> EventRing<E> {
             state: Mutex::new(RingState {
                 slots: Vec::with_capacity(slots),
                 completed: initial,
-                failed_upto: 0,
-                failures: Vec::new(),
+                failures: Failures::default(),
                 next_seq: 0,
             }),
             capacity: slots,
@@ -452,23 +449,9 @@ impl<E: RingEvent> EventRing<E> {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
         let state = &mut *guard;
-        if upto <= state.completed {
-            return;
+        if state.failures.record(upto, cause, state.completed) {
+            self.changed.notify_all();
         }
-        let at = state
-            .failures
-            .partition_point(|(old_upto, _)| *old_upto < upto);
-        if state
-            .failures
-            .get(at)
-            .is_none_or(|(old_upto, _)| *old_upto != upto)
-        {
-            state
-                .failures
-                .insert(at, (upto, std::sync::Arc::new(cause)));
-        }
-        state.failed_upto = state.failed_upto.max(upto);
-        self.changed.notify_all();
     }
 
     /// How many slots hold a record (done or pending), at most
@@ -491,7 +474,7 @@ impl<E: RingEvent> EventRing<E> {
         state.completed = value;
         self.reached.store(value, Ordering::Release);
         // Causes for values now reached can never be reported again.
-        state.failures.retain(|(upto, _)| *upto > value);
+        state.failures.forget_reached(value);
         self.changed.notify_all();
     }
 
@@ -515,24 +498,7 @@ impl<E: RingEvent> EventRing<E> {
         if state.completed >= target {
             return Ok(Step::Reached);
         }
-        if state.failed_upto >= target {
-            let cause = state
-                .failures
-                .iter()
-                .find(|(upto, _)| *upto >= target)
-                .map(|(_, cause)| cause.clone())
-                .unwrap_or_else(|| {
-                    std::sync::Arc::new(Error::Backend {
-                        backend: "ring",
-                        message: "failure cause lost".into(),
-                    })
-                });
-            return Err(Error::SignalFailed {
-                target,
-                current: state.completed,
-                cause,
-            });
-        }
+        state.failures.check(target, state.completed)?;
         // Every slot `>= target` is pending, since `target > completed`.
         // Ties go to the older record.
         Ok(state
@@ -577,7 +543,7 @@ impl<E> fmt::Debug for EventRing<E> {
         f.debug_struct("EventRing")
             .field("completed", &state.completed)
             .field("pending", &pending)
-            .field("failed_upto", &state.failed_upto)
+            .field("failed_upto", &state.failures.highest())
             .finish()
     }
 }

@@ -93,6 +93,54 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
     fn fail(&self, upto: u64, cause: Error);
 }
 
+/// The failures of one signal, as `(upto, cause)` sorted by `upto`: every
+/// unreached value `<= upto` of an entry failed with its cause (the first
+/// cause recorded for that `upto`). Causes at or below the signal's value
+/// are dropped, since a reached value is never reported failed. Kept under
+/// the signal's lock by each backend's signal.
+#[derive(Debug, Default)]
+pub(crate) struct Failures(Vec<(u64, std::sync::Arc<Error>)>);
+
+impl Failures {
+    /// Records that values up to `upto` failed with `cause`, given the
+    /// signal's value `reached`. Whether anything was recorded (nothing is
+    /// when `upto` is already reached): the caller then wakes its waiters.
+    pub(crate) fn record(&mut self, upto: u64, cause: Error, reached: u64) -> bool {
+        if upto <= reached {
+            return false;
+        }
+        self.forget_reached(reached);
+        let at = self.0.partition_point(|(old, _)| *old < upto);
+        if self.0.get(at).is_none_or(|(old, _)| *old != upto) {
+            self.0.insert(at, (upto, std::sync::Arc::new(cause)));
+        }
+        true
+    }
+
+    /// Drops the causes of values now reached.
+    pub(crate) fn forget_reached(&mut self, reached: u64) {
+        self.0.retain(|(upto, _)| *upto > reached);
+    }
+
+    /// For a waiter on `target`, not reached (the signal is at `current`):
+    /// [`Error::SignalFailed`] if the work that would set it failed.
+    pub(crate) fn check(&self, target: u64, current: u64) -> Result<()> {
+        match self.0.iter().find(|(upto, _)| *upto >= target) {
+            Some((_, cause)) => Err(Error::SignalFailed {
+                target,
+                current,
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The highest failed value (0: none), for debugging output.
+    pub(crate) fn highest(&self) -> u64 {
+        self.0.last().map_or(0, |(upto, _)| *upto)
+    }
+}
+
 /// Checks a timeline value given to `set` or `signal`.
 pub(crate) fn check_value(value: u64) -> Result<()> {
     if value > MAX_SIGNAL_VALUE {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::signal::{MAX_SIGNAL_VALUE, TimelineSignal, Timeout, value_out_of_range};
+use crate::signal::{Failures, MAX_SIGNAL_VALUE, TimelineSignal, Timeout, value_out_of_range};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
 
 /// The low bit of [`Inner::state`]: a waiter may be parked.
@@ -49,14 +49,10 @@ struct Inner {
     /// so the work it stands for happens-before any waiter that `Acquire`s
     /// the raised value.
     state: AtomicU64,
-    /// Every value `<= failed_upto` that is not reached has failed. `0`: none
-    /// (0 is always reached). Raised with `fetch_max` under `lock`; read with
-    /// `Acquire` by waiters under `lock`, so a failure cannot slip between a
-    /// waiter's check and its park.
-    failed_upto: AtomicU64,
-    /// The waiters' lock; guards the causes of failures, as
-    /// `(upto, cause)` sorted by `upto`.
-    lock: Mutex<Vec<(u64, std::sync::Arc<Error>)>>,
+    /// The waiters' lock; guards the failures. `fail` records under it and
+    /// waiters check under it, so a failure cannot slip between a waiter's
+    /// check and its park.
+    lock: Mutex<Failures>,
     parked: Condvar,
 }
 
@@ -72,8 +68,7 @@ impl CpuSignal {
         Self {
             inner: Arc::new(Inner {
                 state: AtomicU64::new(initial << 1),
-                failed_upto: AtomicU64::new(0),
-                lock: Mutex::new(Vec::new()),
+                lock: Mutex::new(Failures::default()),
                 parked: Condvar::new(),
             }),
         }
@@ -95,23 +90,7 @@ impl CpuSignal {
             if word >> 1 >= target {
                 return Ok(());
             }
-            if inner.failed_upto.load(Ordering::Acquire) >= target {
-                let cause = failures
-                    .iter()
-                    .find(|(upto, _)| *upto >= target)
-                    .map(|(_, cause)| cause.clone())
-                    .unwrap_or_else(|| {
-                        std::sync::Arc::new(Error::Backend {
-                            backend: "cpu",
-                            message: "failure cause lost".into(),
-                        })
-                    });
-                return Err(Error::SignalFailed {
-                    target,
-                    current: word >> 1,
-                    cause,
-                });
-            }
+            failures.check(target, word >> 1)?;
             if let Some(deadline) = deadline
                 && Instant::now() >= deadline
             {
@@ -180,21 +159,9 @@ impl TimelineSignal for CpuSignal {
         let inner = &*self.inner;
         let mut failures = inner.lock.lock();
         let value = inner.state.load(Ordering::Acquire) >> 1;
-        if upto <= value {
-            return;
+        if failures.record(upto, cause, value) {
+            inner.parked.notify_all();
         }
-        // Causes for values already reached can never be reported again.
-        failures.retain(|(old_upto, _)| *old_upto > value);
-        let cause = std::sync::Arc::new(cause);
-        let at = failures.partition_point(|(old_upto, _)| *old_upto < upto);
-        if failures
-            .get(at)
-            .is_none_or(|(old_upto, _)| *old_upto != upto)
-        {
-            failures.insert(at, (upto, cause));
-        }
-        inner.failed_upto.fetch_max(upto, Ordering::AcqRel);
-        inner.parked.notify_all();
     }
 }
 
@@ -208,10 +175,6 @@ impl fmt::Debug for CpuSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CpuSignal")
             .field("value", &self.value())
-            .field(
-                "failed_upto",
-                &self.inner.failed_upto.load(Ordering::Relaxed),
-            )
             .finish()
     }
 }
