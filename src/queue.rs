@@ -6,7 +6,7 @@ use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::program::Scalar;
-use crate::signal::TimelineSignal;
+use crate::signal::{TimelineSignal, Timeout};
 
 /// What a queue may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -144,4 +144,39 @@ pub(crate) fn check_exec(
         ));
     }
     Ok(())
+}
+
+/// A signal of any backend that a queue's worker can block on: how queues
+/// store the signal of a `wait_foreign` (a boxed command, off every
+/// same-backend path).
+pub(crate) trait ForeignSignal: Send + Sync {
+    /// Used by the CUDA worker, to skip a wait already met.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn is_reached(&self, value: u64) -> bool;
+    fn wait_forever(&self, value: u64) -> Result<()>;
+}
+
+impl<S: TimelineSignal> ForeignSignal for S {
+    fn is_reached(&self, value: u64) -> bool {
+        TimelineSignal::is_reached(self, value)
+    }
+
+    fn wait_forever(&self, value: u64) -> Result<()> {
+        self.wait(value, Timeout::Forever)
+    }
+}
+
+/// Tells a queue's owner of a failure the worker recorded, once: takes it
+/// and starts a new epoch, so batches submitted from now on run again.
+pub(crate) fn report_failure(
+    failure: &mut Option<std::sync::Arc<Error>>,
+    epoch: &mut u64,
+) -> Result<()> {
+    match failure.take() {
+        Some(cause) => {
+            *epoch += 1;
+            Err(Error::QueueFailed { cause })
+        }
+        None => Ok(()),
+    }
 }

@@ -12,7 +12,7 @@ use crate::buffer::Buffer;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
 use crate::program::{Program, Scalar};
-use crate::queue::{HardwareQueue, QueueKind};
+use crate::queue::{HardwareQueue, QueueKind, report_failure};
 use crate::signal::{TimelineSignal, Timeout, check_value};
 use crate::sync::{
     Arc, AtomicUsize, Condvar, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence, spawn,
@@ -108,7 +108,7 @@ enum Command {
     /// A wait on another backend's signal: the only boxed command, off the
     /// same-backend path.
     WaitForeign {
-        signal: Box<dyn ForeignSignal>,
+        signal: Box<dyn crate::queue::ForeignSignal>,
         value: u64,
     },
     Signal {
@@ -126,17 +126,6 @@ enum Command {
         src: CpuBuffer,
     },
     Barrier,
-}
-
-/// A signal of any backend that the worker can block on.
-trait ForeignSignal: Send + Sync {
-    fn wait_forever(&self, value: u64) -> Result<()>;
-}
-
-impl<S: TimelineSignal> ForeignSignal for S {
-    fn wait_forever(&self, value: u64) -> Result<()> {
-        self.wait(value, Timeout::Forever)
-    }
 }
 
 /// What `CpuQueue::check_exec` checked last: the parameters, the program's
@@ -428,9 +417,9 @@ impl HardwareQueue for CpuQueue {
             return Err(Error::BatchRejected { cause });
         }
         let mut state = self.shared.state.lock();
-        if let Some(cause) = state.failure.take() {
-            state.epoch += 1;
-            return Err(Error::QueueFailed { cause });
+        {
+            let state = &mut *state;
+            report_failure(&mut state.failure, &mut state.epoch)?;
         }
         if self.batch.commands.is_empty() {
             return Ok(());
@@ -449,11 +438,8 @@ impl HardwareQueue for CpuQueue {
             state = self.shared.idle.wait(state);
         }
         state.sync_waiters -= 1;
-        if let Some(cause) = state.failure.take() {
-            state.epoch += 1;
-            return Err(Error::QueueFailed { cause });
-        }
-        Ok(())
+        let state = &mut *state;
+        report_failure(&mut state.failure, &mut state.epoch)
     }
 }
 

@@ -15,9 +15,9 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::program::{Program, Scalar};
-use crate::queue::{HardwareQueue, QueueKind};
+use crate::queue::{HardwareQueue, QueueKind, report_failure};
 use crate::ring::Dependency;
-use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::signal::{TimelineSignal, check_value};
 use crate::sync::{Arc, Condvar, Mutex, spawn};
 
 use super::device::PARAMETER_BYTES;
@@ -113,7 +113,7 @@ enum Command {
     /// A wait on another backend's signal: the only boxed command, off the
     /// same-backend path.
     WaitForeign {
-        signal: Box<dyn ForeignSignal>,
+        signal: Box<dyn crate::queue::ForeignSignal>,
         value: u64,
     },
     Signal {
@@ -131,22 +131,6 @@ enum Command {
         src: CudaBuffer,
     },
     Barrier,
-}
-
-/// A signal of any backend that the worker can block on.
-trait ForeignSignal: Send + Sync {
-    fn is_reached(&self, value: u64) -> bool;
-    fn wait_forever(&self, value: u64) -> Result<()>;
-}
-
-impl<S: TimelineSignal> ForeignSignal for S {
-    fn is_reached(&self, value: u64) -> bool {
-        TimelineSignal::is_reached(self, value)
-    }
-
-    fn wait_forever(&self, value: u64) -> Result<()> {
-        self.wait(value, Timeout::Forever)
-    }
 }
 
 /// How far a batch got on the stream.
@@ -425,9 +409,9 @@ impl HardwareQueue for CudaQueue {
             return Err(Error::BatchRejected { cause });
         }
         let mut state = self.shared.state.lock();
-        if let Some(cause) = state.failure.take() {
-            state.epoch += 1;
-            return Err(Error::QueueFailed { cause });
+        {
+            let state = &mut *state;
+            report_failure(&mut state.failure, &mut state.epoch)?;
         }
         if self.batch.commands.is_empty() {
             return Ok(());
@@ -481,11 +465,8 @@ impl HardwareQueue for CudaQueue {
                 std::sync::Arc::new(driver_error("running the queue's work", e))
             });
         }
-        if let Some(cause) = state.failure.take() {
-            state.epoch += 1;
-            return Err(Error::QueueFailed { cause });
-        }
-        Ok(())
+        let state = &mut *state;
+        report_failure(&mut state.failure, &mut state.epoch)
     }
 }
 
