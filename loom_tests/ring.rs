@@ -8,13 +8,14 @@
 //! ([`EventRing::with_slots`]), so wrap-around and back-pressure take a
 //! record or two instead of sixteen.
 //!
-//! What the mock checks on every execution:
+//! The mock device (`hwqueue_testkit::mock_event`, built on loom's
+//! primitives under `cfg(loom)`) checks on every execution:
 //!
 //! - an event is never re-recorded while a thread synchronises on it, and
 //!   a synchronise never ends on a later recording than the one it started
-//!   on ([`MockRecorder::record`], [`MockEvent::synchronize`]);
+//!   on;
 //! - an event is never destroyed while a thread synchronises on it, nor
-//!   recorded after it was destroyed ([`MockEvent`]'s `Drop`);
+//!   recorded after it was destroyed;
 //! - every value the ring reports (a `wait` that returned, `value()`) is at
 //!   most the highest value the device completed or the host set
 //!   ([`Truth`]), which is raised *before* the completion or `set` it
@@ -24,120 +25,52 @@
 //! see `main.rs`).
 
 use hwqueue::Timeout;
-use hwqueue::ring::{EventRecorder, EventRing, RingEvent};
+use hwqueue::ring::EventRing;
+use hwqueue_testkit::mock_event::{MockDevice, MockEvent};
+use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
-use loom::sync::{Arc, Condvar, Mutex};
 use loom::thread;
 
 use crate::model;
 
-/// One device event, as the device of the model sees it.
-struct EventCell {
-    state: Mutex<EventState>,
-    /// Notified when a recording of the event completes.
-    completed: Condvar,
-}
-
-#[derive(Default)]
-struct EventState {
-    /// How many times the event was recorded: the generation of its latest
-    /// recording (0: never recorded).
-    recorded: usize,
-    /// The latest generation the device completed.
-    completed: usize,
-    /// How many threads are inside `synchronize` on it.
-    synchronizing: usize,
-    /// The ring destroyed it (its last handle was dropped).
-    destroyed: bool,
-}
-
-impl EventCell {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            state: Mutex::new(EventState::default()),
-            completed: Condvar::new(),
-        })
-    }
-}
-
-/// The event type the ring holds: a handle to its cell.
-struct MockEvent {
-    cell: Arc<EventCell>,
-}
-
-impl RingEvent for MockEvent {
-    fn is_complete(&self) -> hwqueue::Result<bool> {
-        let state = self.cell.state.lock().unwrap();
-        Ok(state.completed >= state.recorded)
-    }
-
-    fn synchronize(&self) -> hwqueue::Result<()> {
-        let mut state = self.cell.state.lock().unwrap();
-        let generation = state.recorded;
-        state.synchronizing += 1;
-        while state.completed < generation {
-            state = self.cell.completed.wait(state).unwrap();
-        }
-        assert_eq!(
-            state.recorded, generation,
-            "the event was re-recorded while a waiter synchronised on it"
-        );
-        state.synchronizing -= 1;
-        Ok(())
-    }
-}
-
-impl Drop for MockEvent {
-    fn drop(&mut self) {
-        let mut state = self.cell.state.lock().unwrap();
-        if !std::thread::panicking() {
-            assert_eq!(
-                state.synchronizing, 0,
-                "an event was destroyed while a waiter synchronised on it"
-            );
-            assert!(!state.destroyed, "an event was destroyed twice");
-        }
-        state.destroyed = true;
-    }
-}
-
-/// One recording of an event: what the device completes.
+/// One recording, and the value it stands for.
 struct Recording {
     value: u64,
-    cell: Arc<EventCell>,
-    generation: usize,
+    recording: hwqueue_testkit::mock_event::Recording,
 }
 
-/// The highest value the device completed or the host set, raised before
-/// the completion or `set` itself: a value the ring reports must never be
-/// above it.
+/// The device of the model, and the highest value it completed or the host
+/// set, raised before the completion or `set` itself: a value the ring
+/// reports must never be above it.
 #[derive(Clone)]
-struct Truth(Arc<AtomicU64>);
+struct Truth {
+    highest: Arc<AtomicU64>,
+}
 
 impl Truth {
     fn new() -> Self {
-        Self(Arc::new(AtomicU64::new(0)))
+        Self {
+            highest: Arc::new(AtomicU64::new(0)),
+        }
     }
 
     /// The device completes `recording` (and everything the queue did
     /// before it, which the models do not need).
     fn complete(&self, recording: &Recording) {
-        self.0.fetch_max(recording.value, Ordering::SeqCst);
-        let mut state = recording.cell.state.lock().unwrap();
-        state.completed = state.completed.max(recording.generation);
-        recording.cell.completed.notify_all();
+        self.highest.fetch_max(recording.value, Ordering::SeqCst);
+        recording.recording.complete();
     }
 
     /// The host sets `value` on `ring`.
     fn set(&self, ring: &Ring, value: u64) {
-        self.0.fetch_max(value, Ordering::SeqCst);
+        self.highest.fetch_max(value, Ordering::SeqCst);
         ring.set(value);
     }
 
     /// Asserts that `observed`, a value the ring reported, is not ahead of
     /// the device and the host.
     fn check(&self, observed: u64, what: &str) {
-        let truth = self.0.load(Ordering::SeqCst);
+        let truth = self.highest.load(Ordering::SeqCst);
         assert!(
             observed <= truth,
             "{what}: the ring reported {observed}, but only {truth} completed or was set"
@@ -145,46 +78,21 @@ impl Truth {
     }
 }
 
-/// Creates events and records them; remembers the last recording.
-#[derive(Default)]
-struct MockRecorder {
-    last: Option<Recording>,
-    value: u64,
-}
-
-impl EventRecorder<MockEvent> for MockRecorder {
-    fn create(&mut self) -> hwqueue::Result<MockEvent> {
-        Ok(MockEvent {
-            cell: EventCell::new(),
-        })
-    }
-
-    fn record(&mut self, event: &MockEvent) -> hwqueue::Result<()> {
-        let mut state = event.cell.state.lock().unwrap();
-        assert!(!state.destroyed, "a destroyed event was recorded");
-        assert_eq!(
-            state.synchronizing, 0,
-            "an event was re-recorded while a waiter synchronised on it"
-        );
-        state.recorded += 1;
-        self.last = Some(Recording {
-            value: self.value,
-            cell: event.cell.clone(),
-            generation: state.recorded,
-        });
-        Ok(())
-    }
+/// Records `value`; the recording that stands for it, or `None` when the
+/// ring recorded nothing (the value was reached already). Each call makes
+/// its events on a device of its own, so a thread that records holds no
+/// shared handle (every handle clone is an operation loom explores); a
+/// model's ring accepts events of any mock device.
+fn record(ring: &Ring, value: u64) -> Option<Recording> {
+    let device = MockDevice::new();
+    let mut recorder = device.recorder();
+    ring.record(value, &mut recorder).expect("record");
+    recorder
+        .last
+        .map(|recording| Recording { value, recording })
 }
 
 type Ring = EventRing<MockEvent>;
-
-/// Records `value`; the recording that stands for it, or `None` when the
-/// ring recorded nothing (the value was reached already).
-fn record(ring: &Ring, value: u64) -> Option<Recording> {
-    let mut recorder = MockRecorder { last: None, value };
-    ring.record(value, &mut recorder).expect("record");
-    recorder.last
-}
 
 /// (a) A waiter racing the recorder of the value it waits for: whether it
 /// finds the value unrecorded (and parks until the record) or recorded

@@ -194,6 +194,19 @@ pub enum Error {
         detail: String,
     },
 
+    /// The device faulted in a way that poisons it for the rest of the
+    /// process (CUDA's sticky errors: an illegal address, a launch failure).
+    #[error(
+        "device `{device}` is lost: {detail}; no further work can run on it in this process: \
+         fix the kernel that faulted, then restart the process"
+    )]
+    DeviceLost {
+        /// The device spec, printed.
+        device: String,
+        /// What the device reported.
+        detail: String,
+    },
+
     /// A device ordinal past the devices present.
     #[error(
         "no device `{backend}:{ordinal}`: the `{backend}` backend has {count} device(s); use an \

@@ -97,8 +97,6 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod executor;
-#[doc(hidden)]
-pub mod fuzz_harness;
 pub mod params;
 pub mod program;
 pub mod queue;

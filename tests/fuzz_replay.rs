@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use hwqueue::fuzz_harness;
+use hwqueue_testkit as fuzz_harness;
 
 /// Runs `harness` over every file in `fuzz/corpus/<target>/`; returns how
 /// many inputs ran.

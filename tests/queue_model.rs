@@ -1,11 +1,11 @@
 //! Model test of `CpuQueue`: random batches of exec / copy / signal / wait /
 //! barrier on two queues (the second sometimes a copy queue), against a
-//! sequential interpreter (in `hwqueue::fuzz_harness`, shared with the
+//! sequential interpreter (in `hwqueue_testkit`, shared with the
 //! `cpu_queue` fuzz target). Compares which batches are rejected and why,
 //! which failures `synchronize` reports, the final buffers, and every
 //! signal's value and failed values.
 
-use hwqueue::fuzz_harness::{QueueOp, QueueProgram, Step, check_queue_program};
+use hwqueue_testkit::{QueueOp, QueueProgram, Step, check_queue_program};
 use proptest::prelude::*;
 
 /// Work sizes: mostly valid, sometimes zero or not a multiple.

@@ -4,169 +4,26 @@
 
 mod common;
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::LONG;
-use hwqueue::ring::{Dependency, EventRecorder, EventRing, RING_SLOTS, RingEvent};
+use hwqueue::ring::{Dependency, EventRecorder, EventRing, RING_SLOTS};
 use hwqueue::{Error, MAX_SIGNAL_VALUE, Timeout};
+use hwqueue_testkit::mock_event::{MockDevice, MockEvent, MockRecorder};
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------
-// The mock: events are ids into a registry the test drives.
-
-#[derive(Default)]
-struct Registry {
-    state: Mutex<MockState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-struct MockState {
-    /// Per event id.
-    events: Vec<MockEventState>,
-    /// Event ids in the order `synchronize` was called on them.
-    synchronized: Vec<usize>,
-    /// `synchronize` completes the event instead of blocking (the device
-    /// "runs" up to it), for single-threaded model tests.
-    run_on_synchronize: bool,
-}
-
-#[derive(Default, Clone, Copy)]
-struct MockEventState {
-    complete: bool,
-    /// Reports a device failure on query and synchronize.
-    broken: bool,
-    records: usize,
-}
-
-impl Registry {
-    fn new() -> Arc<Self> {
-        Arc::new(Self::default())
-    }
-
-    fn running_on_synchronize() -> Arc<Self> {
-        let registry = Self::new();
-        registry.state.lock().unwrap().run_on_synchronize = true;
-        registry
-    }
-
-    fn created(&self) -> usize {
-        self.state.lock().unwrap().events.len()
-    }
-
-    fn records_of(&self, id: usize) -> usize {
-        self.state.lock().unwrap().events[id].records
-    }
-
-    fn complete(&self, id: usize) {
-        self.state.lock().unwrap().events[id].complete = true;
-        self.changed.notify_all();
-    }
-
-    fn break_event(&self, id: usize) {
-        self.state.lock().unwrap().events[id].broken = true;
-        self.changed.notify_all();
-    }
-
-    fn synchronized(&self) -> Vec<usize> {
-        self.state.lock().unwrap().synchronized.clone()
-    }
-
-    /// Blocks until some thread is synchronising on event `id`.
-    fn await_synchronize_on(&self, id: usize) {
-        let deadline = Instant::now() + LONG;
-        let mut state = self.state.lock().unwrap();
-        while !state.synchronized.contains(&id) {
-            assert!(Instant::now() < deadline, "nobody synchronised on {id}");
-            state = self
-                .changed
-                .wait_timeout(state, Duration::from_millis(10))
-                .unwrap()
-                .0;
-        }
-    }
-}
-
-struct MockEvent {
-    id: usize,
-    registry: Arc<Registry>,
-}
-
-impl RingEvent for MockEvent {
-    fn is_complete(&self) -> hwqueue::Result<bool> {
-        let event = self.registry.state.lock().unwrap().events[self.id];
-        if event.broken {
-            return Err(device_fault());
-        }
-        Ok(event.complete)
-    }
-
-    fn synchronize(&self) -> hwqueue::Result<()> {
-        let mut state = self.registry.state.lock().unwrap();
-        state.synchronized.push(self.id);
-        self.registry.changed.notify_all();
-        if state.run_on_synchronize {
-            state.events[self.id].complete = true;
-        }
-        loop {
-            let event = state.events[self.id];
-            if event.broken {
-                return Err(device_fault());
-            }
-            if event.complete {
-                return Ok(());
-            }
-            state = self.registry.changed.wait(state).unwrap();
-        }
-    }
-}
-
-fn device_fault() -> Error {
-    Error::Backend {
-        backend: "mock",
-        message: "device fault".into(),
-    }
-}
-
-/// Creates mock events and records them; remembers the last event recorded.
-struct MockRecorder {
-    registry: Arc<Registry>,
-    last: Option<usize>,
-}
-
-impl EventRecorder<MockEvent> for MockRecorder {
-    fn create(&mut self) -> hwqueue::Result<MockEvent> {
-        let mut state = self.registry.state.lock().unwrap();
-        state.events.push(MockEventState::default());
-        Ok(MockEvent {
-            id: state.events.len() - 1,
-            registry: self.registry.clone(),
-        })
-    }
-
-    fn record(&mut self, event: &MockEvent) -> hwqueue::Result<()> {
-        let mut state = self.registry.state.lock().unwrap();
-        let slot = &mut state.events[event.id];
-        slot.complete = false;
-        slot.broken = false;
-        slot.records += 1;
-        self.last = Some(event.id);
-        Ok(())
-    }
-}
+// The mock: `hwqueue_testkit`'s device, whose events the test completes.
 
 type Ring = EventRing<MockEvent>;
 
 /// Records `value` and returns the id of the event that stands for it.
-fn record(ring: &Ring, registry: &Arc<Registry>, value: u64) -> usize {
-    let mut recorder = MockRecorder {
-        registry: registry.clone(),
-        last: None,
-    };
+fn record(ring: &Ring, device: &MockDevice, value: u64) -> usize {
+    let mut recorder = device.recorder();
     ring.record(value, &mut recorder).unwrap();
-    recorder.last.expect("the value was recorded")
+    recorder.last.expect("the value was recorded").event
 }
 
 fn kernel_failed() -> Error {
@@ -181,9 +38,9 @@ fn kernel_failed() -> Error {
 
 #[test]
 fn a_recorded_but_incomplete_value_is_not_reached() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
-    let event = record(&ring, &registry, 5);
+    let event = record(&ring, &device, 5);
     assert_eq!(ring.value(), 0);
     assert!(!ring.is_reached(5));
     assert!(matches!(
@@ -194,7 +51,7 @@ fn a_recorded_but_incomplete_value_is_not_reached() {
             ..
         })
     ));
-    registry.complete(event);
+    device.complete(event);
     assert_eq!(ring.value(), 5);
     assert!(ring.is_reached(5));
     ring.wait(5, Duration::ZERO).unwrap();
@@ -202,41 +59,38 @@ fn a_recorded_but_incomplete_value_is_not_reached() {
 
 #[test]
 fn recording_never_moves_the_value() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
     for value in 1..=RING_SLOTS as u64 {
-        record(&ring, &registry, value);
+        record(&ring, &device, value);
         assert_eq!(ring.value(), 0);
     }
 }
 
 #[test]
 fn value_folds_the_highest_completed_event() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
-    let one = record(&ring, &registry, 1);
-    let two = record(&ring, &registry, 2);
-    let three = record(&ring, &registry, 3);
-    registry.complete(two);
+    let one = record(&ring, &device, 1);
+    let two = record(&ring, &device, 2);
+    let three = record(&ring, &device, 3);
+    device.complete(two);
     assert_eq!(ring.value(), 2, "2 completed; 3 did not");
-    registry.complete(one);
+    device.complete(one);
     assert_eq!(ring.value(), 2);
-    registry.complete(three);
+    device.complete(three);
     assert_eq!(ring.value(), 3);
 }
 
 #[test]
 fn a_value_already_reached_records_nothing() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(4);
-    let mut recorder = MockRecorder {
-        registry: registry.clone(),
-        last: None,
-    };
+    let mut recorder = device.recorder();
     ring.record(3, &mut recorder).unwrap();
     ring.record(4, &mut recorder).unwrap();
     assert_eq!(recorder.last, None);
-    assert_eq!(registry.created(), 0);
+    assert_eq!(device.created(), 0);
 }
 
 // ---------------------------------------------------------------------------
@@ -244,70 +98,70 @@ fn a_value_already_reached_records_nothing() {
 
 #[test]
 fn wait_synchronises_on_the_smallest_recorded_value_at_or_above_the_target() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    let three = record(&ring, &registry, 3);
-    let five = record(&ring, &registry, 5);
-    let seven = record(&ring, &registry, 7);
+    let three = record(&ring, &device, 3);
+    let five = record(&ring, &device, 5);
+    let seven = record(&ring, &device, 7);
 
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(4, Timeout::Forever))
     };
-    registry.await_synchronize_on(five);
+    device.await_synchronize_on(five, LONG);
     // Neither the smaller 3 (which does not imply 4) nor the larger 7
     // (which would wait longer than needed).
-    assert_eq!(registry.synchronized(), vec![five]);
-    registry.complete(five);
+    assert_eq!(device.synchronized(), vec![five]);
+    device.complete(five);
     waiter.join().unwrap().unwrap();
     assert_eq!(ring.value(), 5);
-    assert!(!registry.synchronized().contains(&three));
-    assert!(!registry.synchronized().contains(&seven));
+    assert!(!device.synchronized().contains(&three));
+    assert!(!device.synchronized().contains(&seven));
 }
 
 #[test]
 fn wait_on_an_exact_recorded_value_picks_that_value() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    record(&ring, &registry, 3);
-    let five = record(&ring, &registry, 5);
-    record(&ring, &registry, 7);
+    record(&ring, &device, 3);
+    let five = record(&ring, &device, 5);
+    record(&ring, &device, 7);
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(5, Timeout::Forever))
     };
-    registry.await_synchronize_on(five);
-    registry.complete(five);
+    device.await_synchronize_on(five, LONG);
+    device.complete(five);
     waiter.join().unwrap().unwrap();
-    assert_eq!(registry.synchronized(), vec![five]);
+    assert_eq!(device.synchronized(), vec![five]);
 }
 
 #[test]
 fn a_polling_wait_returns_once_its_event_completes() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    let two = record(&ring, &registry, 2);
+    let two = record(&ring, &device, 2);
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(2, LONG))
     };
     thread::sleep(Duration::from_millis(20));
-    registry.complete(two);
+    device.complete(two);
     waiter.join().unwrap().unwrap();
     // A finite timeout polls; it never blocks on the event.
-    assert!(registry.synchronized().is_empty());
+    assert!(device.synchronized().is_empty());
 }
 
 #[test]
 fn dependency_names_the_event_to_wait_for() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(1);
     assert!(matches!(ring.dependency(1), Ok(Some(Dependency::Reached))));
     assert!(matches!(ring.dependency(2), Ok(None)));
-    record(&ring, &registry, 2);
-    let six = record(&ring, &registry, 6);
+    record(&ring, &device, 2);
+    let six = record(&ring, &device, 6);
     match ring.dependency(3) {
-        Ok(Some(Dependency::Event(event))) => assert_eq!(event.id, six),
+        Ok(Some(Dependency::Event(event))) => assert_eq!(event.id(), six),
         other => panic!("expected event {six}, got {other:?}", other = other.is_ok()),
     }
     assert!(matches!(ring.dependency(7), Ok(None)));
@@ -323,17 +177,17 @@ fn dependency_names_the_event_to_wait_for() {
 
 #[test]
 fn wait_dependency_returns_at_the_record_not_the_completion() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || match ring.wait_dependency(3, LONG) {
-            Ok(Dependency::Event(event)) => event.id,
+            Ok(Dependency::Event(event)) => event.id(),
             _ => panic!("expected an event"),
         })
     };
     thread::sleep(Duration::from_millis(20));
-    let four = record(&ring, &registry, 4);
+    let four = record(&ring, &device, 4);
     assert_eq!(waiter.join().unwrap(), four);
     assert_eq!(ring.value(), 0);
 }
@@ -343,17 +197,17 @@ fn wait_dependency_returns_at_the_record_not_the_completion() {
 
 #[test]
 fn a_wait_for_an_unrecorded_value_waits_for_its_record() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(10, Timeout::Forever))
     };
     thread::sleep(Duration::from_millis(20));
-    let ten = record(&ring, &registry, 10);
-    registry.await_synchronize_on(ten);
+    let ten = record(&ring, &device, 10);
+    device.await_synchronize_on(ten, LONG);
     assert_eq!(ring.value(), 0, "recorded is not completed");
-    registry.complete(ten);
+    device.complete(ten);
     waiter.join().unwrap().unwrap();
     assert_eq!(ring.value(), 10);
 }
@@ -389,9 +243,9 @@ fn a_wait_for_an_unrecorded_value_times_out_with_the_facts() {
 
 #[test]
 fn a_wait_on_a_recorded_value_times_out_with_the_facts() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(1);
-    record(&ring, &registry, 3);
+    record(&ring, &device, 3);
     match ring.wait(3, Duration::from_millis(20)) {
         Err(Error::Timeout {
             target,
@@ -412,11 +266,8 @@ fn a_target_past_the_range_is_an_error_not_a_hang() {
         ring.wait(MAX_SIGNAL_VALUE + 1, Timeout::Forever),
         Err(Error::SignalValueOutOfRange { .. })
     ));
-    let registry = Registry::new();
-    let mut recorder = MockRecorder {
-        registry,
-        last: None,
-    };
+    let device = MockDevice::new();
+    let mut recorder = device.recorder();
     assert!(matches!(
         ring.record(MAX_SIGNAL_VALUE + 1, &mut recorder),
         Err(Error::SignalValueOutOfRange { .. })
@@ -428,71 +279,67 @@ fn a_target_past_the_range_is_an_error_not_a_hang() {
 
 #[test]
 fn events_are_reused_when_nobody_holds_them() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
-    let first = record(&ring, &registry, 1);
+    let first = record(&ring, &device, 1);
     for value in 2..=100 {
-        registry.complete(first);
-        let event = record(&ring, &registry, value);
+        device.complete(first);
+        let event = record(&ring, &device, value);
         assert_eq!(event, first, "value {value} got a new event");
     }
-    assert_eq!(registry.created(), 1);
-    assert_eq!(registry.records_of(first), 100);
+    assert_eq!(device.created(), 1);
+    assert_eq!(device.records_of(first), 100);
 }
 
 #[test]
 fn a_full_ring_of_done_slots_creates_no_events() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
     for value in 1..=(RING_SLOTS as u64 * 4) {
-        let event = record(&ring, &registry, value);
-        registry.complete(event);
+        let event = record(&ring, &device, value);
+        device.complete(event);
     }
-    assert!(registry.created() <= RING_SLOTS);
+    assert!(device.created() <= RING_SLOTS);
     assert!(ring.slots_in_use() <= RING_SLOTS);
     assert_eq!(ring.value(), RING_SLOTS as u64 * 4);
 }
 
 #[test]
 fn wrap_around_never_re_records_an_event_a_waiter_holds() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    let one = record(&ring, &registry, 1);
+    let one = record(&ring, &device, 1);
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(1, Timeout::Forever))
     };
-    registry.await_synchronize_on(one);
+    device.await_synchronize_on(one, LONG);
     // The host passes 1: its slot is done while the waiter still holds the
     // event. Fill every other slot with pending work, so the only slot left
     // for the next record is the held one.
     ring.set(1);
     let mut pending: Vec<usize> = (2..=RING_SLOTS as u64)
-        .map(|value| record(&ring, &registry, value))
+        .map(|value| record(&ring, &device, value))
         .collect();
     assert_eq!(ring.slots_in_use(), RING_SLOTS);
-    let evicting = record(&ring, &registry, RING_SLOTS as u64 + 1);
+    let evicting = record(&ring, &device, RING_SLOTS as u64 + 1);
     assert_ne!(evicting, one, "the held event was handed to a new value");
-    assert_eq!(
-        registry.records_of(one),
-        1,
-        "the held event was re-recorded"
-    );
-    assert_eq!(registry.created(), RING_SLOTS + 1);
+    assert_eq!(device.records_of(one), 1, "the held event was re-recorded");
+    assert_eq!(device.created(), RING_SLOTS + 1);
     pending.push(evicting);
     // Wrap the ring a few more times.
     for event in pending {
-        registry.complete(event);
+        device.complete(event);
     }
     for value in (RING_SLOTS as u64 + 2)..=(RING_SLOTS as u64 * 3) {
-        let event = record(&ring, &registry, value);
+        let event = record(&ring, &device, value);
         assert_ne!(event, one);
-        registry.complete(event);
+        device.complete(event);
     }
-    assert_eq!(registry.records_of(one), 1);
+    assert_eq!(device.records_of(one), 1);
     // The waiter is not lost: its own event completes and it returns.
     assert!(!waiter.is_finished());
-    registry.complete(one);
+    device.complete(one);
     waiter.join().unwrap().unwrap();
     assert_eq!(ring.value(), RING_SLOTS as u64 * 3);
     assert!(ring.slots_in_use() <= RING_SLOTS);
@@ -501,8 +348,8 @@ fn wrap_around_never_re_records_an_event_a_waiter_holds() {
 #[test]
 fn events_a_recorder_refuses_are_not_reused() {
     /// A recorder for "another context": it accepts none of the ring's events.
-    struct Foreign(MockRecorder);
-    impl EventRecorder<MockEvent> for Foreign {
+    struct Foreign<'a>(MockRecorder<'a>);
+    impl EventRecorder<MockEvent> for Foreign<'_> {
         fn create(&mut self) -> hwqueue::Result<MockEvent> {
             self.0.create()
         }
@@ -513,25 +360,22 @@ fn events_a_recorder_refuses_are_not_reused() {
             self.0.record(event)
         }
     }
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
-    let one = record(&ring, &registry, 1);
-    registry.complete(one);
-    let mut foreign = Foreign(MockRecorder {
-        registry: registry.clone(),
-        last: None,
-    });
+    let one = record(&ring, &device, 1);
+    device.complete(one);
+    let mut foreign = Foreign(device.recorder());
     ring.record(2, &mut foreign).unwrap();
-    assert_ne!(foreign.0.last, Some(one));
-    assert_eq!(registry.created(), 2);
+    assert_ne!(foreign.0.last.map(|r| r.event), Some(one));
+    assert_eq!(device.created(), 2);
 }
 
 #[test]
 fn a_full_ring_of_pending_work_blocks_the_recorder_on_the_oldest() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let events: Vec<usize> = (1..=RING_SLOTS as u64)
-        .map(|value| record(&ring, &registry, value))
+        .map(|value| record(&ring, &device, value))
         .collect();
     // Waiters on old values hold their slots' events.
     let waiters: Vec<_> = [1u64, 2, 3]
@@ -542,34 +386,34 @@ fn a_full_ring_of_pending_work_blocks_the_recorder_on_the_oldest() {
         })
         .collect();
     for &event in &events[..3] {
-        registry.await_synchronize_on(event);
+        device.await_synchronize_on(event, LONG);
     }
     let recorder = {
         let ring = ring.clone();
-        let registry = registry.clone();
-        thread::spawn(move || record(&ring, &registry, RING_SLOTS as u64 + 1))
+        let device = device.clone();
+        thread::spawn(move || record(&ring, &device, RING_SLOTS as u64 + 1))
     };
     // The recorder blocks on the oldest record's event (value 1).
     thread::sleep(Duration::from_millis(20));
     assert!(!recorder.is_finished(), "recorded past a full ring");
-    registry.complete(events[0]);
+    device.complete(events[0]);
     let newest = recorder.join().unwrap();
     assert_ne!(newest, events[1]);
     assert_ne!(newest, events[2]);
     for &event in &events[1..] {
-        registry.complete(event);
+        device.complete(event);
     }
     for waiter in waiters {
         waiter.join().unwrap().unwrap();
     }
-    registry.complete(newest);
+    device.complete(newest);
     ring.wait(RING_SLOTS as u64 + 1, LONG).unwrap();
     assert_eq!(ring.value(), RING_SLOTS as u64 + 1);
 }
 
 #[test]
 fn many_records_in_flight_with_waiters_on_old_values_all_return() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let total = RING_SLOTS as u64 * 4;
     let waiters: Vec<_> = (1..=total)
@@ -584,8 +428,8 @@ fn many_records_in_flight_with_waiters_on_old_values_all_return() {
         .collect();
     // A "device" thread completes events in record order, a little behind.
     let recorded = Arc::new(Mutex::new(Vec::<usize>::new()));
-    let device = {
-        let registry = registry.clone();
+    let runner = {
+        let device = device.clone();
         let recorded = recorded.clone();
         thread::spawn(move || {
             let mut next = 0;
@@ -595,7 +439,7 @@ fn many_records_in_flight_with_waiters_on_old_values_all_return() {
                 let event = recorded.lock().unwrap().get(next).copied();
                 match event {
                     Some(event) => {
-                        registry.complete(event);
+                        device.complete(event);
                         next += 1;
                     }
                     None => thread::sleep(Duration::from_micros(200)),
@@ -604,14 +448,11 @@ fn many_records_in_flight_with_waiters_on_old_values_all_return() {
         })
     };
     for value in 1..=total {
-        let mut recorder = MockRecorder {
-            registry: registry.clone(),
-            last: None,
-        };
+        let mut recorder = device.recorder();
         ring.record(value, &mut recorder).unwrap();
-        recorded.lock().unwrap().push(recorder.last.unwrap());
+        recorded.lock().unwrap().push(recorder.last.unwrap().event);
     }
-    device.join().unwrap();
+    runner.join().unwrap();
     for waiter in waiters {
         let target = waiter.join().unwrap().unwrap();
         assert!(ring.value() >= target);
@@ -643,12 +484,12 @@ fn set_past_the_range_is_a_programming_error() {
 
 #[test]
 fn a_host_set_makes_slots_done_and_their_events_reusable() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(0);
-    let one = record(&ring, &registry, 1);
+    let one = record(&ring, &device, 1);
     ring.set(1);
     // Event `one` never completed, but its value is passed: reuse it.
-    assert_eq!(record(&ring, &registry, 2), one);
+    assert_eq!(record(&ring, &device, 2), one);
     assert_eq!(ring.value(), 1);
 }
 
@@ -673,9 +514,9 @@ fn failure_wakes_a_waiter_for_an_unrecorded_value() {
 
 #[test]
 fn failure_wakes_a_polling_waiter_on_a_recorded_value() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    record(&ring, &registry, 3);
+    record(&ring, &device, 3);
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(3, LONG))
@@ -690,7 +531,7 @@ fn failure_wakes_a_polling_waiter_on_a_recorded_value() {
 
 #[test]
 fn failure_covers_only_its_values() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Ring::new(1);
     ring.fail(3, kernel_failed());
     ring.wait(1, Duration::ZERO).unwrap();
@@ -707,29 +548,29 @@ fn failure_covers_only_its_values() {
         Err(Error::Timeout { .. })
     ));
     // A later record of 4 works as usual, and reaching it covers 3 too.
-    let four = record(&ring, &registry, 4);
-    registry.complete(four);
+    let four = record(&ring, &device, 4);
+    device.complete(four);
     ring.wait(4, Duration::ZERO).unwrap();
     ring.wait(3, Duration::ZERO).unwrap();
 }
 
 #[test]
 fn a_device_fault_fails_the_waiter_instead_of_hanging() {
-    let registry = Registry::new();
+    let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    let two = record(&ring, &registry, 2);
+    let two = record(&ring, &device, 2);
     let waiter = {
         let ring = ring.clone();
         thread::spawn(move || ring.wait(2, Timeout::Forever))
     };
-    registry.await_synchronize_on(two);
-    registry.break_event(two);
+    device.await_synchronize_on(two, LONG);
+    device.break_event(two);
     let error = waiter.join().unwrap().unwrap_err();
     assert!(
         matches!(&error, Error::SignalFailed { target: 2, .. }),
         "{error:?}"
     );
-    assert!(error.to_string().contains("device fault"), "{error}");
+    assert!(error.to_string().contains("reported a fault"), "{error}");
     assert_eq!(ring.value(), 0);
 }
 
@@ -800,14 +641,14 @@ proptest! {
     /// created while a reusable one exists.
     #[test]
     fn the_ring_matches_the_model(ops in proptest::collection::vec(op(), 1..120)) {
-        let registry = Registry::running_on_synchronize();
+        let device = MockDevice::running_on_synchronize();
         let ring = Ring::new(0);
         let mut model = Model::default();
         for op in ops {
             match op {
                 Op::Record(value) => {
                     if value <= model.value() {
-                        prop_assert_eq!(record_opt(&ring, &registry, value), None);
+                        prop_assert_eq!(record_opt(&ring, &device, value), None);
                         continue;
                     }
                     let pending = model.pending();
@@ -816,7 +657,7 @@ proptest! {
                         // its oldest pending record.
                         model.records[pending[0]].complete = true;
                     }
-                    let event = record_opt(&ring, &registry, value);
+                    let event = record_opt(&ring, &device, value);
                     if value <= model.value() {
                         // Running up to the oldest record passed this value.
                         prop_assert_eq!(event, None);
@@ -830,7 +671,7 @@ proptest! {
                     if !pending.is_empty() {
                         let index = pending[pick % pending.len()];
                         model.records[index].complete = true;
-                        registry.complete(model.records[index].event);
+                        device.complete(model.records[index].event);
                     }
                 }
                 Op::Set(value) => {
@@ -866,16 +707,13 @@ proptest! {
             prop_assert!(ring.slots_in_use() <= RING_SLOTS);
             // Nobody holds events here, so every event is reused: never
             // more than one per slot.
-            prop_assert!(registry.created() <= RING_SLOTS);
+            prop_assert!(device.created() <= RING_SLOTS);
         }
     }
 }
 
-fn record_opt(ring: &Ring, registry: &Arc<Registry>, value: u64) -> Option<usize> {
-    let mut recorder = MockRecorder {
-        registry: registry.clone(),
-        last: None,
-    };
+fn record_opt(ring: &Ring, device: &MockDevice, value: u64) -> Option<usize> {
+    let mut recorder = device.recorder();
     ring.record(value, &mut recorder).unwrap();
-    recorder.last
+    recorder.last.map(|r| r.event)
 }

@@ -3,7 +3,7 @@
 //! against a running max and the failed ranges (the model lives in
 //! `hwqueue::fuzz_harness`, shared with the `cpu_signal` fuzz target).
 
-use hwqueue::fuzz_harness::{SignalOp, check_signal_ops};
+use hwqueue_testkit::{SignalOp, check_signal_ops};
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = SignalOp> {

@@ -1,4 +1,4 @@
-//! Fuzz target: see `hwqueue::fuzz_harness::cpu_queue`.
+//! Fuzz target: see `hwqueue_testkit::cpu_queue`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue::fuzz_harness::cpu_queue(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue_testkit::cpu_queue(data));

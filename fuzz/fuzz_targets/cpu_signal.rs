@@ -1,4 +1,4 @@
-//! Fuzz target: see `hwqueue::fuzz_harness::cpu_signal`.
+//! Fuzz target: see `hwqueue_testkit::cpu_signal`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue::fuzz_harness::cpu_signal(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue_testkit::cpu_signal(data));

@@ -1,4 +1,4 @@
-//! Fuzz target: see `hwqueue::fuzz_harness::device_spec`.
+//! Fuzz target: see `hwqueue_testkit::device_spec`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue::fuzz_harness::device_spec(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue_testkit::device_spec(data));

@@ -1,4 +1,4 @@
-//! Fuzz target: see `hwqueue::fuzz_harness::event_ring`.
+//! Fuzz target: see `hwqueue_testkit::event_ring`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue::fuzz_harness::event_ring(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hwqueue_testkit::event_ring(data));

@@ -1,0 +1,52 @@
+//! Test scaffolding shared by the fuzz targets in `fuzz/`, the test that replays
+//! their corpora (`tests/fuzz_replay.rs`) and the proptest model tests
+//! (`tests/queue_model.rs`, `tests/signal_model.rs`). Not part of the API.
+//!
+//! Each harness decodes a small program from bytes (or takes one built by
+//! proptest), runs it against the real code and against a tiny sequential
+//! reference model, and panics on the first difference. Programs are built
+//! so that nothing can block forever: every wait is on a value that work
+//! submitted earlier sets (or on a signal already failed), and
+//! `synchronize` is only called once every wait submitted can finish.
+//!
+//! | harness | fuzz target | what it checks |
+//! |---------|-------------|----------------|
+//! | [`device_spec`] | `device_spec` | parsing never panics; a parsed spec prints and re-parses to itself; acceptance matches a reference predicate |
+//! | [`cpu_signal`] | `cpu_signal` | [`SignalOp`] sequences on a `CpuSignal` against a running max and failed ranges |
+//! | [`cpu_queue`] | `cpu_queue` | [`QueueProgram`]s on two CPU queues against a sequential interpreter |
+//! | [`event_ring`] | `event_ring` | [`RingOp`] sequences on an `EventRing` with a mock event against the records, a running max and failed ranges |
+//!
+//! This crate is part of hwqueue's workspace and never part of a normal
+//! build of the library: `tests/`, `loom_tests/` and `fuzz/` depend on it.
+//! Besides the harnesses it holds [`mock_event::MockDevice`], the one mock of a
+//! device's events that the ring's tests, loom models and fuzz harness use.
+
+// Under `cfg(loom)` only the mock event is built: the loom models use it,
+// and the harnesses (real threads, timeouts) have no place in a model.
+pub mod mock_event;
+#[cfg(not(loom))]
+pub mod queue;
+#[cfg(not(loom))]
+mod reader;
+#[cfg(not(loom))]
+pub mod ring;
+#[cfg(not(loom))]
+mod signal;
+#[cfg(not(loom))]
+mod spec;
+
+#[cfg(not(loom))]
+pub use queue::{
+    QueueOp, QueueProgram, Step, check_queue_program, cpu_queue, decode_queue_program,
+};
+#[cfg(not(loom))]
+pub use ring::{RingOp, check_ring_ops, event_ring};
+#[cfg(not(loom))]
+pub use signal::{SignalOp, check_signal_ops, cpu_signal};
+#[cfg(not(loom))]
+pub use spec::device_spec;
+
+/// How long a wait that the model says must finish may block before the
+/// harness calls it a mismatch (a hang would otherwise stall the fuzzer).
+#[cfg(not(loom))]
+pub(crate) const MUST_FINISH: std::time::Duration = std::time::Duration::from_secs(10);
