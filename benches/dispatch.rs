@@ -3,9 +3,11 @@
 //! a `Box<dyn ...>` trait object (the baseline a `dyn` design would pay).
 //!
 //! One iteration records 64 commands (32 × `signal`, `memory_barrier`), then
-//! discards the batch with [`CpuQueue::discard`], so the worker thread never
-//! runs and only the recording path is measured. The signal is already at the
-//! recorded value, so discarding has nothing to fail.
+//! discards the batch with [`HardwareQueue::discard`], so the worker thread
+//! never runs and only the recording path is measured. The signal is
+//! already at the recorded value, so discarding has nothing to fail. The
+//! cases run one after another, each dropping its queue before the next
+//! one claims the signal (a signal has one producing queue at a time).
 //!
 //! Each case is one function listed in [`CASES`]: `direct`, `generic`, `dyn`
 //! and `enum` (the crate's `AnyQueue`, recorded through the same generic
@@ -56,27 +58,6 @@ fn record_generic<Q: HardwareQueue>(queue: &mut Q, signal: &SignalOf<Q::Backend>
     }
 }
 
-/// Throwing a recorded batch away without running it. Not part of
-/// `HardwareQueue` (yet): each queue type here implements it.
-trait Discard {
-    fn discard(&mut self);
-}
-
-impl Discard for CpuQueue {
-    fn discard(&mut self) {
-        CpuQueue::discard(self);
-    }
-}
-
-impl Discard for AnyQueue {
-    fn discard(&mut self) {
-        match self.as_cpu_mut() {
-            Some(queue) => queue.discard(),
-            None => unreachable!("the dispatch bench records on CPU queues only"),
-        }
-    }
-}
-
 /// The queue a `dyn` design would hand around. `HardwareQueue` is not
 /// object safe (generic `wait_foreign`, `&mut Self` returns, `Sized`), so a
 /// type-erased queue needs a trait of its own, like this one.
@@ -89,7 +70,7 @@ trait ObjectQueue<B: Backend> {
 /// Any queue, behind [`ObjectQueue`].
 struct Erased<Q>(Q);
 
-impl<Q: HardwareQueue + Discard> ObjectQueue<Q::Backend> for Erased<Q> {
+impl<Q: HardwareQueue> ObjectQueue<Q::Backend> for Erased<Q> {
     fn signal(&mut self, signal: &SignalOf<Q::Backend>, value: u64) {
         self.0.signal(signal, value);
     }

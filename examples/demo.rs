@@ -285,9 +285,12 @@ fn compile(device: &AnyDevice) -> Result<(Vec<AnyProgram>, String), hwqueue::Err
             "generated as CUDA C, compiled with NVRTC".to_owned(),
         ));
     }
-    Err(hwqueue::Error::Backend {
-        backend: "demo",
-        message: format!("the demo has no kernels for `{}`", device.spec()),
+    Err(hwqueue::Error::InvalidProgram {
+        program: "demo".into(),
+        reason: format!(
+            "the demo has no kernels for `{}`; run it with `--device cpu`",
+            device.spec()
+        ),
     })
 }
 

@@ -1,6 +1,7 @@
 //! `CpuQueue`'s hand-off to its worker thread (a loom thread under loom):
 //! a `signal` recorded after an `exec` is never observed before the
 //! kernel's writes. One exec, one signal: loom's state space grows fast.
+//! Also the failure/epoch hand-off between the owner and the worker.
 
 use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::{
@@ -84,6 +85,62 @@ fn a_rejected_batch_fails_its_signals_after_earlier_batches() {
                 ..
             })
         ));
+        drop(queue);
+    });
+}
+
+/// The failure/epoch hand-off (issue 10, defect 1): batch A fails at a
+/// wait on a failed signal; B was recorded after it and is submitted
+/// either before the owner hears of A's failure (then it must not run, and
+/// must not count as a second failure) or after (then it runs). The owner
+/// hears of the failure through `submit` or `synchronize`, racing the
+/// worker's progress through A and B. Whatever the order: the failure is
+/// reported exactly once, and C, submitted after the report, runs.
+///
+/// Bound 3 by default: 1,803 executions (0.3 s); exhaustive is 1.5 million
+/// (about 160 s). The bug it guards against (a cascade recorded as a new
+/// failure) fails already at bound 1.
+#[test]
+fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
+    model(Some(3), || {
+        let device = CpuDevice::with_threads(1);
+        let failed = device.new_signal(0).unwrap();
+        failed.fail(
+            1,
+            Error::KernelFailed {
+                program: "host".into(),
+                message: "failed on purpose".into(),
+            },
+        );
+        let (a, b, c) = (
+            device.new_signal(0).unwrap(),
+            device.new_signal(0).unwrap(),
+            device.new_signal(0).unwrap(),
+        );
+        let mut queue = device.compute_queue().unwrap();
+        let mut reports = 0;
+        // Submits the recorded batch; a report keeps it, so send it again.
+        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| loop {
+            match queue.submit() {
+                Ok(()) => break,
+                Err(Error::QueueFailed { .. }) => reports += 1,
+                Err(other) => panic!("unexpected {other}"),
+            }
+        };
+        queue.wait(&failed, 1).signal(&a, 1);
+        submit(&mut queue);
+        queue.signal(&b, 1);
+        submit(&mut queue);
+        assert!(a.wait(1, Timeout::Forever).is_err());
+        queue.signal(&c, 1);
+        submit(&mut queue);
+        c.wait(1, Timeout::Forever).unwrap();
+        match queue.synchronize() {
+            Ok(()) => {}
+            Err(Error::QueueFailed { .. }) => reports += 1,
+            Err(other) => panic!("unexpected {other}"),
+        }
+        assert_eq!(reports, 1, "one failure, reported {reports} times");
         drop(queue);
     });
 }

@@ -100,9 +100,9 @@ impl Device for CountedDevice {
 }
 
 fn runs_nothing() -> Error {
-    Error::Backend {
-        backend: OpenOnce::ID,
-        message: "the loom mock backend runs nothing".into(),
+    Error::UnsupportedCommand {
+        kind: QueueKind::Compute,
+        command: "any command: the loom mock backend runs nothing",
     }
 }
 
@@ -154,6 +154,14 @@ impl HardwareQueue for RejectingQueue {
         self
     }
 
+    fn recorded(&self) -> usize {
+        0
+    }
+
+    fn discard(&mut self) {
+        self.rejected = None;
+    }
+
     fn submit(&mut self) -> Result<()> {
         match self.rejected.take() {
             Some(error) => Err(Error::BatchRejected {
@@ -179,6 +187,10 @@ impl Buffer for EmptyBuffer {
         self.0
     }
 
+    fn same_as(&self, _other: &Self) -> bool {
+        false
+    }
+
     fn write_at<T: Pod>(&self, _offset: usize, _data: &[T]) -> Result<()> {
         Err(runs_nothing())
     }
@@ -197,6 +209,14 @@ impl Program for NoProgram {
 
     fn name(&self) -> &str {
         "none"
+    }
+
+    fn buffer_count(&self) -> usize {
+        0
+    }
+
+    fn scalar_count(&self) -> usize {
+        0
     }
 }
 

@@ -56,6 +56,9 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     /// Size in bytes.
     fn size(&self) -> usize;
 
+    /// Whether two handles name the same memory.
+    fn same_as(&self, other: &Self) -> bool;
+
     /// Copies `data` into the buffer at byte `offset`.
     ///
     /// # Errors

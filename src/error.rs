@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::queue::QueueKind;
+use crate::queue::{QueueId, QueueKind};
 
 /// The result type of every fallible hwqueue call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -152,6 +152,41 @@ pub enum Error {
         cause: Arc<Error>,
     },
 
+    /// A `signal` on a signal that another live queue produces.
+    #[error(
+        "{queue} cannot signal this signal to {value}: {producer} produces it, and a signal has \
+         one producing queue (so that a failure fails only the values that queue would set); \
+         give each queue its own signal and let the others wait on it"
+    )]
+    SignalProducerConflict {
+        /// The value of the refused `signal`.
+        value: u64,
+        /// The queue that produces the signal.
+        producer: QueueId,
+        /// The queue that tried to signal it.
+        queue: QueueId,
+    },
+
+    /// A batch that will never run: discarded, or left recorded when its
+    /// queue was dropped. Its signals fail with this.
+    #[error("not run: {reason}")]
+    Abandoned {
+        /// What happened to the batch, and what to do.
+        reason: &'static str,
+    },
+
+    /// Something other than a kernel panicked while a queue's engine ran a
+    /// batch: a bug in hwqueue or in a backend. The batch failed; the
+    /// queue keeps working.
+    #[error(
+        "the queue's engine panicked while running a batch: {message}; the batch was abandoned \
+         and its signals failed. This is a bug: please report it with the message"
+    )]
+    EnginePanicked {
+        /// The panic message.
+        message: String,
+    },
+
     /// A command was rejected when it was recorded; reported at `submit`.
     #[error("batch rejected, nothing in it ran: {cause}")]
     BatchRejected {
@@ -260,11 +295,11 @@ pub enum Error {
         reason: String,
     },
 
-    /// C kernel source that the system C compiler rejected, or whose library
-    /// does not load.
+    /// Kernel source that its compiler rejected (the system C compiler,
+    /// NVRTC), or whose library does not load.
     #[error(
-        "C kernel `{program}` did not compile with `{compiler}`; fix the source or \
-         `CompileOptions::flags`. The compiler said:\n{output}"
+        "kernel `{program}` did not compile with `{compiler}`; fix the source or the compile \
+         options. The compiler said:\n{output}"
     )]
     Compile {
         /// The kernel's name.
@@ -275,25 +310,110 @@ pub enum Error {
         output: String,
     },
 
-    /// A backend-specific failure (a driver call, a compiler).
-    #[error("{backend}: {message}")]
-    Backend {
+    /// A resource of one device handed to a queue of another device of the
+    /// same backend.
+    #[error(
+        "{what} belongs to `{resource}` but the queue runs on `{queue}`; allocate or load it on \
+         the queue's device, or copy it over through the host"
+    )]
+    DeviceMismatch {
+        /// Which argument (`"buffer 2 of exec"`, `"the program"`).
+        what: String,
+        /// The resource's device spec.
+        resource: String,
+        /// The queue's device spec.
+        queue: String,
+    },
+
+    /// A call into a backend's driver failed.
+    #[error("{backend}: {what} failed: {detail}")]
+    Driver {
         /// The backend id.
         backend: &'static str,
-        /// The backend's message, with what to do.
+        /// What was attempted.
+        what: String,
+        /// The driver's error, with what to do where it is known.
+        detail: String,
+    },
+
+    /// A kernel's source or name that cannot be loaded as given.
+    #[error("kernel `{program}` cannot be loaded: {reason}")]
+    InvalidProgram {
+        /// The kernel's name.
+        program: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// A loaded module or library with no function of the entry point's name.
+    #[error(
+        "kernel `{program}` has no entry point `{entry}` ({detail}); give the name of a \
+         non-`static`, unmangled function of the source (`extern \"C\"` in CUDA C; \
+         `HWQ_KERNEL` in C declares one)"
+    )]
+    EntryPointNotFound {
+        /// The kernel's name.
+        program: String,
+        /// The entry point asked for.
+        entry: String,
+        /// What the loader said.
+        detail: String,
+    },
+
+    /// Selection found no backend it may return.
+    #[error(
+        "no backend can run work: {reason}; install a driver, enable a backend feature, or \
+         allow the fallback to the CPU (`Policy::default()`)"
+    )]
+    NoUsableBackend {
+        /// What selection found.
+        reason: String,
+    },
+
+    /// A backend's `open` asked the registry for the very spec it opens.
+    #[error(
+        "opening `{spec}` asked the registry for `{spec}` itself; a device open must not acquire \
+         its own spec"
+    )]
+    ReentrantOpen {
+        /// The spec being opened.
+        spec: String,
+    },
+
+    /// A backend's `open` panicked; the spec stays closed, and the next
+    /// caller tries again.
+    #[error("opening `{spec}` panicked: {message}; this is a bug in the `{backend}` backend")]
+    OpenPanicked {
+        /// The backend id.
+        backend: &'static str,
+        /// The spec being opened.
+        spec: String,
+        /// The panic message.
         message: String,
     },
 }
 
-/// The message of a caught panic (a kernel's, a backend open's).
+/// The message of a caught panic (a kernel's, a backend open's), and the
+/// end of its payload.
+///
+/// The payload is the one `dyn` that `catch_unwind` hands back. Dropping it
+/// runs its `Drop`, which is arbitrary code and may panic in turn: that
+/// second panic is caught too, and its own payload is leaked rather than
+/// dropped (it could panic again), so no payload can unwind out of here
+/// and kill the thread that caught the first panic.
 pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(message) = payload.downcast_ref::<&str>() {
+    let message = if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
     } else if let Some(message) = payload.downcast_ref::<String>() {
         message.clone()
     } else {
         "it panicked with a non-string payload".to_owned()
+    };
+    let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+    if let Err(second) = dropped {
+        std::mem::forget(second);
     }
+    message
 }
 
 impl Error {

@@ -116,9 +116,9 @@ pub use error::{Error, Result};
 pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Schedule};
 pub use params::{ExecParams, Limits};
 pub use program::{Program, Scalar};
-pub use queue::{HardwareQueue, QueueKind};
-pub use registry::{BackendReport, Policy, Registry, Selection};
+pub use queue::{Engine, HardwareQueue, Queue, QueueId, QueueKind};
+pub use registry::{BackendReport, Policy, Registry, Selection, preferred};
 #[cfg(not(loom))]
 pub use registry::{acquire, registry};
-pub use signal::{MAX_SIGNAL_VALUE, TimelineSignal, Timeout};
+pub use signal::{MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout};
 pub use spec::{DeviceSpec, SPEC_NAMES, SpecName};

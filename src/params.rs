@@ -72,10 +72,13 @@ impl ExecParams {
         ]
     }
 
-    /// Total work-groups.
+    /// Total work-groups, saturating at `u64::MAX` (which
+    /// [`validate`](Self::validate) rejects, so a validated count is exact).
     pub const fn group_count(&self) -> u64 {
         let g = self.groups();
-        g[0] as u64 * g[1] as u64 * g[2] as u64
+        (g[0] as u64)
+            .saturating_mul(g[1] as u64)
+            .saturating_mul(g[2] as u64)
     }
 
     /// Work-items in one work-group.
@@ -129,6 +132,14 @@ impl ExecParams {
                     limits.max_groups[d]
                 ));
             }
+        }
+        let [gx, gy, gz] = self.groups().map(u128::from);
+        let groups = gx * gy * gz;
+        if groups >= u128::from(u64::MAX) {
+            return fail(format!(
+                "{groups} work-groups in all overflow a 64-bit count; use larger work-groups, or \
+                 split the launch"
+            ));
         }
         if self.local_count() > u64::from(limits.max_local_count) {
             return fail(format!(

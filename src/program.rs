@@ -9,6 +9,14 @@ pub trait Program: Clone + Send + Sync + 'static {
 
     /// The kernel's name, used in errors and plans.
     fn name(&self) -> &str;
+
+    /// How many buffer arguments the kernel takes; an `exec` passing
+    /// another number is rejected at `submit`.
+    fn buffer_count(&self) -> usize;
+
+    /// How many scalar arguments the kernel takes; an `exec` passing
+    /// another number is rejected at `submit`.
+    fn scalar_count(&self) -> usize;
 }
 
 /// A scalar kernel argument, passed by value.

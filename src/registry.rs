@@ -113,17 +113,14 @@ fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Dev
                 entry.id
             ),
         )),
-        Some(entry) => Err(Error::Backend {
-            backend: "registry",
-            message: format!(
-                "{nothing}, and the policy forbids the fallback to `{}`; install a driver, enable \
-                 a backend feature, or allow the fallback",
+        Some(entry) => Err(Error::NoUsableBackend {
+            reason: format!(
+                "{nothing}, and the policy forbids the fallback to `{}`",
                 entry.id
             ),
         }),
-        None => Err(Error::Backend {
-            backend: "registry",
-            message: format!("{nothing}, and the set has no fallback backend"),
+        None => Err(Error::NoUsableBackend {
+            reason: format!("{nothing}, and the set has no fallback backend"),
         }),
     }
 }
@@ -272,12 +269,8 @@ impl<S: BackendSet> Registry<S> {
             match &*state {
                 SlotState::Open(device) => return Ok(device.clone()),
                 SlotState::Opening(opener) if *opener == me => {
-                    return Err(Error::Backend {
-                        backend: "registry",
-                        message: format!(
-                            "opening `{spec}` asked the registry for `{spec}` itself; a device \
-                             open must not acquire its own spec"
-                        ),
+                    return Err(Error::ReentrantOpen {
+                        spec: spec.to_string(),
                     });
                 }
                 SlotState::Opening(_) => state = slot.changed.wait(state),
@@ -293,12 +286,10 @@ impl<S: BackendSet> Registry<S> {
             (entry.open)(spec.ordinal())
         }))
         .unwrap_or_else(|payload| {
-            Err(Error::Backend {
+            Err(Error::OpenPanicked {
                 backend: entry.id,
-                message: format!(
-                    "opening `{spec}` panicked: {}; this is a bug in the backend",
-                    crate::error::panic_message(payload)
-                ),
+                spec: spec.to_string(),
+                message: crate::error::panic_message(payload),
             })
         });
 

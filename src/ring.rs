@@ -54,7 +54,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{Failures, MAX_SIGNAL_VALUE, Timeout, check_value, value_out_of_range};
+use crate::signal::{
+    Failures, MAX_SIGNAL_VALUE, Producer, Timeout, check_value, value_out_of_range,
+};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 
 /// How many records one ring holds at once (and how many events it keeps
@@ -143,6 +145,9 @@ pub struct EventRing<E> {
     /// Notified (under `state`) whenever something a waiter checks changes:
     /// a record, a raise of `completed`, a failure.
     changed: Condvar,
+    /// The queue that records into this ring (see
+    /// [`TimelineSignal`](crate::TimelineSignal)).
+    producer: Producer,
 }
 
 /// The ring's state, all guarded by [`EventRing::state`].
@@ -209,6 +214,7 @@ impl<E: RingEvent> EventRing<E> {
             }),
             capacity: slots,
             changed: Condvar::new(),
+            producer: Producer::new(),
         }
     }
 
@@ -440,18 +446,36 @@ impl<E: RingEvent> EventRing<E> {
         }
     }
 
-    /// Marks every value up to `upto` that is not reached as failed with
-    /// `cause`, and wakes their waiters with [`Error::SignalFailed`]. Values
-    /// above `upto`, and values already reached, are not affected; a failed
-    /// value whose event later completes (or that the host sets) is reached
-    /// as usual.
+    /// Marks every value up to `upto` that is neither reached nor recorded
+    /// as failed with `cause`, and wakes their waiters with
+    /// [`Error::SignalFailed`]. Values above `upto`, values already reached,
+    /// and values a recorded event stands for (every value up to the
+    /// highest recorded one `<= upto`) are not affected: their events decide
+    /// them. A failed value that the host sets later is reached as usual.
+    ///
+    /// So a queue that fails a batch (or abandons one) fails only what the
+    /// batch itself would have set: values that earlier work of the same
+    /// queue already recorded still complete.
     pub fn fail(&self, upto: u64, cause: Error) {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
         let state = &mut *guard;
-        if state.failures.record(upto, cause, state.completed) {
+        let recorded = state
+            .slots
+            .iter()
+            .map(|slot| slot.value)
+            .filter(|value| *value <= upto)
+            .max()
+            .unwrap_or(0);
+        let above = recorded.max(state.completed);
+        if state.failures.record(above, upto, cause, state.completed) {
             self.changed.notify_all();
         }
+    }
+
+    /// The queue that records into this ring.
+    pub fn producer(&self) -> &Producer {
+        &self.producer
     }
 
     /// How many slots hold a record (done or pending), at most

@@ -4,6 +4,8 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::queue::QueueId;
+use crate::sync::{AtomicU64, Ordering};
 
 /// The largest value a timeline signal holds: `2^63 - 1`.
 ///
@@ -58,6 +60,20 @@ impl From<Option<Duration>> for Timeout {
 /// with [`Error::SignalFailed`] instead of blocking forever. Values above stay
 /// usable, so a later batch with fresh values works as usual.
 ///
+/// # One producing queue per signal
+///
+/// A failure covers every unreached value up to the failed one, because a
+/// timeline's values are set in order: a value below the failed one that
+/// is not reached yet would only have been reached by the same stream of
+/// work. That holds only while one queue produces the signal. So the first
+/// queue that records `signal(s, v)` becomes `s`'s producer (its
+/// [`Producer`]), and another queue's `signal` on `s` rejects that queue's
+/// batch with [`Error::SignalProducerConflict`] for as long as the producer
+/// or work it submitted lives; after that, another queue may take it over.
+/// The host may [`set`](Self::set) any signal: a set value is reached, even
+/// one a failure covered. Give each queue its own signal and let other
+/// queues and the host wait on it; that is what the executor does.
+///
 /// Handles are cheap to clone and all clones name the same signal.
 pub trait TimelineSignal: Clone + Send + Sync + 'static {
     /// The highest value whose work has completed. Never blocks.
@@ -89,44 +105,127 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
     /// `cause`, and wakes their waiters with [`Error::SignalFailed`].
     ///
     /// Queues call this for the signals of a batch that failed. Values above
-    /// `upto`, and values already reached, are not affected.
+    /// `upto`, and values already reached, are not affected; neither are
+    /// values that work already handed to a device stands for (a GPU
+    /// signal's recorded events): their work decides them.
     fn fail(&self, upto: u64, cause: Error);
+
+    /// Which queue produces this signal (see the rule above).
+    fn producer(&self) -> &Producer;
 }
 
-/// The failures of one signal, as `(upto, cause)` sorted by `upto`: every
-/// unreached value `<= upto` of an entry failed with its cause (the first
-/// cause recorded for that `upto`). Causes at or below the signal's value
-/// are dropped, since a reached value is never reported failed. Kept under
-/// the signal's lock by each backend's signal.
+/// The queue that produces a signal: the first to record a `signal` on it,
+/// until that queue and its submitted work are gone. Every signal type
+/// holds one and hands it out through [`TimelineSignal::producer`].
+///
+/// | value | meaning | written by | how |
+/// |-------|---------|------------|-----|
+/// | 0 | no producer yet | `new` | |
+/// | a [`QueueId`] | that queue produces the signal | `claim`, on recording a `signal` | `compare_exchange(AcqRel)` from 0 or from a queue no longer live |
+///
+/// A claim by the producer itself is one `Relaxed` load. The id orders
+/// nothing else (the signal's own value and lock do), so `Relaxed` loads
+/// suffice; the compare-exchange makes two claimers agree on one winner.
+#[derive(Debug)]
+pub struct Producer {
+    queue: AtomicU64,
+}
+
+impl Default for Producer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Producer {
+    /// No producer yet.
+    pub fn new() -> Self {
+        Self {
+            queue: AtomicU64::new(0),
+        }
+    }
+
+    /// Makes `queue` the producer, unless another live queue is.
+    ///
+    /// # Errors
+    /// The producing queue, when it is another one and still live.
+    pub fn claim(&self, queue: QueueId) -> std::result::Result<(), QueueId> {
+        let me = queue.get();
+        let mut current = self.queue.load(Ordering::Relaxed);
+        loop {
+            if current == me {
+                return Ok(());
+            }
+            if let Some(other) = QueueId::from_raw(current)
+                && other.is_live()
+            {
+                return Err(other);
+            }
+            match self
+                .queue
+                .compare_exchange(current, me, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// The producing queue, if any queue claimed the signal.
+    pub fn queue(&self) -> Option<QueueId> {
+        QueueId::from_raw(self.queue.load(Ordering::Relaxed))
+    }
+}
+
+/// The failures of one signal, as `(above, upto, cause)` sorted by `upto`:
+/// every unreached value in `above + 1 ..= upto` of an entry failed with its
+/// cause (the first cause recorded for that range). `above` is the signal's
+/// value when the failure was recorded, or higher where values up to it are
+/// promised by work already handed to a device. Causes at or below the
+/// signal's value are dropped, since a reached value is never reported
+/// failed. Kept under the signal's lock by each backend's signal.
 #[derive(Debug, Default)]
-pub(crate) struct Failures(Vec<(u64, std::sync::Arc<Error>)>);
+pub(crate) struct Failures(Vec<(u64, u64, std::sync::Arc<Error>)>);
 
 impl Failures {
-    /// Records that values up to `upto` failed with `cause`, given the
-    /// signal's value `reached`. Whether anything was recorded (nothing is
-    /// when `upto` is already reached): the caller then wakes its waiters.
-    pub(crate) fn record(&mut self, upto: u64, cause: Error, reached: u64) -> bool {
-        if upto <= reached {
+    /// Records that values in `above + 1 ..= upto` failed with `cause`, the
+    /// signal being at `reached <= above`. Whether anything was recorded
+    /// (nothing is when the range is empty): the caller then wakes its
+    /// waiters.
+    pub(crate) fn record(&mut self, above: u64, upto: u64, cause: Error, reached: u64) -> bool {
+        if upto <= above {
             return false;
         }
         self.forget_reached(reached);
-        let at = self.0.partition_point(|(old, _)| *old < upto);
-        if self.0.get(at).is_none_or(|(old, _)| *old != upto) {
-            self.0.insert(at, (upto, std::sync::Arc::new(cause)));
+        // An entry for the same `upto` that covers the new range already
+        // names the first cause; keep it.
+        let covered = self
+            .0
+            .iter()
+            .any(|(old_above, old, _)| *old == upto && *old_above <= above);
+        if !covered {
+            // After the entries with the same `upto`: the first recorded
+            // cause wins among them.
+            let at = self.0.partition_point(|(_, old, _)| *old <= upto);
+            self.0.insert(at, (above, upto, std::sync::Arc::new(cause)));
         }
         true
     }
 
     /// Drops the causes of values now reached.
     pub(crate) fn forget_reached(&mut self, reached: u64) {
-        self.0.retain(|(upto, _)| *upto > reached);
+        self.0.retain(|(_, upto, _)| *upto > reached);
     }
 
     /// For a waiter on `target`, not reached (the signal is at `current`):
     /// [`Error::SignalFailed`] if the work that would set it failed.
     pub(crate) fn check(&self, target: u64, current: u64) -> Result<()> {
-        match self.0.iter().find(|(upto, _)| *upto >= target) {
-            Some((_, cause)) => Err(Error::SignalFailed {
+        match self
+            .0
+            .iter()
+            .find(|(above, upto, _)| *above < target && target <= *upto)
+        {
+            Some((_, _, cause)) => Err(Error::SignalFailed {
                 target,
                 current,
                 cause: cause.clone(),
@@ -137,7 +236,7 @@ impl Failures {
 
     /// The highest failed value (0: none), for debugging output.
     pub(crate) fn highest(&self) -> u64 {
-        self.0.last().map_or(0, |(upto, _)| *upto)
+        self.0.last().map_or(0, |(_, upto, _)| *upto)
     }
 }
 

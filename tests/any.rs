@@ -44,11 +44,14 @@ fn a_vec_of_queues_of_two_backends_runs_an_ordered_pipeline_with_waits_both_ways
     assert_eq!(queues[0].backend_id(), "cpu");
     assert_eq!(queues[1].backend_id(), "mock");
     let signals: Vec<MixedSignal> = vec![cpu.new_signal(0).unwrap(), mock.new_signal(0).unwrap()];
+    // Each queue produces its own signal (see `TimelineSignal`).
+    let head: MixedSignal = cpu.new_signal(0).unwrap();
     let gate = cpu.new_signal(0).unwrap();
     let first = MixedProgram::from(CpuProgram::from_fn("cpu_first", 0, 0, cpu_first));
     let last = MixedProgram::from(CpuProgram::from_fn("cpu_last", 0, 0, cpu_last));
     let middle = MixedProgram::from(MockProgram {
         name: "mock_middle",
+        buffers: 0,
         kernel: mock_middle,
     });
     let one = ExecParams::new_1d(1, 1);
@@ -61,7 +64,7 @@ fn a_vec_of_queues_of_two_backends_runs_an_ordered_pipeline_with_waits_both_ways
         .submit()
         .unwrap();
     queues[1]
-        .wait(&signals[0], 1) // mock waits on the CPU signal: cross-backend
+        .wait(&head, 1) // mock waits on the CPU signal: cross-backend
         .exec(&middle, &[], &[], one)
         .signal(&signals[1], 1)
         .submit()
@@ -70,7 +73,7 @@ fn a_vec_of_queues_of_two_backends_runs_an_ordered_pipeline_with_waits_both_ways
     cpu_head
         .wait(&gate, 1) // native
         .exec(&first, &[], &[], one)
-        .signal(&signals[0], 1)
+        .signal(&head, 1)
         .submit()
         .unwrap();
     assert!(LOG.lock().unwrap().is_empty());
@@ -144,6 +147,7 @@ fn programs_copies_and_signals_of_another_backend_are_rejected() {
     let (a, b) = (cpu.alloc(8).unwrap(), mock.alloc(8).unwrap());
     let program = MixedProgram::from(MockProgram {
         name: "mock_middle",
+        buffers: 0,
         kernel: mock_middle,
     });
     let cases: [(&str, Recorder); 4] = [

@@ -571,10 +571,18 @@ fn unknown_entry_point_is_an_error() {
         eprintln!("skipped: no C compiler");
         return;
     }
-    assert!(matches!(error, Error::Backend { .. }), "{error:?}");
-    assert!(error.to_string().contains("no function `no_such_kernel`"));
+    assert!(
+        matches!(&error, Error::EntryPointNotFound { entry, .. } if entry == "no_such_kernel"),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("no entry point `no_such_kernel`")
+    );
 
     let error = compile_err("copy", COPY, "copy; rm", &options);
+    assert!(matches!(error, Error::InvalidProgram { .. }), "{error:?}");
     assert!(error.to_string().contains("not a C identifier"), "{error}");
 }
 
@@ -600,4 +608,118 @@ HWQ_KERNEL(calls_missing) {
         Error::NoDriver { .. } => eprintln!("skipped: no C compiler"),
         other => panic!("expected a load failure, got {other}"),
     }
+}
+
+/// Issue 10, defect 4: the cache keyed a library by its text and flags but
+/// not by the files it includes, so after a header changed the old library
+/// came back (`[1, 1]` before the fix). Both the in-process cache (the
+/// first program still loaded) and the disk cache (after it is dropped)
+/// must see the change; an unchanged header still hits the cache.
+#[test]
+fn a_changed_header_compiles_again_and_an_unchanged_one_does_not() {
+    const SOURCE: &str =
+        "#include \"value.h\"\nHWQ_KERNEL(k) { ((uint32_t *)buffers[0])[0] = VALUE; }\n";
+    let dir = cache_dir("header");
+    let include = dir.join("include");
+    std::fs::create_dir_all(&include).unwrap();
+    let options = CompileOptions {
+        flags: with_flag(&format!("-I{}", include.display())),
+        ..options_in(&dir)
+    };
+    let device = CpuDevice::new();
+    let value_of = |program: &CpuProgram| {
+        let buffer = device.alloc(4).unwrap();
+        run(&device, program, &[&buffer], &[], ExecParams::new_1d(1, 1));
+        buffer.to_vec::<u32>().unwrap()[0]
+    };
+    let header = include.join("value.h");
+    std::fs::write(&header, "#define VALUE 1\n").unwrap();
+    let Some(first) = compile("k", SOURCE, "k", 1, 0, &options) else {
+        return;
+    };
+    assert_eq!(value_of(&first), 1);
+
+    // Unchanged, or rewritten with the same text: cached.
+    let again = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(again.cache_outcome(), Some(CacheOutcome::AlreadyLoaded));
+    std::fs::write(&header, "#define VALUE 1\n").unwrap();
+    let touched = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(touched.cache_outcome(), Some(CacheOutcome::AlreadyLoaded));
+
+    // Changed while the old library is loaded.
+    std::fs::write(&header, "#define VALUE 2\n").unwrap();
+    let second = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(second.cache_outcome(), Some(CacheOutcome::Compiled));
+    assert_eq!(value_of(&second), 2);
+    assert_eq!(value_of(&first), 1, "the old program keeps its own code");
+
+    // Changed back, with nothing loaded: the disk cache holds the library
+    // of the header as it is now, not the one of another version.
+    drop((first, again, touched, second));
+    std::fs::write(&header, "#define VALUE 3\n").unwrap();
+    let third = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(third.cache_outcome(), Some(CacheOutcome::Compiled));
+    assert_eq!(value_of(&third), 3);
+    drop(third);
+    let fourth = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(fourth.cache_outcome(), Some(CacheOutcome::LoadedFromDisk));
+    assert_eq!(value_of(&fourth), 3);
+}
+
+/// Defect 4, the libraries: a static library a `-l` flag links is part of
+/// the code, so rebuilding it compiles the kernel again.
+#[test]
+fn a_rebuilt_static_library_compiles_again() {
+    const SOURCE: &str = "uint32_t library_value(void);\nHWQ_KERNEL(k) { ((uint32_t *)buffers[0])[0] = library_value(); }\n";
+    let dir = cache_dir("library");
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let build_library = |value: u32| -> bool {
+        let source = lib.join("value.c");
+        std::fs::write(
+            &source,
+            format!("unsigned library_value(void) {{ return {value}; }}\n"),
+        )
+        .unwrap();
+        let object = lib.join("value.o");
+        let built = std::process::Command::new("cc")
+            .args(["-c", "-fPIC", "-o"])
+            .arg(&object)
+            .arg(&source)
+            .status()
+            .is_ok_and(|status| status.success());
+        let _ = std::fs::remove_file(lib.join("libvalue.a"));
+        built
+            && std::process::Command::new("ar")
+                .arg("rcs")
+                .arg(lib.join("libvalue.a"))
+                .arg(&object)
+                .status()
+                .is_ok_and(|status| status.success())
+    };
+    if !build_library(1) {
+        eprintln!("skipped: no cc or ar to build a static library");
+        return;
+    }
+    let mut flags = CompileOptions::default().flags;
+    flags.extend([format!("-L{}", lib.display()), "-lvalue".to_owned()]);
+    let options = CompileOptions {
+        flags,
+        ..options_in(&dir)
+    };
+    let device = CpuDevice::new();
+    let value_of = |program: &CpuProgram| {
+        let buffer = device.alloc(4).unwrap();
+        run(&device, program, &[&buffer], &[], ExecParams::new_1d(1, 1));
+        buffer.to_vec::<u32>().unwrap()[0]
+    };
+    let Some(first) = compile("k", SOURCE, "k", 1, 0, &options) else {
+        return;
+    };
+    assert_eq!(value_of(&first), 1);
+    drop(first);
+    assert!(build_library(2));
+    let second = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
+    assert_eq!(second.cache_outcome(), Some(CacheOutcome::Compiled));
+    assert_eq!(value_of(&second), 2);
 }

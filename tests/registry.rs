@@ -237,3 +237,26 @@ fn a_panicking_open_is_an_error_and_the_spec_stays_usable() {
     }
     assert_eq!(OPENS[PANIC_ORDINAL as usize].load(Ordering::SeqCst), 2);
 }
+
+/// Issue 10, defect 3: before the fix the registry dropped the payload
+/// outside its `catch_unwind`, so the second panic escaped `acquire` and
+/// left the slot `Opening`: every later caller of the spec hung.
+#[test]
+fn an_open_whose_panic_payload_panics_on_drop_is_an_error_too() {
+    let registry = Registry::<Mixed>::new();
+    let spec = format!("mock:{BAD_PAYLOAD_ORDINAL}");
+    for _ in 0..2 {
+        let error = registry.acquire(&spec).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                Error::OpenPanicked {
+                    backend: "mock",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(!registry.is_open(DeviceSpec::new("mock", BAD_PAYLOAD_ORDINAL)));
+    }
+}

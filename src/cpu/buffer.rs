@@ -65,11 +65,6 @@ impl CpuBuffer {
         })
     }
 
-    /// Whether two handles name the same memory.
-    pub fn same_as(&self, other: &CpuBuffer) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
     /// The address of the memory, for ordering locks and for kernels.
     pub(crate) fn address(&self) -> usize {
         self.inner.ptr.as_ptr() as usize
@@ -100,6 +95,10 @@ impl Buffer for CpuBuffer {
 
     fn size(&self) -> usize {
         self.inner.size
+    }
+
+    fn same_as(&self, other: &CpuBuffer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {

@@ -24,6 +24,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 
 use super::Cpu;
+use super::c_manifest::{Manifest, linked_libraries, parse_depfile, write_atomically};
 
 /// The flags [`CompileOptions::default`] passes to the C compiler.
 ///
@@ -48,19 +49,28 @@ pub const DEFAULT_C_FLAGS: &[&str] = &["-O3", "-std=c11", "-march=native", "-ffp
 /// A library is keyed by everything that decides its code: the compiler (its
 /// resolved path, size and modification time, as ccache checks it), the
 /// arguments `$CC` carries, the flags, the host CPU when an argument says
-/// `native`, and the full text compiled (ABI prelude, program name, source).
+/// `native`, `CPATH`, `C_INCLUDE_PATH` and `LIBRARY_PATH`, and the full
+/// text compiled (ABI prelude, program name, source); and by the files the
+/// compile read besides the text: every header the source included
+/// (directly or not) and every library a `-l` linked, recorded at compile
+/// time and checked on every load. Edit a header, and the next
+/// `from_c_source` compiles again.
 ///
 /// - **In process**: a map from the key to the loaded library, held weakly: a
 ///   library stays loaded while a program uses it and is unloaded after the
 ///   last one is dropped. Threads asking for one key at once wait for a single
 ///   compile.
-/// - **On disk**: `<dir>/<hash>.so`, the hash being FNV-1a 128 of the key
-///   (stable across Rust releases, unlike std's hasher). The compiler writes
-///   to a name unique to the process and call, then that file is renamed over
-///   the final name. Rename is atomic, so a reader sees a whole library or
-///   none, and processes compiling one key at once all succeed (the last
-///   rename wins; the files hold the same code). The text compiled is kept
-///   beside it as `<hash>.c`, to read. A cached file that does not load (cut
+/// - **On disk**: `<dir>/<hash>-<files>.so`, the hash being FNV-1a 128 of
+///   the key (stable across Rust releases, unlike std's hasher) and `files`
+///   a digest of the included files' contents, so a library built from
+///   other headers has another name (a loader would hand out the one
+///   already loaded under a name). `<hash>.deps` lists those files with
+///   their sizes, times and hashes. The compiler writes to a name unique to
+///   the process and call, then that file is renamed over the final name.
+///   Rename is atomic, so a reader sees a whole library or none, and
+///   processes compiling one key at once all succeed (the last rename wins;
+///   the files hold the same code). The text compiled is kept beside it as
+///   `<hash>-<files>.c`, to read. A cached file that does not load (cut
 ///   short by a full disk, say) is compiled again and replaced. Nothing is
 ///   evicted: delete the directory to clear it.
 ///
@@ -105,10 +115,12 @@ pub enum CacheOutcome {
     AlreadyLoaded,
 }
 
-/// A loaded library built by the C compiler.
+/// A loaded library built by the C compiler, and the files it was built
+/// from besides its text.
 pub(crate) struct CompiledLibrary {
     library: libloading::Library,
     path: PathBuf,
+    manifest: Manifest,
 }
 
 impl CompiledLibrary {
@@ -143,7 +155,10 @@ pub(crate) fn load_or_compile(
         loaded.entry(key).or_default().clone()
     };
     let mut held = lock(&slot);
-    if let Some(library) = held.upgrade() {
+    // Loaded already, and built from what the files hold now.
+    if let Some(library) = held.upgrade()
+        && library.manifest.is_current()
+    {
         return Ok((library, CacheOutcome::AlreadyLoaded));
     }
     let (library, outcome) = load_or_build(program, &compiler, options, text, digest)?;
@@ -175,16 +190,36 @@ fn load_or_build(
 ) -> Result<(CompiledLibrary, CacheOutcome)> {
     let dir = cache_dir(options)?;
     let stem = format!("{digest:032x}");
-    let path = dir.join(format!("{stem}{}", std::env::consts::DLL_SUFFIX));
-    // A file that does not load (a disk filled up mid-write, a stray file)
-    // is built again over.
-    if path.is_file()
-        && let Ok(library) = open(&path)
+    let manifest_path = dir.join(format!("{stem}.deps"));
+    let library_path = |manifest: &Manifest| {
+        dir.join(format!(
+            "{stem}-{:016x}{}",
+            manifest.digest(),
+            std::env::consts::DLL_SUFFIX
+        ))
+    };
+    // A library built from files that still hold what they held. One that
+    // does not load (a disk filled up mid-write, a stray file) is built
+    // again.
+    if let Some(manifest) = Manifest::read(&manifest_path)
+        && manifest.is_current()
+        && let Ok(library) = open(&library_path(&manifest), manifest.clone())
     {
         return Ok((library, CacheOutcome::LoadedFromDisk));
     }
-    compile(program, compiler, options, text, &dir, &stem, &path)?;
-    match open(&path) {
+    let (scratch, manifest) = compile(program, compiler, options, text, &dir, &stem)?;
+    let path = library_path(&manifest);
+    fs::rename(&scratch.output, &path)
+        .map_err(cache_io("moving a compiled C kernel into place"))?;
+    // Keep the text beside its library, to read; a lost race is harmless.
+    let _ = fs::rename(&scratch.source, path.with_extension("c"));
+    // Without a manifest on disk the library is compiled again next time,
+    // never loaded stale: a path that cannot be written down is no error.
+    if let Some(text) = manifest.to_text() {
+        write_atomically(&manifest_path, &scratch.depfile, &text)
+            .map_err(cache_io("writing a C kernel's dependencies into the cache"))?;
+    }
+    match open(&path, manifest) {
         Ok(library) => Ok((library, CacheOutcome::Compiled)),
         Err(error) => {
             // It compiled but does not load: an undefined function, most
@@ -202,7 +237,8 @@ fn load_or_build(
     }
 }
 
-/// Runs the compiler on `text`, leaving the library at `path`.
+/// Runs the compiler on `text`; returns its scratch files (the library is
+/// `output`) and what the library was built from besides the text.
 fn compile(
     program: &str,
     compiler: &Compiler,
@@ -210,8 +246,7 @@ fn compile(
     text: &str,
     dir: &Path,
     stem: &str,
-    path: &Path,
-) -> Result<()> {
+) -> Result<(Scratch, Manifest)> {
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let unique = format!(
         "{stem}.{}.{}",
@@ -221,6 +256,7 @@ fn compile(
     let scratch = Scratch {
         source: dir.join(format!("{unique}.c")),
         output: dir.join(format!("{unique}.tmp")),
+        depfile: dir.join(format!("{unique}.d")),
     };
     fs::write(&scratch.source, text).map_err(cache_io("writing a C kernel into the cache"))?;
     let ran = Command::new(&compiler.path)
@@ -228,6 +264,9 @@ fn compile(
         .args(["-shared", "-fPIC", "-o"])
         .arg(&scratch.output)
         .arg(&scratch.source)
+        // Every file the preprocessor reads, into a make rule.
+        .args(["-MD", "-MT", "hwq", "-MF"])
+        .arg(&scratch.depfile)
         .args(&options.flags)
         .arg("-lm")
         // Untranslated messages with plain quotes: the same output anywhere.
@@ -249,10 +288,17 @@ fn compile(
             output,
         });
     }
-    fs::rename(&scratch.output, path).map_err(cache_io("moving a compiled C kernel into place"))?;
-    // Keep the text beside its library, to read; a lost race is harmless.
-    let _ = fs::rename(&scratch.source, path.with_extension("c"));
-    Ok(())
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let headers = fs::read_to_string(&scratch.depfile)
+        .map(|rule| parse_depfile(&rule, &scratch.source, &cwd))
+        .unwrap_or_default();
+    // The libraries of the flags' `-l`s (not the `-lm` added above: the C
+    // library's math is linked dynamically, and follows the system).
+    let libraries = linked_libraries(&compiler.path, &compiler.args, &options.flags);
+    Ok((
+        scratch,
+        Manifest::capture(headers.into_iter().chain(libraries)),
+    ))
 }
 
 /// The compiler's scratch files, removed however the compile ends (a file
@@ -260,16 +306,21 @@ fn compile(
 struct Scratch {
     source: PathBuf,
     output: PathBuf,
+    depfile: PathBuf,
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.source);
         let _ = fs::remove_file(&self.output);
+        let _ = fs::remove_file(&self.depfile);
     }
 }
 
-fn open(path: &Path) -> std::result::Result<CompiledLibrary, libloading::Error> {
+fn open(
+    path: &Path,
+    manifest: Manifest,
+) -> std::result::Result<CompiledLibrary, libloading::Error> {
     // SAFETY: loading runs the library's initialisers. The library is one
     // this layer built (or a previous run built) from C text whose caller
     // vouched for it (`CpuProgram::from_c_source`'s `# Safety`); the cache
@@ -287,6 +338,7 @@ fn open(path: &Path) -> std::result::Result<CompiledLibrary, libloading::Error> 
     Ok(CompiledLibrary {
         library,
         path: path.to_owned(),
+        manifest,
     })
 }
 
@@ -393,7 +445,7 @@ fn cache_key(compiler: &Compiler, flags: &[String], text: &str) -> Vec<u8> {
         key.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
         key.extend_from_slice(bytes);
     };
-    field(b"hwqueue C kernel cache, format 1");
+    field(b"hwqueue C kernel cache, format 2");
     field(compiler.path.as_os_str().as_encoded_bytes());
     field(&compiler.size.to_le_bytes());
     field(&compiler.modified.to_le_bytes());
@@ -403,6 +455,16 @@ fn cache_key(compiler: &Compiler, flags: &[String], text: &str) -> Vec<u8> {
     field(b"--");
     for flag in flags {
         field(flag.as_bytes());
+    }
+    field(b"--");
+    // The search paths the environment adds for headers and libraries: the
+    // manifest records the files found, not where else one would be found.
+    for variable in ["CPATH", "C_INCLUDE_PATH", "LIBRARY_PATH"] {
+        field(variable.as_bytes());
+        match std::env::var_os(variable) {
+            Some(value) => field(value.as_encoded_bytes()),
+            None => field(b"(unset)"),
+        }
     }
     field(b"--");
     let native = compiler
@@ -454,7 +516,7 @@ fn host_cpu() -> &'static str {
 
 /// FNV-1a, 128 bits: a hash whose value is fixed by its definition, so file
 /// names stay the same across Rust releases and processes.
-fn fnv1a_128(bytes: &[u8]) -> u128 {
+pub(crate) fn fnv1a_128(bytes: &[u8]) -> u128 {
     const OFFSET_BASIS: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     bytes.iter().fold(OFFSET_BASIS, |hash, &byte| {

@@ -11,7 +11,9 @@ use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
+use super::queue::CpuEngine;
 use super::{Cpu, CpuBuffer, CpuQueue, CpuSignal};
+use crate::queue::Queue;
 
 /// What one CPU `exec` may ask for. The local limits are CUDA's documented
 /// ones, so that a schedule valid on the CPU is meant to be valid on a GPU
@@ -84,13 +86,13 @@ impl QueueFactory for CpuDevice {
     type Signal = CpuSignal;
 
     fn compute_queue(&self) -> Result<CpuQueue> {
-        CpuQueue::new(self, QueueKind::Compute)
+        CpuEngine::new(self, QueueKind::Compute).map(Queue::new)
     }
 
     /// The CPU has no copy engine, but a copy queue is a second worker
     /// thread, so uploads overlap kernels as on a GPU.
     fn copy_queue(&self) -> Result<Option<CpuQueue>> {
-        CpuQueue::new(self, QueueKind::Copy).map(Some)
+        CpuEngine::new(self, QueueKind::Copy).map(|engine| Some(Queue::new(engine)))
     }
 
     fn new_signal(&self, initial: u64) -> Result<CpuSignal> {

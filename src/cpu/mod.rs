@@ -4,9 +4,10 @@
 //!   mutex and condvar for the slow path; `set` with nobody waiting is one
 //!   `fetch_max`, and no wake-up can be lost (the protocol is documented on
 //!   the word and checked by loom).
-//! - [`CpuQueue`] owns a worker thread. `submit` moves the recorded batch to
-//!   it under one lock; the worker runs batches in order, `exec` spreading
-//!   work-groups over the cores with scoped threads.
+//! - [`CpuQueue`] is the shared queue core over a [`CpuEngine`], which owns
+//!   a worker thread. `submit` moves the recorded batch to it under one
+//!   lock; the worker runs batches in order, `exec` spreading work-groups
+//!   over the cores with scoped threads.
 //! - [`CpuBuffer`] is 64-byte-aligned host memory behind a lock, so host
 //!   reads and writes never race queue work.
 //! - [`CpuProgram`] is a function called once per work-group: Rust, or C
@@ -60,6 +61,7 @@
 
 mod buffer;
 mod c_compiler;
+mod c_manifest;
 mod device;
 mod program;
 mod queue;
@@ -71,7 +73,7 @@ pub use device::{CPU_LIMITS, CpuDevice};
 pub use program::{
     BufferView, CPU_KERNEL_PRELUDE, CpuKernelFn, CpuProgram, FromScalar, KernelArgs, WorkGroup,
 };
-pub use queue::CpuQueue;
+pub use queue::{CpuEngine, CpuQueue};
 pub use signal::CpuSignal;
 
 use crate::backend::{Backend, DeviceInfo};

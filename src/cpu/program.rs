@@ -9,7 +9,6 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::backend::Backend;
 use crate::buffer::Pod;
 use crate::error::{Error, Result};
 use crate::program::{Program, Scalar};
@@ -181,7 +180,8 @@ impl CpuProgram {
     /// - [`Error::Compile`] carrying the compiler's output when the source
     ///   does not compile, or the library does not load (an undefined
     ///   function).
-    /// - [`Error::Backend`] when the library has no function `entry_point`.
+    /// - [`Error::InvalidProgram`] when `entry_point` is not a C identifier;
+    ///   [`Error::EntryPointNotFound`] when the library has no such function.
     /// - [`Error::System`] when the cache directory cannot be written.
     ///
     /// # Safety
@@ -213,11 +213,11 @@ impl CpuProgram {
     ) -> Result<Self> {
         let name = name.into();
         if !is_c_identifier(entry_point) {
-            return Err(Error::Backend {
-                backend: Cpu::ID,
-                message: format!(
-                    "the entry point of kernel `{name}` is `{entry_point}`, which is not a C \
-                     identifier; give the name of the C function"
+            return Err(Error::InvalidProgram {
+                program: name,
+                reason: format!(
+                    "its entry point `{entry_point}` is not a C identifier; give the name of the \
+                     C function"
                 ),
             });
         }
@@ -232,13 +232,10 @@ impl CpuProgram {
         // program, keeps the code loaded.
         let entry = unsafe { library.library().get::<CKernelFn>(entry_point.as_bytes()) }
             .map(|symbol| *symbol)
-            .map_err(|e| Error::Backend {
-                backend: Cpu::ID,
-                message: format!(
-                    "the library built for kernel `{name}` has no function `{entry_point}` ({e}); \
-                     give the name of a non-`static` function of the source (`HWQ_KERNEL` \
-                     declares one)"
-                ),
+            .map_err(|e| Error::EntryPointNotFound {
+                program: name.clone(),
+                entry: entry_point.to_owned(),
+                detail: e.to_string(),
             })?;
         Ok(Self {
             inner: Arc::new(ProgramInner {
@@ -271,16 +268,6 @@ impl CpuProgram {
             Kernel::Rust(_) => None,
             Kernel::C(kernel) => Some(kernel.library.path()),
         }
-    }
-
-    /// How many buffer arguments the kernel takes.
-    pub fn buffer_count(&self) -> usize {
-        self.inner.buffers
-    }
-
-    /// How many scalar arguments the kernel takes.
-    pub fn scalar_count(&self) -> usize {
-        self.inner.scalars
     }
 
     /// Runs one work-group.
@@ -345,6 +332,14 @@ impl Program for CpuProgram {
 
     fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    fn buffer_count(&self) -> usize {
+        self.inner.buffers
+    }
+
+    fn scalar_count(&self) -> usize {
+        self.inner.scalars
     }
 }
 

@@ -1,5 +1,5 @@
-//! `CpuQueue`: batches recorded on the caller's thread, run in order by a
-//! worker thread the queue owns.
+//! `CpuEngine`: the CPU backend's engine: batches run in order by a worker
+//! thread the queue owns.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -7,26 +7,28 @@ use std::mem;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::backend::Backend;
 use crate::buffer::Buffer;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
 use crate::program::{Program, Scalar};
-use crate::queue::{HardwareQueue, QueueKind, report_failure};
-use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind};
+use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::{
     Arc, AtomicUsize, Condvar, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence, spawn,
 };
 
 use super::device::CpuDevice;
 use super::program::{BufferView, KernelArgs, WorkGroup};
-use super::{Cpu, CpuBuffer, CpuProgram, CpuSignal};
+use super::{Cpu, CpuBuffer, CpuProgram};
 
-/// A command queue of the CPU backend.
+/// A command queue of the CPU backend: the shared recording core
+/// ([`Queue`]) over the CPU's [`CpuEngine`].
+pub type CpuQueue = Queue<CpuEngine>;
+
+/// How the CPU runs a queue's batches.
 ///
-/// Recording happens on the caller's thread; [`submit`](HardwareQueue::submit)
-/// moves the batch to a worker thread owned by the queue, which runs batches
-/// in submission order:
+/// [`submit`](crate::HardwareQueue::submit) moves the batch to a worker
+/// thread owned by the queue, which runs batches in submission order:
 ///
 /// - `wait` blocks the worker until the signal is reached (or failed);
 /// - `signal` raises the signal after every earlier command completed;
@@ -43,97 +45,19 @@ use super::{Cpu, CpuBuffer, CpuProgram, CpuSignal};
 /// order, guards, buffer views) from scratch memory the worker keeps, so
 /// one that runs on the worker alone allocates nothing.
 ///
-/// Dropping a queue finishes the work already submitted (the worker drains
-/// it, then exits) and fails the signals of a batch recorded but never
-/// submitted, so nobody waits on them forever.
-pub struct CpuQueue {
-    kind: QueueKind,
-    limits: Limits,
-    batch: Batch,
-    /// The first invalid command of the batch being recorded.
-    rejected: Option<Error>,
-    /// The last `exec` arguments that passed `check_exec`: (params, the
-    /// program's buffer and scalar counts, the given counts). The check is a
-    /// pure function of these (kind and limits never change), so an `exec`
-    /// like the last one skips it. Boxed: `CpuQueue` stays small.
-    last_checked: Option<Box<CheckedExec>>,
+/// Dropping the queue finishes the work already submitted (the worker
+/// drains it, then exits). No panic on the worker can end it: a kernel's
+/// panic fails its batch, and anything else that panics fails the batch it
+/// happened in.
+pub struct CpuEngine {
     shared: Arc<Shared>,
 }
 
-/// One submitted unit of work. Buffers and scalars of all `exec`s live in
-/// two vectors per batch, so recording an `exec` allocates nothing once the
-/// vectors have grown; finished batches are recycled.
-#[derive(Default)]
-struct Batch {
-    commands: Vec<Command>,
-    buffers: Vec<CpuBuffer>,
-    scalars: Vec<Scalar>,
-    /// `State::epoch` when submitted.
-    epoch: u64,
-    /// A batch that will not run (rejected, discarded, or left recorded
-    /// when the queue was dropped): the worker only fails its signals with
-    /// this cause, after every batch submitted before it finished. Boxed:
-    /// the recording batch lives inside `CpuQueue`, which stays small.
-    abandoned: Option<Box<Error>>,
-    /// The range of `buffers` the last `exec` uses: an `exec` on the same
-    /// buffers shares it instead of cloning the handles again. (`u32`s keep
-    /// `CpuQueue`, which holds the recording batch, small.)
-    last_exec_buffers: Range<u32>,
-}
-
-impl Batch {
-    fn clear(&mut self) {
-        self.commands.clear();
-        self.buffers.clear();
-        self.scalars.clear();
-        self.abandoned = None;
-        self.last_exec_buffers = 0..0;
-    }
-
-    /// Fails every signal the commands from `from` on would have set.
-    fn fail_signals(&self, from: usize, cause: &Error) {
-        for command in &self.commands[from..] {
-            if let Command::Signal { signal, value } = command {
-                signal.fail(*value, cause.clone());
-            }
-        }
-    }
-}
-
-enum Command {
-    Wait {
-        signal: CpuSignal,
-        value: u64,
-    },
-    /// A wait on another backend's signal: the only boxed command, off the
-    /// same-backend path.
-    WaitForeign {
-        signal: Box<dyn crate::queue::ForeignSignal>,
-        value: u64,
-    },
-    Signal {
-        signal: CpuSignal,
-        value: u64,
-    },
-    Exec {
-        program: CpuProgram,
-        buffers: Range<usize>,
-        scalars: Range<usize>,
-        params: ExecParams,
-    },
-    Copy {
-        dst: CpuBuffer,
-        src: CpuBuffer,
-    },
-    Barrier,
-}
-
-/// What `CpuQueue::check_exec` checked last: the parameters, the program's
-/// buffer and scalar counts, the counts given.
-type CheckedExec = (ExecParams, (usize, usize), (usize, usize));
-
 /// What the owner and the worker share.
 struct Shared {
+    kind: QueueKind,
+    limits: Limits,
+    ledger: Ledger,
     state: Mutex<State>,
     /// The worker parks here for batches.
     work: Condvar,
@@ -151,42 +75,26 @@ struct Shared {
 #[derive(Default)]
 struct State {
     /// Submitted, not yet started.
-    pending: VecDeque<Batch>,
+    pending: VecDeque<Batch<Cpu>>,
     /// Submitted, not yet finished (pending or running).
     in_flight: usize,
     /// The owner dropped the queue: exit once `pending` is empty.
     closed: bool,
     worker_parked: bool,
     sync_waiters: usize,
-    /// A failure not yet reported to the owner.
-    failure: Option<std::sync::Arc<Error>>,
-    /// How many failures the owner has been told of. A batch submitted in
-    /// the epoch of a failure was submitted before the owner knew, and is
-    /// not run.
-    epoch: u64,
     /// Finished batches, cleared, for reuse.
-    spare: Vec<Batch>,
-}
-
-impl Shared {
-    /// Hands `batch` to the worker: queues it, keeps the `queued` hint
-    /// current, counts it in flight, and wakes the worker if it is parked.
-    fn enqueue(&self, state: &mut State, batch: Batch) {
-        state.pending.push_back(batch);
-        self.queued.store(state.pending.len(), Ordering::Relaxed);
-        state.in_flight += 1;
-        if state.worker_parked {
-            self.work.notify_one();
-        }
-    }
+    spare: Vec<Batch<Cpu>>,
 }
 
 /// How many finished batches to keep for reuse.
 const SPARE_BATCHES: usize = 4;
 
-impl CpuQueue {
+impl CpuEngine {
     pub(crate) fn new(device: &CpuDevice, kind: QueueKind) -> Result<Self> {
         let shared = Arc::new(Shared {
+            kind,
+            limits: device.limits_ref(),
+            ledger: Ledger::new(),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -200,279 +108,77 @@ impl CpuQueue {
                 detail: e.to_string(),
             }
         })?;
-        Ok(Self {
-            kind,
-            limits: device.limits_ref(),
-            batch: Batch::default(),
-            rejected: None,
-            last_checked: None,
-            shared,
-        })
-    }
-
-    /// How many commands are recorded and not yet submitted.
-    pub fn recorded(&self) -> usize {
-        self.batch.commands.len()
-    }
-
-    /// Throws away the batch being recorded (and its rejection, if a command
-    /// was invalid) without running any of it; the queue then records a new
-    /// batch. Work already submitted is not affected.
-    ///
-    /// As when a queue is dropped with a batch recorded, the signals the
-    /// batch would have set are [failed](TimelineSignal::fail), so nobody
-    /// waits on them forever; values already reached are left alone. With
-    /// none to fail, discarding takes no lock and allocates nothing.
-    pub fn discard(&mut self) {
-        self.rejected = None;
-        self.abandon_recorded(Error::Backend {
-            backend: Cpu::ID,
-            message: "the batch that would have set this value was discarded before it was \
-                      submitted; record and submit it again"
-                .into(),
-        });
-    }
-
-    /// Fails the signals of the recorded batch, which will not run, with
-    /// `cause`, and starts a new batch.
-    ///
-    /// The failure keeps queue order: while batches submitted earlier are
-    /// still in flight, the batch goes to the worker, which fails its
-    /// signals after those batches finished. Failing at once would fail a
-    /// value that an earlier batch is about to set (`fail(upto)` covers
-    /// every unreached value up to `upto`), and its waiters would wake with
-    /// an error although their work completes. With no unreached signal,
-    /// this takes no lock and allocates nothing.
-    fn abandon_recorded(&mut self, cause: Error) {
-        let unreached = self.batch.commands.iter().any(|command| {
-            matches!(command, Command::Signal { signal, value } if !signal.is_reached(*value))
-        });
-        if !unreached {
-            self.batch.clear();
-            return;
-        }
-        let mut state = self.shared.state.lock();
-        if state.in_flight == 0 {
-            // Nothing earlier can still set a value: fail now. Only the
-            // owner (`&mut self`) submits, so this stays true.
-            drop(state);
-            self.batch.fail_signals(0, &cause);
-            self.batch.clear();
-            return;
-        }
-        let fresh = state.spare.pop().unwrap_or_default();
-        let mut batch = mem::replace(&mut self.batch, fresh);
-        batch.abandoned = Some(Box::new(cause));
-        self.shared.enqueue(&mut state, batch);
-    }
-
-    fn check_exec(
-        &mut self,
-        program: &CpuProgram,
-        buffers: &[&CpuBuffer],
-        scalars: &[Scalar],
-        params: &ExecParams,
-    ) -> Result<()> {
-        let key = (
-            *params,
-            (program.buffer_count(), program.scalar_count()),
-            (buffers.len(), scalars.len()),
-        );
-        if self.last_checked.as_deref() == Some(&key) {
-            return Ok(());
-        }
-        crate::queue::check_exec(
-            self.kind,
-            &self.limits,
-            program.name(),
-            key.1,
-            key.2,
-            params,
-        )?;
-        match &mut self.last_checked {
-            Some(last) => **last = key,
-            None => self.last_checked = Some(Box::new(key)),
-        }
-        Ok(())
+        Ok(Self { shared })
     }
 }
 
-impl HardwareQueue for CpuQueue {
+impl Engine for CpuEngine {
     type Backend = Cpu;
 
     fn kind(&self) -> QueueKind {
-        self.kind
+        self.shared.kind
     }
 
-    fn wait(&mut self, signal: &CpuSignal, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::Wait {
-            signal: signal.clone(),
-            value,
-        });
-        self
+    fn limits(&self) -> &Limits {
+        &self.shared.limits
     }
 
-    fn signal(&mut self, signal: &CpuSignal, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        // Recorded even in a rejected batch, so `submit` can fail it.
-        self.batch.commands.push(Command::Signal {
-            signal: signal.clone(),
-            value,
-        });
-        self
+    fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
     }
 
-    fn exec(
-        &mut self,
-        program: &CpuProgram,
-        buffers: &[&CpuBuffer],
-        scalars: &[Scalar],
-        params: ExecParams,
-    ) -> &mut Self {
-        if self.rejected.is_some() {
-            return self;
+    fn submit(&mut self, mut batch: Batch<Cpu>) -> Batch<Cpu> {
+        let shared = &*self.shared;
+        let mut state = shared.state.lock();
+        if batch.abandoned().is_some() && state.in_flight == 0 {
+            // Nothing earlier can still set a value: fail now. Only the
+            // owner submits, so this stays true.
+            drop(state);
+            shared.ledger.settle(&batch, |_| Ok(()));
+            batch.clear();
+            return batch;
         }
-        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
-            return self.reject(e);
+        state.pending.push_back(batch);
+        shared.queued.store(state.pending.len(), Ordering::Relaxed);
+        state.in_flight += 1;
+        if state.worker_parked {
+            shared.work.notify_one();
         }
-        let batch = &mut self.batch;
-        let Range { start, end } = batch.last_exec_buffers.clone();
-        let last = &batch.buffers[start as usize..end as usize];
-        let same_buffers = last.len() == buffers.len()
-            && last.iter().zip(buffers).all(|(old, new)| old.same_as(new));
-        let range = if same_buffers {
-            start as usize..end as usize
-        } else {
-            let first_buffer = batch.buffers.len();
-            batch.buffers.extend(buffers.iter().map(|b| (*b).clone()));
-            let range = first_buffer..batch.buffers.len();
-            // Past `u32::MAX` handles, later `exec`s just clone again.
-            batch.last_exec_buffers = u32::try_from(range.start)
-                .and_then(|start| Ok(start..u32::try_from(range.end)?))
-                .unwrap_or(0..0);
-            range
-        };
-        let first_scalar = self.batch.scalars.len();
-        self.batch.scalars.extend_from_slice(scalars);
-        self.batch.commands.push(Command::Exec {
-            program: program.clone(),
-            buffers: range,
-            scalars: first_scalar..self.batch.scalars.len(),
-            params,
-        });
-        self
+        state.spare.pop().unwrap_or_default()
     }
 
-    fn copy(&mut self, dst: &CpuBuffer, src: &CpuBuffer) -> &mut Self {
-        if dst.size() != src.size() {
-            return self.reject(Error::CopySizeMismatch {
-                dst: dst.size(),
-                src: src.size(),
-            });
-        }
-        self.batch.commands.push(Command::Copy {
-            dst: dst.clone(),
-            src: src.clone(),
-        });
-        self
-    }
-
-    fn memory_barrier(&mut self) -> &mut Self {
-        self.batch.commands.push(Command::Barrier);
-        self
-    }
-
-    /// The worker blocks on the foreign signal's own host `wait`: correct for
-    /// any backend whose signal tells the truth, costs one boxed command at
-    /// record time and one host wait (a parked thread) at run time.
-    fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::WaitForeign {
-            signal: Box::new(signal.clone()),
-            value,
-        });
-        self
-    }
-
-    fn reject(&mut self, error: Error) -> &mut Self {
-        if self.rejected.is_none() {
-            self.rejected = Some(error);
-        }
-        self
-    }
-
-    fn submit(&mut self) -> Result<()> {
-        if let Some(error) = self.rejected.take() {
-            let cause = std::sync::Arc::new(error);
-            self.abandon_recorded(Error::BatchRejected {
-                cause: cause.clone(),
-            });
-            return Err(Error::BatchRejected { cause });
-        }
-        let mut state = self.shared.state.lock();
-        {
-            let state = &mut *state;
-            report_failure(&mut state.failure, &mut state.epoch)?;
-        }
-        if self.batch.commands.is_empty() {
-            return Ok(());
-        }
-        let fresh = state.spare.pop().unwrap_or_default();
-        let mut batch = mem::replace(&mut self.batch, fresh);
-        batch.epoch = state.epoch;
-        self.shared.enqueue(&mut state, batch);
-        Ok(())
-    }
-
-    fn synchronize(&mut self) -> Result<()> {
+    fn synchronize(&mut self) {
         let mut state = self.shared.state.lock();
         state.sync_waiters += 1;
         while state.in_flight > 0 {
             state = self.shared.idle.wait(state);
         }
         state.sync_waiters -= 1;
-        let state = &mut *state;
-        report_failure(&mut state.failure, &mut state.epoch)
     }
 }
 
-impl Drop for CpuQueue {
+impl Drop for CpuEngine {
     fn drop(&mut self) {
-        if !self.batch.commands.is_empty() {
-            self.abandon_recorded(Error::Backend {
-                backend: Cpu::ID,
-                message: "the queue was dropped with a batch recorded but not submitted; call \
-                          `submit` before dropping the queue"
-                    .into(),
-            });
-        }
         let mut state = self.shared.state.lock();
         state.closed = true;
+        if state.in_flight == 0 {
+            // Nothing left to run: the queue is gone now (see `Ledger`).
+            self.shared.ledger.retire();
+        }
         self.shared.work.notify_one();
     }
 }
 
-impl fmt::Debug for CpuQueue {
+impl fmt::Debug for CpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CpuQueue")
-            .field("kind", &self.kind)
-            .field("recorded", &self.batch.commands.len())
-            .field("rejected", &self.rejected)
+        f.debug_struct("CpuEngine")
+            .field("threads", &self.shared.threads)
             .finish_non_exhaustive()
     }
 }
 
 /// The worker: runs batches in order until the queue is dropped and drained.
 fn run_worker(shared: &Shared) {
-    // The epoch and cause of the last failure this worker saw.
-    let mut last_failure: Option<(u64, std::sync::Arc<Error>)> = None;
     let mut scratch = ExecScratch::default();
     // Held at the top of each round: finishing one batch and taking the next
     // is one critical section.
@@ -485,6 +191,7 @@ fn run_worker(shared: &Shared) {
                 break batch;
             }
             if state.closed {
+                shared.ledger.retire();
                 return;
             }
             // Spin a little before parking, off the lock: a host that submits
@@ -501,37 +208,9 @@ fn run_worker(shared: &Shared) {
             state.worker_parked = false;
         };
         drop(state);
-        let outcome = match (batch.abandoned.take(), &last_failure) {
-            // Rejected, discarded or dropped: only fail its signals, in
-            // queue order (see `CpuQueue::abandon_recorded`); the owner
-            // already knows.
-            (Some(cause), _) => {
-                batch.fail_signals(0, &cause);
-                Ok(())
-            }
-            (None, Some((epoch, cause))) if batch.epoch <= *epoch => Err((
-                0,
-                Error::EarlierBatchFailed {
-                    cause: cause.clone(),
-                },
-            )),
-            _ => run_batch(&batch, shared.threads, &mut scratch),
-        };
-        if let Err((from, error)) = outcome {
-            let cause = std::sync::Arc::new(error);
-            // Record the failure for the owner *before* failing the signals:
-            // an owner that sees a failed signal and submits again must find
-            // the failure reported, or its new batch would be taken for one
-            // submitted before it knew, and cascade.
-            {
-                let mut state = shared.state.lock();
-                if state.failure.is_none() {
-                    state.failure = Some(cause.clone());
-                }
-            }
-            batch.fail_signals(from, &cause);
-            last_failure = Some((batch.epoch, cause));
-        }
+        shared.ledger.settle(&batch, |batch| {
+            run_batch(batch, shared.threads, &mut scratch)
+        });
         batch.clear();
         state = shared.state.lock();
         state.in_flight -= 1;
@@ -546,7 +225,7 @@ fn run_worker(shared: &Shared) {
 
 /// Runs a batch; on failure, the index of the failed command and why.
 fn run_batch(
-    batch: &Batch,
+    batch: &Batch<Cpu>,
     threads: usize,
     scratch: &mut ExecScratch,
 ) -> std::result::Result<(), (usize, Error)> {
@@ -557,11 +236,11 @@ fn run_batch(
 }
 
 fn run_commands<'a>(
-    batch: &'a Batch,
+    batch: &'a Batch<Cpu>,
     threads: usize,
     held: &mut HeldBuffers<'a>,
 ) -> std::result::Result<(), (usize, Error)> {
-    for (index, command) in batch.commands.iter().enumerate() {
+    for (index, command) in batch.commands().iter().enumerate() {
         if !matches!(command, Command::Exec { .. }) {
             // Buffers stay held only from one `exec` to the next.
             held.release();
@@ -580,9 +259,9 @@ fn run_commands<'a>(
                 params,
             } => run_exec(
                 program,
-                &batch.buffers,
+                batch.buffers(),
                 buffers.clone(),
-                &batch.scalars[scalars.clone()],
+                &batch.scalars()[scalars.clone()],
                 params,
                 threads,
                 held,

@@ -4,7 +4,9 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::signal::{Failures, MAX_SIGNAL_VALUE, TimelineSignal, Timeout, value_out_of_range};
+use crate::signal::{
+    Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, value_out_of_range,
+};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
 
 /// The low bit of [`Inner::state`]: a waiter may be parked.
@@ -54,6 +56,7 @@ struct Inner {
     /// check and its park.
     lock: Mutex<Failures>,
     parked: Condvar,
+    producer: Producer,
 }
 
 impl CpuSignal {
@@ -70,6 +73,7 @@ impl CpuSignal {
                 state: AtomicU64::new(initial << 1),
                 lock: Mutex::new(Failures::default()),
                 parked: Condvar::new(),
+                producer: Producer::new(),
             }),
         }
     }
@@ -159,9 +163,13 @@ impl TimelineSignal for CpuSignal {
         let inner = &*self.inner;
         let mut failures = inner.lock.lock();
         let value = inner.state.load(Ordering::Acquire) >> 1;
-        if failures.record(upto, cause, value) {
+        if failures.record(value, upto, cause, value) {
             inner.parked.notify_all();
         }
+    }
+
+    fn producer(&self) -> &Producer {
+        &self.inner.producer
     }
 }
 

@@ -74,11 +74,6 @@ impl CudaBuffer {
         })
     }
 
-    /// Whether two handles name the same memory.
-    pub fn same_as(&self, other: &CudaBuffer) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-
     /// The device this memory lives on.
     pub fn device(&self) -> &CudaDevice {
         &self.inner.device
@@ -95,6 +90,10 @@ impl Buffer for CudaBuffer {
 
     fn size(&self) -> usize {
         self.inner.size
+    }
+
+    fn same_as(&self, other: &CudaBuffer) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {

@@ -12,7 +12,9 @@ use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
+use super::queue::CudaEngine;
 use super::{Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, ensure_driver};
+use crate::queue::Queue;
 
 /// The most buffers one CUDA `exec` takes (as on the CPU, so that a schedule
 /// valid there is meant to be valid here too; not yet run on a GPU). Kernel
@@ -140,13 +142,13 @@ impl QueueFactory for CudaDevice {
 
     /// A queue on a new CUDA stream of this context.
     fn compute_queue(&self) -> Result<CudaQueue> {
-        CudaQueue::new(self, QueueKind::Compute)
+        CudaEngine::new(self, QueueKind::Compute).map(Queue::new)
     }
 
     /// A queue on a second stream of the same context: the copy engines run
     /// its copies alongside the compute queue's kernels.
     fn copy_queue(&self) -> Result<Option<CudaQueue>> {
-        CudaQueue::new(self, QueueKind::Copy).map(Some)
+        CudaEngine::new(self, QueueKind::Copy).map(|engine| Some(Queue::new(engine)))
     }
 
     fn new_signal(&self, initial: u64) -> Result<CudaSignal> {

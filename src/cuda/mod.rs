@@ -10,9 +10,9 @@
 //!   [`CudaDevice`], which only exists once those checks passed.
 //! - [`CudaDevice`] holds one CUDA context per ordinal (the device's primary
 //!   context) and a stream of its own for allocation and host transfers.
-//! - [`CudaQueue`] records commands, then enqueues them on its own CUDA
-//!   stream at `submit` (a copy queue is a second stream of the same
-//!   context). `exec` launches with grid = global / local and block = local;
+//! - [`CudaQueue`] is the shared queue core over a [`CudaEngine`], which
+//!   enqueues each batch on its own CUDA stream at `submit` (a copy queue is
+//!   a second stream of the same context). `exec` launches with grid = global / local and block = local;
 //!   the kernel ABI is the buffers' device pointers in order, then the
 //!   scalars by value.
 //! - [`CudaSignal`] is an [`EventRing`](crate::ring::EventRing) of CUDA
@@ -24,7 +24,7 @@
 //!   enqueueing: the queue's worker thread blocks on the host until the value
 //!   is recorded (or the foreign signal is reached), then enqueues the rest.
 //!   The stream never holds work gated on the host, so every recorded event
-//!   completes on its own. See [`CudaQueue`] for the cost.
+//!   completes on its own. See [`CudaEngine`] for the cost.
 //!
 //! Failure never hangs: a launch or driver error while enqueueing, or a
 //! failed wait, fails the signals the rest of the batch would have set and is
@@ -42,7 +42,7 @@ mod signal;
 pub use buffer::CudaBuffer;
 pub use device::{CUDA_MAX_BUFFERS, CudaDevice};
 pub use program::CudaProgram;
-pub use queue::CudaQueue;
+pub use queue::{CudaEngine, CudaQueue};
 pub use signal::CudaSignal;
 
 use std::sync::OnceLock;
@@ -236,11 +236,12 @@ fn device_info(ordinal: u32) -> Result<DeviceInfo> {
 
 /// A driver call that failed, as an [`Error`].
 pub(crate) fn driver_error(what: &str, error: DriverError) -> Error {
-    Error::Backend {
+    Error::Driver {
         backend: Cuda::ID,
-        message: format!(
-            "{what} failed: {error}; if the error is sticky (an illegal address, a launch \
-             failure), the context is unusable: reopen the device"
+        what: what.to_owned(),
+        detail: format!(
+            "{error}; if the error is sticky (an illegal address, a launch failure), the context \
+             is unusable for the rest of the process"
         ),
     }
 }

@@ -5,7 +5,6 @@ use std::fmt;
 use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::program::Program;
 use crate::sync::Arc;
@@ -48,8 +47,8 @@ impl CudaProgram {
     /// `buffers` buffer arguments, then `scalars` scalar arguments.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the driver rejects the PTX (its JIT error) or
-    /// has no such entry point.
+    /// [`Error::Driver`] when the driver rejects the PTX (its JIT error);
+    /// [`Error::EntryPointNotFound`] when it has no such entry point.
     pub fn from_ptx(
         device: &CudaDevice,
         ptx: &str,
@@ -57,7 +56,7 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        check_no_nul("the PTX", ptx)?;
+        check_no_nul(name, "the PTX", ptx)?;
         Self::load(
             device,
             Ptx::from_src(ptx),
@@ -73,9 +72,9 @@ impl CudaProgram {
     /// scalar arguments.
     ///
     /// # Errors
-    /// [`Error::NoDriver`] when NVRTC is not installed; [`Error::Backend`]
-    /// carrying NVRTC's log when the source does not compile, or the
-    /// driver's error when loading fails.
+    /// [`Error::NoDriver`] when NVRTC is not installed; [`Error::Compile`]
+    /// carrying NVRTC's log when the source does not compile; as
+    /// [`from_ptx`](Self::from_ptx) when loading fails.
     pub fn from_cuda_c(
         device: &CudaDevice,
         source: &str,
@@ -83,8 +82,8 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        check_no_nul("the CUDA C source", source)?;
-        check_no_nul("the kernel name", name)?;
+        check_no_nul(name, "the CUDA C source", source)?;
+        check_no_nul(name, "the kernel name", name)?;
         ensure_nvrtc()?;
         let options = CompileOptions {
             name: Some(format!("{name}.cu")),
@@ -103,7 +102,7 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        check_no_nul("the kernel name", name)?;
+        check_no_nul(name, "the kernel name", name)?;
         let module = device.context().load_module(ptx).map_err(|e| {
             driver_error(
                 "loading the PTX module (check that it targets this GPU, and that the PTX \
@@ -111,12 +110,13 @@ impl CudaProgram {
                 e,
             )
         })?;
-        let function = module.load_function(name).map_err(|e| {
-            driver_error(
-                "finding the kernel's entry point (is it `extern \"C\"` and spelled the same?)",
-                e,
-            )
-        })?;
+        let function = module
+            .load_function(name)
+            .map_err(|e| Error::EntryPointNotFound {
+                program: name.to_owned(),
+                entry: name.to_owned(),
+                detail: e.to_string(),
+            })?;
         Ok(Self {
             inner: Arc::new(ProgramInner {
                 name: name.to_owned(),
@@ -127,16 +127,6 @@ impl CudaProgram {
                 ptx: text,
             }),
         })
-    }
-
-    /// How many buffer arguments the kernel takes.
-    pub fn buffer_count(&self) -> usize {
-        self.inner.buffers
-    }
-
-    /// How many scalar arguments the kernel takes.
-    pub fn scalar_count(&self) -> usize {
-        self.inner.scalars
     }
 
     /// The PTX the kernel was loaded from (NVRTC's output for CUDA C).
@@ -156,27 +146,27 @@ impl CudaProgram {
 
 /// cudarc turns names and sources into C strings and panics on an interior
 /// NUL: refuse them first.
-fn check_no_nul(what: &str, text: &str) -> Result<()> {
+fn check_no_nul(name: &str, what: &str, text: &str) -> Result<()> {
     if text.contains('\0') {
-        return Err(Error::Backend {
-            backend: Cuda::ID,
-            message: format!("{what} contains a NUL byte; remove it"),
+        return Err(Error::InvalidProgram {
+            program: name.replace('\0', "\\0"),
+            reason: format!("{what} contains a NUL byte; remove it"),
         });
     }
     Ok(())
 }
 
 fn compile_error(name: &str, error: CompileError) -> Error {
-    let message = match error {
-        CompileError::CompileError { nvrtc, log, .. } => format!(
-            "NVRTC could not compile `{name}` ({nvrtc:?}); fix the source. Compiler log:\n{}",
-            log.to_string_lossy().trim_end()
-        ),
-        other => format!("NVRTC failed on `{name}`: {other:?}"),
+    let output = match error {
+        CompileError::CompileError { nvrtc, log, .. } => {
+            format!("({nvrtc:?})\n{}", log.to_string_lossy().trim_end())
+        }
+        other => format!("{other:?}"),
     };
-    Error::Backend {
-        backend: Cuda::ID,
-        message,
+    Error::Compile {
+        program: name.to_owned(),
+        compiler: "NVRTC".into(),
+        output,
     }
 }
 
@@ -185,6 +175,14 @@ impl Program for CudaProgram {
 
     fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    fn buffer_count(&self) -> usize {
+        self.inner.buffers
+    }
+
+    fn scalar_count(&self) -> usize {
+        self.inner.scalars
     }
 }
 

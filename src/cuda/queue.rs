@@ -1,33 +1,34 @@
-//! `CudaQueue`: batches recorded on the caller's thread and enqueued on a
-//! CUDA stream, with host-side waits deferred to a worker thread.
+//! `CudaEngine`: the CUDA backend's engine: batches enqueued on a CUDA
+//! stream, with host-side waits deferred to a worker thread.
 
-use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
-use std::ops::Range;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg, result};
 
-use crate::backend::Backend;
 use crate::buffer::Buffer;
 use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::params::ExecParams;
+use crate::error::{Error, Result, panic_message};
+use crate::params::{ExecParams, Limits};
 use crate::program::{Program, Scalar};
-use crate::queue::{HardwareQueue, QueueKind, report_failure};
+use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind};
 use crate::ring::Dependency;
-use crate::signal::{TimelineSignal, check_value};
 use crate::sync::{Arc, Condvar, Mutex, spawn};
 
 use super::device::PARAMETER_BYTES;
-use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, CudaSignal, driver_error};
+use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, driver_error};
 
-/// A command queue of the CUDA backend: one CUDA stream.
+/// A command queue of the CUDA backend: the shared recording core
+/// ([`Queue`]) over a [`CudaEngine`], one CUDA stream.
+pub type CudaQueue = Queue<CudaEngine>;
+
+/// How CUDA runs a queue's batches: on one CUDA stream.
 ///
-/// Recording happens on the caller's thread. [`submit`](HardwareQueue::submit)
-/// enqueues the batch on the stream right there, command by command, and
-/// returns without waiting for the GPU:
+/// [`submit`](crate::HardwareQueue::submit) enqueues the batch on the
+/// stream right there, command by command, and returns without waiting for
+/// the GPU:
 ///
 /// - `exec` is a kernel launch with grid = global / local and block = local;
 ///   its parameters are the buffers' device pointers in order, then the
@@ -35,7 +36,8 @@ use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, CudaSignal, driver_error}
 /// - `copy` is a device-to-device `cuMemcpyDtoDAsync` of whole buffers of
 ///   equal size;
 /// - `signal(s, v)` records one of `s`'s events on the stream (see
-///   [`CudaSignal`]): `v` is reached when the GPU gets there;
+///   [`CudaSignal`](super::CudaSignal)): `v` is reached when the GPU gets
+///   there;
 /// - `wait(s, v)` on a value already recorded is `cuStreamWaitEvent` on the
 ///   event of the smallest recorded value `>= v` (a device-side wait, also
 ///   across streams and devices); on a value already reached it is nothing;
@@ -45,92 +47,39 @@ use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, CudaSignal, driver_error}
 ///
 /// **Waits the stream cannot express.** A `wait(s, v)` whose value is not
 /// recorded yet (the producing queue submits later, or the host will `set`
-/// it), and a [`wait_foreign`](HardwareQueue::wait_foreign) on another
-/// backend's signal that is not reached yet, stop the enqueueing: the rest
-/// of the batch, and every later batch, goes to the queue's worker thread,
-/// which blocks on the host (the ring's condvar, or the foreign signal's own
-/// `wait`) and then enqueues the rest. So the stream never runs past such a
-/// wait, because what follows is not on it yet, and it never holds work
-/// gated on the host, so every event it records completes on its own.
-/// Cost: nothing while the value is already there; otherwise one parked
+/// it), and a [`wait_foreign`](crate::HardwareQueue::wait_foreign) on
+/// another backend's signal that is not reached yet, stop the enqueueing:
+/// the rest of the batch, and every later batch, goes to the queue's worker
+/// thread, which blocks on the host (the ring's condvar, or the foreign
+/// signal's own `wait`) and then enqueues the rest. So the stream never runs
+/// past such a wait, because what follows is not on it yet, and it never
+/// holds work gated on the host, so every event it records completes on its
+/// own. Cost: nothing while the value is already there; otherwise one parked
 /// thread while waiting, a host wake-up (microseconds) plus the enqueueing
 /// of the remaining commands once it arrives, and a thread hand-off per
 /// `submit` until the worker has caught up. The GPU idles on this stream
-/// meanwhile, as it would behind any wait.
+/// meanwhile, as it would behind any wait. A signal of the queue's own
+/// backend passed to `wait_foreign` is waited on the same host way; pass it
+/// to `wait` for the device-side wait.
 ///
 /// Failure never hangs: a launch or driver error while enqueueing, or a
 /// failed wait, abandons the rest of the batch, fails the signals it would
 /// have set, and is reported by the next `submit` or `synchronize`; batches
 /// submitted before the owner was told are not run either. A kernel that
 /// faults on the GPU shows up later, to waiters of its signals as
-/// [`Error::SignalFailed`] and to the owner at `synchronize`.
+/// [`Error::SignalFailed`] and to the owner at `synchronize`. An abandoned
+/// batch (rejected, discarded, dropped) fails its signals when enqueueing
+/// reaches it: values that earlier batches already recorded are decided by
+/// their events, not by that failure.
 ///
 /// Buffers and programs of submitted work are kept alive until the stream
-/// passed them. Dropping a queue lets the worker finish the work already
-/// submitted, and fails the signals of a batch recorded but not submitted.
-pub struct CudaQueue {
+/// passed them. Dropping the queue lets the worker finish the work already
+/// submitted.
+pub struct CudaEngine {
     kind: QueueKind,
     device: CudaDevice,
-    batch: Batch,
-    /// The first invalid command of the batch being recorded.
-    rejected: Option<Error>,
+    limits: Limits,
     shared: Arc<Shared>,
-}
-
-/// One submitted unit of work (layout as on the CPU queue: the buffers and
-/// scalars of every `exec` in two vectors, recycled between batches).
-#[derive(Default)]
-struct Batch {
-    commands: Vec<Command>,
-    buffers: Vec<CudaBuffer>,
-    scalars: Vec<Scalar>,
-    /// `State::epoch` when submitted.
-    epoch: u64,
-}
-
-impl Batch {
-    fn clear(&mut self) {
-        self.commands.clear();
-        self.buffers.clear();
-        self.scalars.clear();
-    }
-
-    /// Fails every signal the commands from `from` on would have set.
-    fn fail_signals(&self, from: usize, cause: &Error) {
-        for command in &self.commands[from..] {
-            if let Command::Signal { signal, value } = command {
-                signal.fail(*value, cause.clone());
-            }
-        }
-    }
-}
-
-enum Command {
-    Wait {
-        signal: CudaSignal,
-        value: u64,
-    },
-    /// A wait on another backend's signal: the only boxed command, off the
-    /// same-backend path.
-    WaitForeign {
-        signal: Box<dyn crate::queue::ForeignSignal>,
-        value: u64,
-    },
-    Signal {
-        signal: CudaSignal,
-        value: u64,
-    },
-    Exec {
-        program: CudaProgram,
-        buffers: Range<usize>,
-        scalars: Range<usize>,
-        params: ExecParams,
-    },
-    Copy {
-        dst: CudaBuffer,
-        src: CudaBuffer,
-    },
-    Barrier,
 }
 
 /// How far a batch got on the stream.
@@ -147,6 +96,7 @@ enum Outcome {
 /// What the owner and the worker share.
 struct Shared {
     stream: std::sync::Arc<CudaStream>,
+    ledger: Ledger,
     state: Mutex<State>,
     /// The worker parks here for batches.
     work: Condvar,
@@ -159,7 +109,7 @@ struct Shared {
 #[derive(Default)]
 struct State {
     /// Batches for the worker, and the command each resumes at.
-    pending: VecDeque<(Batch, usize)>,
+    pending: VecDeque<(Batch<Cuda>, usize)>,
     /// The worker has batches, so later ones must go through it too (to
     /// stay in order). Set by the owner when it hands one over, cleared by
     /// the worker once `pending` is empty.
@@ -167,28 +117,22 @@ struct State {
     /// The owner dropped the queue: the worker exits once `pending` is empty.
     closed: bool,
     sync_waiters: usize,
-    /// A failure not yet reported to the owner.
-    failure: Option<std::sync::Arc<Error>>,
-    /// How many failures the owner has been told of. A batch submitted in
-    /// the epoch of a failure was submitted before the owner knew, and is
-    /// not run.
-    epoch: u64,
 }
 
 /// Enqueued batches, kept (with their buffers and programs) until the
 /// stream passed the event recorded after them.
 #[derive(Default)]
 struct InFlight {
-    batches: VecDeque<(CudaEvent, Batch)>,
+    batches: VecDeque<(CudaEvent, Batch<Cuda>)>,
     spare_events: Vec<CudaEvent>,
-    spare_batches: Vec<Batch>,
+    spare_batches: Vec<Batch<Cuda>>,
 }
 
 /// How many finished batches and completion events to keep for reuse.
 const SPARE_BATCHES: usize = 4;
 const SPARE_EVENTS: usize = 16;
 
-impl CudaQueue {
+impl CudaEngine {
     pub(crate) fn new(device: &CudaDevice, kind: QueueKind) -> Result<Self> {
         let stream = device
             .context()
@@ -196,6 +140,7 @@ impl CudaQueue {
             .map_err(|e| driver_error("creating a stream", e))?;
         let shared = Arc::new(Shared {
             stream,
+            ledger: Ledger::new(),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -213,20 +158,43 @@ impl CudaQueue {
         Ok(Self {
             kind,
             device: device.clone(),
-            batch: Batch::default(),
-            rejected: None,
+            limits: device.limits(),
             shared,
         })
     }
 
-    /// How many commands are recorded and not yet submitted.
-    pub fn recorded(&self) -> usize {
-        self.batch.commands.len()
-    }
-
-    /// The CUDA stream this queue enqueues on.
+    /// The CUDA stream this queue enqueues on (`queue.engine().stream()`).
     pub fn stream(&self) -> &std::sync::Arc<CudaStream> {
         &self.shared.stream
+    }
+
+    /// The device this queue runs on.
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    fn wrong_device(&self, what: &str, other: &CudaDevice) -> Error {
+        Error::DeviceMismatch {
+            what: what.to_owned(),
+            resource: other.spec().to_string(),
+            queue: self.device.spec().to_string(),
+        }
+    }
+}
+
+impl Engine for CudaEngine {
+    type Backend = Cuda;
+
+    fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
     }
 
     fn check_exec(
@@ -234,29 +202,16 @@ impl CudaQueue {
         program: &CudaProgram,
         buffers: &[&CudaBuffer],
         scalars: &[Scalar],
-        params: &ExecParams,
     ) -> Result<()> {
-        let limits = self.device.limits();
-        crate::queue::check_exec(
-            self.kind,
-            &limits,
-            program.name(),
-            (program.buffer_count(), program.scalar_count()),
-            (buffers.len(), scalars.len()),
-            params,
-        )?;
-        let bad = |reason: String| {
-            Err(Error::InvalidArguments {
-                program: program.name().to_owned(),
-                reason,
-            })
-        };
         let parameter_bytes = (buffers.len() + scalars.len()) * 8;
         if parameter_bytes > PARAMETER_BYTES {
-            return bad(format!(
-                "its {parameter_bytes} bytes of parameters exceed CUDA's {PARAMETER_BYTES}; pass \
-                 fewer scalars, or put them in a buffer"
-            ));
+            return Err(Error::InvalidArguments {
+                program: program.name().to_owned(),
+                reason: format!(
+                    "its {parameter_bytes} bytes of parameters exceed CUDA's {PARAMETER_BYTES}; \
+                     pass fewer scalars, or put them in a buffer"
+                ),
+            });
         }
         if !program.device().same_as(&self.device) {
             return Err(self.wrong_device("the program", program.device()));
@@ -271,210 +226,118 @@ impl CudaQueue {
         Ok(())
     }
 
-    fn wrong_device(&self, what: &str, other: &CudaDevice) -> Error {
-        Error::Backend {
-            backend: Cuda::ID,
-            message: format!(
-                "{what} belongs to {} but the queue runs on {}; allocate or load it on the \
-                 queue's device, or copy it over through the host",
-                other.spec(),
-                self.device.spec()
-            ),
+    fn check_buffer(&self, what: &'static str, buffer: &CudaBuffer) -> Result<()> {
+        if buffer.device().same_as(&self.device) {
+            Ok(())
+        } else {
+            Err(self.wrong_device(what, buffer.device()))
         }
     }
-}
 
-impl HardwareQueue for CudaQueue {
-    type Backend = Cuda;
-
-    fn kind(&self) -> QueueKind {
-        self.kind
-    }
-
-    fn wait(&mut self, signal: &CudaSignal, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
+    fn submit(&mut self, batch: Batch<Cuda>) -> Batch<Cuda> {
+        let shared = &*self.shared;
+        let mut state = shared.state.lock();
+        if state.worker_busy {
+            // Behind a deferred wait: keep the order.
+            state.pending.push_back((batch, 0));
+            shared.work.notify_one();
+        } else {
+            drop(state);
+            shared.retire();
+            shared.process(batch, 0);
         }
-        self.batch.commands.push(Command::Wait {
-            signal: signal.clone(),
-            value,
-        });
-        self
-    }
-
-    fn signal(&mut self, signal: &CudaSignal, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        // Recorded even in a rejected batch, so `submit` can fail it.
-        self.batch.commands.push(Command::Signal {
-            signal: signal.clone(),
-            value,
-        });
-        self
-    }
-
-    fn exec(
-        &mut self,
-        program: &CudaProgram,
-        buffers: &[&CudaBuffer],
-        scalars: &[Scalar],
-        params: ExecParams,
-    ) -> &mut Self {
-        if self.rejected.is_some() {
-            return self;
-        }
-        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
-            return self.reject(e);
-        }
-        let first_buffer = self.batch.buffers.len();
-        self.batch
-            .buffers
-            .extend(buffers.iter().map(|b| (*b).clone()));
-        let first_scalar = self.batch.scalars.len();
-        self.batch.scalars.extend_from_slice(scalars);
-        self.batch.commands.push(Command::Exec {
-            program: program.clone(),
-            buffers: first_buffer..self.batch.buffers.len(),
-            scalars: first_scalar..self.batch.scalars.len(),
-            params,
-        });
-        self
-    }
-
-    fn copy(&mut self, dst: &CudaBuffer, src: &CudaBuffer) -> &mut Self {
-        if dst.size() != src.size() {
-            return self.reject(Error::CopySizeMismatch {
-                dst: dst.size(),
-                src: src.size(),
-            });
-        }
-        for (what, buffer) in [("the copy destination", dst), ("the copy source", src)] {
-            if !buffer.device().same_as(&self.device) {
-                let error = self.wrong_device(what, buffer.device());
-                return self.reject(error);
-            }
-        }
-        self.batch.commands.push(Command::Copy {
-            dst: dst.clone(),
-            src: src.clone(),
-        });
-        self
-    }
-
-    fn memory_barrier(&mut self) -> &mut Self {
-        self.batch.commands.push(Command::Barrier);
-        self
-    }
-
-    /// Blocks the enqueueing, not the GPU: when the batch reaches this wait
-    /// and `signal` is not at `value` yet, the queue's worker thread waits on
-    /// the host (`signal.wait`) and only then enqueues what follows, so the
-    /// stream cannot run past it. Costs one boxed command at record time;
-    /// nothing more when the signal is already reached by `submit`;
-    /// otherwise a parked thread and a host wake-up (see [`CudaQueue`]). A
-    /// [`CudaSignal`] passed here takes the native, device-side
-    /// [`wait`](HardwareQueue::wait).
-    fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-        if let Some(native) = (signal as &dyn Any).downcast_ref::<CudaSignal>() {
-            return self.wait(native, value);
-        }
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::WaitForeign {
-            signal: Box::new(signal.clone()),
-            value,
-        });
-        self
-    }
-
-    fn reject(&mut self, error: Error) -> &mut Self {
-        if self.rejected.is_none() {
-            self.rejected = Some(error);
-        }
-        self
-    }
-
-    fn submit(&mut self) -> Result<()> {
-        if let Some(error) = self.rejected.take() {
-            let cause = std::sync::Arc::new(error);
-            self.batch.fail_signals(
-                0,
-                &Error::BatchRejected {
-                    cause: cause.clone(),
-                },
-            );
-            self.batch.clear();
-            return Err(Error::BatchRejected { cause });
-        }
-        let mut state = self.shared.state.lock();
-        {
-            let state = &mut *state;
-            report_failure(&mut state.failure, &mut state.epoch)?;
-        }
-        if self.batch.commands.is_empty() {
-            return Ok(());
-        }
-        let fresh = self
-            .shared
+        shared
             .in_flight
             .lock()
             .spare_batches
             .pop()
-            .unwrap_or_default();
-        let mut batch = mem::replace(&mut self.batch, fresh);
-        batch.epoch = state.epoch;
-        if state.worker_busy {
-            // Behind a deferred wait: keep the order.
-            state.pending.push_back((batch, 0));
-            self.shared.work.notify_one();
-            return Ok(());
-        }
-        drop(state);
-        self.shared.retire();
-        match self.shared.enqueue(&batch, 0) {
-            Outcome::Done => self.shared.finish(batch),
-            Outcome::Blocked(at) => {
-                let mut state = self.shared.state.lock();
-                state.worker_busy = true;
-                state.pending.push_back((batch, at));
-                self.shared.work.notify_one();
-            }
-            // Reported by the next `submit` or `synchronize`, as for work
-            // that fails on the GPU.
-            Outcome::Failed(at, error) => drop(self.shared.fail(batch, at, error)),
-        }
-        Ok(())
+            .unwrap_or_default()
     }
 
-    fn synchronize(&mut self) -> Result<()> {
+    fn synchronize(&mut self) {
+        let shared = &*self.shared;
         {
-            let mut state = self.shared.state.lock();
+            let mut state = shared.state.lock();
             state.sync_waiters += 1;
             while state.worker_busy {
-                state = self.shared.idle.wait(state);
+                state = shared.idle.wait(state);
             }
             state.sync_waiters -= 1;
         }
-        let synced = self.shared.stream.synchronize();
-        self.shared.retire();
-        let mut state = self.shared.state.lock();
+        let synced = shared.stream.synchronize();
+        shared.retire();
         if let Err(e) = synced {
-            state.failure.get_or_insert_with(|| {
-                std::sync::Arc::new(driver_error("running the queue's work", e))
-            });
+            shared
+                .ledger
+                .fail_unbatched(driver_error("running the queue's work", e));
         }
-        let state = &mut *state;
-        report_failure(&mut state.failure, &mut state.epoch)
+    }
+}
+
+impl Drop for CudaEngine {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        state.closed = true;
+        self.shared.work.notify_one();
+    }
+}
+
+impl fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("kind", &self.kind)
+            .field("device", &self.device.ordinal())
+            .finish_non_exhaustive()
     }
 }
 
 impl Shared {
+    /// Takes `batch` from command `from` on, on the thread that reached it
+    /// in queue order (the owner's, or the worker's after a deferred wait):
+    /// fails its signals if the ledger says it must not run, else enqueues
+    /// what the stream can take now; what follows a wait the stream cannot
+    /// express goes to the worker.
+    fn process(&self, batch: Batch<Cuda>, from: usize) {
+        if let Admission::Skip(cause) = self.ledger.admit(&batch) {
+            batch.fail_signals(from, &cause);
+            self.recycle(batch, None);
+            return;
+        }
+        match self.enqueue_caught(&batch, from) {
+            Outcome::Done => self.finish(batch),
+            Outcome::Blocked(at) => {
+                let mut state = self.state.lock();
+                state.worker_busy = true;
+                state.pending.push_back((batch, at));
+                self.work.notify_one();
+            }
+            // Reported by the next `submit` or `synchronize`, as for work
+            // that fails on the GPU.
+            Outcome::Failed(at, error) => {
+                self.ledger.fail(&batch, at, error);
+                self.finish(batch);
+            }
+        }
+    }
+
+    /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
+    /// failure of the batch at `from`, so no thread unwinds with a batch
+    /// half-enqueued and its signals unset.
+    fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from))).unwrap_or_else(|payload| {
+            Outcome::Failed(
+                from,
+                Error::EnginePanicked {
+                    message: panic_message(payload),
+                },
+            )
+        })
+    }
+
     /// Puts the commands of `batch` from `from` on the stream, without ever
     /// blocking on the host.
-    fn enqueue(&self, batch: &Batch, from: usize) -> Outcome {
-        for (index, command) in batch.commands.iter().enumerate().skip(from) {
+    fn enqueue(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        for (index, command) in batch.commands().iter().enumerate().skip(from) {
             let result = match command {
                 Command::Wait { signal, value } => match signal.dependency(*value) {
                     Ok(None) => return Outcome::Blocked(index),
@@ -500,8 +363,8 @@ impl Shared {
                     params,
                 } => self.launch(
                     program,
-                    &batch.buffers[buffers.clone()],
-                    &batch.scalars[scalars.clone()],
+                    &batch.buffers()[buffers.clone()],
+                    &batch.scalars()[scalars.clone()],
                     params,
                 ),
                 Command::Copy { dst, src } => self.copy(dst, src),
@@ -593,7 +456,7 @@ impl Shared {
     }
 
     /// Keeps `batch` until the stream passed what was enqueued of it.
-    fn finish(&self, batch: Batch) {
+    fn finish(&self, batch: Batch<Cuda>) {
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
             Some(event) => Ok(event),
@@ -611,23 +474,6 @@ impl Shared {
                 self.recycle(batch, None);
             }
         }
-    }
-
-    /// Fails the signals of `batch` from command `at` on, keeps what was
-    /// enqueued of it, and records the failure for the owner.
-    fn fail(&self, batch: Batch, at: usize, error: Error) -> std::sync::Arc<Error> {
-        let cause = std::sync::Arc::new(error);
-        // Record the failure for the owner *before* failing the signals, as
-        // the CPU queue does: an owner that sees a failed signal and submits
-        // again must find the failure reported, or its new batch would be
-        // taken for one submitted before it knew, and cascade.
-        self.state
-            .lock()
-            .failure
-            .get_or_insert_with(|| cause.clone());
-        batch.fail_signals(at, &cause);
-        self.finish(batch);
-        cause
     }
 
     /// Drops the buffers and programs of batches the stream has passed.
@@ -649,7 +495,7 @@ impl Shared {
         }
     }
 
-    fn recycle(&self, batch: Batch, event: Option<CudaEvent>) {
+    fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
         self.in_flight.lock().keep(batch, event);
     }
 
@@ -668,7 +514,7 @@ impl Shared {
 
 impl InFlight {
     /// Clears a finished batch and keeps it, and its event, for reuse.
-    fn keep(&mut self, mut batch: Batch, event: Option<CudaEvent>) {
+    fn keep(&mut self, mut batch: Batch<Cuda>, event: Option<CudaEvent>) {
         batch.clear();
         if self.spare_batches.len() < SPARE_BATCHES {
             self.spare_batches.push(batch);
@@ -681,41 +527,9 @@ impl InFlight {
     }
 }
 
-impl Drop for CudaQueue {
-    fn drop(&mut self) {
-        if !self.batch.commands.is_empty() {
-            self.batch.fail_signals(
-                0,
-                &Error::Backend {
-                    backend: Cuda::ID,
-                    message: "the queue was dropped with a batch recorded but not submitted; call \
-                              `submit` before dropping the queue"
-                        .into(),
-                },
-            );
-        }
-        let mut state = self.shared.state.lock();
-        state.closed = true;
-        self.shared.work.notify_one();
-    }
-}
-
-impl fmt::Debug for CudaQueue {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaQueue")
-            .field("kind", &self.kind)
-            .field("device", &self.device.ordinal())
-            .field("recorded", &self.batch.commands.len())
-            .field("rejected", &self.rejected)
-            .finish_non_exhaustive()
-    }
-}
-
 /// The worker: enqueues handed-over batches in order, blocking on the host
 /// for the waits that stopped them, until the queue is dropped and drained.
 fn run_worker(shared: &Shared) {
-    // The epoch and cause of the last failure this worker saw.
-    let mut last_failure: Option<(u64, std::sync::Arc<Error>)> = None;
     loop {
         let (batch, mut from) = {
             let mut state = shared.state.lock();
@@ -730,43 +544,38 @@ fn run_worker(shared: &Shared) {
                 if state.closed {
                     drop(state);
                     shared.shut_down();
+                    shared.ledger.retire();
                     return;
                 }
                 state = shared.work.wait(state);
             }
         };
-        let outcome = match &last_failure {
-            Some((epoch, cause)) if batch.epoch <= *epoch => Outcome::Failed(
-                from,
-                Error::EarlierBatchFailed {
-                    cause: cause.clone(),
-                },
-            ),
-            _ => loop {
-                match shared.enqueue(&batch, from) {
-                    Outcome::Blocked(at) => match block_on(&batch.commands[at]) {
-                        // The value is recorded, reached, or the foreign
-                        // signal is reached: the command now enqueues.
-                        Ok(()) => from = at,
-                        Err(error) => break Outcome::Failed(at, error),
-                    },
-                    other => break other,
-                }
-            },
-        };
-        match outcome {
-            Outcome::Failed(at, error) => {
-                let epoch = batch.epoch;
-                last_failure = Some((epoch, shared.fail(batch, at, error)));
-            }
-            _ => shared.finish(batch),
+        if let Admission::Skip(cause) = shared.ledger.admit(&batch) {
+            batch.fail_signals(from, &cause);
+            shared.recycle(batch, None);
+            continue;
         }
+        let outcome = loop {
+            match shared.enqueue_caught(&batch, from) {
+                Outcome::Blocked(at) => match block_on(&batch.commands()[at]) {
+                    // The value is recorded, reached, or the foreign
+                    // signal is reached: the command now enqueues.
+                    Ok(()) => from = at,
+                    Err(error) => break Outcome::Failed(at, error),
+                },
+                other => break other,
+            }
+        };
+        if let Outcome::Failed(at, error) = outcome {
+            shared.ledger.fail(&batch, at, error);
+        }
+        shared.finish(batch);
         shared.retire();
     }
 }
 
 /// Blocks on the host until the wait `command` can be enqueued.
-fn block_on(command: &Command) -> Result<()> {
+fn block_on(command: &Command<Cuda>) -> Result<()> {
     match command {
         Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
         Command::WaitForeign { signal, value } => signal.wait_forever(*value),

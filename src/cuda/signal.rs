@@ -6,7 +6,7 @@ use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use crate::error::{Error, Result};
 use crate::ring::{Dependency, EventRecorder, EventRing, RingEvent};
-use crate::signal::{TimelineSignal, Timeout};
+use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
 
 use super::driver_error;
@@ -127,6 +127,10 @@ impl TimelineSignal for CudaSignal {
 
     fn fail(&self, upto: u64, cause: Error) {
         self.ring.fail(upto, cause);
+    }
+
+    fn producer(&self) -> &Producer {
+        self.ring.producer()
     }
 }
 

@@ -198,7 +198,17 @@ pub fn check_ring_ops(initial: u64, slots: usize, ops: &[RingOp]) {
             }
             RingOp::Fail(upto) => {
                 ring.fail(upto, cause(step));
-                model.signal.fail(upto, step);
+                // Values a pending record stands for are its event's to
+                // decide: the failure covers only what lies above them.
+                let recorded = model
+                    .pending()
+                    .into_iter()
+                    .map(|index| model.records[index].value)
+                    .filter(|value| *value <= upto)
+                    .max()
+                    .unwrap_or(0);
+                let above = recorded.max(model.signal.value);
+                model.signal.fail_above(above, upto, step);
             }
             RingOp::Value => assert_eq!(ring.value(), model.signal.value, "{}", context()),
             RingOp::IsReached(target) => assert_eq!(

@@ -31,9 +31,10 @@ pub enum SignalOp {
 #[derive(Debug, Default)]
 pub(crate) struct SignalModel {
     pub(crate) value: u64,
-    /// `(upto, cause)`, for every failure that was above the value when it
-    /// came; the first cause for an `upto` wins.
-    pub(crate) failures: Vec<(u64, usize)>,
+    /// `(above, upto, cause)`: values in `above + 1 ..= upto` failed, in
+    /// the order recorded. The narrowest `upto` covering a target names its
+    /// cause, the first recorded among equal ones.
+    pub(crate) failures: Vec<(u64, u64, usize)>,
 }
 
 /// What a non-blocking wait returns, per the model.
@@ -50,9 +51,21 @@ impl SignalModel {
         self.value = self.value.max(value);
     }
 
+    /// A failure of the values up to `upto` that are not reached.
     pub(crate) fn fail(&mut self, upto: u64, cause: usize) {
-        if upto > self.value && !self.failures.iter().any(|(u, _)| *u == upto) {
-            self.failures.push((upto, cause));
+        self.fail_above(self.value, upto, cause);
+    }
+
+    /// A failure of the values in `above + 1 ..= upto` (`above` at least
+    /// the value): what a ring records when recorded work stands for the
+    /// values up to `above`.
+    pub(crate) fn fail_above(&mut self, above: u64, upto: u64, cause: usize) {
+        let covered = self
+            .failures
+            .iter()
+            .any(|(a, u, _)| *u == upto && *a <= above);
+        if upto > above && !covered {
+            self.failures.push((above, upto, cause));
         }
     }
 
@@ -67,10 +80,10 @@ impl SignalModel {
         match self
             .failures
             .iter()
-            .filter(|(upto, _)| *upto >= target)
-            .min_by_key(|(upto, _)| *upto)
+            .filter(|(above, upto, _)| *above < target && target <= *upto)
+            .min_by_key(|(_, upto, _)| *upto)
         {
-            Some(&(_, cause)) => WaitOutcome::Failed {
+            Some(&(_, _, cause)) => WaitOutcome::Failed {
                 current: self.value,
                 cause,
             },
@@ -81,9 +94,10 @@ impl SignalModel {
     }
 }
 
+/// A numbered cause of failure, as the model names it.
 pub(crate) fn cause(id: usize) -> Error {
-    Error::Backend {
-        backend: "model",
+    Error::KernelFailed {
+        program: "model".into(),
         message: format!("cause {id}"),
     }
 }
@@ -92,7 +106,7 @@ pub(crate) fn observed_wait(result: hwqueue::Result<()>) -> WaitOutcome {
     match result {
         Ok(()) => WaitOutcome::Reached,
         Err(Error::SignalFailed { current, cause, .. }) => match &*cause {
-            Error::Backend { message, .. } => WaitOutcome::Failed {
+            Error::KernelFailed { message, .. } => WaitOutcome::Failed {
                 current,
                 cause: message
                     .strip_prefix("cause ")

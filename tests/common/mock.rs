@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use hwqueue::cpu::{Cpu, CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
+use hwqueue::queue::{Batch, Command, Engine, Ledger};
 use hwqueue::{
-    Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, ExecParams, HardwareQueue, Limits, Pod,
-    Program, QueueFactory, QueueKind, Registry, Result, Scalar, TimelineSignal, Timeout,
+    Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, Limits, Pod, Producer, Program, Queue,
+    QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout,
 };
 
-pub const MOCK_DEVICES: u32 = 9;
+pub const MOCK_DEVICES: u32 = 10;
 /// Opened by the 8-thread race test only.
 pub const RACE_ORDINAL: u32 = 6;
 /// Its open blocks until `SLOW_GATE` is set.
@@ -27,6 +28,17 @@ pub const NESTED_ORDINAL: u32 = 3;
 pub const SELF_ORDINAL: u32 = 5;
 /// Its open panics.
 pub const PANIC_ORDINAL: u32 = 8;
+/// Its open panics with a payload whose own `Drop` panics.
+pub const BAD_PAYLOAD_ORDINAL: u32 = 9;
+
+/// A panic payload that panics again when dropped.
+pub struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("the payload's drop panics too");
+    }
+}
 
 pub static OPENS: [AtomicUsize; MOCK_DEVICES as usize] =
     [const { AtomicUsize::new(0) }; MOCK_DEVICES as usize];
@@ -86,21 +98,26 @@ impl Backend for Mock {
                 slow_gate().wait(1, super::LONG)?;
             }
             FLAKY_ORDINAL if !FLAKY_FAILED.swap(true, Ordering::SeqCst) => {
-                return Err(Error::Backend {
+                return Err(Error::Driver {
                     backend: Self::ID,
-                    message: "first open fails".into(),
+                    what: "opening the flaky device".into(),
+                    detail: "first open fails".into(),
                 });
             }
             NESTED_ORDINAL => {
                 global_registry().acquire("cpu")?;
             }
+            BAD_PAYLOAD_ORDINAL => std::panic::panic_any(PanicsOnDrop),
             PANIC_ORDINAL => panic!("the mock's open of device {PANIC_ORDINAL} panics"),
             SELF_ORDINAL => {
                 global_registry().acquire("mock:5")?;
             }
             _ => {}
         }
-        Ok(MockDevice { ordinal })
+        Ok(MockDevice {
+            ordinal,
+            gate: None,
+        })
     }
 }
 
@@ -190,10 +207,24 @@ hwqueue::backend_set! {
 
 /// Stamps out a mock backend's types, each pointing back to backend `$B`.
 macro_rules! mock_types {
-    ($B:ident, $Device:ident, $Queue:ident, $Signal:ident, $Buffer:ident, $Program:ident, $Command:ident) => {
+    ($B:ident, $Device:ident, $Queue:ident, $Engine:ident, $Signal:ident, $Buffer:ident, $Program:ident) => {
         #[derive(Debug, Clone)]
         pub struct $Device {
             pub ordinal: u32,
+            /// When set, a queue's `n`th batch is not reached (admitted,
+            /// run or failed) before this signal reaches `n`: tests order
+            /// the engine against the owner with it.
+            pub gate: Option<CpuSignal>,
+        }
+
+        impl $Device {
+            /// A device whose queues hold each batch until `gate` allows.
+            pub fn gated(gate: CpuSignal) -> Self {
+                Self {
+                    ordinal: 0,
+                    gate: Some(gate),
+                }
+            }
         }
 
         impl QueueFactory for $Device {
@@ -201,7 +232,10 @@ macro_rules! mock_types {
             type Signal = $Signal;
 
             fn compute_queue(&self) -> Result<$Queue> {
-                Ok($Queue::default())
+                Ok(Queue::new($Engine {
+                    gate: self.gate.clone(),
+                    ..$Engine::default()
+                }))
             }
 
             fn copy_queue(&self) -> Result<Option<$Queue>> {
@@ -250,6 +284,9 @@ macro_rules! mock_types {
             fn fail(&self, upto: u64, cause: Error) {
                 self.0.fail(upto, cause)
             }
+            fn producer(&self) -> &Producer {
+                self.0.producer()
+            }
         }
 
         #[derive(Clone)]
@@ -266,6 +303,10 @@ macro_rules! mock_types {
 
             fn size(&self) -> usize {
                 self.0.lock().unwrap().len()
+            }
+
+            fn same_as(&self, other: &Self) -> bool {
+                Arc::ptr_eq(&self.0, &other.0)
             }
 
             fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
@@ -302,6 +343,7 @@ macro_rules! mock_types {
         #[derive(Clone)]
         pub struct $Program {
             pub name: &'static str,
+            pub buffers: usize,
             pub kernel: fn(&[$Buffer]),
         }
 
@@ -310,143 +352,92 @@ macro_rules! mock_types {
             fn name(&self) -> &str {
                 self.name
             }
-        }
-
-        enum $Command {
-            Wait(Box<dyn Fn() -> Result<()> + Send>),
-            Signal($Signal, u64),
-            Exec($Program, Vec<$Buffer>),
-            Copy($Buffer, $Buffer),
-        }
-
-        /// Each submitted batch runs on its own thread after the previous one.
-        #[derive(Default)]
-        pub struct $Queue {
-            commands: Vec<$Command>,
-            rejected: Option<Error>,
-            last: Option<JoinHandle<Result<()>>>,
-        }
-
-        impl fmt::Debug for $Queue {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "$Queue({} recorded)", self.commands.len())
+            fn buffer_count(&self) -> usize {
+                self.buffers
+            }
+            fn scalar_count(&self) -> usize {
+                0
             }
         }
 
-        impl HardwareQueue for $Queue {
+        /// The mock's queue: hwqueue's recording core over the mock engine.
+        pub type $Queue = Queue<$Engine>;
+
+        /// Runs each submitted batch on a thread of its own, after the
+        /// previous one: all a backend writes is how it runs a batch.
+        #[derive(Default)]
+        pub struct $Engine {
+            ledger: Ledger,
+            last: Option<JoinHandle<()>>,
+            gate: Option<CpuSignal>,
+            submitted: u64,
+        }
+
+        impl Engine for $Engine {
             type Backend = $B;
 
             fn kind(&self) -> QueueKind {
                 QueueKind::Compute
             }
 
-            fn wait(&mut self, signal: &$Signal, value: u64) -> &mut Self {
-                self.wait_foreign(signal, value)
+            fn limits(&self) -> &Limits {
+                &hwqueue::cpu::CPU_LIMITS
             }
 
-            fn signal(&mut self, signal: &$Signal, value: u64) -> &mut Self {
-                self.commands.push($Command::Signal(signal.clone(), value));
-                self
+            fn ledger(&self) -> &Ledger {
+                &self.ledger
             }
 
-            fn exec(
-                &mut self,
-                program: &$Program,
-                buffers: &[&$Buffer],
-                _scalars: &[Scalar],
-                _params: ExecParams,
-            ) -> &mut Self {
-                self.commands.push($Command::Exec(
-                    program.clone(),
-                    buffers.iter().map(|b| (*b).clone()).collect(),
-                ));
-                self
-            }
-
-            fn copy(&mut self, dst: &$Buffer, src: &$Buffer) -> &mut Self {
-                if dst.size() != src.size() {
-                    return self.reject(Error::CopySizeMismatch {
-                        dst: dst.size(),
-                        src: src.size(),
-                    });
-                }
-                self.commands.push($Command::Copy(dst.clone(), src.clone()));
-                self
-            }
-
-            fn memory_barrier(&mut self) -> &mut Self {
-                self
-            }
-
-            fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-                let signal = signal.clone();
-                self.commands.push($Command::Wait(Box::new(move || {
-                    signal.wait(value, Timeout::Forever)
-                })));
-                self
-            }
-
-            fn reject(&mut self, error: Error) -> &mut Self {
-                self.rejected.get_or_insert(error);
-                self
-            }
-
-            fn submit(&mut self) -> Result<()> {
-                let commands = std::mem::take(&mut self.commands);
-                if let Some(error) = self.rejected.take() {
-                    let cause = std::sync::Arc::new(error);
-                    for command in &commands {
-                        if let $Command::Signal(signal, value) = command {
-                            signal.fail(
-                                *value,
-                                Error::BatchRejected {
-                                    cause: cause.clone(),
-                                },
-                            );
-                        }
-                    }
-                    return Err(Error::BatchRejected { cause });
-                }
+            fn submit(&mut self, batch: Batch<$B>) -> Batch<$B> {
                 let previous = self.last.take();
+                let ledger = self.ledger.clone();
+                self.submitted += 1;
+                let gate = self.gate.clone().map(|gate| (gate, self.submitted));
                 self.last = Some(std::thread::spawn(move || {
                     if let Some(previous) = previous {
-                        previous.join().expect("mock batch thread panicked")?;
+                        previous.join().expect("a mock batch thread panicked");
                     }
-                    for (index, command) in commands.iter().enumerate() {
-                        let outcome = match command {
-                            $Command::Wait(wait) => wait(),
-                            $Command::Signal(signal, value) => {
-                                signal.set(*value);
-                                Ok(())
-                            }
-                            $Command::Exec(program, buffers) => {
-                                (program.kernel)(buffers);
-                                Ok(())
-                            }
-                            $Command::Copy(dst, src) => {
-                                let data = src.0.lock().unwrap().clone();
-                                *dst.0.lock().unwrap() = data;
-                                Ok(())
-                            }
-                        };
-                        if let Err(error) = outcome {
-                            for command in &commands[index..] {
-                                if let $Command::Signal(signal, value) = command {
-                                    signal.fail(*value, error.clone());
+                    if let Some((gate, number)) = gate {
+                        gate.wait(number, super::LONG)
+                            .expect("the test opens the gate");
+                    }
+                    ledger.settle(&batch, |batch| {
+                        for (index, command) in batch.commands().iter().enumerate() {
+                            let outcome = match command {
+                                Command::Wait { signal, value } => {
+                                    signal.wait(*value, Timeout::Forever)
                                 }
-                            }
-                            return Err(error);
+                                Command::WaitForeign { signal, value } => {
+                                    signal.wait_forever(*value)
+                                }
+                                Command::Signal { signal, value } => {
+                                    signal.set(*value);
+                                    Ok(())
+                                }
+                                Command::Exec {
+                                    program, buffers, ..
+                                } => {
+                                    (program.kernel)(&batch.buffers()[buffers.clone()]);
+                                    Ok(())
+                                }
+                                Command::Copy { dst, src } => {
+                                    let data = src.0.lock().unwrap().clone();
+                                    dst.0.lock().unwrap().copy_from_slice(&data);
+                                    Ok(())
+                                }
+                                Command::Barrier => Ok(()),
+                            };
+                            outcome.map_err(|error| (index, error))?;
                         }
-                    }
-                    Ok(())
+                        Ok(())
+                    });
                 }));
-                Ok(())
+                Batch::default()
             }
 
-            fn synchronize(&mut self) -> Result<()> {
-                match self.last.take() {
-                    Some(handle) => handle.join().expect("mock batch thread panicked"),
-                    None => Ok(()),
+            fn synchronize(&mut self) {
+                if let Some(last) = self.last.take() {
+                    last.join().expect("a mock batch thread panicked");
                 }
             }
         }
@@ -457,17 +448,17 @@ mock_types!(
     Mock,
     MockDevice,
     MockQueue,
+    MockEngine,
     MockSignal,
     MockBuffer,
-    MockProgram,
-    MockCommand
+    MockProgram
 );
 mock_types!(
     Absent,
     AbsentDevice,
     AbsentQueue,
+    AbsentEngine,
     AbsentSignal,
     AbsentBuffer,
-    AbsentProgram,
-    AbsentCommand
+    AbsentProgram
 );

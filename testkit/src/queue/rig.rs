@@ -41,8 +41,8 @@ impl Rig {
         let failed = CpuSignal::new(0);
         failed.fail(
             MAX_SIGNAL_VALUE,
-            Error::Backend {
-                backend: "model",
+            Error::KernelFailed {
+                program: "host".into(),
                 message: "failed by the host".into(),
             },
         );

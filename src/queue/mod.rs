@@ -1,12 +1,46 @@
 //! Hardware command queues: record a batch, then hand it over on `submit`.
+//!
+//! # One core, one engine per backend
+//!
+//! Every backend's queue is a [`Queue<E>`]: the recording half is written
+//! once, here, and a backend supplies only an [`Engine`], the part that
+//! *runs* batches (the CPU backend's worker thread, the CUDA backend's
+//! stream and its deferred worker). The core owns:
+//!
+//! - the batch being recorded ([`Batch`], [`Command`]) and the validation
+//!   of every command when it is recorded: work sizes and argument counts
+//!   against the engine's [`Limits`](crate::Limits), copy sizes, signal
+//!   values, another backend's or another device's objects (through
+//!   [`Engine::check_exec`] and [`Engine::check_buffer`]), and which queue
+//!   produces a signal ([`Producer`](crate::signal::Producer));
+//! - rejection: the first invalid command rejects its whole batch at
+//!   `submit`, and nothing of it runs;
+//! - abandonment in queue order: a rejected, discarded or dropped batch is
+//!   handed to the engine like any other, marked abandoned, so its signals
+//!   fail only after every batch submitted before it finished;
+//! - the failure [`Ledger`]: what failed, which batches were submitted
+//!   before the owner was told (they do not run), and telling the owner
+//!   exactly once.
+//!
+//! A backend defined outside this crate (the mock backend of the tests is
+//! one) implements [`Engine`] and names `Queue<ItsEngine>` as its queue; it
+//! writes none of the above.
+
+mod batch;
+mod ledger;
+mod recording;
 
 use std::fmt;
 
+pub use batch::{Batch, Command, ForeignWait};
+pub use ledger::{Admission, Ledger, QueueId};
+pub use recording::{Engine, Queue};
+
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
-use crate::params::{ExecParams, Limits};
+use crate::params::ExecParams;
 use crate::program::Scalar;
-use crate::signal::{TimelineSignal, Timeout};
+use crate::signal::TimelineSignal;
 
 /// What a queue may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,9 +72,13 @@ impl fmt::Display for QueueKind {
 /// When a command fails while running (a kernel panics, a waited-on signal
 /// fails), the rest of its batch is abandoned, every signal the batch would
 /// have set is [failed](TimelineSignal::fail) so its waiters wake with an
-/// error, and the failure is reported to the owner by the next `submit` or
-/// `synchronize`. Batches submitted before the owner was told are not run
-/// either (their signals fail too); after it, the queue works again.
+/// error, and the failure is reported to the owner, once, by the next
+/// `submit` or `synchronize`. Batches submitted before the owner was told
+/// are not run either (their signals fail too); after it, the queue works
+/// again.
+///
+/// A queue is the only producer of the signals it `signal`s: see
+/// [`TimelineSignal`] for the rule and why.
 pub trait HardwareQueue: Send + Sized {
     /// The backend this queue runs on.
     type Backend: Backend<Queue = Self>;
@@ -51,7 +89,10 @@ pub trait HardwareQueue: Send + Sized {
     /// Records: block later commands until `signal` reaches `value`.
     fn wait(&mut self, signal: &SignalOf<Self::Backend>, value: u64) -> &mut Self;
 
-    /// Records: once every earlier command completed, raise `signal` to `value`.
+    /// Records: once every earlier command completed, raise `signal` to
+    /// `value`. The first queue to signal a signal becomes its producer;
+    /// another queue's `signal` on it rejects that queue's batch with
+    /// [`Error::SignalProducerConflict`] while the producer lives.
     fn signal(&mut self, signal: &SignalOf<Self::Backend>, value: u64) -> &mut Self;
 
     /// Records: run `program` over the grid of `params`, with `buffers` then
@@ -74,14 +115,27 @@ pub trait HardwareQueue: Send + Sized {
 
     /// Records: block later commands until a signal of *another* backend
     /// reaches `value`. The backend waits for it by whatever means it has
-    /// (the CPU blocks its worker on it; a GPU may poll from the host): see
-    /// each backend's docs for the cost. Same-backend signals take
-    /// [`wait`](Self::wait), which is native.
+    /// (the CPU blocks its worker on it; a GPU queue defers the rest of the
+    /// batch to a host thread): see each backend's docs for the cost.
+    /// Same-backend signals take [`wait`](Self::wait), which is native.
     fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self;
 
     /// Records a failure: the batch is rejected at `submit` with `error`.
     /// For callers (like the Any* enums) that find a problem while recording.
     fn reject(&mut self, error: Error) -> &mut Self;
+
+    /// How many commands are recorded and not yet submitted.
+    fn recorded(&self) -> usize;
+
+    /// Throws away the batch being recorded (and its rejection, if a
+    /// command was invalid) without running any of it; the queue then
+    /// records a new batch. Work already submitted is not affected.
+    ///
+    /// As when a queue is dropped with a batch recorded, the signals the
+    /// batch would have set are [failed](TimelineSignal::fail), in queue
+    /// order (after the batches submitted before it), so nobody waits on
+    /// them forever.
+    fn discard(&mut self);
 
     /// Hands the recorded batch to the hardware and starts a new one. Does
     /// not wait for the work to complete.
@@ -98,85 +152,4 @@ pub trait HardwareQueue: Send + Sized {
     /// # Errors
     /// [`Error::QueueFailed`] when submitted work failed since the last report.
     fn synchronize(&mut self) -> Result<()>;
-}
-
-/// The checks every backend makes when an `exec` is recorded: the queue's
-/// kind, the work sizes against `limits`, and the argument counts (`takes`
-/// is what the program declares, `given` what the `exec` passes; each is
-/// `(buffers, scalars)`).
-pub(crate) fn check_exec(
-    kind: QueueKind,
-    limits: &Limits,
-    program: &str,
-    takes: (usize, usize),
-    given: (usize, usize),
-    params: &ExecParams,
-) -> Result<()> {
-    if kind == QueueKind::Copy {
-        return Err(Error::UnsupportedCommand {
-            kind,
-            command: "exec",
-        });
-    }
-    params.validate(limits)?;
-    let bad = |reason: String| {
-        Err(Error::InvalidArguments {
-            program: program.to_owned(),
-            reason,
-        })
-    };
-    if given.0 != takes.0 {
-        return bad(format!(
-            "it takes {} buffer(s) but {} were given",
-            takes.0, given.0
-        ));
-    }
-    if given.1 != takes.1 {
-        return bad(format!(
-            "it takes {} scalar(s) but {} were given",
-            takes.1, given.1
-        ));
-    }
-    if given.0 > limits.max_buffers {
-        return bad(format!(
-            "{} buffers exceed the limit of {}",
-            given.0, limits.max_buffers
-        ));
-    }
-    Ok(())
-}
-
-/// A signal of any backend that a queue's worker can block on: how queues
-/// store the signal of a `wait_foreign` (a boxed command, off every
-/// same-backend path).
-pub(crate) trait ForeignSignal: Send + Sync {
-    /// Used by the CUDA worker, to skip a wait already met.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    fn is_reached(&self, value: u64) -> bool;
-    fn wait_forever(&self, value: u64) -> Result<()>;
-}
-
-impl<S: TimelineSignal> ForeignSignal for S {
-    fn is_reached(&self, value: u64) -> bool {
-        TimelineSignal::is_reached(self, value)
-    }
-
-    fn wait_forever(&self, value: u64) -> Result<()> {
-        self.wait(value, Timeout::Forever)
-    }
-}
-
-/// Tells a queue's owner of a failure the worker recorded, once: takes it
-/// and starts a new epoch, so batches submitted from now on run again.
-pub(crate) fn report_failure(
-    failure: &mut Option<std::sync::Arc<Error>>,
-    epoch: &mut u64,
-) -> Result<()> {
-    match failure.take() {
-        Some(cause) => {
-            *epoch += 1;
-            Err(Error::QueueFailed { cause })
-        }
-        None => Ok(()),
-    }
 }

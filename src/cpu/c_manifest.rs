@@ -1,0 +1,296 @@
+//! What a C kernel's library was built from besides its text: the files the
+//! compiler read (every header the source included, directly or not) and
+//! the libraries `-l` flags linked. The cache in `c_compiler` keys a library
+//! by its text, flags and compiler, and keeps this manifest beside it; a
+//! library is used only while every file of its manifest is unchanged.
+//!
+//! A file is unchanged when its size and modification time are (no read),
+//! or, when either moved, its contents hash the same (a header touched but
+//! not edited does not cost a compile). The hash is FNV-1a 128 of the
+//! contents, as for the cache's file names.
+//!
+//! Not seen: a header that a change of the search path would now find
+//! *instead* of the one recorded (a new file of the same name in an earlier
+//! `-I` directory). The search path's environment variables (`CPATH`,
+//! `C_INCLUDE_PATH`, `LIBRARY_PATH`) are part of the cache key; new files
+//! shadowing old ones are not, as with ccache.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::UNIX_EPOCH;
+
+use super::c_compiler::fnv1a_128;
+
+/// The first line of a manifest file.
+const HEADER: &str = "hwqueue C kernel dependencies, format 1";
+
+/// The files a library was built from, as they were then.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Manifest {
+    files: Vec<FileStamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    path: PathBuf,
+    size: u64,
+    modified: u128,
+    hash: u128,
+}
+
+impl FileStamp {
+    /// The file as it is now, or `None` when it cannot be read.
+    fn now(path: &Path) -> Option<Self> {
+        let meta = fs::metadata(path).ok()?;
+        Some(Self {
+            path: path.to_owned(),
+            size: meta.len(),
+            modified: modified(&meta),
+            hash: fnv1a_128(&fs::read(path).ok()?),
+        })
+    }
+
+    /// Whether the file still holds what it held.
+    fn is_current(&self) -> bool {
+        let Ok(meta) = fs::metadata(&self.path) else {
+            return false;
+        };
+        if meta.len() == self.size && modified(&meta) == self.modified {
+            return true;
+        }
+        fs::read(&self.path).is_ok_and(|contents| fnv1a_128(&contents) == self.hash)
+    }
+}
+
+fn modified(meta: &fs::Metadata) -> u128 {
+    meta.modified()
+        .ok()
+        .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |since| since.as_nanos())
+}
+
+impl Manifest {
+    /// Stamps `paths` as they are now (each once; unreadable ones are left
+    /// out: the compile that named them read them, so they exist).
+    pub(crate) fn capture(paths: impl IntoIterator<Item = PathBuf>) -> Self {
+        let mut paths: Vec<PathBuf> = paths.into_iter().collect();
+        paths.sort();
+        paths.dedup();
+        Self {
+            files: paths
+                .iter()
+                .filter_map(|path| FileStamp::now(path))
+                .collect(),
+        }
+    }
+
+    /// Whether every file still holds what it held when captured.
+    pub(crate) fn is_current(&self) -> bool {
+        self.files.iter().all(FileStamp::is_current)
+    }
+
+    /// A digest of the files' paths and contents: it names the library
+    /// built from them, so a library built from other contents has another
+    /// name (a loader hands out the library already loaded under a name).
+    pub(crate) fn digest(&self) -> u64 {
+        let mut bytes = Vec::new();
+        for file in &self.files {
+            bytes.extend_from_slice(file.path.as_os_str().as_encoded_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(&file.hash.to_le_bytes());
+        }
+        let hash = fnv1a_128(&bytes);
+        (hash ^ (hash >> 64)) as u64
+    }
+
+    /// The manifest in `path`, or `None` when there is none or it does not
+    /// parse (the library is then built again).
+    pub(crate) fn read(path: &Path) -> Option<Self> {
+        let text = fs::read_to_string(path).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != HEADER {
+            return None;
+        }
+        let files = lines
+            .map(|line| {
+                let mut fields = line.splitn(4, ' ');
+                Some(FileStamp {
+                    size: fields.next()?.parse().ok()?,
+                    modified: fields.next()?.parse().ok()?,
+                    hash: u128::from_str_radix(fields.next()?, 16).ok()?,
+                    path: PathBuf::from(fields.next()?),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { files })
+    }
+
+    /// The manifest as a file's text, or `None` when a path cannot be
+    /// written on one line of UTF-8 (the library is then not cached).
+    pub(crate) fn to_text(&self) -> Option<String> {
+        let mut text = format!("{HEADER}\n");
+        for file in &self.files {
+            let path = file.path.to_str().filter(|path| !path.contains('\n'))?;
+            text.push_str(&format!(
+                "{} {} {:032x} {path}\n",
+                file.size, file.modified, file.hash
+            ));
+        }
+        Some(text)
+    }
+}
+
+/// The prerequisites of a make rule written by the compiler's `-MD -MF`,
+/// made absolute against `cwd`, without `source` (the text compiled, which
+/// is in the cache key already).
+pub(crate) fn parse_depfile(text: &str, source: &Path, cwd: &Path) -> Vec<PathBuf> {
+    let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
+    // Only the first rule: `-MD` writes one, with no phony targets.
+    let rule = joined.lines().next().unwrap_or_default();
+    // The target (ours has no `:` in it) ends at the first ": ".
+    let Some((_, prerequisites)) = rule.split_once(": ") else {
+        return Vec::new();
+    };
+    let mut paths = Vec::new();
+    let mut current = String::new();
+    let mut chars = prerequisites.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if matches!(chars.peek(), Some(' ' | '#' | '\\')) => {
+                current.extend(chars.next());
+            }
+            '$' if chars.peek() == Some(&'$') => {
+                chars.next();
+                current.push('$');
+            }
+            c if c.is_whitespace() => {
+                if !current.is_empty() {
+                    paths.push(std::mem::take(&mut current));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        paths.push(current);
+    }
+    paths
+        .into_iter()
+        .map(|path| cwd.join(path))
+        .filter(|path| path != source)
+        .collect()
+}
+
+/// The files the `-l` flags among `args` link, resolved as the linker would:
+/// the `-L` directories, then `$LIBRARY_PATH`, then the compiler's own
+/// search path (`-print-file-name`). A shared library is preferred to a
+/// static one, as without `-static`. Libraries that cannot be resolved are
+/// left out (the link would have failed on them).
+pub(crate) fn linked_libraries(
+    compiler: &Path,
+    compiler_args: &[OsString],
+    args: &[String],
+) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut words = args.iter().map(String::as_str);
+    while let Some(word) = words.next() {
+        if let Some(dir) = word.strip_prefix("-L") {
+            let dir = if dir.is_empty() {
+                words.next()
+            } else {
+                Some(dir)
+            };
+            dirs.extend(dir.map(PathBuf::from));
+        } else if let Some(name) = word.strip_prefix("-l") {
+            let name = if name.is_empty() {
+                words.next()
+            } else {
+                Some(name)
+            };
+            names.extend(name.map(str::to_owned));
+        }
+    }
+    if let Some(path) = std::env::var_os("LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    names
+        .iter()
+        .filter_map(|name| {
+            let files = [format!("lib{name}.so"), format!("lib{name}.a")];
+            files
+                .iter()
+                .find_map(|file| {
+                    dirs.iter()
+                        .map(|dir| dir.join(file))
+                        .find(|path| path.is_file())
+                })
+                .or_else(|| {
+                    files
+                        .iter()
+                        .find_map(|file| print_file_name(compiler, compiler_args, file))
+                })
+        })
+        .collect()
+}
+
+/// Where the compiler finds `file` on its own search path (`cc
+/// -print-file-name=FILE` prints the bare name when it finds none).
+fn print_file_name(compiler: &Path, compiler_args: &[OsString], file: &str) -> Option<PathBuf> {
+    let output = Command::new(compiler)
+        .args(compiler_args)
+        .arg(format!("-print-file-name={file}"))
+        .env("LC_ALL", "C")
+        .output()
+        .ok()?;
+    let printed = String::from_utf8(output.stdout).ok()?;
+    let path = PathBuf::from(printed.trim());
+    (output.status.success() && path.is_absolute() && path.is_file()).then_some(path)
+}
+
+/// Writes `text` to `path` whole or not at all: through `scratch`, renamed.
+pub(crate) fn write_atomically(path: &Path, scratch: &Path, text: &str) -> io::Result<()> {
+    fs::write(scratch, text)?;
+    fs::rename(scratch, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_depfile_gives_its_prerequisites_but_the_source() {
+        let text = "hwq: /tmp/k.c /usr/include/stdint.h \\\n inc/my\\ header.h \\\n  /a/$$b.h\n";
+        let deps = parse_depfile(text, Path::new("/tmp/k.c"), Path::new("/work"));
+        assert_eq!(
+            deps,
+            [
+                PathBuf::from("/usr/include/stdint.h"),
+                PathBuf::from("/work/inc/my header.h"),
+                PathBuf::from("/a/$b.h"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_manifest_reads_back_as_written_and_notices_a_change() {
+        let dir = std::env::temp_dir().join(format!("hwq-manifest-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let header = dir.join("a header.h");
+        fs::write(&header, "#define X 1\n").unwrap();
+        let manifest = Manifest::capture([header.clone(), header.clone()]);
+        let text = manifest.to_text().unwrap();
+        let file = dir.join("m.deps");
+        fs::write(&file, &text).unwrap();
+        assert_eq!(Manifest::read(&file), Some(manifest.clone()));
+        assert!(manifest.is_current());
+        let digest = manifest.digest();
+        fs::write(&header, "#define X 2\n").unwrap();
+        assert!(!manifest.is_current());
+        assert_ne!(Manifest::capture([header.clone()]).digest(), digest);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

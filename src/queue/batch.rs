@@ -1,0 +1,192 @@
+//! A recorded batch of commands, as the core hands it to an engine.
+
+use std::fmt;
+use std::ops::Range;
+
+use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
+use crate::error::{Error, Result};
+use crate::params::ExecParams;
+use crate::program::Scalar;
+use crate::signal::{TimelineSignal, Timeout};
+
+/// One command of a [`Batch`].
+///
+/// Engines match on it exhaustively, so a new command is a compile error in
+/// every engine until it runs it: none is ever silently dropped.
+pub enum Command<B: Backend> {
+    /// Block later commands until `signal` reaches `value`.
+    Wait {
+        /// The signal.
+        signal: SignalOf<B>,
+        /// The value.
+        value: u64,
+    },
+    /// Block later commands until a signal of another backend reaches
+    /// `value`.
+    WaitForeign {
+        /// The signal, type-erased: see [`ForeignWait`].
+        signal: Box<dyn ForeignWait>,
+        /// The value.
+        value: u64,
+    },
+    /// Raise `signal` to `value` once every earlier command completed.
+    Signal {
+        /// The signal.
+        signal: SignalOf<B>,
+        /// The value.
+        value: u64,
+    },
+    /// Run `program` over the grid of `params`.
+    Exec {
+        /// The kernel.
+        program: ProgramOf<B>,
+        /// Its buffer arguments: a range of [`Batch::buffers`].
+        buffers: Range<usize>,
+        /// Its scalar arguments: a range of [`Batch::scalars`].
+        scalars: Range<usize>,
+        /// Work sizes, validated against the engine's limits.
+        params: ExecParams,
+    },
+    /// Copy all of `src` into `dst` (equal sizes, checked).
+    Copy {
+        /// Destination.
+        dst: BufferOf<B>,
+        /// Source.
+        src: BufferOf<B>,
+    },
+    /// Make earlier writes visible to later commands and other queues.
+    Barrier,
+}
+
+/// A signal of another backend, as a queue's worker waits on it.
+///
+/// The one `dyn` of a queue: `wait_foreign` takes a signal of *any* type
+/// (another backend's, one defined in another crate), and a batch must hold
+/// it until the worker reaches it, so the type is erased into a box. It is
+/// never on a same-backend path: the `Any*` enums send a signal of the
+/// queue's own backend to the native [`Command::Wait`].
+pub trait ForeignWait: Send + Sync {
+    /// Whether the signal reached `value`. Never blocks.
+    fn is_reached(&self, value: u64) -> bool;
+
+    /// Blocks until the signal reaches `value`, or fails.
+    ///
+    /// # Errors
+    /// The signal's own: [`Error::SignalFailed`] when the work that would
+    /// set `value` failed.
+    fn wait_forever(&self, value: u64) -> Result<()>;
+}
+
+impl<S: TimelineSignal> ForeignWait for S {
+    fn is_reached(&self, value: u64) -> bool {
+        TimelineSignal::is_reached(self, value)
+    }
+
+    fn wait_forever(&self, value: u64) -> Result<()> {
+        self.wait(value, Timeout::Forever)
+    }
+}
+
+/// A batch of commands. The buffers and scalars of every `exec` live in two
+/// vectors per batch, so recording an `exec` allocates nothing once they
+/// have grown; engines recycle finished batches.
+pub struct Batch<B: Backend> {
+    pub(super) commands: Vec<Command<B>>,
+    pub(super) buffers: Vec<BufferOf<B>>,
+    pub(super) scalars: Vec<Scalar>,
+    /// The owner's epoch when submitted (see [`Ledger`](super::Ledger)).
+    pub(super) epoch: u64,
+    /// Why a batch will not run (rejected, discarded, or left recorded when
+    /// the queue was dropped): the engine only fails its signals, in queue
+    /// order. Boxed: the recording batch lives inside the queue.
+    pub(super) abandoned: Option<Box<Error>>,
+    /// The range of `buffers` the last `exec` uses: an `exec` on the same
+    /// buffers shares it instead of cloning the handles again. (`u32`s keep
+    /// the queue small.)
+    pub(super) last_exec_buffers: Range<u32>,
+}
+
+impl<B: Backend> Default for Batch<B> {
+    fn default() -> Self {
+        Self {
+            commands: Vec::new(),
+            buffers: Vec::new(),
+            scalars: Vec::new(),
+            epoch: 0,
+            abandoned: None,
+            last_exec_buffers: 0..0,
+        }
+    }
+}
+
+impl<B: Backend> Batch<B> {
+    /// The commands, in order.
+    pub fn commands(&self) -> &[Command<B>] {
+        &self.commands
+    }
+
+    /// The buffer arguments of every `exec`; [`Command::Exec`] names its
+    /// range.
+    pub fn buffers(&self) -> &[BufferOf<B>] {
+        &self.buffers
+    }
+
+    /// The scalar arguments of every `exec`; [`Command::Exec`] names its
+    /// range.
+    pub fn scalars(&self) -> &[Scalar] {
+        &self.scalars
+    }
+
+    /// The owner's epoch when the batch was submitted.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Why the batch will not run, if it was abandoned.
+    pub fn abandoned(&self) -> Option<&Error> {
+        self.abandoned.as_deref()
+    }
+
+    /// Whether the batch holds no command.
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// Empties the batch for reuse, keeping its memory.
+    pub fn clear(&mut self) {
+        self.commands.clear();
+        self.buffers.clear();
+        self.scalars.clear();
+        self.epoch = 0;
+        self.abandoned = None;
+        self.last_exec_buffers = 0..0;
+    }
+
+    /// Fails every signal the commands from `from` on would have set.
+    pub fn fail_signals(&self, from: usize, cause: &Error) {
+        for command in self.commands.get(from..).unwrap_or_default() {
+            if let Command::Signal { signal, value } = command {
+                signal.fail(*value, cause.clone());
+            }
+        }
+    }
+
+    /// Whether some signal of the batch is not reached yet (so abandoning
+    /// the batch has something to fail).
+    pub(super) fn has_unreached_signal(&self) -> bool {
+        self.commands.iter().any(|command| {
+            matches!(command, Command::Signal { signal, value }
+                if !TimelineSignal::is_reached(signal, *value))
+        })
+    }
+}
+
+impl<B: Backend> fmt::Debug for Batch<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch")
+            .field("commands", &self.commands.len())
+            .field("epoch", &self.epoch)
+            .field("abandoned", &self.abandoned)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,265 @@
+//! What a queue's owner and its engine share: the queue's identity and its
+//! record of failures.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::num::NonZeroU64;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::error::{Error, panic_message};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+
+use super::batch::Batch;
+use crate::backend::Backend;
+
+/// Identifies a queue for as long as it or its submitted work lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueId(NonZeroU64);
+
+impl QueueId {
+    /// The id as a number (never 0).
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+
+    pub(crate) fn from_raw(raw: u64) -> Option<Self> {
+        NonZeroU64::new(raw).map(Self)
+    }
+
+    /// Whether the queue, or work it submitted, still exists.
+    pub fn is_live(self) -> bool {
+        live_queues().contains(&self.get())
+    }
+
+    /// A fresh id, registered live until [`Ledger`]'s last handle drops.
+    fn register() -> Self {
+        // Process-global and outside every loom model, like the registry's
+        // statics: plain `std` primitives.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let raw = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        live_queues().insert(raw);
+        Self(NonZeroU64::new(raw).unwrap_or(NonZeroU64::MIN))
+    }
+}
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "queue #{}", self.0)
+    }
+}
+
+/// The ids of live queues.
+fn live_queues() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
+    static LIVE: std::sync::Mutex<BTreeSet<u64>> = std::sync::Mutex::new(BTreeSet::new());
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A queue's identity and failure record, shared by its owner (the
+/// [`Queue`](super::Queue)) and its engine. Clones are handles to one
+/// ledger. The queue's id stays live until the engine says the queue is
+/// gone and its submitted work drained ([`retire`](Self::retire)), or at
+/// the latest until the last handle is dropped.
+///
+/// # The protocol
+///
+/// The owner stamps each batch with its *epoch*: how many failures it has
+/// been told of. An engine, before it runs a batch, asks
+/// [`admit`](Self::admit): a batch stamped with an epoch at or below that
+/// of a failed batch was submitted before the owner knew of the failure,
+/// and depends on the failed work by queue order, so it is not run: its
+/// signals fail with [`Error::EarlierBatchFailed`]. That *cascade* is not a
+/// new failure, and is never reported to the owner: one failure, one
+/// report, however the owner's report and the engine's progress interleave.
+/// A batch that fails on its own is recorded with [`fail`](Self::fail)
+/// before its signals fail, so an owner that sees a failed signal and then
+/// submits finds the failure reported.
+///
+/// | field | meaning | written by | read by |
+/// |-------|---------|------------|---------|
+/// | `cascade_below` | batches stamped below this epoch cascade (0: none) | the engine, under `state`, with `Release` | the engine's `admit` (`Acquire`), on every batch |
+/// | `unreported` | a failure awaits the owner | set by the engine under `state` (`Release`); cleared by the owner under `state` | the owner's `submit` (`Acquire`) |
+/// | `state` | the unreported cause, and the cause of the last failed batch | both, under the lock | both |
+///
+/// Both flags are only hints for a lock-free fast path: a reader that sees
+/// one set takes the lock, where the truth is.
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<LedgerInner>,
+}
+
+struct LedgerInner {
+    id: QueueId,
+    cascade_below: AtomicU64,
+    unreported: AtomicBool,
+    state: Mutex<LedgerState>,
+}
+
+#[derive(Default)]
+struct LedgerState {
+    /// The failure the owner has not been told of.
+    unreported: Option<std::sync::Arc<Error>>,
+    /// The cause of the last batch that failed on its own.
+    last: Option<std::sync::Arc<Error>>,
+}
+
+impl Drop for LedgerInner {
+    fn drop(&mut self) {
+        live_queues().remove(&self.id.get());
+    }
+}
+
+/// What an engine does with a batch it reached.
+#[derive(Debug)]
+pub enum Admission {
+    /// Run it.
+    Run,
+    /// Do not run it: fail its signals with this cause. The batch was
+    /// abandoned (rejected, discarded or dropped), or submitted before the
+    /// owner knew of an earlier failure. Nothing is recorded for the owner.
+    Skip(Error),
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ledger {
+    /// A ledger for a new queue, with a fresh [`QueueId`].
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(LedgerInner {
+                id: QueueId::register(),
+                cascade_below: AtomicU64::new(0),
+                unreported: AtomicBool::new(false),
+                state: Mutex::new(LedgerState::default()),
+            }),
+        }
+    }
+
+    /// The queue's id.
+    pub fn id(&self) -> QueueId {
+        self.inner.id
+    }
+
+    /// Says that the queue is dropped and its submitted work drained: its
+    /// id is no longer live, so another queue may take over the signals it
+    /// produced. Engines call it as soon as both hold (the CPU engine on
+    /// drop when nothing is in flight, else its worker once drained);
+    /// idempotent, and the last handle's drop does it anyway.
+    pub fn retire(&self) {
+        live_queues().remove(&self.inner.id.get());
+    }
+
+    /// Whether an engine should run `batch`, which it reached in queue
+    /// order. One atomic load when nothing failed.
+    pub fn admit<B: Backend>(&self, batch: &Batch<B>) -> Admission {
+        if let Some(cause) = batch.abandoned() {
+            return Admission::Skip(cause.clone());
+        }
+        if batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire) {
+            let state = self.inner.state.lock();
+            if let Some(cause) = &state.last {
+                return Admission::Skip(Error::EarlierBatchFailed {
+                    cause: cause.clone(),
+                });
+            }
+        }
+        Admission::Run
+    }
+
+    /// Records that `batch` failed at command `from` with `error`, then
+    /// fails the signals of its commands from `from` on. Returns the cause
+    /// as the signals carry it.
+    pub fn fail<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        from: usize,
+        error: Error,
+    ) -> std::sync::Arc<Error> {
+        let cause = std::sync::Arc::new(error);
+        {
+            let mut state = self.inner.state.lock();
+            state.last = Some(cause.clone());
+            if state.unreported.is_none() {
+                state.unreported = Some(cause.clone());
+            }
+            self.inner.unreported.store(true, Ordering::Release);
+            self.inner
+                .cascade_below
+                .fetch_max(batch.epoch() + 1, Ordering::Release);
+        }
+        // Only after the failure is recorded (see the type's docs).
+        batch.fail_signals(from, &cause);
+        cause
+    }
+
+    /// Records a failure that belongs to no batch (a device error found
+    /// while synchronising): reported to the owner, cascading nothing.
+    pub fn fail_unbatched(&self, error: Error) {
+        let mut state = self.inner.state.lock();
+        if state.unreported.is_none() {
+            state.unreported = Some(std::sync::Arc::new(error));
+            self.inner.unreported.store(true, Ordering::Release);
+        }
+    }
+
+    /// Runs what an engine does with a batch it reached, start to end: a
+    /// batch [`admit`](Self::admit) refuses has its signals failed; one it
+    /// admits is `run`, and a failure (`Err((command index, error))`) is
+    /// [recorded](Self::fail). A panic out of `run` (a bug; kernels'
+    /// panics are the engine's to catch) fails the batch too, rather than
+    /// the engine's thread.
+    pub fn settle<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        run: impl FnOnce(&Batch<B>) -> std::result::Result<(), (usize, Error)>,
+    ) {
+        match self.admit(batch) {
+            Admission::Skip(cause) => batch.fail_signals(0, &cause),
+            Admission::Run => {
+                let outcome =
+                    catch_unwind(AssertUnwindSafe(|| run(batch))).unwrap_or_else(|payload| {
+                        Err((
+                            0,
+                            Error::EnginePanicked {
+                                message: panic_message(payload),
+                            },
+                        ))
+                    });
+                if let Err((from, error)) = outcome {
+                    self.fail(batch, from, error);
+                }
+            }
+        }
+    }
+
+    /// For the owner: the unreported failure, once, as
+    /// [`Error::QueueFailed`], moving `epoch` on so batches stamped from
+    /// now on run. One atomic load when nothing failed.
+    pub(crate) fn report(&self, epoch: &mut u64) -> crate::Result<()> {
+        if !self.inner.unreported.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut state = self.inner.state.lock();
+        self.inner.unreported.store(false, Ordering::Relaxed);
+        match state.unreported.take() {
+            Some(cause) => {
+                *epoch += 1;
+                Err(Error::QueueFailed { cause })
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ledger")
+            .field("id", &self.inner.id)
+            .field("unreported", &self.inner.unreported.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,416 @@
+//! [`Queue<E>`]: the recording half of every backend's queue, and
+//! [`Engine`], what a backend supplies to run the batches.
+
+use std::fmt;
+use std::mem;
+use std::ops::Range;
+
+use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
+use crate::buffer::Buffer;
+use crate::error::{Error, Result};
+use crate::params::{ExecParams, Limits};
+use crate::program::{Program, Scalar};
+use crate::signal::{TimelineSignal, check_value};
+
+use super::batch::{Batch, Command};
+use super::ledger::{Ledger, QueueId};
+use super::{HardwareQueue, QueueKind};
+
+/// How a backend runs the batches a [`Queue`] records.
+///
+/// An engine receives batches in submission order through
+/// [`submit`](Self::submit) and must run them in that order, each command
+/// after the one before it. For each batch it reaches it asks the
+/// [`Ledger`] what to do ([`Ledger::settle`] does it all for an engine
+/// that runs a batch in one go): run it, or only fail its signals (an
+/// abandoned batch, or one submitted before the owner was told of an
+/// earlier failure). A command that fails ends its batch: the engine
+/// reports it with [`Ledger::fail`], which fails the signals the rest of
+/// the batch would have set. Nothing an engine does may hang a waiter or
+/// be dropped silently.
+///
+/// Dropping the engine (after the queue abandoned its recorded batch) must
+/// let the work already submitted finish, and keep the [`Ledger`] alive
+/// until it has.
+pub trait Engine: Send + Sized + 'static {
+    /// The backend whose queue this engine runs.
+    type Backend: Backend<Queue = Queue<Self>>;
+
+    /// The queue's kind.
+    fn kind(&self) -> QueueKind;
+
+    /// What one `exec` may ask for.
+    fn limits(&self) -> &Limits;
+
+    /// The ledger this engine shares with its queue.
+    fn ledger(&self) -> &Ledger;
+
+    /// Checks, when an `exec` is recorded, what the core cannot: that the
+    /// program and buffers belong to this queue's device, and the
+    /// backend's own argument limits. The core already checked the queue's
+    /// kind, the work sizes against [`limits`](Self::limits) and the
+    /// argument counts.
+    ///
+    /// # Errors
+    /// Why the `exec` cannot run; it rejects the batch.
+    fn check_exec(
+        &self,
+        program: &ProgramOf<Self::Backend>,
+        buffers: &[&BufferOf<Self::Backend>],
+        scalars: &[Scalar],
+    ) -> Result<()> {
+        let _ = (program, buffers, scalars);
+        Ok(())
+    }
+
+    /// Checks, when a command other than `exec` is recorded, that `buffer`
+    /// (named `what` in errors: "the copy source") belongs to this queue's
+    /// device.
+    ///
+    /// # Errors
+    /// Why the command cannot run; it rejects the batch.
+    fn check_buffer(&self, what: &'static str, buffer: &BufferOf<Self::Backend>) -> Result<()> {
+        let _ = (what, buffer);
+        Ok(())
+    }
+
+    /// Takes `batch` (to run, or, when [`Batch::abandoned`], only to fail
+    /// its signals once every batch submitted before it finished), and
+    /// returns an empty batch to record the next one into: a finished one
+    /// for reuse, or `Batch::default()`.
+    fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
+
+    /// Blocks until every batch submitted has finished: run, failed, or
+    /// abandoned. Failures found here go to the ledger.
+    fn synchronize(&mut self);
+}
+
+/// What `check_exec` checked last: the parameters, the program's buffer and
+/// scalar counts, the counts given. The check is a pure function of these
+/// (the kind and limits never change), so an `exec` like the last skips it.
+type CheckedExec = (ExecParams, (usize, usize), (usize, usize));
+
+/// A command queue of any backend: the recording core, and the backend's
+/// [`Engine`]. Each backend names it as its queue type (`CpuQueue` is
+/// `Queue<CpuEngine>`).
+///
+/// See [`HardwareQueue`] for what each command does and
+/// [the module docs](super) for what the core does and what it leaves to
+/// the engine.
+pub struct Queue<E: Engine> {
+    engine: E,
+    batch: Batch<E::Backend>,
+    /// The first invalid command of the batch being recorded.
+    rejected: Option<Box<Error>>,
+    /// The last `exec` arguments that passed the checks; boxed to keep the
+    /// queue small.
+    last_checked: Option<Box<CheckedExec>>,
+    /// How many failures the owner has been told of (see [`Ledger`]).
+    epoch: u64,
+}
+
+impl<E: Engine> Queue<E> {
+    /// A queue recording for `engine`.
+    pub fn new(engine: E) -> Self {
+        Self {
+            engine,
+            batch: Batch::default(),
+            rejected: None,
+            last_checked: None,
+            epoch: 0,
+        }
+    }
+
+    /// The engine that runs this queue's batches.
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    /// The queue's id: it names the queue in errors, and a signal's
+    /// producer.
+    pub fn id(&self) -> QueueId {
+        self.engine.ledger().id()
+    }
+
+    /// Hands the recorded batch, which will not run, to the engine to fail
+    /// its signals with `cause` in queue order: after the batches submitted
+    /// before it, since failing at once would fail a value an earlier batch
+    /// is about to set (`fail(upto)` covers every unreached value up to
+    /// `upto`), and its waiters would wake with an error although their
+    /// work completes. With no unreached signal, this hands nothing over.
+    fn abandon_recorded(&mut self, cause: Error) {
+        if !self.batch.has_unreached_signal() {
+            self.batch.clear();
+            return;
+        }
+        self.batch.abandoned = Some(Box::new(cause));
+        self.batch.epoch = self.epoch;
+        self.hand_over();
+    }
+
+    fn hand_over(&mut self) {
+        let batch = mem::take(&mut self.batch);
+        self.batch = self.engine.submit(batch);
+    }
+
+    fn check_exec(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        buffers: &[&BufferOf<E::Backend>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        let key = (
+            *params,
+            (program.buffer_count(), program.scalar_count()),
+            (buffers.len(), scalars.len()),
+        );
+        if self.last_checked.as_deref() != Some(&key) {
+            check_exec(
+                self.engine.kind(),
+                self.engine.limits(),
+                program.name(),
+                key.1,
+                key.2,
+                params,
+            )?;
+            match &mut self.last_checked {
+                Some(last) => **last = key,
+                None => self.last_checked = Some(Box::new(key)),
+            }
+        }
+        self.engine.check_exec(program, buffers, scalars)
+    }
+
+    /// Adds `buffers` to the batch, sharing the last `exec`'s range when
+    /// they are the same buffers.
+    fn push_buffers(&mut self, buffers: &[&BufferOf<E::Backend>]) -> Range<usize> {
+        let batch = &mut self.batch;
+        let Range { start, end } = batch.last_exec_buffers.clone();
+        let last = &batch.buffers[start as usize..end as usize];
+        if last.len() == buffers.len()
+            && last.iter().zip(buffers).all(|(old, new)| old.same_as(new))
+        {
+            return start as usize..end as usize;
+        }
+        let first = batch.buffers.len();
+        batch.buffers.extend(buffers.iter().map(|b| (*b).clone()));
+        let range = first..batch.buffers.len();
+        // Past `u32::MAX` handles, later `exec`s just clone again.
+        batch.last_exec_buffers = u32::try_from(range.start)
+            .and_then(|start| Ok(start..u32::try_from(range.end)?))
+            .unwrap_or(0..0);
+        range
+    }
+}
+
+/// The checks every backend makes when an `exec` is recorded: the queue's
+/// kind, the work sizes against `limits`, and the argument counts (`takes`
+/// is what the program declares, `given` what the `exec` passes; each is
+/// `(buffers, scalars)`).
+fn check_exec(
+    kind: QueueKind,
+    limits: &Limits,
+    program: &str,
+    takes: (usize, usize),
+    given: (usize, usize),
+    params: &ExecParams,
+) -> Result<()> {
+    if kind == QueueKind::Copy {
+        return Err(Error::UnsupportedCommand {
+            kind,
+            command: "exec",
+        });
+    }
+    params.validate(limits)?;
+    let bad = |reason: String| {
+        Err(Error::InvalidArguments {
+            program: program.to_owned(),
+            reason,
+        })
+    };
+    if given.0 != takes.0 {
+        return bad(format!(
+            "it takes {} buffer(s) but {} were given",
+            takes.0, given.0
+        ));
+    }
+    if given.1 != takes.1 {
+        return bad(format!(
+            "it takes {} scalar(s) but {} were given",
+            takes.1, given.1
+        ));
+    }
+    if given.0 > limits.max_buffers {
+        return bad(format!(
+            "{} buffers exceed the limit of {}",
+            given.0, limits.max_buffers
+        ));
+    }
+    Ok(())
+}
+
+impl<E: Engine> HardwareQueue for Queue<E> {
+    type Backend = E::Backend;
+
+    fn kind(&self) -> QueueKind {
+        self.engine.kind()
+    }
+
+    fn wait(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::Wait {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn signal(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        let queue = self.id();
+        if let Err(producer) = signal.producer().claim(queue) {
+            // Not recorded: a batch this queue abandons must not fail the
+            // values another queue produces.
+            return self.reject(Error::SignalProducerConflict {
+                value,
+                producer,
+                queue,
+            });
+        }
+        // Recorded even in a rejected batch, so `submit` can fail it.
+        self.batch.commands.push(Command::Signal {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn exec(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        buffers: &[&BufferOf<E::Backend>],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        if self.rejected.is_some() {
+            return self;
+        }
+        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
+            return self.reject(e);
+        }
+        let buffers = self.push_buffers(buffers);
+        let first_scalar = self.batch.scalars.len();
+        self.batch.scalars.extend_from_slice(scalars);
+        self.batch.commands.push(Command::Exec {
+            program: program.clone(),
+            buffers,
+            scalars: first_scalar..self.batch.scalars.len(),
+            params,
+        });
+        self
+    }
+
+    fn copy(&mut self, dst: &BufferOf<E::Backend>, src: &BufferOf<E::Backend>) -> &mut Self {
+        if dst.size() != src.size() {
+            return self.reject(Error::CopySizeMismatch {
+                dst: dst.size(),
+                src: src.size(),
+            });
+        }
+        for (what, buffer) in [("the copy destination", dst), ("the copy source", src)] {
+            if let Err(e) = self.engine.check_buffer(what, buffer) {
+                return self.reject(e);
+            }
+        }
+        self.batch.commands.push(Command::Copy {
+            dst: dst.clone(),
+            src: src.clone(),
+        });
+        self
+    }
+
+    fn memory_barrier(&mut self) -> &mut Self {
+        self.batch.commands.push(Command::Barrier);
+        self
+    }
+
+    fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitForeign {
+            signal: Box::new(signal.clone()),
+            value,
+        });
+        self
+    }
+
+    fn reject(&mut self, error: Error) -> &mut Self {
+        if self.rejected.is_none() {
+            self.rejected = Some(Box::new(error));
+        }
+        self
+    }
+
+    fn recorded(&self) -> usize {
+        self.batch.commands.len()
+    }
+
+    fn discard(&mut self) {
+        self.rejected = None;
+        self.abandon_recorded(Error::Abandoned {
+            reason: "the batch that would have set this value was discarded before it was \
+                     submitted; record and submit it again",
+        });
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(error) = self.rejected.take() {
+            let cause = std::sync::Arc::new(*error);
+            self.abandon_recorded(Error::BatchRejected {
+                cause: cause.clone(),
+            });
+            return Err(Error::BatchRejected { cause });
+        }
+        self.engine.ledger().report(&mut self.epoch)?;
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.batch.epoch = self.epoch;
+        self.hand_over();
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.engine.synchronize();
+        self.engine.ledger().report(&mut self.epoch)
+    }
+}
+
+impl<E: Engine> Drop for Queue<E> {
+    fn drop(&mut self) {
+        if !self.batch.is_empty() {
+            self.abandon_recorded(Error::Abandoned {
+                reason: "the queue was dropped with a batch recorded but not submitted; call \
+                         `submit` before dropping the queue",
+            });
+        }
+    }
+}
+
+impl<E: Engine + fmt::Debug> fmt::Debug for Queue<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("id", &self.id())
+            .field("kind", &self.engine.kind())
+            .field("recorded", &self.batch.commands.len())
+            .field("rejected", &self.rejected)
+            .field("engine", &self.engine)
+            .finish()
+    }
+}
