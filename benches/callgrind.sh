@@ -6,6 +6,10 @@
 #
 #   bash benches/callgrind.sh        # needs valgrind; uses $CARGO_TARGET_DIR
 #
+# Built with the `cuda` feature by default (FEATURES=cuda), so that the
+# `AnyQueue` enum has two variants, as in a real heterogeneous build; it
+# records on CPU queues either way. FEATURES= builds without it.
+#
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
 # inside its timed loop (`dispatch::repeat`), for LOW and HIGH iterations;
@@ -20,13 +24,14 @@ LOW=${LOW:-1000}
 HIGH=${HIGH:-11000}
 CASES=${CASES:-direct generic dyn enum}
 
-exe=$(cargo bench --bench dispatch --no-run --message-format=json 2>/dev/null |
+FEATURES=${FEATURES-cuda}
+exe=$(cargo bench --bench dispatch --no-run --features "$FEATURES" --message-format=json 2>/dev/null |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "dispatch" and m.get("executable"):
         print(m["executable"])')
-echo "binary: $exe"
+echo "binary: $exe (features: ${FEATURES:-none})"
 nm -C "$exe" | grep -E ' dispatch::record_(direct|generic|dyn)' || true
 echo
 

@@ -202,21 +202,13 @@ impl Buffer for EmptyBuffer {
 
 /// A program that is never run.
 #[derive(Debug, Clone)]
-struct NoProgram;
+struct NoProgram(hwqueue::KernelSignature);
 
 impl Program for NoProgram {
     type Backend = OpenOnce;
 
-    fn name(&self) -> &str {
-        "none"
-    }
-
-    fn buffer_count(&self) -> usize {
-        0
-    }
-
-    fn scalar_count(&self) -> usize {
-        0
+    fn signature(&self) -> &hwqueue::KernelSignature {
+        &self.0
     }
 }
 

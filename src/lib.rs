@@ -16,15 +16,30 @@
 //!   `submit` hands the batch over without waiting. Commands run in order.
 //!   An invalid command rejects its whole batch at `submit`: nothing is
 //!   silently dropped or clamped.
+//! - **One queue core, one engine per backend.** Every backend's queue is a
+//!   [`Queue<E>`](Queue): recording, validation, rejection, in-order
+//!   abandonment and the failure [`Ledger`](queue::Ledger) are written once
+//!   ([`queue`]); a backend supplies an [`Engine`], how it runs a batch.
+//!   A backend defined in another crate does the same.
 //! - **Signals tell the truth.** A [`TimelineSignal`]'s value is the highest
 //!   value whose work has *completed*. When work fails, the signals it would
 //!   have set fail too, and their waiters wake with the error: failure never
-//!   hangs anyone.
+//!   hangs anyone. A signal has one producing queue, so a failure fails only
+//!   the values that queue would have set.
 //! - **One place for synchronisation.** Atomics, locks and condvars come from
 //!   one internal `sync` module, which swaps in loom's types under
 //!   `cfg(loom)`, so the loom models check the real code.
 //! - **Errors say how to fix it.** One [`Error`] enum; each variant carries the
 //!   facts, each message ends with what to do.
+//!
+//! ## Where `dyn` stands
+//!
+//! Nowhere on the path of a command of a queue's own backend. Two trait
+//! objects remain in the library, both off it: the panic payload that
+//! `catch_unwind` hands back (a kernel's or a backend's panic, turned into
+//! an error), and the signal of a [`wait_foreign`](HardwareQueue::wait_foreign)
+//! ([`ForeignWait`](queue::ForeignWait)), which may be of any type, from any
+//! crate, and must wait in a batch until the engine reaches it.
 //!
 //! ## The traits
 //!
@@ -33,7 +48,8 @@
 //! | [`Backend`] | the root: ids, precedence, associated types, probe and open |
 //! | [`Device`] | an opened device: allocates buffers, reports limits |
 //! | [`QueueFactory`] | makes compute queues, an optional copy queue, and signals |
-//! | [`HardwareQueue`] | records `wait`/`signal`/`exec`/`copy`/`memory_barrier`, then `submit`s |
+//! | [`HardwareQueue`] | records `wait`/`signal`/`exec`/`copy`/`memory_barrier`, then `submit`s; every backend's is a [`Queue`] |
+//! | [`Engine`] | how a backend runs the batches its [`Queue`] records |
 //! | [`TimelineSignal`] | a monotonically increasing `u64`: `value`, `set`, `wait`, `is_reached` |
 //! | [`Buffer`] | device memory with host `write_from`/`read_into` |
 //! | [`Program`] | a loaded kernel |
@@ -115,7 +131,7 @@ pub use device::{Device, QueueFactory};
 pub use error::{Error, Result};
 pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Schedule};
 pub use params::{ExecParams, Limits};
-pub use program::{Program, Scalar};
+pub use program::{KernelSignature, Program, Scalar};
 pub use queue::{Engine, HardwareQueue, Queue, QueueId, QueueKind};
 pub use registry::{BackendReport, Policy, Registry, Selection, preferred};
 #[cfg(not(loom))]

@@ -7,16 +7,49 @@ pub trait Program: Clone + Send + Sync + 'static {
     /// The backend that runs it.
     type Backend: Backend<Program = Self>;
 
+    /// The kernel's name and the arguments it takes.
+    fn signature(&self) -> &KernelSignature;
+
     /// The kernel's name, used in errors and plans.
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        &self.signature().name
+    }
 
     /// How many buffer arguments the kernel takes; an `exec` passing
     /// another number is rejected at `submit`.
-    fn buffer_count(&self) -> usize;
+    fn buffer_count(&self) -> usize {
+        self.signature().buffers
+    }
 
     /// How many scalar arguments the kernel takes; an `exec` passing
     /// another number is rejected at `submit`.
-    fn scalar_count(&self) -> usize;
+    fn scalar_count(&self) -> usize {
+        self.signature().scalars
+    }
+}
+
+/// What every backend knows of a kernel it loaded: its name, and how many
+/// buffer and scalar arguments it takes (buffers first, then scalars).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelSignature {
+    /// The kernel's name, used in errors and plans.
+    pub name: String,
+    /// How many buffer arguments it takes.
+    pub buffers: usize,
+    /// How many scalar arguments it takes.
+    pub scalars: usize,
+}
+
+impl KernelSignature {
+    /// The signature of kernel `name` taking `buffers` buffers, then
+    /// `scalars` scalars.
+    pub fn new(name: impl Into<String>, buffers: usize, scalars: usize) -> Self {
+        Self {
+            name: name.into(),
+            buffers,
+            scalars,
+        }
+    }
 }
 
 /// A scalar kernel argument, passed by value.

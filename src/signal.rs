@@ -149,6 +149,7 @@ impl Producer {
     ///
     /// # Errors
     /// The producing queue, when it is another one and still live.
+    #[inline]
     pub fn claim(&self, queue: QueueId) -> std::result::Result<(), QueueId> {
         let me = queue.get();
         let mut current = self.queue.load(Ordering::Relaxed);

@@ -49,11 +49,7 @@ fn a_vec_of_queues_of_two_backends_runs_an_ordered_pipeline_with_waits_both_ways
     let gate = cpu.new_signal(0).unwrap();
     let first = MixedProgram::from(CpuProgram::from_fn("cpu_first", 0, 0, cpu_first));
     let last = MixedProgram::from(CpuProgram::from_fn("cpu_last", 0, 0, cpu_last));
-    let middle = MixedProgram::from(MockProgram {
-        name: "mock_middle",
-        buffers: 0,
-        kernel: mock_middle,
-    });
+    let middle = MixedProgram::from(MockProgram::new("mock_middle", 0, mock_middle));
     let one = ExecParams::new_1d(1, 1);
 
     // Submitted in reverse order of execution; only the signals order them.
@@ -145,11 +141,7 @@ fn programs_copies_and_signals_of_another_backend_are_rejected() {
     let (cpu, mock) = (cpu_device(), mock_device());
     let mut queue = cpu.compute_queue().unwrap();
     let (a, b) = (cpu.alloc(8).unwrap(), mock.alloc(8).unwrap());
-    let program = MixedProgram::from(MockProgram {
-        name: "mock_middle",
-        buffers: 0,
-        kernel: mock_middle,
-    });
+    let program = MixedProgram::from(MockProgram::new("mock_middle", 0, mock_middle));
     let cases: [(&str, Recorder); 4] = [
         (
             "program `mock_middle`",

@@ -98,19 +98,14 @@ fn copy_touch(s: &mut Setup, name: &str, dst: hwqueue::BufferId, src: hwqueue::B
     s.schedule.copy(name, dst, src).on(QueueKind::Copy).id()
 }
 
-/// The waits within one run, as (awaited op, waiting op, hazard).
+/// The waits within one run, as (awaited op, waiting op, hazard). The
+/// text for people says the same as the typed hazard.
 fn waits(plan: &Plan<Cpu>) -> Vec<(usize, usize, Hazard)> {
     plan.waits()
         .filter(|(_, w)| !w.previous_run)
         .map(|(op, w)| {
-            let hazard = if w.reason.starts_with("read-after-write") {
-                Hazard::ReadAfterWrite
-            } else if w.reason.starts_with("write-after-read") {
-                Hazard::WriteAfterRead
-            } else {
-                Hazard::WriteAfterWrite
-            };
-            (w.after.index(), op.index(), hazard)
+            assert!(w.reason.starts_with(&w.hazard.to_string()), "{w:?}");
+            (w.after.index(), op.index(), w.hazard)
         })
         .collect()
 }
@@ -124,6 +119,46 @@ fn read_after_write_across_queues_waits() {
     let plan = s.schedule.plan().unwrap();
     assert_eq!(waits(&plan), [(0, 1, Hazard::ReadAfterWrite)]);
     assert_eq!(plan.queue_labels(), ["cpu:0 copy", "cpu:0 compute"]);
+}
+
+/// A wait names the buffer and the bytes the two operations share.
+#[test]
+fn a_wait_names_the_buffer_and_the_bytes_in_conflict() {
+    let mut s = setup();
+    let (x, staging) = (buffer(&mut s, "x", 64), buffer(&mut s, "staging", 64));
+    copy_touch(&mut s, "upload", x, staging);
+    let user = touch(&mut s, "use", x, Some(8..24), None);
+    let plan = s.schedule.plan().unwrap();
+    let wait = &plan.waits_of(user)[0];
+    assert_eq!((wait.buffer, wait.range.clone()), (x, 8..24));
+    assert_eq!(wait.hazard, Hazard::ReadAfterWrite);
+}
+
+/// Two handles to one device spec in a schedule get labels that tell their
+/// queues apart.
+#[test]
+fn two_devices_of_one_spec_are_told_apart_in_a_plan() {
+    let mut schedule = Schedule::<Cpu>::new();
+    let first = schedule.add_device(Arc::new(CpuDevice::new()));
+    let second = schedule.add_device(Arc::new(CpuDevice::new()));
+    let program = exec_program();
+    for (device, name) in [(first, "a"), (second, "b")] {
+        let buffer = schedule.add_buffer(device, name, CpuDevice::new().alloc(4).unwrap());
+        schedule.exec(
+            name,
+            device,
+            &program,
+            &[buffer],
+            &[],
+            ExecParams::new_1d(1, 1),
+        );
+    }
+    let plan = schedule.plan().unwrap();
+    assert_eq!(
+        plan.queue_labels(),
+        ["cpu:0 (device 0) compute", "cpu:0 (device 1) compute"]
+    );
+    assert!(plan.to_string().contains("cpu:0 (device 1) compute"));
 }
 
 #[test]

@@ -91,8 +91,8 @@
 ///         match self {
 ///             Self::Cpu(q) => match program.as_cpu() {
 ///                 None => q.reject(mismatch("cpu", program.backend_id(), ..)),
-///                 Some(p) => match with_projected(buffers, CpuOnlyBuffer::as_cpu,
-///                                                 |bufs| q.exec(p, bufs, scalars, params)) {
+///                 Some(p) => match with_gathered(buffers.len(), |i| buffers[i].as_cpu(),
+///                                                |bufs| q.exec(p, bufs, scalars, params)) {
 ///                     Ok(_) => q,
 ///                     Err(i) => q.reject(mismatch("cpu", buffers[i].backend_id(), ..)),
 ///                 },
@@ -297,9 +297,9 @@ macro_rules! backend_set {
                                 ));
                             }
                             Some(p) => {
-                                let outcome = $crate::any::with_projected(
-                                    buffers,
-                                    $Buffer::$as_v,
+                                let outcome = $crate::any::with_gathered(
+                                    buffers.len(),
+                                    |index| buffers[index].$as_v(),
                                     |inner| { q.exec(p, inner, scalars, params); },
                                 );
                                 if let Err(index) = outcome {
@@ -447,16 +447,9 @@ macro_rules! backend_set {
         impl $crate::Program for $Program {
             type Backend = $Set;
 
-            fn name(&self) -> &str {
-                match self { $( $(#[$meta])* Self::$V(p) => $crate::Program::name(p), )+ }
-            }
-
-            fn buffer_count(&self) -> usize {
-                match self { $( $(#[$meta])* Self::$V(p) => $crate::Program::buffer_count(p), )+ }
-            }
-
-            fn scalar_count(&self) -> usize {
-                match self { $( $(#[$meta])* Self::$V(p) => $crate::Program::scalar_count(p), )+ }
+            #[inline]
+            fn signature(&self) -> &$crate::KernelSignature {
+                match self { $( $(#[$meta])* Self::$V(p) => $crate::Program::signature(p), )+ }
             }
         }
     };

@@ -123,36 +123,34 @@ const fn str_eq(a: &str, b: &str) -> bool {
     true
 }
 
-/// Projects `items` to other references with `project` and calls `f` with
-/// them, gathered on the stack for up to 16 items (on the heap past that).
-/// The one helper for borrowed argument lists: the `Any*` enums project
-/// enum buffers to a backend's, the executor schedule buffer ids to
-/// buffers, and neither allocates for a usual `exec`.
+/// Calls `f` with the `count` references `get(0)`, `get(1)`, …, gathered
+/// on the stack for up to 16 (on the heap past that). The one helper for
+/// borrowed argument lists: the `Any*` enums gather a backend's buffers out
+/// of enum buffers, the executor a schedule's buffers out of buffer ids,
+/// and neither allocates for a usual `exec`.
 ///
 /// # Errors
-/// The index of the first item `project` refuses.
+/// The first index `get` refuses.
 #[doc(hidden)]
 #[inline]
-pub fn with_projected<'a, A: 'a, T: 'a, R>(
-    items: &[&'a A],
-    project: impl Fn(&'a A) -> Option<&'a T>,
+pub fn with_gathered<'a, T: 'a, R>(
+    count: usize,
+    get: impl Fn(usize) -> Option<&'a T>,
     f: impl FnOnce(&[&'a T]) -> R,
 ) -> std::result::Result<R, usize> {
-    let Some(first) = items.first() else {
+    if count == 0 {
         return Ok(f(&[]));
-    };
-    if items.len() <= INLINE_BUFFERS {
-        let first = project(first).ok_or(0usize)?;
+    }
+    if count <= INLINE_BUFFERS {
+        let first = get(0).ok_or(0usize)?;
         let mut refs = [first; INLINE_BUFFERS];
-        for (index, item) in items.iter().enumerate().skip(1) {
-            refs[index] = project(item).ok_or(index)?;
+        for (index, slot) in refs.iter_mut().enumerate().take(count).skip(1) {
+            *slot = get(index).ok_or(index)?;
         }
-        Ok(f(&refs[..items.len()]))
+        Ok(f(&refs[..count]))
     } else {
-        let refs = items
-            .iter()
-            .enumerate()
-            .map(|(index, item)| project(item).ok_or(index))
+        let refs = (0..count)
+            .map(|index| get(index).ok_or(index))
             .collect::<std::result::Result<Vec<_>, usize>>()?;
         Ok(f(&refs))
     }

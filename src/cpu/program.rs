@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::buffer::Pod;
 use crate::error::{Error, Result};
-use crate::program::{Program, Scalar};
+use crate::program::{KernelSignature, Program, Scalar};
 use crate::sync::Arc;
 
 use super::Cpu;
@@ -85,9 +85,7 @@ pub struct CpuProgram {
 }
 
 struct ProgramInner {
-    name: String,
-    buffers: usize,
-    scalars: usize,
+    signature: KernelSignature,
     kernel: Kernel,
 }
 
@@ -117,9 +115,7 @@ impl CpuProgram {
     ) -> Self {
         Self {
             inner: Arc::new(ProgramInner {
-                name: name.into(),
-                buffers,
-                scalars,
+                signature: KernelSignature::new(name, buffers, scalars),
                 kernel: Kernel::Rust(kernel),
             }),
         }
@@ -239,9 +235,7 @@ impl CpuProgram {
             })?;
         Ok(Self {
             inner: Arc::new(ProgramInner {
-                name,
-                buffers,
-                scalars,
+                signature: KernelSignature::new(name, buffers, scalars),
                 kernel: Kernel::C(CKernel {
                     entry,
                     library,
@@ -277,10 +271,11 @@ impl CpuProgram {
             Kernel::Rust(kernel) => kernel(group, args),
             Kernel::C(kernel) => {
                 let native = &args.native;
-                if native.buffers.len() != self.inner.buffers
-                    || native.scalars.len() != self.inner.scalars
+                let signature = &self.inner.signature;
+                if native.buffers.len() != signature.buffers
+                    || native.scalars.len() != signature.scalars
                 {
-                    kernel_misuse(&self.inner.name, "was run without its C arguments".into());
+                    kernel_misuse(&signature.name, "was run without its C arguments".into());
                 }
                 // SAFETY: the caller of `from_c_source` promised that `entry`
                 // has the ABI's signature and keeps its contract (bounds, no
@@ -330,25 +325,15 @@ fn file_stem(name: &str) -> String {
 impl Program for CpuProgram {
     type Backend = Cpu;
 
-    fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    fn buffer_count(&self) -> usize {
-        self.inner.buffers
-    }
-
-    fn scalar_count(&self) -> usize {
-        self.inner.scalars
+    fn signature(&self) -> &KernelSignature {
+        &self.inner.signature
     }
 }
 
 impl fmt::Debug for CpuProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CpuProgram")
-            .field("name", &self.inner.name)
-            .field("buffers", &self.inner.buffers)
-            .field("scalars", &self.inner.scalars)
+        f.debug_tuple("CpuProgram")
+            .field(&self.inner.signature)
             .finish()
     }
 }

@@ -6,7 +6,7 @@ use cudarc::driver::CudaFunction;
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 
 use crate::error::{Error, Result};
-use crate::program::Program;
+use crate::program::{KernelSignature, Program};
 use crate::sync::Arc;
 
 use super::{Cuda, CudaDevice, driver_error, ensure_nvrtc};
@@ -33,9 +33,7 @@ pub struct CudaProgram {
 }
 
 struct ProgramInner {
-    name: String,
-    buffers: usize,
-    scalars: usize,
+    signature: KernelSignature,
     /// Holds the module loaded.
     function: CudaFunction,
     device: CudaDevice,
@@ -119,9 +117,7 @@ impl CudaProgram {
             })?;
         Ok(Self {
             inner: Arc::new(ProgramInner {
-                name: name.to_owned(),
-                buffers,
-                scalars,
+                signature: KernelSignature::new(name, buffers, scalars),
                 function,
                 device: device.clone(),
                 ptx: text,
@@ -173,25 +169,15 @@ fn compile_error(name: &str, error: CompileError) -> Error {
 impl Program for CudaProgram {
     type Backend = Cuda;
 
-    fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    fn buffer_count(&self) -> usize {
-        self.inner.buffers
-    }
-
-    fn scalar_count(&self) -> usize {
-        self.inner.scalars
+    fn signature(&self) -> &KernelSignature {
+        &self.inner.signature
     }
 }
 
 impl fmt::Debug for CudaProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CudaProgram")
-            .field("name", &self.inner.name)
-            .field("buffers", &self.inner.buffers)
-            .field("scalars", &self.inner.scalars)
+            .field("kernel", &self.inner.signature)
             .field("device", &self.inner.device.ordinal())
             .finish()
     }

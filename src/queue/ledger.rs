@@ -18,6 +18,7 @@ pub struct QueueId(NonZeroU64);
 
 impl QueueId {
     /// The id as a number (never 0).
+    #[inline]
     pub fn get(self) -> u64 {
         self.0.get()
     }
@@ -140,6 +141,7 @@ impl Ledger {
     }
 
     /// The queue's id.
+    #[inline]
     pub fn id(&self) -> QueueId {
         self.inner.id
     }

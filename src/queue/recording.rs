@@ -128,6 +128,7 @@ impl<E: Engine> Queue<E> {
 
     /// The queue's id: it names the queue in errors, and a signal's
     /// producer.
+    #[inline]
     pub fn id(&self) -> QueueId {
         self.engine.ledger().id()
     }
@@ -153,6 +154,7 @@ impl<E: Engine> Queue<E> {
         self.batch = self.engine.submit(batch);
     }
 
+    #[inline]
     fn check_exec(
         &mut self,
         program: &ProgramOf<E::Backend>,
@@ -184,6 +186,7 @@ impl<E: Engine> Queue<E> {
 
     /// Adds `buffers` to the batch, sharing the last `exec`'s range when
     /// they are the same buffers.
+    #[inline]
     fn push_buffers(&mut self, buffers: &[&BufferOf<E::Backend>]) -> Range<usize> {
         let batch = &mut self.batch;
         let Range { start, end } = batch.last_exec_buffers.clone();
@@ -250,13 +253,20 @@ fn check_exec(
     Ok(())
 }
 
+/// The commands that do real work (validation, a push, a handle's clone)
+/// are `#[inline(never)]`: one body per backend, which every caller shares
+/// (the concrete queue, a generic function, an `Any*` enum's arm), so each
+/// pays exactly the same for them and a program that records from many
+/// generic call sites does not grow a copy at each. Trivial ones inline.
 impl<E: Engine> HardwareQueue for Queue<E> {
     type Backend = E::Backend;
 
+    #[inline]
     fn kind(&self) -> QueueKind {
         self.engine.kind()
     }
 
+    #[inline(never)]
     fn wait(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
         if let Err(e) = check_value(value) {
             return self.reject(e);
@@ -268,6 +278,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline(never)]
     fn signal(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
         if let Err(e) = check_value(value) {
             return self.reject(e);
@@ -290,6 +301,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline(never)]
     fn exec(
         &mut self,
         program: &ProgramOf<E::Backend>,
@@ -315,6 +327,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline(never)]
     fn copy(&mut self, dst: &BufferOf<E::Backend>, src: &BufferOf<E::Backend>) -> &mut Self {
         if dst.size() != src.size() {
             return self.reject(Error::CopySizeMismatch {
@@ -334,6 +347,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline]
     fn memory_barrier(&mut self) -> &mut Self {
         self.batch.commands.push(Command::Barrier);
         self
@@ -350,6 +364,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline]
     fn reject(&mut self, error: Error) -> &mut Self {
         if self.rejected.is_none() {
             self.rejected = Some(Box::new(error));
@@ -357,6 +372,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    #[inline]
     fn recorded(&self) -> usize {
         self.batch.commands.len()
     }

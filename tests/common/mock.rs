@@ -11,8 +11,8 @@ use std::thread::JoinHandle;
 use hwqueue::cpu::{Cpu, CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
 use hwqueue::queue::{Batch, Command, Engine, Ledger};
 use hwqueue::{
-    Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, Limits, Pod, Producer, Program, Queue,
-    QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout,
+    Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, KernelSignature, Limits, Pod, Producer,
+    Program, Queue, QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout,
 };
 
 pub const MOCK_DEVICES: u32 = 10;
@@ -342,21 +342,24 @@ macro_rules! mock_types {
         /// A mock kernel: a host function over the buffers' bytes.
         #[derive(Clone)]
         pub struct $Program {
-            pub name: &'static str,
-            pub buffers: usize,
+            pub signature: KernelSignature,
             pub kernel: fn(&[$Buffer]),
+        }
+
+        impl $Program {
+            /// Kernel `name` over `buffers` buffers and no scalars.
+            pub fn new(name: &str, buffers: usize, kernel: fn(&[$Buffer])) -> Self {
+                Self {
+                    signature: KernelSignature::new(name, buffers, 0),
+                    kernel,
+                }
+            }
         }
 
         impl Program for $Program {
             type Backend = $B;
-            fn name(&self) -> &str {
-                self.name
-            }
-            fn buffer_count(&self) -> usize {
-                self.buffers
-            }
-            fn scalar_count(&self) -> usize {
-                0
+            fn signature(&self) -> &KernelSignature {
+                &self.signature
             }
         }
 

@@ -1,0 +1,56 @@
+//! The host stage: copies between devices that cannot see each other's
+//! memory, staged through host memory on a thread of the plan's own.
+
+use crate::sync::mpsc;
+
+use super::*;
+
+pub(super) struct HostBatch<B: Backend> {
+    pub(super) jobs: Vec<HostJob<B>>,
+}
+
+pub(super) struct HostJob<B: Backend> {
+    pub(super) waits: Vec<(B::Signal, u64)>,
+    pub(super) dst: B::Buffer,
+    pub(super) src: B::Buffer,
+    pub(super) signal: B::Signal,
+    pub(super) value: u64,
+    /// The last value of this run on the host's timeline, to fail on error.
+    pub(super) last: u64,
+}
+
+/// The host stage's thread: runs each batch's copies in order.
+pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) {
+    let mut staging: Vec<u8> = Vec::new();
+    while let Ok(batch) = batches.recv() {
+        for (index, job) in batch.jobs.iter().enumerate() {
+            let outcome = job
+                .waits
+                .iter()
+                .try_for_each(|(signal, value)| signal.wait(*value, Timeout::Forever))
+                .and_then(|()| {
+                    staging.resize(job.src.size(), 0);
+                    job.src.read_at(0, &mut staging)?;
+                    job.dst.write_at(0, &staging)
+                });
+            match outcome {
+                Ok(()) => job.signal.set(job.value),
+                Err(error) => {
+                    // Fail the rest of this batch's values: nobody hangs.
+                    job.signal.fail(job.last, error);
+                    for later in &batch.jobs[index + 1..] {
+                        later.signal.fail(
+                            later.last,
+                            Error::EarlierBatchFailed {
+                                cause: std::sync::Arc::new(Error::InvalidSchedule {
+                                    reason: "an earlier host copy of this run failed".into(),
+                                }),
+                            },
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The executor: plan a schedule once, run it many times.
+//!
+//! A compiler hands hwqueue a [`Schedule`]: operations (kernel `exec`s and
+//! copies) in program order, each declaring the byte ranges of the buffers it
+//! reads and writes, the device it runs on and the queue kind it wants.
+//! [`Schedule::plan`] turns it into a [`Plan`]:
+//!
+//! - **Queues.** One compute queue per device used, one copy queue per device
+//!   whose copies ask for one (the compute queue where the device has none),
+//!   and one host stage for copies between devices that cannot see each
+//!   other's memory: it reads the source to host memory and writes the
+//!   destination, in order, on a thread of the plan's own.
+//! - **Dependencies** come from hazards between an operation and every
+//!   earlier one: read-after-write, write-after-read and write-after-write on
+//!   overlapping byte ranges of one buffer. Disjoint ranges do not depend.
+//! - **Fewest waits.** Every queue has one timeline signal and every
+//!   operation a value on it. A dependency on the same queue needs nothing
+//!   (queues run in order). Across queues, the planner keeps a vector clock
+//!   per queue position (what each queue is known to have completed there),
+//!   and inserts a wait only when no earlier wait already implies it, directly
+//!   or through another queue's wait; of the waits one operation needs, those
+//!   implied by another of them are dropped.
+//! - **Back-to-back runs.** The planner plans the schedule twice in a row
+//!   and keeps the second copy's waits, so hazards between an operation and
+//!   one of the *previous* run (the next upload overwriting what the last
+//!   matmul still reads) get a wait too, marked `previous_run`; runs started
+//!   without waiting for each other stay correct. The first run skips them,
+//!   and so does a run whose previous run already failed at that point (its
+//!   later operations never run, so there is nothing to race, and the new
+//!   run must not inherit the failure).
+//!
+//! [`Plan::run`] records every queue's batch with fresh timeline values (run
+//! `r` uses values `r * n + 1 ..= (r + 1) * n` on a queue of `n` operations),
+//! submits them and returns a [`Run`] handle. Nothing is re-planned; the
+//! recording reuses the queues' batch storage.
+//!
+//! Failure of any operation fails the run: its queue fails the signals the
+//! batch would have set, every queue waiting on them fails in turn, and
+//! [`Run::wait`] returns [`Error::OperationFailed`] naming the operation that
+//! failed first (the unfinished operation whose own waits were all met).
+//! Nothing hangs, and the next run of the same plan starts clean.
+
+mod host;
+mod plan;
+mod planner;
+mod run;
+mod schedule;
+
+use std::fmt;
+use std::ops::Range;
+
+pub use plan::{Plan, PlannedWait};
+pub use run::Run;
+pub use schedule::{OpBuilder, Schedule};
+
+use crate::backend::Backend;
+use crate::buffer::Buffer;
+use crate::device::QueueFactory;
+use crate::error::{Error, Result};
+use crate::params::ExecParams;
+use crate::program::{Program, Scalar};
+use crate::queue::{HardwareQueue, QueueKind};
+use crate::signal::{TimelineSignal, Timeout};
+use crate::sync::Arc;
+
+/// A device of a schedule: an index into [`Schedule::add_device`]'s order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceId(usize);
+
+/// A buffer of a schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferId(usize);
+
+/// An operation of a schedule, in program order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(usize);
+
+impl OpId {
+    /// The operation's position in program order.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// A byte range of a buffer that an operation reads or writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Access {
+    buffer: BufferId,
+    range: Range<usize>,
+}
+
+impl Access {
+    fn overlaps(&self, other: &Access) -> bool {
+        self.buffer == other.buffer
+            && self.range.start < other.range.end
+            && other.range.start < self.range.end
+    }
+}
+
+/// Which way two operations conflict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Hazard {
+    /// The later operation reads what the earlier wrote.
+    ReadAfterWrite,
+    /// The later operation overwrites what the earlier read.
+    WriteAfterRead,
+    /// Both write.
+    WriteAfterWrite,
+}
+
+impl fmt::Display for Hazard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Hazard::ReadAfterWrite => "read-after-write",
+            Hazard::WriteAfterRead => "write-after-read",
+            Hazard::WriteAfterWrite => "write-after-write",
+        })
+    }
+}

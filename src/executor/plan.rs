@@ -1,0 +1,277 @@
+//! A planned schedule: its queues, waits and values, and how a run is
+//! recorded and submitted.
+
+use crate::sync::mpsc;
+
+use super::host::{HostBatch, HostJob};
+use super::run::Run;
+use super::schedule::*;
+use super::*;
+
+/// Where an operation runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Lane {
+    Device { device: DeviceId, kind: QueueKind },
+    Host,
+}
+
+/// A wait the planner inserted before an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedWait {
+    /// The queue waited on (an index into [`Plan::queue_labels`]).
+    pub queue: usize,
+    /// The value waited for, within one run (1 = that queue's first operation).
+    pub value: u64,
+    /// Whether the value is of the *previous* run: a hazard between an
+    /// operation and one of the run before it, so that back-to-back runs
+    /// (started without waiting) stay correct. Skipped on the first run.
+    pub previous_run: bool,
+    /// The operation whose completion that value stands for.
+    pub after: OpId,
+    /// Which way the two operations conflict.
+    pub hazard: Hazard,
+    /// The buffer they conflict on.
+    pub buffer: BufferId,
+    /// The bytes of it both touch.
+    pub range: Range<usize>,
+    /// All of the above, for people: the hazard, the buffer's name and the
+    /// range, the operation waited for.
+    pub reason: String,
+}
+
+pub(super) struct PlannedOp {
+    pub(super) name: String,
+    pub(super) queue: usize,
+    /// This operation's value on its queue's timeline, within one run.
+    pub(super) value: u64,
+    pub(super) waits: Vec<PlannedWait>,
+    /// Program name for execs (to match kernel errors).
+    pub(super) program: Option<String>,
+}
+
+pub(super) struct PlannedQueue<B: Backend> {
+    pub(super) label: String,
+    /// `None` for the host stage.
+    pub(super) queue: Option<B::Queue>,
+    pub(super) signal: B::Signal,
+    /// Operations in queue order.
+    pub(super) ops: Vec<usize>,
+}
+
+/// The shared, immutable facts of a plan that a [`Run`] needs to explain a
+/// failure.
+pub(super) struct PlanFacts<B: Backend> {
+    pub(super) ops: Vec<PlannedOp>,
+    pub(super) signals: Vec<B::Signal>,
+    pub(super) counts: Vec<u64>,
+}
+
+impl<B: Backend> PlanFacts<B> {
+    /// The value `wait` stands for in run `run`; `None` when it is of the
+    /// run before the first, which needs no wait.
+    pub(super) fn target(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
+        let per_run = self.counts[wait.queue];
+        if wait.previous_run {
+            run.checked_sub(1)
+                .map(|previous| previous * per_run + wait.value)
+        } else {
+            Some(run * per_run + wait.value)
+        }
+    }
+
+    /// The value to record a wait for in run `run`, or `None` when no wait
+    /// is needed: a previous-run value that is reached, or that failed (the
+    /// failed run's later operations never run, so there is nothing to
+    /// race; the new run must not inherit the failure).
+    pub(super) fn wait_to_record(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
+        let target = self.target(run, wait)?;
+        if wait.previous_run
+            && !matches!(
+                self.signals[wait.queue].wait(target, std::time::Duration::ZERO),
+                Err(Error::Timeout { .. })
+            )
+        {
+            return None;
+        }
+        Some(target)
+    }
+}
+
+/// A planned schedule: run it as often as needed with [`Plan::run`].
+pub struct Plan<B: Backend> {
+    pub(super) queues: Vec<PlannedQueue<B>>,
+    pub(super) facts: Arc<PlanFacts<B>>,
+    pub(super) schedule: Schedule<B>,
+    pub(super) host: Option<mpsc::Sender<HostBatch<B>>>,
+    pub(super) runs: u64,
+}
+
+/// One run's work for the host stage.
+impl<B: Backend> Plan<B> {
+    /// Records and submits one run with fresh timeline values; returns at once.
+    ///
+    /// # Errors
+    /// When a queue refuses the batch (a command the backend rejects).
+    pub fn run(&mut self) -> Result<Run<B>> {
+        let run = self.runs;
+        self.runs += 1;
+        let facts = self.facts.clone();
+        let base = |queue: usize| run * facts.counts[queue];
+        let mut host_jobs = Vec::new();
+        for (index, planned) in self.queues.iter_mut().enumerate() {
+            let own = base(index);
+            let last = own + facts.counts[index];
+            let Some(queue) = planned.queue.as_mut() else {
+                for &op in &planned.ops {
+                    let op_plan = &facts.ops[op];
+                    let Work::Copy { dst, src } = self.schedule.ops[op].work else {
+                        unreachable!("only copies run on the host stage");
+                    };
+                    host_jobs.push(HostJob {
+                        waits: op_plan
+                            .waits
+                            .iter()
+                            .filter_map(|w| {
+                                Some((
+                                    facts.signals[w.queue].clone(),
+                                    facts.wait_to_record(run, w)?,
+                                ))
+                            })
+                            .collect(),
+                        dst: self.schedule.buffers[dst.0].buffer.clone(),
+                        src: self.schedule.buffers[src.0].buffer.clone(),
+                        signal: planned.signal.clone(),
+                        value: own + op_plan.value,
+                        last,
+                    });
+                }
+                continue;
+            };
+            for &op in &planned.ops {
+                let op_plan = &facts.ops[op];
+                for wait in &op_plan.waits {
+                    if let Some(target) = facts.wait_to_record(run, wait) {
+                        queue.wait(&facts.signals[wait.queue], target);
+                    }
+                }
+                match &self.schedule.ops[op].work {
+                    Work::Exec {
+                        program,
+                        buffers,
+                        scalars,
+                        params,
+                    } => {
+                        // Gathered on the stack: a replay allocates nothing.
+                        let slots = &self.schedule.buffers;
+                        let gathered = crate::any::with_gathered(
+                            buffers.len(),
+                            |index| slots.get(buffers[index].0).map(|slot| &slot.buffer),
+                            |refs| {
+                                queue.exec(program, refs, scalars, *params);
+                            },
+                        );
+                        debug_assert!(gathered.is_ok(), "the planner checked every buffer id");
+                    }
+                    Work::Copy { dst, src } => {
+                        queue.copy(
+                            &self.schedule.buffers[dst.0].buffer,
+                            &self.schedule.buffers[src.0].buffer,
+                        );
+                    }
+                }
+                queue.signal(&planned.signal, own + op_plan.value);
+            }
+            let submitted = match queue.submit() {
+                // An earlier run failed on this queue; the batch was kept.
+                Err(Error::QueueFailed { .. }) => queue.submit(),
+                other => other,
+            };
+            if let Err(error) = submitted {
+                // Queues already submitted may wait on this run's values of
+                // the queues not submitted: fail those values so none hangs.
+                for later in index..facts.signals.len() {
+                    facts.signals[later].fail(base(later) + facts.counts[later], error.clone());
+                }
+                return Err(error);
+            }
+        }
+        if !host_jobs.is_empty()
+            && let Some(host) = &self.host
+        {
+            host.send(HostBatch { jobs: host_jobs })
+                .map_err(|_| Error::System {
+                    what: "handing copies to the executor's host stage",
+                    detail: "its thread has exited".into(),
+                })?;
+        }
+        Ok(Run { run, facts })
+    }
+
+    /// The queues, by index: `"cpu:0 compute"`, `"cpu:0 copy"`, `"host"`.
+    pub fn queue_labels(&self) -> Vec<&str> {
+        self.queues.iter().map(|q| q.label.as_str()).collect()
+    }
+
+    /// The waits inserted before operation `op`.
+    pub fn waits_of(&self, op: OpId) -> &[PlannedWait] {
+        &self.facts.ops[op.0].waits
+    }
+
+    /// Every inserted wait, as (waiting operation, wait).
+    pub fn waits(&self) -> impl Iterator<Item = (OpId, &PlannedWait)> {
+        self.facts
+            .ops
+            .iter()
+            .enumerate()
+            .flat_map(|(index, op)| op.waits.iter().map(move |w| (OpId(index), w)))
+    }
+
+    /// The queue (an index into [`queue_labels`](Self::queue_labels)) that
+    /// runs `op`.
+    pub fn queue_of(&self, op: OpId) -> usize {
+        self.facts.ops[op.0].queue
+    }
+
+    /// How many runs were started.
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+}
+
+impl<B: Backend> fmt::Display for Plan<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let waits = self.facts.ops.iter().map(|o| o.waits.len()).sum::<usize>();
+        writeln!(
+            f,
+            "plan: {} operations on {} queues, {} waits",
+            self.facts.ops.len(),
+            self.queues.len(),
+            waits
+        )?;
+        for (index, queue) in self.queues.iter().enumerate() {
+            writeln!(f, "  queue {index} ({}):", queue.label)?;
+            for &op in &queue.ops {
+                let planned = &self.facts.ops[op];
+                for wait in &planned.waits {
+                    writeln!(
+                        f,
+                        "    wait queue {} >= {}  ({})",
+                        wait.queue, wait.value, wait.reason
+                    )?;
+                }
+                writeln!(
+                    f,
+                    "    [{}] {}  -> signal {}",
+                    op, planned.name, planned.value
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> fmt::Debug for Plan<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}

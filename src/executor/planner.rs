@@ -1,0 +1,418 @@
+//! Turning a schedule into queues, waits and values.
+
+use crate::sync::{mpsc, spawn};
+
+use super::host::run_host_stage;
+use super::plan::*;
+use super::schedule::*;
+use super::*;
+
+/// What a queue is known to have completed: per queue, a value.
+type Clock = Vec<u64>;
+
+/// A wait chosen while planning two runs back to back: the queue and
+/// value waited for, the awaited op's index, and why.
+type DoubledWait = (usize, u64, usize, Hazard, Access);
+
+/// An op of the doubled plan: its queue, its value there, its waits.
+type DoubledOp = (usize, u64, Vec<DoubledWait>);
+
+pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
+    validate(&schedule)?;
+    let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
+        .ops
+        .iter()
+        .map(|op| effective_accesses(&schedule, op))
+        .collect();
+
+    // Lanes in order of first use.
+    let mut lanes: Vec<Lane> = Vec::new();
+    let op_lane: Vec<usize> = schedule
+        .ops
+        .iter()
+        .map(|op| {
+            let lane = lane_of(&schedule, op);
+            match lanes.iter().position(|l| *l == lane) {
+                Some(index) => index,
+                None => {
+                    lanes.push(lane);
+                    lanes.len() - 1
+                }
+            }
+        })
+        .collect();
+    // Make the queues. A copy lane on a device without a copy queue
+    // resolves to that device's compute lane, sharing its queue.
+    let mut queues: Vec<PlannedQueue<B>> = Vec::new();
+    let mut resolved: Vec<Lane> = Vec::new();
+    let mut lane_queue: Vec<usize> = Vec::new();
+    for lane in &lanes {
+        let (lane, label, queue, signal) = make_queue(&schedule, *lane)?;
+        match resolved.iter().position(|l| *l == lane) {
+            Some(index) => lane_queue.push(index),
+            None => {
+                resolved.push(lane);
+                queues.push(PlannedQueue {
+                    label,
+                    queue,
+                    signal,
+                    ops: Vec::new(),
+                });
+                lane_queue.push(queues.len() - 1);
+            }
+        }
+    }
+    let queue_count = queues.len();
+
+    let mut ops: Vec<PlannedOp> = Vec::with_capacity(schedule.ops.len());
+    // The clock of each queue at its current end, and after each op.
+    let mut known: Vec<Clock> = vec![vec![0; queue_count]; queue_count];
+    let mut op_clock: Vec<Clock> = Vec::with_capacity(schedule.ops.len());
+    let mut counts = vec![0u64; queue_count];
+    // For each queue and value, the op it stands for.
+    let mut op_at: Vec<Vec<usize>> = vec![Vec::new(); queue_count];
+
+    // Plan two runs back to back and keep the second: its waits cover
+    // hazards within a run and against the run before it.
+    let n = schedule.ops.len();
+    let mut doubled: Vec<DoubledOp> = Vec::with_capacity(2 * n);
+    for index in 0..2 * n {
+        let op = index % n;
+        let queue = lane_queue[op_lane[op]];
+        // The latest conflicting earlier op on each other queue.
+        let mut needed: Vec<Option<(usize, Hazard, Access)>> = vec![None; queue_count];
+        let (reads, writes) = &accesses[op];
+        for earlier in 0..index {
+            let other = doubled[earlier].0;
+            if other == queue {
+                continue;
+            }
+            let (earlier_reads, earlier_writes) = &accesses[earlier % n];
+            if let Some((hazard, access)) = conflict(reads, writes, earlier_reads, earlier_writes) {
+                let later = needed[other]
+                    .as_ref()
+                    .is_none_or(|(e, _, _)| doubled[*e].1 < doubled[earlier].1);
+                if later {
+                    needed[other] = Some((earlier, hazard, access));
+                }
+            }
+        }
+        // Drop what this queue already knows, and what another needed
+        // wait implies.
+        let candidates: Vec<(usize, usize, Hazard, Access)> = needed
+            .into_iter()
+            .enumerate()
+            .filter_map(|(q, n)| n.map(|(e, h, a)| (q, e, h, a)))
+            .filter(|(q, e, _, _)| known[queue][*q] < doubled[*e].1)
+            .collect();
+        let mut waits = Vec::new();
+        for (q, earlier, hazard, access) in &candidates {
+            let value = doubled[*earlier].1;
+            let implied_by_other = candidates
+                .iter()
+                .any(|(q2, e2, _, _)| q2 != q && op_clock[*e2][*q] >= value);
+            if !implied_by_other {
+                waits.push((*q, value, *earlier, *hazard, access.clone()));
+            }
+        }
+        // Everything the waited-on ops knew, this queue now knows.
+        for (_, earlier, _, _) in &candidates {
+            let merged = op_clock[*earlier].clone();
+            for (slot, v) in known[queue].iter_mut().zip(merged) {
+                *slot = (*slot).max(v);
+            }
+        }
+        counts[queue] += 1;
+        let value = counts[queue];
+        known[queue][queue] = value;
+        op_clock.push(known[queue].clone());
+        doubled.push((queue, value, waits));
+    }
+    // Values per run; the second copy's values are `per_run + v`.
+    for count in &mut counts {
+        *count /= 2;
+    }
+    for (index, (queue, value, waits)) in doubled.into_iter().enumerate().skip(n) {
+        let op = &schedule.ops[index - n];
+        let waits = waits
+            .into_iter()
+            .map(|(q, value, earlier, hazard, access)| {
+                let previous_run = earlier < n;
+                let buffer = &schedule.buffers[access.buffer.0].name;
+                PlannedWait {
+                    queue: q,
+                    value: if previous_run {
+                        value
+                    } else {
+                        value - counts[q]
+                    },
+                    previous_run,
+                    after: OpId(earlier % n),
+                    hazard,
+                    buffer: access.buffer,
+                    range: access.range.clone(),
+                    reason: format!(
+                        "{hazard} on `{buffer}` [{}, {}) after `{}`{}",
+                        access.range.start,
+                        access.range.end,
+                        schedule.ops[earlier % n].name,
+                        if previous_run {
+                            " of the previous run"
+                        } else {
+                            ""
+                        }
+                    ),
+                }
+            })
+            .collect();
+        op_at[queue].push(index - n);
+        ops.push(PlannedOp {
+            name: op.name.clone(),
+            queue,
+            value: value - counts[queue],
+            waits,
+            program: match &op.work {
+                Work::Exec { program, .. } => Some(program.name().to_owned()),
+                Work::Copy { .. } => None,
+            },
+        });
+    }
+    for (queue, planned) in queues.iter_mut().enumerate() {
+        planned.ops = op_at[queue].clone();
+    }
+    let host = if queues.iter().any(|q| q.queue.is_none()) {
+        let (sender, receiver) = mpsc::channel();
+        spawn("hwqueue-executor-host".into(), move || {
+            run_host_stage::<B>(receiver)
+        })
+        .map_err(|e| Error::System {
+            what: "spawning the executor's host stage",
+            detail: e.to_string(),
+        })?;
+        Some(sender)
+    } else {
+        None
+    };
+    let signals = queues.iter().map(|q| q.signal.clone()).collect();
+    Ok(Plan {
+        queues,
+        facts: Arc::new(PlanFacts {
+            ops,
+            signals,
+            counts,
+        }),
+        schedule,
+        host,
+        runs: 0,
+    })
+}
+
+/// The first hazard between a later op (reads, writes) and an earlier one.
+fn conflict(
+    reads: &[Access],
+    writes: &[Access],
+    earlier_reads: &[Access],
+    earlier_writes: &[Access],
+) -> Option<(Hazard, Access)> {
+    for w in earlier_writes {
+        if let Some(r) = reads.iter().find(|r| r.overlaps(w)) {
+            return Some((Hazard::ReadAfterWrite, overlap(r, w)));
+        }
+    }
+    for r in earlier_reads {
+        if let Some(w) = writes.iter().find(|w| w.overlaps(r)) {
+            return Some((Hazard::WriteAfterRead, overlap(w, r)));
+        }
+    }
+    for w in earlier_writes {
+        if let Some(w2) = writes.iter().find(|w2| w2.overlaps(w)) {
+            return Some((Hazard::WriteAfterWrite, overlap(w2, w)));
+        }
+    }
+    None
+}
+
+fn overlap(a: &Access, b: &Access) -> Access {
+    Access {
+        buffer: a.buffer,
+        range: a.range.start.max(b.range.start)..a.range.end.min(b.range.end),
+    }
+}
+
+fn effective_accesses<B: Backend>(
+    schedule: &Schedule<B>,
+    op: &Op<B>,
+) -> (Vec<Access>, Vec<Access>) {
+    let whole = |buffer: BufferId| Access {
+        buffer,
+        range: 0..schedule.buffers[buffer.0].buffer.size(),
+    };
+    match &op.work {
+        Work::Exec { buffers, .. } => {
+            let declared = op.reads.is_some() || op.writes.is_some();
+            if declared {
+                (
+                    op.reads.clone().unwrap_or_default(),
+                    op.writes.clone().unwrap_or_default(),
+                )
+            } else {
+                let all: Vec<Access> = buffers.iter().map(|b| whole(*b)).collect();
+                (all.clone(), all)
+            }
+        }
+        Work::Copy { dst, src } => {
+            let mut reads = vec![whole(*src)];
+            let mut writes = vec![whole(*dst)];
+            reads.extend(op.reads.iter().flatten().cloned());
+            writes.extend(op.writes.iter().flatten().cloned());
+            (reads, writes)
+        }
+    }
+}
+
+fn lane_of<B: Backend>(schedule: &Schedule<B>, op: &Op<B>) -> Lane {
+    match op.work {
+        Work::Copy { dst, src } => {
+            let (d, s) = (
+                schedule.buffers[dst.0].device,
+                schedule.buffers[src.0].device,
+            );
+            if d == s {
+                Lane::Device {
+                    device: d,
+                    kind: op.kind,
+                }
+            } else {
+                Lane::Host
+            }
+        }
+        Work::Exec { .. } => Lane::Device {
+            device: op.device,
+            kind: op.kind,
+        },
+    }
+}
+
+type MadeQueue<B> = (
+    Lane,
+    String,
+    Option<<B as Backend>::Queue>,
+    <B as Backend>::Signal,
+);
+
+/// Makes a lane's queue and signal; returns the lane it resolved to.
+fn make_queue<B: Backend>(schedule: &Schedule<B>, lane: Lane) -> Result<MadeQueue<B>> {
+    use crate::device::Device;
+    match lane {
+        Lane::Host => {
+            // The host stage's signal comes from the first device.
+            let device = &schedule.devices[0];
+            Ok((lane, "host".into(), None, device.new_signal(0)?))
+        }
+        Lane::Device { device, kind } => {
+            let dev = &schedule.devices[device.0];
+            // The spec names the device, unless the schedule holds two
+            // devices of one spec (two handles to `cpu:0`, say): then its
+            // index in the schedule says which.
+            let spec = dev.spec();
+            let shared_spec = schedule
+                .devices
+                .iter()
+                .filter(|other| other.spec() == spec)
+                .count()
+                > 1;
+            let label = |kind: QueueKind| {
+                if shared_spec {
+                    format!("{spec} (device {}) {kind}", device.0)
+                } else {
+                    format!("{spec} {kind}")
+                }
+            };
+            let compute = Lane::Device {
+                device,
+                kind: QueueKind::Compute,
+            };
+            let (lane, label, queue) = match kind {
+                QueueKind::Copy => match dev.copy_queue()? {
+                    Some(queue) => (lane, label(QueueKind::Copy), queue),
+                    None => (compute, label(QueueKind::Compute), dev.compute_queue()?),
+                },
+                QueueKind::Compute => (lane, label(QueueKind::Compute), dev.compute_queue()?),
+            };
+            Ok((lane, label, Some(queue), dev.new_signal(0)?))
+        }
+    }
+}
+
+fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
+    let invalid = |reason: String| Err(Error::InvalidSchedule { reason });
+    if schedule.devices.is_empty() && !schedule.ops.is_empty() {
+        return invalid("no device was added; call `add_device` first".into());
+    }
+    for (index, slot) in schedule.buffers.iter().enumerate() {
+        if slot.device.0 >= schedule.devices.len() {
+            return invalid(format!(
+                "buffer {index} (`{}`) names an unknown device",
+                slot.name
+            ));
+        }
+    }
+    let buffer = |op: &Op<B>, id: BufferId| -> Result<&BufferSlot<B>> {
+        schedule
+            .buffers
+            .get(id.0)
+            .ok_or_else(|| Error::InvalidSchedule {
+                reason: format!("operation `{}` names unknown buffer {}", op.name, id.0),
+            })
+    };
+    for op in &schedule.ops {
+        for access in op.reads.iter().flatten().chain(op.writes.iter().flatten()) {
+            let slot = buffer(op, access.buffer)?;
+            let size = slot.buffer.size();
+            if access.range.start > access.range.end || access.range.end > size {
+                return invalid(format!(
+                    "operation `{}` declares bytes [{}, {}) of `{}`, which holds {size} bytes",
+                    op.name, access.range.start, access.range.end, slot.name
+                ));
+            }
+        }
+        match &op.work {
+            Work::Exec { buffers, .. } => {
+                if op.device.0 >= schedule.devices.len() {
+                    return invalid(format!("operation `{}` names an unknown device", op.name));
+                }
+                if op.kind == QueueKind::Copy {
+                    return invalid(format!(
+                        "operation `{}` is an exec on a copy queue; leave it on the compute queue",
+                        op.name
+                    ));
+                }
+                for id in buffers {
+                    let slot = buffer(op, *id)?;
+                    if slot.device != op.device {
+                        return invalid(format!(
+                            "exec `{}` runs on device {} but its buffer `{}` lives on device {}; \
+                             copy it over first",
+                            op.name, op.device.0, slot.name, slot.device.0
+                        ));
+                    }
+                }
+            }
+            Work::Copy { dst, src } => {
+                let (d, s) = (buffer(op, *dst)?, buffer(op, *src)?);
+                if d.buffer.size() != s.buffer.size() {
+                    return invalid(format!(
+                        "copy `{}` from `{}` ({} bytes) to `{}` ({} bytes): sizes differ; copies \
+                         move whole buffers",
+                        op.name,
+                        s.name,
+                        s.buffer.size(),
+                        d.name,
+                        d.buffer.size()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}

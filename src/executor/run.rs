@@ -1,0 +1,107 @@
+//! One run of a plan: wait for it, or ask whether it finished.
+
+use std::time::Instant;
+
+use super::plan::*;
+use super::*;
+
+/// One run of a plan: wait for it, or ask whether it finished.
+pub struct Run<B: Backend> {
+    pub(super) run: u64,
+    pub(super) facts: Arc<PlanFacts<B>>,
+}
+
+impl<B: Backend> Run<B> {
+    pub(super) fn target(&self, queue: usize) -> u64 {
+        (self.run + 1) * self.facts.counts[queue]
+    }
+
+    /// Whether every operation of the run completed. Never blocks.
+    pub fn is_complete(&self) -> bool {
+        (0..self.facts.signals.len()).all(|q| self.facts.signals[q].is_reached(self.target(q)))
+    }
+
+    /// Blocks until the run completed.
+    ///
+    /// # Errors
+    /// [`Error::OperationFailed`] naming the operation that failed;
+    /// [`Error::Timeout`] when `timeout` passes first.
+    pub fn wait(&self, timeout: impl Into<Timeout>) -> Result<()> {
+        let timeout = timeout.into();
+        let start = Instant::now();
+        let deadline = timeout.deadline_from(start);
+        for queue in 0..self.facts.signals.len() {
+            let remaining = match deadline {
+                Some(deadline) => {
+                    Timeout::After(deadline.saturating_duration_since(Instant::now()))
+                }
+                None => Timeout::Forever,
+            };
+            match self.facts.signals[queue].wait(self.target(queue), remaining) {
+                Ok(()) => {}
+                Err(error @ Error::Timeout { .. }) => return Err(error),
+                Err(error) => {
+                    // Let every queue of the run settle (complete or fail:
+                    // failures propagate, so this ends), so the next run
+                    // finds each failure reported and starts clean.
+                    for other in 0..self.facts.signals.len() {
+                        let _ = self.facts.signals[other].wait(self.target(other), remaining);
+                    }
+                    return Err(self.explain(error));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Names the operation behind a failure: the first unfinished operation
+    /// whose own waits were met (it failed itself, rather than waiting on a
+    /// failure), preferring one whose kernel the error names.
+    fn explain(&self, error: Error) -> Error {
+        let facts = &*self.facts;
+        let base = |queue: usize| self.run * facts.counts[queue];
+        let root = error.root_cause().clone();
+        let failed_program = match &root {
+            Error::KernelFailed { program, .. } => Some(program.clone()),
+            _ => None,
+        };
+        let mut culprits = Vec::new();
+        for (queue, signal) in facts.signals.iter().enumerate() {
+            let first_unfinished = facts
+                .ops
+                .iter()
+                .filter(|op| op.queue == queue && !signal.is_reached(base(queue) + op.value))
+                .min_by_key(|op| op.value);
+            if let Some(op) = first_unfinished {
+                let waits_met = op.waits.iter().all(|w| {
+                    facts
+                        .target(self.run, w)
+                        .is_none_or(|target| facts.signals[w.queue].is_reached(target))
+                });
+                if waits_met {
+                    culprits.push(op);
+                }
+            }
+        }
+        let culprit = culprits
+            .iter()
+            .find(|op| failed_program.is_some() && op.program == failed_program)
+            .or(culprits.first());
+        match culprit {
+            Some(op) => Error::OperationFailed {
+                operation: op.name.clone(),
+                cause: std::sync::Arc::new(root),
+            },
+            None => error,
+        }
+    }
+}
+
+impl<B: Backend> fmt::Debug for Run<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Run")
+            .field("run", &self.run)
+            .field("complete", &self.is_complete())
+            .finish()
+    }
+}

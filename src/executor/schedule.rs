@@ -1,0 +1,212 @@
+//! The input of the planner: devices, buffers and operations in program
+//! order.
+
+use std::ops::{Bound, RangeBounds};
+
+use super::*;
+
+pub(super) struct BufferSlot<B: Backend> {
+    pub(super) name: String,
+    pub(super) device: DeviceId,
+    pub(super) buffer: B::Buffer,
+}
+
+pub(super) enum Work<B: Backend> {
+    Exec {
+        program: B::Program,
+        buffers: Vec<BufferId>,
+        scalars: Vec<Scalar>,
+        params: ExecParams,
+    },
+    Copy {
+        dst: BufferId,
+        src: BufferId,
+    },
+}
+
+pub(super) struct Op<B: Backend> {
+    pub(super) name: String,
+    pub(super) device: DeviceId,
+    pub(super) kind: QueueKind,
+    pub(super) work: Work<B>,
+    /// `None`: not declared; an exec then reads and writes every argument whole.
+    pub(super) reads: Option<Vec<Access>>,
+    pub(super) writes: Option<Vec<Access>>,
+}
+
+/// Operations over buffers on devices, in program order: the input of the
+/// planner.
+pub struct Schedule<B: Backend> {
+    pub(super) devices: Vec<Arc<B::Device>>,
+    pub(super) buffers: Vec<BufferSlot<B>>,
+    pub(super) ops: Vec<Op<B>>,
+}
+
+impl<B: Backend> Default for Schedule<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: Backend> Schedule<B> {
+    /// An empty schedule.
+    pub fn new() -> Self {
+        Self {
+            devices: Vec::new(),
+            buffers: Vec::new(),
+            ops: Vec::new(),
+        }
+    }
+
+    /// Adds a device operations can run on.
+    pub fn add_device(&mut self, device: Arc<B::Device>) -> DeviceId {
+        self.devices.push(device);
+        DeviceId(self.devices.len() - 1)
+    }
+
+    /// Adds a buffer living on `device`, named for plans and errors.
+    pub fn add_buffer(
+        &mut self,
+        device: DeviceId,
+        name: impl Into<String>,
+        buffer: B::Buffer,
+    ) -> BufferId {
+        self.buffers.push(BufferSlot {
+            name: name.into(),
+            device,
+            buffer,
+        });
+        BufferId(self.buffers.len() - 1)
+    }
+
+    /// Adds a kernel launch on `device`'s compute queue. Unless narrowed with
+    /// [`OpBuilder::reads`]/[`OpBuilder::writes`], it reads and writes every
+    /// buffer argument whole.
+    pub fn exec(
+        &mut self,
+        name: impl Into<String>,
+        device: DeviceId,
+        program: &B::Program,
+        buffers: &[BufferId],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> OpBuilder<'_, B> {
+        self.push(Op {
+            name: name.into(),
+            device,
+            kind: QueueKind::Compute,
+            work: Work::Exec {
+                program: program.clone(),
+                buffers: buffers.to_vec(),
+                scalars: scalars.to_vec(),
+                params,
+            },
+            reads: None,
+            writes: None,
+        })
+    }
+
+    /// Adds a whole-buffer copy (sizes must match). It runs on the copy queue
+    /// of the destination's device when both buffers share a device, and on
+    /// the host stage otherwise. It reads all of `src` and writes all of `dst`.
+    pub fn copy(
+        &mut self,
+        name: impl Into<String>,
+        dst: BufferId,
+        src: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let device = self
+            .buffers
+            .get(dst.0)
+            .map_or(DeviceId(usize::MAX), |b| b.device);
+        self.push(Op {
+            name: name.into(),
+            device,
+            kind: QueueKind::Copy,
+            work: Work::Copy { dst, src },
+            reads: None,
+            writes: None,
+        })
+    }
+
+    fn push(&mut self, op: Op<B>) -> OpBuilder<'_, B> {
+        self.ops.push(op);
+        let index = self.ops.len() - 1;
+        OpBuilder {
+            schedule: self,
+            index,
+        }
+    }
+
+    /// Plans the schedule: queues, dependencies, waits, timeline values.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`] for unknown ids, ranges past a buffer's end,
+    /// an exec whose buffers live on another device, a copy between buffers
+    /// of different sizes; any error creating queues or signals.
+    pub fn plan(self) -> Result<Plan<B>> {
+        planner::plan(self)
+    }
+}
+
+/// Narrows what an operation touches, or moves it to another queue kind.
+pub struct OpBuilder<'a, B: Backend> {
+    pub(super) schedule: &'a mut Schedule<B>,
+    pub(super) index: usize,
+}
+
+impl<B: Backend> OpBuilder<'_, B> {
+    /// The operation's id.
+    pub fn id(&self) -> OpId {
+        OpId(self.index)
+    }
+
+    /// Declares that the operation reads `range` (bytes) of `buffer`.
+    pub fn reads(self, buffer: BufferId, range: impl RangeBounds<usize>) -> Self {
+        let access = self.access(buffer, range);
+        self.schedule.ops[self.index]
+            .reads
+            .get_or_insert_with(Vec::new)
+            .push(access);
+        self
+    }
+
+    /// Declares that the operation writes `range` (bytes) of `buffer`.
+    pub fn writes(self, buffer: BufferId, range: impl RangeBounds<usize>) -> Self {
+        let access = self.access(buffer, range);
+        self.schedule.ops[self.index]
+            .writes
+            .get_or_insert_with(Vec::new)
+            .push(access);
+        self
+    }
+
+    /// Runs the operation on a queue of `kind` (a copy on the compute queue,
+    /// say). An exec on a copy queue is an error at `plan`.
+    pub fn on(self, kind: QueueKind) -> Self {
+        self.schedule.ops[self.index].kind = kind;
+        self
+    }
+
+    fn access(&self, buffer: BufferId, range: impl RangeBounds<usize>) -> Access {
+        let size = self
+            .schedule
+            .buffers
+            .get(buffer.0)
+            .map_or(0, |b| b.buffer.size());
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => size,
+        };
+        Access {
+            buffer,
+            range: start..end,
+        }
+    }
+}
