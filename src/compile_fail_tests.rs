@@ -101,3 +101,18 @@
 //!     }
 //! }
 //! ```
+//!
+//! Input of another form than the macro's (here the variant lacks its
+//! `as_*_mut` accessor and its types) is a compile error that shows the
+//! expected form, not `no rules expected ...`; the twin above compiles.
+//! ```compile_fail
+//! hwqueue::backend_set! {
+//!     pub backend Short {
+//!         id: "short", device: ShortDevice, queue: ShortQueue, signal: ShortSignal,
+//!         buffer: ShortBuffer, program: ShortProgram,
+//!     }
+//!     variants {
+//!         Cpu(as_cpu): hwqueue::cpu::Cpu,
+//!     }
+//! }
+//! ```
