@@ -6,10 +6,15 @@
 //! | `queue_throughput` | 1,000 one-work-group `exec`s in one batch, submitted and waited for | `boxed_closures`: 1,000 `Box<dyn FnOnce>` jobs sent to a worker thread, and waited for |
 //! | `exec_bandwidth` | one `exec` of `c = a + b` over 16 Mi `f32` | `scoped_threads`: the same loop split over the cores with `std::thread::scope` |
 //! | `copy_bandwidth` | one `copy` of a 64 MiB buffer | `copy_from_slice` on the calling thread |
+//! | `exec_launch_wide` | 200 `exec`s of a 64-work-group kernel (each group adds 1 to 64 floats) in one batch, submitted and waited for | `rayon`: 200 `par_chunks_mut(64)` passes over the same floats |
+//! | `exec_matmul` | a 256×256×256 `f32` matmul, one work-group per row of the result | `rayon`: `par_chunks_mut` by rows |
+//! | `exec_matmul_16_rows` | the same, 16 work-groups of 16 rows | `rayon`: `par_chunks_mut` by 16 rows |
 //!
 //! The queue cases include the hand-off to the queue's worker thread and the
 //! host's wait for the final signal, as a user would see them; the baselines
-//! include their own hand-off and wait.
+//! include their own hand-off and wait. Both sides of the rayon groups call
+//! the same `#[inline(never)]` loop bodies on the same number of threads
+//! (the device's default, rayon's global pool: one per core).
 
 mod support;
 
@@ -21,6 +26,7 @@ use std::sync::mpsc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hwqueue::cpu::{CpuDevice, CpuProgram, CpuQueue, CpuSignal, KernelArgs, WorkGroup};
 use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+use rayon::prelude::*;
 
 use support::Profile;
 
@@ -32,6 +38,13 @@ const ADD_LEN: usize = 16 << 20;
 const ADD_LOCAL: u32 = 1024;
 /// Bytes of each `copy_bandwidth` buffer.
 const COPY_BYTES: usize = 64 << 20;
+/// `exec`s per `exec_launch_wide` iteration.
+const LAUNCHES: usize = 200;
+/// Work-groups per `exec_launch_wide` launch, and floats per group.
+const WIDE_GROUPS: usize = 64;
+const WIDE_LOCAL: usize = 64;
+/// The side of the `exec_matmul` matrices.
+const N: usize = 256;
 
 /// Submits what `record` recorded plus a signal, and waits for the signal.
 fn submit_and_wait(queue: &mut CpuQueue, done: &CpuSignal, value: u64) {
@@ -260,11 +273,144 @@ fn copy_bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
+/// Adds 1 to each float: the body of one `exec_launch_wide` work-group.
+#[inline(never)]
+fn bump_floats(values: &mut [f32]) {
+    for value in values {
+        *value += 1.0;
+    }
+}
+
+fn bump_group(group: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: each work-group writes only its own range.
+    bump_floats(unsafe { args.buffer(0).slice_mut::<f32>(group.global_range(0)) });
+}
+
+fn exec_launch_wide(c: &mut Criterion) {
+    let mut group = c.benchmark_group("exec_launch_wide");
+    support::configure(&mut group, Profile::Latency);
+    group.throughput(Throughput::Elements(LAUNCHES as u64));
+    let len = WIDE_GROUPS * WIDE_LOCAL;
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let values = device.alloc(len * 4).expect("buffer");
+        let program = CpuProgram::from_fn("bump_floats", 1, 0, bump_group);
+        let params = ExecParams::new_1d(len as u32, WIDE_LOCAL as u32);
+        let mut value = 0;
+        b.iter(|| {
+            for _ in 0..LAUNCHES {
+                queue.exec(&program, &[&values], &[], params);
+            }
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("rayon", |b| {
+        let mut values = vec![0f32; len];
+        b.iter(|| {
+            for _ in 0..LAUNCHES {
+                values.par_chunks_mut(WIDE_LOCAL).for_each(bump_floats);
+            }
+            black_box(&mut values);
+        });
+    });
+
+    group.finish();
+}
+
+/// Rows `first..first + c.len() / N` of `c = a * b` (`N`×`N`, row-major):
+/// the body of one `exec_matmul` work-group.
+#[inline(never)]
+fn matmul_rows(a: &[f32], b: &[f32], c: &mut [f32], first: usize) {
+    for (row, c_row) in c.chunks_exact_mut(N).enumerate() {
+        c_row.fill(0.0);
+        let a_row = &a[(first + row) * N..][..N];
+        for (k, &a_ik) in a_row.iter().enumerate() {
+            for (c, &b_kj) in c_row.iter_mut().zip(&b[k * N..][..N]) {
+                *c += a_ik * b_kj;
+            }
+        }
+    }
+}
+
+fn matmul_group(group: &WorkGroup, args: &KernelArgs<'_>) {
+    // One work-item per row: the group's range is its rows.
+    let rows = group.global_range(0);
+    // SAFETY: a and b are only read; each work-group writes only its rows of c.
+    let (a, b, c) = unsafe {
+        (
+            args.buffer(0).as_slice::<f32>(),
+            args.buffer(1).as_slice::<f32>(),
+            args.buffer(2)
+                .slice_mut::<f32>(rows.start * N..rows.end * N),
+        )
+    };
+    matmul_rows(a, b, c, rows.start);
+}
+
+fn matrices() -> (Vec<f32>, Vec<f32>) {
+    let a = (0..N * N).map(|i| (i % 13) as f32 * 0.5).collect();
+    let b = (0..N * N).map(|i| (i % 7) as f32 - 3.0).collect();
+    (a, b)
+}
+
+/// One matmul group: `rows` rows of the result per work-group.
+fn matmul_bench(c: &mut Criterion, name: &str, rows: usize) {
+    let mut group = c.benchmark_group(name);
+    support::configure(&mut group, Profile::Bandwidth);
+    group.throughput(Throughput::Elements((2 * N * N * N) as u64));
+    let (a_host, b_host) = matrices();
+
+    group.bench_function("hwqueue", |bencher| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let [a, b, c] = [(); 3].map(|_| device.alloc(N * N * 4).expect("buffer"));
+        a.write_from(&a_host).expect("write");
+        b.write_from(&b_host).expect("write");
+        let program = CpuProgram::from_fn("matmul_rows", 3, 0, matmul_group);
+        let params = ExecParams::new_1d(N as u32, rows as u32);
+        let mut value = 0;
+        bencher.iter(|| {
+            queue.exec(&program, &[&a, &b, &c], &[], params);
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("rayon", |bencher| {
+        let mut c = vec![0f32; N * N];
+        bencher.iter(|| {
+            c.par_chunks_mut(rows * N)
+                .enumerate()
+                .for_each(|(index, c)| matmul_rows(&a_host, &b_host, c, index * rows));
+            black_box(&mut c);
+        });
+    });
+
+    group.finish();
+}
+
+fn exec_matmul(c: &mut Criterion) {
+    matmul_bench(c, "exec_matmul", 1);
+}
+
+fn exec_matmul_16_rows(c: &mut Criterion) {
+    matmul_bench(c, "exec_matmul_16_rows", 16);
+}
+
 criterion_group!(
     benches,
     queue_roundtrip,
     queue_throughput,
     exec_bandwidth,
-    copy_bandwidth
+    copy_bandwidth,
+    exec_launch_wide,
+    exec_matmul,
+    exec_matmul_16_rows
 );
 criterion_main!(benches);

@@ -26,6 +26,9 @@ ROWS = [
     ("queue_throughput", "hwqueue", "boxed_closures", 1.0),
     ("exec_bandwidth", "hwqueue", "scoped_threads", 1.1),
     ("copy_bandwidth", "hwqueue", "copy_from_slice", 1.1),
+    ("exec_launch_wide", "hwqueue", "rayon", 1.0),
+    ("exec_matmul", "hwqueue", "rayon", 1.05),
+    ("exec_matmul_16_rows", "hwqueue", "rayon", 1.05),
 ]
 
 # Rows that need a GPU: reported, never measured here.

@@ -112,7 +112,32 @@ mod imp {
     where
         F: FnOnce() + Send + 'static,
     {
-        std::thread::Builder::new().name(name).spawn(f).map(drop)
+        spawn_joinable(name, f).map(drop)
+    }
+
+    /// A thread that can be waited for.
+    #[derive(Debug)]
+    pub(crate) struct JoinHandle(std::thread::JoinHandle<()>);
+
+    impl JoinHandle {
+        /// Waits for the thread to end. A thread of the crate never
+        /// panics out of its function (each catches what it runs), and a
+        /// panic that still did is already reported by the panic hook: it
+        /// is not raised again in the joiner.
+        pub(crate) fn join(self) {
+            let _ = self.0.join();
+        }
+    }
+
+    /// Spawns a named thread that can be waited for.
+    pub(crate) fn spawn_joinable<F>(name: String, f: F) -> std::io::Result<JoinHandle>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(f)
+            .map(JoinHandle)
     }
 
     /// Bounded, adaptive spinning before a thread parks.
@@ -316,12 +341,29 @@ mod imp {
         }
     }
 
-    pub(crate) fn spawn<F>(_name: String, f: F) -> std::io::Result<()>
+    pub(crate) fn spawn<F>(name: String, f: F) -> std::io::Result<()>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        spawn_joinable(name, f).map(drop)
+    }
+
+    /// Under loom, joining is left out: a model's threads end with the
+    /// model, and a join would add to every model a synchronisation the
+    /// real code's correctness does not rest on.
+    #[derive(Debug)]
+    pub(crate) struct JoinHandle;
+
+    impl JoinHandle {
+        pub(crate) fn join(self) {}
+    }
+
+    pub(crate) fn spawn_joinable<F>(_name: String, f: F) -> std::io::Result<JoinHandle>
     where
         F: FnOnce() + Send + 'static,
     {
         drop(loom::thread::spawn(f));
-        Ok(())
+        Ok(JoinHandle)
     }
 
     /// Under loom a waiter never spins: spinning only re-reads what the
@@ -345,7 +387,9 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{Condvar, Mutex, RwLock, RwLockWriteGuard, SpinWait, spawn};
+pub(crate) use imp::{
+    Condvar, JoinHandle, Mutex, RwLock, RwLockWriteGuard, SpinWait, spawn, spawn_joinable,
+};
 
 /// Identifies a thread (a loom thread under loom, where every model thread
 /// shares one OS thread).

@@ -11,6 +11,7 @@ use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
+use super::pool::Pool;
 use super::queue::CpuEngine;
 use super::{Cpu, CpuBuffer, CpuQueue, CpuSignal};
 use crate::queue::Queue;
@@ -23,6 +24,7 @@ pub const CPU_LIMITS: Limits = Limits {
     max_local_count: 1024,
     max_groups: [u32::MAX, u32::MAX, u32::MAX],
     max_buffers: 64,
+    max_shared_memory: 0,
 };
 
 /// The CPU, opened. Cheap to clone; clones share one device.
@@ -32,7 +34,8 @@ pub struct CpuDevice {
 }
 
 struct Inner {
-    threads: usize,
+    /// The threads its queues run work-groups on.
+    pool: Pool,
     name: String,
 }
 
@@ -43,19 +46,27 @@ impl CpuDevice {
         Self::with_threads(threads)
     }
 
-    /// Opens the CPU with `threads` threads per `exec` (at least 1).
+    /// Opens the CPU with `threads` execution slots (at least 1): its queues
+    /// together run at most that many work-groups at once, on their worker
+    /// threads and `threads - 1` helper threads of the device's own. The
+    /// helpers start at the first `exec` of more than one work-group, and
+    /// end when the device and its last queue are dropped.
     pub fn with_threads(threads: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
-                threads: threads.max(1),
+                pool: Pool::new(threads),
                 name: cpu_name(),
             }),
         }
     }
 
-    /// Threads an `exec` may use.
+    /// How many work-groups the device runs at once.
     pub fn threads(&self) -> usize {
-        self.inner.threads
+        self.inner.pool.threads()
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.inner.pool
     }
 
     pub(crate) fn limits_ref(&self) -> Limits {
@@ -125,7 +136,7 @@ impl fmt::Debug for CpuDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CpuDevice")
             .field("name", &self.inner.name)
-            .field("threads", &self.inner.threads)
+            .field("threads", &self.threads())
             .finish()
     }
 }

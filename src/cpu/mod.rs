@@ -7,7 +7,9 @@
 //! - [`CpuQueue`] is the shared queue core over a [`CpuEngine`], which owns
 //!   a worker thread. `submit` moves the recorded batch to it under one
 //!   lock; the worker runs batches in order, `exec` spreading work-groups
-//!   over the cores with scoped threads.
+//!   over the device's pool: its `threads` execution slots, shared by all
+//!   its queues, run by the workers themselves and `threads - 1` helper
+//!   threads that live as long as the device (no thread per `exec`).
 //! - [`CpuBuffer`] is 64-byte-aligned host memory behind a lock, so host
 //!   reads and writes never race queue work.
 //! - [`CpuProgram`] is a function called once per work-group: Rust, or C
@@ -63,6 +65,7 @@ mod buffer;
 mod c_compiler;
 mod c_manifest;
 mod device;
+mod pool;
 mod program;
 mod queue;
 mod signal;

@@ -14,11 +14,13 @@ use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind};
 use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::{
-    Arc, AtomicUsize, Condvar, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence, spawn,
+    Arc, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence,
+    spawn_joinable,
 };
 
 use super::device::CpuDevice;
-use super::program::{BufferView, KernelArgs, WorkGroup};
+use super::pool::{Grid, Pool};
+use super::program::{BufferView, KernelArgs};
 use super::{Cpu, CpuBuffer, CpuProgram};
 
 /// A command queue of the CPU backend: the shared recording core
@@ -32,12 +34,14 @@ pub type CpuQueue = Queue<CpuEngine>;
 ///
 /// - `wait` blocks the worker until the signal is reached (or failed);
 /// - `signal` raises the signal after every earlier command completed;
-/// - `exec` runs the grid's work-groups in parallel on the device's cores
-///   (one work-group runs inline on the worker), holding its buffers
-///   exclusively;
+/// - `exec` runs the grid's work-groups on the worker and the device's
+///   pool of threads (see the `pool` module: the worker takes part, the
+///   device's slots cap the parallelism of all its queues; one work-group
+///   runs on the worker alone), holding its buffers exclusively;
 /// - `copy` moves whole buffers of equal size;
 /// - `memory_barrier` is a `SeqCst` fence: the worker already runs commands
-///   in order, and each `exec` joins its threads before the next command.
+///   in order, and each `exec` waits for every thread of its grid before
+///   the next command.
 ///
 /// The worker may spin for a few microseconds after each batch before it
 /// parks, so a batch submitted right after the previous one finished is
@@ -51,6 +55,7 @@ pub type CpuQueue = Queue<CpuEngine>;
 /// happened in.
 pub struct CpuEngine {
     shared: Arc<Shared>,
+    worker: Option<JoinHandle>,
 }
 
 /// What the owner and the worker share.
@@ -63,8 +68,8 @@ struct Shared {
     work: Condvar,
     /// `synchronize` parks here for `in_flight == 0`.
     idle: Condvar,
-    /// Threads an `exec` may use.
-    threads: usize,
+    /// The device's threads, on which an `exec` of many groups runs.
+    pool: Pool,
     /// `state.pending.len()`, written under `state`'s lock whenever it
     /// changes; read without the lock (`Relaxed`) only by the spinning
     /// worker, as a hint to take the lock. The deque under the lock stays
@@ -98,17 +103,19 @@ impl CpuEngine {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
-            threads: device.threads(),
+            pool: device.pool().clone(),
             queued: AtomicUsize::new(0),
         });
         let worker = shared.clone();
-        spawn(format!("hwqueue-cpu-{kind}"), move || run_worker(&worker)).map_err(|e| {
-            Error::System {
+        let worker = spawn_joinable(format!("hwqueue-cpu-{kind}"), move || run_worker(&worker))
+            .map_err(|e| Error::System {
                 what: "spawning a CPU queue's worker thread",
                 detail: e.to_string(),
-            }
-        })?;
-        Ok(Self { shared })
+            })?;
+        Ok(Self {
+            shared,
+            worker: Some(worker),
+        })
     }
 }
 
@@ -159,20 +166,29 @@ impl Engine for CpuEngine {
 
 impl Drop for CpuEngine {
     fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
-        state.closed = true;
-        if state.in_flight == 0 {
-            // Nothing left to run: the queue is gone now (see `Ledger`).
+        let idle = {
+            let mut state = self.shared.state.lock();
+            state.closed = true;
+            self.shared.work.notify_one();
+            state.in_flight == 0
+        };
+        if idle {
+            // Nothing left to run: the queue is gone now (see `Ledger`),
+            // and its worker ends at once, so wait for it: dropping the
+            // last queue and its device then leaves no thread behind.
+            // With work in flight the worker drains it first, on its own.
             self.shared.ledger.retire();
+            if let Some(worker) = self.worker.take() {
+                worker.join();
+            }
         }
-        self.shared.work.notify_one();
     }
 }
 
 impl fmt::Debug for CpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CpuEngine")
-            .field("threads", &self.shared.threads)
+            .field("pool", &self.shared.pool)
             .finish_non_exhaustive()
     }
 }
@@ -208,9 +224,9 @@ fn run_worker(shared: &Shared) {
             state.worker_parked = false;
         };
         drop(state);
-        shared.ledger.settle(&batch, |batch| {
-            run_batch(batch, shared.threads, &mut scratch)
-        });
+        shared
+            .ledger
+            .settle(&batch, |batch| run_batch(batch, &shared.pool, &mut scratch));
         batch.clear();
         state = shared.state.lock();
         state.in_flight -= 1;
@@ -226,18 +242,18 @@ fn run_worker(shared: &Shared) {
 /// Runs a batch; on failure, the index of the failed command and why.
 fn run_batch(
     batch: &Batch<Cpu>,
-    threads: usize,
+    pool: &Pool,
     scratch: &mut ExecScratch,
 ) -> std::result::Result<(), (usize, Error)> {
     let mut held = HeldBuffers::new(scratch);
-    let outcome = run_commands(batch, threads, &mut held);
+    let outcome = run_commands(batch, pool, &mut held);
     held.finish(scratch);
     outcome
 }
 
 fn run_commands<'a>(
     batch: &'a Batch<Cpu>,
-    threads: usize,
+    pool: &Pool,
     held: &mut HeldBuffers<'a>,
 ) -> std::result::Result<(), (usize, Error)> {
     for (index, command) in batch.commands().iter().enumerate() {
@@ -263,7 +279,7 @@ fn run_commands<'a>(
                 buffers.clone(),
                 &batch.scalars()[scalars.clone()],
                 params,
-                threads,
+                pool,
                 held,
             ),
             Command::Copy { dst, src } => {
@@ -399,7 +415,7 @@ fn run_exec<'a>(
     buffers: Range<usize>,
     scalars: &[Scalar],
     params: &ExecParams,
-    threads: usize,
+    pool: &Pool,
     held: &mut HeldBuffers<'a>,
 ) -> Result<()> {
     held.hold(batch_buffers, buffers);
@@ -409,108 +425,14 @@ fn run_exec<'a>(
         local: params.local(),
     };
     let total = params.group_count();
-    let outcome = if total <= 1 || threads <= 1 {
+    let outcome = if total <= 1 || pool.threads() <= 1 {
+        // One group (or one thread): on the worker, with no hand-off.
         catch_unwind(AssertUnwindSafe(|| grid.run(program, &args, 0..total))).map_err(panic_message)
     } else {
-        run_parallel(program, &args, &grid, total, threads)
+        pool.run(program, &args, grid, total)
     };
     outcome.map_err(|message| Error::KernelFailed {
         program: program.name().to_owned(),
         message,
     })
-}
-
-/// The shape of a grid, for turning linear group indices into work-groups.
-struct Grid {
-    groups: [u32; 3],
-    local: [u32; 3],
-}
-
-impl Grid {
-    #[inline]
-    fn run(&self, program: &CpuProgram, args: &KernelArgs<'_>, range: Range<u64>) {
-        let [gx, gy, gz] = self.groups.map(u64::from);
-        let run = |id| {
-            let group = WorkGroup {
-                id,
-                groups: self.groups,
-                local: self.local,
-            };
-            program.run_group(&group, args);
-        };
-        if gy == 1 && gz == 1 {
-            // A 1-D grid (the common case): the linear index is x, and no
-            // division is needed. It is below the u32 group count.
-            for linear in range {
-                run([linear as u32, 0, 0]);
-            }
-            return;
-        }
-        for linear in range {
-            // Each coordinate is below its u32 group count.
-            run([
-                (linear % gx) as u32,
-                ((linear / gx) % gy) as u32,
-                (linear / (gx * gy)) as u32,
-            ]);
-        }
-    }
-}
-
-/// Runs the groups on `threads` scoped threads pulling chunks from a counter.
-/// The first panic wins; the others stop at their next chunk.
-#[cfg(not(loom))]
-fn run_parallel(
-    program: &CpuProgram,
-    args: &KernelArgs<'_>,
-    grid: &Grid,
-    total: u64,
-    threads: usize,
-) -> std::result::Result<(), String> {
-    use crate::sync::{AtomicBool, AtomicU64};
-
-    let workers = threads.min(usize::try_from(total).unwrap_or(usize::MAX));
-    // Enough chunks per thread to balance uneven groups, few enough to keep
-    // the counter cold.
-    let chunk = (total / (workers as u64 * 8)).max(1);
-    let next = AtomicU64::new(0);
-    let stop = AtomicBool::new(false);
-    let first_panic = Mutex::new(None::<String>);
-    let work = || {
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            while !stop.load(Ordering::Relaxed) {
-                let start = next.fetch_add(chunk, Ordering::Relaxed);
-                if start >= total {
-                    break;
-                }
-                grid.run(program, args, start..(start + chunk).min(total));
-            }
-        }));
-        if let Err(payload) = result {
-            stop.store(true, Ordering::Relaxed);
-            first_panic.lock().get_or_insert(panic_message(payload));
-        }
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..workers {
-            scope.spawn(work);
-        }
-        work();
-    });
-    match first_panic.lock().take() {
-        Some(message) => Err(message),
-        None => Ok(()),
-    }
-}
-
-/// Under loom there are no real threads to spare: run the groups in order.
-#[cfg(loom)]
-fn run_parallel(
-    program: &CpuProgram,
-    args: &KernelArgs<'_>,
-    grid: &Grid,
-    total: u64,
-    _threads: usize,
-) -> std::result::Result<(), String> {
-    catch_unwind(AssertUnwindSafe(|| grid.run(program, args, 0..total))).map_err(panic_message)
 }
