@@ -504,16 +504,41 @@ impl<E: RingEvent> EventRing<E> {
 
     /// Raises `completed` to the highest pending value whose event has
     /// completed. Queries only slots above the best value found so far.
+    ///
+    /// An event whose query fails (a faulted device: CUDA's errors of that
+    /// kind are sticky, so every pending event of the context fails alike)
+    /// will never complete: the values above `completed` up to the highest
+    /// such event fail with the query's error, so waiters, `dependency` and
+    /// the queues waiting on them learn it at once instead of never. The
+    /// slot stays (dropping a broken event could call into the faulted
+    /// driver under the lock); later folds record the same failure again,
+    /// which [`Failures`] ignores.
     fn fold(&self, state: &mut RingState<E>) {
         let mut best = state.completed;
+        let mut fault: Option<(u64, Error)> = None;
         for slot in &state.slots {
-            // A query error (a faulted device) is not completion; waiters
-            // see the error when they query or block on the event.
-            if slot.value > best && matches!(slot.event.is_complete(), Ok(true)) {
-                best = slot.value;
+            if slot.value <= best {
+                continue;
+            }
+            match slot.event.is_complete() {
+                Ok(true) => best = slot.value,
+                Ok(false) => {}
+                Err(cause) => {
+                    if fault.as_ref().is_none_or(|(upto, _)| slot.value > *upto) {
+                        fault = Some((slot.value, cause));
+                    }
+                }
             }
         }
         self.raise(state, best);
+        if let Some((upto, cause)) = fault
+            && upto > state.completed
+            && state
+                .failures
+                .record(state.completed, upto, cause, state.completed)
+        {
+            self.changed.notify_all();
+        }
     }
 
     /// Folds, then says where `target` stands.

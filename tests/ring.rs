@@ -629,3 +629,35 @@ proptest! {
         check_ring_ops(initial, slots, &ops);
     }
 }
+
+/// Issue 13.4: `fold` took a query error for "not complete", so after a
+/// fault the signal stayed unreached and unfailed: `dependency` handed the
+/// broken event to the next queue, and `fail`/`check` knew nothing. Failed
+/// on ef64ac6 (the first assertion: `dependency` returned the event).
+#[test]
+fn an_event_that_reports_a_fault_fails_the_values_it_stands_for() {
+    let device = MockDevice::new();
+    let ring = Ring::new(0);
+    let one = record(&ring, &device, 1);
+    let three = record(&ring, &device, 3);
+    device.complete(one);
+    device.break_event(three);
+    // The fault is found by the next look at the ring, whichever it is.
+    assert!(matches!(
+        ring.dependency(3),
+        Err(Error::SignalFailed { target: 3, .. })
+    ));
+    assert!(!ring.is_reached(2));
+    let error = ring.wait(2, Duration::ZERO).unwrap_err();
+    assert!(
+        matches!(&error, Error::SignalFailed { target: 2, .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("reported a fault"), "{error}");
+    // What completed before the fault stands.
+    assert_eq!(ring.value(), 1);
+    ring.wait(1, Duration::ZERO).unwrap();
+    // A value the host sets later is reached as usual.
+    ring.set(3);
+    ring.wait(3, Duration::ZERO).unwrap();
+}
