@@ -398,9 +398,11 @@ pub enum Error {
 ///
 /// The payload is the one `dyn` that `catch_unwind` hands back. Dropping it
 /// runs its `Drop`, which is arbitrary code and may panic in turn: that
-/// second panic is caught too, and its own payload is leaked rather than
-/// dropped (it could panic again), so no payload can unwind out of here
-/// and kill the thread that caught the first panic.
+/// second panic is caught too, and its own payload is dropped only if it is
+/// a message (`&str` or `String`, the payload of every `panic!` with text,
+/// whose drop cannot panic); any other is leaked rather than dropped (it
+/// could panic again). So no payload can unwind out of here and kill the
+/// thread that caught the first panic.
 pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     let message = if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
@@ -410,7 +412,9 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         "it panicked with a non-string payload".to_owned()
     };
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
-    if let Err(second) = dropped {
+    if let Err(second) = dropped
+        && !(second.is::<&'static str>() || second.is::<String>())
+    {
         std::mem::forget(second);
     }
     message
