@@ -98,7 +98,12 @@ fn cuda_signal(c: &mut Criterion) {
     group.bench_function("cudarc", |b| {
         let context = device.context();
         let stream = context.new_stream().expect("stream");
-        let event = context.new_event(None).expect("event");
+        // The flags hwqueue's signal events use (timing off).
+        let event = context
+            .new_event(Some(
+                cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+            ))
+            .expect("event");
         b.iter(|| {
             event.record(&stream).expect("record");
             while !event.try_is_complete().expect("query") {

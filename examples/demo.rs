@@ -228,7 +228,8 @@ fn cuda_kernels() -> [(&'static str, String); 4] {
                 r#"extern "C" __global__ void bias_softmax(const float *logits, const float *bias, float *probs) {{
     unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
     float *p = probs + r * {OUTPUT};
-    float max = -INFINITY;
+    // -infinity from its bits: NVRTC defines no INFINITY without headers.
+    float max = __int_as_float(0xff800000);
     for (unsigned j = 0; j < {OUTPUT}; j++) {{ p[j] = logits[r * {OUTPUT} + j] + bias[j]; max = fmaxf(max, p[j]); }}
     float sum = 0.0f;
     for (unsigned j = 0; j < {OUTPUT}; j++) {{ p[j] = expf(p[j] - max); sum += p[j]; }}

@@ -46,9 +46,16 @@ pub fn bytes_of_mut<T: Pod>(data: &mut [T]) -> &mut [u8] {
 
 /// A handle to device memory. Clones name the same memory.
 ///
-/// Host access is synchronous and safe: it never races a kernel or copy of a
-/// queue on the same buffer (how is the backend's business: the CPU backend
-/// locks, CUDA copies through the driver).
+/// Host access is synchronous and memory-safe on every backend: it returns
+/// once its bytes moved, and no interleaving with queue work is undefined
+/// behaviour on the host. Whether it is *ordered* with queue work is the
+/// backend's: the CPU backend locks the buffer, so a host read or write
+/// waits for a kernel holding it and never sees it half done; CUDA copies
+/// through the driver on a stream of its own, unordered with the queues,
+/// so a host access racing a kernel on the same bytes gets unspecified
+/// bytes. Portable code orders host access with signals (upload, then let
+/// a queue `wait` on a value the host sets; `wait` on a queue's signal,
+/// then download).
 pub trait Buffer: Clone + Send + Sync + 'static {
     /// The backend owning this memory.
     type Backend: Backend<Buffer = Self>;

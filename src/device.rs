@@ -59,4 +59,16 @@ pub trait Device:
     /// # Errors
     /// [`Error::OutOfMemory`](crate::Error::OutOfMemory).
     fn alloc(&self, size: usize) -> Result<BufferOf<Self::Backend>>;
+
+    /// Whether the device can still run work. The registry asks before it
+    /// hands out a device it opened earlier.
+    ///
+    /// # Errors
+    /// [`Error::DeviceLost`](crate::Error::DeviceLost) once a fault made
+    /// the device unusable for the rest of the process (CUDA's sticky
+    /// errors: an illegal address, a launch failure). The default never
+    /// fails.
+    fn health(&self) -> Result<()> {
+        Ok(())
+    }
 }

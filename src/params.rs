@@ -12,11 +12,16 @@ use crate::error::{Error, Result};
 /// size. Construction never fails or panics; the sizes are checked against
 /// this rule and the backend's [`Limits`] when the `exec` is recorded, and a
 /// violation fails the batch at `submit` with [`Error::InvalidExecParams`].
+///
+/// A work-group may also ask for dynamic shared memory
+/// ([`with_shared_memory`](Self::with_shared_memory)): CUDA's `extern
+/// __shared__` array, up to the device's [`Limits::max_shared_memory`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ExecParams {
     global: [u32; 3],
     local: [u32; 3],
     dims: u8,
+    shared_memory: u32,
 }
 
 impl ExecParams {
@@ -26,6 +31,7 @@ impl ExecParams {
             global: [global, 1, 1],
             local: [local, 1, 1],
             dims: 1,
+            shared_memory: 0,
         }
     }
 
@@ -35,6 +41,7 @@ impl ExecParams {
             global: [global[0], global[1], 1],
             local: [local[0], local[1], 1],
             dims: 2,
+            shared_memory: 0,
         }
     }
 
@@ -44,7 +51,25 @@ impl ExecParams {
             global,
             local,
             dims: 3,
+            shared_memory: 0,
         }
+    }
+
+    /// The same sizes, with `bytes` of dynamic shared memory per work-group
+    /// (CUDA: the launch's `sharedMemBytes`, the kernel's `extern
+    /// __shared__` array). Checked against [`Limits::max_shared_memory`]
+    /// (and, on CUDA, what the kernel's own static shared memory leaves) at
+    /// `submit`.
+    #[must_use]
+    pub const fn with_shared_memory(mut self, bytes: u32) -> Self {
+        self.shared_memory = bytes;
+        self
+    }
+
+    /// Bytes of dynamic shared memory per work-group (0 unless
+    /// [`with_shared_memory`](Self::with_shared_memory) set them).
+    pub const fn shared_memory(&self) -> u32 {
+        self.shared_memory
     }
 
     /// How many dimensions were given (1 to 3).
@@ -141,6 +166,19 @@ impl ExecParams {
                  split the launch"
             ));
         }
+        if self.shared_memory > limits.max_shared_memory {
+            let fix = if limits.max_shared_memory == 0 {
+                "this backend has no shared memory: give the kernel a scratch buffer instead"
+                    .to_owned()
+            } else {
+                "use less per work-group (smaller work-groups, or tiles)".to_owned()
+            };
+            return fail(format!(
+                "{} bytes of dynamic shared memory per work-group exceed this device's limit of \
+                 {} bytes; {fix}",
+                self.shared_memory, limits.max_shared_memory
+            ));
+        }
         if self.local_count() > u64::from(limits.max_local_count) {
             return fail(format!(
                 "a work-group of {} work-items exceeds this device's limit of {}; use smaller local \
@@ -168,7 +206,11 @@ impl fmt::Display for ExecParams {
             "global {:?} local {:?}",
             &self.global[..d],
             &self.local[..d]
-        )
+        )?;
+        if self.shared_memory > 0 {
+            write!(f, " shared memory {} bytes", self.shared_memory)?;
+        }
+        Ok(())
     }
 }
 
@@ -183,4 +225,7 @@ pub struct Limits {
     pub max_groups: [u32; 3],
     /// Largest number of buffer arguments to one kernel.
     pub max_buffers: usize,
+    /// Largest dynamic shared memory per work-group, in bytes (CUDA: the
+    /// device's opt-in maximum; 0 where the backend has none, as the CPU).
+    pub max_shared_memory: u32,
 }

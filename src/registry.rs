@@ -33,6 +33,7 @@ use std::fmt;
 
 use crate::any::{BackendEntry, BackendSet};
 use crate::backend::DeviceInfo;
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::spec::{DeviceSpec, SPEC_NAMES, SpecName};
 use crate::sync::{Arc, Condvar, Mutex, ThreadKey, current_thread};
@@ -267,7 +268,9 @@ impl<S: BackendSet> Registry<S> {
         let mut state = slot.state.lock();
         loop {
             match &*state {
-                SlotState::Open(device) => return Ok(device.clone()),
+                // A device lost for the rest of the process is not handed
+                // out again: reopening cannot help, and the error says so.
+                SlotState::Open(device) => return device.health().map(|()| device.clone()),
                 SlotState::Opening(opener) if *opener == me => {
                     return Err(Error::ReentrantOpen {
                         spec: spec.to_string(),

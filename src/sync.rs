@@ -15,7 +15,9 @@
 pub(crate) use std::sync::Arc;
 #[cfg(not(loom))]
 #[allow(unused_imports)]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 #[cfg(not(loom))]
 pub(crate) use std::sync::mpsc;
 
@@ -23,7 +25,9 @@ pub(crate) use std::sync::mpsc;
 pub(crate) use loom::sync::Arc;
 #[cfg(loom)]
 #[allow(unused_imports)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 #[cfg(loom)]
 pub(crate) use loom::sync::mpsc;
 

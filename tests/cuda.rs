@@ -42,6 +42,39 @@ extern "C" __global__ void spin(unsigned long long cycles) {
     while ((unsigned long long)(clock64() - start) < cycles) {
     }
 }
+
+// Spins, then writes `value` to `mark[0]`: a witness of which kernel ran.
+extern "C" __global__ void spin_and_mark(unsigned int *mark, unsigned long long cycles,
+                                         unsigned int value) {
+    long long start = clock64();
+    while ((unsigned long long)(clock64() - start) < cycles) {
+    }
+    mark[0] = value;
+}
+
+// atomicAdd on double needs sm_60: compiles only when NVRTC targets the GPU.
+extern "C" __global__ void sum_f64(double *total, double value) {
+    __nanosleep(10);
+    atomicAdd(total, value);
+}
+
+// Fills 64 KiB of dynamic shared memory (above the 48 KiB default), then
+// sums it into out[0].
+extern "C" __global__ void shared_sum(unsigned int *out) {
+    extern __shared__ unsigned int scratch[];
+    const unsigned int n = 16384;
+    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
+        scratch[i] = i;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int sum = 0;
+        for (unsigned int i = 0; i < n; i++) {
+            sum += scratch[i];
+        }
+        out[0] = sum;
+    }
+}
 "#;
 
 /// Opens device 0, or says why the test is skipped.
@@ -160,10 +193,15 @@ fn vector_add_matches_the_host() {
     b.write_from(&b_host).unwrap();
 
     let compiled = kernel(&device, "add", 3, 1);
-    // The same kernel again, loaded from the PTX NVRTC produced.
-    let from_ptx = CudaProgram::from_ptx(&device, compiled.ptx(), "add", 3, 1).unwrap();
+    // The same kernel again, loaded from the PTX NVRTC produced beside
+    // the cubin (where it kept one).
+    let mut programs = vec![compiled.clone()];
+    match compiled.ptx() {
+        Some(ptx) => programs.push(CudaProgram::from_ptx(&device, ptx, "add", 3, 1).unwrap()),
+        None => println!("NVRTC kept no PTX beside the cubin: from_ptx not exercised here"),
+    }
     let mut queue = device.compute_queue().unwrap();
-    for (round, program) in [compiled, from_ptx].iter().enumerate() {
+    for (round, program) in programs.iter().enumerate() {
         let c = device.alloc(N as usize * 4).unwrap();
         let done = device.new_signal(0).unwrap();
         queue
@@ -269,13 +307,30 @@ fn copy_then_increment(submit_compute_first: bool) {
     staging.write_from(&host).unwrap();
 
     let increment = kernel(&device, "increment", 2, 0);
+    let spin = kernel(&device, "spin", 0, 1);
     let mut copy_queue = device.copy_queue().unwrap().expect("CUDA has a copy queue");
     let mut compute = device.compute_queue().unwrap();
+    let mut spinner = device.compute_queue().unwrap();
+    let gate = device.new_signal(0).unwrap();
     let copied = device.new_signal(0).unwrap();
     let done = device.new_signal(0).unwrap();
+    // The producer (the copy) stands behind a 300 ms kernel on a third
+    // stream: a compute queue that ran past its wait would find `mid`
+    // still zero, not a race it might win.
+    spinner
+        .exec(
+            &spin,
+            &[],
+            &[Scalar::U64(cycles_for(&device, Duration::from_millis(300)))],
+            ExecParams::new_1d(1, 1),
+        )
+        .signal(&gate, 1)
+        .submit()
+        .unwrap();
 
     let submit_copy = |queue: &mut hwqueue::cuda::CudaQueue| {
         queue
+            .wait(&gate, 1)
             .copy(&mid, &staging)
             .signal(&copied, 1)
             .submit()
@@ -314,6 +369,7 @@ fn copy_then_increment(submit_compute_first: bool) {
     );
     compute.synchronize().unwrap();
     copy_queue.synchronize().unwrap();
+    spinner.synchronize().unwrap();
 }
 
 #[test]
@@ -329,33 +385,47 @@ fn a_compute_queue_waits_on_a_copy_signal_submitted_later() {
 #[test]
 fn more_records_in_flight_than_ring_slots_with_waiters_on_old_values() {
     let Some(device) = device() else { return };
-    let spin = kernel(&device, "spin", 0, 1);
+    let spin = kernel(&device, "spin_and_mark", 1, 2);
     let cycles = cycles_for(&device, Duration::from_millis(5));
     let signal = device.new_signal(0).unwrap();
+    let mark = Arc::new(u32_buffer(&device, 1));
     let total = RING_SLOTS as u64 * 3;
     // Waiters on old and new values, parked before anything is recorded.
+    // Each reads the witness the kernels write: the value of the last
+    // kernel that finished, which must be at least its target once the
+    // wait returns (kernels of one stream run in order).
     let waiters: Vec<_> = (1..=total)
         .filter(|v| v % 7 == 1 || *v == total)
         .map(|target| {
             let signal = signal.clone();
+            let mark = mark.clone();
             thread::spawn(move || {
                 signal.wait(target, Timeout::Forever)?;
-                Ok::<_, Error>((target, signal.value()))
+                let witness = u64::from(mark.to_vec::<u32>()?[0]);
+                Ok::<_, Error>((target, witness))
             })
         })
         .collect();
     let mut queue = device.compute_queue().unwrap();
     for value in 1..=total {
         queue
-            .exec(&spin, &[], &[Scalar::U64(cycles)], ExecParams::new_1d(1, 1))
+            .exec(
+                &spin,
+                &[&mark],
+                &[Scalar::U64(cycles), Scalar::U32(value as u32)],
+                ExecParams::new_1d(1, 1),
+            )
             .signal(&signal, value);
     }
     // One submit records 3x the ring's slots: the recorder waits for the
     // oldest records to complete as it goes.
     queue.submit().unwrap();
     for waiter in waiters {
-        let (target, seen) = waiter.join().unwrap().unwrap();
-        assert!(seen >= target, "wait({target}) returned at {seen}");
+        let (target, witness) = waiter.join().unwrap().unwrap();
+        assert!(
+            witness >= target,
+            "wait({target}) returned when kernel {witness} was the last to finish"
+        );
     }
     signal.wait(total, LONG).unwrap();
     assert_eq!(signal.value(), total);
@@ -619,4 +689,149 @@ fn cpu_and_cuda_queues_wait_on_each_other_through_the_any_enums() {
         message.contains("`cuda`") && message.contains("`cpu`"),
         "{message}"
     );
+}
+
+#[test]
+fn nvrtc_targets_the_device_so_sm60_features_compile_and_run() {
+    let Some(device) = device() else { return };
+    let sum = kernel(&device, "sum_f64", 1, 1);
+    let total = device.alloc(8).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .exec(
+            &sum,
+            &[&total],
+            &[Scalar::F64(0.5)],
+            ExecParams::new_1d(256, 64),
+        )
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(total.to_vec::<f64>().unwrap(), vec![128.0]);
+}
+
+#[test]
+fn dynamic_shared_memory_above_48_kib_is_opted_in_and_used() {
+    let Some(device) = device() else { return };
+    let limit = device.limits().max_shared_memory;
+    println!("opt-in shared memory per block: {limit} bytes");
+    assert!(
+        limit >= 64 << 10,
+        "every GPU since Volta opts in to more than 64 KiB"
+    );
+    let program = kernel(&device, "shared_sum", 1, 0);
+    let out = u32_buffer(&device, 1);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .exec(
+            &program,
+            &[&out],
+            &[],
+            ExecParams::new_1d(256, 256).with_shared_memory(64 << 10),
+        )
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(out.to_vec::<u32>().unwrap(), vec![16383 * 16384 / 2]);
+    // More than the device has is refused at submit, and nothing runs.
+    let error = queue
+        .exec(
+            &program,
+            &[&out],
+            &[],
+            ExecParams::new_1d(256, 256).with_shared_memory(limit + 1),
+        )
+        .submit()
+        .unwrap_err();
+    assert!(error.to_string().contains("shared memory"), "{error}");
+}
+
+#[test]
+fn kernel_parameters_are_checked_against_the_declared_abi() {
+    let Some(device) = device() else { return };
+    // `add` takes three pointers and a count.
+    let error = CudaProgram::from_cuda_c(&device, KERNELS, "add", 2, 1).unwrap_err();
+    assert!(
+        matches!(&error, Error::InvalidProgram { .. }) && error.to_string().contains("parameter 2"),
+        "{error}"
+    );
+    let error = CudaProgram::from_cuda_c(&device, KERNELS, "add", 3, 0).unwrap_err();
+    assert!(error.to_string().contains("takes 4 parameters"), "{error}");
+    // A scalar of the wrong width is refused at submit.
+    let add = kernel(&device, "add", 3, 1);
+    let buffers: Vec<_> = (0..3).map(|_| u32_buffer(&device, 256)).collect();
+    let mut queue = device.compute_queue().unwrap();
+    let error = queue
+        .exec(
+            &add,
+            &[&buffers[0], &buffers[1], &buffers[2]],
+            &[Scalar::U64(256)],
+            ExecParams::new_1d(256, 256),
+        )
+        .submit()
+        .unwrap_err();
+    assert!(error.to_string().contains("scalar 0 is a u64"), "{error}");
+}
+
+#[test]
+fn buffers_and_programs_dropped_right_after_submit_stay_alive_for_the_work() {
+    let Some(device) = device() else { return };
+    const N: usize = 1 << 20;
+    let out = u32_buffer(&device, N);
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    {
+        let spin = kernel(&device, "spin", 0, 1);
+        let fill = kernel(&device, "fill", 1, 1);
+        let scratch = u32_buffer(&device, N);
+        queue
+            .exec(
+                &spin,
+                &[],
+                &[Scalar::U64(cycles_for(&device, Duration::from_millis(100)))],
+                ExecParams::new_1d(1, 1),
+            )
+            .exec(
+                &fill,
+                &[&scratch],
+                &[Scalar::U32(7)],
+                ExecParams::new_1d(N as u32, 256),
+            )
+            .copy(&out, &scratch)
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        // The program and the scratch buffer go here, while the spin runs.
+    }
+    done.wait(1, LONG).unwrap();
+    assert!(out.to_vec::<u32>().unwrap().iter().all(|v| *v == 7));
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn a_queue_waits_on_a_value_the_host_sets_later() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let out = u32_buffer(&device, 256);
+    let gate: CudaSignal = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait(&gate, 1)
+        .exec(
+            &fill,
+            &[&out],
+            &[Scalar::U32(9)],
+            ExecParams::new_1d(256, 256),
+        )
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    thread::sleep(Duration::from_millis(50));
+    assert!(!done.is_reached(1));
+    assert_eq!(out.to_vec::<u32>().unwrap(), vec![0; 256]);
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(out.to_vec::<u32>().unwrap(), vec![9; 256]);
+    queue.synchronize().unwrap();
 }

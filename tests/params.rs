@@ -22,6 +22,40 @@ fn reason(params: ExecParams) -> String {
 }
 
 #[test]
+fn dynamic_shared_memory_is_checked_against_the_device() {
+    let params = ExecParams::new_1d(256, 128).with_shared_memory(64 << 10);
+    assert_eq!(params.shared_memory(), 64 << 10);
+    assert_eq!(ExecParams::new_1d(256, 128).shared_memory(), 0);
+    assert!(
+        params.to_string().contains("shared memory 65536 bytes"),
+        "{params}"
+    );
+    // The CPU has none: the error says what to do instead.
+    let why = reason(params);
+    assert!(
+        why.contains("65536 bytes") && why.contains("scratch buffer"),
+        "{why}"
+    );
+    // A device with 227 KiB (an H100's opt-in maximum) takes it; one byte
+    // more than its limit is refused.
+    let gpu = hwqueue::Limits {
+        max_shared_memory: 227 << 10,
+        ..CPU_LIMITS
+    };
+    params.validate(&gpu).unwrap();
+    let over = ExecParams::new_1d(256, 128).with_shared_memory((227 << 10) + 1);
+    match over.validate(&gpu) {
+        Err(Error::InvalidExecParams { reason, .. }) => {
+            assert!(
+                reason.contains("232449 bytes") && reason.contains("232448"),
+                "{reason}"
+            )
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
 fn zero_sizes_are_errors() {
     assert!(reason(ExecParams::new_1d(0, 1)).contains("zero"));
     assert!(reason(ExecParams::new_1d(1, 0)).contains("zero"));
@@ -92,6 +126,7 @@ mod model {
                 max_local_count,
                 max_groups,
                 max_buffers: 64,
+                max_shared_memory: 0,
             })
     }
 

@@ -260,3 +260,22 @@ fn an_open_whose_panic_payload_panics_on_drop_is_an_error_too() {
         assert!(!registry.is_open(DeviceSpec::new("mock", BAD_PAYLOAD_ORDINAL)));
     }
 }
+
+/// Issue 13.4: a device that a fault made unusable for the process (CUDA's
+/// sticky errors) is not handed out again from the cache: the registry
+/// answers `DeviceLost` for its spec, which says a restart is needed.
+#[test]
+fn a_lost_device_is_answered_as_lost_not_handed_out_again() {
+    let registry = Registry::<Mixed>::new();
+    let spec = format!("mock:{LOST_ORDINAL}");
+    let device = registry.acquire(&spec).unwrap();
+    device.health().unwrap();
+    LOST.store(true, Ordering::SeqCst);
+    let error = registry.acquire(&spec).unwrap_err();
+    assert!(matches!(&error, Error::DeviceLost { .. }), "{error:?}");
+    assert!(error.to_string().contains("restart the process"), "{error}");
+    assert!(error.to_string().contains(&spec), "{error}");
+    // Other specs are unaffected.
+    registry.acquire("cpu").unwrap();
+    assert!(device.health().is_err());
+}

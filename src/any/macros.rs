@@ -492,6 +492,10 @@ macro_rules! backend_set {
             fn alloc(&self, size: usize) -> $crate::Result<$Buffer> {
                 match self { $( $(#[$meta])* Self::$V(d) => d.alloc(size).map($Buffer::$V), )+ }
             }
+
+            fn health(&self) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(d) => d.health(), )+ }
+            }
         }
     };
 

@@ -13,7 +13,10 @@ use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
 use super::queue::CudaEngine;
-use super::{Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, ensure_driver};
+use super::{
+    Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, driver_version,
+    ensure_driver, lost,
+};
 use crate::queue::Queue;
 
 /// The most buffers one CUDA `exec` takes (as on the CPU, so that a schedule
@@ -39,6 +42,11 @@ struct Inner {
     host_stream: std::sync::Arc<CudaStream>,
     name: String,
     limits: Limits,
+    /// Compute capability as NVRTC numbers architectures: `10 * major +
+    /// minor` (90 for an H100).
+    capability: i32,
+    /// `cuDriverGetVersion`'s answer (`12080` for 12.8), if it gave one.
+    driver_version: Option<i32>,
 }
 
 impl CudaDevice {
@@ -47,9 +55,14 @@ impl CudaDevice {
     /// # Errors
     /// [`Error::NoDriver`] (saying how to install it) when the driver is
     /// missing or too old; [`Error::NoSuchDevice`] past the devices present;
-    /// whatever the driver reports.
+    /// [`Error::DeviceLost`] when a sticky error already hit the device in
+    /// this process (only a new process recovers); whatever the driver
+    /// reports.
     pub fn open(ordinal: u32) -> Result<Self> {
         ensure_driver()?;
+        if let Some(lost) = lost(ordinal) {
+            return Err(lost);
+        }
         let count = match device_count() {
             Err(Error::NoSuchDevice { .. }) => 0,
             other => other?,
@@ -77,6 +90,16 @@ impl CudaDevice {
             .map_err(fail("creating the host-transfer stream"))?;
         let name = context.name().map_err(fail("reading the device name"))?;
         let limits = read_limits(&context)?;
+        let capability = {
+            use sys::CUdevice_attribute as A;
+            let read = |attribute| {
+                context
+                    .attribute(attribute)
+                    .map_err(fail("reading the compute capability"))
+            };
+            10 * read(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?
+                + read(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 ordinal,
@@ -84,6 +107,8 @@ impl CudaDevice {
                 host_stream,
                 name,
                 limits,
+                capability,
+                driver_version: driver_version(),
             }),
         })
     }
@@ -93,10 +118,30 @@ impl CudaDevice {
         self.inner.ordinal
     }
 
+    /// The compute capability as `(major, minor)`: `(9, 0)` for an H100.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        (self.inner.capability / 10, self.inner.capability % 10)
+    }
+
+    pub(crate) fn capability(&self) -> i32 {
+        self.inner.capability
+    }
+
+    pub(crate) fn driver_version(&self) -> Option<i32> {
+        self.inner.driver_version
+    }
+
     /// The cudarc context, for work hwqueue does not cover (device
-    /// attributes, libraries that take a context). Work submitted through it
-    /// is not ordered with hwqueue's queues except by your own
-    /// synchronisation.
+    /// attributes, libraries that take a context).
+    ///
+    /// hwqueue turned cudarc's event tracking off for this context (its
+    /// signals order the work instead), so what you do through it owes
+    /// what tracking would have done: cudarc no longer makes a stream wait
+    /// for a slice's allocation or its last use elsewhere. Synchronise your
+    /// streams with hwqueue's queues yourself (a `CudaSignal` waited on,
+    /// or `synchronize` on both sides) before touching memory the other
+    /// side uses, and keep a slice alive until every stream using it has
+    /// passed that use.
     pub fn context(&self) -> &std::sync::Arc<CudaContext> {
         &self.inner.context
     }
@@ -133,6 +178,10 @@ fn read_limits(context: &std::sync::Arc<CudaContext>) -> Result<Limits> {
             attribute(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
         ],
         max_buffers: CUDA_MAX_BUFFERS,
+        // Dynamic shared memory a kernel may opt in to (227 KiB on an
+        // H100); its static shared memory comes out of the same budget,
+        // which `submit` checks per kernel.
+        max_shared_memory: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
     })
 }
 
@@ -173,7 +222,14 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, size: usize) -> Result<CudaBuffer> {
+        if let Some(lost) = lost(self.inner.ordinal) {
+            return Err(lost);
+        }
         CudaBuffer::new(self, size)
+    }
+
+    fn health(&self) -> Result<()> {
+        lost(self.inner.ordinal).map_or(Ok(()), Err)
     }
 }
 

@@ -15,8 +15,14 @@
 //!   a second stream of the same context). `exec` launches with grid = global / local and block = local;
 //!   the kernel ABI is the buffers' device pointers in order, then the
 //!   scalars by value.
+//! - [`CudaProgram`] compiles CUDA C with NVRTC for the device's own
+//!   architecture (a cubin; PTX where NVRTC predates the GPU), and checks
+//!   the kernel's parameters, block size and shared memory against what
+//!   the driver reports of it.
 //! - [`CudaSignal`] is an [`EventRing`](crate::ring::EventRing) of CUDA
 //!   events: its value moves only when an event *completes*.
+//! - A sticky fault (an illegal address, a failed launch) loses the device
+//!   for the rest of the process: [`Error::DeviceLost`] from then on.
 //! - **Waits that the stream cannot express are made on the host, before
 //!   enqueueing.** A wait on a CUDA signal value that is recorded is a
 //!   device-side `cuStreamWaitEvent`. A wait on a value not recorded yet, or
@@ -35,6 +41,7 @@
 
 mod buffer;
 mod device;
+mod launch;
 mod program;
 mod queue;
 mod signal;
@@ -146,7 +153,9 @@ fn check_driver() -> std::result::Result<(), String> {
 /// newest; the rest are older: contexts, streams, events, `cuLaunchKernel`,
 /// `cuMemcpy*Async_v2`, modules), and 11.4 is the oldest CUDA cudarc
 /// supports. A driver at least this new therefore has every symbol the
-/// backend can reach. Calling a newer driver function through
+/// backend can reach. The one exception, `cuFuncGetParamInfo` (12.4), is
+/// called only after `cuDriverGetVersion` said 12.4 or newer (see
+/// [`CudaProgram`]). Calling a newer driver function through
 /// [`CudaDevice::context`] is the caller's own check.
 const MIN_DRIVER_VERSION: i32 = 11040;
 
@@ -168,6 +177,16 @@ pub(crate) fn ensure_nvrtc() -> Result<()> {
                 .into(),
         })
     }
+}
+
+/// The driver's version as `cuDriverGetVersion` reports it (`12080` for
+/// 12.8); `None` if it does not say. Call after [`ensure_driver`].
+pub(crate) fn driver_version() -> Option<i32> {
+    let mut version = 0;
+    // SAFETY: only called once `ensure_driver` found the library, so
+    // cudarc loads it instead of panicking; the call writes one `c_int`.
+    let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+    (status == sys::CUresult::CUDA_SUCCESS).then_some(version)
 }
 
 /// `12080` as `12.8`.
@@ -232,6 +251,43 @@ fn device_info(ordinal: u32) -> Result<DeviceInfo> {
         memory: u64::try_from(memory).ok(),
         compute_units: u32::try_from(units).ok(),
     })
+}
+
+/// The devices (by ordinal) a sticky error made unusable for the rest of
+/// the process, each with the first such error.
+static LOST: OnceLock<crate::sync::Mutex<Vec<(u32, String)>>> = OnceLock::new();
+
+/// [`Error::DeviceLost`] if a sticky error hit device `ordinal` in this
+/// process.
+pub(crate) fn lost(ordinal: u32) -> Option<Error> {
+    let lost = LOST.get()?.lock();
+    lost.iter()
+        .find(|(lost, _)| *lost == ordinal)
+        .map(|(_, detail)| device_lost(ordinal, detail.clone()))
+}
+
+fn device_lost(ordinal: u32, detail: String) -> Error {
+    Error::DeviceLost {
+        device: DeviceSpec::cuda(ordinal).to_string(),
+        detail,
+    }
+}
+
+/// A driver call on device `ordinal` that failed, as an [`Error`]. A
+/// sticky error (an illegal address, a launch failure: see
+/// `launch::is_sticky`) marks the device lost for the rest of the process
+/// and is [`Error::DeviceLost`]: every later use of the device, a reopen
+/// through the registry included, answers the same.
+pub(crate) fn device_error(ordinal: u32, what: &str, error: DriverError) -> Error {
+    if !launch::is_sticky(error.0) {
+        return driver_error(what, error);
+    }
+    let detail = format!("{what}: {error}");
+    let mut lost = LOST.get_or_init(Default::default).lock();
+    if !lost.iter().any(|(lost, _)| *lost == ordinal) {
+        lost.push((ordinal, detail.clone()));
+    }
+    device_lost(ordinal, detail)
 }
 
 /// A driver call that failed, as an [`Error`].

@@ -1,15 +1,18 @@
 //! `CudaProgram`: a kernel loaded from PTX, or from CUDA C through NVRTC.
 
+use std::ffi::{CString, c_char, c_void};
 use std::fmt;
 
-use cudarc::driver::CudaFunction;
-use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+use cudarc::driver::{CudaFunction, DriverError, sys};
+use cudarc::nvrtc::{self, Ptx};
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::program::{KernelSignature, Program};
-use crate::sync::Arc;
+use crate::sync::{Arc, AtomicU32, Ordering};
 
-use super::{Cuda, CudaDevice, driver_error, ensure_nvrtc};
+use super::launch::{self, KernelFacts, PARAM_INFO_DRIVER, Target};
+use super::{Cuda, CudaDevice, device_error, ensure_nvrtc};
 
 /// A kernel for the CUDA backend. Clones name the same kernel.
 ///
@@ -23,10 +26,20 @@ use super::{Cuda, CudaDevice, driver_error, ensure_nvrtc};
 /// extern "C" __global__ void scale(float *out, const float *in, unsigned int n);
 /// ```
 ///
-/// The buffer and scalar counts given here are checked at `submit`; the
-/// scalars' types are not (PTX does not say them): they must match the
-/// kernel's parameters. Kernels in CUDA C must be `extern "C"` so the entry
-/// name is not mangled.
+/// The safe constructors check the kernel's parameters against this ABI
+/// with the driver's `cuFuncGetParamInfo` (CUDA 12.4 drivers and newer):
+/// their count, that buffers are 8-byte pointers, and at `submit` that
+/// each scalar has its parameter's width. Where the driver cannot say,
+/// they refuse, and the `unsafe` `*_unchecked` constructors load the kernel
+/// on the caller's word. Kernels in CUDA C must be `extern "C"` so the
+/// entry name is not mangled.
+///
+/// `submit` also checks each `exec`'s block size against the kernel's own
+/// maximum (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, lower than the
+/// device's when the kernel uses many registers) and its dynamic shared
+/// memory ([`ExecParams::with_shared_memory`](crate::ExecParams::with_shared_memory))
+/// against what the kernel's static shared memory leaves; above 48 KiB
+/// the launch opts the kernel in (`cuFuncSetAttribute`), once per size.
 #[derive(Clone)]
 pub struct CudaProgram {
     inner: Arc<ProgramInner>,
@@ -37,16 +50,30 @@ struct ProgramInner {
     /// Holds the module loaded.
     function: CudaFunction,
     device: CudaDevice,
-    ptx: String,
+    /// The PTX, when the kernel was loaded from PTX or NVRTC produced it.
+    ptx: Option<String>,
+    facts: KernelFacts,
+    /// The dynamic shared memory the kernel is opted in to (0: none).
+    opted_shared: AtomicU32,
+}
+
+/// What the driver loads.
+enum Image {
+    Ptx(String),
+    Cubin(Vec<u8>),
 }
 
 impl CudaProgram {
     /// Loads entry point `name` from PTX text on `device`. The kernel takes
-    /// `buffers` buffer arguments, then `scalars` scalar arguments.
+    /// `buffers` buffer arguments, then `scalars` scalar arguments; the
+    /// driver checks that (see the type's docs).
     ///
     /// # Errors
-    /// [`Error::Driver`] when the driver rejects the PTX (its JIT error);
-    /// [`Error::EntryPointNotFound`] when it has no such entry point.
+    /// [`Error::Driver`] when the driver rejects the PTX, with its JIT log
+    /// (and, for PTX newer than the driver, the two versions and the fix);
+    /// [`Error::EntryPointNotFound`] when it has no such entry point;
+    /// [`Error::InvalidProgram`] when the kernel's parameters are not the
+    /// declared ones, or the driver (older than 12.4) cannot report them.
     pub fn from_ptx(
         device: &CudaDevice,
         ptx: &str,
@@ -57,17 +84,52 @@ impl CudaProgram {
         check_no_nul(name, "the PTX", ptx)?;
         Self::load(
             device,
-            Ptx::from_src(ptx),
-            ptx.to_owned(),
+            Image::Ptx(ptx.to_owned()),
+            None,
             name,
-            buffers,
-            scalars,
+            (buffers, scalars),
+            true,
         )
     }
 
-    /// Compiles CUDA C `source` with NVRTC and loads entry point `name` on
-    /// `device`. The kernel takes `buffers` buffer arguments, then `scalars`
-    /// scalar arguments.
+    /// As [`from_ptx`](Self::from_ptx), without asking the driver for the
+    /// kernel's parameters: for drivers older than 12.4.
+    ///
+    /// # Safety
+    /// The kernel's parameters must be exactly `buffers` pointers, then
+    /// `scalars` scalars each as wide as the [`Scalar`](crate::Scalar)
+    /// every `exec` of it passes there (4 or 8 bytes): the driver copies
+    /// as many bytes as the kernel declares from the launch's argument
+    /// array, and a kernel that declares more reads past it.
+    pub unsafe fn from_ptx_unchecked(
+        device: &CudaDevice,
+        ptx: &str,
+        name: &str,
+        buffers: usize,
+        scalars: usize,
+    ) -> Result<Self> {
+        check_no_nul(name, "the PTX", ptx)?;
+        Self::load(
+            device,
+            Image::Ptx(ptx.to_owned()),
+            None,
+            name,
+            (buffers, scalars),
+            false,
+        )
+    }
+
+    /// Compiles CUDA C `source` with NVRTC for `device` and loads entry
+    /// point `name`. The kernel takes `buffers` buffer arguments, then
+    /// `scalars` scalar arguments; the driver checks that (see the type's
+    /// docs).
+    ///
+    /// NVRTC compiles for the device's own architecture
+    /// (`--gpu-architecture=sm_XY` from its compute capability) into a
+    /// cubin, so nothing is JIT-compiled at load and every feature of the
+    /// GPU is available (`atomicAdd` on `double`, `bf16`, `__nanosleep`);
+    /// an NVRTC that predates the GPU produces PTX for the newest
+    /// architecture it knows instead, which the driver JIT-compiles.
     ///
     /// # Errors
     /// [`Error::NoDriver`] when NVRTC is not installed; [`Error::Compile`]
@@ -80,34 +142,54 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        check_no_nul(name, "the CUDA C source", source)?;
-        check_no_nul(name, "the kernel name", name)?;
-        ensure_nvrtc()?;
-        let options = CompileOptions {
-            name: Some(format!("{name}.cu")),
-            ..CompileOptions::default()
-        };
-        let ptx = compile_ptx_with_opts(source, options).map_err(|e| compile_error(name, e))?;
-        let text = ptx.to_src();
-        Self::load(device, ptx, text, name, buffers, scalars)
+        let (image, ptx) = compile(device, source, name)?;
+        Self::load(device, image, ptx, name, (buffers, scalars), true)
     }
 
-    fn load(
+    /// As [`from_cuda_c`](Self::from_cuda_c), without asking the driver
+    /// for the kernel's parameters: for drivers older than 12.4.
+    ///
+    /// # Safety
+    /// As [`from_ptx_unchecked`](Self::from_ptx_unchecked).
+    pub unsafe fn from_cuda_c_unchecked(
         device: &CudaDevice,
-        ptx: Ptx,
-        text: String,
+        source: &str,
         name: &str,
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
+        let (image, ptx) = compile(device, source, name)?;
+        Self::load(device, image, ptx, name, (buffers, scalars), false)
+    }
+
+    fn load(
+        device: &CudaDevice,
+        image: Image,
+        ptx: Option<String>,
+        name: &str,
+        (buffers, scalars): (usize, usize),
+        checked: bool,
+    ) -> Result<Self> {
         check_no_nul(name, "the kernel name", name)?;
-        let module = device.context().load_module(ptx).map_err(|e| {
-            driver_error(
-                "loading the PTX module (check that it targets this GPU, and that the PTX \
-                     or the NVRTC that made it is not newer than the driver)",
-                e,
-            )
-        })?;
+        let ptx = ptx.or_else(|| match &image {
+            Image::Ptx(text) => Some(text.clone()),
+            Image::Cubin(_) => None,
+        });
+        let bytes = match &image {
+            Image::Ptx(text) => {
+                let mut bytes = text.clone().into_bytes();
+                bytes.push(0);
+                bytes
+            }
+            Image::Cubin(bytes) => bytes.clone(),
+        };
+        let module = device
+            .context()
+            .load_module(match image {
+                Image::Ptx(text) => Ptx::from_src(text),
+                Image::Cubin(bytes) => Ptx::from_binary(bytes),
+            })
+            .map_err(|e| load_error(device, &bytes, e))?;
         let function = module
             .load_function(name)
             .map_err(|e| Error::EntryPointNotFound {
@@ -115,19 +197,26 @@ impl CudaProgram {
                 entry: name.to_owned(),
                 detail: e.to_string(),
             })?;
+        let facts = kernel_facts(device, &function, name, checked)?;
+        if let Some(sizes) = &facts.params {
+            launch::check_params(name, buffers, scalars, sizes)?;
+        }
         Ok(Self {
             inner: Arc::new(ProgramInner {
                 signature: KernelSignature::new(name, buffers, scalars),
                 function,
                 device: device.clone(),
-                ptx: text,
+                ptx,
+                facts,
+                opted_shared: AtomicU32::new(0),
             }),
         })
     }
 
-    /// The PTX the kernel was loaded from (NVRTC's output for CUDA C).
-    pub fn ptx(&self) -> &str {
-        &self.inner.ptx
+    /// The PTX the kernel was loaded from, or NVRTC's PTX for it; `None`
+    /// when the kernel was loaded as a cubin and NVRTC kept no PTX.
+    pub fn ptx(&self) -> Option<&str> {
+        self.inner.ptx.as_deref()
     }
 
     /// The device the kernel is loaded on.
@@ -138,6 +227,281 @@ impl CudaProgram {
     pub(crate) fn function(&self) -> &CudaFunction {
         &self.inner.function
     }
+
+    pub(crate) fn facts(&self) -> &KernelFacts {
+        &self.inner.facts
+    }
+
+    /// Opts the kernel in to `bytes` of dynamic shared memory if a launch
+    /// with that much needs it (above 48 KiB less its static memory).
+    pub(crate) fn opt_in_shared(&self, bytes: u32) -> Result<()> {
+        let opted = self.inner.opted_shared.load(Ordering::Relaxed);
+        if !launch::needs_opt_in(&self.inner.facts, bytes, opted) {
+            return Ok(());
+        }
+        let value = i32::try_from(bytes).unwrap_or(i32::MAX);
+        self.inner
+            .function
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                value,
+            )
+            .map_err(|e| {
+                device_error(
+                    self.inner.device.ordinal(),
+                    "opting the kernel in to more dynamic shared memory",
+                    e,
+                )
+            })?;
+        self.inner.opted_shared.fetch_max(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Compiles `source` with NVRTC for the device: a cubin for its own
+/// architecture, or PTX where NVRTC predates it. Returns the image and the
+/// PTX, if NVRTC made one.
+fn compile(device: &CudaDevice, source: &str, name: &str) -> Result<(Image, Option<String>)> {
+    check_no_nul(name, "the CUDA C source", source)?;
+    check_no_nul(name, "the kernel name", name)?;
+    ensure_nvrtc()?;
+    let target = launch::nvrtc_target(name, device.capability(), &supported_archs())?;
+    let nvrtc_failed = |what: &str, e: nvrtc::result::NvrtcError| Error::Compile {
+        program: name.to_owned(),
+        compiler: "NVRTC".into(),
+        output: format!("{what}: {e:?}"),
+    };
+    // Both checked for NUL above.
+    let (source, file) = (
+        CString::new(source).unwrap_or_default(),
+        CString::new(format!("{name}.cu")).unwrap_or_default(),
+    );
+    let program = nvrtc::result::create_program(&source, Some(&file))
+        .map_err(|e| nvrtc_failed("creating the program", e))?;
+    let program = NvrtcProgram(program);
+    // SAFETY: `program` was created above and is destroyed only by the
+    // guard's drop, after every use below; `source` and `file` outlive it.
+    let compiled =
+        unsafe { nvrtc::result::compile_program(program.0, &launch::nvrtc_options(target)) };
+    if let Err(e) = compiled {
+        // SAFETY: as above.
+        let log = unsafe { nvrtc::result::get_program_log(program.0) }.unwrap_or_default();
+        return Err(Error::Compile {
+            program: name.to_owned(),
+            compiler: "NVRTC".into(),
+            output: format!("({e:?}, {})\n{}", target.option(), c_text(&log).trim_end()),
+        });
+    }
+    // SAFETY: as above; the program compiled.
+    let ptx = unsafe { nvrtc::result::get_ptx(program.0) }
+        .ok()
+        .map(|text| c_text(&text));
+    let image = match target {
+        Target::Cubin(_) => {
+            let mut size = 0usize;
+            // SAFETY: as above; NVRTC writes the size, then that many bytes
+            // into a buffer of that size.
+            let cubin = unsafe {
+                nvrtc::sys::nvrtcGetCUBINSize(program.0, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        nvrtc::sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>())
+                            .result()
+                            .map(|()| cubin)
+                    })
+            }
+            .map_err(|e| nvrtc_failed("reading the cubin", e))?;
+            Image::Cubin(cubin)
+        }
+        Target::Ptx(_) => Image::Ptx(ptx.clone().ok_or_else(|| Error::Compile {
+            program: name.to_owned(),
+            compiler: "NVRTC".into(),
+            output: "NVRTC compiled the source but gave no PTX".into(),
+        })?),
+    };
+    Ok((image, ptx))
+}
+
+/// Destroys an NVRTC program when dropped.
+struct NvrtcProgram(nvrtc::sys::nvrtcProgram);
+
+impl Drop for NvrtcProgram {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by `create_program` and is
+        // destroyed only here, once.
+        let _ = unsafe { nvrtc::result::destroy_program(self.0) };
+    }
+}
+
+/// The architectures this NVRTC compiles for (`nvrtcGetSupportedArchs`),
+/// as `10 * major + minor`; empty if it cannot say.
+fn supported_archs() -> Vec<i32> {
+    let mut count = 0;
+    // SAFETY: NVRTC was found (`ensure_nvrtc`); the calls write one count,
+    // then that many `c_int`s into a buffer of that length.
+    unsafe {
+        if nvrtc::sys::nvrtcGetNumSupportedArchs(&mut count)
+            .result()
+            .is_err()
+        {
+            return Vec::new();
+        }
+        let mut archs = vec![0; usize::try_from(count).unwrap_or(0)];
+        if nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr())
+            .result()
+            .is_err()
+        {
+            return Vec::new();
+        }
+        archs
+    }
+}
+
+/// NVRTC's version, if it says.
+fn nvrtc_version() -> Option<(i32, i32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC was found (`ensure_nvrtc`, or the caller compiled with
+    // it); the call writes two `c_int`s.
+    unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .ok()
+        .map(|()| (major, minor))
+}
+
+/// A NUL-terminated C text as a `String`.
+fn c_text(text: &[c_char]) -> String {
+    let bytes: Vec<u8> = text
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// What the driver reports of `function` (see [`KernelFacts`]); its
+/// parameters only when `checked`, and then the driver must say them.
+fn kernel_facts(
+    device: &CudaDevice,
+    function: &CudaFunction,
+    name: &str,
+    checked: bool,
+) -> Result<KernelFacts> {
+    let fail = |e| device_error(device.ordinal(), "reading the kernel's attributes", e);
+    let max_threads = function.max_threads_per_block().map_err(fail)?;
+    let static_shared = function.shared_size_bytes().map_err(fail)?;
+    let params = if checked {
+        let version = device.driver_version().unwrap_or(0);
+        if version < PARAM_INFO_DRIVER {
+            return Err(Error::InvalidProgram {
+                program: name.to_owned(),
+                reason: format!(
+                    "this driver (CUDA {}.{}) cannot report a kernel's parameters \
+                     (`cuFuncGetParamInfo` needs 12.4), so hwqueue cannot check them against \
+                     the declared buffers and scalars; update the NVIDIA driver, or load the \
+                     kernel with the `unsafe` `_unchecked` constructor and keep its contract",
+                    version / 1000,
+                    version % 1000 / 10
+                ),
+            });
+        }
+        Some(param_sizes(device, function).map_err(fail)?)
+    } else {
+        None
+    };
+    Ok(KernelFacts {
+        max_threads: u32::try_from(max_threads).unwrap_or(0),
+        static_shared: u32::try_from(static_shared).unwrap_or(0),
+        params,
+    })
+}
+
+/// The size of each parameter of `function`, from `cuFuncGetParamInfo`
+/// (which answers `CUDA_ERROR_INVALID_VALUE` past the last one). Call only
+/// on drivers of 12.4 or newer.
+fn param_sizes(
+    device: &CudaDevice,
+    function: &CudaFunction,
+) -> std::result::Result<Vec<usize>, DriverError> {
+    device.context().bind_to_thread()?;
+    let mut sizes = Vec::new();
+    // CUDA's 4 KiB of parameters hold at most 4,096 one-byte ones.
+    for index in 0..=4096 {
+        let (mut offset, mut size) = (0usize, 0usize);
+        // SAFETY: the driver is 12.4 or newer (the caller's check), so
+        // cudarc finds the symbol instead of panicking; the function is
+        // loaded and alive (`function` holds its module); the call writes
+        // two `usize`s.
+        let status = unsafe {
+            sys::cuFuncGetParamInfo(function.cu_function(), index, &mut offset, &mut size)
+        };
+        match status {
+            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE => break,
+            error => return Err(DriverError(error)),
+        }
+    }
+    Ok(sizes)
+}
+
+/// The error for a module the driver would not load: the JIT's own log
+/// (`cuModuleLoadDataEx` with an error-log buffer) where it gives one, and
+/// for PTX newer than the driver the two versions and the fix.
+fn load_error(device: &CudaDevice, image: &[u8], error: DriverError) -> Error {
+    let mut detail = error.to_string();
+    if error.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+        detail = format!(
+            "{detail}: {}",
+            launch::unsupported_ptx_advice(nvrtc_version(), device.driver_version())
+        );
+    } else if let Some(log) = jit_log(device, image) {
+        detail = format!("{detail}; the JIT said:\n{log}");
+    }
+    if launch::is_sticky(error.0) {
+        return device_error(device.ordinal(), "loading the module", error);
+    }
+    Error::Driver {
+        backend: Cuda::ID,
+        what: "loading the kernel's module (PTX must target this GPU's architecture or an \
+               older one)"
+            .to_owned(),
+        detail,
+    }
+}
+
+/// Loads `image` again with an error-log buffer, for the JIT's log; the
+/// module, should it load this time, is unloaded at once.
+fn jit_log(device: &CudaDevice, image: &[u8]) -> Option<String> {
+    const LOG_BYTES: usize = 16 << 10;
+    device.context().bind_to_thread().ok()?;
+    let mut log = vec![0 as c_char; LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    // The size option's value is the integer itself, cast to a pointer, as
+    // the driver's documentation of `CUjit_option` says.
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), LOG_BYTES as *mut c_void];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: the context is bound to this thread; `image` is a
+    // NUL-terminated PTX text or a cubin that outlives the call; the two
+    // options point at a live buffer of `LOG_BYTES` bytes and carry its
+    // size; `module` is written only on success.
+    let status = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            image.as_ptr().cast(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    if status == sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: loaded just above, used by nothing else.
+        let _ = unsafe { sys::cuModuleUnload(module) };
+    }
+    let text = c_text(&log);
+    (!text.trim().is_empty()).then(|| text.trim_end().to_owned())
 }
 
 /// cudarc turns names and sources into C strings and panics on an interior
@@ -150,20 +514,6 @@ fn check_no_nul(name: &str, what: &str, text: &str) -> Result<()> {
         });
     }
     Ok(())
-}
-
-fn compile_error(name: &str, error: CompileError) -> Error {
-    let output = match error {
-        CompileError::CompileError { nvrtc, log, .. } => {
-            format!("({nvrtc:?})\n{}", log.to_string_lossy().trim_end())
-        }
-        other => format!("{other:?}"),
-    };
-    Error::Compile {
-        program: name.to_owned(),
-        compiler: "NVRTC".into(),
-        output,
-    }
 }
 
 impl Program for CudaProgram {

@@ -6,7 +6,7 @@ use std::fmt;
 use std::mem;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg, result};
+use cudarc::driver::{CudaEvent, CudaStream, PushKernelArg, result};
 
 use crate::buffer::Buffer;
 use crate::device::Device;
@@ -18,7 +18,9 @@ use crate::ring::Dependency;
 use crate::sync::{Arc, Condvar, Mutex, spawn};
 
 use super::device::PARAMETER_BYTES;
-use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, driver_error};
+use super::launch;
+use super::signal::EVENT_FLAGS;
+use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, device_error, driver_error, lost};
 
 /// A command queue of the CUDA backend: the shared recording core
 /// ([`Queue`]) over a [`CudaEngine`], one CUDA stream.
@@ -37,7 +39,13 @@ pub type CudaQueue = Queue<CudaEngine>;
 ///   equal size;
 /// - `signal(s, v)` records one of `s`'s events on the stream (see
 ///   [`CudaSignal`](super::CudaSignal)): `v` is reached when the GPU gets
-///   there;
+///   there. **Back-pressure:** a signal holds at most
+///   [`RING_SLOTS`](crate::ring::RING_SLOTS) (16) unfinished records; a
+///   `submit` that records a 17th value of one signal while the 16 before
+///   are all still running blocks until the oldest completes (a batch that
+///   signals one signal many times, or a host that submits far ahead of
+///   the GPU). Signal fewer values, or use more signals, where that
+///   matters;
 /// - `wait(s, v)` on a value already recorded is `cuStreamWaitEvent` on the
 ///   event of the smallest recorded value `>= v` (a device-side wait, also
 ///   across streams and devices); on a value already reached it is nothing;
@@ -67,7 +75,12 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// have set, and is reported by the next `submit` or `synchronize`; batches
 /// submitted before the owner was told are not run either. A kernel that
 /// faults on the GPU shows up later, to waiters of its signals as
-/// [`Error::SignalFailed`] and to the owner at `synchronize`. An abandoned
+/// [`Error::SignalFailed`] and to the owner at `synchronize`. Such faults
+/// (an illegal address, a failed launch) are sticky in CUDA: the context is
+/// unusable for the rest of the process, so they are
+/// [`Error::DeviceLost`], and every later `submit` with an `exec` on the
+/// device, every `alloc`, the registry and [`CudaDevice::open`] answer the
+/// same. An abandoned
 /// batch (rejected, discarded, dropped) fails its signals when enqueueing
 /// reaches it: values that earlier batches already recorded are decided by
 /// their events, not by that failure.
@@ -202,7 +215,11 @@ impl Engine for CudaEngine {
         program: &CudaProgram,
         buffers: &[&CudaBuffer],
         scalars: &[Scalar],
+        params: &ExecParams,
     ) -> Result<()> {
+        if let Some(lost) = lost(self.device.ordinal()) {
+            return Err(lost);
+        }
         let parameter_bytes = (buffers.len() + scalars.len()) * 8;
         if parameter_bytes > PARAMETER_BYTES {
             return Err(Error::InvalidArguments {
@@ -223,7 +240,14 @@ impl Engine for CudaEngine {
         {
             return Err(self.wrong_device(&format!("buffer {index} of exec"), buffer.device()));
         }
-        Ok(())
+        launch::check_exec(
+            program.name(),
+            program.facts(),
+            self.limits.max_shared_memory,
+            buffers.len(),
+            scalars,
+            params,
+        )
     }
 
     fn check_buffer(&self, what: &'static str, buffer: &CudaBuffer) -> Result<()> {
@@ -269,7 +293,7 @@ impl Engine for CudaEngine {
         if let Err(e) = synced {
             shared
                 .ledger
-                .fail_unbatched(driver_error("running the queue's work", e));
+                .fail_unbatched(shared.fault("running the queue's work", e));
         }
     }
 }
@@ -342,11 +366,10 @@ impl Shared {
                 Command::Wait { signal, value } => match signal.dependency(*value) {
                     Ok(None) => return Outcome::Blocked(index),
                     Ok(Some(Dependency::Reached)) => Ok(()),
-                    Ok(Some(Dependency::Event(event))) => {
-                        self.stream.wait(event.event()).map_err(|e| {
-                            driver_error("making the stream wait for a signal's event", e)
-                        })
-                    }
+                    Ok(Some(Dependency::Event(event))) => self
+                        .stream
+                        .wait(event.event())
+                        .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
                     Err(error) => Err(error),
                 },
                 Command::WaitForeign { signal, value } => {
@@ -389,7 +412,9 @@ impl Shared {
         // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
         // start the cell, which is what the driver reads for a 4-byte one.
         // On the stack: `check_exec` bounded the count by CUDA's parameter
-        // space when the exec was recorded, so a launch allocates nothing.
+        // space when the exec was recorded, so the argument list takes no
+        // allocation of hwqueue's (cudarc's launch builder keeps a small
+        // `Vec` of argument pointers).
         let mut cells = [0u64; PARAMETER_BYTES / 8];
         let count = buffers.len() + scalars.len();
         let values = buffers.iter().map(CudaBuffer::device_pointer).chain(
@@ -404,17 +429,12 @@ impl Shared {
             program: program.name().to_owned(),
             reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
         })?;
+        program.opt_in_shared(params.shared_memory())?;
         let mut launch = self.stream.launch_builder(program.function());
         for parameter in parameters {
             launch.arg(parameter);
         }
-        let [gx, gy, gz] = params.groups();
-        let [lx, ly, lz] = params.local();
-        let config = LaunchConfig {
-            grid_dim: (gx, gy, gz),
-            block_dim: (lx, ly, lz),
-            shared_mem_bytes: 0,
-        };
+        let config = launch::launch_config(params);
         // SAFETY: the parameters are exactly the kernel ABI of `CudaProgram`
         // (one device pointer per buffer, then the scalars), in counts
         // checked against the program at record time; each points at a live
@@ -422,12 +442,23 @@ impl Shared {
         // belongs to this stream's device and is kept alive until the stream
         // passed this launch (`InFlight`). What the kernel does with them is
         // the kernel's contract, as with any GPU kernel.
-        unsafe { launch.launch(config) }
-            .map(drop)
-            .map_err(|e| Error::KernelFailed {
-                program: program.name().to_owned(),
-                message: format!("the launch failed: {e}"),
-            })
+        unsafe { launch.launch(config) }.map(drop).map_err(|e| {
+            if launch::is_sticky(e.0) {
+                self.fault("launching a kernel", e)
+            } else {
+                Error::KernelFailed {
+                    program: program.name().to_owned(),
+                    message: format!("the launch failed: {e}"),
+                }
+            }
+        })
+    }
+
+    /// A driver error of this queue's stream, as an [`Error`]: a sticky
+    /// one marks the device lost (see `device_error`).
+    fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> Error {
+        let ordinal = u32::try_from(self.stream.context().ordinal()).unwrap_or(u32::MAX);
+        device_error(ordinal, what, error)
     }
 
     /// Copies all of `src` into `dst` on the stream.
@@ -435,7 +466,7 @@ impl Shared {
         if dst.same_as(src) || src.size() == 0 {
             return Ok(());
         }
-        let fail = |e| driver_error("a device-to-device copy", e);
+        let fail = |e| self.fault("a device-to-device copy", e);
         self.stream.context().bind_to_thread().map_err(fail)?;
         // The result layer, because cudarc's safe copy wants the destination
         // `&mut` (a lock per buffer, and lock ordering between two) for an
@@ -460,7 +491,7 @@ impl Shared {
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
             Some(event) => Ok(event),
-            None => self.stream.context().new_event(None),
+            None => self.stream.context().new_event(Some(EVENT_FLAGS)),
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
             Ok(event) => in_flight.batches.push_back((event, batch)),

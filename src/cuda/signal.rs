@@ -9,7 +9,7 @@ use crate::ring::{Dependency, EventRecorder, EventRing, RingEvent};
 use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
 
-use super::driver_error;
+use super::{device_error, driver_error};
 
 /// A timeline signal for the CUDA backend; also usable from any host thread.
 ///
@@ -29,6 +29,16 @@ pub struct CudaSignal {
     ring: Arc<EventRing<SignalEvent>>,
 }
 
+/// The flags of every event hwqueue creates (signal rings, batch
+/// completion): timing off, so a record writes no timestamp and a query is
+/// a flag test. cudarc's flag enum cannot express timing off *and* blocking
+/// sync together (`CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC`), so
+/// a host's unbounded wait (`cuEventSynchronize`) spins instead of
+/// sleeping; finite waits poll with back-off either way. Which of the two
+/// costs less on a real GPU is not measured yet (this task had none): the
+/// `cuda_signal` bench's baseline uses the same flags.
+pub(crate) const EVENT_FLAGS: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+
 /// A CUDA event in a signal's ring.
 pub(crate) struct SignalEvent(CudaEvent);
 
@@ -36,19 +46,26 @@ impl SignalEvent {
     pub(crate) fn event(&self) -> &CudaEvent {
         &self.0
     }
+
+    /// A driver error of this event, as an [`Error`](crate::Error): a
+    /// sticky one marks its device lost (see `device_error`).
+    fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> crate::Error {
+        let ordinal = u32::try_from(self.0.context().ordinal()).unwrap_or(u32::MAX);
+        device_error(ordinal, what, error)
+    }
 }
 
 impl RingEvent for SignalEvent {
     fn is_complete(&self) -> Result<bool> {
         self.0
             .try_is_complete()
-            .map_err(|e| driver_error("querying a signal's event", e))
+            .map_err(|e| self.fault("querying a signal's event", e))
     }
 
     fn synchronize(&self) -> Result<()> {
         self.0
             .synchronize()
-            .map_err(|e| driver_error("waiting for a signal's event", e))
+            .map_err(|e| self.fault("waiting for a signal's event", e))
     }
 }
 
@@ -61,7 +78,7 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     fn create(&mut self) -> Result<SignalEvent> {
         self.stream
             .context()
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
+            .new_event(Some(EVENT_FLAGS))
             .map(SignalEvent)
             .map_err(|e| driver_error("creating a signal's event", e))
     }

@@ -46,10 +46,11 @@ pub trait Engine: Send + Sized + 'static {
     fn ledger(&self) -> &Ledger;
 
     /// Checks, when an `exec` is recorded, what the core cannot: that the
-    /// program and buffers belong to this queue's device, and the
-    /// backend's own argument limits. The core already checked the queue's
-    /// kind, the work sizes against [`limits`](Self::limits) and the
-    /// argument counts.
+    /// program and buffers belong to this queue's device, the backend's
+    /// own argument limits, and what the kernel itself allows of `params`
+    /// (CUDA: its block size and shared memory). The core already checked
+    /// the queue's kind, the work sizes against [`limits`](Self::limits)
+    /// and the argument counts.
     ///
     /// # Errors
     /// Why the `exec` cannot run; it rejects the batch.
@@ -58,8 +59,9 @@ pub trait Engine: Send + Sized + 'static {
         program: &ProgramOf<Self::Backend>,
         buffers: &[&BufferOf<Self::Backend>],
         scalars: &[Scalar],
+        params: &ExecParams,
     ) -> Result<()> {
-        let _ = (program, buffers, scalars);
+        let _ = (program, buffers, scalars, params);
         Ok(())
     }
 
@@ -181,7 +183,7 @@ impl<E: Engine> Queue<E> {
                 None => self.last_checked = Some(Box::new(key)),
             }
         }
-        self.engine.check_exec(program, buffers, scalars)
+        self.engine.check_exec(program, buffers, scalars, params)
     }
 
     /// Adds `buffers` to the batch, sharing the last `exec`'s range when

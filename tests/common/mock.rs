@@ -30,6 +30,9 @@ pub const SELF_ORDINAL: u32 = 5;
 pub const PANIC_ORDINAL: u32 = 8;
 /// Its open panics with a payload whose own `Drop` panics.
 pub const BAD_PAYLOAD_ORDINAL: u32 = 9;
+/// Reports itself lost (`Device::health`) once `LOST` is set.
+pub const LOST_ORDINAL: u32 = 7;
+pub static LOST: AtomicBool = AtomicBool::new(false);
 
 /// A panic payload that panics again when dropped.
 pub struct PanicsOnDrop;
@@ -264,6 +267,16 @@ macro_rules! mock_types {
 
             fn alloc(&self, size: usize) -> Result<$Buffer> {
                 Ok($Buffer(Arc::new(Mutex::new(vec![0; size]))))
+            }
+
+            fn health(&self) -> Result<()> {
+                if self.ordinal == LOST_ORDINAL && LOST.load(Ordering::SeqCst) {
+                    return Err(Error::DeviceLost {
+                        device: self.spec().to_string(),
+                        detail: "the mock device faulted".into(),
+                    });
+                }
+                Ok(())
             }
         }
 
