@@ -41,6 +41,8 @@ use std::fmt;
 use std::mem;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+#[cfg(not(loom))]
+use std::time::Instant;
 
 use crate::error::panic_message;
 #[cfg(not(loom))]
@@ -111,6 +113,8 @@ impl Pool {
         self.threads
     }
 
+    pub(crate) fn prepare(&self) {}
+
     pub(crate) fn run(
         &self,
         program: &CpuProgram,
@@ -162,6 +166,7 @@ struct Shared {
 /// | `parked` | helpers parked on `work` | helpers |
 /// | `helpers` | the helper threads, to join at shutdown | the first worker with a multi-group job spawns them |
 /// | `spawned` | whether helpers were spawned (or failed to be) | that worker |
+/// | `hints` | parked helpers woken by [`Pool::prepare`] that have not yet taken their hint | `prepare`, helpers |
 /// | `shutdown` | the last handle is gone: helpers exit | `Owner::drop` |
 #[derive(Default)]
 struct State {
@@ -170,6 +175,7 @@ struct State {
     parked: usize,
     helpers: Vec<JoinHandle>,
     spawned: bool,
+    hints: usize,
     shutdown: bool,
 }
 
@@ -260,6 +266,26 @@ impl Pool {
     /// Execution slots: how many groups the device runs at once.
     pub(crate) fn threads(&self) -> usize {
         self.owner.shared.threads
+    }
+
+    /// A hint that a multi-group job will be posted soon: a queue's host
+    /// side calls it when it wakes a parked worker for a batch with such an
+    /// `exec`. Parked helpers wake now and watch for the job for up to
+    /// [`HINT_SPIN`], so their wake-up overlaps the worker's instead of
+    /// following it; helpers that are not parked are left alone.
+    pub(crate) fn prepare(&self) {
+        let shared = &self.owner.shared;
+        if shared.threads <= 1 {
+            return;
+        }
+        let mut state = shared.state.lock();
+        if !state.spawned {
+            state = shared.spawn_helpers(state);
+        }
+        if state.parked > state.hints {
+            state.hints = state.parked;
+            shared.work.notify_all();
+        }
     }
 
     /// Runs groups `0..total` of `grid` on this worker and the helpers;
@@ -417,8 +443,29 @@ fn run_helper(shared: &Shared) {
         state.parked += 1;
         state = shared.work.wait(state);
         state.parked -= 1;
+        if state.hints > 0 {
+            // Woken by `prepare`: watch for the job a while, then park.
+            state.hints -= 1;
+            if !state.jobs.is_empty() || state.shutdown {
+                continue;
+            }
+            let seen = shared.posted.load(Ordering::Relaxed);
+            drop(state);
+            let deadline = Instant::now() + HINT_SPIN;
+            while shared.posted.load(Ordering::Relaxed) == seen && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            state = shared.state.lock();
+        }
     }
 }
+
+#[cfg(not(loom))]
+/// How long a helper woken by [`Pool::prepare`] watches for the job before
+/// it parks again: longer than a parked worker takes to wake and reach its
+/// `exec` on these machines, short enough that a hint whose job never comes
+/// (an earlier command failed) costs little.
+const HINT_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 #[cfg(not(loom))]
 impl Drop for Owner {

@@ -145,13 +145,22 @@ impl Engine for CpuEngine {
             batch.clear();
             return batch;
         }
+        // Waking a parked worker for a batch with a multi-group exec: wake
+        // the pool's parked helpers alongside (after the lock), so the two
+        // wake-ups overlap instead of the helpers' following the worker's.
+        let wide = state.worker_parked && has_wide_exec(&batch);
         state.pending.push_back(batch);
         shared.queued.store(state.pending.len(), Ordering::Relaxed);
         state.in_flight += 1;
         if state.worker_parked {
             shared.work.notify_one();
         }
-        state.spare.pop().unwrap_or_default()
+        let spare = state.spare.pop().unwrap_or_default();
+        drop(state);
+        if wide {
+            shared.pool.prepare();
+        }
+        spare
     }
 
     fn synchronize(&mut self) {
@@ -237,6 +246,15 @@ fn run_worker(shared: &Shared) {
             shared.idle.notify_all();
         }
     }
+}
+
+/// Whether `batch` holds an `exec` of more than one work-group (one that
+/// runs on the pool).
+fn has_wide_exec(batch: &Batch<Cpu>) -> bool {
+    batch
+        .commands()
+        .iter()
+        .any(|command| matches!(command, Command::Exec { params, .. } if params.group_count() > 1))
 }
 
 /// Runs a batch; on failure, the index of the failed command and why.
