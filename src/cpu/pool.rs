@@ -411,8 +411,15 @@ impl Shared {
 /// A helper: runs chunks of posted jobs while it holds a slot, spins a
 /// little when there is nothing, then parks; exits at shutdown.
 fn run_helper(shared: &Shared) {
+    // Whether the next idle moment may spin before parking, and whether
+    // that spin is a hint's (a fixed watch for the job `prepare` announced)
+    // rather than the adaptive one.
+    let (mut may_spin, mut hinted) = (true, false);
     let mut state = shared.state.lock();
     loop {
+        // Everything that can end a park (a shutdown, a job, a free slot)
+        // changes under the lock, and is checked here, under the same hold
+        // of the lock as the park below: no wake-up can be missed.
         if state.shutdown {
             return;
         }
@@ -428,34 +435,41 @@ fn run_helper(shared: &Shared) {
             // SAFETY: listed under the lock we hold, so alive; counted in
             // `active` by `work_on` before the lock is released.
             state = shared.work_on(state, unsafe { &*job.0 });
+            may_spin = true;
             continue;
         }
-        let seen = shared.posted.load(Ordering::Relaxed);
-        let spin = SpinWait::new();
-        if spin.has_budget() {
-            drop(state);
-            spin.until(|| shared.posted.load(Ordering::Relaxed) != seen);
-            state = shared.state.lock();
-            if shared.posted.load(Ordering::Relaxed) != seen {
-                continue;
+        if may_spin {
+            // Watch for a job off the lock for a while, then look again
+            // from the top, under the lock.
+            may_spin = false;
+            let seen = shared.posted.load(Ordering::Relaxed);
+            if hinted {
+                hinted = false;
+                drop(state);
+                let deadline = Instant::now() + HINT_SPIN;
+                while shared.posted.load(Ordering::Relaxed) == seen && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+                state = shared.state.lock();
+            } else {
+                let spin = SpinWait::new();
+                if spin.has_budget() {
+                    drop(state);
+                    spin.until(|| shared.posted.load(Ordering::Relaxed) != seen);
+                    state = shared.state.lock();
+                }
             }
+            continue;
         }
         state.parked += 1;
         state = shared.work.wait(state);
         state.parked -= 1;
+        may_spin = true;
         if state.hints > 0 {
-            // Woken by `prepare`: watch for the job a while, then park.
+            // Woken by `prepare`: watch for the job a while before parking
+            // again.
             state.hints -= 1;
-            if !state.jobs.is_empty() || state.shutdown {
-                continue;
-            }
-            let seen = shared.posted.load(Ordering::Relaxed);
-            drop(state);
-            let deadline = Instant::now() + HINT_SPIN;
-            while shared.posted.load(Ordering::Relaxed) == seen && Instant::now() < deadline {
-                std::hint::spin_loop();
-            }
-            state = shared.state.lock();
+            hinted = true;
         }
     }
 }
