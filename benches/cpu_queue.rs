@@ -9,6 +9,7 @@
 //! | `exec_launch_wide` | 200 `exec`s of a 64-work-group kernel (each group adds 1 to 64 floats) in one batch, submitted and waited for | `rayon`: 200 `par_chunks_mut(64)` passes over the same floats |
 //! | `exec_matmul` | a 256×256×256 `f32` matmul, one work-group per row of the result | `rayon`: `par_chunks_mut` by rows |
 //! | `exec_matmul_16_rows` | the same, 16 work-groups of 16 rows | `rayon`: `par_chunks_mut` by 16 rows |
+//! | `profile_overhead` | `on`: `queue_throughput`'s 1,000 one-group `exec`s with profiling on, the events taken each iteration | `off`: the same with profiling off |
 //!
 //! The queue cases include the hand-off to the queue's worker thread and the
 //! host's wait for the final signal, as a user would see them; the baselines
@@ -403,6 +404,33 @@ fn exec_matmul_16_rows(c: &mut Criterion) {
     matmul_bench(c, "exec_matmul_16_rows", 16);
 }
 
+fn profile_overhead(c: &mut Criterion) {
+    let mut group = c.benchmark_group("profile_overhead");
+    support::configure(&mut group, Profile::Latency);
+    group.throughput(Throughput::Elements(JOBS as u64));
+    for (name, on) in [("off", false), ("on", true)] {
+        group.bench_function(name, |b| {
+            let device = CpuDevice::new();
+            let mut queue = device.compute_queue().expect("queue");
+            queue.set_profiling(on);
+            let done = device.new_signal(0).expect("signal");
+            let count = device.alloc(64).expect("buffer");
+            let program = CpuProgram::from_fn("bump", 1, 0, bump);
+            let params = ExecParams::new_1d(1, 1);
+            let mut value = 0;
+            b.iter(|| {
+                for _ in 0..JOBS {
+                    queue.exec(&program, &[&count], &[], params);
+                }
+                value += 1;
+                submit_and_wait(&mut queue, &done, value);
+                black_box(queue.take_profile());
+            });
+        });
+    }
+    group.finish();
+}
+
 criterion_group!(
     benches,
     queue_roundtrip,
@@ -411,6 +439,7 @@ criterion_group!(
     copy_bandwidth,
     exec_launch_wide,
     exec_matmul,
-    exec_matmul_16_rows
+    exec_matmul_16_rows,
+    profile_overhead
 );
 criterion_main!(benches);

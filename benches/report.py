@@ -29,6 +29,7 @@ ROWS = [
     ("exec_launch_wide", "hwqueue", "rayon", 1.0),
     ("exec_matmul", "hwqueue", "rayon", 1.05),
     ("exec_matmul_16_rows", "hwqueue", "rayon", 1.05),
+    ("profile_overhead", "on", "off", None),
 ]
 
 # Rows that need a GPU: reported, never measured here.

@@ -35,12 +35,15 @@ const TOLERANCE: f32 = 1e-4;
 struct Options {
     device: Option<String>,
     iterations: usize,
+    /// Write the runs' timeline here (Chrome trace JSON).
+    trace: Option<String>,
 }
 
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         device: None,
         iterations: 20,
+        trace: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -57,8 +60,14 @@ fn parse_options() -> Result<Options, String> {
                     "--iterations takes a positive number, not `{value}`"
                 ))?;
             }
+            "--trace" => {
+                options.trace = Some(args.next().ok_or(
+                    "--trace needs a file name, e.g. `--trace /tmp/trace.json` (open it in \
+                     https://ui.perfetto.dev or chrome://tracing)",
+                )?);
+            }
             "--help" | "-h" => {
-                println!("usage: demo [--device cpu|cuda:0] [--iterations N]");
+                println!("usage: demo [--device cpu|cuda:0] [--iterations N] [--trace FILE.json]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}`; try --help")),
@@ -439,6 +448,9 @@ fn run() -> Result<(), String> {
     schedule.copy("download probs", bout, bprobs);
     let mut plan = schedule.plan().map_err(err)?;
     println!("{plan}");
+    if options.trace.is_some() {
+        plan.set_profiling(true);
+    }
 
     let mut times = Vec::with_capacity(options.iterations);
     let mut worst_error = 0f32;
@@ -500,5 +512,14 @@ fn run() -> Result<(), String> {
         options.iterations,
         plan.runs()
     );
+    if let Some(path) = &options.trace {
+        let events = plan.take_profile();
+        std::fs::write(path, hwqueue::chrome_trace(&events))
+            .map_err(|e| format!("writing the trace to {path}: {e}"))?;
+        println!(
+            "trace: {} events written to {path}; open it in https://ui.perfetto.dev or chrome://tracing",
+            events.len()
+        );
+    }
     Ok(())
 }

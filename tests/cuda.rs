@@ -835,3 +835,44 @@ fn a_queue_waits_on_a_value_the_host_sets_later() {
     assert_eq!(out.to_vec::<u32>().unwrap(), vec![9; 256]);
     queue.synchronize().unwrap();
 }
+
+#[test]
+fn a_profiled_kernel_measures_its_device_time_within_the_host_bounds() {
+    let Some(device) = device() else { return };
+    let spin = kernel(&device, "spin", 0, 1);
+    let cycles = Scalar::U64(cycles_for(&device, Duration::from_millis(20)));
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_profiling(true);
+    let before = hwqueue::profile::now_ns();
+    queue
+        .exec(&spin, &[], &[cycles], ExecParams::new_1d(1, 1))
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    let after = hwqueue::profile::now_ns();
+    let events = queue.take_profile();
+    println!("{events:#?}");
+    let kernel = events
+        .iter()
+        .find(|event| event.category == hwqueue::Category::Kernel)
+        .expect("the exec is in the profile");
+    assert_eq!(kernel.name, "spin");
+    // The clock rate is the maximum: a kernel may run slower, never faster.
+    assert!(kernel.duration() >= Duration::from_millis(19), "{kernel:?}");
+    assert!(
+        before <= kernel.start_ns && kernel.end_ns <= after,
+        "{kernel:?}"
+    );
+    let timing = hwqueue::time_exec(
+        &mut queue,
+        &spin,
+        &[],
+        &[Scalar::U64(1000)],
+        ExecParams::new_1d(1, 1),
+        2,
+        5,
+    )
+    .unwrap();
+    println!("spin(1000 cycles): {timing:?}");
+    assert_eq!(timing.samples.len(), 5);
+}

@@ -379,6 +379,18 @@ macro_rules! backend_set {
             fn synchronize(&mut self) -> $crate::Result<()> {
                 match self { $( $(#[$meta])* Self::$V(q) => q.synchronize(), )+ }
             }
+
+            fn set_profiling(&mut self, on: bool) {
+                match self { $( $(#[$meta])* Self::$V(q) => q.set_profiling(on), )+ }
+            }
+
+            fn profiling(&self) -> bool {
+                match self { $( $(#[$meta])* Self::$V(q) => q.profiling(), )+ }
+            }
+
+            fn take_profile(&mut self) -> ::std::vec::Vec<$crate::ProfileEvent> {
+                match self { $( $(#[$meta])* Self::$V(q) => q.take_profile(), )+ }
+            }
         }
     };
 

@@ -10,12 +10,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
+use crate::profile::{Category, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
-use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::{
-    Arc, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait, fence,
-    spawn_joinable,
+    Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait,
+    fence, spawn_joinable,
 };
 
 use super::device::CpuDevice;
@@ -75,6 +76,10 @@ struct Shared {
     /// worker, as a hint to take the lock. The deque under the lock stays
     /// the truth, so a stale read costs a lock round or a park, never a batch.
     queued: AtomicUsize,
+    /// Profiling is on: read by the worker once per batch.
+    profiling: AtomicBool,
+    /// The profile events of finished batches, for `take_profile`.
+    profile: Mutex<Vec<ProfileEvent>>,
 }
 
 #[derive(Default)]
@@ -105,6 +110,8 @@ impl CpuEngine {
             idle: Condvar::new(),
             pool: device.pool().clone(),
             queued: AtomicUsize::new(0),
+            profiling: AtomicBool::new(false),
+            profile: Mutex::new(Vec::new()),
         });
         let worker = shared.clone();
         let worker = spawn_joinable(format!("hwqueue-cpu-{kind}"), move || run_worker(&worker))
@@ -171,6 +178,14 @@ impl Engine for CpuEngine {
         }
         state.sync_waiters -= 1;
     }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.shared.profiling.store(on, Ordering::Relaxed);
+    }
+
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        out.append(&mut self.shared.profile.lock());
+    }
 }
 
 impl Drop for CpuEngine {
@@ -233,9 +248,17 @@ fn run_worker(shared: &Shared) {
             state.worker_parked = false;
         };
         drop(state);
-        shared
-            .ledger
-            .settle(&batch, |batch| run_batch(batch, &shared.pool, &mut scratch));
+        // Read once per batch: a batch is timed whole or not at all.
+        let mut profile = shared
+            .profiling
+            .load(Ordering::Relaxed)
+            .then(|| BatchProfile::new(shared, &batch));
+        shared.ledger.settle(&batch, |batch| {
+            run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
+        });
+        if let Some(profile) = profile {
+            shared.profile.lock().extend(profile.events);
+        }
         batch.clear();
         state = shared.state.lock();
         state.in_flight -= 1;
@@ -262,23 +285,83 @@ fn run_batch(
     batch: &Batch<Cpu>,
     pool: &Pool,
     scratch: &mut ExecScratch,
+    profile: Option<&mut BatchProfile>,
 ) -> std::result::Result<(), (usize, Error)> {
     let mut held = HeldBuffers::new(scratch);
-    let outcome = run_commands(batch, pool, &mut held);
+    let outcome = run_commands(batch, pool, &mut held, profile);
     held.finish(scratch);
     outcome
+}
+
+/// The profile events of one batch, while it runs.
+struct BatchProfile {
+    queue: String,
+    batch: u64,
+    events: Vec<ProfileEvent>,
+}
+
+impl BatchProfile {
+    fn new(shared: &Shared, batch: &Batch<Cpu>) -> Self {
+        Self {
+            queue: queue_label(shared.ledger.id(), shared.kind),
+            batch: batch.sequence(),
+            events: Vec::with_capacity(batch.commands().len()),
+        }
+    }
+
+    /// Records command `index` of the batch, run from `start` to now.
+    fn record(&mut self, index: usize, command: &Command<Cpu>, start: u64, result: &Result<()>) {
+        let end = now_ns().max(start);
+        let (name, category, mut detail) = match command {
+            Command::Wait { value, .. } => {
+                ("wait".to_owned(), Category::Wait, format!(">= {value}"))
+            }
+            Command::WaitForeign { value, .. } => (
+                "wait_foreign".to_owned(),
+                Category::Wait,
+                format!(">= {value}"),
+            ),
+            Command::Signal { value, .. } => {
+                ("signal".to_owned(), Category::Signal, format!("= {value}"))
+            }
+            Command::Exec {
+                program, params, ..
+            } => (
+                program.name().to_owned(),
+                Category::Kernel,
+                params.to_string(),
+            ),
+            Command::Copy { .. } => ("copy".to_owned(), Category::Copy, String::new()),
+            Command::Barrier => ("barrier".to_owned(), Category::Barrier, String::new()),
+        };
+        if let Err(error) = result {
+            detail = format!("{detail}; failed: {error}");
+        }
+        self.events.push(ProfileEvent {
+            name,
+            category,
+            queue: self.queue.clone(),
+            batch: self.batch,
+            index,
+            start_ns: start,
+            end_ns: end,
+            detail,
+        });
+    }
 }
 
 fn run_commands<'a>(
     batch: &'a Batch<Cpu>,
     pool: &Pool,
     held: &mut HeldBuffers<'a>,
+    mut profile: Option<&mut BatchProfile>,
 ) -> std::result::Result<(), (usize, Error)> {
     for (index, command) in batch.commands().iter().enumerate() {
         if !matches!(command, Command::Exec { .. }) {
             // Buffers stay held only from one `exec` to the next.
             held.release();
         }
+        let start = profile.is_some().then(now_ns);
         let result = match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
             Command::WaitForeign { signal, value } => signal.wait_forever(*value),
@@ -309,6 +392,9 @@ fn run_commands<'a>(
                 Ok(())
             }
         };
+        if let (Some(profile), Some(start)) = (profile.as_deref_mut(), start) {
+            profile.record(index, command, start, &result);
+        }
         result.map_err(|error| (index, error))?;
     }
     Ok(())

@@ -42,6 +42,7 @@
 mod buffer;
 mod device;
 mod launch;
+mod profiler;
 mod program;
 mod queue;
 mod signal;

@@ -12,13 +12,15 @@ use crate::buffer::Buffer;
 use crate::device::Device;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
+use crate::profile::{ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
-use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind};
+use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::ring::Dependency;
-use crate::sync::{Arc, Condvar, Mutex, spawn};
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, spawn};
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
+use super::profiler::Profiler;
 use super::signal::EVENT_FLAGS;
 use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, device_error, driver_error, lost};
 
@@ -117,6 +119,10 @@ struct Shared {
     idle: Condvar,
     /// Lock order: `state`, then `in_flight`; never the reverse.
     in_flight: Mutex<InFlight>,
+    /// The timing state while profiling is on (`crate::profile`). Taken
+    /// alone, never while holding `state` or `in_flight`.
+    profiler: Mutex<Option<Profiler>>,
+    profiling: AtomicBool,
 }
 
 #[derive(Default)]
@@ -158,6 +164,8 @@ impl CudaEngine {
             work: Condvar::new(),
             idle: Condvar::new(),
             in_flight: Mutex::new(InFlight::default()),
+            profiler: Mutex::new(None),
+            profiling: AtomicBool::new(false),
         });
         let worker = shared.clone();
         spawn(
@@ -278,6 +286,30 @@ impl Engine for CudaEngine {
             .unwrap_or_default()
     }
 
+    fn set_profiling(&mut self, on: bool) {
+        let shared = &*self.shared;
+        if on {
+            let mut profiler = shared.profiler.lock();
+            if profiler.is_none() {
+                let label = queue_label(shared.ledger.id(), self.kind);
+                match Profiler::start(&shared.stream, label) {
+                    Ok(started) => *profiler = Some(started),
+                    // A stream that cannot record an event has failed
+                    // already: its work reports that; it just stays
+                    // unprofiled.
+                    Err(_) => return,
+                }
+            }
+        }
+        shared.profiling.store(on, Ordering::Relaxed);
+    }
+
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        if let Some(profiler) = self.shared.profiler.lock().as_mut() {
+            profiler.take(out);
+        }
+    }
+
     fn synchronize(&mut self) {
         let shared = &*self.shared;
         {
@@ -361,7 +393,13 @@ impl Shared {
     /// Puts the commands of `batch` from `from` on the stream, without ever
     /// blocking on the host.
     fn enqueue(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        let profiling = self.profiling.load(Ordering::Relaxed);
         for (index, command) in batch.commands().iter().enumerate().skip(from) {
+            let start = if profiling {
+                Profiler::mark(&self.stream)
+            } else {
+                None
+            };
             let result = match command {
                 Command::Wait { signal, value } => match signal.dependency(*value) {
                     Ok(None) => return Outcome::Blocked(index),
@@ -395,6 +433,12 @@ impl Shared {
             };
             if let Err(error) = result {
                 return Outcome::Failed(index, error);
+            }
+            if let Some(start) = start
+                && let Some(end) = Profiler::mark(&self.stream)
+                && let Some(profiler) = self.profiler.lock().as_mut()
+            {
+                profiler.push(command, batch.sequence(), index, start, end);
             }
         }
         Outcome::Done
@@ -588,12 +632,22 @@ fn run_worker(shared: &Shared) {
         }
         let outcome = loop {
             match shared.enqueue_caught(&batch, from) {
-                Outcome::Blocked(at) => match block_on(&batch.commands()[at]) {
-                    // The value is recorded, reached, or the foreign
-                    // signal is reached: the command now enqueues.
-                    Ok(()) => from = at,
-                    Err(error) => break Outcome::Failed(at, error),
-                },
+                Outcome::Blocked(at) => {
+                    let command = &batch.commands()[at];
+                    let start = now_ns();
+                    let blocked = block_on(command);
+                    if shared.profiling.load(Ordering::Relaxed)
+                        && let Some(profiler) = shared.profiler.lock().as_mut()
+                    {
+                        profiler.push_host(command, batch.sequence(), at, start);
+                    }
+                    match blocked {
+                        // The value is recorded, reached, or the foreign
+                        // signal is reached: the command now enqueues.
+                        Ok(()) => from = at,
+                        Err(error) => break Outcome::Failed(at, error),
+                    }
+                }
                 other => break other,
             }
         };

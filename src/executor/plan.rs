@@ -1,6 +1,7 @@
 //! A planned schedule: its queues, waits and values, and how a run is
 //! recorded and submitted.
 
+use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
 use super::host::{HostBatch, HostJob};
@@ -235,6 +236,31 @@ impl<B: Backend> Plan<B> {
     /// How many runs were started.
     pub fn runs(&self) -> u64 {
         self.runs
+    }
+
+    /// Turns profiling on or off on every device queue of the plan (see
+    /// [`profile`](crate::profile)).
+    pub fn set_profiling(&mut self, on: bool) {
+        for queue in self.queues.iter_mut().filter_map(|q| q.queue.as_mut()) {
+            queue.set_profiling(on);
+        }
+    }
+
+    /// The profile events of the plan's device queues since the last call
+    /// (see [`HardwareQueue::take_profile`]), oldest first, each queue
+    /// named by its plan label (`"cpu:0 compute"`).
+    pub fn take_profile(&mut self) -> Vec<ProfileEvent> {
+        let mut events = Vec::new();
+        for planned in &mut self.queues {
+            if let Some(queue) = planned.queue.as_mut() {
+                events.extend(queue.take_profile().into_iter().map(|mut event| {
+                    event.queue.clone_from(&planned.label);
+                    event
+                }));
+            }
+        }
+        events.sort_by_key(|event| (event.start_ns, event.end_ns));
+        events
     }
 }
 

@@ -96,6 +96,9 @@ pub struct Batch<B: Backend> {
     pub(super) scalars: Vec<Scalar>,
     /// The owner's epoch when submitted (see [`Ledger`](super::Ledger)).
     pub(super) epoch: u64,
+    /// The queue's submit count when it was submitted, once the queue has
+    /// turned profiling on (0 before): names the batch in profile events.
+    pub(super) sequence: u64,
     /// Why a batch will not run (rejected, discarded, or left recorded when
     /// the queue was dropped): the engine only fails its signals, in queue
     /// order. Boxed: the recording batch lives inside the queue.
@@ -113,6 +116,7 @@ impl<B: Backend> Default for Batch<B> {
             buffers: Vec::new(),
             scalars: Vec::new(),
             epoch: 0,
+            sequence: 0,
             abandoned: None,
             last_exec_buffers: 0..0,
         }
@@ -158,8 +162,18 @@ impl<B: Backend> Batch<B> {
         self.buffers.clear();
         self.scalars.clear();
         self.epoch = 0;
+        // `sequence` is left: every submit stamps it once the queue has
+        // profiled (so recording pays nothing for it), and it is 0 until
+        // then.
         self.abandoned = None;
         self.last_exec_buffers = 0..0;
+    }
+
+    /// The queue's submit count when this batch was submitted, once the
+    /// queue has turned profiling on; 0 before. Profile events name
+    /// batches by it.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
     }
 
     /// Fails every signal the commands from `from` on would have set.

@@ -39,6 +39,7 @@ pub use recording::{Engine, Queue};
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
+use crate::profile::ProfileEvent;
 use crate::program::Scalar;
 use crate::signal::TimelineSignal;
 
@@ -152,4 +153,25 @@ pub trait HardwareQueue: Send + Sized {
     /// # Errors
     /// [`Error::QueueFailed`] when submitted work failed since the last report.
     fn synchronize(&mut self) -> Result<()>;
+
+    /// Turns profiling on or off (off by default; see
+    /// [`profile`](crate::profile)): while on, the queue keeps the device
+    /// start and end of each command of the batches submitted, how long its
+    /// waits stood blocked, and the host's `submit` and `synchronize`
+    /// calls.
+    fn set_profiling(&mut self, on: bool);
+
+    /// Whether profiling is on.
+    fn profiling(&self) -> bool;
+
+    /// The profile events kept since the last call, oldest first: host
+    /// calls, and the commands of the work that completed (call
+    /// `synchronize` first for all of it). Events of work still running
+    /// stay for a later call.
+    fn take_profile(&mut self) -> Vec<ProfileEvent>;
+}
+
+/// How profile events name a queue: its id and kind (`queue #3 (compute)`).
+pub(crate) fn queue_label(id: QueueId, kind: QueueKind) -> String {
+    format!("{id} ({kind})")
 }

@@ -9,12 +9,13 @@ use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
+use crate::profile::{Category, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
 
 use super::batch::{Batch, Command};
 use super::ledger::{Ledger, QueueId};
-use super::{HardwareQueue, QueueKind};
+use super::{HardwareQueue, QueueKind, queue_label};
 
 /// How a backend runs the batches a [`Queue`] records.
 ///
@@ -85,6 +86,30 @@ pub trait Engine: Send + Sized + 'static {
     /// Blocks until every batch submitted has finished: run, failed, or
     /// abandoned. Failures found here go to the ledger.
     fn synchronize(&mut self);
+
+    /// Turns the timing of each command on or off (see
+    /// [`profile`](crate::profile)). The default keeps nothing: an engine
+    /// that does not profile reports no command events.
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Moves the events of commands that completed into `out`.
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        let _ = out;
+    }
+}
+
+/// The host side of a queue's profile, allocated when profiling is first
+/// turned on.
+#[derive(Debug, Default)]
+struct HostProfile {
+    on: bool,
+    /// Batches submitted since profiling was first turned on.
+    submitted: u64,
+    /// The queue as events name it.
+    label: String,
+    events: Vec<ProfileEvent>,
 }
 
 /// What `check_exec` checked last: the parameters, the program's buffer and
@@ -109,6 +134,9 @@ pub struct Queue<E: Engine> {
     last_checked: Option<Box<CheckedExec>>,
     /// How many failures the owner has been told of (see [`Ledger`]).
     epoch: u64,
+    /// Host events and batch numbering while profiling (`None` until it is
+    /// first turned on, so a queue that never profiles pays nothing).
+    profile: Option<Box<HostProfile>>,
 }
 
 impl<E: Engine> Queue<E> {
@@ -120,7 +148,55 @@ impl<E: Engine> Queue<E> {
             rejected: None,
             last_checked: None,
             epoch: 0,
+            profile: None,
         }
+    }
+
+    /// The host profile, when profiling is on.
+    fn host_profile(&mut self) -> Option<&mut HostProfile> {
+        self.profile.as_deref_mut().filter(|profile| profile.on)
+    }
+
+    /// Records a host call on the queue that started at `start`.
+    fn host_event(&mut self, name: &str, start: u64, outcome: &Result<()>) {
+        if let Some(profile) = self.host_profile() {
+            let detail = match outcome {
+                Ok(()) => String::new(),
+                Err(error) => error.to_string(),
+            };
+            let event = ProfileEvent {
+                name: name.to_owned(),
+                category: Category::Host,
+                queue: profile.label.clone(),
+                batch: profile.submitted,
+                index: 0,
+                start_ns: start,
+                end_ns: now_ns().max(start),
+                detail,
+            };
+            profile.events.push(event);
+        }
+    }
+
+    fn submit_recorded(&mut self) -> Result<()> {
+        if let Some(error) = self.rejected.take() {
+            let cause = std::sync::Arc::new(*error);
+            self.abandon_recorded(Error::BatchRejected {
+                cause: cause.clone(),
+            });
+            return Err(Error::BatchRejected { cause });
+        }
+        self.engine.ledger().report(&mut self.epoch)?;
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.batch.epoch = self.epoch;
+        if let Some(profile) = self.profile.as_deref_mut() {
+            profile.submitted += 1;
+            self.batch.sequence = profile.submitted;
+        }
+        self.hand_over();
+        Ok(())
     }
 
     /// The engine that runs this queue's batches.
@@ -388,25 +464,51 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(error) = self.rejected.take() {
-            let cause = std::sync::Arc::new(*error);
-            self.abandon_recorded(Error::BatchRejected {
-                cause: cause.clone(),
-            });
-            return Err(Error::BatchRejected { cause });
+        if self.profile.is_none() {
+            return self.submit_recorded();
         }
-        self.engine.ledger().report(&mut self.epoch)?;
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        self.batch.epoch = self.epoch;
-        self.hand_over();
-        Ok(())
+        let start = now_ns();
+        let outcome = self.submit_recorded();
+        self.host_event("submit", start, &outcome);
+        outcome
     }
 
     fn synchronize(&mut self) -> Result<()> {
+        let start = self.profile.is_some().then(now_ns);
         self.engine.synchronize();
-        self.engine.ledger().report(&mut self.epoch)
+        let outcome = self.engine.ledger().report(&mut self.epoch);
+        if let Some(start) = start {
+            self.host_event("synchronize", start, &outcome);
+        }
+        outcome
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        if on && self.profile.is_none() {
+            self.profile = Some(Box::new(HostProfile {
+                label: queue_label(self.id(), self.engine.kind()),
+                ..HostProfile::default()
+            }));
+        }
+        if let Some(profile) = self.profile.as_deref_mut() {
+            profile.on = on;
+        }
+        self.engine.set_profiling(on);
+    }
+
+    fn profiling(&self) -> bool {
+        self.profile.as_deref().is_some_and(|profile| profile.on)
+    }
+
+    fn take_profile(&mut self) -> Vec<ProfileEvent> {
+        let mut events = self
+            .profile
+            .as_deref_mut()
+            .map(|profile| std::mem::take(&mut profile.events))
+            .unwrap_or_default();
+        self.engine.take_profile(&mut events);
+        events.sort_by_key(|event| (event.start_ns, event.end_ns));
+        events
     }
 }
 

@@ -1,0 +1,174 @@
+//! The timing of a profiled CUDA queue's commands (see
+//! [`profile`](crate::profile)).
+//!
+//! While profiling is on, each command enqueued is bracketed by two events
+//! *with timing enabled*, recorded on the queue's stream (the signal ring's
+//! events keep timing off: they are on every path, these only while
+//! profiling). Their times are read with `cuEventElapsedTime` against a
+//! reference event, recorded and waited for when profiling was turned on,
+//! whose host time ([`now_ns`]) was taken right after: so the device's
+//! spans land on the host timeline, off by at most the latency of that one
+//! wait. `cuEventElapsedTime` has about half a microsecond of resolution,
+//! and an `f32` of milliseconds keeps microseconds for about four hours
+//! after the reference.
+//!
+//! A wait the stream cannot express blocks the queue's worker on the host;
+//! that span is timed with the host clock.
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use crate::error::Result;
+use crate::profile::{Category, ProfileEvent, now_ns};
+use crate::queue::Command;
+
+use super::Cuda;
+
+/// A profiled queue's timing state.
+pub(crate) struct Profiler {
+    reference: CudaEvent,
+    reference_ns: u64,
+    /// The queue, as events name it.
+    label: String,
+    /// Commands whose end event may not have completed yet.
+    pending: Vec<Span>,
+    /// Spans already timed: host-side waits.
+    done: Vec<ProfileEvent>,
+}
+
+/// One command between its two events.
+struct Span {
+    name: String,
+    category: Category,
+    batch: u64,
+    index: usize,
+    detail: String,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+/// A command's name, category and detail in a profile.
+pub(crate) fn describe(command: &Command<Cuda>) -> (String, Category, String) {
+    match command {
+        Command::Wait { value, .. } => ("wait".into(), Category::Wait, format!(">= {value}")),
+        Command::WaitForeign { value, .. } => {
+            ("wait_foreign".into(), Category::Wait, format!(">= {value}"))
+        }
+        Command::Signal { value, .. } => ("signal".into(), Category::Signal, format!("= {value}")),
+        Command::Exec {
+            program, params, ..
+        } => (
+            crate::program::Program::name(program).to_owned(),
+            Category::Kernel,
+            params.to_string(),
+        ),
+        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new()),
+        Command::Barrier => ("barrier".into(), Category::Barrier, String::new()),
+    }
+}
+
+impl Profiler {
+    /// Records the reference event on `stream` and waits for it (so for
+    /// the work enqueued before it).
+    ///
+    /// # Errors
+    /// What the driver reports.
+    pub(crate) fn start(stream: &std::sync::Arc<CudaStream>, label: String) -> Result<Self> {
+        let fail = |e| super::driver_error("starting a CUDA queue's profile", e);
+        let reference = stream.context().new_event(None).map_err(fail)?;
+        reference.record(stream).map_err(fail)?;
+        reference.synchronize().map_err(fail)?;
+        Ok(Self {
+            reference,
+            reference_ns: now_ns(),
+            label,
+            pending: Vec::new(),
+            done: Vec::new(),
+        })
+    }
+
+    /// Records a timing event on `stream`, where the next (or the last)
+    /// command stands. `None` if the driver refuses: the command is then
+    /// left out of the profile, never failed for it.
+    pub(crate) fn mark(stream: &std::sync::Arc<CudaStream>) -> Option<CudaEvent> {
+        let event = stream.context().new_event(None).ok()?;
+        event.record(stream).ok()?;
+        Some(event)
+    }
+
+    /// Keeps command `index` of batch `batch`, between `start` and `end`.
+    pub(crate) fn push(
+        &mut self,
+        command: &Command<Cuda>,
+        batch: u64,
+        index: usize,
+        start: CudaEvent,
+        end: CudaEvent,
+    ) {
+        let (name, category, detail) = describe(command);
+        self.pending.push(Span {
+            name,
+            category,
+            batch,
+            index,
+            detail,
+            start,
+            end,
+        });
+    }
+
+    /// Keeps a host-side span of command `index` (a wait that blocked the
+    /// worker).
+    pub(crate) fn push_host(
+        &mut self,
+        command: &Command<Cuda>,
+        batch: u64,
+        index: usize,
+        start_ns: u64,
+    ) {
+        let (name, category, detail) = describe(command);
+        self.done.push(ProfileEvent {
+            name,
+            category,
+            queue: self.label.clone(),
+            batch,
+            index,
+            start_ns,
+            end_ns: now_ns().max(start_ns),
+            detail: format!("{detail} (on the host)"),
+        });
+    }
+
+    /// Moves the spans that completed into `out`, on the host timeline.
+    /// A span whose events report an error (a lost device) is dropped.
+    pub(crate) fn take(&mut self, out: &mut Vec<ProfileEvent>) {
+        out.append(&mut self.done);
+        let (reference, reference_ns, label) = (&self.reference, self.reference_ns, &self.label);
+        self.pending
+            .retain(|span| match span.end.try_is_complete() {
+                Ok(false) => true,
+                Ok(true) => {
+                    let at = |event: &CudaEvent| {
+                        reference.elapsed_ms(event).ok().map(|ms| {
+                            // Milliseconds to nanoseconds; never before the
+                            // reference.
+                            reference_ns + (f64::from(ms.max(0.0)) * 1e6) as u64
+                        })
+                    };
+                    if let (Some(start), Some(end)) = (at(&span.start), at(&span.end)) {
+                        out.push(ProfileEvent {
+                            name: span.name.clone(),
+                            category: span.category,
+                            queue: label.clone(),
+                            batch: span.batch,
+                            index: span.index,
+                            start_ns: start,
+                            end_ns: end.max(start),
+                            detail: span.detail.clone(),
+                        });
+                    }
+                    false
+                }
+                Err(_) => false,
+            });
+    }
+}

@@ -1,0 +1,282 @@
+//! Profiling: what each command of a queue did and when, on one host
+//! timeline, and kernel timing for tuners.
+//!
+//! Off by default, per queue ([`HardwareQueue::set_profiling`]). When off,
+//! recording a command costs exactly what it did before (the dispatch
+//! instruction counts of `benches/callgrind.sh` are unchanged) and the
+//! engines test one flag per batch. When on:
+//!
+//! - every command's start and end **on the device** is kept: the CPU
+//!   worker reads its monotonic clock around each command; CUDA records a
+//!   pair of timing events around it on the stream (not the signal ring's
+//!   events, which keep timing off) and reads them with
+//!   `cuEventElapsedTime` against a reference event whose host time was
+//!   taken when profiling was turned on;
+//! - a `wait` is an event of its own (category [`Category::Wait`]): how
+//!   long the queue stood blocked, and on which value;
+//! - the host's `submit` and `synchronize` on the queue are events too
+//!   ([`Category::Host`]).
+//!
+//! [`HardwareQueue::take_profile`] hands over the events of the work that
+//! completed, and [`chrome_trace`] writes them as Chrome trace event JSON,
+//! which Perfetto (<https://ui.perfetto.dev>) and `chrome://tracing` open:
+//! one track per queue, plus one per queue for the host's calls.
+//!
+//! All times are nanoseconds since the process's first call to [`now_ns`]
+//! (its *epoch*).
+
+use std::fmt::Write as _;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::params::ExecParams;
+use crate::program::Scalar;
+use crate::queue::HardwareQueue;
+use crate::{BufferOf, ProgramOf};
+
+/// The instant all profile times count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Now, on hwqueue's host timeline: nanoseconds since the epoch.
+pub fn now_ns() -> u64 {
+    ns_of(Instant::now())
+}
+
+/// `instant` on the host timeline (0 for instants before the epoch).
+pub fn ns_of(instant: Instant) -> u64 {
+    u64::try_from(instant.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What kind of work an event is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// An `exec`; the event's name is the kernel's.
+    Kernel,
+    /// A `copy`.
+    Copy,
+    /// A `signal`.
+    Signal,
+    /// A `memory_barrier`.
+    Barrier,
+    /// A `wait` or `wait_foreign`: the queue stood blocked.
+    Wait,
+    /// A host call on the queue: `submit`, `synchronize`.
+    Host,
+}
+
+impl Category {
+    /// Its name in a trace.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Category::Kernel => "kernel",
+            Category::Copy => "copy",
+            Category::Signal => "signal",
+            Category::Barrier => "barrier",
+            Category::Wait => "wait",
+            Category::Host => "host",
+        }
+    }
+}
+
+/// One command's (or host call's) span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProfileEvent {
+    /// The kernel's name for an `exec`; the command's or call's name
+    /// otherwise (`copy`, `signal`, `barrier`, `wait`, `submit`, …).
+    pub name: String,
+    /// What kind of work it is.
+    pub category: Category,
+    /// The queue it ran on, as errors name it (`queue #3`).
+    pub queue: String,
+    /// The batch: the queue's `submit` count when it was submitted (1 for
+    /// the first batch). Host events carry the batch they submitted, or 0.
+    pub batch: u64,
+    /// The command's index in its batch (host events: 0).
+    pub index: usize,
+    /// When it started, on the host timeline ([`now_ns`]).
+    pub start_ns: u64,
+    /// When it ended (`>= start_ns`).
+    pub end_ns: u64,
+    /// More about it: a wait's or signal's value.
+    pub detail: String,
+}
+
+impl ProfileEvent {
+    /// How long it took.
+    pub fn duration(&self) -> Duration {
+        Duration::from_nanos(self.end_ns.saturating_sub(self.start_ns))
+    }
+}
+
+/// The events as Chrome trace event JSON (the "JSON object format": a
+/// `traceEvents` array of complete events, `"ph": "X"`, times in
+/// microseconds), one track (`tid`) per queue and one per queue's host
+/// calls, each named by a metadata event. Perfetto and `chrome://tracing`
+/// open it.
+pub fn chrome_trace(events: &[ProfileEvent]) -> String {
+    let mut tracks: Vec<String> = Vec::new();
+    let mut track_of = |name: String| match tracks.iter().position(|track| *track == name) {
+        Some(index) => index + 1,
+        None => {
+            tracks.push(name);
+            tracks.len()
+        }
+    };
+    let mut out = String::from("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
+    let mut first = true;
+    for event in events {
+        let track = if event.category == Category::Host {
+            format!("{} (host)", event.queue)
+        } else {
+            event.queue.clone()
+        };
+        let tid = track_of(track);
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        let _ = write!(
+            out,
+            "{{\"name\":{},\"cat\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{},\"dur\":{},\
+             \"args\":{{\"batch\":{},\"index\":{},\"detail\":{}}}}}",
+            json_string(&event.name),
+            event.category.name(),
+            micros(event.start_ns),
+            micros(event.end_ns.saturating_sub(event.start_ns)),
+            event.batch,
+            event.index,
+            json_string(&event.detail),
+        );
+    }
+    for (index, track) in tracks.iter().enumerate() {
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        let _ = write!(
+            out,
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":{}}}}}",
+            index + 1,
+            json_string(track)
+        );
+    }
+    out.push_str("]}\n");
+    out
+}
+
+/// Nanoseconds as microseconds with three decimals.
+fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+/// `text` as a JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// What [`time_exec`] measured: one device-side duration per run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelTiming {
+    /// The runs' durations, in run order.
+    pub samples: Vec<Duration>,
+}
+
+impl KernelTiming {
+    /// The shortest run.
+    pub fn min(&self) -> Duration {
+        self.samples.iter().copied().min().unwrap_or_default()
+    }
+
+    /// The median run (the lower middle one for an even count).
+    pub fn median(&self) -> Duration {
+        let mut sorted = self.samples.clone();
+        sorted.sort_unstable();
+        sorted
+            .get(sorted.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// Runs one `exec` `warmup` times, then `runs` times, on `queue`, and
+/// returns the `runs` device-measured durations: what a tuner compares
+/// kernel variants by. Works on every backend, and through the `Any*`
+/// enums. The queue's profiling is turned on for the measurement and back
+/// to what it was after; events of the queue's earlier work that were not
+/// taken yet are dropped.
+///
+/// # Errors
+/// [`Error::InvalidArguments`] for `runs == 0`; whatever `submit` or
+/// `synchronize` reports (the exec's own errors included).
+pub fn time_exec<Q: HardwareQueue>(
+    queue: &mut Q,
+    program: &ProgramOf<Q::Backend>,
+    buffers: &[&BufferOf<Q::Backend>],
+    scalars: &[Scalar],
+    params: ExecParams,
+    warmup: usize,
+    runs: usize,
+) -> Result<KernelTiming> {
+    if runs == 0 {
+        return Err(Error::InvalidArguments {
+            program: crate::program::Program::name(program).to_owned(),
+            reason: "time_exec needs at least one run; ask for runs >= 1".into(),
+        });
+    }
+    let was_on = queue.profiling();
+    queue.synchronize()?;
+    queue.set_profiling(true);
+    let _ = queue.take_profile();
+    let outcome = (|| {
+        for _ in 0..warmup {
+            queue.exec(program, buffers, scalars, params);
+        }
+        queue.submit()?;
+        queue.synchronize()?;
+        let _ = queue.take_profile();
+        for _ in 0..runs {
+            queue.exec(program, buffers, scalars, params);
+        }
+        queue.submit()?;
+        queue.synchronize()?;
+        let samples: Vec<Duration> = queue
+            .take_profile()
+            .iter()
+            .filter(|event| event.category == Category::Kernel)
+            .map(ProfileEvent::duration)
+            .collect();
+        if samples.len() != runs {
+            return Err(Error::System {
+                what: "timing a kernel",
+                detail: format!(
+                    "the queue reported {} of {runs} runs: its backend does not time its \
+                     commands (profiling is implemented by the CPU and CUDA backends)",
+                    samples.len()
+                ),
+            });
+        }
+        Ok(KernelTiming { samples })
+    })();
+    queue.set_profiling(was_on);
+    outcome
+}
