@@ -31,8 +31,10 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
+use crate::program::Program;
 use crate::program::Scalar;
-use crate::queue::HardwareQueue;
+use crate::queue::{Command, HardwareQueue};
+use crate::signal::{Producer, TimelineSignal};
 use crate::{BufferOf, ProgramOf};
 
 /// The instant all profile times count from.
@@ -49,6 +51,47 @@ pub fn now_ns() -> u64 {
 /// `instant` on the host timeline (0 for instants before the epoch).
 pub fn ns_of(instant: Instant) -> u64 {
     u64::try_from(instant.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A `wait`'s or `signal`'s detail: which signal (an id stable across its
+/// clones, and the queue that produces it) and the value.
+pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> String {
+    let id = std::ptr::from_ref(producer) as usize;
+    match producer.queue() {
+        Some(queue) => format!("signal {id:#x} (produced by {queue}) {relation} {value}"),
+        None => format!("signal {id:#x} {relation} {value}"),
+    }
+}
+
+/// A command's name (the kernel's for an `exec`), category and detail in
+/// a profile: one description for every backend.
+pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> (String, Category, String) {
+    match command {
+        Command::Wait { signal, value } => (
+            "wait".into(),
+            Category::Wait,
+            signal_detail(signal.producer(), ">=", *value),
+        ),
+        Command::WaitForeign { value, .. } => (
+            "wait_foreign".into(),
+            Category::Wait,
+            format!("another backend's signal >= {value}"),
+        ),
+        Command::Signal { signal, value } => (
+            "signal".into(),
+            Category::Signal,
+            signal_detail(signal.producer(), "=", *value),
+        ),
+        Command::Exec {
+            program, params, ..
+        } => (
+            program.name().to_owned(),
+            Category::Kernel,
+            params.to_string(),
+        ),
+        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new()),
+        Command::Barrier => ("barrier".into(), Category::Barrier, String::new()),
+    }
 }
 
 /// What kind of work an event is.
@@ -101,7 +144,8 @@ pub struct ProfileEvent {
     pub start_ns: u64,
     /// When it ended (`>= start_ns`).
     pub end_ns: u64,
-    /// More about it: a wait's or signal's value.
+    /// More about it: for a wait or a signal, which signal (an id, and
+    /// the queue that produces it) and the value; for an exec, its sizes.
     pub detail: String,
 }
 
@@ -239,7 +283,7 @@ pub fn time_exec<Q: HardwareQueue>(
 ) -> Result<KernelTiming> {
     if runs == 0 {
         return Err(Error::InvalidArguments {
-            program: crate::program::Program::name(program).to_owned(),
+            program: program.name().to_owned(),
             reason: "time_exec needs at least one run; ask for runs >= 1".into(),
         });
     }

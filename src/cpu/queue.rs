@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::buffer::Buffer;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
-use crate::profile::{Category, ProfileEvent, now_ns};
+use crate::profile::{ProfileEvent, describe, now_ns};
 use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::signal::{TimelineSignal, Timeout};
@@ -312,28 +312,7 @@ impl BatchProfile {
     /// Records command `index` of the batch, run from `start` to now.
     fn record(&mut self, index: usize, command: &Command<Cpu>, start: u64, result: &Result<()>) {
         let end = now_ns().max(start);
-        let (name, category, mut detail) = match command {
-            Command::Wait { value, .. } => {
-                ("wait".to_owned(), Category::Wait, format!(">= {value}"))
-            }
-            Command::WaitForeign { value, .. } => (
-                "wait_foreign".to_owned(),
-                Category::Wait,
-                format!(">= {value}"),
-            ),
-            Command::Signal { value, .. } => {
-                ("signal".to_owned(), Category::Signal, format!("= {value}"))
-            }
-            Command::Exec {
-                program, params, ..
-            } => (
-                program.name().to_owned(),
-                Category::Kernel,
-                params.to_string(),
-            ),
-            Command::Copy { .. } => ("copy".to_owned(), Category::Copy, String::new()),
-            Command::Barrier => ("barrier".to_owned(), Category::Barrier, String::new()),
-        };
+        let (name, category, mut detail) = describe(command);
         if let Err(error) = result {
             detail = format!("{detail}; failed: {error}");
         }

@@ -18,7 +18,7 @@
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::error::Result;
-use crate::profile::{Category, ProfileEvent, now_ns};
+use crate::profile::{Category, ProfileEvent, describe, now_ns};
 use crate::queue::Command;
 
 use super::Cuda;
@@ -44,26 +44,6 @@ struct Span {
     detail: String,
     start: CudaEvent,
     end: CudaEvent,
-}
-
-/// A command's name, category and detail in a profile.
-pub(crate) fn describe(command: &Command<Cuda>) -> (String, Category, String) {
-    match command {
-        Command::Wait { value, .. } => ("wait".into(), Category::Wait, format!(">= {value}")),
-        Command::WaitForeign { value, .. } => {
-            ("wait_foreign".into(), Category::Wait, format!(">= {value}"))
-        }
-        Command::Signal { value, .. } => ("signal".into(), Category::Signal, format!("= {value}")),
-        Command::Exec {
-            program, params, ..
-        } => (
-            crate::program::Program::name(program).to_owned(),
-            Category::Kernel,
-            params.to_string(),
-        ),
-        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new()),
-        Command::Barrier => ("barrier".into(), Category::Barrier, String::new()),
-    }
 }
 
 impl Profiler {
