@@ -97,6 +97,28 @@ fn bump(_group: &WorkGroup, args: &KernelArgs<'_>) {
     count[0] = count[0].wrapping_add(1);
 }
 
+/// `JOBS` one-group `bump` execs in one batch, submitted and waited for;
+/// with `profiling`, the queue times each and the events are taken every
+/// iteration.
+fn bump_jobs(b: &mut criterion::Bencher<'_>, profiling: bool) {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue().expect("queue");
+    queue.set_profiling(profiling);
+    let done = device.new_signal(0).expect("signal");
+    let count = device.alloc(64).expect("buffer");
+    let program = CpuProgram::from_fn("bump", 1, 0, bump);
+    let params = ExecParams::new_1d(1, 1);
+    let mut value = 0;
+    b.iter(|| {
+        for _ in 0..JOBS {
+            queue.exec(&program, &[&count], &[], params);
+        }
+        value += 1;
+        submit_and_wait(&mut queue, &done, value);
+        black_box(queue.take_profile());
+    });
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 fn queue_throughput(c: &mut Criterion) {
@@ -104,22 +126,7 @@ fn queue_throughput(c: &mut Criterion) {
     support::configure(&mut group, Profile::Latency);
     group.throughput(Throughput::Elements(JOBS as u64));
 
-    group.bench_function("hwqueue", |b| {
-        let device = CpuDevice::new();
-        let mut queue = device.compute_queue().expect("queue");
-        let done = device.new_signal(0).expect("signal");
-        let count = device.alloc(64).expect("buffer");
-        let program = CpuProgram::from_fn("bump", 1, 0, bump);
-        let params = ExecParams::new_1d(1, 1);
-        let mut value = 0;
-        b.iter(|| {
-            for _ in 0..JOBS {
-                queue.exec(&program, &[&count], &[], params);
-            }
-            value += 1;
-            submit_and_wait(&mut queue, &done, value);
-        });
-    });
+    group.bench_function("hwqueue", |b| bump_jobs(b, false));
 
     group.bench_function("boxed_closures", |b| {
         let (submit, jobs) = mpsc::channel::<Job>();
@@ -409,24 +416,7 @@ fn profile_overhead(c: &mut Criterion) {
     support::configure(&mut group, Profile::Latency);
     group.throughput(Throughput::Elements(JOBS as u64));
     for (name, on) in [("off", false), ("on", true)] {
-        group.bench_function(name, |b| {
-            let device = CpuDevice::new();
-            let mut queue = device.compute_queue().expect("queue");
-            queue.set_profiling(on);
-            let done = device.new_signal(0).expect("signal");
-            let count = device.alloc(64).expect("buffer");
-            let program = CpuProgram::from_fn("bump", 1, 0, bump);
-            let params = ExecParams::new_1d(1, 1);
-            let mut value = 0;
-            b.iter(|| {
-                for _ in 0..JOBS {
-                    queue.exec(&program, &[&count], &[], params);
-                }
-                value += 1;
-                submit_and_wait(&mut queue, &done, value);
-                black_box(queue.take_profile());
-            });
-        });
+        group.bench_function(name, |b| bump_jobs(b, on));
     }
     group.finish();
 }

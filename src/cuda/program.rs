@@ -81,15 +81,7 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        check_no_nul(name, "the PTX", ptx)?;
-        Self::load(
-            device,
-            Image::Ptx(ptx.to_owned()),
-            None,
-            name,
-            (buffers, scalars),
-            true,
-        )
+        Self::load_ptx(device, ptx, name, (buffers, scalars), true)
     }
 
     /// As [`from_ptx`](Self::from_ptx), without asking the driver for the
@@ -108,14 +100,24 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
+        Self::load_ptx(device, ptx, name, (buffers, scalars), false)
+    }
+
+    fn load_ptx(
+        device: &CudaDevice,
+        ptx: &str,
+        name: &str,
+        counts: (usize, usize),
+        checked: bool,
+    ) -> Result<Self> {
         check_no_nul(name, "the PTX", ptx)?;
         Self::load(
             device,
             Image::Ptx(ptx.to_owned()),
             None,
             name,
-            (buffers, scalars),
-            false,
+            counts,
+            checked,
         )
     }
 
