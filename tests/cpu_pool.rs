@@ -234,6 +234,7 @@ fn two_queues_of_a_device_together_run_at_most_its_threads_groups_at_once() {
 /// a stress test, not a deterministic one. The rounds run on a thread of
 /// their own so that a hang fails the test instead of blocking it.
 #[test]
+#[cfg_attr(miri, ignore = "3,000 rounds of thread spawns are hours under Miri")]
 fn dropping_a_device_while_its_helper_spins_never_hangs() {
     const ROUNDS: usize = 3000;
     let _serial = serial();
