@@ -198,6 +198,18 @@ struct Job {
 }
 
 #[cfg(not(loom))]
+/// Aborts the process if dropped: held, then forgotten, around code that
+/// must not unwind (see `Pool::run`).
+struct AbortOnUnwind;
+
+#[cfg(not(loom))]
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        std::process::abort();
+    }
+}
+
+#[cfg(not(loom))]
 /// A posted job, as the pool's state holds it.
 #[derive(Clone, Copy)]
 struct JobRef(*const Job);
@@ -229,8 +241,11 @@ impl Job {
                 if start >= self.total {
                     break;
                 }
-                self.grid
-                    .run(program, args, start..(start + self.chunk).min(self.total));
+                self.grid.run(
+                    program,
+                    args,
+                    start..start.saturating_add(self.chunk).min(self.total),
+                );
             }
         }));
         if let Err(payload) = outcome {
@@ -314,6 +329,13 @@ impl Pool {
             state = shared.spawn_helpers(state);
         }
         state.jobs.push(JobRef(&job));
+        // From here until the job is unlisted and idle, the stack frame
+        // must not end: helpers reach `job` through its `JobRef`. Nothing
+        // below unwinds today (kernel panics are caught in `Job::work`,
+        // their payloads' panics in `panic_message`); should a later change
+        // make something unwind, this aborts instead of freeing a job that
+        // another thread may still read.
+        let listed = AbortOnUnwind;
         shared.posted.fetch_add(1, Ordering::Relaxed);
         // Wake as many parked helpers as there are slots and chunks for.
         let chunks = total.div_ceil(job.chunk);
@@ -335,6 +357,7 @@ impl Pool {
             }
             state = shared.wait_finished(state, &job);
         }
+        mem::forget(listed);
         drop(state);
         let panic = job.panic.lock().take();
         match panic {
