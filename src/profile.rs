@@ -63,34 +63,53 @@ pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> 
     }
 }
 
-/// A command's name (the kernel's for an `exec`), category and detail in
-/// a profile: one description for every backend.
-pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> (String, Category, String) {
-    match command {
+/// A command as a profile event names it: one description for every
+/// backend.
+pub(crate) struct Described {
+    /// The kernel's for an `exec`, else the command's.
+    pub(crate) name: String,
+    pub(crate) category: Category,
+    pub(crate) detail: String,
+    /// An `exec`'s sizes, formatted only when a trace is written.
+    pub(crate) params: Option<ExecParams>,
+}
+
+pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
+    let (name, category, detail, params) = match command {
         Command::Wait { signal, value } => (
             "wait".into(),
             Category::Wait,
             signal_detail(signal.producer(), ">=", *value),
+            None,
         ),
         Command::WaitForeign { value, .. } => (
             "wait_foreign".into(),
             Category::Wait,
             format!("another backend's signal >= {value}"),
+            None,
         ),
         Command::Signal { signal, value } => (
             "signal".into(),
             Category::Signal,
             signal_detail(signal.producer(), "=", *value),
+            None,
         ),
         Command::Exec {
             program, params, ..
         } => (
             program.name().to_owned(),
             Category::Kernel,
-            params.to_string(),
+            String::new(),
+            Some(*params),
         ),
-        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new()),
-        Command::Barrier => ("barrier".into(), Category::Barrier, String::new()),
+        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new(), None),
+        Command::Barrier => ("barrier".into(), Category::Barrier, String::new(), None),
+    };
+    Described {
+        name,
+        category,
+        detail,
+        params,
     }
 }
 
@@ -145,8 +164,10 @@ pub struct ProfileEvent {
     /// When it ended (`>= start_ns`).
     pub end_ns: u64,
     /// More about it: for a wait or a signal, which signal (an id, and
-    /// the queue that produces it) and the value; for an exec, its sizes.
+    /// the queue that produces it) and the value; why it failed, if it did.
     pub detail: String,
+    /// An `exec`'s work sizes (`None` for other commands).
+    pub params: Option<ExecParams>,
 }
 
 impl ProfileEvent {
@@ -186,7 +207,7 @@ pub fn chrome_trace(events: &[ProfileEvent]) -> String {
         let _ = write!(
             out,
             "{{\"name\":{},\"cat\":\"{}\",\"ph\":\"X\",\"pid\":1,\"tid\":{tid},\"ts\":{},\"dur\":{},\
-             \"args\":{{\"batch\":{},\"index\":{},\"detail\":{}}}}}",
+             \"args\":{{\"batch\":{},\"index\":{},\"detail\":{}",
             json_string(&event.name),
             event.category.name(),
             micros(event.start_ns),
@@ -195,6 +216,10 @@ pub fn chrome_trace(events: &[ProfileEvent]) -> String {
             event.index,
             json_string(&event.detail),
         );
+        if let Some(params) = &event.params {
+            let _ = write!(out, ",\"params\":{}", json_string(&params.to_string()));
+        }
+        out.push_str("}}");
     }
     for (index, track) in tracks.iter().enumerate() {
         if !first {

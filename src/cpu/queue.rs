@@ -312,19 +312,20 @@ impl BatchProfile {
     /// Records command `index` of the batch, run from `start` to now.
     fn record(&mut self, index: usize, command: &Command<Cpu>, start: u64, result: &Result<()>) {
         let end = now_ns().max(start);
-        let (name, category, mut detail) = describe(command);
+        let mut described = describe(command);
         if let Err(error) = result {
-            detail = format!("{detail}; failed: {error}");
+            described.detail = format!("{}; failed: {error}", described.detail);
         }
         self.events.push(ProfileEvent {
-            name,
-            category,
+            name: described.name,
+            category: described.category,
             queue: self.queue.clone(),
             batch: self.batch,
             index,
             start_ns: start,
             end_ns: end,
-            detail,
+            detail: described.detail,
+            params: described.params,
         });
     }
 }

@@ -18,7 +18,7 @@
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::error::Result;
-use crate::profile::{Category, ProfileEvent, describe, now_ns};
+use crate::profile::{Described, ProfileEvent, describe, now_ns};
 use crate::queue::Command;
 
 use super::Cuda;
@@ -37,11 +37,9 @@ pub(crate) struct Profiler {
 
 /// One command between its two events.
 struct Span {
-    name: String,
-    category: Category,
+    described: Described,
     batch: u64,
     index: usize,
-    detail: String,
     start: CudaEvent,
     end: CudaEvent,
 }
@@ -84,13 +82,10 @@ impl Profiler {
         start: CudaEvent,
         end: CudaEvent,
     ) {
-        let (name, category, detail) = describe(command);
         self.pending.push(Span {
-            name,
-            category,
+            described: describe(command),
             batch,
             index,
-            detail,
             start,
             end,
         });
@@ -105,16 +100,17 @@ impl Profiler {
         index: usize,
         start_ns: u64,
     ) {
-        let (name, category, detail) = describe(command);
+        let described = describe(command);
         self.done.push(ProfileEvent {
-            name,
-            category,
+            name: described.name,
+            category: described.category,
             queue: self.label.clone(),
             batch,
             index,
             start_ns,
             end_ns: now_ns().max(start_ns),
-            detail: format!("{detail} (on the host)"),
+            detail: format!("{} (on the host)", described.detail),
+            params: described.params,
         });
     }
 
@@ -136,14 +132,15 @@ impl Profiler {
                     };
                     if let (Some(start), Some(end)) = (at(&span.start), at(&span.end)) {
                         out.push(ProfileEvent {
-                            name: span.name.clone(),
-                            category: span.category,
+                            name: span.described.name.clone(),
+                            category: span.described.category,
                             queue: label.clone(),
                             batch: span.batch,
                             index: span.index,
                             start_ns: start,
                             end_ns: end.max(start),
-                            detail: span.detail.clone(),
+                            detail: span.described.detail.clone(),
+                            params: span.described.params,
                         });
                     }
                     false

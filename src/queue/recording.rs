@@ -173,6 +173,7 @@ impl<E: Engine> Queue<E> {
                 start_ns: start,
                 end_ns: now_ns().max(start),
                 detail,
+                params: None,
             };
             profile.events.push(event);
         }
