@@ -122,8 +122,19 @@ impl Pool {
         grid: Grid,
         total: u64,
     ) -> Result<(), String> {
-        catch_unwind(AssertUnwindSafe(|| grid.run(program, args, 0..total))).map_err(panic_message)
+        run_inline(program, args, grid, total)
     }
+}
+
+/// Runs every group of `grid` on the calling thread: a grid of one group,
+/// a pool of one slot, and every grid under loom.
+fn run_inline(
+    program: &CpuProgram,
+    args: &KernelArgs<'_>,
+    grid: Grid,
+    total: u64,
+) -> Result<(), String> {
+    catch_unwind(AssertUnwindSafe(|| grid.run(program, args, 0..total))).map_err(panic_message)
 }
 
 /// A device's pool. Clones are handles; the helpers end (and are joined)
@@ -303,8 +314,10 @@ impl Pool {
         }
     }
 
-    /// Runs groups `0..total` of `grid` on this worker and the helpers;
-    /// returns once every group ran, or the first panic's message.
+    /// Runs groups `0..total` of `grid` on this worker and the helpers
+    /// (one group, or a pool of one slot: on this worker alone, with no
+    /// hand-off); returns once every group ran, or the first panic's
+    /// message.
     pub(crate) fn run(
         &self,
         program: &CpuProgram,
@@ -313,6 +326,9 @@ impl Pool {
         total: u64,
     ) -> Result<(), String> {
         let shared = &self.owner.shared;
+        if total <= 1 || shared.threads <= 1 {
+            return run_inline(program, args, grid, total);
+        }
         let job = Job {
             program,
             args: (args as *const KernelArgs<'_>).cast::<KernelArgs<'static>>(),

@@ -5,10 +5,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
 use std::ops::Range;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::buffer::Buffer;
-use crate::error::{Error, Result, panic_message};
+use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::{ProfileEvent, describe, now_ns};
 use crate::program::{Program, Scalar};
@@ -508,15 +507,9 @@ fn run_exec<'a>(
         groups: params.groups(),
         local: params.local(),
     };
-    let total = params.group_count();
-    let outcome = if total <= 1 || pool.threads() <= 1 {
-        // One group (or one thread): on the worker, with no hand-off.
-        catch_unwind(AssertUnwindSafe(|| grid.run(program, &args, 0..total))).map_err(panic_message)
-    } else {
-        pool.run(program, &args, grid, total)
-    };
-    outcome.map_err(|message| Error::KernelFailed {
-        program: program.name().to_owned(),
-        message,
-    })
+    pool.run(program, &args, grid, params.group_count())
+        .map_err(|message| Error::KernelFailed {
+            program: program.name().to_owned(),
+            message,
+        })
 }
