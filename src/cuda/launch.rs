@@ -92,21 +92,13 @@ pub(crate) fn nvrtc_target(program: &str, capability: i32, supported: &[i32]) ->
     }
 }
 
-/// The options hwqueue passes NVRTC (the file name its log uses goes to
-/// `nvrtcCreateProgram`, not here): the target architecture.
-pub(crate) fn nvrtc_options(target: Target) -> Vec<String> {
-    vec![target.option()]
-}
-
 /// The advice for `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`: PTX newer than the
 /// driver's JIT, from an NVRTC (or a toolkit) newer than the driver.
 pub(crate) fn unsupported_ptx_advice(nvrtc: Option<(i32, i32)>, driver: Option<i32>) -> String {
     let nvrtc = nvrtc.map_or("unknown".to_owned(), |(major, minor)| {
         format!("{major}.{minor}")
     });
-    let driver = driver.map_or("unknown".to_owned(), |version| {
-        format!("{}.{}", version / 1000, (version % 1000) / 10)
-    });
+    let driver = driver.map_or("unknown".to_owned(), super::cuda_version);
     format!(
         "the PTX is newer than this driver can load (NVRTC {nvrtc}, driver supports CUDA \
          {driver}); update the GPU driver, or compile with an NVRTC no newer than the driver \
@@ -277,8 +269,8 @@ mod tests {
             Target::Cubin(90)
         );
         assert_eq!(
-            nvrtc_options(Target::Cubin(90)),
-            vec!["--gpu-architecture=sm_90".to_owned()]
+            Target::Cubin(90).option(),
+            "--gpu-architecture=sm_90".to_owned()
         );
     }
 

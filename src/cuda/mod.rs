@@ -191,7 +191,7 @@ pub(crate) fn driver_version() -> Option<i32> {
 }
 
 /// `12080` as `12.8`.
-fn cuda_version(version: i32) -> String {
+pub(crate) fn cuda_version(version: i32) -> String {
     format!("{}.{}", version / 1000, version % 1000 / 10)
 }
 
@@ -289,6 +289,16 @@ pub(crate) fn device_error(ordinal: u32, what: &str, error: DriverError) -> Erro
         lost.push((ordinal, detail.clone()));
     }
     device_lost(ordinal, detail)
+}
+
+/// [`device_error`] for work on `context`: the device is the context's.
+pub(crate) fn context_error(
+    context: &cudarc::driver::CudaContext,
+    what: &str,
+    error: DriverError,
+) -> Error {
+    let ordinal = u32::try_from(context.ordinal()).unwrap_or(u32::MAX);
+    device_error(ordinal, what, error)
 }
 
 /// A driver call that failed, as an [`Error`].

@@ -12,7 +12,7 @@ use crate::program::{KernelSignature, Program};
 use crate::sync::{Arc, AtomicU32, Ordering};
 
 use super::launch::{self, KernelFacts, PARAM_INFO_DRIVER, Target};
-use super::{Cuda, CudaDevice, device_error, ensure_nvrtc};
+use super::{Cuda, CudaDevice, cuda_version, device_error, ensure_nvrtc};
 
 /// A kernel for the CUDA backend. Clones name the same kernel.
 ///
@@ -55,12 +55,6 @@ struct ProgramInner {
     facts: KernelFacts,
     /// The dynamic shared memory the kernel is opted in to (0: none).
     opted_shared: AtomicU32,
-}
-
-/// What the driver loads.
-enum Image {
-    Ptx(String),
-    Cubin(Vec<u8>),
 }
 
 impl CudaProgram {
@@ -111,14 +105,7 @@ impl CudaProgram {
         checked: bool,
     ) -> Result<Self> {
         check_no_nul(name, "the PTX", ptx)?;
-        Self::load(
-            device,
-            Image::Ptx(ptx.to_owned()),
-            None,
-            name,
-            counts,
-            checked,
-        )
+        Self::load(device, None, Some(ptx.to_owned()), name, counts, checked)
     }
 
     /// Compiles CUDA C `source` with NVRTC for `device` and loads entry
@@ -144,8 +131,8 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        let (image, ptx) = compile(device, source, name)?;
-        Self::load(device, image, ptx, name, (buffers, scalars), true)
+        let (cubin, ptx) = compile(device, source, name)?;
+        Self::load(device, cubin, ptx, name, (buffers, scalars), true)
     }
 
     /// As [`from_cuda_c`](Self::from_cuda_c), without asking the driver
@@ -160,38 +147,34 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        let (image, ptx) = compile(device, source, name)?;
-        Self::load(device, image, ptx, name, (buffers, scalars), false)
+        let (cubin, ptx) = compile(device, source, name)?;
+        Self::load(device, cubin, ptx, name, (buffers, scalars), false)
     }
 
+    /// Loads `cubin` if there is one, else `ptx` (one of them is `Some`).
     fn load(
         device: &CudaDevice,
-        image: Image,
+        cubin: Option<Vec<u8>>,
         ptx: Option<String>,
         name: &str,
         (buffers, scalars): (usize, usize),
         checked: bool,
     ) -> Result<Self> {
         check_no_nul(name, "the kernel name", name)?;
-        let ptx = ptx.or_else(|| match &image {
-            Image::Ptx(text) => Some(text.clone()),
-            Image::Cubin(_) => None,
-        });
-        let bytes = match &image {
-            Image::Ptx(text) => {
-                let mut bytes = text.clone().into_bytes();
-                bytes.push(0);
-                bytes
+        let (image, jitted) = match (cubin, &ptx) {
+            (Some(cubin), _) => (Ptx::from_binary(cubin), None),
+            (None, Some(text)) => (Ptx::from_src(text.clone()), Some(text.as_str())),
+            (None, None) => {
+                return Err(Error::InvalidProgram {
+                    program: name.to_owned(),
+                    reason: "neither a cubin nor PTX to load".into(),
+                });
             }
-            Image::Cubin(bytes) => bytes.clone(),
         };
         let module = device
             .context()
-            .load_module(match image {
-                Image::Ptx(text) => Ptx::from_src(text),
-                Image::Cubin(bytes) => Ptx::from_binary(bytes),
-            })
-            .map_err(|e| load_error(device, &bytes, e))?;
+            .load_module(image)
+            .map_err(|e| load_error(device, jitted, e))?;
         let function = module
             .load_function(name)
             .map_err(|e| Error::EntryPointNotFound {
@@ -261,9 +244,14 @@ impl CudaProgram {
 }
 
 /// Compiles `source` with NVRTC for the device: a cubin for its own
-/// architecture, or PTX where NVRTC predates it. Returns the image and the
-/// PTX, if NVRTC made one.
-fn compile(device: &CudaDevice, source: &str, name: &str) -> Result<(Image, Option<String>)> {
+/// architecture, or PTX where NVRTC predates it. Returns the cubin, if
+/// that is the target, and the PTX, if NVRTC made one (it must, without a
+/// cubin).
+fn compile(
+    device: &CudaDevice,
+    source: &str,
+    name: &str,
+) -> Result<(Option<Vec<u8>>, Option<String>)> {
     check_no_nul(name, "the CUDA C source", source)?;
     check_no_nul(name, "the kernel name", name)?;
     ensure_nvrtc()?;
@@ -283,8 +271,7 @@ fn compile(device: &CudaDevice, source: &str, name: &str) -> Result<(Image, Opti
     let program = NvrtcProgram(program);
     // SAFETY: `program` was created above and is destroyed only by the
     // guard's drop, after every use below; `source` and `file` outlive it.
-    let compiled =
-        unsafe { nvrtc::result::compile_program(program.0, &launch::nvrtc_options(target)) };
+    let compiled = unsafe { nvrtc::result::compile_program(program.0, &[target.option()]) };
     if let Err(e) = compiled {
         // SAFETY: as above.
         let log = unsafe { nvrtc::result::get_program_log(program.0) }.unwrap_or_default();
@@ -298,7 +285,7 @@ fn compile(device: &CudaDevice, source: &str, name: &str) -> Result<(Image, Opti
     let ptx = unsafe { nvrtc::result::get_ptx(program.0) }
         .ok()
         .map(|text| c_text(&text));
-    let image = match target {
+    let cubin = match target {
         Target::Cubin(_) => {
             let mut size = 0usize;
             // SAFETY: as above; NVRTC writes the size, then that many bytes
@@ -314,15 +301,18 @@ fn compile(device: &CudaDevice, source: &str, name: &str) -> Result<(Image, Opti
                     })
             }
             .map_err(|e| nvrtc_failed("reading the cubin", e))?;
-            Image::Cubin(cubin)
+            Some(cubin)
         }
-        Target::Ptx(_) => Image::Ptx(ptx.clone().ok_or_else(|| Error::Compile {
-            program: name.to_owned(),
-            compiler: "NVRTC".into(),
-            output: "NVRTC compiled the source but gave no PTX".into(),
-        })?),
+        Target::Ptx(_) if ptx.is_none() => {
+            return Err(Error::Compile {
+                program: name.to_owned(),
+                compiler: "NVRTC".into(),
+                output: "NVRTC compiled the source but gave no PTX".into(),
+            });
+        }
+        Target::Ptx(_) => None,
     };
-    Ok((image, ptx))
+    Ok((cubin, ptx))
 }
 
 /// Destroys an NVRTC program when dropped.
@@ -398,12 +388,12 @@ fn kernel_facts(
             return Err(Error::InvalidProgram {
                 program: name.to_owned(),
                 reason: format!(
-                    "this driver (CUDA {}.{}) cannot report a kernel's parameters \
-                     (`cuFuncGetParamInfo` needs 12.4), so hwqueue cannot check them against \
+                    "this driver (CUDA {}) cannot report a kernel's parameters \
+                     (`cuFuncGetParamInfo` needs {}), so hwqueue cannot check them against \
                      the declared buffers and scalars; update the NVIDIA driver, or load the \
                      kernel with the `unsafe` `_unchecked` constructor and keep its contract",
-                    version / 1000,
-                    version % 1000 / 10
+                    cuda_version(version),
+                    cuda_version(PARAM_INFO_DRIVER)
                 ),
             });
         }
@@ -446,21 +436,23 @@ fn param_sizes(
     Ok(sizes)
 }
 
-/// The error for a module the driver would not load: the JIT's own log
-/// (`cuModuleLoadDataEx` with an error-log buffer) where it gives one, and
-/// for PTX newer than the driver the two versions and the fix.
-fn load_error(device: &CudaDevice, image: &[u8], error: DriverError) -> Error {
+/// The error for a module the driver would not load. A sticky error loses
+/// the device (nothing more is asked of it); PTX newer than the driver
+/// gets the two versions and the fix; other PTX gets the JIT's own log
+/// (`cuModuleLoadDataEx` with an error-log buffer). `jitted` is the PTX
+/// text when PTX was loaded (a cubin has no JIT to ask).
+fn load_error(device: &CudaDevice, jitted: Option<&str>, error: DriverError) -> Error {
+    if launch::is_sticky(error.0) {
+        return device_error(device.ordinal(), "loading the module", error);
+    }
     let mut detail = error.to_string();
     if error.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
         detail = format!(
             "{detail}: {}",
             launch::unsupported_ptx_advice(nvrtc_version(), device.driver_version())
         );
-    } else if let Some(log) = jit_log(device, image) {
+    } else if let Some(log) = jitted.and_then(|ptx| jit_log(device, ptx)) {
         detail = format!("{detail}; the JIT said:\n{log}");
-    }
-    if launch::is_sticky(error.0) {
-        return device_error(device.ordinal(), "loading the module", error);
     }
     Error::Driver {
         backend: Cuda::ID,
@@ -471,10 +463,12 @@ fn load_error(device: &CudaDevice, image: &[u8], error: DriverError) -> Error {
     }
 }
 
-/// Loads `image` again with an error-log buffer, for the JIT's log; the
+/// Loads `ptx` again with an error-log buffer, for the JIT's log; the
 /// module, should it load this time, is unloaded at once.
-fn jit_log(device: &CudaDevice, image: &[u8]) -> Option<String> {
+fn jit_log(device: &CudaDevice, ptx: &str) -> Option<String> {
     const LOG_BYTES: usize = 16 << 10;
+    // Checked for NUL when the kernel was given.
+    let image = CString::new(ptx).ok()?;
     device.context().bind_to_thread().ok()?;
     let mut log = vec![0 as c_char; LOG_BYTES];
     let mut options = [
@@ -486,9 +480,9 @@ fn jit_log(device: &CudaDevice, image: &[u8]) -> Option<String> {
     let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), LOG_BYTES as *mut c_void];
     let mut module: sys::CUmodule = std::ptr::null_mut();
     // SAFETY: the context is bound to this thread; `image` is a
-    // NUL-terminated PTX text or a cubin that outlives the call; the two
-    // options point at a live buffer of `LOG_BYTES` bytes and carry its
-    // size; `module` is written only on success.
+    // NUL-terminated PTX text that outlives the call; the two options
+    // point at a live buffer of `LOG_BYTES` bytes and carry its size;
+    // `module` is written only on success.
     let status = unsafe {
         sys::cuModuleLoadDataEx(
             &mut module,

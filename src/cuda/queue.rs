@@ -22,7 +22,7 @@ use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
 use super::signal::EVENT_FLAGS;
-use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, device_error, driver_error, lost};
+use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, context_error, driver_error, lost};
 
 /// A command queue of the CUDA backend: the shared recording core
 /// ([`Queue`]) over a [`CudaEngine`], one CUDA stream.
@@ -501,8 +501,7 @@ impl Shared {
     /// A driver error of this queue's stream, as an [`Error`]: a sticky
     /// one marks the device lost (see `device_error`).
     fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> Error {
-        let ordinal = u32::try_from(self.stream.context().ordinal()).unwrap_or(u32::MAX);
-        device_error(ordinal, what, error)
+        context_error(self.stream.context(), what, error)
     }
 
     /// Copies all of `src` into `dst` on the stream.

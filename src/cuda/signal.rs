@@ -9,7 +9,7 @@ use crate::ring::{Dependency, EventRecorder, EventRing, RingEvent};
 use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
 
-use super::{device_error, driver_error};
+use super::{context_error, driver_error};
 
 /// A timeline signal for the CUDA backend; also usable from any host thread.
 ///
@@ -50,8 +50,7 @@ impl SignalEvent {
     /// A driver error of this event, as an [`Error`](crate::Error): a
     /// sticky one marks its device lost (see `device_error`).
     fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> crate::Error {
-        let ordinal = u32::try_from(self.0.context().ordinal()).unwrap_or(u32::MAX);
-        device_error(ordinal, what, error)
+        context_error(self.0.context(), what, error)
     }
 }
 
