@@ -169,9 +169,8 @@ impl ExecParams {
         if self.shared_memory > limits.max_shared_memory {
             let fix = if limits.max_shared_memory == 0 {
                 "this backend has no shared memory: give the kernel a scratch buffer instead"
-                    .to_owned()
             } else {
-                "use less per work-group (smaller work-groups, or tiles)".to_owned()
+                "use less per work-group (smaller work-groups, or tiles)"
             };
             return fail(format!(
                 "{} bytes of dynamic shared memory per work-group exceed this device's limit of \

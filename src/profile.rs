@@ -45,12 +45,8 @@ fn epoch() -> Instant {
 
 /// Now, on hwqueue's host timeline: nanoseconds since the epoch.
 pub fn now_ns() -> u64 {
-    ns_of(Instant::now())
-}
-
-/// `instant` on the host timeline (0 for instants before the epoch).
-pub fn ns_of(instant: Instant) -> u64 {
-    u64::try_from(instant.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+    let epoch = epoch();
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A `wait`'s or `signal`'s detail: which signal (an id stable across its
@@ -152,7 +148,9 @@ pub struct ProfileEvent {
     pub name: String,
     /// What kind of work it is.
     pub category: Category,
-    /// The queue it ran on, as errors name it (`queue #3`).
+    /// The queue it ran on: its id as errors name it and its kind
+    /// (`queue #3 (compute)`), or its label in a [`Plan`](crate::Plan)
+    /// (`cpu:0 compute`).
     pub queue: String,
     /// The batch: the queue's `submit` count when it was submitted (1 for
     /// the first batch). Host events carry the batch they submitted, or 0.

@@ -152,14 +152,10 @@ impl<E: Engine> Queue<E> {
         }
     }
 
-    /// The host profile, when profiling is on.
-    fn host_profile(&mut self) -> Option<&mut HostProfile> {
-        self.profile.as_deref_mut().filter(|profile| profile.on)
-    }
-
-    /// Records a host call on the queue that started at `start`.
+    /// Records a host call on the queue that started at `start` (called
+    /// only while profiling).
     fn host_event(&mut self, name: &str, start: u64, outcome: &Result<()>) {
-        if let Some(profile) = self.host_profile() {
+        if let Some(profile) = self.profile.as_deref_mut() {
             let detail = match outcome {
                 Ok(()) => String::new(),
                 Err(error) => error.to_string(),
@@ -465,7 +461,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn submit(&mut self) -> Result<()> {
-        if self.profile.is_none() {
+        if !self.profiling() {
             return self.submit_recorded();
         }
         let start = now_ns();
@@ -475,7 +471,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn synchronize(&mut self) -> Result<()> {
-        let start = self.profile.is_some().then(now_ns);
+        let start = self.profiling().then(now_ns);
         self.engine.synchronize();
         let outcome = self.engine.ledger().report(&mut self.epoch);
         if let Some(start) = start {
