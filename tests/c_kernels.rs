@@ -106,6 +106,14 @@ fn run(
     queue.synchronize().unwrap();
 }
 
+/// Runs a one-group kernel that writes one `u32` to its only buffer, and
+/// returns the value it wrote.
+fn value_written_by(device: &CpuDevice, program: &CpuProgram) -> u32 {
+    let buffer = device.alloc(4).unwrap();
+    run(device, program, &[&buffer], &[], ExecParams::new_1d(1, 1));
+    buffer.to_vec::<u32>().unwrap()[0]
+}
+
 fn buffer_of<T: hwqueue::Pod>(device: &CpuDevice, data: &[T]) -> CpuBuffer {
     let buffer = device.alloc(std::mem::size_of_val(data)).unwrap();
     buffer.write_from(data).unwrap();
@@ -627,11 +635,7 @@ fn a_changed_header_compiles_again_and_an_unchanged_one_does_not() {
         ..options_in(&dir)
     };
     let device = CpuDevice::new();
-    let value_of = |program: &CpuProgram| {
-        let buffer = device.alloc(4).unwrap();
-        run(&device, program, &[&buffer], &[], ExecParams::new_1d(1, 1));
-        buffer.to_vec::<u32>().unwrap()[0]
-    };
+    let value_of = |program: &CpuProgram| value_written_by(&device, program);
     let header = include.join("value.h");
     std::fs::write(&header, "#define VALUE 1\n").unwrap();
     let Some(first) = compile("k", SOURCE, "k", 1, 0, &options) else {
@@ -708,11 +712,7 @@ fn a_rebuilt_static_library_compiles_again() {
         ..options_in(&dir)
     };
     let device = CpuDevice::new();
-    let value_of = |program: &CpuProgram| {
-        let buffer = device.alloc(4).unwrap();
-        run(&device, program, &[&buffer], &[], ExecParams::new_1d(1, 1));
-        buffer.to_vec::<u32>().unwrap()[0]
-    };
+    let value_of = |program: &CpuProgram| value_written_by(&device, program);
     let Some(first) = compile("k", SOURCE, "k", 1, 0, &options) else {
         return;
     };

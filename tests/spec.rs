@@ -1,6 +1,8 @@
 //! `DeviceSpec` parsing and printing.
 
-use hwqueue::{DeviceSpec, Error, SpecName};
+use hwqueue::{DeviceSpec, Error};
+// The names a build with CUDA compiled in would accept.
+use hwqueue_testkit::ALL_COMPILED as WITH_CUDA;
 
 #[test]
 fn cpu_parses_in_any_case_and_by_alias() {
@@ -42,20 +44,6 @@ fn cuda_with_the_feature_parses() {
         "cuda:1"
     );
 }
-
-/// The names a build with CUDA compiled in would accept.
-const WITH_CUDA: &[SpecName] = &[
-    SpecName {
-        id: "cpu",
-        aliases: &["host"],
-        missing_feature: None,
-    },
-    SpecName {
-        id: "cuda",
-        aliases: &["gpu", "nvidia"],
-        missing_feature: None,
-    },
-];
 
 #[test]
 fn cuda_specs_print_canonically() {

@@ -44,7 +44,7 @@ pub use ring::{RingOp, check_ring_ops, event_ring};
 #[cfg(not(loom))]
 pub use signal::{SignalOp, check_signal_ops, cpu_signal};
 #[cfg(not(loom))]
-pub use spec::device_spec;
+pub use spec::{ALL_COMPILED, device_spec};
 
 /// How long a wait that the model says must finish may block before the
 /// harness calls it a mismatch (a hang would otherwise stall the fuzzer).

@@ -2,9 +2,9 @@
 
 use hwqueue::{DeviceSpec, Error, SPEC_NAMES, SpecName};
 
-/// The names of a build with every backend compiled in, so the fuzzer also
-/// reaches the success path for `cuda`.
-pub(crate) const ALL_COMPILED: &[SpecName] = &[
+/// The names of a build with every backend compiled in, so the fuzzer (and
+/// `tests/spec.rs`) also reach the success path for `cuda`.
+pub const ALL_COMPILED: &[SpecName] = &[
     SpecName {
         id: "cpu",
         aliases: &["host"],
