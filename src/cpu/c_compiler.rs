@@ -18,13 +18,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::time::UNIX_EPOCH;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 
 use super::Cpu;
-use super::c_manifest::{Manifest, linked_libraries, parse_depfile, write_atomically};
+use super::c_manifest::{Manifest, linked_libraries, modified, parse_depfile, write_atomically};
 
 /// The flags [`CompileOptions::default`] passes to the C compiler.
 ///
@@ -52,7 +52,7 @@ pub const DEFAULT_C_FLAGS: &[&str] = &["-O3", "-std=c11", "-march=native", "-ffp
 /// `native`, `CPATH`, `C_INCLUDE_PATH` and `LIBRARY_PATH`, and the full
 /// text compiled (ABI prelude, program name, source); and by the files the
 /// compile read besides the text: every header the source included
-/// (directly or not) and every library a `-l` linked, recorded at compile
+/// (directly or not) and every static library a `-l` linked, recorded at compile
 /// time and checked on every load. Edit a header, and the next
 /// `from_c_source` compiles again.
 ///
@@ -259,6 +259,11 @@ fn compile(
         depfile: dir.join(format!("{unique}.d")),
     };
     fs::write(&scratch.source, text).map_err(cache_io("writing a C kernel into the cache"))?;
+    // Files the compiler reads that change from here on may not be what it
+    // read (see `c_manifest`).
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
     let ran = Command::new(&compiler.path)
         .args(&compiler.args)
         .args(["-shared", "-fPIC", "-o"])
@@ -292,12 +297,16 @@ fn compile(
     let headers = fs::read_to_string(&scratch.depfile)
         .map(|rule| parse_depfile(&rule, &scratch.source, &cwd))
         .unwrap_or_default();
-    // The libraries of the flags' `-l`s (not the `-lm` added above: the C
-    // library's math is linked dynamically, and follows the system).
-    let libraries = linked_libraries(&compiler.path, &compiler.args, &options.flags);
+    // The static libraries of the flags' `-l`s: their code is copied into
+    // the kernel's library. A shared one (as the `-lm` added above) is
+    // loaded when the kernel's library is, so it follows the system and
+    // needs no compile when it changes.
+    let libraries = linked_libraries(&compiler.path, &compiler.args, &options.flags)
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|extension| extension == "a"));
     Ok((
         scratch,
-        Manifest::capture(headers.into_iter().chain(libraries)),
+        Manifest::capture(headers.into_iter().chain(libraries), started),
     ))
 }
 
@@ -384,16 +393,11 @@ impl Compiler {
         };
         let meta =
             fs::metadata(&path).map_err(|e| no_compiler(&format!("`{}`: {e}", path.display())))?;
-        let modified = meta
-            .modified()
-            .ok()
-            .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |since| since.as_nanos());
         Ok(Self {
             path,
             args,
             size: meta.len(),
-            modified,
+            modified: modified(&meta),
         })
     }
 

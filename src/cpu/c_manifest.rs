@@ -1,6 +1,6 @@
 //! What a C kernel's library was built from besides its text: the files the
 //! compiler read (every header the source included, directly or not) and
-//! the libraries `-l` flags linked. The cache in `c_compiler` keys a library
+//! the static libraries `-l` flags linked. The cache in `c_compiler` keys a library
 //! by its text, flags and compiler, and keeps this manifest beside it; a
 //! library is used only while every file of its manifest is unchanged.
 //!
@@ -8,6 +8,12 @@
 //! or, when either moved, its contents hash the same (a header touched but
 //! not edited does not cost a compile). The hash is FNV-1a 128 of the
 //! contents, as for the cache's file names.
+//!
+//! A file modified at or after the moment the compiler started may have
+//! been read before that edit: what it holds now is not known to be what
+//! the library was built from. Its stamp records no contents, so it never
+//! counts as unchanged, and the next load compiles again (as ccache does
+//! for an "include file too new").
 //!
 //! Not seen: a header that a change of the search path would now find
 //! *instead* of the one recorded (a new file of the same name in an earlier
@@ -41,20 +47,34 @@ struct FileStamp {
     hash: u128,
 }
 
+/// The hash of a stamp whose contents are not known (see the module docs).
+const UNKNOWN: u128 = 0;
+
 impl FileStamp {
-    /// The file as it is now, or `None` when it cannot be read.
-    fn now(path: &Path) -> Option<Self> {
+    /// The file as it is now, or `None` when it cannot be read. Modified at
+    /// or after `compile_started` (nanoseconds since the Unix epoch), its
+    /// contents are recorded as unknown.
+    fn now(path: &Path, compile_started: u128) -> Option<Self> {
         let meta = fs::metadata(path).ok()?;
+        let modified = modified(&meta);
+        let hash = if modified >= compile_started {
+            UNKNOWN
+        } else {
+            fnv1a_128(&fs::read(path).ok()?)
+        };
         Some(Self {
             path: path.to_owned(),
             size: meta.len(),
-            modified: modified(&meta),
-            hash: fnv1a_128(&fs::read(path).ok()?),
+            modified,
+            hash,
         })
     }
 
     /// Whether the file still holds what it held.
     fn is_current(&self) -> bool {
+        if self.hash == UNKNOWN {
+            return false;
+        }
         let Ok(meta) = fs::metadata(&self.path) else {
             return false;
         };
@@ -65,7 +85,9 @@ impl FileStamp {
     }
 }
 
-fn modified(meta: &fs::Metadata) -> u128 {
+/// A file's modification time in nanoseconds since the Unix epoch (0 when
+/// the platform cannot say).
+pub(crate) fn modified(meta: &fs::Metadata) -> u128 {
     meta.modified()
         .ok()
         .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
@@ -74,15 +96,17 @@ fn modified(meta: &fs::Metadata) -> u128 {
 
 impl Manifest {
     /// Stamps `paths` as they are now (each once; unreadable ones are left
-    /// out: the compile that named them read them, so they exist).
-    pub(crate) fn capture(paths: impl IntoIterator<Item = PathBuf>) -> Self {
+    /// out: the compile that named them read them, so they exist), for a
+    /// compile that started at `compile_started` (nanoseconds since the
+    /// Unix epoch; see the module docs).
+    pub(crate) fn capture(paths: impl IntoIterator<Item = PathBuf>, compile_started: u128) -> Self {
         let mut paths: Vec<PathBuf> = paths.into_iter().collect();
         paths.sort();
         paths.dedup();
         Self {
             files: paths
                 .iter()
-                .filter_map(|path| FileStamp::now(path))
+                .filter_map(|path| FileStamp::now(path, compile_started))
                 .collect(),
         }
     }
@@ -281,7 +305,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let header = dir.join("a header.h");
         fs::write(&header, "#define X 1\n").unwrap();
-        let manifest = Manifest::capture([header.clone(), header.clone()]);
+        let manifest = Manifest::capture([header.clone(), header.clone()], u128::MAX);
         let text = manifest.to_text().unwrap();
         let file = dir.join("m.deps");
         fs::write(&file, &text).unwrap();
@@ -290,7 +314,28 @@ mod tests {
         let digest = manifest.digest();
         fs::write(&header, "#define X 2\n").unwrap();
         assert!(!manifest.is_current());
-        assert_ne!(Manifest::capture([header.clone()]).digest(), digest);
+        assert_ne!(
+            Manifest::capture([header.clone()], u128::MAX).digest(),
+            digest
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A header edited while the compiler ran (here: modified at or after
+    /// the compile's start) may not be what the library was built from: it
+    /// never counts as unchanged, however long it stays as it is. Failed
+    /// before this rule: the stamp of the new contents matched.
+    #[test]
+    fn a_file_modified_after_the_compile_started_is_never_current() {
+        let dir = std::env::temp_dir().join(format!("hwq-manifest-new-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let header = dir.join("generated.h");
+        fs::write(&header, "#define X 1\n").unwrap();
+        let written = modified(&fs::metadata(&header).unwrap());
+        let too_new = Manifest::capture([header.clone()], written);
+        assert!(!too_new.is_current());
+        let settled = Manifest::capture([header.clone()], written + 1);
+        assert!(settled.is_current());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

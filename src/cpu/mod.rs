@@ -57,7 +57,8 @@
 //! costs one indirect call per work-group.
 //!
 //! Libraries are cached in the process and on disk, keyed by the text
-//! compiled, the flags and the compiler: [`CompileOptions`] describes the
+//! compiled, the flags and the compiler, and checked against the headers
+//! and static libraries the compile read: [`CompileOptions`] describes the
 //! cache, and [`CpuProgram::cache_outcome`] says whether a program was
 //! compiled, loaded from disk, or already loaded.
 

@@ -129,7 +129,8 @@ impl CpuProgram {
     /// everything [`CPU_KERNEL_PRELUDE`] declares.
     ///
     /// Libraries are cached in this process and on disk, keyed by the text,
-    /// flags and compiler (see [`CompileOptions`]), so compiling the same
+    /// flags and compiler and checked against the headers and static
+    /// libraries the compile read (see [`CompileOptions`]), so compiling the same
     /// source again costs a look-up; [`cache_outcome`](Self::cache_outcome)
     /// tells which happened.
     ///
