@@ -5,6 +5,7 @@ use crate::sync::mpsc;
 
 use super::*;
 
+/// One run's work for the host stage.
 pub(super) struct HostBatch<B: Backend> {
     pub(super) jobs: Vec<HostJob<B>>,
 }
@@ -36,15 +37,15 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
             match outcome {
                 Ok(()) => job.signal.set(job.value),
                 Err(error) => {
-                    // Fail the rest of this batch's values: nobody hangs.
-                    job.signal.fail(job.last, error);
+                    // Fail the rest of this batch's values, with the
+                    // failure as their cause: nobody hangs.
+                    let cause = std::sync::Arc::new(error);
+                    job.signal.fail(job.last, (*cause).clone());
                     for later in &batch.jobs[index + 1..] {
                         later.signal.fail(
                             later.last,
                             Error::EarlierBatchFailed {
-                                cause: std::sync::Arc::new(Error::InvalidSchedule {
-                                    reason: "an earlier host copy of this run failed".into(),
-                                }),
+                                cause: cause.clone(),
                             },
                         );
                     }

@@ -107,7 +107,6 @@ pub struct Plan<B: Backend> {
     pub(super) runs: u64,
 }
 
-/// One run's work for the host stage.
 impl<B: Backend> Plan<B> {
     /// Records and submits one run with fresh timeline values; returns at once.
     ///
@@ -171,7 +170,18 @@ impl<B: Backend> Plan<B> {
                                 queue.exec(program, refs, scalars, *params);
                             },
                         );
-                        debug_assert!(gathered.is_ok(), "the planner checked every buffer id");
+                        // The planner checked every id, so this is a bug:
+                        // the batch is refused rather than run without the
+                        // exec whose value it would still signal.
+                        if let Err(index) = gathered {
+                            queue.reject(Error::InvalidSchedule {
+                                reason: format!(
+                                    "buffer {index} of operation `{}` is not in the schedule \
+                                     (a bug in the planner)",
+                                    facts.ops[op].name
+                                ),
+                            });
+                        }
                     }
                     Work::Copy { dst, src } => {
                         queue.copy(
