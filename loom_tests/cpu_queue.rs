@@ -120,17 +120,27 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
         let mut queue = device.compute_queue().unwrap();
         let mut reports = 0;
         // Submits the recorded batch; a report keeps it, so send it again.
-        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| loop {
-            match queue.submit() {
-                Ok(()) => break,
-                Err(Error::QueueFailed { .. }) => reports += 1,
-                Err(other) => panic!("unexpected {other}"),
+        // Whether this submit reported the failure.
+        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| {
+            let mut reported = false;
+            loop {
+                match queue.submit() {
+                    Ok(()) => break reported,
+                    Err(Error::QueueFailed { .. }) => {
+                        reports += 1;
+                        reported = true;
+                    }
+                    Err(other) => panic!("unexpected {other}"),
+                }
             }
         };
         queue.wait(&failed, 1).signal(&a, 1);
         submit(&mut queue);
         queue.signal(&b, 1);
-        submit(&mut queue);
+        // B's submit either reports A's failure (B is kept and sent again,
+        // stamped after the report) or does not (B was submitted before
+        // the owner knew).
+        let b_after_report = submit(&mut queue);
         assert!(a.wait(1, Timeout::Forever).is_err());
         queue.signal(&c, 1);
         submit(&mut queue);
@@ -141,6 +151,11 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
             Err(other) => panic!("unexpected {other}"),
         }
         assert_eq!(reports, 1, "one failure, reported {reports} times");
+        assert_eq!(
+            b.wait(1, Timeout::Forever).is_ok(),
+            b_after_report,
+            "B runs exactly when it was submitted after the report"
+        );
         drop(queue);
     });
 }

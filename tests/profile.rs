@@ -218,9 +218,9 @@ fn kernel_timing_returns_n_samples_directly_and_through_the_any_enum() {
     .unwrap();
     assert_eq!(timing.samples.len(), 3);
     assert!(timing.min() >= Duration::from_millis(20));
-    assert!(timing.median() >= timing.min());
     // The queue's profiling is back off, and nothing is left behind.
     assert!(!queue.profiling());
+    assert!(queue.take_profile().is_empty());
 
     let mut any = AnyQueue::from(device.compute_queue().unwrap());
     let any_program = hwqueue::AnyProgram::from(program);

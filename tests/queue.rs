@@ -564,13 +564,7 @@ fn one_failure_is_reported_once_on_the_cpu_queue_whatever_the_race() {
 
 /// A kernel panicking with a payload whose own `Drop` panics.
 fn panic_with_a_bad_payload(_: &hwqueue::cpu::WorkGroup, _: &hwqueue::cpu::KernelArgs<'_>) {
-    struct PanicsOnDrop;
-    impl Drop for PanicsOnDrop {
-        fn drop(&mut self) {
-            panic!("the payload's drop panics too");
-        }
-    }
-    std::panic::panic_any(PanicsOnDrop);
+    std::panic::panic_any(common::mock::PanicsOnDrop);
 }
 
 /// Defect 3: before the fix the payload was dropped outside the worker's

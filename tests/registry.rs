@@ -277,5 +277,4 @@ fn a_lost_device_is_answered_as_lost_not_handed_out_again() {
     assert!(error.to_string().contains(&spec), "{error}");
     // Other specs are unaffected.
     registry.acquire("cpu").unwrap();
-    assert!(device.health().is_err());
 }

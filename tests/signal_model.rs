@@ -1,7 +1,7 @@
 //! Model test of `CpuSignal`: random sequences of `set`, `wait` (reached,
 //! failed, or polled with a zero timeout), `is_reached`, `value` and `fail`,
 //! against a running max and the failed ranges (the model lives in
-//! `hwqueue::fuzz_harness`, shared with the `cpu_signal` fuzz target).
+//! `hwqueue_testkit`, shared with the `cpu_signal` fuzz target).
 
 use hwqueue_testkit::{SignalOp, check_signal_ops};
 use proptest::prelude::*;

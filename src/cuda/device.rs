@@ -222,9 +222,7 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, size: usize) -> Result<CudaBuffer> {
-        if let Some(lost) = lost(self.inner.ordinal) {
-            return Err(lost);
-        }
+        self.health()?;
         CudaBuffer::new(self, size)
     }
 
