@@ -354,11 +354,9 @@ impl Shared {
     /// what the stream can take now; what follows a wait the stream cannot
     /// express goes to the worker.
     fn process(&self, batch: Batch<Cuda>, from: usize) {
-        if let Admission::Skip(cause) = self.ledger.admit(&batch) {
-            batch.fail_signals(from, &cause);
-            self.recycle(batch, None);
+        let Some(batch) = self.admit(batch, from) else {
             return;
-        }
+        };
         match self.enqueue_caught(&batch, from) {
             Outcome::Done => self.finish(batch),
             Outcome::Blocked(at) => {
@@ -372,6 +370,19 @@ impl Shared {
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
                 self.finish(batch);
+            }
+        }
+    }
+
+    /// `batch`, if the ledger says it runs; else its signals from `from` on
+    /// fail, and it is kept for reuse.
+    fn admit(&self, batch: Batch<Cuda>, from: usize) -> Option<Batch<Cuda>> {
+        match self.ledger.admit(&batch) {
+            Admission::Run => Some(batch),
+            Admission::Skip(cause) => {
+                batch.fail_signals(from, &cause);
+                self.recycle(batch, None);
+                None
             }
         }
     }
@@ -624,11 +635,9 @@ fn run_worker(shared: &Shared) {
                 state = shared.work.wait(state);
             }
         };
-        if let Admission::Skip(cause) = shared.ledger.admit(&batch) {
-            batch.fail_signals(from, &cause);
-            shared.recycle(batch, None);
+        let Some(batch) = shared.admit(batch, from) else {
             continue;
-        }
+        };
         let outcome = loop {
             match shared.enqueue_caught(&batch, from) {
                 Outcome::Blocked(at) => {
