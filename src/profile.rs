@@ -70,6 +70,31 @@ pub(crate) struct Described {
     pub(crate) params: Option<ExecParams>,
 }
 
+impl Described {
+    /// The command's event: command `index` of batch `batch` of `queue`,
+    /// from `start_ns` to `end_ns` (never before `start_ns`).
+    pub(crate) fn into_event(
+        self,
+        queue: String,
+        batch: u64,
+        index: usize,
+        start_ns: u64,
+        end_ns: u64,
+    ) -> ProfileEvent {
+        ProfileEvent {
+            name: self.name,
+            category: self.category,
+            queue,
+            batch,
+            index,
+            start_ns,
+            end_ns: end_ns.max(start_ns),
+            detail: self.detail,
+            params: self.params,
+        }
+    }
+}
+
 pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
     let (name, category, detail, params) = match command {
         Command::Wait { signal, value } => (

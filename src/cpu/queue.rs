@@ -310,22 +310,13 @@ impl BatchProfile {
 
     /// Records command `index` of the batch, run from `start` to now.
     fn record(&mut self, index: usize, command: &Command<Cpu>, start: u64, result: &Result<()>) {
-        let end = now_ns().max(start);
+        let end = now_ns();
         let mut described = describe(command);
         if let Err(error) = result {
             described.detail = format!("{}; failed: {error}", described.detail);
         }
-        self.events.push(ProfileEvent {
-            name: described.name,
-            category: described.category,
-            queue: self.queue.clone(),
-            batch: self.batch,
-            index,
-            start_ns: start,
-            end_ns: end,
-            detail: described.detail,
-            params: described.params,
-        });
+        let event = described.into_event(self.queue.clone(), self.batch, index, start, end);
+        self.events.push(event);
     }
 }
 

@@ -100,52 +100,37 @@ impl Profiler {
         index: usize,
         start_ns: u64,
     ) {
-        let described = describe(command);
-        self.done.push(ProfileEvent {
-            name: described.name,
-            category: described.category,
-            queue: self.label.clone(),
-            batch,
-            index,
-            start_ns,
-            end_ns: now_ns().max(start_ns),
-            detail: format!("{} (on the host)", described.detail),
-            params: described.params,
-        });
+        let mut described = describe(command);
+        described.detail = format!("{} (on the host)", described.detail);
+        let event = described.into_event(self.label.clone(), batch, index, start_ns, now_ns());
+        self.done.push(event);
     }
 
     /// Moves the spans that completed into `out`, on the host timeline.
     /// A span whose events report an error (a lost device) is dropped.
     pub(crate) fn take(&mut self, out: &mut Vec<ProfileEvent>) {
         out.append(&mut self.done);
-        let (reference, reference_ns, label) = (&self.reference, self.reference_ns, &self.label);
-        self.pending
-            .retain(|span| match span.end.try_is_complete() {
-                Ok(false) => true,
+        for span in std::mem::take(&mut self.pending) {
+            match span.end.try_is_complete() {
+                Ok(false) => self.pending.push(span),
                 Ok(true) => {
-                    let at = |event: &CudaEvent| {
-                        reference.elapsed_ms(event).ok().map(|ms| {
-                            // Milliseconds to nanoseconds; never before the
-                            // reference.
-                            reference_ns + (f64::from(ms.max(0.0)) * 1e6) as u64
-                        })
-                    };
-                    if let (Some(start), Some(end)) = (at(&span.start), at(&span.end)) {
-                        out.push(ProfileEvent {
-                            name: span.described.name.clone(),
-                            category: span.described.category,
-                            queue: label.clone(),
-                            batch: span.batch,
-                            index: span.index,
-                            start_ns: start,
-                            end_ns: end.max(start),
-                            detail: span.described.detail.clone(),
-                            params: span.described.params,
-                        });
+                    if let (Some(start), Some(end)) = (self.at(&span.start), self.at(&span.end)) {
+                        let label = self.label.clone();
+                        let event = span
+                            .described
+                            .into_event(label, span.batch, span.index, start, end);
+                        out.push(event);
                     }
-                    false
                 }
-                Err(_) => false,
-            });
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// A completed event on the host timeline: milliseconds after the
+    /// reference, in nanoseconds (never before it).
+    fn at(&self, event: &CudaEvent) -> Option<u64> {
+        let ms = self.reference.elapsed_ms(event).ok()?;
+        Some(self.reference_ns + (f64::from(ms.max(0.0)) * 1e6) as u64)
     }
 }
