@@ -3,45 +3,23 @@
 use crate::backend::Backend;
 use crate::error::Result;
 
-/// Types that are any bit pattern and have no padding: safe to copy to and
-/// from raw bytes.
+/// Types that are any bit pattern and have no padding, so they move to and
+/// from device memory as raw bytes: `bytemuck`'s trait, re-exported.
 ///
-/// # Safety
-/// An implementor must be `Copy`, contain no padding bytes, no pointers or
-/// references, and every bit pattern of its size must be a valid value.
-pub unsafe trait Pod: Copy + Send + Sync + 'static {}
-
-macro_rules! impl_pod {
-    ($($t:ty),*) => {
-        $(
-            // SAFETY: a primitive number: no padding, every bit pattern valid.
-            unsafe impl Pod for $t {}
-        )*
-    };
-}
-impl_pod!(
-    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize, f32, f64
-);
-
-// SAFETY: an array of `Pod` has no padding between elements and every bit
-// pattern of each element is valid.
-unsafe impl<T: Pod, const N: usize> Pod for [T; N] {}
+/// The numbers and arrays of them are `Pod` already; a type of your own
+/// derives it (`#[derive(Clone, Copy, Pod, Zeroable)]` with `#[repr(C)]`,
+/// from `hwqueue::bytemuck`), and with the `half` feature `half::f16` and
+/// `half::bf16` are too.
+pub use bytemuck::{Pod, Zeroable};
 
 /// Views a `Pod` slice as bytes.
 pub fn bytes_of<T: Pod>(data: &[T]) -> &[u8] {
-    // SAFETY: `T: Pod` has no padding, so every byte of the slice is
-    // initialised; the length is the slice's size in bytes, and `u8` has
-    // alignment 1.
-    unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
+    bytemuck::cast_slice(data)
 }
 
 /// Views a mutable `Pod` slice as bytes.
 pub fn bytes_of_mut<T: Pod>(data: &mut [T]) -> &mut [u8] {
-    // SAFETY: as in `bytes_of`; moreover any bytes written are a valid `T`
-    // because every bit pattern of a `Pod` is valid.
-    unsafe {
-        std::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(data))
-    }
+    bytemuck::cast_slice_mut(data)
 }
 
 /// A handle to device memory. Clones name the same memory.
@@ -101,8 +79,8 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     /// As [`read_at`](Self::read_at).
-    fn to_vec<T: Pod + Default>(&self) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); self.size() / std::mem::size_of::<T>().max(1)];
+    fn to_vec<T: Pod>(&self) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); self.size() / std::mem::size_of::<T>().max(1)];
         self.read_at(0, &mut out)?;
         Ok(out)
     }

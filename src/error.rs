@@ -67,8 +67,8 @@ pub enum Error {
 
     /// A copy between buffers of different sizes.
     #[error(
-        "copy size mismatch: destination is {dst} bytes, source is {src} bytes; copies move whole \
-         buffers, so allocate both with the same size"
+        "copy size mismatch: destination is {dst} bytes, source is {src} bytes; a copy moves the \
+         whole source, so pass a destination (a buffer or a view) of the same length"
     )]
     CopySizeMismatch {
         /// Destination size in bytes.
@@ -89,6 +89,94 @@ pub enum Error {
         len: usize,
         /// The buffer's size in bytes.
         size: usize,
+    },
+
+    /// A view whose byte range does not lie in its buffer (or, for a view
+    /// of a view, in the outer view).
+    #[error(
+        "view of {len} bytes at offset {offset} does not fit in a buffer of {size} bytes; make it \
+         end at or before byte {size}"
+    )]
+    ViewOutOfRange {
+        /// Byte offset of the view.
+        offset: usize,
+        /// Its length in bytes.
+        len: usize,
+        /// The size of what it was cut from, in bytes.
+        size: usize,
+    },
+
+    /// A view at an offset the command cannot use.
+    #[error(
+        "{what} is a view at byte offset {offset} (bytes {offset}..{end} of a buffer of {size} \
+         bytes), which is not a multiple of {alignment}; place it at a multiple of {alignment}"
+    )]
+    ViewMisaligned {
+        /// Which argument (`"buffer 1 of exec `gemm`"`, `"the fill destination"`).
+        what: String,
+        /// Byte offset of the view.
+        offset: usize,
+        /// Its end.
+        end: usize,
+        /// The buffer's size.
+        size: usize,
+        /// The alignment needed, in bytes.
+        alignment: usize,
+    },
+
+    /// A copy whose source and destination share bytes of one buffer.
+    #[error(
+        "copy source bytes {src:?} and destination bytes {dst:?} overlap in one buffer of {size} \
+         bytes; copy through a second buffer, or between disjoint ranges"
+    )]
+    CopyOverlap {
+        /// Destination range.
+        dst: std::ops::Range<usize>,
+        /// Source range.
+        src: std::ops::Range<usize>,
+        /// The buffer's size.
+        size: usize,
+    },
+
+    /// A `fill` whose pattern or destination does not fit the rules.
+    #[error("invalid fill of {len} bytes at offset {offset}: {reason}")]
+    InvalidFill {
+        /// Byte offset of the destination.
+        offset: usize,
+        /// Its length.
+        len: usize,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// An upload or download whose host data and device range differ in
+    /// size.
+    #[error(
+        "{what}: the host side is {host} bytes but the device range is {device} bytes; pass host \
+         data of exactly the view's length, or a view of the host data's length"
+    )]
+    TransferSizeMismatch {
+        /// `"upload"` or `"download"`.
+        what: &'static str,
+        /// Host bytes.
+        host: usize,
+        /// Device bytes.
+        device: usize,
+    },
+
+    /// A [`Download`](crate::Download) recorded a second time.
+    #[error(
+        "this Download was already recorded; a Download receives one transfer, so make a new one \
+         (or `Download::from_vec` with the memory of a finished one)"
+    )]
+    DownloadReused,
+
+    /// A [`Download`](crate::Download) whose data never came: its batch
+    /// was dropped, or the wait timed out.
+    #[error("download not complete: {reason}")]
+    DownloadIncomplete {
+        /// Why, and what to do.
+        reason: String,
     },
 
     /// An `exec` got the wrong number of buffers or scalars, or one twice.

@@ -122,15 +122,22 @@ pub mod ring;
 pub mod signal;
 pub mod spec;
 mod sync;
+pub mod transfer;
+pub mod view;
 
 pub use any::{
     AnyBackend, AnyBuffer, AnyDevice, AnyProgram, AnyQueue, AnySignal, BackendEntry, BackendSet,
 };
 pub use backend::{Backend, BufferOf, DeviceInfo, DeviceOf, ProgramOf, QueueOf, SignalOf};
-pub use buffer::{Buffer, Pod};
+pub use buffer::{Buffer, Pod, Zeroable};
+/// `bytemuck`, for `#[derive(Pod, Zeroable)]` on a type of your own.
+pub use bytemuck;
 pub use device::{Device, QueueFactory};
 pub use error::{Error, Result};
 pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Schedule};
+/// `half`, whose `f16` and `bf16` move through buffers and scalars.
+#[cfg(feature = "half")]
+pub use half;
 pub use params::{ExecParams, Limits};
 pub use profile::{Category, KernelTiming, ProfileEvent, chrome_trace, time_exec};
 pub use program::{KernelSignature, Program, Scalar};
@@ -140,3 +147,5 @@ pub use registry::{BackendReport, Policy, Registry, Selection, preferred};
 pub use registry::{acquire, registry};
 pub use signal::{MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout};
 pub use spec::{DeviceSpec, SPEC_NAMES, SpecName};
+pub use transfer::Download;
+pub use view::{AsView, View};

@@ -227,4 +227,10 @@ pub struct Limits {
     /// Largest dynamic shared memory per work-group, in bytes (CUDA: the
     /// device's opt-in maximum; 0 where the backend has none, as the CPU).
     pub max_shared_memory: u32,
+    /// The byte offset of a [`View`](crate::View) passed to `exec` must be
+    /// a multiple of this (a power of two): a kernel reads its elements,
+    /// vectors included, at their alignment from the view's start. Copies,
+    /// fills and transfers take views at any offset (a fill: a multiple of
+    /// its pattern's width).
+    pub view_alignment: usize,
 }

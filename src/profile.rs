@@ -123,7 +123,30 @@ pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
             String::new(),
             Some(*params),
         ),
-        Command::Copy { .. } => ("copy".into(), Category::Copy, String::new(), None),
+        Command::Copy { src, .. } => (
+            "copy".into(),
+            Category::Copy,
+            format!("{} bytes", src.len()),
+            None,
+        ),
+        Command::Fill { dst, width, .. } => (
+            "fill".into(),
+            Category::Copy,
+            format!("{} bytes, {width}-byte pattern", dst.len()),
+            None,
+        ),
+        Command::Upload { dst, .. } => (
+            "upload".into(),
+            Category::Copy,
+            format!("{} bytes", dst.len()),
+            None,
+        ),
+        Command::Download { src, .. } => (
+            "download".into(),
+            Category::Copy,
+            format!("{} bytes", src.len()),
+            None,
+        ),
         Command::Barrier => ("barrier".into(), Category::Barrier, String::new(), None),
     };
     Described {
@@ -139,7 +162,7 @@ pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
 pub enum Category {
     /// An `exec`; the event's name is the kernel's.
     Kernel,
-    /// A `copy`.
+    /// A `copy`, `fill`, `upload` or `download`.
     Copy,
     /// A `signal`.
     Signal,

@@ -24,7 +24,7 @@ fn cpu_first(_: &WorkGroup, _: &KernelArgs<'_>) {
 fn cpu_last(_: &WorkGroup, _: &KernelArgs<'_>) {
     LOG.lock().unwrap().push("cpu 2");
 }
-fn mock_middle(_: &[MockBuffer]) {
+fn mock_middle(_: &[hwqueue::View<Mock>]) {
     LOG.lock().unwrap().push("mock");
 }
 

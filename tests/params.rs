@@ -127,6 +127,7 @@ mod model {
                 max_groups,
                 max_buffers: 64,
                 max_shared_memory: 0,
+                view_alignment: 16,
             })
     }
 

@@ -316,25 +316,132 @@ macro_rules! backend_set {
                 self
             }
 
-            #[inline]
-            fn copy(&mut self, dst: &$Buffer, src: &$Buffer) -> &mut Self {
+            fn exec_views(
+                &mut self,
+                program: &$Program,
+                buffers: &[&$crate::View<$Set>],
+                scalars: &[$crate::Scalar],
+                params: $crate::ExecParams,
+            ) -> &mut Self {
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
-                        match (dst.$as_v(), src.$as_v()) {
-                            (Some(d), Some(s)) => { q.copy(d, s); }
-                            (None, _) => {
-                                q.reject($crate::any::mismatch(
-                                    <$B as $crate::Backend>::ID,
-                                    dst.backend_id(),
-                                    "the copy destination".into(),
-                                ));
+                        let outcome = match program.$as_v() {
+                            None => Err($crate::any::mismatch(
+                                <$B as $crate::Backend>::ID,
+                                program.backend_id(),
+                                ::std::format!("the program `{}` of exec", $crate::Program::name(program)),
+                            )),
+                            Some(p) => buffers
+                                .iter()
+                                .enumerate()
+                                .map(|(index, view)| {
+                                    $crate::any::inner_view::<$B>(
+                                        view.buffer().$as_v(),
+                                        view,
+                                        view.buffer().backend_id(),
+                                        || ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
+                                    )
+                                })
+                                .collect::<$crate::Result<::std::vec::Vec<_>>>()
+                                .map(|views| (p, views)),
+                        };
+                        match outcome {
+                            Ok((p, views)) => {
+                                let refs: ::std::vec::Vec<&$crate::View<$B>> = views.iter().collect();
+                                q.exec_views(p, &refs, scalars, params);
                             }
-                            (_, None) => {
-                                q.reject($crate::any::mismatch(
-                                    <$B as $crate::Backend>::ID,
-                                    src.backend_id(),
-                                    "the copy source".into(),
-                                ));
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn copy<D: $crate::AsView<$Set>, S: $crate::AsView<$Set>>(&mut self, dst: &D, src: &S) -> &mut Self {
+                let (dst, src) = (dst.to_view(), src.to_view());
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        let views = $crate::any::inner_view::<$B>(
+                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the copy destination".into(),
+                        )
+                        .and_then(|d| Ok((d, $crate::any::inner_view::<$B>(
+                            src.buffer().$as_v(), &src, src.buffer().backend_id(), || "the copy source".into(),
+                        )?)));
+                        match views {
+                            Ok((d, s)) => { q.copy(&d, &s); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn fill<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
+                let dst = dst.to_view();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the fill destination".into(),
+                        ) {
+                            Ok(d) => { q.fill(&d, pattern); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn upload<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self {
+                let dst = dst.to_view();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the upload destination".into(),
+                        ) {
+                            Ok(d) => { q.upload(&d, data); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn upload_vec<D: $crate::AsView<$Set>, T: $crate::Pod + Send + Sync>(
+                &mut self,
+                dst: &D,
+                data: ::std::vec::Vec<T>,
+            ) -> &mut Self {
+                let dst = dst.to_view();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the upload destination".into(),
+                        ) {
+                            Ok(d) => { q.upload_vec(&d, data); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn download<S: $crate::AsView<$Set>, T: $crate::Pod + Send>(
+                &mut self,
+                src: &S,
+                into: &$crate::Download<T>,
+            ) -> &mut Self {
+                let src = src.to_view();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            src.buffer().$as_v(), &src, src.buffer().backend_id(), || "the download source".into(),
+                        ) {
+                            Ok(s) => { q.download(&s, into); }
+                            Err(error) => {
+                                // The download fails with the reason, so
+                                // whoever waits on it learns why.
+                                $crate::any::fail_download(into, &error);
+                                q.reject(error);
                             }
                         }
                     } )+

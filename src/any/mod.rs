@@ -156,6 +156,31 @@ pub fn with_gathered<'a, T: 'a, R>(
     }
 }
 
+/// The view of `outer`'s range in `inner`, the buffer `outer` wraps when
+/// it is of backend `B`; else the mismatch error naming `what`. Used by
+/// [`backend_set!`](crate::backend_set).
+#[doc(hidden)]
+pub fn inner_view<B: Backend>(
+    inner: Option<&crate::BufferOf<B>>,
+    outer: &crate::View<impl Backend>,
+    resource: &'static str,
+    what: impl FnOnce() -> String,
+) -> Result<crate::View<B>> {
+    match inner {
+        None => Err(mismatch(B::ID, resource, what())),
+        Some(buffer) => crate::View::new(buffer, outer.offset(), outer.len()),
+    }
+}
+
+/// Fails a download that cannot be recorded, with `error`, so whoever waits
+/// on it learns why. Used by [`backend_set!`](crate::backend_set).
+#[doc(hidden)]
+pub fn fail_download<T: crate::Pod + Send>(download: &crate::Download<T>, error: &Error) {
+    if let Ok(sink) = download.arm() {
+        sink.fail(error);
+    }
+}
+
 /// Compiles only when `D`, `Q`, `S`, `Bu`, `P` are exactly backend `B`'s
 /// associated types. Used in a `const` by [`backend_set!`](crate::backend_set).
 #[doc(hidden)]

@@ -25,6 +25,9 @@ pub const CPU_LIMITS: Limits = Limits {
     max_groups: [u32::MAX, u32::MAX, u32::MAX],
     max_buffers: 64,
     max_shared_memory: 0,
+    // A CPU kernel reads `f32x4`-style vectors from a view's start; 16
+    // bytes also keeps a schedule valid on CUDA.
+    view_alignment: 16,
 };
 
 /// The CPU, opened. Cheap to clone; clones share one device.

@@ -552,6 +552,9 @@ from_scalar!(u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => 
 pub struct BufferView<'a> {
     ptr: *mut u8,
     size: usize,
+    /// The alignment of `ptr`: 64 for a whole buffer, less for a view at
+    /// an offset.
+    align: usize,
     _exec: PhantomData<&'a [u8]>,
 }
 
@@ -566,13 +569,17 @@ impl<'a> BufferView<'a> {
     /// A view of `size` bytes at `ptr`.
     ///
     /// # Safety
-    /// `ptr` is valid for reads and writes of `size` bytes, aligned to
-    /// [`CPU_BUFFER_ALIGN`](super::CPU_BUFFER_ALIGN), initialised, and held
-    /// for the kernel's exclusive use for `'a`.
+    /// `ptr` is valid for reads and writes of `size` bytes, initialised,
+    /// and held for the kernel's exclusive use for `'a`.
     pub(crate) unsafe fn new(ptr: *mut u8, size: usize) -> Self {
+        // The largest power of two dividing the address, at most a
+        // buffer's alignment.
+        let align =
+            (1usize << (ptr as usize).trailing_zeros().min(63)).min(super::CPU_BUFFER_ALIGN);
         Self {
             ptr,
             size,
+            align,
             _exec: PhantomData,
         }
     }
@@ -592,7 +599,15 @@ impl<'a> BufferView<'a> {
         self.size == 0
     }
 
-    /// The start of the memory (64-byte aligned).
+    /// The alignment of the memory's start: 64 bytes for a whole buffer,
+    /// the largest power of two dividing its offset (up to 64) for a
+    /// [`View`](crate::View), at least the queue's
+    /// [`view_alignment`](crate::Limits::view_alignment).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// The start of the memory (aligned to [`align`](Self::align)).
     pub fn as_ptr<T: Pod>(&self) -> *mut T {
         self.ptr.cast()
     }
@@ -603,9 +618,9 @@ impl<'a> BufferView<'a> {
     /// No work-group of this `exec` writes any of these elements while the
     /// returned slice is alive.
     pub unsafe fn as_slice<T: Pod>(&self) -> &'a [T] {
-        check_align::<T>();
-        // SAFETY: the memory is `size` bytes, 64-aligned (so aligned for `T`,
-        // checked above), initialised (zeroed at allocation), and any bits are
+        self.check_align::<T>();
+        // SAFETY: the memory is `size` bytes, aligned for `T` (checked
+        // above), initialised (zeroed at allocation), and any bits are
         // a valid `T: Pod`; the caller promises no concurrent writer.
         unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>(), self.len::<T>()) }
     }
@@ -621,7 +636,7 @@ impl<'a> BufferView<'a> {
     /// If `range` is past the buffer's end (fails the batch).
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut<T: Pod>(&self, range: Range<usize>) -> &'a mut [T] {
-        check_align::<T>();
+        self.check_align::<T>();
         if range.start > range.end || range.end > self.len::<T>() {
             out_of_bounds(range, self.len::<T>());
         }
@@ -634,20 +649,24 @@ impl<'a> BufferView<'a> {
     }
 }
 
-fn check_align<T>() {
-    if std::mem::align_of::<T>() > super::CPU_BUFFER_ALIGN {
-        misaligned::<T>();
+impl BufferView<'_> {
+    #[inline]
+    fn check_align<T>(&self) {
+        if std::mem::align_of::<T>() > self.align {
+            misaligned::<T>(self.align);
+        }
     }
 }
 
 #[cold]
 #[inline(never)]
-fn misaligned<T>() -> ! {
+fn misaligned<T>(align: usize) -> ! {
     panic!(
-        "type {} needs alignment {} but CPU buffers are aligned to {}",
+        "type {} needs alignment {} but this buffer argument is aligned to {align} (a view at \
+         an offset); place the view at a multiple of {}",
         std::any::type_name::<T>(),
         std::mem::align_of::<T>(),
-        super::CPU_BUFFER_ALIGN
+        std::mem::align_of::<T>(),
     )
 }
 

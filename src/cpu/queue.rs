@@ -17,11 +17,13 @@ use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait,
     fence, spawn_joinable,
 };
+use crate::transfer::DownloadSink;
+use crate::view::View;
 
 use super::device::CpuDevice;
 use super::pool::{Grid, Pool};
 use super::program::{BufferView, KernelArgs};
-use super::{Cpu, CpuBuffer, CpuProgram};
+use super::{Cpu, CpuProgram};
 
 /// A command queue of the CPU backend: the shared recording core
 /// ([`Queue`]) over the CPU's [`CpuEngine`].
@@ -357,6 +359,19 @@ fn run_commands<'a>(
                 run_copy(dst, src);
                 Ok(())
             }
+            Command::Fill {
+                dst,
+                pattern,
+                width,
+            } => {
+                run_fill(dst, &pattern[..usize::from(*width)]);
+                Ok(())
+            }
+            Command::Upload { dst, data } => {
+                run_upload(dst, batch.host_bytes(data));
+                Ok(())
+            }
+            Command::Download { src, sink } => run_download(src, sink),
             Command::Barrier => {
                 fence(Ordering::SeqCst);
                 Ok(())
@@ -370,23 +385,95 @@ fn run_commands<'a>(
     Ok(())
 }
 
-fn run_copy(dst: &CpuBuffer, src: &CpuBuffer) {
-    if dst.same_as(src) {
+fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) {
+    let (dst_buffer, src_buffer) = (dst.buffer(), src.buffer());
+    let copy = || {
+        // SAFETY: both views lie in their buffers (checked when made), are
+        // of equal length (checked at record time), and do not overlap
+        // (checked at record time when of one buffer; distinct allocations
+        // otherwise); the caller holds both buffers exclusively.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src_buffer.as_ptr().add(src.offset()),
+                dst_buffer.as_ptr().add(dst.offset()),
+                src.len(),
+            );
+        }
+    };
+    if dst_buffer.same_as(src_buffer) {
+        let _held = dst_buffer.lock_exclusive();
+        copy();
         return;
     }
     // Lock in address order, as `run_exec` does, so two queues never wait
     // on each other's buffers in a cycle.
-    let (first, second) = if dst.address() < src.address() {
-        (dst, src)
+    let (first, second) = if dst_buffer.address() < src_buffer.address() {
+        (dst_buffer, src_buffer)
     } else {
-        (src, dst)
+        (src_buffer, dst_buffer)
     };
     let _a = first.lock_exclusive();
     let _b = second.lock_exclusive();
-    // SAFETY: distinct buffers (checked above) of equal size (checked at
-    // record time), both held exclusively, so the ranges are valid, do not
-    // overlap, and nothing else accesses them.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), src.size()) };
+    copy();
+}
+
+/// Fills `dst` with `pattern` (1, 2 or 4 bytes; `dst`'s offset and length
+/// are multiples of its width, checked at record time).
+fn run_fill(dst: &View<Cpu>, pattern: &[u8]) {
+    let buffer = dst.buffer();
+    let _held = buffer.lock_exclusive();
+    // SAFETY: the view lies in the buffer (checked when made), which is
+    // held exclusively, so these bytes are valid and nobody else's now.
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut(buffer.as_ptr().add(dst.offset()), dst.len()) };
+    fill_pattern(bytes, pattern);
+}
+
+/// Writes `pattern` over `bytes`, as wide stores where aligned.
+pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
+    match *pattern {
+        [byte] => bytes.fill(byte),
+        [a, b] => match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
+            Ok(words) => words.fill(u16::from_ne_bytes([a, b])),
+            Err(_) => bytes
+                .chunks_exact_mut(2)
+                .for_each(|c| c.copy_from_slice(pattern)),
+        },
+        [a, b, c, d] => match bytemuck::try_cast_slice_mut::<u8, u32>(bytes) {
+            Ok(words) => words.fill(u32::from_ne_bytes([a, b, c, d])),
+            Err(_) => bytes
+                .chunks_exact_mut(4)
+                .for_each(|c| c.copy_from_slice(pattern)),
+        },
+        _ => unreachable!("the core accepts 1-, 2- and 4-byte patterns only"),
+    }
+}
+
+/// Copies the upload's bytes into `dst` (equal lengths, checked at record
+/// time).
+fn run_upload(dst: &View<Cpu>, data: &[u8]) {
+    let buffer = dst.buffer();
+    let _held = buffer.lock_exclusive();
+    // SAFETY: the view lies in the buffer (checked when made) and is
+    // `data.len()` bytes (checked at record time); the buffer is held
+    // exclusively, and `data` is the batch's memory, not the buffer's.
+    unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), buffer.as_ptr().add(dst.offset()), data.len());
+    }
+}
+
+/// Copies `src` into the download's host memory (equal lengths, checked at
+/// record time).
+fn run_download(src: &View<Cpu>, sink: &DownloadSink) -> Result<()> {
+    let buffer = src.buffer();
+    let _held = buffer.lock_exclusive();
+    // SAFETY: the view lies in the buffer (checked when made), which is
+    // held exclusively (so no kernel writes it now).
+    let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().add(src.offset()), src.len()) };
+    sink.complete(|out| {
+        out.copy_from_slice(bytes);
+        Ok(())
+    })
 }
 
 /// Memory every `exec` of a worker reuses, so that running one allocates
@@ -425,7 +512,7 @@ impl<'a> HeldBuffers<'a> {
     }
 
     /// Holds `buffers[range]` exclusively, in address order, with views.
-    fn hold(&mut self, buffers: &'a [CpuBuffer], range: Range<usize>) {
+    fn hold(&mut self, buffers: &'a [View<Cpu>], range: Range<usize>) {
         if self.range.as_ref() == Some(&range) {
             return;
         }
@@ -434,17 +521,18 @@ impl<'a> HeldBuffers<'a> {
         let order = &mut self.order;
         order.clear();
         order.extend(0..buffers.len());
-        order.sort_unstable_by_key(|&i| buffers[i].address());
-        order.dedup_by_key(|i| buffers[*i].address());
+        order.sort_unstable_by_key(|&i| buffers[i].buffer().address());
+        order.dedup_by_key(|i| buffers[*i].buffer().address());
         self.guards
-            .extend(order.iter().map(|&i| buffers[i].lock_exclusive()));
+            .extend(order.iter().map(|&i| buffers[i].buffer().lock_exclusive()));
         self.views.extend(
             buffers
                 .iter()
-                // SAFETY: each buffer's memory is `size` valid, initialised,
-                // 64-aligned bytes, held exclusively by `self.guards` until
-                // `release`, which clears these views first.
-                .map(|b| unsafe { BufferView::new(b.as_ptr(), b.size()) }),
+                // SAFETY: each view lies in its buffer (checked when made),
+                // whose memory is valid, initialised bytes, held exclusively
+                // by `self.guards` until `release`, which clears these views
+                // first.
+                .map(|v| unsafe { BufferView::new(v.buffer().as_ptr().add(v.offset()), v.len()) }),
         );
         self.range = Some(range);
     }
@@ -485,7 +573,7 @@ fn recycle<T, U>(mut vec: Vec<T>) -> Vec<U> {
 
 fn run_exec<'a>(
     program: &CpuProgram,
-    batch_buffers: &'a [CpuBuffer],
+    batch_buffers: &'a [View<Cpu>],
     buffers: Range<usize>,
     scalars: &[Scalar],
     params: &ExecParams,

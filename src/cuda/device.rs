@@ -24,6 +24,10 @@ use crate::queue::Queue;
 /// parameters are 8 bytes each and must fit CUDA's 4 KiB parameter space.
 pub const CUDA_MAX_BUFFERS: usize = 64;
 
+/// The alignment of a view's offset in an `exec` on CUDA
+/// ([`Limits::view_alignment`](crate::Limits::view_alignment)).
+pub const CUDA_VIEW_ALIGNMENT: usize = 16;
+
 /// CUDA's parameter space per launch, in bytes.
 pub(crate) const PARAMETER_BYTES: usize = 4096;
 
@@ -182,6 +186,9 @@ fn read_limits(context: &std::sync::Arc<CudaContext>) -> Result<Limits> {
         // H100); its static shared memory comes out of the same budget,
         // which `submit` checks per kernel.
         max_shared_memory: attribute(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        // A kernel's pointer must have its element's alignment, and a
+        // vectorised one (`float4`, `double2`) 16 bytes.
+        view_alignment: CUDA_VIEW_ALIGNMENT,
     })
 }
 

@@ -46,9 +46,10 @@ mod profiler;
 mod program;
 mod queue;
 mod signal;
+mod transfer;
 
 pub use buffer::CudaBuffer;
-pub use device::{CUDA_MAX_BUFFERS, CudaDevice};
+pub use device::{CUDA_MAX_BUFFERS, CUDA_VIEW_ALIGNMENT, CudaDevice};
 pub use program::CudaProgram;
 pub use queue::{CudaEngine, CudaQueue};
 pub use signal::CudaSignal;

@@ -8,7 +8,6 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::{CudaEvent, CudaStream, PushKernelArg, result};
 
-use crate::buffer::Buffer;
 use crate::device::Device;
 use crate::error::{Error, Result, panic_message};
 use crate::params::{ExecParams, Limits};
@@ -22,7 +21,14 @@ use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
 use super::signal::EVENT_FLAGS;
+use super::transfer::{self, Pinned};
 use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, context_error, driver_error, lost};
+use crate::view::View;
+
+/// The device address of a view's first byte.
+fn pointer(view: &View<Cuda>) -> u64 {
+    view.buffer().device_pointer() + view.offset() as u64
+}
 
 /// A command queue of the CUDA backend: the shared recording core
 /// ([`Queue`]) over a [`CudaEngine`], one CUDA stream.
@@ -37,8 +43,15 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// - `exec` is a kernel launch with grid = global / local and block = local;
 ///   its parameters are the buffers' device pointers in order, then the
 ///   scalars by value;
-/// - `copy` is a device-to-device `cuMemcpyDtoDAsync` of whole buffers of
-///   equal size;
+/// - `copy` is a device-to-device `cuMemcpyDtoDAsync` between the two
+///   views; `fill` a `cuMemsetD8/D16/D32Async`;
+/// - `upload` is a `cuMemcpyHtoDAsync`: up to 64 KiB straight from the
+///   batch's memory (the driver stages pageable memory before it returns),
+///   larger ones from page-locked staging the batch keeps until the stream
+///   passed it; `download` is a `cuMemcpyDtoHAsync` into page-locked
+///   staging, then a host function on the stream (`cuLaunchHostFunc`)
+///   copies it into the [`Download`](crate::Download) and wakes its
+///   waiters: both in stream order, neither blocking the host;
 /// - `signal(s, v)` records one of `s`'s events on the stream (see
 ///   [`CudaSignal`](super::CudaSignal)): `v` is reached when the GPU gets
 ///   there. **Back-pressure:** a signal holds at most
@@ -123,6 +136,9 @@ struct Shared {
     /// alone, never while holding `state` or `in_flight`.
     profiler: Mutex<Option<Profiler>>,
     profiling: AtomicBool,
+    /// The staging of the batch being enqueued (one at a time, in queue
+    /// order), moved into `in_flight` with it by `finish`. Taken alone.
+    staging: Mutex<Vec<Pinned>>,
 }
 
 #[derive(Default)]
@@ -142,7 +158,8 @@ struct State {
 /// stream passed the event recorded after them.
 #[derive(Default)]
 struct InFlight {
-    batches: VecDeque<(CudaEvent, Batch<Cuda>)>,
+    /// Each with the page-locked staging of its transfers.
+    batches: VecDeque<(CudaEvent, Batch<Cuda>, Vec<Pinned>)>,
     spare_events: Vec<CudaEvent>,
     spare_batches: Vec<Batch<Cuda>>,
 }
@@ -166,6 +183,7 @@ impl CudaEngine {
             in_flight: Mutex::new(InFlight::default()),
             profiler: Mutex::new(None),
             profiling: AtomicBool::new(false),
+            staging: Mutex::new(Vec::new()),
         });
         let worker = shared.clone();
         spawn(
@@ -221,7 +239,7 @@ impl Engine for CudaEngine {
     fn check_exec(
         &self,
         program: &CudaProgram,
-        buffers: &[&CudaBuffer],
+        buffers: &[View<Cuda>],
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
@@ -241,12 +259,14 @@ impl Engine for CudaEngine {
         if !program.device().same_as(&self.device) {
             return Err(self.wrong_device("the program", program.device()));
         }
-        if let Some((index, buffer)) = buffers
+        if let Some((index, view)) = buffers
             .iter()
             .enumerate()
-            .find(|(_, buffer)| !buffer.device().same_as(&self.device))
+            .find(|(_, view)| !view.buffer().device().same_as(&self.device))
         {
-            return Err(self.wrong_device(&format!("buffer {index} of exec"), buffer.device()));
+            return Err(
+                self.wrong_device(&format!("buffer {index} of exec"), view.buffer().device())
+            );
         }
         launch::check_exec(
             program.name(),
@@ -440,6 +460,49 @@ impl Shared {
                     params,
                 ),
                 Command::Copy { dst, src } => self.copy(dst, src),
+                Command::Fill {
+                    dst,
+                    pattern,
+                    width,
+                } => {
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, aligned to `width` (checked at record time),
+                    // kept alive until the stream passed the batch.
+                    unsafe {
+                        transfer::fill(
+                            &self.stream,
+                            pointer(dst),
+                            *pattern,
+                            *width,
+                            dst.len() / usize::from(*width),
+                        )
+                    }
+                    .map_err(|e| self.fault("a fill", e))
+                }
+                Command::Upload { dst, data } => {
+                    let mut staging = self.staging.lock();
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, of the data's length (checked at record
+                    // time), kept alive until the stream passed the batch;
+                    // so is the batch's memory the data is in.
+                    unsafe {
+                        transfer::upload(
+                            &self.stream,
+                            pointer(dst),
+                            batch.host_bytes(data),
+                            &mut staging,
+                        )
+                    }
+                    .map_err(|e| self.fault("an upload", e))
+                }
+                Command::Download { src, sink } => {
+                    let mut staging = self.staging.lock();
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, of the download's length (checked at record
+                    // time), kept alive until the stream passed the batch.
+                    unsafe { transfer::download(&self.stream, pointer(src), sink, &mut staging) }
+                        .map_err(|e| self.fault("a download", e))
+                }
                 Command::Barrier => Ok(()),
             };
             if let Err(error) = result {
@@ -460,7 +523,7 @@ impl Shared {
     fn launch(
         &self,
         program: &CudaProgram,
-        buffers: &[CudaBuffer],
+        buffers: &[View<Cuda>],
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
@@ -472,7 +535,7 @@ impl Shared {
         // `Vec` of argument pointers).
         let mut cells = [0u64; PARAMETER_BYTES / 8];
         let count = buffers.len() + scalars.len();
-        let values = buffers.iter().map(CudaBuffer::device_pointer).chain(
+        let values = buffers.iter().map(pointer).chain(
             scalars
                 .iter()
                 .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
@@ -516,8 +579,8 @@ impl Shared {
     }
 
     /// Copies all of `src` into `dst` on the stream.
-    fn copy(&self, dst: &CudaBuffer, src: &CudaBuffer) -> Result<()> {
-        if dst.same_as(src) || src.size() == 0 {
+    fn copy(&self, dst: &View<Cuda>, src: &View<Cuda>) -> Result<()> {
+        if src.is_empty() {
             return Ok(());
         }
         let fail = |e| self.fault("a device-to-device copy", e);
@@ -525,15 +588,15 @@ impl Shared {
         // The result layer, because cudarc's safe copy wants the destination
         // `&mut` (a lock per buffer, and lock ordering between two) for an
         // exclusivity our queues do not need: signals order buffer use.
-        // SAFETY: both pointers are allocations of at least `size` bytes on
-        // this stream's device (checked at record time), kept alive until
-        // the stream passed this copy; they are distinct allocations (the
-        // same buffer returned above), so the ranges do not overlap.
+        // SAFETY: both views lie in allocations on this stream's device
+        // (checked at record time) and are of equal length, kept alive
+        // until the stream passed this copy; two views of one buffer do not
+        // overlap (checked at record time).
         unsafe {
             result::memcpy_dtod_async(
-                dst.device_pointer(),
-                src.device_pointer(),
-                src.size(),
+                pointer(dst),
+                pointer(src),
+                src.len(),
                 self.stream.cu_stream(),
             )
         }
@@ -542,13 +605,14 @@ impl Shared {
 
     /// Keeps `batch` until the stream passed what was enqueued of it.
     fn finish(&self, batch: Batch<Cuda>) {
+        let staging = mem::take(&mut *self.staging.lock());
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
             Some(event) => Ok(event),
             None => self.stream.context().new_event(Some(EVENT_FLAGS)),
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
-            Ok(event) => in_flight.batches.push_back((event, batch)),
+            Ok(event) => in_flight.batches.push_back((event, batch, staging)),
             Err(_) => {
                 // No event to tell when the stream is done with the batch:
                 // wait for it here (the stream only holds work that
@@ -556,6 +620,7 @@ impl Shared {
                 // reported by `synchronize`.
                 drop(in_flight);
                 let _ = self.stream.synchronize();
+                drop(staging);
                 self.recycle(batch, None);
             }
         }
@@ -570,11 +635,12 @@ impl Shared {
             let passed = in_flight
                 .batches
                 .front()
-                .is_some_and(|(event, _)| !matches!(event.try_is_complete(), Ok(false)));
+                .is_some_and(|(event, ..)| !matches!(event.try_is_complete(), Ok(false)));
             if !passed {
                 break;
             }
-            if let Some((event, batch)) = in_flight.batches.pop_front() {
+            if let Some((event, batch, staging)) = in_flight.batches.pop_front() {
+                drop(staging);
                 in_flight.keep(batch, Some(event));
             }
         }

@@ -3,11 +3,13 @@
 use std::fmt;
 use std::ops::Range;
 
-use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
+use crate::backend::{Backend, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::program::Scalar;
 use crate::signal::{TimelineSignal, Timeout};
+use crate::transfer::{DownloadSink, HostBytes, HostBytesInner};
+use crate::view::View;
 
 /// One command of a [`Batch`].
 ///
@@ -40,19 +42,46 @@ pub enum Command<B: Backend> {
     Exec {
         /// The kernel.
         program: ProgramOf<B>,
-        /// Its buffer arguments: a range of [`Batch::buffers`].
+        /// Its buffer arguments, each a view (a whole buffer is a view of
+        /// all of it): a range of [`Batch::buffers`].
         buffers: Range<usize>,
         /// Its scalar arguments: a range of [`Batch::scalars`].
         scalars: Range<usize>,
         /// Work sizes, validated against the engine's limits.
         params: ExecParams,
     },
-    /// Copy all of `src` into `dst` (equal sizes, checked).
+    /// Copy all of `src` into `dst` (equal lengths; disjoint when of one
+    /// buffer: both checked).
     Copy {
         /// Destination.
-        dst: BufferOf<B>,
+        dst: View<B>,
         /// Source.
-        src: BufferOf<B>,
+        src: View<B>,
+    },
+    /// Fill `dst` with a pattern of `width` bytes (1, 2 or 4; `dst`'s
+    /// offset and length are multiples of it: checked).
+    Fill {
+        /// Destination.
+        dst: View<B>,
+        /// The pattern's native-endian bytes are the first `width` of
+        /// `pattern.to_ne_bytes()`.
+        pattern: [u8; 4],
+        /// 1, 2 or 4.
+        width: u8,
+    },
+    /// Copy host bytes into `dst` (equal lengths, checked).
+    Upload {
+        /// Destination.
+        dst: View<B>,
+        /// The bytes: [`Batch::host_bytes`] reads them.
+        data: HostBytes,
+    },
+    /// Copy `src` into host memory, and mark the download ready.
+    Download {
+        /// Source.
+        src: View<B>,
+        /// Where the bytes go (equal lengths, checked).
+        sink: DownloadSink,
     },
     /// Make earlier writes visible to later commands and other queues.
     Barrier,
@@ -92,7 +121,9 @@ impl<S: TimelineSignal> ForeignWait for S {
 /// have grown; engines recycle finished batches.
 pub struct Batch<B: Backend> {
     pub(super) commands: Vec<Command<B>>,
-    pub(super) buffers: Vec<BufferOf<B>>,
+    pub(super) buffers: Vec<View<B>>,
+    /// The bytes of the batch's `upload`s, one after another.
+    pub(super) bytes: Vec<u8>,
     pub(super) scalars: Vec<Scalar>,
     /// The owner's epoch when submitted (see [`Ledger`](super::Ledger)).
     pub(super) epoch: u64,
@@ -114,6 +145,7 @@ impl<B: Backend> Default for Batch<B> {
         Self {
             commands: Vec::new(),
             buffers: Vec::new(),
+            bytes: Vec::new(),
             scalars: Vec::new(),
             epoch: 0,
             sequence: 0,
@@ -131,8 +163,16 @@ impl<B: Backend> Batch<B> {
 
     /// The buffer arguments of every `exec`; [`Command::Exec`] names its
     /// range.
-    pub fn buffers(&self) -> &[BufferOf<B>] {
+    pub fn buffers(&self) -> &[View<B>] {
         &self.buffers
+    }
+
+    /// The bytes of an upload of this batch.
+    pub fn host_bytes<'a>(&'a self, data: &'a HostBytes) -> &'a [u8] {
+        match &data.0 {
+            HostBytesInner::Inline(range) => &self.bytes[range.clone()],
+            HostBytesInner::Owned(bytes) => bytes.bytes(),
+        }
     }
 
     /// The scalar arguments of every `exec`; [`Command::Exec`] names its
@@ -160,6 +200,7 @@ impl<B: Backend> Batch<B> {
     pub fn clear(&mut self) {
         self.commands.clear();
         self.buffers.clear();
+        self.bytes.clear();
         self.scalars.clear();
         self.epoch = 0;
         // `sequence` is left: every submit stamps it once the queue has
@@ -176,21 +217,25 @@ impl<B: Backend> Batch<B> {
         self.sequence
     }
 
-    /// Fails every signal the commands from `from` on would have set.
+    /// Fails every signal the commands from `from` on would have set, and
+    /// every download they would have made.
     pub fn fail_signals(&self, from: usize, cause: &Error) {
         for command in self.commands.get(from..).unwrap_or_default() {
-            if let Command::Signal { signal, value } = command {
-                signal.fail(*value, cause.clone());
+            match command {
+                Command::Signal { signal, value } => signal.fail(*value, cause.clone()),
+                Command::Download { sink, .. } => sink.fail(cause),
+                _ => {}
             }
         }
     }
 
-    /// Whether some signal of the batch is not reached yet (so abandoning
-    /// the batch has something to fail).
+    /// Whether some signal of the batch is not reached yet, or it holds a
+    /// download (so abandoning the batch has something to fail).
     pub(super) fn has_unreached_signal(&self) -> bool {
-        self.commands.iter().any(|command| {
-            matches!(command, Command::Signal { signal, value }
-                if !TimelineSignal::is_reached(signal, *value))
+        self.commands.iter().any(|command| match command {
+            Command::Signal { signal, value } => !TimelineSignal::is_reached(signal, *value),
+            Command::Download { .. } => true,
+            _ => false,
         })
     }
 }

@@ -37,11 +37,14 @@ pub use ledger::{Admission, Ledger, QueueId};
 pub use recording::{Engine, Queue};
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
+use crate::buffer::Pod;
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::profile::ProfileEvent;
 use crate::program::Scalar;
 use crate::signal::TimelineSignal;
+use crate::transfer::Download;
+use crate::view::{AsView, View};
 
 /// What a queue may run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,9 +109,61 @@ pub trait HardwareQueue: Send + Sized {
         params: ExecParams,
     ) -> &mut Self;
 
-    /// Records: copy all of `src` into `dst`. Sizes must be equal; a
-    /// mismatch rejects the batch and copies nothing.
-    fn copy(&mut self, dst: &BufferOf<Self::Backend>, src: &BufferOf<Self::Backend>) -> &mut Self;
+    /// Records: run `program` as [`exec`](Self::exec) does, with views as
+    /// its buffer arguments: the kernel sees each view as a buffer of the
+    /// view's length, starting at the view's first byte. Each view's offset
+    /// must be a multiple of the queue's
+    /// [`Limits::view_alignment`](crate::Limits::view_alignment)
+    /// ([`Error::ViewMisaligned`] otherwise). A whole buffer is
+    /// [`View::whole`].
+    fn exec_views(
+        &mut self,
+        program: &ProgramOf<Self::Backend>,
+        buffers: &[&View<Self::Backend>],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self;
+
+    /// Records: copy all of `src` into `dst`, each a buffer or a
+    /// [`View`]. Lengths must be equal ([`Error::CopySizeMismatch`]), and
+    /// two ranges of one buffer must not overlap ([`Error::CopyOverlap`]);
+    /// either rejects the batch and copies nothing.
+    fn copy<D: AsView<Self::Backend>, S: AsView<Self::Backend>>(
+        &mut self,
+        dst: &D,
+        src: &S,
+    ) -> &mut Self;
+
+    /// Records: fill `dst` (a buffer or a [`View`]) with `pattern`, a
+    /// 1-, 2- or 4-byte value repeated; `dst`'s offset and length must be
+    /// multiples of its width ([`Error::InvalidFill`] otherwise).
+    fn fill<D: AsView<Self::Backend>, T: Pod>(&mut self, dst: &D, pattern: T) -> &mut Self;
+
+    /// Records: copy `data` into `dst` (a buffer or a [`View`]) when the
+    /// queue reaches this command. The data is copied into the batch now,
+    /// so the caller's memory is free at once; to hand over a vector
+    /// without that copy, [`upload_vec`](Self::upload_vec). Its length must
+    /// be `dst`'s ([`Error::TransferSizeMismatch`] otherwise).
+    fn upload<D: AsView<Self::Backend>, T: Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self;
+
+    /// Records: as [`upload`](Self::upload), taking ownership of `data`
+    /// instead of copying it (the one copy is into the device memory).
+    fn upload_vec<D: AsView<Self::Backend>, T: Pod + Send + Sync>(
+        &mut self,
+        dst: &D,
+        data: Vec<T>,
+    ) -> &mut Self;
+
+    /// Records: when the queue reaches this command, copy `src` (a buffer
+    /// or a [`View`]) into `into`, whose length in bytes must be `src`'s
+    /// ([`Error::TransferSizeMismatch`] otherwise). Wait on `into` (or on a
+    /// signal recorded after this), then take its data. If the batch does
+    /// not run, or fails before this command, `into` fails with the reason.
+    fn download<S: AsView<Self::Backend>, T: Pod + Send>(
+        &mut self,
+        src: &S,
+        into: &Download<T>,
+    ) -> &mut Self;
 
     /// Records: make the memory writes of earlier commands visible to later
     /// commands and to other queues.

@@ -6,12 +6,14 @@ use std::mem;
 use std::ops::Range;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, Pod, bytes_of};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::{Category, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
+use crate::transfer::{Download, HostBytes, HostBytesInner};
+use crate::view::{AsView, View};
 
 use super::batch::{Batch, Command};
 use super::ledger::{Ledger, QueueId};
@@ -51,14 +53,14 @@ pub trait Engine: Send + Sized + 'static {
     /// own argument limits, and what the kernel itself allows of `params`
     /// (CUDA: its block size and shared memory). The core already checked
     /// the queue's kind, the work sizes against [`limits`](Self::limits)
-    /// and the argument counts.
+    /// and the argument counts, and each view's alignment.
     ///
     /// # Errors
     /// Why the `exec` cannot run; it rejects the batch.
     fn check_exec(
         &self,
         program: &ProgramOf<Self::Backend>,
-        buffers: &[&BufferOf<Self::Backend>],
+        buffers: &[View<Self::Backend>],
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
@@ -68,7 +70,7 @@ pub trait Engine: Send + Sized + 'static {
 
     /// Checks, when a command other than `exec` is recorded, that `buffer`
     /// (named `what` in errors: "the copy source") belongs to this queue's
-    /// device.
+    /// device. (Ranges, lengths and overlaps the core checked.)
     ///
     /// # Errors
     /// Why the command cannot run; it rejects the batch.
@@ -224,6 +226,29 @@ impl<E: Engine> Queue<E> {
         self.hand_over();
     }
 
+    /// Checks an upload of `host` bytes into `dst`: the view for its
+    /// command, or `None` with the batch rejected.
+    fn check_upload<D: AsView<E::Backend>>(
+        &mut self,
+        dst: &D,
+        host: usize,
+    ) -> Option<View<E::Backend>> {
+        let (buffer, offset, len) = dst.view_parts();
+        if host != len {
+            self.reject(Error::TransferSizeMismatch {
+                what: "upload",
+                host,
+                device: len,
+            });
+            return None;
+        }
+        if let Err(e) = self.engine.check_buffer("the upload destination", buffer) {
+            self.reject(e);
+            return None;
+        }
+        Some(View::from_parts(buffer.clone(), offset, len))
+    }
+
     fn hand_over(&mut self) {
         let batch = mem::take(&mut self.batch);
         self.batch = self.engine.submit(batch);
@@ -233,14 +258,14 @@ impl<E: Engine> Queue<E> {
     fn check_exec(
         &mut self,
         program: &ProgramOf<E::Backend>,
-        buffers: &[&BufferOf<E::Backend>],
-        scalars: &[Scalar],
+        buffers: usize,
+        scalars: usize,
         params: &ExecParams,
     ) -> Result<()> {
         let key = (
             *params,
             (program.buffer_count(), program.scalar_count()),
-            (buffers.len(), scalars.len()),
+            (buffers, scalars),
         );
         if self.last_checked.as_deref() != Some(&key) {
             check_exec(
@@ -256,23 +281,83 @@ impl<E: Engine> Queue<E> {
                 None => self.last_checked = Some(Box::new(key)),
             }
         }
-        self.engine.check_exec(program, buffers, scalars, params)
+        Ok(())
     }
 
-    /// Adds `buffers` to the batch, sharing the last `exec`'s range when
-    /// they are the same buffers.
+    /// Records an `exec` of `count` buffer arguments, argument `i` being
+    /// the view `get(i)` (buffer, offset, length).
     #[inline]
-    fn push_buffers(&mut self, buffers: &[&BufferOf<E::Backend>]) -> Range<usize> {
+    fn record_exec<'b>(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        count: usize,
+        get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        if self.rejected.is_some() {
+            return self;
+        }
+        if let Err(e) = self.check_exec(program, count, scalars.len(), &params) {
+            return self.reject(e);
+        }
+        let alignment = self.engine.limits().view_alignment;
+        for index in 0..count {
+            let (buffer, offset, len) = get(index);
+            if !offset.is_multiple_of(alignment) {
+                return self.reject(Error::ViewMisaligned {
+                    what: format!("buffer {index} of exec `{}`", program.name()),
+                    offset,
+                    end: offset + len,
+                    size: buffer.size(),
+                    alignment,
+                });
+            }
+        }
+        let buffers = self.push_buffers(count, get);
+        if let Err(e) = self.engine.check_exec(
+            program,
+            &self.batch.buffers[buffers.clone()],
+            scalars,
+            &params,
+        ) {
+            return self.reject(e);
+        }
+        let first_scalar = self.batch.scalars.len();
+        self.batch.scalars.extend_from_slice(scalars);
+        self.batch.commands.push(Command::Exec {
+            program: program.clone(),
+            buffers,
+            scalars: first_scalar..self.batch.scalars.len(),
+            params,
+        });
+        self
+    }
+
+    /// Adds the views `get(0..count)` to the batch, sharing the last
+    /// `exec`'s range when they are the same views.
+    #[inline]
+    fn push_buffers<'b>(
+        &mut self,
+        count: usize,
+        get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+    ) -> Range<usize> {
         let batch = &mut self.batch;
         let Range { start, end } = batch.last_exec_buffers.clone();
         let last = &batch.buffers[start as usize..end as usize];
-        if last.len() == buffers.len()
-            && last.iter().zip(buffers).all(|(old, new)| old.same_as(new))
+        if last.len() == count
+            && last.iter().enumerate().all(|(index, old)| {
+                let (buffer, offset, len) = get(index);
+                old.buffer().same_as(buffer) && old.offset() == offset && old.len() == len
+            })
         {
             return start as usize..end as usize;
         }
         let first = batch.buffers.len();
-        batch.buffers.extend(buffers.iter().map(|b| (*b).clone()));
+        batch.buffers.extend((0..count).map(|index| {
+            let (buffer, offset, len) = get(index);
+            View::from_parts(buffer.clone(), offset, len)
+        }));
         let range = first..batch.buffers.len();
         // Past `u32::MAX` handles, later `exec`s just clone again.
         batch.last_exec_buffers = u32::try_from(range.start)
@@ -384,30 +469,44 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         scalars: &[Scalar],
         params: ExecParams,
     ) -> &mut Self {
-        if self.rejected.is_some() {
-            return self;
-        }
-        if let Err(e) = self.check_exec(program, buffers, scalars, &params) {
-            return self.reject(e);
-        }
-        let buffers = self.push_buffers(buffers);
-        let first_scalar = self.batch.scalars.len();
-        self.batch.scalars.extend_from_slice(scalars);
-        self.batch.commands.push(Command::Exec {
-            program: program.clone(),
-            buffers,
-            scalars: first_scalar..self.batch.scalars.len(),
+        self.record_exec(
+            program,
+            buffers.len(),
+            |index| (buffers[index], 0, buffers[index].size()),
+            scalars,
             params,
-        });
-        self
+        )
     }
 
     #[inline(never)]
-    fn copy(&mut self, dst: &BufferOf<E::Backend>, src: &BufferOf<E::Backend>) -> &mut Self {
-        if dst.size() != src.size() {
+    fn exec_views(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        buffers: &[&View<E::Backend>],
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        self.record_exec(
+            program,
+            buffers.len(),
+            |index| buffers[index].view_parts(),
+            scalars,
+            params,
+        )
+    }
+
+    #[inline(never)]
+    fn copy<D: AsView<E::Backend>, S: AsView<E::Backend>>(
+        &mut self,
+        dst: &D,
+        src: &S,
+    ) -> &mut Self {
+        let (dst, dst_offset, dst_len) = dst.view_parts();
+        let (src, src_offset, src_len) = src.view_parts();
+        if dst_len != src_len {
             return self.reject(Error::CopySizeMismatch {
-                dst: dst.size(),
-                src: src.size(),
+                dst: dst_len,
+                src: src_len,
             });
         }
         for (what, buffer) in [("the copy destination", dst), ("the copy source", src)] {
@@ -415,9 +514,107 @@ impl<E: Engine> HardwareQueue for Queue<E> {
                 return self.reject(e);
             }
         }
-        self.batch.commands.push(Command::Copy {
-            dst: dst.clone(),
-            src: src.clone(),
+        let size = dst.size();
+        let dst = View::<E::Backend>::from_parts(dst.clone(), dst_offset, dst_len);
+        let src = View::<E::Backend>::from_parts(src.clone(), src_offset, src_len);
+        if dst.overlaps(&src) {
+            return self.reject(Error::CopyOverlap {
+                dst: dst.range(),
+                src: src.range(),
+                size,
+            });
+        }
+        self.batch.commands.push(Command::Copy { dst, src });
+        self
+    }
+
+    #[inline(never)]
+    fn fill<D: AsView<E::Backend>, T: Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
+        let (buffer, offset, len) = dst.view_parts();
+        let width = size_of::<T>();
+        let bad = |reason: String| Error::InvalidFill {
+            offset,
+            len,
+            reason,
+        };
+        if !matches!(width, 1 | 2 | 4) {
+            return self.reject(bad(format!(
+                "the pattern is {width} bytes; pass a 1-, 2- or 4-byte value (u8, u16, u32, \
+                 f32, ...)"
+            )));
+        }
+        if !offset.is_multiple_of(width) || !len.is_multiple_of(width) {
+            return self.reject(bad(format!(
+                "the offset and length must be multiples of the pattern's {width} bytes; align \
+                 the view, or fill with a narrower pattern"
+            )));
+        }
+        if let Err(e) = self.engine.check_buffer("the fill destination", buffer) {
+            return self.reject(e);
+        }
+        let mut bytes = [0u8; 4];
+        bytes[..width].copy_from_slice(bytes_of(std::slice::from_ref(&pattern)));
+        self.batch.commands.push(Command::Fill {
+            dst: View::from_parts(buffer.clone(), offset, len),
+            pattern: bytes,
+            width: width as u8,
+        });
+        self
+    }
+
+    #[inline(never)]
+    fn upload<D: AsView<E::Backend>, T: Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self {
+        let bytes = bytes_of(data);
+        let Some(dst) = self.check_upload(dst, bytes.len()) else {
+            return self;
+        };
+        let start = self.batch.bytes.len();
+        self.batch.bytes.extend_from_slice(bytes);
+        let data = HostBytes(HostBytesInner::Inline(start..self.batch.bytes.len()));
+        self.batch.commands.push(Command::Upload { dst, data });
+        self
+    }
+
+    #[inline(never)]
+    fn upload_vec<D: AsView<E::Backend>, T: Pod + Send + Sync>(
+        &mut self,
+        dst: &D,
+        data: Vec<T>,
+    ) -> &mut Self {
+        let Some(dst) = self.check_upload(dst, size_of_val(data.as_slice())) else {
+            return self;
+        };
+        let data = HostBytes(HostBytesInner::Owned(Box::new(data)));
+        self.batch.commands.push(Command::Upload { dst, data });
+        self
+    }
+
+    #[inline(never)]
+    fn download<S: AsView<E::Backend>, T: Pod + Send>(
+        &mut self,
+        src: &S,
+        into: &Download<T>,
+    ) -> &mut Self {
+        let (buffer, offset, len) = src.view_parts();
+        let sink = match into.arm() {
+            Ok(sink) => sink,
+            Err(e) => return self.reject(e),
+        };
+        // Recorded even when invalid (or the batch is rejected already):
+        // `submit` then fails the download with the batch's rejection, so
+        // whoever waits on it learns why.
+        if sink.len() != len {
+            self.reject(Error::TransferSizeMismatch {
+                what: "download",
+                host: sink.len(),
+                device: len,
+            });
+        } else if let Err(e) = self.engine.check_buffer("the download source", buffer) {
+            self.reject(e);
+        }
+        self.batch.commands.push(Command::Download {
+            src: View::from_parts(buffer.clone(), offset, len),
+            sink,
         });
         self
     }

@@ -12,7 +12,7 @@ use hwqueue::cpu::{Cpu, CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
 use hwqueue::queue::{Batch, Command, Engine, Ledger};
 use hwqueue::{
     Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, KernelSignature, Limits, Pod, Producer,
-    Program, Queue, QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout,
+    Program, Queue, QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout, View,
 };
 
 pub const MOCK_DEVICES: u32 = 10;
@@ -356,12 +356,12 @@ macro_rules! mock_types {
         #[derive(Clone)]
         pub struct $Program {
             pub signature: KernelSignature,
-            pub kernel: fn(&[$Buffer]),
+            pub kernel: fn(&[View<$B>]),
         }
 
         impl $Program {
             /// Kernel `name` over `buffers` buffers and no scalars.
-            pub fn new(name: &str, buffers: usize, kernel: fn(&[$Buffer])) -> Self {
+            pub fn new(name: &str, buffers: usize, kernel: fn(&[View<$B>])) -> Self {
                 Self {
                     signature: KernelSignature::new(name, buffers, 0),
                     kernel,
@@ -437,10 +437,33 @@ macro_rules! mock_types {
                                     Ok(())
                                 }
                                 Command::Copy { dst, src } => {
-                                    let data = src.0.lock().unwrap().clone();
-                                    dst.0.lock().unwrap().copy_from_slice(&data);
+                                    let data = src.buffer().0.lock().unwrap()[src.range()].to_vec();
+                                    dst.buffer().0.lock().unwrap()[dst.range()]
+                                        .copy_from_slice(&data);
                                     Ok(())
                                 }
+                                Command::Fill {
+                                    dst,
+                                    pattern,
+                                    width,
+                                } => {
+                                    let pattern = &pattern[..usize::from(*width)];
+                                    dst.buffer().0.lock().unwrap()[dst.range()]
+                                        .chunks_exact_mut(pattern.len())
+                                        .for_each(|chunk| chunk.copy_from_slice(pattern));
+                                    Ok(())
+                                }
+                                Command::Upload { dst, data } => {
+                                    dst.buffer().0.lock().unwrap()[dst.range()]
+                                        .copy_from_slice(batch.host_bytes(data));
+                                    Ok(())
+                                }
+                                Command::Download { src, sink } => sink.complete(|out| {
+                                    out.copy_from_slice(
+                                        &src.buffer().0.lock().unwrap()[src.range()],
+                                    );
+                                    Ok(())
+                                }),
                                 Command::Barrier => Ok(()),
                             };
                             outcome.map_err(|error| (index, error))?;

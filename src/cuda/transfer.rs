@@ -1,0 +1,189 @@
+//! Fills and host transfers on a CUDA stream: page-locked staging memory
+//! and asynchronous copies, in stream order.
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+
+use crate::transfer::DownloadSink;
+
+/// Uploads up to this size are copied from the batch's own memory:
+/// `cuMemcpyHtoDAsync` from pageable memory copies it to the driver's
+/// staging before it returns (and is still ordered on the stream). Larger
+/// ones go through page-locked memory of their own, so the DMA engine
+/// reads them while the host goes on.
+pub(crate) const INLINE_UPLOAD: usize = 64 << 10;
+
+/// Page-locked host memory, freed (with its context current) when dropped;
+/// a batch keeps its staging until the stream passed it.
+pub(crate) struct Pinned {
+    context: std::sync::Arc<CudaContext>,
+    ptr: *mut u8,
+}
+
+// SAFETY: the allocation is owned by this value alone; the stream's copies
+// and host functions that use it finish before it is dropped (the batch
+// keeps it until the stream passed the batch's completion event).
+unsafe impl Send for Pinned {}
+// SAFETY: as for `Send`; shared access only reads the address.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// `len` bytes of page-locked memory (at least one).
+    pub(crate) fn new(
+        context: &std::sync::Arc<CudaContext>,
+        len: usize,
+    ) -> Result<Self, DriverError> {
+        context.bind_to_thread()?;
+        // SAFETY: a plain allocation with the context current; the memory
+        // is only ever used as bytes, written before it is read.
+        let ptr = unsafe { result::malloc_host(len.max(1), 0) }?;
+        Ok(Self {
+            context: context.clone(),
+            ptr: ptr.cast(),
+        })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.context.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_host` and is freed once, here; no
+        // stream work uses it any more (see the `Send` impl).
+        let _ = unsafe { result::free_host(self.ptr.cast()) };
+    }
+}
+
+/// Fills `count` elements of `width` bytes at `dst` with `pattern`.
+///
+/// # Safety
+/// `dst` is a live allocation of at least `count * width` bytes on the
+/// stream's device, aligned to `width`, kept alive until the stream passed
+/// this fill.
+pub(crate) unsafe fn fill(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    pattern: [u8; 4],
+    width: u8,
+    count: usize,
+) -> Result<(), DriverError> {
+    let stream = stream.cu_stream();
+    // SAFETY: the caller's contract; the driver checks the alignment of
+    // the 16- and 32-bit forms itself.
+    unsafe {
+        match width {
+            1 => sys::cuMemsetD8Async(dst, pattern[0], count, stream).result(),
+            2 => sys::cuMemsetD16Async(
+                dst,
+                u16::from_ne_bytes([pattern[0], pattern[1]]),
+                count,
+                stream,
+            )
+            .result(),
+            _ => sys::cuMemsetD32Async(dst, u32::from_ne_bytes(pattern), count, stream).result(),
+        }
+    }
+}
+
+/// Copies `data` to `dst` on the stream; a large upload first goes to
+/// page-locked staging, pushed onto `staging` to live with the batch.
+///
+/// # Safety
+/// `dst` is a live allocation of at least `data.len()` bytes on the
+/// stream's device, kept alive until the stream passed this copy; `data`
+/// lives until this returns (inline) — the batch holds it.
+pub(crate) unsafe fn upload(
+    stream: &CudaStream,
+    dst: sys::CUdeviceptr,
+    data: &[u8],
+    staging: &mut Vec<Pinned>,
+) -> Result<(), DriverError> {
+    if data.is_empty() {
+        return Ok(());
+    }
+    if data.len() <= INLINE_UPLOAD {
+        // SAFETY: pageable source: the driver copies it before returning.
+        return unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) };
+    }
+    let pinned = Pinned::new(stream.context(), data.len())?;
+    // SAFETY: the staging holds `data.len()` bytes and is fresh, so it
+    // cannot overlap `data`.
+    let pinned_bytes = unsafe {
+        std::ptr::copy_nonoverlapping(data.as_ptr(), pinned.as_ptr(), data.len());
+        std::slice::from_raw_parts(pinned.as_ptr(), data.len())
+    };
+    // SAFETY: the staging lives with the batch until the stream passed it.
+    let outcome = unsafe { result::memcpy_htod_async(dst, pinned_bytes, stream.cu_stream()) };
+    staging.push(pinned);
+    outcome
+}
+
+/// What the host function of a download needs: the staging, and the
+/// download to complete.
+struct Landing {
+    staging: *const u8,
+    len: usize,
+    sink: DownloadSink,
+}
+
+/// Copies `src` into page-locked staging on the stream, then, in stream
+/// order, a host function copies the staging into the download's memory
+/// and marks it ready.
+///
+/// # Safety
+/// `src` is a live allocation of at least `sink.len()` bytes on the
+/// stream's device, kept alive until the stream passed this copy.
+pub(crate) unsafe fn download(
+    stream: &CudaStream,
+    src: sys::CUdeviceptr,
+    sink: &DownloadSink,
+    staging: &mut Vec<Pinned>,
+) -> Result<(), DriverError> {
+    let len = sink.len();
+    let pinned = Pinned::new(stream.context(), len)?;
+    // SAFETY: the staging holds `len` bytes and lives with the batch until
+    // the stream passed it (so after the host function below ran).
+    let target = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), len) };
+    // SAFETY: the caller's contract for `src`; the staging as above.
+    unsafe { result::memcpy_dtoh_async(target, src, stream.cu_stream()) }?;
+    let landing = Box::into_raw(Box::new(Landing {
+        staging: pinned.as_ptr(),
+        len,
+        sink: sink.share(),
+    }));
+    staging.push(pinned);
+    // SAFETY: `land` takes the box back exactly once, when the stream runs
+    // it; if the driver refuses it, we take it back here instead.
+    let outcome = unsafe {
+        result::stream::launch_host_function(stream.cu_stream(), land, landing.cast::<c_void>())
+    };
+    if outcome.is_err() {
+        // SAFETY: the driver did not take the box, so we own it again.
+        drop(unsafe { Box::from_raw(landing) });
+    }
+    outcome
+}
+
+/// The host function of a download: runs on a driver thread, in stream
+/// order, after the copy into the staging. Calls no CUDA function.
+unsafe extern "C" fn land(arg: *mut c_void) {
+    // SAFETY: `arg` is the `Landing` box leaked by `download`, handed to
+    // this function once.
+    let landing = unsafe { Box::from_raw(arg.cast::<Landing>()) };
+    // A panic must not unwind into the driver; the download then fails
+    // when the batch drops its handle.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the staging holds `len` bytes the copy before this wrote,
+        // alive until the stream passed the batch.
+        let bytes = unsafe { std::slice::from_raw_parts(landing.staging, landing.len) };
+        landing.sink.complete(|out| {
+            out.copy_from_slice(bytes);
+            Ok(())
+        })
+    }));
+}

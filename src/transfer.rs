@@ -1,0 +1,327 @@
+//! Host transfers in queue order: what an upload carries, and where a
+//! download lands.
+//!
+//! [`upload`](crate::HardwareQueue::upload) takes its data when it is
+//! recorded (a copy into the batch), and
+//! [`upload_vec`](crate::HardwareQueue::upload_vec) takes ownership of a
+//! vector (no copy), so the caller's memory is free again at once and the
+//! bytes land in the buffer when the queue reaches the command, after the
+//! commands before it. [`download`](crate::HardwareQueue::download) copies
+//! a buffer's bytes, when the queue reaches it, into a [`Download`]: host
+//! memory the caller waits on (or whose readiness a later `signal` of the
+//! same batch tells), then takes.
+//!
+//! Neither needs `unsafe`: the queue owns the host memory while the
+//! transfer is pending. A download whose batch does not run (rejected,
+//! discarded, failed before it, or dropped) fails with the reason, so a
+//! waiter never hangs.
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::buffer::{Pod, bytes_of, bytes_of_mut};
+use crate::error::{Error, Result};
+use crate::signal::Timeout;
+use crate::sync::{Condvar, Mutex};
+// `std`'s `Arc` (loom's cannot hold a trait object): downloads are not part
+// of the loom models.
+use std::sync::Arc;
+
+/// The data of an upload, owned by the batch.
+///
+/// The bytes of [`upload`](crate::HardwareQueue::upload) live in the
+/// batch's byte arena (read them with
+/// [`Batch::host_bytes`](crate::queue::Batch::host_bytes)); those of
+/// [`upload_vec`](crate::HardwareQueue::upload_vec) in the caller's vector,
+/// moved in.
+pub struct HostBytes(pub(crate) HostBytesInner);
+
+pub(crate) enum HostBytesInner {
+    /// A range of the batch's arena.
+    Inline(std::ops::Range<usize>),
+    /// A vector the caller handed over. A trait object so that a batch
+    /// holds vectors of any element type; it is read once, by the engine,
+    /// off the path of a kernel launch.
+    Owned(Box<dyn OwnedBytes>),
+}
+
+/// A vector of `Pod` elements, as bytes.
+pub(crate) trait OwnedBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+}
+
+impl<T: Pod + Send + Sync> OwnedBytes for Vec<T> {
+    fn bytes(&self) -> &[u8] {
+        bytes_of(self)
+    }
+}
+
+impl fmt::Debug for HostBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            HostBytesInner::Inline(range) => write!(f, "HostBytes::Inline({range:?})"),
+            HostBytesInner::Owned(bytes) => {
+                write!(f, "HostBytes::Owned({} bytes)", bytes.bytes().len())
+            }
+        }
+    }
+}
+
+/// Where a download stands.
+enum Status {
+    /// Made, not recorded on a queue yet.
+    Idle,
+    /// Recorded; the queue has not reached it.
+    Pending,
+    /// The bytes arrived.
+    Ready,
+    /// It will never arrive, and why.
+    Failed(Error),
+    /// The data was taken.
+    Taken,
+}
+
+struct Slot<T> {
+    state: Mutex<(Status, Vec<T>)>,
+    done: Condvar,
+}
+
+/// Host memory a [`download`](crate::HardwareQueue::download) lands in.
+///
+/// Make one of the download's length ([`new`](Self::new), or
+/// [`from_vec`](Self::from_vec) to reuse memory), record it on a queue,
+/// submit, then [`wait`](Self::wait) for it, or [`take`](Self::take) its
+/// data (which waits first). Its readiness is also told by any signal the
+/// batch sets after it: once that value is reached, `take` returns at once.
+///
+/// A download receives one transfer: recording it a second time rejects
+/// the batch ([`Error::DownloadReused`]). When its batch does not run, or
+/// fails before it, `wait` and `take` return that failure.
+pub struct Download<T: Pod + Send> {
+    slot: Arc<Slot<T>>,
+}
+
+impl<T: Pod + Send> Download<T> {
+    /// Room for `len` elements (zeroed until the data arrives).
+    pub fn new(len: usize) -> Self {
+        Self::from_vec(vec![T::zeroed(); len])
+    }
+
+    /// Lands in `data`'s memory: the download's length is `data.len()`.
+    pub fn from_vec(data: Vec<T>) -> Self {
+        Self {
+            slot: Arc::new(Slot {
+                state: Mutex::new((Status::Idle, data)),
+                done: Condvar::new(),
+            }),
+        }
+    }
+
+    /// The length in elements.
+    pub fn len(&self) -> usize {
+        self.slot.state.lock().1.len()
+    }
+
+    /// Whether the length is zero.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the data arrived (and was not taken yet).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.slot.state.lock().0, Status::Ready)
+    }
+
+    /// Blocks until the data arrived, or will never arrive.
+    ///
+    /// # Errors
+    /// The failure that stopped it (the batch was rejected, discarded or
+    /// failed before the download), passed on as it is;
+    /// [`Error::DownloadIncomplete`] when `timeout` passed first, when it
+    /// was never recorded, or when its data was taken already.
+    pub fn wait(&self, timeout: impl Into<Timeout>) -> Result<()> {
+        let start = Instant::now();
+        let deadline = timeout.into().deadline_from(start);
+        let mut state = self.slot.state.lock();
+        loop {
+            match &state.0 {
+                Status::Ready => return Ok(()),
+                Status::Failed(error) => return Err(error.clone()),
+                Status::Idle => {
+                    return Err(Error::DownloadIncomplete {
+                        reason: "it was never recorded on a queue; record it with \
+                                 `download(&view, &this)` and submit the batch first"
+                            .into(),
+                    });
+                }
+                Status::Taken => {
+                    return Err(Error::DownloadIncomplete {
+                        reason: "its data was taken already".into(),
+                    });
+                }
+                Status::Pending => {}
+            }
+            if let Some(deadline) = deadline
+                && Instant::now() >= deadline
+            {
+                return Err(Error::DownloadIncomplete {
+                    reason: format!(
+                        "its batch had not run after {:?}; submit the batch (and any it waits \
+                         on), or wait longer",
+                        start.elapsed()
+                    ),
+                });
+            }
+            state = self.slot.done.wait_until(state, deadline);
+        }
+    }
+
+    /// Waits as [`wait`](Self::wait), then takes the data.
+    ///
+    /// # Errors
+    /// As [`wait`](Self::wait).
+    pub fn take(&self, timeout: impl Into<Timeout>) -> Result<Vec<T>> {
+        self.wait(timeout)?;
+        let mut state = self.slot.state.lock();
+        state.0 = Status::Taken;
+        Ok(std::mem::take(&mut state.1))
+    }
+
+    /// The queue's end of the download, when it is recorded.
+    ///
+    /// # Errors
+    /// [`Error::DownloadReused`] when it was recorded before.
+    pub(crate) fn arm(&self) -> Result<DownloadSink> {
+        let mut state = self.slot.state.lock();
+        if !matches!(state.0, Status::Idle) {
+            return Err(Error::DownloadReused);
+        }
+        state.0 = Status::Pending;
+        let bytes = size_of_val(state.1.as_slice());
+        drop(state);
+        Ok(DownloadSink {
+            target: self.slot.clone(),
+            bytes,
+        })
+    }
+}
+
+impl<T: Pod + Send> fmt::Debug for Download<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.slot.state.lock();
+        let status = match &state.0 {
+            Status::Idle => "idle",
+            Status::Pending => "pending",
+            Status::Ready => "ready",
+            Status::Failed(_) => "failed",
+            Status::Taken => "taken",
+        };
+        f.debug_struct("Download")
+            .field("len", &state.1.len())
+            .field("status", &status)
+            .finish()
+    }
+}
+
+/// What a queue's end of a download does; a trait object so one batch
+/// holds downloads of any element type (off the path of a kernel launch).
+trait Target: Send + Sync {
+    /// Runs `fill` on the host bytes; on `Ok`, the data is ready.
+    fn complete(&self, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()>;
+    /// Fails the download with `cause`, if it is still pending.
+    fn fail(&self, cause: &Error);
+}
+
+impl<T: Pod + Send> Target for Slot<T> {
+    fn complete(&self, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        let mut state = self.state.lock();
+        if !matches!(state.0, Status::Pending) {
+            return Ok(());
+        }
+        let outcome = fill(bytes_of_mut(&mut state.1));
+        state.0 = match &outcome {
+            Ok(()) => Status::Ready,
+            Err(error) => Status::Failed(error.clone()),
+        };
+        drop(state);
+        self.done.notify_all();
+        outcome
+    }
+
+    fn fail(&self, cause: &Error) {
+        let mut state = self.state.lock();
+        if matches!(state.0, Status::Pending) {
+            state.0 = Status::Failed(cause.clone());
+            drop(state);
+            self.done.notify_all();
+        }
+    }
+}
+
+/// The queue's end of a [`Download`], held by its command.
+///
+/// An engine calls [`complete`](Self::complete) with a function that
+/// writes the bytes, when it reaches the command. If the command never
+/// runs, the batch's failure fails it
+/// ([`Batch::fail_signals`](crate::queue::Batch::fail_signals)), and if the
+/// sink is dropped still pending (its batch dropped unrun), it fails with
+/// [`Error::Abandoned`]: a waiter never hangs.
+pub struct DownloadSink {
+    target: Arc<dyn Target>,
+    bytes: usize,
+}
+
+impl DownloadSink {
+    /// The download's length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the download is of zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Runs `fill` on the host memory (of [`len`](Self::len) bytes), and
+    /// then marks the download ready, or failed with `fill`'s error.
+    ///
+    /// # Errors
+    /// `fill`'s.
+    pub fn complete(&self, mut fill: impl FnMut(&mut [u8]) -> Result<()>) -> Result<()> {
+        self.target.complete(&mut fill)
+    }
+
+    /// Fails the download with `cause`, if it is still pending.
+    pub fn fail(&self, cause: &Error) {
+        self.target.fail(cause);
+    }
+
+    /// A second handle on the same download, for a backend that completes
+    /// it from elsewhere (CUDA: a host function on the stream). Whichever
+    /// handle completes it first counts; dropping one still pending fails
+    /// it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn share(&self) -> DownloadSink {
+        DownloadSink {
+            target: self.target.clone(),
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl Drop for DownloadSink {
+    fn drop(&mut self) {
+        self.target.fail(&Error::Abandoned {
+            reason: "the batch holding this download was dropped before it ran; submit the batch \
+                     and keep its queue alive until it ran",
+        });
+    }
+}
+
+impl fmt::Debug for DownloadSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DownloadSink")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
