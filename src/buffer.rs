@@ -44,6 +44,15 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     /// Whether two handles name the same memory.
     fn same_as(&self, other: &Self) -> bool;
 
+    /// The `len` bytes from byte `offset`, as a [`View`](crate::View).
+    ///
+    /// # Errors
+    /// [`Error::ViewOutOfRange`](crate::Error::ViewOutOfRange) when the
+    /// range does not lie in the buffer.
+    fn view(&self, offset: usize, len: usize) -> Result<crate::View<Self::Backend>> {
+        crate::View::new(self, offset, len)
+    }
+
     /// Copies `data` into the buffer at byte `offset`.
     ///
     /// # Errors
