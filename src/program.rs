@@ -70,6 +70,12 @@ pub enum Scalar {
     F32(f32),
     /// `double`.
     F64(f64),
+    /// `__half` / `_Float16` (the `half` feature): 2 bytes.
+    #[cfg(feature = "half")]
+    F16(half::f16),
+    /// `__nv_bfloat16` / `__bf16` (the `half` feature): 2 bytes.
+    #[cfg(feature = "half")]
+    BF16(half::bf16),
 }
 
 impl Scalar {
@@ -82,6 +88,10 @@ impl Scalar {
             Scalar::I64(_) => "i64",
             Scalar::F32(_) => "f32",
             Scalar::F64(_) => "f64",
+            #[cfg(feature = "half")]
+            Scalar::F16(_) => "f16",
+            #[cfg(feature = "half")]
+            Scalar::BF16(_) => "bf16",
         }
     }
 
@@ -95,6 +105,10 @@ impl Scalar {
             Scalar::I64(v) => put(&mut out, &v.to_ne_bytes()),
             Scalar::F32(v) => put(&mut out, &v.to_ne_bytes()),
             Scalar::F64(v) => put(&mut out, &v.to_ne_bytes()),
+            #[cfg(feature = "half")]
+            Scalar::F16(v) => put(&mut out, &v.to_ne_bytes()),
+            #[cfg(feature = "half")]
+            Scalar::BF16(v) => put(&mut out, &v.to_ne_bytes()),
         };
         (out, len)
     }
@@ -117,3 +131,5 @@ macro_rules! scalar_from {
     };
 }
 scalar_from!(u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => F64);
+#[cfg(feature = "half")]
+scalar_from!(half::f16 => F16, half::bf16 => BF16);

@@ -176,6 +176,31 @@ fn half_precision_moves_through_transfers() {
     assert_eq!(b.take(LONG).unwrap(), brains);
 }
 
+#[cfg(feature = "half")]
+#[test]
+fn a_kernel_reads_half_precision_scalars() {
+    use hwqueue::cpu::{CpuProgram, KernelArgs, WorkGroup};
+    use hwqueue::half::{bf16, f16};
+    fn scale(_: &WorkGroup, args: &KernelArgs<'_>) {
+        let (h, b): (f16, bf16) = (args.scalar(0), args.scalar(1));
+        // SAFETY: one work-group.
+        let out = unsafe { args.buffer(0).slice_mut::<f32>(0..2) };
+        out.copy_from_slice(&[h.to_f32(), b.to_f32()]);
+    }
+    let device = CpuDevice::new();
+    let buffer = device.alloc(8).unwrap();
+    let scalars: [hwqueue::Scalar; 2] = [f16::from_f32(0.5).into(), bf16::from_f32(-4.0).into()];
+    assert_eq!(scalars[0].type_name(), "f16");
+    assert_eq!(scalars[1].to_ne_bytes().1, 2);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .exec(&CpuProgram::from_fn("scale", 1, 2, scale), &[&buffer], &scalars, ExecParams::new_1d(1, 1))
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(buffer.to_vec::<f32>().unwrap(), vec![0.5, -4.0]);
+}
+
 // ---- Bad input and failure: a clear error, nothing hangs.
 
 fn wrong_sizes<B: Backend>(device: &DeviceOf<B>) {

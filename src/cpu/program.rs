@@ -537,6 +537,8 @@ macro_rules! from_scalar {
     };
 }
 from_scalar!(u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => F64);
+#[cfg(feature = "half")]
+from_scalar!(half::f16 => F16, half::bf16 => BF16);
 
 /// A kernel's view of one buffer argument: raw memory, shared by every
 /// work-group of the `exec`.
