@@ -9,6 +9,9 @@
 //! | `exec_launch_wide` | 200 `exec`s of a 64-work-group kernel (each group adds 1 to 64 floats) in one batch, submitted and waited for | `rayon`: 200 `par_chunks_mut(64)` passes over the same floats |
 //! | `exec_matmul` | a 256×256×256 `f32` matmul, one work-group per row of the result | `rayon`: `par_chunks_mut` by rows |
 //! | `exec_matmul_16_rows` | the same, 16 work-groups of 16 rows | `rayon`: `par_chunks_mut` by 16 rows |
+//! | `fill_bandwidth` | one `fill` of a 64 MiB buffer with a `u32` pattern | `slice_fill`: `slice::fill` of a 64 MiB `Vec<u32>` on the calling thread |
+//! | `transfer_roundtrip` | `upload_vec` of 64 MiB into a buffer, then `download` of it, in one batch, and `take` of the data | `copy_from_slice`: two 64 MiB `copy_from_slice`s, into a `Vec` and back |
+//! | `exec_views` | `views`: `queue_throughput`'s 1,000 one-group `exec`s, each on two views (`exec_views`) | `whole`: the same on the two whole buffers (`exec`) |
 //! | `profile_overhead` | `on`: `queue_throughput`'s 1,000 one-group `exec`s with profiling on, the events taken each iteration | `off`: the same with profiling off |
 //!
 //! The queue cases include the hand-off to the queue's worker thread and the
@@ -26,7 +29,10 @@ use std::sync::mpsc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hwqueue::cpu::{CpuDevice, CpuProgram, CpuQueue, CpuSignal, KernelArgs, WorkGroup};
-use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout};
+use hwqueue::{
+    Buffer, Device, Download, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout,
+    View,
+};
 use rayon::prelude::*;
 
 use support::Profile;
@@ -421,6 +427,128 @@ fn profile_overhead(c: &mut Criterion) {
     group.finish();
 }
 
+fn fill_bandwidth(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fill_bandwidth");
+    support::configure(&mut group, Profile::Bandwidth);
+    group.throughput(Throughput::Bytes(COPY_BYTES as u64));
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let buffer = device.alloc(COPY_BYTES).expect("buffer");
+        buffer.write_from(&vec![1u8; COPY_BYTES]).expect("write");
+        let mut value = 0;
+        b.iter(|| {
+            queue.fill(&buffer, black_box(value as u32));
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("slice_fill", |b| {
+        let mut data = vec![1u32; COPY_BYTES / 4];
+        let mut value = 0u32;
+        b.iter(|| {
+            data.fill(black_box(value));
+            value += 1;
+            black_box(&mut data);
+        });
+    });
+
+    group.finish();
+}
+
+fn transfer_roundtrip(c: &mut Criterion) {
+    let mut group = c.benchmark_group("transfer_roundtrip");
+    support::configure(&mut group, Profile::Bandwidth);
+    // Up and down.
+    group.throughput(Throughput::Bytes(2 * COPY_BYTES as u64));
+    let source: Vec<u32> = (0..COPY_BYTES as u32 / 4).collect();
+
+    group.bench_function("hwqueue", |b| {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().expect("queue");
+        let buffer = device.alloc(COPY_BYTES).expect("buffer");
+        buffer.write_from(&source).expect("write");
+        // The input is shared with the queue (`Arc<[u32]>`), and the
+        // download lands in the memory the last one returned: each iteration
+        // moves 64 MiB each way and allocates nothing.
+        let input: std::sync::Arc<[u32]> = source.clone().into();
+        let mut landing = source.clone();
+        b.iter(|| {
+            let download = Download::from_vec(std::mem::take(&mut landing));
+            queue
+                .upload_vec(&buffer, input.clone())
+                .download(&buffer, &download)
+                .submit()
+                .expect("submit");
+            landing = download.take(Timeout::Forever).expect("the batch ran");
+            black_box(&landing);
+        });
+    });
+
+    group.bench_function("copy_from_slice", |b| {
+        let mut host = source.clone();
+        let mut device_side = source.clone();
+        b.iter(|| {
+            device_side.copy_from_slice(black_box(&host));
+            host.copy_from_slice(black_box(&device_side));
+            black_box(&mut host);
+        });
+    });
+
+    group.finish();
+}
+
+fn exec_views(c: &mut Criterion) {
+    let mut group = c.benchmark_group("exec_views");
+    support::configure(&mut group, Profile::Latency);
+    group.throughput(Throughput::Elements(JOBS as u64));
+    let device = CpuDevice::new();
+    let [a, b] = [(); 2].map(|_| device.alloc(1024).expect("buffer"));
+    let program = CpuProgram::from_fn("touch", 2, 0, touch);
+    let params = ExecParams::new_1d(1, 1);
+
+    group.bench_function("views", |bencher| {
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let (a, b) = (View::whole(&a), View::whole(&b));
+        let mut value = 0;
+        bencher.iter(|| {
+            for _ in 0..JOBS {
+                queue.exec_views(&program, &[&a, &b], &[], params);
+            }
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.bench_function("whole", |bencher| {
+        let mut queue = device.compute_queue().expect("queue");
+        let done = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        bencher.iter(|| {
+            for _ in 0..JOBS {
+                queue.exec(&program, &[&a, &b], &[], params);
+            }
+            value += 1;
+            submit_and_wait(&mut queue, &done, value);
+        });
+    });
+
+    group.finish();
+}
+
+/// `b[0] = a[0] + 1` (u32): one group, a few instructions.
+fn touch(_group: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group; distinct buffers.
+    unsafe {
+        let value = args.buffer(0).as_slice::<u32>()[0];
+        args.buffer(1).slice_mut::<u32>(0..1)[0] = value.wrapping_add(1);
+    }
+}
+
 criterion_group!(
     benches,
     queue_roundtrip,
@@ -430,6 +558,9 @@ criterion_group!(
     exec_launch_wide,
     exec_matmul,
     exec_matmul_16_rows,
-    profile_overhead
+    profile_overhead,
+    fill_bandwidth,
+    transfer_roundtrip,
+    exec_views
 );
 criterion_main!(benches);

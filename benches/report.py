@@ -30,6 +30,9 @@ ROWS = [
     ("exec_matmul", "hwqueue", "rayon", 1.05),
     ("exec_matmul_16_rows", "hwqueue", "rayon", 1.05),
     ("profile_overhead", "on", "off", None),
+    ("fill_bandwidth", "hwqueue", "slice_fill", 1.1),
+    ("transfer_roundtrip", "hwqueue", "copy_from_slice", 1.2),
+    ("exec_views", "views", "whole", 1.02),
 ]
 
 # Rows that need a GPU: reported, never measured here.

@@ -50,9 +50,13 @@ pub(crate) trait OwnedBytes: Send + Sync {
     fn bytes(&self) -> &[u8];
 }
 
-impl<T: Pod + Send + Sync> OwnedBytes for Vec<T> {
+/// Host data of element type `T` held as `O` (a `Vec<T>`, `Box<[T]>`,
+/// `Arc<[T]>`, ...).
+pub(crate) struct Owned<T, O>(pub(crate) O, pub(crate) std::marker::PhantomData<fn() -> T>);
+
+impl<T: Pod, O: AsRef<[T]> + Send + Sync> OwnedBytes for Owned<T, O> {
     fn bytes(&self) -> &[u8] {
-        bytes_of(self)
+        bytes_of(self.0.as_ref())
     }
 }
 

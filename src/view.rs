@@ -9,6 +9,39 @@
 //! bytes each view covers, so two kernels writing disjoint views of one
 //! arena need no wait between them.
 //!
+//! ```
+//! use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+//! use hwqueue::{Buffer, Device, Download, ExecParams, HardwareQueue, QueueFactory, Timeout};
+//!
+//! fn double(group: &WorkGroup, args: &KernelArgs<'_>) {
+//!     // SAFETY: each work-group touches only its own range.
+//!     for x in unsafe { args.buffer(0).slice_mut::<f32>(group.global_range(0)) } {
+//!         *x *= 2.0;
+//!     }
+//! }
+//!
+//! # fn main() -> hwqueue::Result<()> {
+//! let device = CpuDevice::new();
+//! let program = CpuProgram::from_fn("double", 1, 0, double);
+//! let mut queue = device.compute_queue()?;
+//!
+//! let arena = device.alloc(64 << 10)?;                   // one allocation, many tensors
+//! let x = arena.view(0, 4096)?;                          // a View: bytes 0..4096
+//! let y = arena.view(4096, 4096)?;                       // checked against the size now
+//! let out = Download::<f32>::new(1024);                  // host memory the queue fills
+//!
+//! queue
+//!     .upload(&x, &vec![1.0f32; 1024])                   // taken now, lands in queue order
+//!     .fill(&y, 0.0f32)                                  // 1-, 2- or 4-byte patterns
+//!     .exec_views(&program, &[&x], &[], ExecParams::new_1d(1024, 256))
+//!     .copy(&y, &x)                                      // partial copies through views
+//!     .download(&y, &out)                                // read back once the batch ran
+//!     .submit()?;
+//! assert_eq!(out.take(Timeout::Forever)?, vec![2.0f32; 1024]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! A view is checked against its buffer's size when it is made, so a view
 //! that exists is in range. Where a command needs more (an `exec` argument
 //! needs the offset aligned to the queue's

@@ -183,9 +183,10 @@ fn write_after_write_on_overlapping_ranges_waits() {
     // [0,9) and [8,16) overlap in byte 8.
     let mut s = setup();
     let (x, staging) = (buffer(&mut s, "x", 16), buffer(&mut s, "staging", 16));
+    let scratch = buffer(&mut s, "scratch", 16);
     touch(&mut s, "write [0,9)", x, None, Some(0..9));
     s.schedule
-        .copy("copy", staging, staging)
+        .copy("copy", scratch, staging)
         .on(QueueKind::Copy)
         .writes(x, 8..16);
     let plan = s.schedule.plan().unwrap();
@@ -200,9 +201,10 @@ fn write_after_write_on_overlapping_ranges_waits() {
 fn disjoint_ranges_do_not_wait() {
     let mut s = setup();
     let (x, staging) = (buffer(&mut s, "x", 16), buffer(&mut s, "staging", 16));
+    let scratch = buffer(&mut s, "scratch", 16);
     touch(&mut s, "write [0,8)", x, None, Some(0..8));
     s.schedule
-        .copy("copy", staging, staging)
+        .copy("copy", scratch, staging)
         .on(QueueKind::Copy)
         .writes(x, 8..16);
     let plan = s.schedule.plan().unwrap();
@@ -711,5 +713,100 @@ fn an_exec_with_more_buffers_than_fit_on_the_stack_runs() {
     plan.run().unwrap().wait(LONG).unwrap();
     for (i, b) in buffers.iter().enumerate() {
         assert_eq!(b.to_vec::<u32>().unwrap(), [i as u32]);
+    }
+}
+
+// ---- Views of one arena as schedule buffers.
+
+#[test]
+fn two_ops_on_disjoint_views_of_one_arena_need_no_wait_and_overlapping_ones_do() {
+    let mut s = setup();
+    let arena = buffer(&mut s, "arena", 256);
+    let a = s.schedule.add_view("a", arena, 0, 64).unwrap();
+    let b = s.schedule.add_view("b", arena, 64, 64).unwrap();
+    // b's second half, a view of a view: bytes 96..128 of the arena.
+    touch(&mut s, "write a", a, None, None);
+    s.schedule.fill("clear b", b, 0u32);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [], "{plan}");
+
+    let mut s = setup();
+    let arena = buffer(&mut s, "arena", 256);
+    let b = s.schedule.add_view("b", arena, 64, 64).unwrap();
+    let b_tail = s.schedule.add_view("b tail", b, 32, 32).unwrap();
+    touch(&mut s, "write b", b, None, None);
+    let fill = s.schedule.fill("clear b tail", b_tail, 0u8).id();
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(waits(&plan), [(0, 1, Hazard::WriteAfterRead)], "{plan}");
+    // The wait names the arena and the bytes the two share.
+    let wait = &plan.waits_of(fill)[0];
+    assert_eq!((wait.buffer, wait.range.clone()), (arena, 96..128));
+    let _ = b_tail;
+}
+
+#[test]
+fn a_plan_runs_kernels_and_fills_on_views_of_one_arena() {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let memory = device.alloc(128).unwrap();
+    memory.write_from(&[7u32; 32]).unwrap();
+    let arena = schedule.add_buffer(d, "arena", memory.clone());
+    let x = schedule.add_view("x", arena, 16, 32).unwrap();
+    let y = schedule.add_view("y", arena, 64, 32).unwrap();
+    let z = schedule.add_view("z", arena, 96, 32).unwrap();
+    schedule.exec(
+        "fill x",
+        d,
+        &fill_program(),
+        &[x],
+        &[5u32.into()],
+        ExecParams::new_1d(8, 8),
+    );
+    schedule.fill("clear y", y, 0u16);
+    schedule.copy("x to z", z, x).on(QueueKind::Compute);
+    let mut plan = schedule.plan().unwrap();
+    for _ in 0..2 {
+        plan.run().unwrap().wait(LONG).unwrap();
+    }
+    let got = memory.to_vec::<u32>().unwrap();
+    assert_eq!(&got[..4], &[7; 4]);
+    assert_eq!(&got[4..12], &[5; 8]);
+    assert_eq!(&got[12..16], &[7; 4]);
+    assert_eq!(&got[16..24], &[0; 8]);
+    assert_eq!(&got[24..], &[5; 8]);
+}
+
+#[test]
+fn bad_views_and_fills_in_a_schedule_are_errors_that_say_why() {
+    let mut s = setup();
+    let arena = buffer(&mut s, "arena", 64);
+    assert!(matches!(
+        s.schedule.add_view("past the end", arena, 48, 32),
+        Err(Error::ViewOutOfRange {
+            offset: 48,
+            len: 32,
+            size: 64
+        })
+    ));
+    let a = s.schedule.add_view("a", arena, 0, 32).unwrap();
+    let b = s.schedule.add_view("b", arena, 16, 32).unwrap();
+    s.schedule.copy("overlap", a, b);
+    match s.schedule.plan() {
+        Err(Error::InvalidSchedule { reason }) => assert!(reason.contains("overlap"), "{reason}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    let mut s = setup();
+    let arena = buffer(&mut s, "arena", 64);
+    let odd = s.schedule.add_view("odd", arena, 2, 8).unwrap();
+    s.schedule.fill("misaligned", odd, 0u32);
+    match s.schedule.plan() {
+        Err(Error::InvalidSchedule { reason }) => {
+            assert!(
+                reason.contains("misaligned") && reason.contains("4-byte"),
+                "{reason}"
+            )
+        }
+        other => panic!("{:?}", other.map(|_| ())),
     }
 }

@@ -194,7 +194,12 @@ fn a_kernel_reads_half_precision_scalars() {
     assert_eq!(scalars[1].to_ne_bytes().1, 2);
     let mut queue = device.compute_queue().unwrap();
     queue
-        .exec(&CpuProgram::from_fn("scale", 1, 2, scale), &[&buffer], &scalars, ExecParams::new_1d(1, 1))
+        .exec(
+            &CpuProgram::from_fn("scale", 1, 2, scale),
+            &[&buffer],
+            &scalars,
+            ExecParams::new_1d(1, 1),
+        )
         .submit()
         .unwrap();
     queue.synchronize().unwrap();

@@ -380,7 +380,8 @@ fn a_view_of_another_backends_buffer_rejects_the_batch() {
     let marker = cpu.alloc(16).unwrap();
     let done = cpu.new_signal(0).unwrap();
     let program = MixedProgram::from(fill_program());
-    let cases: Vec<Box<dyn Fn(&mut MixedQueue)>> = vec![
+    type Record<'a> = Box<dyn Fn(&mut MixedQueue) + 'a>;
+    let cases: Vec<Record<'_>> = vec![
         Box::new(|q| {
             q.copy(&own.view(0, 16).unwrap(), &foreign_view);
         }),

@@ -406,11 +406,12 @@ macro_rules! backend_set {
                 self
             }
 
-            fn upload_vec<D: $crate::AsView<$Set>, T: $crate::Pod + Send + Sync>(
-                &mut self,
-                dst: &D,
-                data: ::std::vec::Vec<T>,
-            ) -> &mut Self {
+            fn upload_vec<D, T, O>(&mut self, dst: &D, data: O) -> &mut Self
+            where
+                D: $crate::AsView<$Set>,
+                T: $crate::Pod,
+                O: ::std::convert::AsRef<[T]> + Send + Sync + 'static,
+            {
                 let dst = dst.to_view();
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {

@@ -12,8 +12,8 @@ pub(super) struct HostBatch<B: Backend> {
 
 pub(super) struct HostJob<B: Backend> {
     pub(super) waits: Vec<(B::Signal, u64)>,
-    pub(super) dst: B::Buffer,
-    pub(super) src: B::Buffer,
+    pub(super) dst: View<B>,
+    pub(super) src: View<B>,
     pub(super) signal: B::Signal,
     pub(super) value: u64,
     /// The last value of this run on the host's timeline, to fail on error.
@@ -30,9 +30,9 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
                 .iter()
                 .try_for_each(|(signal, value)| signal.wait(*value, Timeout::Forever))
                 .and_then(|()| {
-                    staging.resize(job.src.size(), 0);
-                    job.src.read_at(0, &mut staging)?;
-                    job.dst.write_at(0, &staging)
+                    staging.resize(job.src.len(), 0);
+                    job.src.read_into(&mut staging)?;
+                    job.dst.write_from(&staging)
                 });
             match outcome {
                 Ok(()) => job.signal.set(job.value),

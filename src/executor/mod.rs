@@ -54,7 +54,7 @@ pub use run::Run;
 pub use schedule::{OpBuilder, Schedule};
 
 use crate::backend::Backend;
-use crate::buffer::Buffer;
+use crate::buffer::Pod;
 use crate::device::QueueFactory;
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
@@ -62,6 +62,7 @@ use crate::program::{Program, Scalar};
 use crate::queue::{HardwareQueue, QueueKind};
 use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::Arc;
+use crate::view::View;
 
 /// A device of a schedule: an index into [`Schedule::add_device`]'s order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -125,7 +125,7 @@ impl<B: Backend> Plan<B> {
                 for &op in &planned.ops {
                     let op_plan = &facts.ops[op];
                     let Work::Copy { dst, src } = self.schedule.ops[op].work else {
-                        unreachable!("only copies run on the host stage");
+                        unreachable!("only copies between devices run on the host stage");
                     };
                     host_jobs.push(HostJob {
                         waits: op_plan
@@ -167,7 +167,7 @@ impl<B: Backend> Plan<B> {
                             buffers.len(),
                             |index| slots.get(buffers[index].0).map(|slot| &slot.buffer),
                             |refs| {
-                                queue.exec(program, refs, scalars, *params);
+                                queue.exec_views(program, refs, scalars, *params);
                             },
                         );
                         // The planner checked every id, so this is a bug:
@@ -188,6 +188,18 @@ impl<B: Backend> Plan<B> {
                             &self.schedule.buffers[dst.0].buffer,
                             &self.schedule.buffers[src.0].buffer,
                         );
+                    }
+                    Work::Fill {
+                        dst,
+                        pattern,
+                        width,
+                    } => {
+                        let dst = &self.schedule.buffers[dst.0].buffer;
+                        match width {
+                            1 => queue.fill(dst, pattern[0]),
+                            2 => queue.fill(dst, u16::from_ne_bytes([pattern[0], pattern[1]])),
+                            _ => queue.fill(dst, u32::from_ne_bytes(*pattern)),
+                        };
                     }
                 }
                 queue.signal(&planned.signal, own + op_plan.value);

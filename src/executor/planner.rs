@@ -173,7 +173,7 @@ pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
             waits,
             program: match &op.work {
                 Work::Exec { program, .. } => Some(program.name().to_owned()),
-                Work::Copy { .. } => None,
+                Work::Copy { .. } | Work::Fill { .. } => None,
             },
         });
     }
@@ -243,18 +243,21 @@ fn effective_accesses<B: Backend>(
     schedule: &Schedule<B>,
     op: &Op<B>,
 ) -> (Vec<Access>, Vec<Access>) {
-    let whole = |buffer: BufferId| Access {
-        buffer,
-        range: 0..schedule.buffers[buffer.0].buffer.size(),
+    // Every access in the bytes of the root buffer, so views of one arena
+    // conflict only where their bytes do.
+    let slot = |buffer: BufferId| &schedule.buffers[buffer.0];
+    let whole = |buffer: BufferId| slot(buffer).access(0..slot(buffer).buffer.len());
+    let declared = |accesses: &Option<Vec<Access>>| -> Vec<Access> {
+        accesses
+            .iter()
+            .flatten()
+            .map(|access| slot(access.buffer).access(access.range.clone()))
+            .collect()
     };
     match &op.work {
         Work::Exec { buffers, .. } => {
-            let declared = op.reads.is_some() || op.writes.is_some();
-            if declared {
-                (
-                    op.reads.clone().unwrap_or_default(),
-                    op.writes.clone().unwrap_or_default(),
-                )
+            if op.reads.is_some() || op.writes.is_some() {
+                (declared(&op.reads), declared(&op.writes))
             } else {
                 let all: Vec<Access> = buffers.iter().map(|b| whole(*b)).collect();
                 (all.clone(), all)
@@ -263,9 +266,14 @@ fn effective_accesses<B: Backend>(
         Work::Copy { dst, src } => {
             let mut reads = vec![whole(*src)];
             let mut writes = vec![whole(*dst)];
-            reads.extend(op.reads.iter().flatten().cloned());
-            writes.extend(op.writes.iter().flatten().cloned());
+            reads.extend(declared(&op.reads));
+            writes.extend(declared(&op.writes));
             (reads, writes)
+        }
+        Work::Fill { dst, .. } => {
+            let mut writes = vec![whole(*dst)];
+            writes.extend(declared(&op.writes));
+            (declared(&op.reads), writes)
         }
     }
 }
@@ -286,7 +294,7 @@ fn lane_of<B: Backend>(schedule: &Schedule<B>, op: &Op<B>) -> Lane {
                 Lane::Host
             }
         }
-        Work::Exec { .. } => Lane::Device {
+        Work::Exec { .. } | Work::Fill { .. } => Lane::Device {
             device: op.device,
             kind: op.kind,
         },
@@ -368,7 +376,7 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
     for op in &schedule.ops {
         for access in op.reads.iter().flatten().chain(op.writes.iter().flatten()) {
             let slot = buffer(op, access.buffer)?;
-            let size = slot.buffer.size();
+            let size = slot.buffer.len();
             if access.range.start > access.range.end || access.range.end > size {
                 return invalid(format!(
                     "operation `{}` declares bytes [{}, {}) of `{}`, which holds {size} bytes",
@@ -400,15 +408,38 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
             }
             Work::Copy { dst, src } => {
                 let (d, s) = (buffer(op, *dst)?, buffer(op, *src)?);
-                if d.buffer.size() != s.buffer.size() {
+                if d.buffer.len() != s.buffer.len() {
                     return invalid(format!(
                         "copy `{}` from `{}` ({} bytes) to `{}` ({} bytes): sizes differ; copies \
-                         move whole buffers",
+                         move the whole source, so make both (buffers or views) one length",
                         op.name,
                         s.name,
-                        s.buffer.size(),
+                        s.buffer.len(),
                         d.name,
-                        d.buffer.size()
+                        d.buffer.len()
+                    ));
+                }
+                if d.buffer.overlaps(&s.buffer) {
+                    return invalid(format!(
+                        "copy `{}` from `{}` to `{}`: the two ranges overlap in one buffer; copy \
+                         between disjoint views",
+                        op.name, s.name, d.name
+                    ));
+                }
+            }
+            Work::Fill { dst, width, .. } => {
+                let d = buffer(op, *dst)?;
+                let width = usize::from(*width);
+                if !matches!(width, 1 | 2 | 4)
+                    || !d.buffer.offset().is_multiple_of(width)
+                    || !d.buffer.len().is_multiple_of(width)
+                {
+                    return invalid(format!(
+                        "fill `{}` of `{}` (bytes {:?}) with a {width}-byte pattern: patterns are \
+                         1, 2 or 4 bytes, and the view's offset and length multiples of that",
+                        op.name,
+                        d.name,
+                        d.buffer.range()
                     ));
                 }
             }

@@ -8,7 +8,22 @@ use super::*;
 pub(super) struct BufferSlot<B: Backend> {
     pub(super) name: String,
     pub(super) device: DeviceId,
-    pub(super) buffer: B::Buffer,
+    /// The bytes: a whole buffer, or a view of another slot's.
+    pub(super) buffer: View<B>,
+    /// The slot of the whole buffer these bytes are part of (itself for a
+    /// whole buffer): hazards compare bytes of it.
+    pub(super) root: BufferId,
+}
+
+impl<B: Backend> BufferSlot<B> {
+    /// Byte `range` of this slot as an access to its root buffer.
+    pub(super) fn access(&self, range: std::ops::Range<usize>) -> Access {
+        let offset = self.buffer.offset();
+        Access {
+            buffer: self.root,
+            range: offset + range.start..offset + range.end,
+        }
+    }
 }
 
 pub(super) enum Work<B: Backend> {
@@ -21,6 +36,12 @@ pub(super) enum Work<B: Backend> {
     Copy {
         dst: BufferId,
         src: BufferId,
+    },
+    Fill {
+        dst: BufferId,
+        /// The pattern's bytes: the first `width` of these.
+        pattern: [u8; 4],
+        width: u8,
     },
 }
 
@@ -71,12 +92,81 @@ impl<B: Backend> Schedule<B> {
         name: impl Into<String>,
         buffer: B::Buffer,
     ) -> BufferId {
+        let id = BufferId(self.buffers.len());
         self.buffers.push(BufferSlot {
             name: name.into(),
             device,
-            buffer,
+            buffer: View::whole(&buffer),
+            root: id,
         });
-        BufferId(self.buffers.len() - 1)
+        id
+    }
+
+    /// Adds `len` bytes from byte `offset` of schedule buffer `of` (a
+    /// buffer, or a view itself) as a buffer of its own, named for plans
+    /// and errors: a tensor placed in an arena. Operations take it wherever
+    /// they take a buffer (an `exec` argument gets the view, a copy or fill
+    /// the view's bytes), and the planner orders work by the bytes of the
+    /// arena each touches: two kernels writing disjoint views of one arena
+    /// need no wait.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`] for an unknown `of`;
+    /// [`Error::ViewOutOfRange`] when the range does not lie in it.
+    pub fn add_view(
+        &mut self,
+        name: impl Into<String>,
+        of: BufferId,
+        offset: usize,
+        len: usize,
+    ) -> Result<BufferId> {
+        let parent = self
+            .buffers
+            .get(of.0)
+            .ok_or_else(|| Error::InvalidSchedule {
+                reason: format!("`add_view` names unknown buffer {}", of.0),
+            })?;
+        let slot = BufferSlot {
+            name: name.into(),
+            device: parent.device,
+            buffer: parent.buffer.view(offset, len)?,
+            root: parent.root,
+        };
+        self.buffers.push(slot);
+        Ok(BufferId(self.buffers.len() - 1))
+    }
+
+    /// Adds a fill of `dst` with `pattern` (1, 2 or 4 bytes; `dst`'s
+    /// offset and length multiples of its width) on the copy queue of its
+    /// device. It writes all of `dst`.
+    pub fn fill<T: Pod>(
+        &mut self,
+        name: impl Into<String>,
+        dst: BufferId,
+        pattern: T,
+    ) -> OpBuilder<'_, B> {
+        let device = self
+            .buffers
+            .get(dst.0)
+            .map_or(DeviceId(usize::MAX), |b| b.device);
+        let bytes = crate::buffer::bytes_of(std::slice::from_ref(&pattern));
+        let mut padded = [0u8; 4];
+        let width = bytes.len().min(4);
+        padded[..width].copy_from_slice(&bytes[..width]);
+        self.push(Op {
+            name: name.into(),
+            device,
+            kind: QueueKind::Copy,
+            work: Work::Fill {
+                dst,
+                pattern: padded,
+                // A width the queue refuses (0, 3, 8, ...) stays visible:
+                // the planner names it.
+                width: u8::try_from(bytes.len()).unwrap_or(u8::MAX),
+            },
+            reads: None,
+            writes: None,
+        })
     }
 
     /// Adds a kernel launch on `device`'s compute queue. Unless narrowed with
@@ -193,7 +283,7 @@ impl<B: Backend> OpBuilder<'_, B> {
             .schedule
             .buffers
             .get(buffer.0)
-            .map_or(0, |b| b.buffer.size());
+            .map_or(0, |b| b.buffer.len());
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s.saturating_add(1),

@@ -147,12 +147,16 @@ pub trait HardwareQueue: Send + Sized {
     fn upload<D: AsView<Self::Backend>, T: Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self;
 
     /// Records: as [`upload`](Self::upload), taking ownership of `data`
-    /// instead of copying it (the one copy is into the device memory).
-    fn upload_vec<D: AsView<Self::Backend>, T: Pod + Send + Sync>(
-        &mut self,
-        dst: &D,
-        data: Vec<T>,
-    ) -> &mut Self;
+    /// instead of copying it: the one copy is into the device memory. Any
+    /// owner of a slice will do: a `Vec<T>`, a `Box<[T]>`, or an
+    /// `Arc<[T]>`, which the host keeps sharing (the queue drops its clone
+    /// once the batch ran), so the same input goes up every step without
+    /// a copy or an allocation.
+    fn upload_vec<D, T, O>(&mut self, dst: &D, data: O) -> &mut Self
+    where
+        D: AsView<Self::Backend>,
+        T: Pod,
+        O: AsRef<[T]> + Send + Sync + 'static;
 
     /// Records: when the queue reaches this command, copy `src` (a buffer
     /// or a [`View`]) into `into`, whose length in bytes must be `src`'s

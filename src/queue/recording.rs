@@ -12,7 +12,7 @@ use crate::params::{ExecParams, Limits};
 use crate::profile::{Category, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
-use crate::transfer::{Download, HostBytes, HostBytesInner};
+use crate::transfer::{Download, HostBytes, HostBytesInner, Owned};
 use crate::view::{AsView, View};
 
 use super::batch::{Batch, Command};
@@ -576,15 +576,19 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     #[inline(never)]
-    fn upload_vec<D: AsView<E::Backend>, T: Pod + Send + Sync>(
-        &mut self,
-        dst: &D,
-        data: Vec<T>,
-    ) -> &mut Self {
-        let Some(dst) = self.check_upload(dst, size_of_val(data.as_slice())) else {
+    fn upload_vec<D, T, O>(&mut self, dst: &D, data: O) -> &mut Self
+    where
+        D: AsView<E::Backend>,
+        T: Pod,
+        O: AsRef<[T]> + Send + Sync + 'static,
+    {
+        let Some(dst) = self.check_upload(dst, size_of_val(data.as_ref())) else {
             return self;
         };
-        let data = HostBytes(HostBytesInner::Owned(Box::new(data)));
+        let data = HostBytes(HostBytesInner::Owned(Box::new(Owned(
+            data,
+            std::marker::PhantomData,
+        ))));
         self.batch.commands.push(Command::Upload { dst, data });
         self
     }
