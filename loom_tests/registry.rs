@@ -9,8 +9,9 @@
 
 use hwqueue::cpu::{CPU_LIMITS, CpuSignal};
 use hwqueue::{
-    Backend, Buffer, Device, DeviceInfo, DeviceSpec, Error, ExecParams, HardwareQueue, Limits, Pod,
-    Program, QueueFactory, QueueKind, Registry, Result, Scalar, TimelineSignal,
+    AsView, Backend, Buffer, Device, DeviceInfo, DeviceSpec, Download, Error, ExecParams,
+    HardwareQueue, Limits, Pod, Program, QueueFactory, QueueKind, Registry, Result, Scalar,
+    TimelineSignal, View,
 };
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
@@ -137,7 +138,42 @@ impl HardwareQueue for RejectingQueue {
         self.reject(runs_nothing())
     }
 
-    fn copy(&mut self, _dst: &EmptyBuffer, _src: &EmptyBuffer) -> &mut Self {
+    fn exec_views(
+        &mut self,
+        _program: &NoProgram,
+        _buffers: &[&View<OpenOnce>],
+        _scalars: &[Scalar],
+        _params: ExecParams,
+    ) -> &mut Self {
+        self.reject(runs_nothing())
+    }
+
+    fn copy<D: AsView<OpenOnce>, S: AsView<OpenOnce>>(&mut self, _dst: &D, _src: &S) -> &mut Self {
+        self.reject(runs_nothing())
+    }
+
+    fn fill<D: AsView<OpenOnce>, T: Pod>(&mut self, _dst: &D, _pattern: T) -> &mut Self {
+        self.reject(runs_nothing())
+    }
+
+    fn upload<D: AsView<OpenOnce>, T: Pod>(&mut self, _dst: &D, _data: &[T]) -> &mut Self {
+        self.reject(runs_nothing())
+    }
+
+    fn upload_vec<D, T, O>(&mut self, _dst: &D, _data: O) -> &mut Self
+    where
+        D: AsView<OpenOnce>,
+        T: Pod,
+        O: AsRef<[T]> + Send + Sync + 'static,
+    {
+        self.reject(runs_nothing())
+    }
+
+    fn download<S: AsView<OpenOnce>, T: Pod + Send>(
+        &mut self,
+        _src: &S,
+        _into: &Download<T>,
+    ) -> &mut Self {
         self.reject(runs_nothing())
     }
 
