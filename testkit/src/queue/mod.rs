@@ -100,7 +100,9 @@ pub enum QueueOp {
         /// Buffer passed twice.
         buf: usize,
     },
-    /// `copy(dst, src)`: rejects the batch when the sizes differ.
+    /// `copy(dst, src)` of whole buffers: rejects the batch when the sizes
+    /// differ (`CopySizeMismatch`), or when both are one buffer
+    /// (`CopyOverlap`).
     Copy {
         /// Destination.
         dst: usize,

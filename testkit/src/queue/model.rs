@@ -104,6 +104,7 @@ pub(crate) enum Rejection {
     InvalidExecParams,
     InvalidArguments,
     CopySizeMismatch,
+    CopyOverlap,
     SignalValueOutOfRange,
 }
 
@@ -119,6 +120,7 @@ impl Rejection {
                 Error::InvalidExecParams { .. }
             ) | (Rejection::InvalidArguments, Error::InvalidArguments { .. })
                 | (Rejection::CopySizeMismatch, Error::CopySizeMismatch { .. })
+                | (Rejection::CopyOverlap, Error::CopyOverlap { .. })
                 | (
                     Rejection::SignalValueOutOfRange,
                     Error::SignalValueOutOfRange { .. }
@@ -288,13 +290,15 @@ impl QueueModel {
                     &mut reject,
                 ),
                 QueueOp::Copy { dst, src } => {
-                    if lens[dst % n] != lens[src % n] {
+                    let (dst, src) = (dst % n, src % n);
+                    // Lengths first, then the overlap (buffers are never
+                    // empty, so a buffer onto itself overlaps).
+                    if lens[dst] != lens[src] {
                         reject(Rejection::CopySizeMismatch);
+                    } else if dst == src {
+                        reject(Rejection::CopyOverlap);
                     }
-                    Command::Copy {
-                        dst: dst % n,
-                        src: src % n,
-                    }
+                    Command::Copy { dst, src }
                 }
                 QueueOp::Barrier => Command::Barrier,
                 QueueOp::Signal { value } => {
