@@ -1,9 +1,10 @@
-//! Model test of `CpuQueue`: random batches of exec / copy / signal / wait /
+//! Model test of `CpuQueue`: random batches of exec (on buffers and views) /
+//! copy (of buffers and views) / fill / upload / download / signal / wait /
 //! barrier on two queues (the second sometimes a copy queue), against a
 //! sequential interpreter (in `hwqueue_testkit`, shared with the
 //! `cpu_queue` fuzz target). Compares which batches are rejected and why,
-//! which failures `synchronize` reports, the final buffers, and every
-//! signal's value and failed values.
+//! which failures `synchronize` reports, the final buffers, what every
+//! download received, and every signal's value and failed values.
 
 use hwqueue_testkit::{QueueOp, QueueProgram, Step, check_queue_program};
 use proptest::prelude::*;
@@ -14,6 +15,12 @@ fn sizes() -> impl Strategy<Value = (u32, u32)> {
         4 => (1u32..=4, 1u32..=2).prop_map(|(local, groups)| (local * groups, local)),
         1 => (0u32..=8, 0u32..=4),
     ]
+}
+
+/// An element offset or length (buffers hold up to 6 elements; the model
+/// clamps).
+fn element() -> impl Strategy<Value = usize> {
+    0usize..8
 }
 
 fn op() -> impl Strategy<Value = QueueOp> {
@@ -27,7 +34,39 @@ fn op() -> impl Strategy<Value = QueueOp> {
             .prop_map(|(a, b, c, (global, local))| QueueOp::Add { a, b, c, global, local }),
         1 => sizes().prop_map(|(global, local)| QueueOp::Explode { global, local }),
         1 => buf.clone().prop_map(|buf| QueueOp::WrongArity { buf }),
-        3 => (buf.clone(), buf).prop_map(|(dst, src)| QueueOp::Copy { dst, src }),
+        3 => (buf.clone(), buf.clone()).prop_map(|(dst, src)| QueueOp::Copy { dst, src }),
+        3 => (buf.clone(), element(), buf.clone(), element(), element()).prop_map(
+            |(dst, dst_at, src, src_at, len)| QueueOp::CopyRange { dst, dst_at, src, src_at, len }
+        ),
+        3 => (
+            buf.clone(),
+            0usize..28,
+            0usize..28,
+            any::<u32>(),
+            prop::sample::select(vec![1u8, 2, 4, 8]),
+        )
+            .prop_map(|(buf, at, len, value, width)| QueueOp::FillRange {
+                buf,
+                at,
+                len,
+                value,
+                width
+            }),
+        3 => (buf.clone(), element(), element(), any::<u32>())
+            .prop_map(|(buf, at, len, seed)| QueueOp::Upload { buf, at, len, seed }),
+        3 => (buf.clone(), element(), element())
+            .prop_map(|(buf, at, len)| QueueOp::Download { buf, at, len }),
+        3 => (buf.clone(), prop_oneof![Just(0usize), Just(4), element()], any::<u32>(), sizes())
+            .prop_map(|(buf, at, value, (global, local))| QueueOp::FillView {
+                buf,
+                at,
+                value,
+                global,
+                local
+            }),
+        1 => buf.clone().prop_map(|buf| QueueOp::UploadWrongSize { buf }),
+        1 => buf.clone().prop_map(|buf| QueueOp::DownloadWrongSize { buf }),
+        1 => buf.prop_map(|buf| QueueOp::DownloadTwice { buf }),
         1 => Just(QueueOp::Barrier),
         3 => (0u64..16).prop_map(|value| QueueOp::Signal { value }),
         3 => (0usize..2, 0u64..16).prop_map(|(signal, value)| QueueOp::Wait { signal, value }),

@@ -50,7 +50,12 @@ pub enum Step {
 /// A command in a [`Step::Batch`]. Buffer indices are taken modulo the
 /// number of buffers. An `exec` of `global` items in groups of `local`
 /// fails at run time (every work-group panics before writing) when a
-/// buffer holds fewer than `global` elements.
+/// buffer (or view) holds fewer than `global` elements.
+///
+/// Ranges are clamped so that every view is in range: an offset `at` into
+/// a buffer of `size` elements (or bytes, for [`FillRange`](Self::FillRange))
+/// is taken modulo `size + 1`, and a length modulo what is left after it
+/// plus one (so empty views occur).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QueueOp {
     /// `buf[i] = value` for `i < global`.
@@ -100,12 +105,109 @@ pub enum QueueOp {
         /// Buffer passed twice.
         buf: usize,
     },
-    /// `copy(dst, src)`: rejects the batch when the sizes differ.
+    /// `copy(dst, src)` of whole buffers: rejects the batch when the sizes
+    /// differ (`CopySizeMismatch`), or when both are one buffer
+    /// (`CopyOverlap`).
     Copy {
         /// Destination.
         dst: usize,
         /// Source.
         src: usize,
+    },
+    /// `copy` between views: `dst[dst_at..][..len] = src[src_at..][..len]`
+    /// (elements). `len` is clamped to what is left of both buffers, so the
+    /// lengths always match; overlapping non-empty ranges of one buffer
+    /// reject the batch (`CopyOverlap`).
+    CopyRange {
+        /// Destination buffer.
+        dst: usize,
+        /// First destination element.
+        dst_at: usize,
+        /// Source buffer.
+        src: usize,
+        /// First source element.
+        src_at: usize,
+        /// Elements copied.
+        len: usize,
+    },
+    /// `fill` of the view of *bytes* `at..at + len` of `buf` with the low
+    /// `width` bytes of `value`: a `u8`, `u16` or `u32` pattern for a width
+    /// of 1, 2 or 4; any other width is a `u64` pattern (8 bytes), which the
+    /// core refuses. A view whose offset or length is not a multiple of the
+    /// width, or a `u64` pattern, rejects the batch (`InvalidFill`).
+    FillRange {
+        /// Buffer.
+        buf: usize,
+        /// First byte.
+        at: usize,
+        /// Bytes filled.
+        len: usize,
+        /// The pattern (truncated to the width).
+        value: u32,
+        /// The pattern's width in bytes: 1, 2, 4 (8 otherwise).
+        width: u8,
+    },
+    /// `upload` of `len` deterministic elements (made from `seed`) into
+    /// `buf[at..][..len]`; an odd `seed` uses `upload_vec` instead.
+    Upload {
+        /// Buffer.
+        buf: usize,
+        /// First element.
+        at: usize,
+        /// Elements uploaded.
+        len: usize,
+        /// What the data is made from.
+        seed: u32,
+    },
+    /// `upload` of one element more than `buf` holds: rejects the batch
+    /// (`TransferSizeMismatch`).
+    UploadWrongSize {
+        /// Buffer.
+        buf: usize,
+    },
+    /// `download` of `buf[at..][..len]` into a `Download<u32>` of `len`
+    /// elements. After the last step it must hold what the model's buffer
+    /// held at that point of the sequential order, or fail: with
+    /// `BatchRejected` when its batch was rejected, with the error of the
+    /// command that failed before it in its batch otherwise.
+    Download {
+        /// Buffer.
+        buf: usize,
+        /// First element.
+        at: usize,
+        /// Elements downloaded.
+        len: usize,
+    },
+    /// `download` of all of `buf` into a `Download<u32>` one element
+    /// longer: rejects the batch (`TransferSizeMismatch`), and the download
+    /// fails.
+    DownloadWrongSize {
+        /// Buffer.
+        buf: usize,
+    },
+    /// `download` of all of `buf`, then the same `Download` recorded again:
+    /// rejects the batch (`DownloadReused`), and the download fails.
+    DownloadTwice {
+        /// Buffer.
+        buf: usize,
+    },
+    /// The fill kernel through `exec_views` on the view of `buf` from
+    /// element `at` to its end: `buf[at + i] = value` for `i < global`. A
+    /// view whose byte offset is not a multiple of the CPU's
+    /// `view_alignment` (16) rejects the batch (`ViewMisaligned`, after the
+    /// checks every `exec` makes); one of fewer than `global` elements
+    /// fails at run time.
+    FillView {
+        /// Buffer.
+        buf: usize,
+        /// First element of the view.
+        at: usize,
+        /// Value written.
+        value: u32,
+        /// Global size.
+        global: u32,
+        /// Local size.
+        local: u32,
     },
     /// `memory_barrier()`.
     Barrier,
@@ -134,7 +236,8 @@ pub enum QueueOp {
 /// Runs `program` on two real CPU queues and on the sequential model,
 /// comparing the result of every `submit` and `synchronize` (which batches
 /// are rejected, and why; which failures are reported), and at the end the
-/// buffer contents and every signal's value and failed values.
+/// buffer contents, what every download received (or why it failed), and
+/// every signal's value and failed values.
 ///
 /// The harness adds what keeps the real run equivalent to the sequential
 /// one without any timing assumption: each batch ends by signalling its
@@ -170,6 +273,7 @@ pub fn check_queue_program(program: &QueueProgram) {
         batches: [0; 2],
         unreported: [false; 2],
         completed: Vec::new(),
+        downloads: Vec::new(),
     };
     let mut rig = Rig::new(program, &initial);
     let mut log = String::new();
@@ -235,6 +339,19 @@ pub fn check_queue_program(program: &QueueProgram) {
     for (b, buffer) in rig.buffers.iter().enumerate() {
         let data = buffer.to_vec::<u32>().expect("read");
         assert_eq!(data, model.buffers[b], "buffer {b}\n{log}");
+    }
+    // Every queue is idle, so every download settled: no waiting.
+    assert_eq!(
+        rig.downloads.len(),
+        model.downloads.len(),
+        "downloads\n{log}"
+    );
+    for (id, (download, expected)) in rig.downloads.iter().zip(&model.downloads).enumerate() {
+        let got = download.take(Duration::ZERO);
+        assert!(
+            expected.matches(&got),
+            "download {id}: got {got:?}, the model expects {expected:?}\n{log}"
+        );
     }
     let timelines = [
         (&rig.user[0], &model.user[0], "user 0"),
@@ -315,10 +432,14 @@ pub(crate) fn decode_sizes(reader: &mut Reader<'_>) -> (u32, u32) {
     }
 }
 
+/// Decodes one [`QueueOp`]: a tag byte (modulo 18), then its fields.
+/// Element offsets and lengths are read modulo 9 (buffers hold at most 8
+/// elements), byte ones modulo 33; the model clamps them further.
 pub(crate) fn decode_op(reader: &mut Reader<'_>) -> QueueOp {
     let tag = reader.byte();
     let index = |reader: &mut Reader<'_>| usize::from(reader.byte() % 4);
-    match tag % 12 {
+    let element = |reader: &mut Reader<'_>| usize::from(reader.byte() % 9);
+    match tag % 18 {
         0 | 1 => {
             let buf = index(reader);
             let value = u32::from(reader.byte());
@@ -371,11 +492,66 @@ pub(crate) fn decode_op(reader: &mut Reader<'_>) -> QueueOp {
                 value: u64::from((byte >> 1) % 16),
             }
         }
-        _ => match reader.byte() % 3 {
+        11 => match reader.byte() % 3 {
             0 => QueueOp::WaitFailed,
             1 => QueueOp::SignalPastTheRange,
             _ => QueueOp::WaitPastTheRange,
         },
+        12 => QueueOp::CopyRange {
+            dst: index(reader),
+            dst_at: element(reader),
+            src: index(reader),
+            src_at: element(reader),
+            len: element(reader),
+        },
+        13 => {
+            let buf = index(reader);
+            let (at, len) = (
+                usize::from(reader.byte() % 33),
+                usize::from(reader.byte() % 33),
+            );
+            let width = [1, 2, 4, 8][usize::from(reader.byte() % 4)];
+            let value =
+                u32::from_le_bytes([reader.byte(), reader.byte(), reader.byte(), reader.byte()]);
+            QueueOp::FillRange {
+                buf,
+                at,
+                len,
+                value,
+                width,
+            }
+        }
+        14 => QueueOp::Upload {
+            buf: index(reader),
+            at: element(reader),
+            len: element(reader),
+            seed: u32::from(reader.byte()),
+        },
+        15 => QueueOp::Download {
+            buf: index(reader),
+            at: element(reader),
+            len: element(reader),
+        },
+        16 => {
+            let (buf, at) = (index(reader), element(reader));
+            let value = u32::from(reader.byte());
+            let (global, local) = decode_sizes(reader);
+            QueueOp::FillView {
+                buf,
+                at,
+                value,
+                global,
+                local,
+            }
+        }
+        _ => {
+            let buf = index(reader);
+            match reader.byte() % 3 {
+                0 => QueueOp::UploadWrongSize { buf },
+                1 => QueueOp::DownloadWrongSize { buf },
+                _ => QueueOp::DownloadTwice { buf },
+            }
+        }
     }
 }
 

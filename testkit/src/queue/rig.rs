@@ -1,15 +1,17 @@
 //! The real side: a device, two queues, buffers and signals.
 
-use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
+use hwqueue::cpu::{Cpu, CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
 use hwqueue::{
-    Buffer, Device, Error, HardwareQueue, MAX_SIGNAL_VALUE, QueueFactory, TimelineSignal,
+    Buffer, Device, Download, Error, HardwareQueue, MAX_SIGNAL_VALUE, QueueFactory, TimelineSignal,
+    View,
 };
 
 use super::kernels::*;
 use super::model::*;
 use super::*;
 
-/// The real side: a device, two queues, the buffers and signals.
+/// The real side: a device, two queues, the buffers, signals and
+/// downloads.
 pub(crate) struct Rig {
     pub(crate) queues: [CpuQueue; 2],
     pub(crate) buffers: Vec<CpuBuffer>,
@@ -17,6 +19,8 @@ pub(crate) struct Rig {
     pub(crate) progress: [CpuSignal; 2],
     pub(crate) failed: CpuSignal,
     pub(crate) programs: [CpuProgram; 4],
+    /// Every download recorded, by the model's id.
+    pub(crate) downloads: Vec<Download<u32>>,
 }
 
 impl Rig {
@@ -58,6 +62,7 @@ impl Rig {
                 CpuProgram::from_fn("add", 3, 0, add_kernel),
                 CpuProgram::from_fn("explode", 0, 0, explode_kernel),
             ],
+            downloads: Vec::new(),
         }
     }
 
@@ -69,24 +74,75 @@ impl Rig {
         }
     }
 
+    /// The view of `span` (in range: the model clamps every span).
+    fn view(&self, span: Span) -> View<Cpu> {
+        View::new(&self.buffers[span.buf], span.at * 4, span.len * 4).expect("a span in range")
+    }
+
     pub(crate) fn record(&mut self, queue: usize, commands: &[Command]) {
         for command in commands {
             match command {
                 Command::Exec {
                     kernel,
-                    buffers,
+                    args,
+                    views,
                     scalars,
                     params,
                 } => {
                     let program = &self.programs[*kernel as usize];
-                    let buffers: Vec<&CpuBuffer> =
-                        buffers.iter().map(|b| &self.buffers[*b]).collect();
                     let scalars: Vec<hwqueue::Scalar> =
                         scalars.iter().map(|s| (*s).into()).collect();
-                    self.queues[queue].exec(program, &buffers, &scalars, *params);
+                    if *views {
+                        let views: Vec<View<Cpu>> = args.iter().map(|a| self.view(*a)).collect();
+                        let views: Vec<&View<Cpu>> = views.iter().collect();
+                        self.queues[queue].exec_views(program, &views, &scalars, *params);
+                    } else {
+                        let buffers: Vec<&CpuBuffer> =
+                            args.iter().map(|a| &self.buffers[a.buf]).collect();
+                        self.queues[queue].exec(program, &buffers, &scalars, *params);
+                    }
                 }
                 Command::Copy { dst, src } => {
                     self.queues[queue].copy(&self.buffers[*dst], &self.buffers[*src]);
+                }
+                Command::CopyRange { dst, src } => {
+                    let (dst, src) = (self.view(*dst), self.view(*src));
+                    self.queues[queue].copy(&dst, &src);
+                }
+                Command::Fill {
+                    buf,
+                    at,
+                    len,
+                    value,
+                    width,
+                } => {
+                    let view = View::new(&self.buffers[*buf], *at, *len).expect("a range in range");
+                    let queue = &mut self.queues[queue];
+                    match width {
+                        1 => queue.fill(&view, *value as u8),
+                        2 => queue.fill(&view, *value as u16),
+                        4 => queue.fill(&view, *value),
+                        _ => queue.fill(&view, u64::from(*value)),
+                    };
+                }
+                Command::Upload { dst, data, owned } => {
+                    let view = self.view(*dst);
+                    if *owned {
+                        self.queues[queue].upload_vec(&view, data.clone());
+                    } else {
+                        self.queues[queue].upload(&view, data);
+                    }
+                }
+                Command::Download { src, host_len, id } => {
+                    assert!(
+                        *id <= self.downloads.len(),
+                        "harness bug: download ids skip"
+                    );
+                    if *id == self.downloads.len() {
+                        self.downloads.push(Download::new(*host_len));
+                    }
+                    let view = self.view(*src);
+                    self.queues[queue].download(&view, &self.downloads[*id]);
                 }
                 Command::Barrier => {
                     self.queues[queue].memory_barrier();
