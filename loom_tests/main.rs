@@ -32,6 +32,7 @@
 mod cpu_queue;
 mod cpu_signal;
 mod lost_wakeup;
+mod multi_wait;
 mod registry;
 mod ring;
 
