@@ -242,7 +242,9 @@ enum Progress<R> {
 
 /// The first value past the range, as an error.
 fn check_values<S: TimelineSignal>(waits: &[(&S, u64)]) -> Result<()> {
-    waits.iter().try_for_each(|&(_, target)| check_value(target))
+    waits
+        .iter()
+        .try_for_each(|&(_, target)| check_value(target))
 }
 
 /// Whether `signal` reached `target`; its error if the work for `target`

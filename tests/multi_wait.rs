@@ -199,7 +199,10 @@ fn a_failure_ends_a_wait_any_only_when_nothing_is_reached<S: TimelineSignal>(
     let s = signals(new, 3, 0);
     s[2].fail(1, kernel_failed());
     s[1].set(1);
-    assert_eq!(wait_any(&pairs(&s, &[1, 1, 1]), Timeout::Forever).unwrap(), 1);
+    assert_eq!(
+        wait_any(&pairs(&s, &[1, 1, 1]), Timeout::Forever).unwrap(),
+        1
+    );
     match wait_any(&pairs(&s, &[1, 2, 1]), Timeout::Forever) {
         Err(Error::SignalFailed {
             target: 1,
@@ -210,9 +213,7 @@ fn a_failure_ends_a_wait_any_only_when_nothing_is_reached<S: TimelineSignal>(
     }
 }
 
-fn a_set_from_another_thread_wakes_a_blocked_wait_any<S: TimelineSignal>(
-    new: fn(usize, u64) -> S,
-) {
+fn a_set_from_another_thread_wakes_a_blocked_wait_any<S: TimelineSignal>(new: fn(usize, u64) -> S) {
     let s = signals(new, 4, 0);
     let (watched, gate) = observed(&s);
     thread::scope(|scope| {
@@ -227,9 +228,7 @@ fn a_set_from_another_thread_wakes_a_blocked_wait_any<S: TimelineSignal>(
     });
 }
 
-fn a_set_from_another_thread_wakes_a_blocked_wait_all<S: TimelineSignal>(
-    new: fn(usize, u64) -> S,
-) {
+fn a_set_from_another_thread_wakes_a_blocked_wait_all<S: TimelineSignal>(new: fn(usize, u64) -> S) {
     let s = signals(new, 3, 0);
     let (watched, gate) = observed(&s);
     thread::scope(|scope| {
