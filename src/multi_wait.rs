@@ -3,9 +3,9 @@
 //!
 //! # How a multi-wait blocks
 //!
-//! A multi-wait first checks every `(signal, value)` pair; when that settles
-//! it, it returns without allocating or locking anything of its own. Otherwise
-//! it makes a [`SignalWaker`] (a flag under a mutex, and a condvar) and asks
+//! A multi-wait first checks whether the values are reached (for a CPU
+//! signal, one atomic load each); when that settles it, it returns without
+//! allocating or locking anything. Otherwise it makes a [`SignalWaker`] (a flag under a mutex, and a condvar) and asks
 //! each signal to [`watch`](TimelineSignal::watch) it:
 //!
 //! - a signal that can notify (a [`CpuSignal`](crate::cpu::CpuSignal), an
@@ -150,6 +150,12 @@ impl fmt::Debug for SignalWaker {
 /// ```
 pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeout>) -> Result<()> {
     check_values(waits)?;
+    if waits
+        .iter()
+        .all(|&(signal, target)| signal.is_reached(target))
+    {
+        return Ok(());
+    }
     block_until(waits, timeout.into(), || {
         let mut first_pending = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
@@ -207,12 +213,17 @@ pub fn wait_any<S: TimelineSignal>(
         return Err(Error::EmptyWaitList);
     }
     check_values(waits)?;
-    block_until(waits, timeout.into(), || {
-        // Reached values first: one load each for most signals.
-        if let Some(index) = waits
+    let reached_index = || {
+        waits
             .iter()
             .position(|&(signal, target)| signal.is_reached(target))
-        {
+    };
+    if let Some(index) = reached_index() {
+        return Ok(index);
+    }
+    block_until(waits, timeout.into(), || {
+        // Reached values first: one load each for most signals.
+        if let Some(index) = reached_index() {
             return Ok(Progress::Done(index));
         }
         let mut failure = None;
@@ -260,18 +271,14 @@ fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
     }
 }
 
-/// Looks at the signals with `look` until it says done, it fails, or the
-/// timeout passes; sleeps on a [`SignalWaker`] that the signals watch
-/// between looks.
+/// Looks at the signals with `look` (failures included) until it says done,
+/// it fails, or the timeout passes; sleeps on a [`SignalWaker`] that the
+/// signals watch between looks. The caller found the values not reached.
 fn block_until<S: TimelineSignal, R>(
     waits: &[(&S, u64)],
     timeout: Timeout,
     mut look: impl FnMut() -> Result<Progress<R>>,
 ) -> Result<R> {
-    let mut pending = match look()? {
-        Progress::Done(result) => return Ok(result),
-        Progress::Pending(index) => index,
-    };
     let start = Instant::now();
     let deadline = timeout.deadline_from(start);
     let timed_out = |pending: usize| {
@@ -282,22 +289,24 @@ fn block_until<S: TimelineSignal, R>(
             waited: start.elapsed(),
         }
     };
-    if deadline.is_some_and(|deadline| start >= deadline) {
-        return Err(timed_out(pending));
-    }
-    let watching = Watching::new(waits);
+    // A wait that may not block (a zero timeout) looks once and gives up.
+    let watching = match deadline {
+        Some(deadline) if start >= deadline => None,
+        _ => Some(Watching::new(waits)),
+    };
     let mut poll = POLL_FIRST;
     loop {
         // After the watch, or after a sleep: a change before this look is
         // seen by it, one after it wakes the waker.
-        match look()? {
+        let pending = match look()? {
             Progress::Done(result) => return Ok(result),
-            Progress::Pending(index) => pending = index,
-        }
+            Progress::Pending(index) => index,
+        };
         let now = Instant::now();
-        if deadline.is_some_and(|deadline| now >= deadline) {
-            return Err(timed_out(pending));
-        }
+        let watching = match &watching {
+            Some(watching) if deadline.is_none_or(|deadline| now < deadline) => watching,
+            _ => return Err(timed_out(pending)),
+        };
         let wake_by = if watching.polls {
             let until = now.checked_add(poll);
             poll = (poll * 2).min(POLL_LONGEST);
