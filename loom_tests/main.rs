@@ -16,7 +16,8 @@
 //! `ring::host_set_racing_a_record_wakes_the_waiter` (four threads: bound 4
 //! by default) and
 //! `cpu_queue::one_failure_is_reported_once_whatever_the_owner_and_worker_race`
-//! (bound 3; exhaustive takes minutes). The whole suite takes about a minute on two cores, plus
+//! (bound 3; exhaustive takes minutes), and the `multi_wait` models (bound 2
+//! or 3: see that file). The whole suite takes about a minute on two cores, plus
 //! about two minutes to build.
 //!
 //! A deadlock found in a model of the real code aborts the test binary
@@ -32,6 +33,7 @@
 mod cpu_queue;
 mod cpu_signal;
 mod lost_wakeup;
+mod multi_wait;
 mod registry;
 mod ring;
 

@@ -56,6 +56,13 @@ pub enum Error {
         max: u64,
     },
 
+    /// [`wait_any`](crate::wait_any) on an empty list of signals.
+    #[error(
+        "`wait_any` got no signals to wait for, so there is no index to return; pass at least one \
+         `(signal, value)` pair (skip the call when the list is empty)"
+    )]
+    EmptyWaitList,
+
     /// Work sizes that the backend cannot run.
     #[error("invalid exec parameters {params}: {reason}")]
     InvalidExecParams {

@@ -50,7 +50,7 @@
 //! | [`QueueFactory`] | makes compute queues, an optional copy queue, and signals |
 //! | [`HardwareQueue`] | records `wait`/`signal`/`exec`/`copy`/`memory_barrier`, then `submit`s; every backend's is a [`Queue`] |
 //! | [`Engine`] | how a backend runs the batches its [`Queue`] records |
-//! | [`TimelineSignal`] | a monotonically increasing `u64`: `value`, `set`, `wait`, `is_reached` |
+//! | [`TimelineSignal`] | a monotonically increasing `u64`: `value`, `set`, `wait`, `is_reached`; host waits on several at once with [`wait_all`] and [`wait_any`] |
 //! | [`Buffer`] | device memory with host `write_from`/`read_into` |
 //! | [`Program`] | a loaded kernel |
 //!
@@ -113,6 +113,7 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod executor;
+pub mod multi_wait;
 pub mod params;
 pub mod profile;
 pub mod program;
@@ -138,6 +139,7 @@ pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Sch
 /// `half`, whose `f16` and `bf16` move through buffers and scalars.
 #[cfg(feature = "half")]
 pub use half;
+pub use multi_wait::{SignalWaker, wait_all, wait_any};
 pub use params::{ExecParams, Limits};
 pub use profile::{Category, KernelTiming, ProfileEvent, chrome_trace, time_exec};
 pub use program::{KernelSignature, Program, Scalar};

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::multi_wait::SignalWaker;
 use crate::queue::QueueId;
 use crate::sync::{AtomicU64, Ordering};
 
@@ -112,6 +113,29 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
 
     /// Which queue produces this signal (see the rule above).
     fn producer(&self) -> &Producer;
+
+    /// Asks the signal to [`wake`](SignalWaker::wake) `waker` after every
+    /// change that may settle a wait on it, until
+    /// [`unwatch`](Self::unwatch); returns whether it will.
+    ///
+    /// [`wait_all`](crate::wait_all) and [`wait_any`](crate::wait_any)
+    /// sleep on a waker that every signal of their list watches, so they
+    /// block without polling. A signal that returns `true` must wake
+    /// `waker` after each raise of its value and each [`fail`](Self::fail)
+    /// that records a failure, once the change is visible to `value`,
+    /// `is_reached` and `wait`; extra wakes are harmless. The default
+    /// returns `false` and the waiter polls this signal with a bounded
+    /// back-off instead (10 µs doubling to 1 ms): the CUDA signal does so,
+    /// since its value moves when the GPU completes an event and no host
+    /// thread is there to wake anyone.
+    fn watch(&self, _waker: &SignalWaker) -> bool {
+        false
+    }
+
+    /// Ends one [`watch`](Self::watch) of `waker` (a waker watched twice
+    /// stays watched until unwatched twice); nothing if `waker` is not
+    /// watched.
+    fn unwatch(&self, _waker: &SignalWaker) {}
 }
 
 /// The queue that produces a signal: the first to record a `signal` on it,

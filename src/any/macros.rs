@@ -532,6 +532,14 @@ macro_rules! backend_set {
             fn producer(&self) -> &$crate::Producer {
                 match self { $( $(#[$meta])* Self::$V(s) => s.producer(), )+ }
             }
+
+            fn watch(&self, waker: &$crate::SignalWaker) -> bool {
+                match self { $( $(#[$meta])* Self::$V(s) => s.watch(waker), )+ }
+            }
+
+            fn unwatch(&self, waker: &$crate::SignalWaker) {
+                match self { $( $(#[$meta])* Self::$V(s) => s.unwatch(waker), )+ }
+            }
         }
     };
 

@@ -4,12 +4,14 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::multi_wait::SignalWaker;
 use crate::signal::{
     Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, value_out_of_range,
 };
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
 
-/// The low bit of [`Inner::state`]: a waiter may be parked.
+/// The low bit of [`Inner::state`]: a waiter may be parked, or a
+/// multi-wait watches.
 const WAITING: u64 = 1;
 
 /// A timeline signal for the CPU backend; also usable from any host thread.
@@ -17,7 +19,10 @@ const WAITING: u64 = 1;
 /// - `set` with nobody waiting is one `fetch_max` (no lock, no fence);
 /// - `wait` on a reached value is one atomic load;
 /// - a waiter is never lost: the protocol is documented on the state word
-///   in this file's source, and checked by the loom models.
+///   in this file's source, and checked by the loom models;
+/// - it notifies [`wait_all`](crate::wait_all) and
+///   [`wait_any`](crate::wait_any): they sleep until a `set` or `fail` of
+///   one of their signals wakes them, without polling.
 #[derive(Clone)]
 pub struct CpuSignal {
     inner: Arc<Inner>,
@@ -30,6 +35,7 @@ struct Inner {
     /// |-------|---------|------------|-----|
     /// | 63..1 | the value: highest completed | `set` | `fetch_max(v << 1, AcqRel)` |
     /// | 0     | `WAITING`: a waiter may be parked | a waiter, holding `lock` | `compare_exchange(s, s \| 1, AcqRel)` |
+    /// | 0     | `WAITING`: a multi-wait watches | `watch`, and a raising `set` that finds watchers; both holding `lock` | `fetch_or(1, AcqRel)` |
     ///
     /// A raising `fetch_max` writes the flag as 0 and returns the old word.
     /// If the old word had the flag, the setter takes `lock` and
@@ -47,16 +53,50 @@ struct Inner {
     /// re-checks the new value instead of parking. One location, so no fence
     /// is needed, and loom checks the protocol exactly.
     ///
+    /// Watchers (the wakers of [`wait_all`](crate::wait_all) and
+    /// [`wait_any`](crate::wait_any), see [`TimelineSignal::watch`]) count
+    /// as waiters for as long as they are registered: `watch` sets the flag
+    /// after adding its waker, and a raising `set` whose slow path finds
+    /// watchers sets it again before waking them, so every raise while one
+    /// is registered takes the slow path. Why none is missed: a raise after
+    /// `watch`'s `fetch_or` in the word's order sees the flag and takes
+    /// `lock`, by then holding the new waker, and wakes it. A raise before it
+    /// is read by the multi-wait's look after `watch` (that look reads the
+    /// word after the `fetch_or`). A raise between another setter's flag-
+    /// clearing `fetch_max` and its re-flagging `fetch_or` finds no flag and
+    /// wakes nobody, but that `fetch_or` reads the word after it, and the
+    /// wake that follows makes the multi-wait look again, after the
+    /// `fetch_or`: it sees the raise. After the last `unwatch` the flag
+    /// stays until the next raise, which takes the slow path once for
+    /// nothing.
+    ///
     /// Orderings: `set` is `Release` (with `Acquire` for the flag it reads)
     /// so the work it stands for happens-before any waiter that `Acquire`s
     /// the raised value.
     state: AtomicU64,
-    /// The waiters' lock; guards the failures. `fail` records under it and
-    /// waiters check under it, so a failure cannot slip between a waiter's
-    /// check and its park.
-    lock: Mutex<Failures>,
+    /// The waiters' lock; guards the failures and the watchers. `fail`
+    /// records under it and waiters check under it, so a failure cannot
+    /// slip between a waiter's check and its park.
+    lock: Mutex<Waiters>,
     parked: Condvar,
     producer: Producer,
+}
+
+/// What [`Inner::lock`] guards.
+#[derive(Default)]
+struct Waiters {
+    failures: Failures,
+    /// The wakers of the multi-waits watching this signal, one entry per
+    /// `watch`; each is woken after every raise and recorded failure.
+    watchers: Vec<SignalWaker>,
+}
+
+impl Waiters {
+    fn wake_watchers(&self) {
+        for waker in &self.watchers {
+            waker.wake();
+        }
+    }
 }
 
 impl CpuSignal {
@@ -71,7 +111,7 @@ impl CpuSignal {
         Self {
             inner: Arc::new(Inner {
                 state: AtomicU64::new(initial << 1),
-                lock: Mutex::new(Failures::default()),
+                lock: Mutex::new(Waiters::default()),
                 parked: Condvar::new(),
                 producer: Producer::new(),
             }),
@@ -83,18 +123,35 @@ impl CpuSignal {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// The slow path of a raising `set` that cleared the flag: wakes every
+    /// parked waiter and every watcher. Taking the lock is the hand-off that
+    /// makes a waiter between its check and its park impossible (see
+    /// `Inner::state`).
+    #[cold]
+    #[inline(never)]
+    fn wake_all(&self) {
+        let inner = &*self.inner;
+        let waiters = inner.lock.lock();
+        inner.parked.notify_all();
+        if !waiters.watchers.is_empty() {
+            // Watchers stay waiters: the next raise must come here too.
+            inner.state.fetch_or(WAITING, Ordering::AcqRel);
+            waiters.wake_watchers();
+        }
+    }
+
     #[cold]
     fn wait_slow(&self, target: u64, timeout: Timeout) -> Result<()> {
         let start = Instant::now();
         let deadline = timeout.deadline_from(start);
         let inner = &*self.inner;
-        let mut failures = inner.lock.lock();
+        let mut waiters = inner.lock.lock();
         loop {
             let word = inner.state.load(Ordering::Acquire);
             if word >> 1 >= target {
                 return Ok(());
             }
-            failures.check(target, word >> 1)?;
+            waiters.failures.check(target, word >> 1)?;
             if let Some(deadline) = deadline
                 && Instant::now() >= deadline
             {
@@ -113,7 +170,7 @@ impl CpuSignal {
                 // The word changed since we read it: re-check the new value.
                 continue;
             }
-            failures = inner.parked.wait_until(failures, deadline);
+            waiters = inner.parked.wait_until(waiters, deadline);
         }
     }
 }
@@ -132,11 +189,7 @@ impl TimelineSignal for CpuSignal {
         let new = value << 1;
         let old = self.inner.state.fetch_max(new, Ordering::AcqRel);
         if old & WAITING != 0 && old < new {
-            // This raise cleared the flag: wake every parked waiter. Taking
-            // the lock is the hand-off that makes a waiter between its check
-            // and its park impossible (see `Inner::state`).
-            let _guard = self.inner.lock.lock();
-            self.inner.parked.notify_all();
+            self.wake_all();
         }
     }
 
@@ -161,10 +214,30 @@ impl TimelineSignal for CpuSignal {
 
     fn fail(&self, upto: u64, cause: Error) {
         let inner = &*self.inner;
-        let mut failures = inner.lock.lock();
+        let mut waiters = inner.lock.lock();
         let value = inner.state.load(Ordering::Acquire) >> 1;
-        if failures.record(value, upto, cause, value) {
+        if waiters.failures.record(value, upto, cause, value) {
             inner.parked.notify_all();
+            waiters.wake_watchers();
+        }
+    }
+
+    /// Always `true`: a CPU signal wakes its watchers on every raise and
+    /// every recorded failure (see `Inner::state` in the source).
+    fn watch(&self, waker: &SignalWaker) -> bool {
+        let inner = &*self.inner;
+        let mut waiters = inner.lock.lock();
+        waiters.watchers.push(waker.clone());
+        // Under the lock, after the push: a raise that sees the flag finds
+        // the waker once it gets the lock.
+        inner.state.fetch_or(WAITING, Ordering::AcqRel);
+        true
+    }
+
+    fn unwatch(&self, waker: &SignalWaker) {
+        let mut waiters = self.inner.lock.lock();
+        if let Some(at) = waiters.watchers.iter().position(|w| w.same_as(waker)) {
+            waiters.watchers.swap_remove(at);
         }
     }
 

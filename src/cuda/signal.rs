@@ -24,6 +24,11 @@ use super::{context_error, driver_error};
 /// A signal needs no device: any queue of any CUDA device may signal it or
 /// wait on it (a wait on another device's event is still a device-side
 /// `cuStreamWaitEvent`).
+///
+/// It keeps [`TimelineSignal::watch`]'s default: [`wait_all`](crate::wait_all)
+/// and [`wait_any`](crate::wait_any) poll it with a bounded back-off
+/// (10 µs doubling to 1 ms), since its value moves when the GPU completes an
+/// event, with no host thread there to wake a waiter.
 #[derive(Clone)]
 pub struct CudaSignal {
     ring: Arc<EventRing<SignalEvent>>,

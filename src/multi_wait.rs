@@ -1,0 +1,354 @@
+//! Host waits on several timeline signals at once: [`wait_all`] and
+//! [`wait_any`].
+//!
+//! # How a multi-wait blocks
+//!
+//! A multi-wait first checks whether the values are reached (for a CPU
+//! signal, one atomic load each); when that settles it, it returns without
+//! allocating or locking anything. Otherwise it makes a [`SignalWaker`] (a flag under a mutex, and a condvar) and asks
+//! each signal to [`watch`](TimelineSignal::watch) it:
+//!
+//! - a signal that can notify (a [`CpuSignal`](crate::cpu::CpuSignal), an
+//!   [`AnySignal`](crate::AnySignal) holding one) wakes the waker on every
+//!   raise and every failure while watched, so the waiter sleeps until then:
+//!   no polling, and a wake-up costs what a single `wait`'s does;
+//! - a signal that cannot (the trait's default: CUDA signals, whose value
+//!   moves when the GPU completes an event and no host thread is there to
+//!   notify anyone, and signals of other crates that keep the default) is
+//!   polled: the waiter sleeps on the waker at most 10 µs, then twice as long
+//!   each time, up to 1 ms, and re-checks. A notifying signal of the same
+//!   list still wakes it at once.
+//!
+//! No wake-up is lost: a signal that accepts a watch wakes the waker for
+//! every change after the watch, and the waiter re-checks every signal after
+//! watching and after each sleep; a wake that comes between its check and
+//! its sleep leaves the waker's flag set, so the sleep returns at once.
+//! The waiter un-watches every signal before it returns (also on a panic).
+//!
+//! A failure is checked with a zero-timeout [`wait`](TimelineSignal::wait),
+//! so a multi-wait reports exactly the error the signal's own `wait` would.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::sync::{Arc, Condvar, Mutex};
+
+/// The first sleep of a waiter that polls a signal.
+const POLL_FIRST: Duration = Duration::from_micros(10);
+/// The longest sleep of a waiter that polls a signal.
+const POLL_LONGEST: Duration = Duration::from_millis(1);
+
+/// What a multi-signal wait sleeps on; signals that can notify wake it.
+///
+/// [`wait_all`] and [`wait_any`] make one per blocking wait and hand it to
+/// each signal's [`watch`](TimelineSignal::watch). A signal that accepts it
+/// keeps a clone and calls [`wake`](Self::wake) after each change of its
+/// value or failures until [`unwatch`](TimelineSignal::unwatch). Clones name
+/// the same waker.
+#[derive(Clone)]
+pub struct SignalWaker {
+    inner: Arc<WakerState>,
+}
+
+struct WakerState {
+    /// Whether a wake came since the waiter last woke. Set by `wake`,
+    /// cleared by the waiter when it wakes; both under the lock, so a wake
+    /// between the waiter's checks and its sleep is never lost.
+    woken: Mutex<bool>,
+    parked: Condvar,
+}
+
+impl SignalWaker {
+    /// A waker nobody woke yet.
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(WakerState {
+                woken: Mutex::new(false),
+                parked: Condvar::new(),
+            }),
+        }
+    }
+
+    /// Wakes the waiter sleeping on this waker, or makes its next sleep
+    /// return at once. Cheap enough to call on every change of a signal.
+    pub fn wake(&self) {
+        let mut woken = self.inner.woken.lock();
+        *woken = true;
+        self.inner.parked.notify_one();
+    }
+
+    /// Whether two handles name the same waker.
+    pub fn same_as(&self, other: &SignalWaker) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Sleeps until woken (since the last sleep) or `deadline` passes
+    /// (`None`: no deadline); may return early. Clears the wake.
+    fn sleep(&self, deadline: Option<Instant>) {
+        let mut woken = self.inner.woken.lock();
+        if !*woken {
+            woken = self.inner.parked.wait_until(woken, deadline);
+        }
+        *woken = false;
+    }
+}
+
+impl Default for SignalWaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for SignalWaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignalWaker")
+            .field("woken", &*self.inner.woken.lock())
+            .finish()
+    }
+}
+
+/// Blocks until every signal reached its value: `waits` are
+/// `(signal, value)` pairs.
+///
+/// An empty list returns `Ok` at once. A signal may appear more than once.
+/// Works with signals of mixed backends through [`AnySignal`](crate::AnySignal);
+/// see the [module docs](self) for how it blocks.
+///
+/// # Errors
+/// - [`Error::SignalValueOutOfRange`] for a value past
+///   [`MAX_SIGNAL_VALUE`](crate::MAX_SIGNAL_VALUE) (the first such), before
+///   anything waits;
+/// - as soon as any signal's work for its value failed, that signal's
+///   [`Error::SignalFailed`] (the lowest such index), even while others are
+///   still pending;
+/// - [`Error::Timeout`] when `timeout` passes first, naming the first pair
+///   (lowest index) still not reached: its value as `target`, the signal's
+///   value as `current`. [`is_reached`](TimelineSignal::is_reached) tells
+///   which others were.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use hwqueue::cpu::CpuSignal;
+/// use hwqueue::{AnySignal, TimelineSignal, wait_all};
+///
+/// # fn main() -> hwqueue::Result<()> {
+/// // Any backends' signals in one list: here two CPU signals; a CUDA
+/// // signal (`--features cuda`) goes in the same list as an `AnySignal`.
+/// let compute: AnySignal = CpuSignal::new(0).into();
+/// let upload: AnySignal = CpuSignal::new(0).into();
+/// std::thread::scope(|scope| {
+///     scope.spawn(|| compute.set(3));
+///     scope.spawn(|| upload.set(1));
+///     wait_all(&[(&compute, 3), (&upload, 1)], Duration::from_secs(10))
+/// })?;
+/// assert!(compute.is_reached(3) && upload.is_reached(1));
+/// # Ok(())
+/// # }
+/// ```
+pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeout>) -> Result<()> {
+    check_values(waits)?;
+    if waits
+        .iter()
+        .all(|&(signal, target)| signal.is_reached(target))
+    {
+        return Ok(());
+    }
+    block_until(waits, timeout.into(), || {
+        let mut first_pending = None;
+        for (index, &(signal, target)) in waits.iter().enumerate() {
+            if !reached(signal, target)? && first_pending.is_none() {
+                first_pending = Some(index);
+            }
+        }
+        Ok(match first_pending {
+            None => Progress::Done(()),
+            Some(index) => Progress::Pending(index),
+        })
+    })
+}
+
+/// Blocks until one signal reached its value, and returns its index in
+/// `waits` (`(signal, value)` pairs): the lowest index among those found
+/// reached when it looked.
+///
+/// Works with signals of mixed backends through [`AnySignal`](crate::AnySignal);
+/// see the [module docs](self) for how it blocks.
+///
+/// # Errors
+/// - [`Error::EmptyWaitList`] for an empty list: there is no index to
+///   return;
+/// - [`Error::SignalValueOutOfRange`] for a value past
+///   [`MAX_SIGNAL_VALUE`](crate::MAX_SIGNAL_VALUE) (the first such), before
+///   anything waits;
+/// - when no signal reached its value and one's work for it failed, that
+///   signal's [`Error::SignalFailed`] (the lowest such index);
+/// - [`Error::Timeout`] when `timeout` passes first, naming the first pair:
+///   its value as `target`, that signal's value as `current`.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use hwqueue::cpu::CpuSignal;
+/// use hwqueue::{AnySignal, TimelineSignal, wait_any};
+///
+/// # fn main() -> hwqueue::Result<()> {
+/// let left: AnySignal = CpuSignal::new(0).into();
+/// let right: AnySignal = CpuSignal::new(0).into();
+/// let first = std::thread::scope(|scope| {
+///     scope.spawn(|| right.set(2));
+///     wait_any(&[(&left, 1), (&right, 2)], Duration::from_secs(10))
+/// })?;
+/// assert_eq!(first, 1);
+/// # Ok(())
+/// # }
+/// ```
+pub fn wait_any<S: TimelineSignal>(
+    waits: &[(&S, u64)],
+    timeout: impl Into<Timeout>,
+) -> Result<usize> {
+    if waits.is_empty() {
+        return Err(Error::EmptyWaitList);
+    }
+    check_values(waits)?;
+    let reached_index = || {
+        waits
+            .iter()
+            .position(|&(signal, target)| signal.is_reached(target))
+    };
+    if let Some(index) = reached_index() {
+        return Ok(index);
+    }
+    block_until(waits, timeout.into(), || {
+        // Reached values first: one load each for most signals.
+        if let Some(index) = reached_index() {
+            return Ok(Progress::Done(index));
+        }
+        let mut failure = None;
+        for (index, &(signal, target)) in waits.iter().enumerate() {
+            match reached(signal, target) {
+                Ok(true) => return Ok(Progress::Done(index)),
+                Ok(false) => {}
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(Progress::Pending(0)),
+        }
+    })
+}
+
+/// Where a multi-wait stands after one look at its signals.
+enum Progress<R> {
+    /// It is over, with this result.
+    Done(R),
+    /// Not yet; the index of the pair a timeout names.
+    Pending(usize),
+}
+
+/// The first value past the range, as an error.
+fn check_values<S: TimelineSignal>(waits: &[(&S, u64)]) -> Result<()> {
+    waits
+        .iter()
+        .try_for_each(|&(_, target)| check_value(target))
+}
+
+/// Whether `signal` reached `target`; its error if the work for `target`
+/// failed. Never blocks.
+fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
+    if signal.is_reached(target) {
+        return Ok(true);
+    }
+    match signal.wait(target, Duration::ZERO) {
+        Ok(()) => Ok(true),
+        Err(Error::Timeout { .. }) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Looks at the signals with `look` (failures included) until it says done,
+/// it fails, or the timeout passes; sleeps on a [`SignalWaker`] that the
+/// signals watch between looks. The caller found the values not reached.
+fn block_until<S: TimelineSignal, R>(
+    waits: &[(&S, u64)],
+    timeout: Timeout,
+    mut look: impl FnMut() -> Result<Progress<R>>,
+) -> Result<R> {
+    let start = Instant::now();
+    let deadline = timeout.deadline_from(start);
+    let timed_out = |pending: usize| {
+        let (signal, target) = waits[pending];
+        Error::Timeout {
+            target,
+            current: signal.value(),
+            waited: start.elapsed(),
+        }
+    };
+    // A wait that may not block (a zero timeout) looks once and gives up.
+    let watching = match deadline {
+        Some(deadline) if start >= deadline => None,
+        _ => Some(Watching::new(waits)),
+    };
+    let mut poll = POLL_FIRST;
+    loop {
+        // After the watch, or after a sleep: a change before this look is
+        // seen by it, one after it wakes the waker.
+        let pending = match look()? {
+            Progress::Done(result) => return Ok(result),
+            Progress::Pending(index) => index,
+        };
+        let now = Instant::now();
+        let watching = match &watching {
+            Some(watching) if deadline.is_none_or(|deadline| now < deadline) => watching,
+            _ => return Err(timed_out(pending)),
+        };
+        let wake_by = if watching.polls {
+            let until = now.checked_add(poll);
+            poll = (poll * 2).min(POLL_LONGEST);
+            match (deadline, until) {
+                (Some(deadline), Some(until)) => Some(deadline.min(until)),
+                (deadline, until) => deadline.or(until),
+            }
+        } else {
+            deadline
+        };
+        watching.waker.sleep(wake_by);
+    }
+}
+
+/// A waker watched by every signal of a wait list, un-watched on drop.
+struct Watching<'a, S: TimelineSignal> {
+    waits: &'a [(&'a S, u64)],
+    waker: SignalWaker,
+    /// Whether some signal declined the watch and must be polled.
+    polls: bool,
+}
+
+impl<'a, S: TimelineSignal> Watching<'a, S> {
+    fn new(waits: &'a [(&'a S, u64)]) -> Self {
+        let waker = SignalWaker::new();
+        let mut polls = false;
+        for &(signal, _) in waits {
+            polls |= !signal.watch(&waker);
+        }
+        Self {
+            waits,
+            waker,
+            polls,
+        }
+    }
+}
+
+impl<S: TimelineSignal> Drop for Watching<'_, S> {
+    fn drop(&mut self) {
+        // One `unwatch` per `watch`; a signal that declined ignores it.
+        for &(signal, _) in self.waits {
+            signal.unwatch(&self.waker);
+        }
+    }
+}
