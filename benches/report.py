@@ -33,6 +33,8 @@ ROWS = [
     ("fill_bandwidth", "hwqueue", "slice_fill", 1.1),
     ("transfer_roundtrip", "hwqueue", "copy_from_slice", 1.2),
     ("exec_views", "views", "whole", 1.02),
+    ("signal_wake_any", "wait_any_2", "wait", 1.2),
+    ("signal_wake_any", "wait_any_4", "wait", None),
 ]
 
 # Rows that need a GPU: reported, never measured here.

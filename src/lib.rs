@@ -34,12 +34,16 @@
 //!
 //! ## Where `dyn` stands
 //!
-//! Nowhere on the path of a command of a queue's own backend. Two trait
-//! objects remain in the library, both off it: the panic payload that
+//! Nowhere on the path of a command of a queue's own backend. Four trait
+//! objects remain in the library, all off it: the panic payload that
 //! `catch_unwind` hands back (a kernel's or a backend's panic, turned into
-//! an error), and the signal of a [`wait_foreign`](HardwareQueue::wait_foreign)
+//! an error); the signal of a [`wait_foreign`](HardwareQueue::wait_foreign)
 //! ([`ForeignWait`](queue::ForeignWait)), which may be of any type, from any
-//! crate, and must wait in a batch until the engine reaches it.
+//! crate, and must wait in a batch until the engine reaches it; and, for
+//! host transfers, the owner of an
+//! [`upload_vec`](HardwareQueue::upload_vec)'s data and the host memory of
+//! a [`Download`], which a batch holds for any element type (each is
+//! touched once, when the transfer runs).
 //!
 //! ## The traits
 //!

@@ -875,3 +875,75 @@ fn a_profiled_kernel_measures_its_device_time_within_the_host_bounds() {
     println!("spin(1000 cycles): {timing:?}");
     assert_eq!(timing.samples.len(), 5);
 }
+
+// ---------------------------------------------------------------------------
+// Views, fills and host transfers in stream order (GPU).
+
+#[test]
+fn views_fills_and_transfers_run_in_stream_order() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let arena = device.alloc(1 << 20).unwrap();
+    // A large upload (through page-locked staging) and a small one (inline).
+    let big: Vec<u32> = (0..65_536).collect();
+    let (x, y, z) = (
+        arena.view(0, 256 << 10).unwrap(),
+        arena.view(256 << 10, 1024).unwrap(),
+        arena.view((256 << 10) + 1024, 1024).unwrap(),
+    );
+    let gate = CpuSignal::new(0);
+    let (back, filled, written) = (
+        hwqueue::Download::<u32>::new(65_536),
+        hwqueue::Download::<u16>::new(512),
+        hwqueue::Download::<u32>::new(256),
+    );
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait_foreign(&gate, 1)
+        .upload(&x, &big)
+        .download(&x, &back)
+        .fill(&y, 0xBEEFu16)
+        .download(&y, &filled)
+        .exec_views(
+            &fill,
+            &[&z],
+            &[Scalar::U32(7)],
+            ExecParams::new_1d(256, 128),
+        )
+        .download(&z, &written)
+        .submit()
+        .unwrap();
+    // Stopped at the gate: nothing has arrived.
+    assert!(!back.is_ready() && !written.is_ready());
+    gate.set(1);
+    assert_eq!(back.take(LONG).unwrap(), big);
+    assert_eq!(filled.take(LONG).unwrap(), vec![0xBEEF; 512]);
+    assert_eq!(written.take(LONG).unwrap(), vec![7; 256]);
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn a_misaligned_view_and_an_overlapping_copy_reject_the_batch_on_cuda() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let buffer = device.alloc(4096).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let odd = buffer.view(4, 1024).unwrap();
+    queue.exec_views(
+        &fill,
+        &[&odd],
+        &[Scalar::U32(1)],
+        ExecParams::new_1d(256, 256),
+    );
+    assert!(matches!(
+        queue.submit(),
+        Err(Error::BatchRejected { cause }) if matches!(&*cause, Error::ViewMisaligned { alignment: 16, .. })
+    ));
+    queue.copy(&buffer.view(0, 64).unwrap(), &buffer.view(32, 64).unwrap());
+    assert!(matches!(
+        queue.submit(),
+        Err(Error::BatchRejected { cause }) if matches!(&*cause, Error::CopyOverlap { .. })
+    ));
+    queue.synchronize().unwrap();
+    assert_eq!(buffer.to_vec::<u8>().unwrap(), vec![0; 4096]);
+}
