@@ -22,6 +22,16 @@ pub fn bytes_of_mut<T: Pod>(data: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(data)
 }
 
+/// A fill pattern's bytes, zero-padded to 4, and its width in bytes (any
+/// width: the caller checks for 1, 2 or 4).
+pub(crate) fn pattern_bytes<T: Pod>(pattern: &T) -> ([u8; 4], usize) {
+    let bytes = bytes_of(std::slice::from_ref(pattern));
+    let mut padded = [0u8; 4];
+    let kept = bytes.len().min(4);
+    padded[..kept].copy_from_slice(&bytes[..kept]);
+    (padded, bytes.len())
+}
+
 /// A handle to device memory. Clones name the same memory.
 ///
 /// Host access is synchronous and memory-safe on every backend: it returns

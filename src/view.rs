@@ -213,16 +213,6 @@ where
 pub trait AsView<B: Backend> {
     /// The buffer, the first byte and the length.
     fn view_parts(&self) -> (&BufferOf<B>, usize, usize);
-
-    /// As an owned [`View`] (clones the buffer handle).
-    fn to_view(&self) -> View<B> {
-        let (buffer, offset, len) = self.view_parts();
-        View {
-            buffer: buffer.clone(),
-            offset,
-            len,
-        }
-    }
 }
 
 impl<B: Backend> AsView<B> for View<B> {

@@ -337,7 +337,7 @@ macro_rules! backend_set {
                                 .map(|(index, view)| {
                                     $crate::any::inner_view::<$B>(
                                         view.buffer().$as_v(),
-                                        view,
+                                        (view.offset(), view.len()),
                                         view.buffer().backend_id(),
                                         || ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
                                     )
@@ -358,14 +358,14 @@ macro_rules! backend_set {
             }
 
             fn copy<D: $crate::AsView<$Set>, S: $crate::AsView<$Set>>(&mut self, dst: &D, src: &S) -> &mut Self {
-                let (dst, src) = (dst.to_view(), src.to_view());
+                let (dst, src) = (dst.view_parts(), src.view_parts());
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         let views = $crate::any::inner_view::<$B>(
-                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the copy destination".into(),
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the copy destination".into(),
                         )
                         .and_then(|d| Ok((d, $crate::any::inner_view::<$B>(
-                            src.buffer().$as_v(), &src, src.buffer().backend_id(), || "the copy source".into(),
+                            src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the copy source".into(),
                         )?)));
                         match views {
                             Ok((d, s)) => { q.copy(&d, &s); }
@@ -377,11 +377,11 @@ macro_rules! backend_set {
             }
 
             fn fill<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
-                let dst = dst.to_view();
+                let dst = dst.view_parts();
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         match $crate::any::inner_view::<$B>(
-                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the fill destination".into(),
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the fill destination".into(),
                         ) {
                             Ok(d) => { q.fill(&d, pattern); }
                             Err(error) => { q.reject(error); }
@@ -392,11 +392,11 @@ macro_rules! backend_set {
             }
 
             fn upload<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self {
-                let dst = dst.to_view();
+                let dst = dst.view_parts();
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         match $crate::any::inner_view::<$B>(
-                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the upload destination".into(),
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
                         ) {
                             Ok(d) => { q.upload(&d, data); }
                             Err(error) => { q.reject(error); }
@@ -412,11 +412,11 @@ macro_rules! backend_set {
                 T: $crate::Pod,
                 O: ::std::convert::AsRef<[T]> + Send + Sync + 'static,
             {
-                let dst = dst.to_view();
+                let dst = dst.view_parts();
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         match $crate::any::inner_view::<$B>(
-                            dst.buffer().$as_v(), &dst, dst.buffer().backend_id(), || "the upload destination".into(),
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
                         ) {
                             Ok(d) => { q.upload_vec(&d, data); }
                             Err(error) => { q.reject(error); }
@@ -431,11 +431,11 @@ macro_rules! backend_set {
                 src: &S,
                 into: &$crate::Download<T>,
             ) -> &mut Self {
-                let src = src.to_view();
+                let src = src.view_parts();
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         match $crate::any::inner_view::<$B>(
-                            src.buffer().$as_v(), &src, src.buffer().backend_id(), || "the download source".into(),
+                            src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the download source".into(),
                         ) {
                             Ok(s) => { q.download(&s, into); }
                             Err(error) => {

@@ -156,19 +156,19 @@ pub fn with_gathered<'a, T: 'a, R>(
     }
 }
 
-/// The view of `outer`'s range in `inner`, the buffer `outer` wraps when
-/// it is of backend `B`; else the mismatch error naming `what`. Used by
-/// [`backend_set!`](crate::backend_set).
+/// The view of bytes `(offset, len)` of `inner`, the buffer a set's buffer
+/// wraps when it is of backend `B`; else the mismatch error naming `what`.
+/// Used by [`backend_set!`](crate::backend_set).
 #[doc(hidden)]
 pub fn inner_view<B: Backend>(
     inner: Option<&crate::BufferOf<B>>,
-    outer: &crate::View<impl Backend>,
+    (offset, len): (usize, usize),
     resource: &'static str,
     what: impl FnOnce() -> String,
 ) -> Result<crate::View<B>> {
     match inner {
         None => Err(mismatch(B::ID, resource, what())),
-        Some(buffer) => crate::View::new(buffer, outer.offset(), outer.len()),
+        Some(buffer) => crate::View::new(buffer, offset, len),
     }
 }
 

@@ -17,7 +17,6 @@ use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait,
     fence, spawn_joinable,
 };
-use crate::transfer::DownloadSink;
 use crate::view::View;
 
 use super::device::CpuDevice;
@@ -367,11 +366,10 @@ fn run_commands<'a>(
                 run_fill(dst, &pattern[..usize::from(*width)]);
                 Ok(())
             }
-            Command::Upload { dst, data } => {
-                run_upload(dst, batch.host_bytes(data));
-                Ok(())
-            }
-            Command::Download { src, sink } => run_download(src, sink),
+            // Host accesses at the views (lengths checked at record time):
+            // the buffer's lock orders them with kernels of other queues.
+            Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
+            Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
             Command::Barrier => {
                 fence(Ordering::SeqCst);
                 Ok(())
@@ -447,33 +445,6 @@ pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
         },
         _ => unreachable!("the core accepts 1-, 2- and 4-byte patterns only"),
     }
-}
-
-/// Copies the upload's bytes into `dst` (equal lengths, checked at record
-/// time).
-fn run_upload(dst: &View<Cpu>, data: &[u8]) {
-    let buffer = dst.buffer();
-    let _held = buffer.lock_exclusive();
-    // SAFETY: the view lies in the buffer (checked when made) and is
-    // `data.len()` bytes (checked at record time); the buffer is held
-    // exclusively, and `data` is the batch's memory, not the buffer's.
-    unsafe {
-        std::ptr::copy_nonoverlapping(data.as_ptr(), buffer.as_ptr().add(dst.offset()), data.len());
-    }
-}
-
-/// Copies `src` into the download's host memory (equal lengths, checked at
-/// record time).
-fn run_download(src: &View<Cpu>, sink: &DownloadSink) -> Result<()> {
-    let buffer = src.buffer();
-    let _held = buffer.lock_exclusive();
-    // SAFETY: the view lies in the buffer (checked when made), which is
-    // held exclusively (so no kernel writes it now).
-    let bytes = unsafe { std::slice::from_raw_parts(buffer.as_ptr().add(src.offset()), src.len()) };
-    sink.complete(|out| {
-        out.copy_from_slice(bytes);
-        Ok(())
-    })
 }
 
 /// Memory every `exec` of a worker reuses, so that running one allocates

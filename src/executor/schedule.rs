@@ -149,20 +149,17 @@ impl<B: Backend> Schedule<B> {
             .buffers
             .get(dst.0)
             .map_or(DeviceId(usize::MAX), |b| b.device);
-        let bytes = crate::buffer::bytes_of(std::slice::from_ref(&pattern));
-        let mut padded = [0u8; 4];
-        let width = bytes.len().min(4);
-        padded[..width].copy_from_slice(&bytes[..width]);
+        let (bytes, width) = crate::buffer::pattern_bytes(&pattern);
         self.push(Op {
             name: name.into(),
             device,
             kind: QueueKind::Copy,
             work: Work::Fill {
                 dst,
-                pattern: padded,
+                pattern: bytes,
                 // A width the queue refuses (0, 3, 8, ...) stays visible:
                 // the planner names it.
-                width: u8::try_from(bytes.len()).unwrap_or(u8::MAX),
+                width: u8::try_from(width).unwrap_or(u8::MAX),
             },
             reads: None,
             writes: None,

@@ -6,7 +6,7 @@ use std::mem;
 use std::ops::Range;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
-use crate::buffer::{Buffer, Pod, bytes_of};
+use crate::buffer::{Buffer, Pod, bytes_of, pattern_bytes};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::{Category, ProfileEvent, now_ns};
@@ -472,7 +472,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.record_exec(
             program,
             buffers.len(),
-            |index| (buffers[index], 0, buffers[index].size()),
+            |index| buffers[index].view_parts(),
             scalars,
             params,
         )
@@ -531,7 +531,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     #[inline(never)]
     fn fill<D: AsView<E::Backend>, T: Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
         let (buffer, offset, len) = dst.view_parts();
-        let width = size_of::<T>();
+        let (bytes, width) = pattern_bytes(&pattern);
         let bad = |reason: String| Error::InvalidFill {
             offset,
             len,
@@ -552,8 +552,6 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         if let Err(e) = self.engine.check_buffer("the fill destination", buffer) {
             return self.reject(e);
         }
-        let mut bytes = [0u8; 4];
-        bytes[..width].copy_from_slice(bytes_of(std::slice::from_ref(&pattern)));
         self.batch.commands.push(Command::Fill {
             dst: View::from_parts(buffer.clone(), offset, len),
             pattern: bytes,

@@ -437,10 +437,7 @@ macro_rules! mock_types {
                                     Ok(())
                                 }
                                 Command::Copy { dst, src } => {
-                                    let data = src.buffer().0.lock().unwrap()[src.range()].to_vec();
-                                    dst.buffer().0.lock().unwrap()[dst.range()]
-                                        .copy_from_slice(&data);
-                                    Ok(())
+                                    src.to_vec::<u8>().and_then(|data| dst.write_from(&data))
                                 }
                                 Command::Fill {
                                     dst,
@@ -454,16 +451,11 @@ macro_rules! mock_types {
                                     Ok(())
                                 }
                                 Command::Upload { dst, data } => {
-                                    dst.buffer().0.lock().unwrap()[dst.range()]
-                                        .copy_from_slice(batch.host_bytes(data));
-                                    Ok(())
+                                    dst.write_from(batch.host_bytes(data))
                                 }
-                                Command::Download { src, sink } => sink.complete(|out| {
-                                    out.copy_from_slice(
-                                        &src.buffer().0.lock().unwrap()[src.range()],
-                                    );
-                                    Ok(())
-                                }),
+                                Command::Download { src, sink } => {
+                                    sink.complete(|out| src.read_into(out))
+                                }
                                 Command::Barrier => Ok(()),
                             };
                             outcome.map_err(|error| (index, error))?;
