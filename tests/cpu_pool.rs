@@ -118,7 +118,16 @@ fn needs_a_second_thread(group: &WorkGroup, args: &KernelArgs<'_>) {
         unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = saw };
         return;
     }
-    let zero = *GROUP_ZERO_THREAD.lock().unwrap();
+    // Group 0 may not have recorded its thread yet: wait (bounded) for it,
+    // so a group that runs first still tells what it saw.
+    let deadline = Instant::now() + LONG;
+    let zero = loop {
+        let zero = *GROUP_ZERO_THREAD.lock().unwrap();
+        if zero.is_some() || Instant::now() >= deadline {
+            break zero;
+        }
+        std::hint::spin_loop();
+    };
     if zero.is_some_and(|zero| zero != me) {
         OTHER_THREAD_RAN.store(true, Ordering::Release);
     }

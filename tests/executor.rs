@@ -724,7 +724,6 @@ fn two_ops_on_disjoint_views_of_one_arena_need_no_wait_and_overlapping_ones_do()
     let arena = buffer(&mut s, "arena", 256);
     let a = s.schedule.add_view("a", arena, 0, 64).unwrap();
     let b = s.schedule.add_view("b", arena, 64, 64).unwrap();
-    // b's second half, a view of a view: bytes 96..128 of the arena.
     touch(&mut s, "write a", a, None, None);
     s.schedule.fill("clear b", b, 0u32);
     let plan = s.schedule.plan().unwrap();
@@ -733,6 +732,7 @@ fn two_ops_on_disjoint_views_of_one_arena_need_no_wait_and_overlapping_ones_do()
     let mut s = setup();
     let arena = buffer(&mut s, "arena", 256);
     let b = s.schedule.add_view("b", arena, 64, 64).unwrap();
+    // b's second half, a view of a view: bytes 96..128 of the arena.
     let b_tail = s.schedule.add_view("b tail", b, 32, 32).unwrap();
     touch(&mut s, "write b", b, None, None);
     let fill = s.schedule.fill("clear b tail", b_tail, 0u8).id();
@@ -741,7 +741,6 @@ fn two_ops_on_disjoint_views_of_one_arena_need_no_wait_and_overlapping_ones_do()
     // The wait names the arena and the bytes the two share.
     let wait = &plan.waits_of(fill)[0];
     assert_eq!((wait.buffer, wait.range.clone()), (arena, 96..128));
-    let _ = b_tail;
 }
 
 #[test]
@@ -791,19 +790,23 @@ fn bad_views_and_fills_in_a_schedule_are_errors_that_say_why() {
     ));
     let a = s.schedule.add_view("a", arena, 0, 32).unwrap();
     let b = s.schedule.add_view("b", arena, 16, 32).unwrap();
-    s.schedule.copy("overlap", a, b);
+    s.schedule.copy("a from b", a, b);
     match s.schedule.plan() {
-        Err(Error::InvalidSchedule { reason }) => assert!(reason.contains("overlap"), "{reason}"),
+        Err(Error::InvalidSchedule { reason }) => {
+            assert!(reason.contains("ranges overlap"), "{reason}")
+        }
         other => panic!("{:?}", other.map(|_| ())),
     }
     let mut s = setup();
     let arena = buffer(&mut s, "arena", 64);
     let odd = s.schedule.add_view("odd", arena, 2, 8).unwrap();
-    s.schedule.fill("misaligned", odd, 0u32);
+    s.schedule.fill("fill odd", odd, 0u32);
     match s.schedule.plan() {
         Err(Error::InvalidSchedule { reason }) => {
             assert!(
-                reason.contains("misaligned") && reason.contains("4-byte"),
+                reason.contains("bytes 2..10")
+                    && reason.contains("4-byte")
+                    && reason.contains("multiples of that"),
                 "{reason}"
             )
         }

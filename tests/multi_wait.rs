@@ -239,8 +239,9 @@ fn a_set_from_another_thread_wakes_a_blocked_wait_all<S: TimelineSignal>(new: fn
             s[1].set(2);
         });
         wait_all(&pairs(&watched, &[1, 2, 1]), LONG).unwrap();
+        // Before the setter is joined: wait_all did not return early.
+        assert!(s[0].is_reached(1) && s[1].is_reached(2) && s[2].is_reached(1));
     });
-    assert!(s[0].is_reached(1) && s[1].is_reached(2) && s[2].is_reached(1));
 }
 
 fn a_failure_from_another_thread_wakes_a_blocked_wait_any<S: TimelineSignal>(
