@@ -8,20 +8,28 @@
 //! reference event, recorded and waited for when profiling was turned on,
 //! whose host time ([`now_ns`]) was taken right after: so the device's
 //! spans land on the host timeline, off by at most the latency of that one
-//! wait. `cuEventElapsedTime` has about half a microsecond of resolution,
-//! and an `f32` of milliseconds keeps microseconds for about four hours
-//! after the reference.
+//! wait. `cuEventElapsedTime` has about half a microsecond of resolution
+//! and answers in an `f32` of milliseconds: so each span's duration is read
+//! between its own two events (exact to that resolution however long the
+//! queue has profiled), and only its start is placed against the
+//! reference, to the microsecond for about 16 s after it and more coarsely
+//! later (15.6 µs after two minutes).
 //!
 //! A wait the stream cannot express blocks the queue's worker on the host;
 //! that span is timed with the host clock.
 
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use crate::error::Result;
 use crate::profile::{Described, ProfileEvent, describe, now_ns};
 use crate::queue::Command;
 
 use super::Cuda;
+
+/// The flags of the profiler's events: timing on. (cudarc's
+/// `new_event(None)` means `CU_EVENT_DISABLE_TIMING`, whose events
+/// `cuEventElapsedTime` refuses.)
+const TIMING_EVENT_FLAGS: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
 
 /// A profiled queue's timing state.
 pub(crate) struct Profiler {
@@ -52,7 +60,10 @@ impl Profiler {
     /// What the driver reports.
     pub(crate) fn start(stream: &std::sync::Arc<CudaStream>, label: String) -> Result<Self> {
         let fail = |e| super::driver_error("starting a CUDA queue's profile", e);
-        let reference = stream.context().new_event(None).map_err(fail)?;
+        let reference = stream
+            .context()
+            .new_event(Some(TIMING_EVENT_FLAGS))
+            .map_err(fail)?;
         reference.record(stream).map_err(fail)?;
         reference.synchronize().map_err(fail)?;
         Ok(Self {
@@ -68,7 +79,7 @@ impl Profiler {
     /// command stands. `None` if the driver refuses: the command is then
     /// left out of the profile, never failed for it.
     pub(crate) fn mark(stream: &std::sync::Arc<CudaStream>) -> Option<CudaEvent> {
-        let event = stream.context().new_event(None).ok()?;
+        let event = stream.context().new_event(Some(TIMING_EVENT_FLAGS)).ok()?;
         event.record(stream).ok()?;
         Some(event)
     }
@@ -114,7 +125,10 @@ impl Profiler {
             match span.end.try_is_complete() {
                 Ok(false) => self.pending.push(span),
                 Ok(true) => {
-                    if let (Some(start), Some(end)) = (self.at(&span.start), self.at(&span.end)) {
+                    let start = self.at(&span.start);
+                    let duration = span.start.elapsed_ms(&span.end).ok();
+                    if let (Some(start), Some(ms)) = (start, duration) {
+                        let end = start + millis_to_ns(ms);
                         let label = self.label.clone();
                         let event = span
                             .described
@@ -131,6 +145,31 @@ impl Profiler {
     /// reference, in nanoseconds (never before it).
     fn at(&self, event: &CudaEvent) -> Option<u64> {
         let ms = self.reference.elapsed_ms(event).ok()?;
-        Some(self.reference_ns + (f64::from(ms.max(0.0)) * 1e6) as u64)
+        Some(self.reference_ns + millis_to_ns(ms))
+    }
+}
+
+/// An elapsed time as `cuEventElapsedTime` gives it, in nanoseconds (never
+/// negative).
+fn millis_to_ns(ms: f32) -> u64 {
+    (f64::from(ms.max(0.0)) * 1e6) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events made without timing make `cuEventElapsedTime` fail, and
+    /// every span would be dropped: the profiler's must keep it on.
+    #[test]
+    fn the_profilers_events_keep_timing_on() {
+        let disable = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        assert_eq!(TIMING_EVENT_FLAGS as u32 & disable, 0);
+    }
+
+    #[test]
+    fn elapsed_milliseconds_become_nanoseconds() {
+        assert_eq!(millis_to_ns(1.5), 1_500_000);
+        assert_eq!(millis_to_ns(-0.25), 0);
     }
 }
