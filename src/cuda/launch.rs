@@ -106,9 +106,19 @@ pub(crate) fn unsupported_ptx_advice(nvrtc: Option<(i32, i32)>, driver: Option<i
     )
 }
 
+/// The widths of the scalars hwqueue passes, and their types for errors.
+#[cfg(not(feature = "half"))]
+const SCALAR_WIDTHS: &[usize] = &[4, 8];
+#[cfg(not(feature = "half"))]
+const SCALAR_TYPES: &str = "4 or 8 bytes (u32, i32, f32, u64, i64, f64)";
+#[cfg(feature = "half")]
+const SCALAR_WIDTHS: &[usize] = &[2, 4, 8];
+#[cfg(feature = "half")]
+const SCALAR_TYPES: &str = "2, 4 or 8 bytes (f16, bf16, u32, i32, f32, u64, i64, f64)";
+
 /// Checks a kernel's parameters, as the driver reports their sizes,
 /// against the ABI it was declared with: `buffers` device pointers, then
-/// `scalars` scalars of 4 or 8 bytes.
+/// `scalars` scalars of one of [`SCALAR_WIDTHS`].
 ///
 /// # Errors
 /// [`Error::InvalidProgram`] naming the mismatch.
@@ -144,11 +154,11 @@ pub(crate) fn check_params(
     if let Some((index, size)) = sizes[buffers..]
         .iter()
         .enumerate()
-        .find(|(_, size)| !matches!(**size, 4 | 8))
+        .find(|(_, size)| !SCALAR_WIDTHS.contains(*size))
     {
         return fail(format!(
-            "scalar {index} (parameter {}) takes {size} bytes; hwqueue passes scalars of 4 or 8 \
-             bytes (u32, i32, f32, u64, i64, f64): pass larger values in a buffer",
+            "scalar {index} (parameter {}) takes {size} bytes; hwqueue passes scalars of \
+             {SCALAR_TYPES}: pass larger values in a buffer",
             buffers + index
         ));
     }
@@ -326,6 +336,14 @@ mod tests {
             wide.contains("scalar 0 (parameter 1) takes 16 bytes"),
             "{wide}"
         );
+    }
+
+    /// A `__half` parameter is 2 bytes: accepted with the `half` feature
+    /// (which passes `Scalar::F16`), refused without it.
+    #[test]
+    fn two_byte_scalars_follow_the_half_feature() {
+        let outcome = check_params("k", 1, 1, &[8, 2]);
+        assert_eq!(outcome.is_ok(), cfg!(feature = "half"), "{outcome:?}");
     }
 
     fn facts() -> KernelFacts {
