@@ -206,6 +206,7 @@ impl<T: Pod + Send> Download<T> {
         Ok(DownloadSink {
             target: self.slot.clone(),
             bytes,
+            owner: true,
         })
     }
 }
@@ -273,6 +274,10 @@ impl<T: Pod + Send> Target for Slot<T> {
 pub struct DownloadSink {
     target: Arc<dyn Target>,
     bytes: usize,
+    /// Whether dropping this handle still pending fails the download: the
+    /// batch's handle does; a [`share`](Self::share)d one does not, so the
+    /// batch's failure, with its real cause, decides.
+    owner: bool,
 }
 
 impl DownloadSink {
@@ -301,20 +306,24 @@ impl DownloadSink {
     }
 
     /// A second handle on the same download, for a backend that completes
-    /// it from elsewhere (CUDA: a host function on the stream). Whichever
-    /// handle completes it first counts; dropping one still pending fails
-    /// it.
+    /// it from elsewhere (CUDA: a callback on the stream). Whichever handle
+    /// completes or fails it first counts; dropping the second one does
+    /// nothing.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn share(&self) -> DownloadSink {
         DownloadSink {
             target: self.target.clone(),
             bytes: self.bytes,
+            owner: false,
         }
     }
 }
 
 impl Drop for DownloadSink {
     fn drop(&mut self) {
+        if !self.owner {
+            return;
+        }
         self.target.fail(&Error::Abandoned {
             reason: "the batch holding this download was dropped before it ran; submit the batch \
                      and keep its queue alive until it ran",

@@ -49,9 +49,10 @@ pub type CudaQueue = Queue<CudaEngine>;
 ///   batch's memory (the driver stages pageable memory before it returns),
 ///   larger ones from page-locked staging the batch keeps until the stream
 ///   passed it; `download` is a `cuMemcpyDtoHAsync` into page-locked
-///   staging, then a host function on the stream (`cuLaunchHostFunc`)
-///   copies it into the [`Download`](crate::Download) and wakes its
-///   waiters: both in stream order, neither blocking the host;
+///   staging, then a stream callback (`cuStreamAddCallback`) copies it
+///   into the [`Download`](crate::Download) and wakes its waiters, or,
+///   after a fault, fails it: both in stream order, neither blocking the
+///   host;
 /// - `signal(s, v)` records one of `s`'s events on the stream (see
 ///   [`CudaSignal`](super::CudaSignal)): `v` is reached when the GPU gets
 ///   there. **Back-pressure:** a signal holds at most
@@ -424,6 +425,12 @@ impl Shared {
     /// Puts the commands of `batch` from `from` on the stream, without ever
     /// blocking on the host.
     fn enqueue(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        // Once, for every raw driver call below (copies, fills, transfers):
+        // this thread (the owner's, or the worker's) may not have the
+        // stream's context current.
+        if let Err(e) = self.stream.context().bind_to_thread() {
+            return Outcome::Failed(from, self.fault("making the queue's context current", e));
+        }
         let profiling = self.profiling.load(Ordering::Relaxed);
         for (index, command) in batch.commands().iter().enumerate().skip(from) {
             let start = if profiling {
@@ -583,9 +590,7 @@ impl Shared {
         if src.is_empty() {
             return Ok(());
         }
-        let fail = |e| self.fault("a device-to-device copy", e);
-        self.stream.context().bind_to_thread().map_err(fail)?;
-        // The result layer, because cudarc's safe copy wants the destination
+        // The context is current (`enqueue`). The result layer, because cudarc's safe copy wants the destination
         // `&mut` (a lock per buffer, and lock ordering between two) for an
         // exclusivity our queues do not need: signals order buffer use.
         // SAFETY: both views lie in allocations on this stream's device
@@ -600,7 +605,7 @@ impl Shared {
                 self.stream.cu_stream(),
             )
         }
-        .map_err(fail)
+        .map_err(|e| self.fault("a device-to-device copy", e))
     }
 
     /// Keeps `batch` until the stream passed what was enqueued of it.
@@ -701,8 +706,16 @@ fn run_worker(shared: &Shared) {
                 state = shared.work.wait(state);
             }
         };
-        let Some(batch) = shared.admit(batch, from) else {
-            continue;
+        // A batch handed over part-enqueued (`from > 0`) was admitted when
+        // its first command went on the stream: it must finish, so the
+        // buffers it already uses stay alive until the stream passes it.
+        let batch = if from == 0 {
+            match shared.admit(batch, 0) {
+                Some(batch) => batch,
+                None => continue,
+            }
+        } else {
+            batch
         };
         let outcome = loop {
             match shared.enqueue_caught(&batch, from) {

@@ -6,6 +6,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
 
+use crate::Backend;
+use crate::error::Error;
 use crate::transfer::DownloadSink;
 
 /// Uploads up to this size are copied from the batch's own memory:
@@ -23,7 +25,7 @@ pub(crate) struct Pinned {
 }
 
 // SAFETY: the allocation is owned by this value alone; the stream's copies
-// and host functions that use it finish before it is dropped (the batch
+// and callbacks that use it finish before it is dropped (the batch
 // keeps it until the stream passed the batch's completion event).
 unsafe impl Send for Pinned {}
 // SAFETY: as for `Send`; shared access only reads the address.
@@ -123,8 +125,8 @@ pub(crate) unsafe fn upload(
     outcome
 }
 
-/// What the host function of a download needs: the staging, and the
-/// download to complete.
+/// What the callback of a download needs: the staging, and the download
+/// to complete.
 struct Landing {
     staging: *const u8,
     len: usize,
@@ -132,8 +134,14 @@ struct Landing {
 }
 
 /// Copies `src` into page-locked staging on the stream, then, in stream
-/// order, a host function copies the staging into the download's memory
-/// and marks it ready.
+/// order, a stream callback copies the staging into the download's memory
+/// and marks it ready, or fails it with the stream's error.
+///
+/// A stream callback (`cuStreamAddCallback`), not a host function
+/// (`cuLaunchHostFunc`): the driver calls it with the stream's status even
+/// after a fault, where a host function is not run, so a waiter on the
+/// download learns of the fault instead of waiting until the queue's owner
+/// next calls into it.
 ///
 /// # Safety
 /// `src` is a live allocation of at least `sink.len()` bytes on the
@@ -147,7 +155,7 @@ pub(crate) unsafe fn download(
     let len = sink.len();
     let pinned = Pinned::new(stream.context(), len)?;
     // SAFETY: the staging holds `len` bytes and lives with the batch until
-    // the stream passed it (so after the host function below ran).
+    // the stream passed it (so after the callback below ran).
     let target = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), len) };
     // SAFETY: the caller's contract for `src`; the staging as above.
     unsafe { result::memcpy_dtoh_async(target, src, stream.cu_stream()) }?;
@@ -157,11 +165,13 @@ pub(crate) unsafe fn download(
         sink: sink.share(),
     }));
     staging.push(pinned);
-    // SAFETY: `land` takes the box back exactly once, when the stream runs
-    // it; if the driver refuses it, we take it back here instead.
-    let outcome = unsafe {
-        result::stream::launch_host_function(stream.cu_stream(), land, landing.cast::<c_void>())
-    };
+    // SAFETY: `land` takes the box back exactly once, when the driver calls
+    // it; if the driver refuses it, we take it back here instead (the
+    // shared handle does not fail the download when dropped: the batch's
+    // failure does, with the real cause).
+    let outcome =
+        unsafe { sys::cuStreamAddCallback(stream.cu_stream(), Some(land), landing.cast(), 0) }
+            .result();
     if outcome.is_err() {
         // SAFETY: the driver did not take the box, so we own it again.
         drop(unsafe { Box::from_raw(landing) });
@@ -169,21 +179,36 @@ pub(crate) unsafe fn download(
     outcome
 }
 
-/// The host function of a download: runs on a driver thread, in stream
-/// order, after the copy into the staging. Calls no CUDA function.
-unsafe extern "C" fn land(arg: *mut c_void) {
+/// The callback of a download: runs on a driver thread, in stream order,
+/// after the copy into the staging, with the stream's status. Calls no
+/// CUDA function.
+unsafe extern "C" fn land(_stream: sys::CUstream, status: sys::CUresult, arg: *mut c_void) {
     // SAFETY: `arg` is the `Landing` box leaked by `download`, handed to
     // this function once.
     let landing = unsafe { Box::from_raw(arg.cast::<Landing>()) };
     // A panic must not unwind into the driver; the download then fails
     // when the batch drops its handle.
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        if status != sys::CUresult::CUDA_SUCCESS {
+            // The copy did not land: the stream faulted before it. (The
+            // queue reports the fault itself, as `DeviceLost` where it is
+            // sticky, at its next `submit` or `synchronize`.)
+            landing.sink.fail(&Error::Driver {
+                backend: super::Cuda::ID,
+                what: "a download".into(),
+                detail: format!(
+                    "the stream failed with {status:?} before the data arrived; the device \
+                     may be lost (see the queue's next `synchronize`)"
+                ),
+            });
+            return;
+        }
         // SAFETY: the staging holds `len` bytes the copy before this wrote,
         // alive until the stream passed the batch.
         let bytes = unsafe { std::slice::from_raw_parts(landing.staging, landing.len) };
-        landing.sink.complete(|out| {
+        let _ = landing.sink.complete(|out| {
             out.copy_from_slice(bytes);
             Ok(())
-        })
+        });
     }));
 }
