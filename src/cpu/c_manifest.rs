@@ -37,6 +37,11 @@ const HEADER: &str = "hwqueue C kernel dependencies, format 1";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Manifest {
     files: Vec<FileStamp>,
+    /// When some file was too new to trust (see [`FileStamp::now`]): the
+    /// compile's start, mixed into the [`digest`](Self::digest) so that the
+    /// library gets a name of its own. Such a manifest is never current,
+    /// so it is never read back; `None` for a settled one.
+    unsettled: Option<u128>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,12 +108,15 @@ impl Manifest {
         let mut paths: Vec<PathBuf> = paths.into_iter().collect();
         paths.sort();
         paths.dedup();
-        Self {
-            files: paths
-                .iter()
-                .filter_map(|path| FileStamp::now(path, compile_started))
-                .collect(),
-        }
+        let files: Vec<FileStamp> = paths
+            .iter()
+            .filter_map(|path| FileStamp::now(path, compile_started))
+            .collect();
+        let unsettled = files
+            .iter()
+            .any(|file| file.hash == UNKNOWN)
+            .then_some(compile_started);
+        Self { files, unsettled }
     }
 
     /// Whether every file still holds what it held when captured.
@@ -119,8 +127,13 @@ impl Manifest {
     /// A digest of the files' paths and contents: it names the library
     /// built from them, so a library built from other contents has another
     /// name (a loader hands out the library already loaded under a name).
+    /// Where a file's contents are unknown, the compile's start stands in,
+    /// so two such compiles never share a name.
     pub(crate) fn digest(&self) -> u64 {
         let mut bytes = Vec::new();
+        if let Some(started) = self.unsettled {
+            bytes.extend_from_slice(&started.to_le_bytes());
+        }
         for file in &self.files {
             bytes.extend_from_slice(file.path.as_os_str().as_encoded_bytes());
             bytes.push(0);
@@ -149,7 +162,8 @@ impl Manifest {
                 })
             })
             .collect::<Option<Vec<_>>>()?;
-        Some(Self { files })
+        let unsettled = None;
+        Some(Self { files, unsettled })
     }
 
     /// The manifest as a file's text, or `None` when a path cannot be
@@ -336,6 +350,24 @@ mod tests {
         assert!(!too_new.is_current());
         let settled = Manifest::capture([header.clone()], written + 1);
         assert!(settled.is_current());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two compiles that each found a header too new to trust must not
+    /// share a library name: a loader would hand the second the first's
+    /// library, built from other contents. Failed before: both stamps
+    /// hashed as unknown, so the digests were equal.
+    #[test]
+    fn compiles_of_unsettled_headers_never_share_a_library_name() {
+        let dir = std::env::temp_dir().join(format!("hwq-manifest-twice-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let header = dir.join("future.h");
+        fs::write(&header, "#define X 1\n").unwrap();
+        let written = modified(&fs::metadata(&header).unwrap());
+        let first = Manifest::capture([header.clone()], written);
+        fs::write(&header, "#define X 2\n").unwrap();
+        let second = Manifest::capture([header.clone()], written + 1);
+        assert_ne!(first.digest(), second.digest());
         fs::remove_dir_all(&dir).unwrap();
     }
 }
