@@ -32,13 +32,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{TimelineSignal, Timeout, check_value};
+use crate::signal::{PollBackoff, TimelineSignal, Timeout, check_value};
 use crate::sync::{Arc, Condvar, Mutex};
-
-/// The first sleep of a waiter that polls a signal.
-const POLL_FIRST: Duration = Duration::from_micros(10);
-/// The longest sleep of a waiter that polls a signal.
-const POLL_LONGEST: Duration = Duration::from_millis(1);
 
 /// What a multi-signal wait sleeps on; signals that can notify wake it.
 ///
@@ -213,19 +208,15 @@ pub fn wait_any<S: TimelineSignal>(
         return Err(Error::EmptyWaitList);
     }
     check_values(waits)?;
-    let reached_index = || {
-        waits
-            .iter()
-            .position(|&(signal, target)| signal.is_reached(target))
-    };
-    if let Some(index) = reached_index() {
+    // Reached values first: one load each for most signals, no lock.
+    if let Some(index) = waits
+        .iter()
+        .position(|&(signal, target)| signal.is_reached(target))
+    {
         return Ok(index);
     }
     block_until(waits, timeout.into(), || {
-        // Reached values first: one load each for most signals.
-        if let Some(index) = reached_index() {
-            return Ok(Progress::Done(index));
-        }
+        // The lowest index reached wins over an earlier one's failure.
         let mut failure = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
             match reached(signal, target) {
@@ -294,7 +285,7 @@ fn block_until<S: TimelineSignal, R>(
         Some(deadline) if start >= deadline => None,
         _ => Some(Watching::new(waits)),
     };
-    let mut poll = POLL_FIRST;
+    let mut poll = PollBackoff::new();
     loop {
         // After the watch, or after a sleep: a change before this look is
         // seen by it, one after it wakes the waker.
@@ -308,8 +299,7 @@ fn block_until<S: TimelineSignal, R>(
             _ => return Err(timed_out(pending)),
         };
         let wake_by = if watching.polls {
-            let until = now.checked_add(poll);
-            poll = (poll * 2).min(POLL_LONGEST);
+            let until = now.checked_add(poll.step());
             match (deadline, until) {
                 (Some(deadline), Some(until)) => Some(deadline.min(until)),
                 (deadline, until) => deadline.or(until),
@@ -330,23 +320,28 @@ struct Watching<'a, S: TimelineSignal> {
 }
 
 impl<'a, S: TimelineSignal> Watching<'a, S> {
+    /// Watches every signal whose value is not reached yet (a reached one
+    /// has nothing left to tell). Built before the first `watch`, so a
+    /// `watch` that panics still un-watches the ones before it.
     fn new(waits: &'a [(&'a S, u64)]) -> Self {
-        let waker = SignalWaker::new();
-        let mut polls = false;
-        for &(signal, _) in waits {
-            polls |= !signal.watch(&waker);
-        }
-        Self {
+        let mut watching = Self {
             waits,
-            waker,
-            polls,
+            waker: SignalWaker::new(),
+            polls: false,
+        };
+        for &(signal, target) in waits {
+            if !signal.is_reached(target) {
+                watching.polls |= !signal.watch(&watching.waker);
+            }
         }
+        watching
     }
 }
 
 impl<S: TimelineSignal> Drop for Watching<'_, S> {
     fn drop(&mut self) {
-        // One `unwatch` per `watch`; a signal that declined ignores it.
+        // Every signal: one not watched (declined, or reached when the
+        // wait began) ignores it, as the trait requires.
         for &(signal, _) in self.waits {
             signal.unwatch(&self.waker);
         }

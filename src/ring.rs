@@ -51,11 +51,11 @@
 //! protocol.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::signal::{
-    Failures, MAX_SIGNAL_VALUE, Producer, Timeout, check_value, value_out_of_range,
+    Failures, MAX_SIGNAL_VALUE, PollBackoff, Producer, Timeout, check_value, value_out_of_range,
 };
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 
@@ -67,12 +67,6 @@ use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 /// harness one to four, so that wrap-around takes few operations).
 pub const RING_SLOTS: usize = 16;
 const _: () = assert!(RING_SLOTS > 0, "a ring needs at least one slot");
-
-/// The first and the longest sleep between polls of an event, when a wait
-/// has a finite timeout (an event cannot be waited on with a timeout, so the
-/// wait polls with exponential back-off; an unbounded wait blocks instead).
-const POLL_FIRST: Duration = Duration::from_micros(10);
-const POLL_LONGEST: Duration = Duration::from_millis(1);
 
 /// A device event as the ring sees it.
 pub trait RingEvent: Send + Sync + 'static {
@@ -393,7 +387,9 @@ impl<E: RingEvent> EventRing<E> {
         check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
-        let mut poll = POLL_FIRST;
+        // A wait with a finite timeout polls the event (an event cannot be
+        // waited on with a timeout); an unbounded one blocks instead.
+        let mut poll = PollBackoff::new();
         let mut state = self.state.lock();
         loop {
             let (value, event) = match self.step(&mut state, target)? {
@@ -431,8 +427,7 @@ impl<E: RingEvent> EventRing<E> {
             let now = Instant::now();
             match deadline {
                 Some(deadline) if now < deadline => {
-                    std::thread::sleep(poll.min(deadline - now));
-                    poll = (poll * 2).min(POLL_LONGEST);
+                    std::thread::sleep(poll.step().min(deadline - now));
                 }
                 _ => {
                     return Err(Error::Timeout {

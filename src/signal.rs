@@ -290,3 +290,27 @@ pub(crate) fn value_out_of_range(value: u64) -> ! {
         }
     )
 }
+
+/// Sleeps between polls of a signal that cannot notify: 10 µs first, then
+/// twice as long each time, up to 1 ms (the event ring's timed waits and
+/// the multi-waits over such signals).
+#[derive(Debug)]
+pub(crate) struct PollBackoff {
+    next: Duration,
+}
+
+impl PollBackoff {
+    const FIRST: Duration = Duration::from_micros(10);
+    const LONGEST: Duration = Duration::from_millis(1);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    /// The next sleep; the one after is twice as long, up to the longest.
+    pub(crate) fn step(&mut self) -> Duration {
+        let sleep = self.next;
+        self.next = (sleep * 2).min(Self::LONGEST);
+        sleep
+    }
+}
