@@ -305,9 +305,9 @@ impl Pool {
             return;
         }
         let mut state = shared.state.lock();
-        if !state.spawned {
-            state = shared.spawn_helpers(state);
-        }
+        // Before the first multi-group `exec` there are no helpers to wake:
+        // they are spawned there, on the worker, not on the host's thread
+        // inside `submit`.
         if state.parked > state.hints {
             state.hints = state.parked;
             shared.work.notify_all();
