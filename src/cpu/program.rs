@@ -554,9 +554,6 @@ from_scalar!(half::f16 => F16, half::bf16 => BF16);
 pub struct BufferView<'a> {
     ptr: *mut u8,
     size: usize,
-    /// The alignment of `ptr`: 64 for a whole buffer, less for a view at
-    /// an offset.
-    align: usize,
     _exec: PhantomData<&'a [u8]>,
 }
 
@@ -574,14 +571,9 @@ impl<'a> BufferView<'a> {
     /// `ptr` is valid for reads and writes of `size` bytes, initialised,
     /// and held for the kernel's exclusive use for `'a`.
     pub(crate) unsafe fn new(ptr: *mut u8, size: usize) -> Self {
-        // The largest power of two dividing the address, at most a
-        // buffer's alignment.
-        let align =
-            (1usize << (ptr as usize).trailing_zeros().min(63)).min(super::CPU_BUFFER_ALIGN);
         Self {
             ptr,
             size,
-            align,
             _exec: PhantomData,
         }
     }
@@ -606,7 +598,9 @@ impl<'a> BufferView<'a> {
     /// [`View`](crate::View), at least the queue's
     /// [`view_alignment`](crate::Limits::view_alignment).
     pub fn align(&self) -> usize {
-        self.align
+        // The largest power of two dividing the address, at most a
+        // buffer's alignment.
+        (1usize << (self.ptr as usize).trailing_zeros().min(63)).min(super::CPU_BUFFER_ALIGN)
     }
 
     /// The start of the memory (aligned to [`align`](Self::align)).
@@ -654,8 +648,8 @@ impl<'a> BufferView<'a> {
 impl BufferView<'_> {
     #[inline]
     fn check_align<T>(&self) {
-        if std::mem::align_of::<T>() > self.align {
-            misaligned::<T>(self.align);
+        if !self.ptr.cast::<T>().is_aligned() {
+            misaligned::<T>(self.align());
         }
     }
 }
