@@ -9,7 +9,7 @@ use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::buffer::{Buffer, Pod, bytes_of, pattern_bytes};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
-use crate::profile::{Category, ProfileEvent, now_ns};
+use crate::profile::{Category, Described, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
 use crate::transfer::{Download, HostBytes, HostBytesInner, Owned};
@@ -162,17 +162,14 @@ impl<E: Engine> Queue<E> {
                 Ok(()) => String::new(),
                 Err(error) => error.to_string(),
             };
-            let event = ProfileEvent {
+            let described = Described {
                 name: name.to_owned(),
                 category: Category::Host,
-                queue: profile.label.clone(),
-                batch: profile.submitted,
-                index: 0,
-                start_ns: start,
-                end_ns: now_ns().max(start),
                 detail,
                 params: None,
             };
+            let event =
+                described.into_event(profile.label.clone(), profile.submitted, 0, start, now_ns());
             profile.events.push(event);
         }
     }
@@ -226,6 +223,18 @@ impl<E: Engine> Queue<E> {
         self.hand_over();
     }
 
+    /// `view` as a command's view, once the engine accepted its buffer
+    /// ([`Engine::check_buffer`], naming it `what`).
+    fn device_view<V: AsView<E::Backend>>(
+        &self,
+        what: &'static str,
+        view: &V,
+    ) -> Result<View<E::Backend>> {
+        let (buffer, offset, len) = view.view_parts();
+        self.engine.check_buffer(what, buffer)?;
+        Ok(View::from_parts(buffer.clone(), offset, len))
+    }
+
     /// Checks an upload of `host` bytes into `dst`: the view for its
     /// command, or `None` with the batch rejected.
     fn check_upload<D: AsView<E::Backend>>(
@@ -233,20 +242,17 @@ impl<E: Engine> Queue<E> {
         dst: &D,
         host: usize,
     ) -> Option<View<E::Backend>> {
-        let (buffer, offset, len) = dst.view_parts();
-        if host != len {
-            self.reject(Error::TransferSizeMismatch {
+        let (_, _, len) = dst.view_parts();
+        let checked = if host == len {
+            self.device_view("the upload destination", dst)
+        } else {
+            Err(Error::TransferSizeMismatch {
                 what: "upload",
                 host,
                 device: len,
-            });
-            return None;
-        }
-        if let Err(e) = self.engine.check_buffer("the upload destination", buffer) {
-            self.reject(e);
-            return None;
-        }
-        Some(View::from_parts(buffer.clone(), offset, len))
+            })
+        };
+        checked.map_err(|e| self.reject(e)).ok()
     }
 
     fn hand_over(&mut self) {
@@ -501,27 +507,25 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         dst: &D,
         src: &S,
     ) -> &mut Self {
-        let (dst, dst_offset, dst_len) = dst.view_parts();
-        let (src, src_offset, src_len) = src.view_parts();
+        let (dst_len, src_len) = (dst.view_parts().2, src.view_parts().2);
         if dst_len != src_len {
             return self.reject(Error::CopySizeMismatch {
                 dst: dst_len,
                 src: src_len,
             });
         }
-        for (what, buffer) in [("the copy destination", dst), ("the copy source", src)] {
-            if let Err(e) = self.engine.check_buffer(what, buffer) {
-                return self.reject(e);
-            }
-        }
-        let size = dst.size();
-        let dst = View::<E::Backend>::from_parts(dst.clone(), dst_offset, dst_len);
-        let src = View::<E::Backend>::from_parts(src.clone(), src_offset, src_len);
+        let views = self
+            .device_view("the copy destination", dst)
+            .and_then(|dst| Ok((dst, self.device_view("the copy source", src)?)));
+        let (dst, src) = match views {
+            Ok(views) => views,
+            Err(e) => return self.reject(e),
+        };
         if dst.overlaps(&src) {
             return self.reject(Error::CopyOverlap {
                 dst: dst.range(),
                 src: src.range(),
-                size,
+                size: Buffer::size(dst.buffer()),
             });
         }
         self.batch.commands.push(Command::Copy { dst, src });
@@ -530,7 +534,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
 
     #[inline(never)]
     fn fill<D: AsView<E::Backend>, T: Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
-        let (buffer, offset, len) = dst.view_parts();
+        let (_, offset, len) = dst.view_parts();
         let (bytes, width) = pattern_bytes(&pattern);
         let bad = |reason: String| Error::InvalidFill {
             offset,
@@ -549,11 +553,12 @@ impl<E: Engine> HardwareQueue for Queue<E> {
                  the view, or fill with a narrower pattern"
             )));
         }
-        if let Err(e) = self.engine.check_buffer("the fill destination", buffer) {
-            return self.reject(e);
-        }
+        let dst = match self.device_view("the fill destination", dst) {
+            Ok(dst) => dst,
+            Err(e) => return self.reject(e),
+        };
         self.batch.commands.push(Command::Fill {
-            dst: View::from_parts(buffer.clone(), offset, len),
+            dst,
             pattern: bytes,
             width: width as u8,
         });
