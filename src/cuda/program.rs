@@ -9,7 +9,7 @@ use cudarc::nvrtc::{self, Ptx};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::program::{KernelSignature, Program};
-use crate::sync::{Arc, AtomicU32, Ordering};
+use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
 
 use super::launch::{self, KernelFacts, PARAM_INFO_DRIVER, Target};
 use super::{Cuda, CudaDevice, cuda_version, device_error, ensure_nvrtc};
@@ -55,6 +55,9 @@ struct ProgramInner {
     facts: KernelFacts,
     /// The dynamic shared memory the kernel is opted in to (0: none).
     opted_shared: AtomicU32,
+    /// Held while raising the opt-in, so two launches raising it at once
+    /// cannot leave the attribute below what `opted_shared` says.
+    opting_in: Mutex<()>,
 }
 
 impl CudaProgram {
@@ -194,6 +197,7 @@ impl CudaProgram {
                 ptx,
                 facts,
                 opted_shared: AtomicU32::new(0),
+                opting_in: Mutex::new(()),
             }),
         })
     }
@@ -220,8 +224,16 @@ impl CudaProgram {
     /// Opts the kernel in to `bytes` of dynamic shared memory if a launch
     /// with that much needs it (above 48 KiB less its static memory).
     pub(crate) fn opt_in_shared(&self, bytes: u32) -> Result<()> {
-        let opted = self.inner.opted_shared.load(Ordering::Relaxed);
-        if !launch::needs_opt_in(&self.inner.facts, bytes, opted) {
+        let needs = |opted: &AtomicU32| {
+            launch::needs_opt_in(&self.inner.facts, bytes, opted.load(Ordering::Relaxed))
+        };
+        if !needs(&self.inner.opted_shared) {
+            return Ok(());
+        }
+        // Raised under the lock, checked again there: the attribute only
+        // ever rises, and `opted_shared` is what it is.
+        let _raising = self.inner.opting_in.lock();
+        if !needs(&self.inner.opted_shared) {
             return Ok(());
         }
         let value = i32::try_from(bytes).unwrap_or(i32::MAX);
@@ -238,7 +250,7 @@ impl CudaProgram {
                     e,
                 )
             })?;
-        self.inner.opted_shared.fetch_max(bytes, Ordering::Relaxed);
+        self.inner.opted_shared.store(bytes, Ordering::Relaxed);
         Ok(())
     }
 }
