@@ -18,13 +18,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 
 use super::Cpu;
-use super::c_manifest::{Manifest, linked_libraries, modified, parse_depfile, write_atomically};
+use super::c_manifest::{
+    Manifest, epoch_nanos, linked_libraries, modified, parse_depfile, write_atomically,
+};
 
 /// The flags [`CompileOptions::default`] passes to the C compiler.
 ///
@@ -261,9 +263,7 @@ fn compile(
     fs::write(&scratch.source, text).map_err(cache_io("writing a C kernel into the cache"))?;
     // Files the compiler reads that change from here on may not be what it
     // read (see `c_manifest`).
-    let started = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
+    let started = epoch_nanos(SystemTime::now());
     let ran = Command::new(&compiler.path)
         .args(&compiler.args)
         .args(["-shared", "-fPIC", "-o"])

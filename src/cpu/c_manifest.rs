@@ -93,9 +93,13 @@ impl FileStamp {
 /// A file's modification time in nanoseconds since the Unix epoch (0 when
 /// the platform cannot say).
 pub(crate) fn modified(meta: &fs::Metadata) -> u128 {
-    meta.modified()
-        .ok()
-        .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
+    meta.modified().map_or(0, epoch_nanos)
+}
+
+/// `time` in nanoseconds since the Unix epoch (0 before it): how stamps
+/// and the compile's start are compared.
+pub(crate) fn epoch_nanos(time: std::time::SystemTime) -> u128 {
+    time.duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos())
 }
 

@@ -428,7 +428,7 @@ fn run_fill(dst: &View<Cpu>, pattern: &[u8]) {
 }
 
 /// Writes `pattern` over `bytes`, as wide stores where aligned.
-pub(crate) fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
+fn fill_pattern(bytes: &mut [u8], pattern: &[u8]) {
     match *pattern {
         [byte] => bytes.fill(byte),
         [a, b] => match bytemuck::try_cast_slice_mut::<u8, u16>(bytes) {
