@@ -228,9 +228,10 @@ pub(crate) fn parse_depfile(text: &str, source: &Path, cwd: &Path) -> Vec<PathBu
 
 /// The files the `-l` flags among `args` link, resolved as the linker would:
 /// the `-L` directories, then `$LIBRARY_PATH`, then the compiler's own
-/// search path (`-print-file-name`). A shared library is preferred to a
-/// static one, as without `-static`. Libraries that cannot be resolved are
-/// left out (the link would have failed on them).
+/// search path (`-print-file-name`), directory by directory, taking in each
+/// the shared library before the static one (only the static one with
+/// `-static`). Libraries that cannot be resolved are left out (the link
+/// would have failed on them).
 pub(crate) fn linked_libraries(
     compiler: &Path,
     compiler_args: &[OsString],
@@ -238,8 +239,10 @@ pub(crate) fn linked_libraries(
 ) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     let mut names: Vec<String> = Vec::new();
+    let mut static_only = false;
     let mut words = args.iter().map(String::as_str);
     while let Some(word) = words.next() {
+        static_only |= word == "-static";
         if let Some(dir) = word.strip_prefix("-L") {
             let dir = if dir.is_empty() {
                 words.next()
@@ -262,12 +265,18 @@ pub(crate) fn linked_libraries(
     names
         .iter()
         .filter_map(|name| {
-            let files = [format!("lib{name}.so"), format!("lib{name}.a")];
-            files
-                .iter()
-                .find_map(|file| {
-                    dirs.iter()
-                        .map(|dir| dir.join(file))
+            let shared = format!("lib{name}.so");
+            let archive = format!("lib{name}.a");
+            let files: &[&String] = if static_only {
+                &[&archive]
+            } else {
+                &[&shared, &archive]
+            };
+            dirs.iter()
+                .find_map(|dir| {
+                    files
+                        .iter()
+                        .map(|file| dir.join(file))
                         .find(|path| path.is_file())
                 })
                 .or_else(|| {
@@ -355,6 +364,44 @@ mod tests {
         let settled = Manifest::capture([header.clone()], written + 1);
         assert!(settled.is_current());
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The linker searches directory by directory, the shared library
+    /// before the static one in each: a static library in an earlier
+    /// directory wins over a shared one in a later one, and `-static` takes
+    /// only static ones. Failed before: every directory was searched for
+    /// the `.so` first, so the `.so` of the later directory was named (and
+    /// then left out as shared), and the `.a` really linked went untracked.
+    #[test]
+    fn libraries_resolve_in_the_linkers_order() {
+        let root = std::env::temp_dir().join(format!("hwq-libs-{}", std::process::id()));
+        let (first, second) = (root.join("first"), root.join("second"));
+        fs::create_dir_all(&first).unwrap();
+        fs::create_dir_all(&second).unwrap();
+        fs::write(first.join("libhwqfoo.a"), "!<arch>\n").unwrap();
+        fs::write(second.join("libhwqfoo.so"), "").unwrap();
+        fs::write(second.join("libhwqbar.so"), "").unwrap();
+        fs::write(second.join("libhwqbar.a"), "!<arch>\n").unwrap();
+        let args = |extra: &[&str]| {
+            let mut args = vec![
+                format!("-L{}", first.display()),
+                format!("-L{}", second.display()),
+                "-lhwqfoo".to_owned(),
+                "-lhwqbar".to_owned(),
+            ];
+            args.extend(extra.iter().map(|word| (*word).to_owned()));
+            args
+        };
+        let none = Path::new("/nonexistent/cc");
+        assert_eq!(
+            linked_libraries(none, &[], &args(&[])),
+            [first.join("libhwqfoo.a"), second.join("libhwqbar.so")]
+        );
+        assert_eq!(
+            linked_libraries(none, &[], &args(&["-static"])),
+            [first.join("libhwqfoo.a"), second.join("libhwqbar.a")]
+        );
+        fs::remove_dir_all(&root).unwrap();
     }
 
     /// Two compiles that each found a header too new to trust must not
