@@ -231,7 +231,7 @@ impl<B: Backend> Batch<B> {
 
     /// Whether some signal of the batch is not reached yet, or it holds a
     /// download (so abandoning the batch has something to fail).
-    pub(super) fn has_unreached_signal(&self) -> bool {
+    pub(super) fn has_something_to_fail(&self) -> bool {
         self.commands.iter().any(|command| match command {
             Command::Signal { signal, value } => !TimelineSignal::is_reached(signal, *value),
             Command::Download { .. } => true,

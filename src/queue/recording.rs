@@ -214,7 +214,7 @@ impl<E: Engine> Queue<E> {
     /// `upto`), and its waiters would wake with an error although their
     /// work completes. With no unreached signal, this hands nothing over.
     fn abandon_recorded(&mut self, cause: Error) {
-        if !self.batch.has_unreached_signal() {
+        if !self.batch.has_something_to_fail() {
             self.batch.clear();
             return;
         }
