@@ -271,10 +271,18 @@ impl<B: Backend> Plan<B> {
     /// The profile events of the plan's device queues since the last call
     /// (see [`HardwareQueue::take_profile`]), oldest first, each queue
     /// named by its plan label (`"cpu:0 compute"`).
+    ///
+    /// Waits for the runs submitted first: a run's signals are set before
+    /// its queues have filed the events of the commands that set them, so
+    /// a profile taken right after [`Run::wait`] would miss some. A run
+    /// that failed was reported by its `wait`; the queues' own report of it
+    /// is consumed here, as the next [`run`](Self::run) would.
     pub fn take_profile(&mut self) -> Vec<ProfileEvent> {
         let mut events = Vec::new();
         for planned in &mut self.queues {
             if let Some(queue) = planned.queue.as_mut() {
+                // `QueueFailed` only: the failure reached the run's waiters.
+                let _ = queue.synchronize();
                 events.extend(queue.take_profile().into_iter().map(|mut event| {
                     event.queue.clone_from(&planned.label);
                     event
