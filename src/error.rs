@@ -186,6 +186,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// An executor run whose upload or download operation had nothing
+    /// staged for it.
+    #[error(
+        "{what} `{operation}` has nothing staged for this run; call `Plan::{what}` with its \
+         operation id before each `run` (a run consumes what was staged)"
+    )]
+    TransferNotStaged {
+        /// The operation's name, as given to the schedule.
+        operation: String,
+        /// `"upload"` or `"download"`.
+        what: &'static str,
+    },
+
     /// An `exec` got the wrong number of buffers or scalars, or one twice.
     #[error("bad arguments for kernel `{program}`: {reason}")]
     InvalidArguments {

@@ -191,6 +191,30 @@ impl<T: Pod + Send> Download<T> {
         Ok(std::mem::take(&mut state.1))
     }
 
+    /// A second handle on the same download: the executor keeps one from
+    /// staging until the run records it.
+    pub(crate) fn handle(&self) -> Self {
+        Self {
+            slot: self.slot.clone(),
+        }
+    }
+
+    /// Whether it was never recorded on a queue.
+    pub(crate) fn is_idle(&self) -> bool {
+        matches!(self.slot.state.lock().0, Status::Idle)
+    }
+
+    /// Fails the download with `cause` if it was never recorded: staged
+    /// for a run that did not get as far as recording it.
+    pub(crate) fn fail_unrecorded(&self, cause: &Error) {
+        let mut state = self.slot.state.lock();
+        if matches!(state.0, Status::Idle) {
+            state.0 = Status::Failed(cause.clone());
+            drop(state);
+            self.slot.done.notify_all();
+        }
+    }
+
     /// The queue's end of the download, when it is recorded.
     ///
     /// # Errors

@@ -813,3 +813,263 @@ fn bad_views_and_fills_in_a_schedule_are_errors_that_say_why() {
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+// ---- Uploads and downloads as operations, their host data staged per run.
+
+/// upload x; x += 5 (compute); download x; all on views of one arena.
+fn upload_add_download() -> (Plan<Cpu>, OpId, OpId) {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let arena = schedule.add_buffer(d, "arena", device.alloc(64).unwrap());
+    let x = schedule.add_view("x", arena, 16, 16).unwrap();
+    let up = schedule.upload("upload x", x).id();
+    let add = CpuProgram::from_fn("add_scalar", 1, 1, add_scalar);
+    schedule.exec(
+        "add 5",
+        d,
+        &add,
+        &[x],
+        &[5u32.into()],
+        ExecParams::new_1d(1, 1),
+    );
+    let down = schedule.download("download x", x).id();
+    (schedule.plan().unwrap(), up, down)
+}
+
+#[test]
+fn uploads_and_downloads_move_each_runs_data_in_queue_order() {
+    let (mut plan, up, down) = upload_add_download();
+    assert_eq!(plan.queue_labels(), ["cpu:0 copy", "cpu:0 compute"]);
+    // Within a run: the exec waits for the upload, the download for the exec.
+    assert_eq!(
+        waits(&plan),
+        [
+            (0, 1, Hazard::ReadAfterWrite),
+            (1, 2, Hazard::ReadAfterWrite)
+        ],
+        "{plan}"
+    );
+    // Back to back, without waiting in between: each run's own data, each
+    // through a different kind of owner.
+    let shared: Arc<[u32]> = Arc::from([200u32, 201, 202, 203]);
+    let outputs: Vec<_> = (0..3u32)
+        .map(|run| {
+            match run {
+                0 => plan.upload(up, &[10u32, 11, 12, 13]).unwrap(),
+                1 => plan.upload_vec(up, vec![100u32, 101, 102, 103]).unwrap(),
+                _ => plan.upload_vec(up, shared.clone()).unwrap(),
+            }
+            let out = hwqueue::Download::<u32>::new(4);
+            plan.download(down, &out).unwrap();
+            (plan.run().unwrap(), out)
+        })
+        .collect();
+    let got: Vec<Vec<u32>> = outputs
+        .iter()
+        .map(|(run, out)| {
+            run.wait(LONG).unwrap();
+            // The run's end means the download landed.
+            assert!(out.is_ready());
+            out.take(LONG).unwrap()
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            vec![15, 16, 17, 18],
+            vec![105, 106, 107, 108],
+            vec![205, 206, 207, 208]
+        ]
+    );
+}
+
+#[test]
+fn a_run_needs_every_transfer_staged_and_consumes_what_was() {
+    let (mut plan, up, down) = upload_add_download();
+    plan.upload(up, &[1u32; 4]).unwrap();
+    // The download has nothing staged: the run is refused, nothing runs.
+    match plan.run() {
+        Err(Error::TransferNotStaged { operation, what }) => {
+            assert_eq!((operation.as_str(), what), ("download x", "download"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(plan.runs(), 0);
+    // What was staged stays staged for the next try.
+    let out = hwqueue::Download::<u32>::new(4);
+    plan.download(down, &out).unwrap();
+    plan.run().unwrap().wait(LONG).unwrap();
+    assert_eq!(out.take(LONG).unwrap(), [6; 4]);
+    // The run consumed both: a second run does not repeat the last input.
+    match plan.run() {
+        Err(Error::TransferNotStaged { operation, what }) => {
+            assert_eq!((operation.as_str(), what), ("upload x", "upload"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let message = Error::TransferNotStaged {
+        operation: "upload x".into(),
+        what: "upload",
+    }
+    .to_string();
+    assert!(
+        message.contains("call `Plan::upload`") && message.contains("before each `run`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn staging_the_wrong_data_is_an_error_that_says_why() {
+    let (mut plan, up, down) = upload_add_download();
+    assert!(matches!(
+        plan.upload(up, &[1u32; 3]),
+        Err(Error::TransferSizeMismatch {
+            what: "upload",
+            host: 12,
+            device: 16
+        })
+    ));
+    assert!(matches!(
+        plan.download(down, &hwqueue::Download::<u64>::new(4)),
+        Err(Error::TransferSizeMismatch {
+            what: "download",
+            host: 32,
+            device: 16
+        })
+    ));
+    // An operation that is not of the kind staged for.
+    match plan.upload(down, &[1u32; 4]) {
+        Err(Error::InvalidSchedule { reason }) => {
+            assert!(reason.contains("`download x` is not an upload"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // An id of another, longer schedule.
+    let mut other = setup();
+    let buf = buffer(&mut other, "buf", 4);
+    let foreign = (0..10).map(|i| touch(&mut other, &format!("op {i}"), buf, None, None));
+    let foreign = foreign.last().unwrap();
+    match plan.download(foreign, &hwqueue::Download::<u32>::new(4)) {
+        Err(Error::InvalidSchedule { reason }) => {
+            assert!(
+                reason.contains("operation 9 is not in this plan"),
+                "{reason}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // A download that already received a transfer.
+    plan.upload(up, &[1u32; 4]).unwrap();
+    let out = hwqueue::Download::<u32>::new(4);
+    plan.download(down, &out).unwrap();
+    plan.run().unwrap().wait(LONG).unwrap();
+    assert!(matches!(
+        plan.download(down, &out),
+        Err(Error::DownloadReused)
+    ));
+}
+
+#[test]
+fn a_failing_run_fails_its_staged_download_and_the_next_run_works() {
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let flag = schedule.add_buffer(d, "flag", device.alloc(4).unwrap());
+    let up = schedule.upload("upload flag", flag).id();
+    let check = CpuProgram::from_fn("maybe_fail", 1, 0, maybe_fail);
+    schedule.exec("check", d, &check, &[flag], &[], ExecParams::new_1d(1, 1));
+    let down = schedule.download("download flag", flag).id();
+    let mut plan = schedule.plan().unwrap();
+
+    plan.upload(up, &[1u32]).unwrap();
+    let out = hwqueue::Download::<u32>::new(1);
+    plan.download(down, &out).unwrap();
+    let run = plan.run().unwrap();
+    match run.wait(LONG) {
+        Err(Error::OperationFailed { operation, .. }) => assert_eq!(operation, "check"),
+        other => panic!("{other:?}"),
+    }
+    // The download after the failed kernel never ran: it fails, and says so.
+    let failure = out.take(LONG).unwrap_err();
+    assert!(
+        matches!(failure.root_cause(), Error::KernelFailed { .. }),
+        "{failure:?}"
+    );
+
+    plan.upload(up, &[0u32]).unwrap();
+    let out = hwqueue::Download::<u32>::new(1);
+    plan.download(down, &out).unwrap();
+    plan.run().unwrap().wait(LONG).unwrap();
+    assert_eq!(out.take(LONG).unwrap(), [0]);
+}
+
+#[test]
+fn a_download_staged_for_a_refused_run_fails_with_the_reason() {
+    // The compute queue refuses its batch at `run` (an exec short of a
+    // scalar), after the download was taken from the staging and before
+    // the copy queue recorded it.
+    let device = Arc::new(CpuDevice::new());
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let x = schedule.add_buffer(d, "x", device.alloc(16).unwrap());
+    schedule.exec(
+        "fill x",
+        d,
+        &CpuProgram::from_fn("fill", 1, 1, common::fill),
+        &[x],
+        &[], // one scalar missing: the queue refuses the exec
+        ExecParams::new_1d(4, 4),
+    );
+    let down = schedule.download("download x", x).id();
+    let mut plan = schedule.plan().unwrap();
+    assert_eq!(plan.queue_labels(), ["cpu:0 compute", "cpu:0 copy"]);
+    let out = hwqueue::Download::<u32>::new(4);
+    plan.download(down, &out).unwrap();
+    let error = plan.run().unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::InvalidArguments { .. }),
+        "{error:?}"
+    );
+    let failure = out.take(LONG).unwrap_err();
+    assert!(
+        matches!(failure.root_cause(), Error::InvalidArguments { .. }),
+        "{failure:?}"
+    );
+}
+
+#[test]
+fn uploads_and_downloads_run_on_the_mock_backend_beside_the_cpu() {
+    let cpu = Arc::new(MixedDevice::from(CpuDevice::new()));
+    let mock = Arc::new(MixedDevice::from(Mock::open(4).unwrap()));
+    let mut schedule = Schedule::<Mixed>::new();
+    let (dc, dm) = (
+        schedule.add_device(cpu.clone()),
+        schedule.add_device(mock.clone()),
+    );
+    let bm = schedule.add_buffer(dm, "on mock", mock.alloc(16).unwrap());
+    let bc = schedule.add_buffer(dc, "on cpu", cpu.alloc(16).unwrap());
+    let up = schedule.upload("upload to mock", bm).id();
+    schedule.copy("mock to cpu", bc, bm);
+    let add = MixedProgram::from(CpuProgram::from_fn("add_scalar", 1, 1, add_scalar));
+    schedule.exec(
+        "add 10",
+        dc,
+        &add,
+        &[bc],
+        &[10u32.into()],
+        ExecParams::new_1d(1, 1),
+    );
+    let down = schedule.download("download from cpu", bc).id();
+    let mut plan = schedule.plan().unwrap();
+    for run in 0..3u32 {
+        plan.upload(up, &[run, run + 1, run + 2, run + 3]).unwrap();
+        let out = hwqueue::Download::<u32>::new(4);
+        plan.download(down, &out).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+        assert_eq!(
+            out.take(LONG).unwrap(),
+            [run + 10, run + 11, run + 12, run + 13]
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! The executor: plan a schedule once, run it many times.
 //!
-//! A compiler hands hwqueue a [`Schedule`]: operations (kernel `exec`s and
-//! copies) in program order, each declaring the byte ranges of the buffers it
+//! A compiler hands hwqueue a [`Schedule`]: operations (kernel `exec`s,
+//! copies, fills, and host uploads and downloads) in program order, each declaring the byte ranges of the buffers it
 //! reads and writes, the device it runs on and the queue kind it wants.
 //! [`Schedule::plan`] turns it into a [`Plan`]:
 //!
@@ -29,6 +29,12 @@
 //!   later operations never run, so there is nothing to race, and the new
 //!   run must not inherit the failure).
 //!
+//! Uploads and downloads name device bytes only; the host data changes
+//! every run, so [`Plan::upload`] and [`Plan::download`] stage it for the
+//! next run, which consumes it (a run with one left unstaged is refused): the inputs land and
+//! the outputs leave in queue order, ordered against the kernels by the
+//! same hazards.
+//!
 //! [`Plan::run`] records every queue's batch with fresh timeline values (run
 //! `r` uses values `r * n + 1 ..= (r + 1) * n` on a queue of `n` operations),
 //! submits them and returns a [`Run`] handle. Nothing is re-planned; the
@@ -45,6 +51,7 @@ mod plan;
 mod planner;
 mod run;
 mod schedule;
+mod transfer;
 
 use std::fmt;
 use std::ops::Range;

@@ -7,6 +7,7 @@ use crate::sync::mpsc;
 use super::host::{HostBatch, HostJob};
 use super::run::Run;
 use super::schedule::*;
+use super::transfer::Staged;
 use super::*;
 
 /// Where an operation runs.
@@ -105,14 +106,34 @@ pub struct Plan<B: Backend> {
     pub(super) schedule: Schedule<B>,
     pub(super) host: Option<mpsc::Sender<HostBatch<B>>>,
     pub(super) runs: u64,
+    /// Per operation, the host side of an upload or download staged for
+    /// the next run.
+    pub(super) staged: Vec<Option<Staged<B>>>,
 }
 
 impl<B: Backend> Plan<B> {
     /// Records and submits one run with fresh timeline values; returns at once.
+    /// It consumes the host data staged for the plan's uploads and
+    /// downloads ([`upload`](Self::upload), [`download`](Self::download)).
     ///
     /// # Errors
-    /// When a queue refuses the batch (a command the backend rejects).
+    /// [`Error::TransferNotStaged`] when an upload or download has nothing
+    /// staged (nothing is recorded, and what was staged stays); when a
+    /// queue refuses the batch (a command the backend rejects), in which
+    /// case every download staged for the run fails with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
+        let mut staged = self.take_staged()?;
+        let result = self.record_and_submit(&mut staged);
+        if let Err(error) = &result {
+            // What was staged and never recorded: its downloads learn why.
+            for leftover in staged.into_iter().flatten() {
+                leftover.fail(error);
+            }
+        }
+        result
+    }
+
+    fn record_and_submit(&mut self, staged: &mut [Option<Staged<B>>]) -> Result<Run<B>> {
         let run = self.runs;
         self.runs += 1;
         let facts = self.facts.clone();
@@ -188,6 +209,20 @@ impl<B: Backend> Plan<B> {
                             &self.schedule.buffers[dst.0].buffer,
                             &self.schedule.buffers[src.0].buffer,
                         );
+                    }
+                    Work::Upload { dst } => {
+                        let dst = &self.schedule.buffers[dst.0].buffer;
+                        match staged.get_mut(op).and_then(Option::take) {
+                            Some(Staged::Upload(data)) => data.record(queue, dst),
+                            _ => staged_bug(queue, &facts.ops[op].name),
+                        }
+                    }
+                    Work::Download { src } => {
+                        let src = &self.schedule.buffers[src.0].buffer;
+                        match staged.get_mut(op).and_then(Option::take) {
+                            Some(Staged::Download(into)) => into.record(queue, src),
+                            _ => staged_bug(queue, &facts.ops[op].name),
+                        }
                     }
                     Work::Fill {
                         dst,
@@ -292,6 +327,17 @@ impl<B: Backend> Plan<B> {
         events.sort_by_key(|event| (event.start_ns, event.end_ns));
         events
     }
+}
+
+/// `take_staged` checked every transfer, so this is a bug: the batch is
+/// refused rather than run without the transfer whose value it would
+/// still signal.
+fn staged_bug<Q: HardwareQueue>(queue: &mut Q, operation: &str) {
+    queue.reject(Error::InvalidSchedule {
+        reason: format!(
+            "operation `{operation}` lost its staged host data (a bug in the executor)"
+        ),
+    });
 }
 
 impl<B: Backend> fmt::Display for Plan<B> {

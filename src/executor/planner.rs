@@ -173,7 +173,10 @@ pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
             waits,
             program: match &op.work {
                 Work::Exec { program, .. } => Some(program.name().to_owned()),
-                Work::Copy { .. } | Work::Fill { .. } => None,
+                Work::Copy { .. }
+                | Work::Fill { .. }
+                | Work::Upload { .. }
+                | Work::Download { .. } => None,
             },
         });
     }
@@ -201,6 +204,7 @@ pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
             signals,
             counts,
         }),
+        staged: (0..schedule.ops.len()).map(|_| None).collect(),
         schedule,
         host,
         runs: 0,
@@ -270,10 +274,15 @@ fn effective_accesses<B: Backend>(
             writes.extend(declared(&op.writes));
             (reads, writes)
         }
-        Work::Fill { dst, .. } => {
+        Work::Fill { dst, .. } | Work::Upload { dst } => {
             let mut writes = vec![whole(*dst)];
             writes.extend(declared(&op.writes));
             (declared(&op.reads), writes)
+        }
+        Work::Download { src } => {
+            let mut reads = vec![whole(*src)];
+            reads.extend(declared(&op.reads));
+            (reads, declared(&op.writes))
         }
     }
 }
@@ -294,10 +303,12 @@ fn lane_of<B: Backend>(schedule: &Schedule<B>, op: &Op<B>) -> Lane {
                 Lane::Host
             }
         }
-        Work::Exec { .. } | Work::Fill { .. } => Lane::Device {
-            device: op.device,
-            kind: op.kind,
-        },
+        Work::Exec { .. } | Work::Fill { .. } | Work::Upload { .. } | Work::Download { .. } => {
+            Lane::Device {
+                device: op.device,
+                kind: op.kind,
+            }
+        }
     }
 }
 
@@ -426,6 +437,9 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                         op.name, s.name, d.name
                     ));
                 }
+            }
+            Work::Upload { dst: id } | Work::Download { src: id } => {
+                buffer(op, *id)?;
             }
             Work::Fill { dst, width, .. } => {
                 let d = buffer(op, *dst)?;

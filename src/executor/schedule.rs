@@ -43,6 +43,15 @@ pub(super) enum Work<B: Backend> {
         pattern: [u8; 4],
         width: u8,
     },
+    /// Host data staged per run ([`Plan::upload`]) into `dst`.
+    Upload {
+        dst: BufferId,
+    },
+    /// `src` into a [`Download`](crate::Download) staged per run
+    /// ([`Plan::download`]).
+    Download {
+        src: BufferId,
+    },
 }
 
 pub(super) struct Op<B: Backend> {
@@ -145,10 +154,7 @@ impl<B: Backend> Schedule<B> {
         dst: BufferId,
         pattern: T,
     ) -> OpBuilder<'_, B> {
-        let device = self
-            .buffers
-            .get(dst.0)
-            .map_or(DeviceId(usize::MAX), |b| b.device);
+        let device = self.device_of(dst);
         let (bytes, width) = crate::buffer::pattern_bytes(&pattern);
         self.push(Op {
             name: name.into(),
@@ -164,6 +170,48 @@ impl<B: Backend> Schedule<B> {
             reads: None,
             writes: None,
         })
+    }
+
+    /// Adds an upload of host data into `dst` (all of it), in queue order,
+    /// on the copy queue of its device: the model's inputs. The data is
+    /// not known yet; each run takes what [`Plan::upload`] or
+    /// [`Plan::upload_vec`] staged for this operation's id before it, so
+    /// the planner orders it like any write of `dst` (after the previous
+    /// run's last read of it, say).
+    pub fn upload(&mut self, name: impl Into<String>, dst: BufferId) -> OpBuilder<'_, B> {
+        let device = self.device_of(dst);
+        self.push(Op {
+            name: name.into(),
+            device,
+            kind: QueueKind::Copy,
+            work: Work::Upload { dst },
+            reads: None,
+            writes: None,
+        })
+    }
+
+    /// Adds a download of all of `src` to host memory, in queue order, on
+    /// the copy queue of its device: the model's outputs. Each run lands
+    /// it in the [`Download`](crate::Download) that [`Plan::download`]
+    /// staged for this operation's id before it.
+    pub fn download(&mut self, name: impl Into<String>, src: BufferId) -> OpBuilder<'_, B> {
+        let device = self.device_of(src);
+        self.push(Op {
+            name: name.into(),
+            device,
+            kind: QueueKind::Copy,
+            work: Work::Download { src },
+            reads: None,
+            writes: None,
+        })
+    }
+
+    /// The device of `buffer`; an unknown buffer gets an unknown device,
+    /// which `plan` reports along with the buffer.
+    fn device_of(&self, buffer: BufferId) -> DeviceId {
+        self.buffers
+            .get(buffer.0)
+            .map_or(DeviceId(usize::MAX), |b| b.device)
     }
 
     /// Adds a kernel launch on `device`'s compute queue. Unless narrowed with
@@ -202,10 +250,7 @@ impl<B: Backend> Schedule<B> {
         dst: BufferId,
         src: BufferId,
     ) -> OpBuilder<'_, B> {
-        let device = self
-            .buffers
-            .get(dst.0)
-            .map_or(DeviceId(usize::MAX), |b| b.device);
+        let device = self.device_of(dst);
         self.push(Op {
             name: name.into(),
             device,
