@@ -2,10 +2,11 @@
 //!
 //! A two-layer MLP forward pass over a batch (matmul, bias + ReLU, matmul,
 //! bias + softmax), with its kernels generated as C source (CUDA C on a GPU)
-//! with the shapes baked in, compiled at run time, planned once by the
-//! executor (an upload on the copy queue, four kernels on the compute queue,
-//! a download on the copy queue, waits derived from the buffers they touch),
-//! then run for N iterations with fresh inputs. Every iteration's output is
+//! with the shapes baked in, compiled at run time, its tensors laid out as
+//! views of one arena, planned once by the executor (an upload on the copy
+//! queue, four kernels on the compute queue, a download on the copy queue,
+//! waits derived from the arena bytes they touch), then run for N
+//! iterations with fresh inputs moved in queue order. Every iteration's output is
 //! checked against plain Rust.
 //!
 //! ```text
@@ -18,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use hwqueue::cpu::{CompileOptions, CpuProgram};
 use hwqueue::{
-    AnyBackend, AnyDevice, AnyProgram, Buffer, Device, ExecParams, Policy, Schedule, Timeout,
-    registry,
+    AnyBackend, AnyDevice, AnyProgram, Buffer, Device, Download, ExecParams, Policy, Schedule,
+    Timeout, registry,
 };
 
 const BATCH: usize = 64;
@@ -350,53 +351,64 @@ fn run() -> Result<(), String> {
         w2: rng.vec(HIDDEN * OUTPUT, 0.1),
         b2: rng.vec(OUTPUT, 0.1),
     };
-    let f32s = |n: usize| device.alloc(n * size_of::<f32>()).map_err(err);
-    let (x_stage, x, w1, b1, h) = (
-        f32s(BATCH * INPUT)?,
-        f32s(BATCH * INPUT)?,
-        f32s(INPUT * HIDDEN)?,
-        f32s(HIDDEN)?,
-        f32s(BATCH * HIDDEN)?,
-    );
-    let (w2, b2, logits, probs, out_stage) = (
-        f32s(HIDDEN * OUTPUT)?,
-        f32s(OUTPUT)?,
-        f32s(BATCH * OUTPUT)?,
-        f32s(BATCH * OUTPUT)?,
-        f32s(BATCH * OUTPUT)?,
-    );
-    for (buffer, data) in [
-        (&w1, &weights.w1),
-        (&b1, &weights.b1),
-        (&w2, &weights.w2),
-        (&b2, &weights.b2),
+    // One arena, laid out as a compiler's memory planner would: every
+    // tensor at an offset the device's alignment rule allows. `probs` is
+    // written only after `x` was last read, so it reuses `x`'s bytes; the
+    // planner sees the overlap in the arena's bytes and orders the two.
+    let align = device.limits().view_alignment;
+    let mut layout = Vec::new();
+    let mut end = 0usize;
+    for (name, floats) in [
+        ("x", BATCH * INPUT),
+        ("w1", INPUT * HIDDEN),
+        ("b1", HIDDEN),
+        ("h", BATCH * HIDDEN),
+        ("w2", HIDDEN * OUTPUT),
+        ("b2", OUTPUT),
+        ("logits", BATCH * OUTPUT),
     ] {
-        buffer.write_from(data).map_err(err)?;
+        let offset = end.next_multiple_of(align);
+        layout.push((name, offset, floats * size_of::<f32>()));
+        end = offset + floats * size_of::<f32>();
+    }
+    layout.push(("probs", layout[0].1, BATCH * OUTPUT * size_of::<f32>()));
+    let arena = device.alloc(end).map_err(err)?;
+    println!(
+        "arena: {} tensors in one {} KiB allocation, {align}-byte aligned views; `probs` reuses `x`'s bytes",
+        layout.len(),
+        end >> 10
+    );
+    // The weights go in once, through views of the arena.
+    for (name, data) in [
+        ("w1", &weights.w1),
+        ("b1", &weights.b1),
+        ("w2", &weights.w2),
+        ("b2", &weights.b2),
+    ] {
+        let &(_, offset, len) = layout.iter().find(|t| t.0 == name).expect("laid out");
+        arena
+            .view(offset, len)
+            .map_err(err)?
+            .write_from(data)
+            .map_err(err)?;
     }
 
     // The schedule, as the compiler hands it over: operations in program
-    // order, each with the buffers it touches.
+    // order, each with the tensors it touches.
     let mut schedule = Schedule::<AnyBackend>::new();
     let d = schedule.add_device(Arc::clone(&device));
-    let mut add =
-        |name: &str, buffer: &hwqueue::AnyBuffer| schedule.add_buffer(d, name, buffer.clone());
-    let [bx_stage, bx, bw1, bb1, bh, bw2, bb2, blogits, bprobs, bout] = [
-        ("x staging", &x_stage),
-        ("x", &x),
-        ("w1", &w1),
-        ("b1", &b1),
-        ("h", &h),
-        ("w2", &w2),
-        ("b2", &b2),
-        ("logits", &logits),
-        ("probs", &probs),
-        ("out staging", &out_stage),
-    ]
-    .map(|(name, buffer)| add(name, buffer));
+    let whole = schedule.add_buffer(d, "arena", arena);
+    let mut views = Vec::new();
+    for &(name, offset, len) in &layout {
+        views.push(schedule.add_view(name, whole, offset, len).map_err(err)?);
+    }
+    let [bx, bw1, bb1, bh, bw2, bb2, blogits, bprobs] = views[..] else {
+        unreachable!("eight tensors were laid out");
+    };
     let tile = |cols: usize, rows: usize, local: [u32; 2]| {
         ExecParams::new_2d([cols as u32, rows as u32], local)
     };
-    schedule.copy("upload x", bx, bx_stage);
+    let upload_x = schedule.upload("upload x", bx).id();
     schedule
         .exec(
             "matmul1",
@@ -445,7 +457,7 @@ fn run() -> Result<(), String> {
         .reads(blogits, ..)
         .reads(bb2, ..)
         .writes(bprobs, ..);
-    schedule.copy("download probs", bout, bprobs);
+    let download_probs = schedule.download("download probs", bprobs).id();
     let mut plan = schedule.plan().map_err(err)?;
     println!("{plan}");
     if options.trace.is_some() {
@@ -458,12 +470,17 @@ fn run() -> Result<(), String> {
     for iteration in 0..options.iterations {
         let input = Lcg(1000 + iteration as u64).vec(BATCH * INPUT, 1.0);
         let start = Instant::now();
-        x_stage.write_from(&input).map_err(err)?;
+        // This run's input and where its output lands, staged for the
+        // plan's upload and download; the output reuses the last one's
+        // memory.
+        plan.upload(upload_x, &input).map_err(err)?;
+        let probs = Download::from_vec(output);
+        plan.download(download_probs, &probs).map_err(err)?;
         plan.run()
             .map_err(err)?
             .wait(Timeout::Forever)
             .map_err(err)?;
-        out_stage.read_into(&mut output).map_err(err)?;
+        output = probs.take(Timeout::Forever).map_err(err)?;
         times.push(start.elapsed());
 
         let expected = reference(&input, &weights);
