@@ -31,9 +31,46 @@
 //!
 //! Uploads and downloads name device bytes only; the host data changes
 //! every run, so [`Plan::upload`] and [`Plan::download`] stage it for the
-//! next run, which consumes it (a run with one left unstaged is refused): the inputs land and
-//! the outputs leave in queue order, ordered against the kernels by the
-//! same hazards.
+//! next run, which consumes it (a run with one left unstaged is refused).
+//! The inputs land and the outputs leave in queue order, ordered against
+//! the kernels by the same hazards:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+//! use hwqueue::{Device, Download, ExecParams, Schedule, Timeout};
+//!
+//! fn double(group: &WorkGroup, args: &KernelArgs<'_>) {
+//!     // SAFETY: each work-group touches only its own range.
+//!     for x in unsafe { args.buffer(0).slice_mut::<f32>(group.global_range(0)) } {
+//!         *x *= 2.0;
+//!     }
+//! }
+//!
+//! # fn main() -> hwqueue::Result<()> {
+//! let device = Arc::new(CpuDevice::new());
+//! let program = CpuProgram::from_fn("double", 1, 0, double);
+//! let mut schedule = Schedule::<Cpu>::new();
+//! let d = schedule.add_device(device.clone());
+//! let arena = schedule.add_buffer(d, "arena", device.alloc(64 << 10)?);
+//! let x = schedule.add_view("x", arena, 4096, 4096)?;      // a tensor in the arena
+//! let up = schedule.upload("upload x", x).id();            // the model's input ...
+//! schedule.exec("double", d, &program, &[x], &[], ExecParams::new_1d(1024, 256));
+//! let down = schedule.download("download x", x).id();      // ... and its output
+//! let mut plan = schedule.plan()?;
+//!
+//! for step in 0..3 {
+//!     plan.upload(up, &vec![step as f32; 1024])?;         // this run's data
+//!     let out = Download::<f32>::new(1024);
+//!     plan.download(down, &out)?;                          // where its output lands
+//!     plan.run()?.wait(Timeout::Forever)?;
+//!     assert_eq!(out.take(Timeout::Forever)?, vec![2.0 * step as f32; 1024]);
+//! }
+//! // The last run consumed what was staged; a run without it is refused.
+//! assert!(matches!(plan.run(), Err(hwqueue::Error::TransferNotStaged { .. })));
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! [`Plan::run`] records every queue's batch with fresh timeline values (run
 //! `r` uses values `r * n + 1 ..= (r + 1) * n` on a queue of `n` operations),
