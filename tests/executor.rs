@@ -522,6 +522,20 @@ enum RandomOp {
         dst: usize,
         copy_queue: bool,
     },
+    /// Per-run data (see `upload_data`) into `buf`.
+    Upload {
+        buf: usize,
+    },
+    /// `buf` to the host.
+    Download {
+        buf: usize,
+    },
+}
+
+/// What the upload at op `op` carries in run `run`.
+fn upload_data(run: usize, op: usize) -> [u32; 4] {
+    let base = (run * 1000 + op * 10) as u32;
+    [base, base + 1, base + 2, base + 3]
 }
 
 fn random_op() -> impl Strategy<Value = RandomOp> {
@@ -535,11 +549,16 @@ fn random_op() -> impl Strategy<Value = RandomOp> {
                 dst: d,
                 copy_queue: q
             })),
+        (0..3usize).prop_map(|buf| RandomOp::Upload { buf }),
+        (0..3usize).prop_map(|buf| RandomOp::Download { buf }),
     ]
 }
 
-fn interpret(ops: &[RandomOp], state: &mut [[u32; 4]; 3]) {
-    for op in ops {
+/// Runs `ops` as run `run` would; returns what each download saw, in
+/// program order.
+fn interpret(ops: &[RandomOp], state: &mut [[u32; 4]; 3], run: usize) -> Vec<[u32; 4]> {
+    let mut downloads = Vec::new();
+    for (index, op) in ops.iter().enumerate() {
         match *op {
             RandomOp::Add { buf, value } => state[buf]
                 .iter_mut()
@@ -551,14 +570,19 @@ fn interpret(ops: &[RandomOp], state: &mut [[u32; 4]; 3]) {
                 }
             }
             RandomOp::Copy { src, dst, .. } => state[dst] = state[src],
+            RandomOp::Upload { buf } => state[buf] = upload_data(run, index),
+            RandomOp::Download { buf } => downloads.push(state[buf]),
         }
     }
+    downloads
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Planned runs equal a sequential interpreter, run after run.
+    /// Planned runs equal a sequential interpreter, run after run: each
+    /// run waited for, then three started back to back (their uploads and
+    /// downloads staged up front), each download checked.
     #[test]
     fn runs_match_a_sequential_interpreter(ops in proptest::collection::vec(random_op(), 1..12)) {
         let device = Arc::new(CpuDevice::new());
@@ -568,33 +592,76 @@ proptest! {
         let ids: Vec<_> = buffers.iter().enumerate().map(|(i, b)| schedule.add_buffer(d, format!("b{i}"), b.clone())).collect();
         let add = CpuProgram::from_fn("add_scalar", 1, 1, add_scalar);
         let mixp = CpuProgram::from_fn("mix", 2, 0, mix);
+        let mut op_ids = Vec::new();
         for (i, op) in ops.iter().enumerate() {
-            match *op {
+            let name = format!("op{i}");
+            op_ids.push(match *op {
                 RandomOp::Add { buf, value } => {
-                    schedule.exec(format!("op{i}"), d, &add, &[ids[buf]], &[value.into()], ExecParams::new_1d(1, 1));
+                    schedule.exec(name, d, &add, &[ids[buf]], &[value.into()], ExecParams::new_1d(1, 1)).id()
                 }
                 RandomOp::Mix { src, dst } => {
-                    schedule.exec(format!("op{i}"), d, &mixp, &[ids[src], ids[dst]], &[], ExecParams::new_1d(1, 1))
-                        .reads(ids[src], ..).reads(ids[dst], ..).writes(ids[dst], ..);
+                    schedule.exec(name, d, &mixp, &[ids[src], ids[dst]], &[], ExecParams::new_1d(1, 1))
+                        .reads(ids[src], ..).reads(ids[dst], ..).writes(ids[dst], ..).id()
                 }
                 RandomOp::Copy { src, dst, copy_queue } => {
                     let kind = if copy_queue { QueueKind::Copy } else { QueueKind::Compute };
-                    schedule.copy(format!("op{i}"), ids[dst], ids[src]).on(kind);
+                    schedule.copy(name, ids[dst], ids[src]).on(kind).id()
                 }
-            }
+                RandomOp::Upload { buf } => schedule.upload(name, ids[buf]).id(),
+                RandomOp::Download { buf } => schedule.download(name, ids[buf]).id(),
+            });
         }
         let mut plan = schedule.plan().unwrap();
+        // Stages run `run`'s transfers; returns its downloads in op order.
+        let stage = |plan: &mut Plan<Cpu>, run: usize| {
+            let mut downloads = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                let id = op_ids[i];
+                match op {
+                    RandomOp::Upload { .. } => plan.upload(id, &upload_data(run, i)).unwrap(),
+                    RandomOp::Download { .. } => {
+                        let into = hwqueue::Download::<u32>::new(4);
+                        plan.download(id, &into).unwrap();
+                        downloads.push(into);
+                    }
+                    _ => {}
+                }
+            }
+            downloads
+        };
         let initial = [[1u32, 2, 3, 4], [10, 20, 30, 40], [7, 7, 7, 7]];
         for (b, init) in buffers.iter().zip(&initial) {
             b.write_from(init).unwrap();
         }
         let mut expected = initial;
+        let mut run = 0;
         for _ in 0..2 {
-            interpret(&ops, &mut expected);
+            let want = interpret(&ops, &mut expected, run);
+            let downloads = stage(&mut plan, run);
             plan.run().unwrap().wait(LONG).unwrap();
+            run += 1;
             for (b, want) in buffers.iter().zip(&expected) {
                 prop_assert_eq!(&b.to_vec::<u32>().unwrap()[..], &want[..], "{}", plan);
             }
+            let got: Vec<Vec<u32>> = downloads.iter().map(|d| d.take(LONG).unwrap()).collect();
+            prop_assert_eq!(got, want.iter().map(|w| w.to_vec()).collect::<Vec<_>>(), "{}", plan);
+        }
+        // Back to back: nothing waits between the runs but the plan's own
+        // waits (against the previous run's operations included).
+        let mut started = Vec::new();
+        for _ in 0..3 {
+            let want = interpret(&ops, &mut expected, run);
+            let downloads = stage(&mut plan, run);
+            started.push((plan.run().unwrap(), downloads, want));
+            run += 1;
+        }
+        for (handle, downloads, want) in started {
+            handle.wait(LONG).unwrap();
+            let got: Vec<Vec<u32>> = downloads.iter().map(|d| d.take(LONG).unwrap()).collect();
+            prop_assert_eq!(got, want.iter().map(|w| w.to_vec()).collect::<Vec<_>>(), "{}", plan);
+        }
+        for (b, want) in buffers.iter().zip(&expected) {
+            prop_assert_eq!(&b.to_vec::<u32>().unwrap()[..], &want[..], "{}", plan);
         }
     }
 }
