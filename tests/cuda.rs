@@ -953,3 +953,44 @@ fn a_misaligned_view_and_an_overlapping_copy_reject_the_batch_on_cuda() {
     queue.synchronize().unwrap();
     assert_eq!(buffer.to_vec::<u8>().unwrap(), vec![0; 4096]);
 }
+
+#[test]
+fn a_plan_uploads_runs_and_downloads_on_views_of_one_arena() {
+    let Some(device) = device() else { return };
+    let increment = kernel(&device, "increment", 2, 0);
+    let device = Arc::new(device);
+    let mut schedule = hwqueue::Schedule::<Cuda>::new();
+    let d = schedule.add_device(device.clone());
+    let arena = schedule.add_buffer(d, "arena", device.alloc(1 << 20).unwrap());
+    // A large input (page-locked staging) and a small output (4 KiB).
+    let n = 65_536;
+    let x = schedule.add_view("x", arena, 0, n * 4).unwrap();
+    let y = schedule.add_view("y", arena, n * 4, n * 4).unwrap();
+    let y_head = schedule.add_view("y head", arena, n * 4, 4096).unwrap();
+    let up = schedule.upload("upload x", x).id();
+    schedule.exec(
+        "increment",
+        d,
+        &increment,
+        &[x, y],
+        &[],
+        ExecParams::new_1d(n as u32, 256),
+    );
+    let down = schedule.download("download y head", y_head).id();
+    let mut plan = schedule.plan().unwrap();
+    // Three runs back to back, each with its own input and output.
+    let started: Vec<_> = (0..3u32)
+        .map(|run| {
+            let input: Vec<u32> = (0..n as u32).map(|i| i * 10 + run).collect();
+            plan.upload_vec(up, input).unwrap();
+            let out = hwqueue::Download::<u32>::new(1024);
+            plan.download(down, &out).unwrap();
+            (run, plan.run().unwrap(), out)
+        })
+        .collect();
+    for (run, handle, out) in started {
+        handle.wait(LONG).unwrap();
+        let want: Vec<u32> = (0..1024u32).map(|i| i * 10 + run + 1).collect();
+        assert_eq!(out.take(LONG).unwrap(), want, "run {run}");
+    }
+}
