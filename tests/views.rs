@@ -459,3 +459,60 @@ fn the_crates_any_queue_runs_views_on_the_cpu() {
         [[0; 4], [3; 4], [0; 4], [3; 4]].concat()
     );
 }
+
+/// `buffer i [0] = i` for each buffer argument.
+fn number_views(_: &hwqueue::cpu::WorkGroup, args: &hwqueue::cpu::KernelArgs<'_>) {
+    for i in 0..args.buffer_count() {
+        // SAFETY: one work-group; the views are disjoint.
+        unsafe { args.buffer(i).slice_mut::<u32>(0..1)[0] = i as u32 };
+    }
+}
+
+#[test]
+fn the_any_enums_pass_views_on_the_stack_and_past_it_and_name_a_foreign_one() {
+    let cpu = MixedDevice::from(CpuDevice::new());
+    let mock = MixedDevice::from(Mock::open(4).unwrap());
+    for count in [3usize, 16, 17, 20] {
+        let arena = cpu.alloc(count * 16).unwrap();
+        let views: Vec<_> = (0..count)
+            .map(|i| arena.view(i * 16, 16).unwrap())
+            .collect();
+        let program = MixedProgram::from(hwqueue::cpu::CpuProgram::from_fn(
+            "number_views",
+            count,
+            0,
+            number_views,
+        ));
+        let mut queue = cpu.compute_queue().unwrap();
+        let refs: Vec<_> = views.iter().collect();
+        queue
+            .exec_views(&program, &refs, &[], ExecParams::new_1d(1, 1))
+            .submit()
+            .unwrap();
+        queue.synchronize().unwrap();
+        let got = arena.to_vec::<u32>().unwrap();
+        let firsts: Vec<u32> = got.chunks(4).map(|c| c[0]).collect();
+        assert_eq!(
+            firsts,
+            (0..count as u32).collect::<Vec<_>>(),
+            "{count} views"
+        );
+
+        // The last view of another backend: rejected, naming it.
+        let foreign = mock.alloc(16).unwrap();
+        let foreign_view = foreign.view(0, 16).unwrap();
+        let mut refs = refs;
+        refs[count - 1] = &foreign_view;
+        queue.exec_views(&program, &refs, &[], ExecParams::new_1d(1, 1));
+        match queue.submit() {
+            Err(Error::BatchRejected { cause }) => {
+                let message = cause.to_string();
+                assert!(
+                    message.contains(&format!("buffer {} of exec", count - 1)),
+                    "{message}"
+                );
+            }
+            other => panic!("{count} views: {other:?}"),
+        }
+    }
+}

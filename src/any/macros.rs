@@ -331,26 +331,22 @@ macro_rules! backend_set {
                                 program.backend_id(),
                                 ::std::format!("the program `{}` of exec", $crate::Program::name(program)),
                             )),
-                            Some(p) => buffers
-                                .iter()
-                                .enumerate()
-                                .map(|(index, view)| {
+                            Some(p) => $crate::any::with_views::<$B, _>(
+                                buffers.len(),
+                                |index| {
+                                    let view = buffers[index];
                                     $crate::any::inner_view::<$B>(
                                         view.buffer().$as_v(),
                                         (view.offset(), view.len()),
                                         view.buffer().backend_id(),
                                         || ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
                                     )
-                                })
-                                .collect::<$crate::Result<::std::vec::Vec<_>>>()
-                                .map(|views| (p, views)),
+                                },
+                                |refs| { q.exec_views(p, refs, scalars, params); },
+                            ),
                         };
-                        match outcome {
-                            Ok((p, views)) => {
-                                let refs: ::std::vec::Vec<&$crate::View<$B>> = views.iter().collect();
-                                q.exec_views(p, &refs, scalars, params);
-                            }
-                            Err(error) => { q.reject(error); }
+                        if let Err(error) = outcome {
+                            q.reject(error);
                         }
                     } )+
                 }

@@ -156,6 +156,43 @@ pub fn with_gathered<'a, T: 'a, R>(
     }
 }
 
+/// Calls `f` with the `count` views `view(0)`, `view(1)`, …, made and
+/// borrowed on the stack for up to 16 (on the heap past that): the `Any*`
+/// enums' `exec_views` turns a set's views into one backend's without
+/// allocating for a usual `exec`.
+///
+/// # Errors
+/// The first error of `view`.
+#[doc(hidden)]
+#[inline]
+pub fn with_views<B: Backend, R>(
+    count: usize,
+    view: impl Fn(usize) -> Result<crate::View<B>>,
+    f: impl FnOnce(&[&crate::View<B>]) -> R,
+) -> Result<R> {
+    if count <= INLINE_BUFFERS {
+        let mut views: [Option<crate::View<B>>; INLINE_BUFFERS] = Default::default();
+        for (index, slot) in views.iter_mut().enumerate().take(count) {
+            *slot = Some(view(index)?);
+        }
+        // Every slot below `count` was filled just above.
+        with_gathered(count, |index| views[index].as_ref(), f)
+            .map_err(unreachable_gather)
+    } else {
+        let views = (0..count).map(view).collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&crate::View<B>> = views.iter().collect();
+        Ok(f(&refs))
+    }
+}
+
+#[cold]
+fn unreachable_gather(index: usize) -> Error {
+    Error::System {
+        what: "gathering the views of an exec",
+        detail: format!("view {index} was not made (a bug in hwqueue)"),
+    }
+}
+
 /// The view of bytes `(offset, len)` of `inner`, the buffer a set's buffer
 /// wraps when it is of backend `B`; else the mismatch error naming `what`.
 /// Used by [`backend_set!`](crate::backend_set).
