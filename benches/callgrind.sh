@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Instruction counts of the `dispatch` cases under callgrind: how many
 # instructions one iteration (64 commands recorded, then the batch discarded)
-# executes through the concrete type, a generic function and a trait object.
+# executes through the concrete type, a generic function, a trait object and
+# the `AnyQueue` enum (`direct generic dyn enum`: 32 signal + memory_barrier
+# pairs), and for 64 `exec`s on whole buffers (`exec`) against the same
+# `exec`s through `exec_views` on whole-buffer views made once (`views`).
 # Instruction counts do not depend on what else the machine is doing.
 #
 #   bash benches/callgrind.sh        # needs valgrind; uses $CARGO_TARGET_DIR
@@ -22,7 +25,7 @@ cd "$(dirname "$0")/.."
 
 LOW=${LOW:-1000}
 HIGH=${HIGH:-11000}
-CASES=${CASES:-direct generic dyn enum}
+CASES=${CASES:-direct generic dyn enum exec views}
 
 FEATURES=${FEATURES-cuda}
 exe=$(cargo bench --bench dispatch --no-run --features "$FEATURES" --message-format=json 2>/dev/null |

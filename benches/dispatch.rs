@@ -1,6 +1,7 @@
 //! What the generic design costs: the same batch recorded through the
 //! concrete `CpuQueue`, through a generic `fn<Q: HardwareQueue>`, and through
-//! a `Box<dyn ...>` trait object (the baseline a `dyn` design would pay).
+//! a `Box<dyn ...>` trait object (the baseline a `dyn` design would pay);
+//! and what passing `exec` arguments as [`View`]s costs over whole buffers.
 //!
 //! One iteration records 64 commands (32 × `signal`, `memory_barrier`), then
 //! discards the batch with [`HardwareQueue::discard`], so the worker thread
@@ -12,6 +13,12 @@
 //! Each case is one function listed in [`CASES`]: `direct`, `generic`, `dyn`
 //! and `enum` (the crate's `AnyQueue`, recorded through the same generic
 //! function). Another case is one more function and one more entry.
+//!
+//! Two more cases record 64 `exec`s instead (the same program, scalars and
+//! parameters each time, two buffer arguments), then discard: `exec` on the
+//! whole buffers, and `views` through [`HardwareQueue::exec_views`] on
+//! `View::whole` of the same buffers. `views / exec` is what a compiler
+//! pays for handing the queue views rather than buffers.
 //!
 //! For instruction counts, the same binary runs one case a fixed number of
 //! times under callgrind instead of criterion:
@@ -30,8 +37,13 @@ use std::hint::black_box;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion};
-use hwqueue::cpu::{Cpu, CpuDevice, CpuQueue, CpuSignal};
-use hwqueue::{AnyQueue, AnySignal, Backend, HardwareQueue, QueueFactory, SignalOf};
+use hwqueue::cpu::{
+    Cpu, CpuBuffer, CpuDevice, CpuProgram, CpuQueue, CpuSignal, KernelArgs, WorkGroup,
+};
+use hwqueue::{
+    AnyQueue, AnySignal, Backend, Device, ExecParams, HardwareQueue, QueueFactory, Scalar,
+    SignalOf, View,
+};
 
 use support::Profile;
 
@@ -40,6 +52,22 @@ const PAIRS: usize = 32;
 
 /// The signal value every case records (the signal starts there).
 const VALUE: u64 = 1;
+
+/// `exec`s per iteration of the `exec` and `views` cases: as many commands
+/// as the signal cases record.
+const EXECS: usize = 2 * PAIRS;
+
+/// The scalar arguments of every `exec`: one, so that the scalar path is
+/// part of what is counted.
+const SCALARS: [Scalar; 1] = [Scalar::U32(7)];
+
+/// The work size of every `exec`: one work-group of one item.
+fn params() -> ExecParams {
+    ExecParams::new_1d(1, 1)
+}
+
+/// The kernel of the `exec` cases. It never runs: every batch is discarded.
+fn never_runs(_group: &WorkGroup, _args: &KernelArgs<'_>) {}
 
 /// The batch, through the concrete type.
 #[inline(never)]
@@ -55,6 +83,22 @@ fn record_direct(queue: &mut CpuQueue, signal: &CpuSignal) {
 fn record_generic<Q: HardwareQueue>(queue: &mut Q, signal: &SignalOf<Q::Backend>) {
     for _ in 0..PAIRS {
         queue.signal(signal, VALUE).memory_barrier();
+    }
+}
+
+/// `EXECS` `exec`s on whole buffers.
+#[inline(never)]
+fn record_exec(queue: &mut CpuQueue, program: &CpuProgram, buffers: [&CpuBuffer; 2]) {
+    for _ in 0..EXECS {
+        queue.exec(program, &buffers, &SCALARS, params());
+    }
+}
+
+/// The same `exec`s, with views as the buffer arguments.
+#[inline(never)]
+fn record_views(queue: &mut CpuQueue, program: &CpuProgram, views: [&View<Cpu>; 2]) {
+    for _ in 0..EXECS {
+        queue.exec_views(program, &views, &SCALARS, params());
     }
 }
 
@@ -97,13 +141,20 @@ fn record_dyn(queue: &mut dyn ObjectQueue<Cpu>, signal: &CpuSignal) {
 struct Fixture {
     device: CpuDevice,
     signal: CpuSignal,
+    /// The `exec` cases' program (two buffers, one scalar) and buffers.
+    program: CpuProgram,
+    buffers: [CpuBuffer; 2],
 }
 
 impl Fixture {
     fn new() -> Self {
+        let device = CpuDevice::new();
+        let buffers = [(); 2].map(|_| device.alloc(1024).expect("buffer"));
         Self {
-            device: CpuDevice::new(),
+            device,
             signal: CpuSignal::new(VALUE),
+            program: CpuProgram::from_fn("never_runs", 2, SCALARS.len(), never_runs),
+            buffers,
         }
     }
 
@@ -177,10 +228,32 @@ fn any_enum(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
     });
 }
 
+fn exec_whole(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    let [a, b] = &fixture.buffers;
+    runner.run("exec", || {
+        record_exec(&mut queue, &fixture.program, [a, b]);
+        queue.discard();
+    });
+}
+
+fn exec_views(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    // Made once, outside the loop, as a compiler holds the views of its
+    // tensors: only what `exec_views` does with them is counted.
+    let [a, b] = fixture.buffers.each_ref().map(View::whole);
+    runner.run("views", || {
+        record_views(&mut queue, &fixture.program, [&a, &b]);
+        queue.discard();
+    });
+}
+
 type Case = fn(&mut Runner<'_, '_>, &Fixture);
 
 /// Every case, in the order criterion runs them.
-const CASES: [Case; 4] = [direct, generic, dyn_object, any_enum];
+const CASES: [Case; 6] = [
+    direct, generic, dyn_object, any_enum, exec_whole, exec_views,
+];
 
 fn dispatch(c: &mut Criterion) {
     let fixture = Fixture::new();

@@ -292,6 +292,36 @@ fn a_misaligned_exec_view_rejects_the_batch() {
     assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 16]);
 }
 
+#[test]
+fn an_exec_on_the_last_execs_views_skips_no_check_a_new_view_needs() {
+    // An `exec` on the same views as the one before shares its checked
+    // range; one on a view at another offset of the same buffer is
+    // checked again.
+    let device = CpuDevice::new();
+    let buffer = device.alloc(64).unwrap();
+    let (aligned, misaligned) = (buffer.view(16, 32).unwrap(), buffer.view(20, 32).unwrap());
+    let (program, params) = (fill_program(), ExecParams::new_1d(8, 8));
+    rejected::<Cpu>(
+        &device,
+        |q| {
+            q.exec_views(&program, &[&aligned], &[1u32.into()], params)
+                .exec_views(&program, &[&aligned], &[1u32.into()], params)
+                .exec_views(&program, &[&misaligned], &[1u32.into()], params);
+        },
+        |e| {
+            matches!(
+                e,
+                Error::ViewMisaligned {
+                    offset: 20,
+                    alignment: 16,
+                    ..
+                }
+            )
+        },
+    );
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![0; 16]);
+}
+
 fn overlapping_copy<B: Backend>(device: &DeviceOf<B>) {
     let buffer = device.alloc(64).unwrap();
     let (a, b) = (buffer.view(0, 32).unwrap(), buffer.view(16, 32).unwrap());
