@@ -4,7 +4,9 @@
 # executes through the concrete type, a generic function, a trait object and
 # the `AnyQueue` enum (`direct generic dyn enum`: 32 signal + memory_barrier
 # pairs), and for 64 `exec`s on whole buffers (`exec`) against the same
-# `exec`s through `exec_views` on whole-buffer views made once (`views`).
+# `exec`s through `exec_views` on whole-buffer views made once (`views`);
+# `exec_swapped` and `views_swapped` swap the two arguments every `exec`, so
+# none shares the last one's stored arguments.
 # Instruction counts do not depend on what else the machine is doing.
 #
 #   bash benches/callgrind.sh        # needs valgrind; uses $CARGO_TARGET_DIR
@@ -25,7 +27,7 @@ cd "$(dirname "$0")/.."
 
 LOW=${LOW:-1000}
 HIGH=${HIGH:-11000}
-CASES=${CASES:-direct generic dyn enum exec views}
+CASES=${CASES:-direct generic dyn enum exec views exec_swapped views_swapped}
 
 FEATURES=${FEATURES-cuda}
 exe=$(cargo bench --bench dispatch --no-run --features "$FEATURES" --message-format=json 2>/dev/null |

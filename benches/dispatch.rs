@@ -18,7 +18,11 @@
 //! parameters each time, two buffer arguments), then discard: `exec` on the
 //! whole buffers, and `views` through [`HardwareQueue::exec_views`] on
 //! `View::whole` of the same buffers. `views / exec` is what a compiler
-//! pays for handing the queue views rather than buffers.
+//! pays for handing the queue views rather than buffers when a kernel runs
+//! again on the same tensors (the queue then shares the last `exec`'s
+//! stored arguments). `exec_swapped` and `views_swapped` swap the two
+//! arguments every `exec`, so each stores and checks its own:
+//! `views_swapped / exec_swapped` is the price for arguments that change.
 //!
 //! For instruction counts, the same binary runs one case a fixed number of
 //! times under callgrind instead of criterion:
@@ -98,6 +102,25 @@ fn record_exec(queue: &mut CpuQueue, program: &CpuProgram, buffers: [&CpuBuffer;
 #[inline(never)]
 fn record_views(queue: &mut CpuQueue, program: &CpuProgram, views: [&View<Cpu>; 2]) {
     for _ in 0..EXECS {
+        queue.exec_views(program, &views, &SCALARS, params());
+    }
+}
+
+/// `exec`s whose two buffers swap places each time, so no `exec` repeats
+/// the last one's arguments: every one stores and checks its own.
+#[inline(never)]
+fn record_exec_swapped(queue: &mut CpuQueue, program: &CpuProgram, [a, b]: [&CpuBuffer; 2]) {
+    for index in 0..EXECS {
+        let buffers = if index % 2 == 0 { [a, b] } else { [b, a] };
+        queue.exec(program, &buffers, &SCALARS, params());
+    }
+}
+
+/// The same swapped `exec`s, with views as the buffer arguments.
+#[inline(never)]
+fn record_views_swapped(queue: &mut CpuQueue, program: &CpuProgram, [a, b]: [&View<Cpu>; 2]) {
+    for index in 0..EXECS {
+        let views = if index % 2 == 0 { [a, b] } else { [b, a] };
         queue.exec_views(program, &views, &SCALARS, params());
     }
 }
@@ -248,11 +271,36 @@ fn exec_views(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
     });
 }
 
+fn exec_swapped(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    let [a, b] = &fixture.buffers;
+    runner.run("exec_swapped", || {
+        record_exec_swapped(&mut queue, &fixture.program, [a, b]);
+        queue.discard();
+    });
+}
+
+fn views_swapped(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let mut queue = fixture.queue();
+    let [a, b] = fixture.buffers.each_ref().map(View::whole);
+    runner.run("views_swapped", || {
+        record_views_swapped(&mut queue, &fixture.program, [&a, &b]);
+        queue.discard();
+    });
+}
+
 type Case = fn(&mut Runner<'_, '_>, &Fixture);
 
 /// Every case, in the order criterion runs them.
-const CASES: [Case; 6] = [
-    direct, generic, dyn_object, any_enum, exec_whole, exec_views,
+const CASES: [Case; 8] = [
+    direct,
+    generic,
+    dyn_object,
+    any_enum,
+    exec_whole,
+    exec_views,
+    exec_swapped,
+    views_swapped,
 ];
 
 fn dispatch(c: &mut Criterion) {

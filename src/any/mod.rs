@@ -176,8 +176,7 @@ pub fn with_views<B: Backend, R>(
             *slot = Some(view(index)?);
         }
         // Every slot below `count` was filled just above.
-        with_gathered(count, |index| views[index].as_ref(), f)
-            .map_err(unreachable_gather)
+        with_gathered(count, |index| views[index].as_ref(), f).map_err(unreachable_gather)
     } else {
         let views = (0..count).map(view).collect::<Result<Vec<_>>>()?;
         let refs: Vec<&crate::View<B>> = views.iter().collect();

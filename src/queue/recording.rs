@@ -318,9 +318,16 @@ impl<E: Engine> Queue<E> {
             Some(buffers) => buffers,
             None => {
                 let alignment = self.engine.limits().view_alignment;
-                if let Some(index) =
-                    (0..count).find(|&index| !get(index).1.is_multiple_of(alignment))
-                {
+                // A power of two (see `Limits::view_alignment`): a mask, not
+                // a division per view; any other value is still honoured.
+                let misaligned = |offset: usize| {
+                    if alignment.is_power_of_two() {
+                        offset & (alignment - 1) != 0
+                    } else {
+                        !offset.is_multiple_of(alignment)
+                    }
+                };
+                if let Some(index) = (0..count).find(|&index| misaligned(get(index).1)) {
                     let (buffer, offset, len) = get(index);
                     return self.reject(Error::ViewMisaligned {
                         what: format!("buffer {index} of exec `{}`", program.name()),
