@@ -52,11 +52,29 @@ pub(crate) trait OwnedBytes: Send + Sync {
 
 /// Host data of element type `T` held as `O` (a `Vec<T>`, `Box<[T]>`,
 /// `Arc<[T]>`, ...).
-pub(crate) struct Owned<T, O>(pub(crate) O, pub(crate) std::marker::PhantomData<fn() -> T>);
+struct Owned<T, O>(O, std::marker::PhantomData<fn() -> T>);
 
 impl<T: Pod, O: AsRef<[T]> + Send + Sync> OwnedBytes for Owned<T, O> {
     fn bytes(&self) -> &[u8] {
         bytes_of(self.0.as_ref())
+    }
+}
+
+/// `data`, of any element type and owner, as bytes behind one type: what
+/// a batch's `upload_vec` holds, and what the executor stages per run.
+pub(crate) fn owned_bytes<T, O>(data: O) -> Box<dyn OwnedBytes>
+where
+    T: Pod,
+    O: AsRef<[T]> + Send + Sync + 'static,
+{
+    Box::new(Owned(data, std::marker::PhantomData))
+}
+
+/// Erased bytes are themselves an owner of bytes, so the executor hands
+/// them to `upload_vec` as they are.
+impl AsRef<[u8]> for Box<dyn OwnedBytes> {
+    fn as_ref(&self) -> &[u8] {
+        self.bytes()
     }
 }
 
@@ -68,6 +86,20 @@ impl fmt::Debug for HostBytes {
                 write!(f, "HostBytes::Owned({} bytes)", bytes.bytes().len())
             }
         }
+    }
+}
+
+/// Checks that a transfer's host side (`host` bytes) and device range
+/// (`device` bytes) are one size.
+///
+/// # Errors
+/// [`Error::TransferSizeMismatch`] naming `what` (`"upload"` or
+/// `"download"`) and both sizes.
+pub(crate) fn check_transfer_len(what: &'static str, host: usize, device: usize) -> Result<()> {
+    if host == device {
+        Ok(())
+    } else {
+        Err(Error::TransferSizeMismatch { what, host, device })
     }
 }
 

@@ -213,7 +213,9 @@ impl<B: Backend> Plan<B> {
                     Work::Upload { dst } => {
                         let dst = &self.schedule.buffers[dst.0].buffer;
                         match staged.get_mut(op).and_then(Option::take) {
-                            Some(Staged::Upload(data)) => data.record(queue, dst),
+                            Some(Staged::Upload(data)) => {
+                                queue.upload_vec::<_, u8, _>(dst, data);
+                            }
                             _ => staged_bug(queue, &facts.ops[op].name),
                         }
                     }

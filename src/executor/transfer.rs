@@ -9,38 +9,16 @@
 //! an operation left unstaged is refused before anything is recorded
 //! ([`Error::TransferNotStaged`]).
 
-use std::marker::PhantomData;
-
 use super::plan::Plan;
 use super::schedule::Work;
 use super::*;
-use crate::transfer::Download;
+use crate::transfer::{Download, OwnedBytes, check_transfer_len, owned_bytes};
 
 /// What one run's upload or download operation takes from the host.
 pub(super) enum Staged<B: Backend> {
-    Upload(Box<dyn StagedUpload<B>>),
+    /// The data, of any element type and owner, as bytes.
+    Upload(Box<dyn OwnedBytes>),
     Download(Box<dyn StagedDownload<B>>),
-}
-
-/// Host data of any element type and owner, for one upload. A trait
-/// object (one call per transfer and run, off the path of a kernel launch)
-/// so that a plan holds inputs of different types.
-pub(super) trait StagedUpload<B: Backend>: Send + Sync {
-    /// Records the upload into `dst`, handing the data to the batch.
-    fn record(self: Box<Self>, queue: &mut B::Queue, dst: &View<B>);
-}
-
-struct UploadOf<T, O>(O, PhantomData<fn() -> T>);
-
-impl<B, T, O> StagedUpload<B> for UploadOf<T, O>
-where
-    B: Backend,
-    T: Pod,
-    O: AsRef<[T]> + Send + Sync + 'static,
-{
-    fn record(self: Box<Self>, queue: &mut B::Queue, dst: &View<B>) {
-        queue.upload_vec(dst, self.0);
-    }
 }
 
 /// The host end of one download, of any element type.
@@ -85,10 +63,7 @@ impl<B: Backend> Plan<B> {
         self.check_upload(op, size_of_val(data))?;
         // As bytes: a `Pod` type need not be `Send`, its bytes are.
         let bytes = crate::buffer::bytes_of(data).to_vec();
-        self.staged[op.0] = Some(Staged::Upload(Box::new(UploadOf::<u8, _>(
-            bytes,
-            PhantomData,
-        ))));
+        self.staged[op.0] = Some(Staged::Upload(owned_bytes::<u8, _>(bytes)));
         Ok(())
     }
 
@@ -105,10 +80,7 @@ impl<B: Backend> Plan<B> {
         O: AsRef<[T]> + Send + Sync + 'static,
     {
         self.check_upload(op, size_of_val(data.as_ref()))?;
-        self.staged[op.0] = Some(Staged::Upload(Box::new(UploadOf::<T, _>(
-            data,
-            PhantomData,
-        ))));
+        self.staged[op.0] = Some(Staged::Upload(owned_bytes::<T, _>(data)));
         Ok(())
     }
 
@@ -124,14 +96,7 @@ impl<B: Backend> Plan<B> {
     /// before.
     pub fn download<T: Pod + Send>(&mut self, op: OpId, into: &Download<T>) -> Result<()> {
         let len = self.transfer_len(op, "download")?;
-        let host = into.len() * size_of::<T>();
-        if host != len {
-            return Err(Error::TransferSizeMismatch {
-                what: "download",
-                host,
-                device: len,
-            });
-        }
+        check_transfer_len("download", into.len() * size_of::<T>(), len)?;
         if !into.is_idle() {
             return Err(Error::DownloadReused);
         }
@@ -140,15 +105,7 @@ impl<B: Backend> Plan<B> {
     }
 
     fn check_upload(&self, op: OpId, host: usize) -> Result<()> {
-        let len = self.transfer_len(op, "upload")?;
-        if host != len {
-            return Err(Error::TransferSizeMismatch {
-                what: "upload",
-                host,
-                device: len,
-            });
-        }
-        Ok(())
+        check_transfer_len("upload", host, self.transfer_len(op, "upload")?)
     }
 
     /// The device length of `op`, an operation made by `Schedule::{what}`.

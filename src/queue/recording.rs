@@ -12,7 +12,7 @@ use crate::params::{ExecParams, Limits};
 use crate::profile::{Category, Described, ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
-use crate::transfer::{Download, HostBytes, HostBytesInner, Owned};
+use crate::transfer::{Download, HostBytes, HostBytesInner, check_transfer_len, owned_bytes};
 use crate::view::{AsView, View};
 
 use super::batch::{Batch, Command};
@@ -243,15 +243,8 @@ impl<E: Engine> Queue<E> {
         host: usize,
     ) -> Option<View<E::Backend>> {
         let (_, _, len) = dst.view_parts();
-        let checked = if host == len {
-            self.device_view("the upload destination", dst)
-        } else {
-            Err(Error::TransferSizeMismatch {
-                what: "upload",
-                host,
-                device: len,
-            })
-        };
+        let checked = check_transfer_len("upload", host, len)
+            .and_then(|()| self.device_view("the upload destination", dst));
         checked.map_err(|e| self.reject(e)).ok()
     }
 
@@ -615,10 +608,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         let Some(dst) = self.check_upload(dst, size_of_val(data.as_ref())) else {
             return self;
         };
-        let data = HostBytes(HostBytesInner::Owned(Box::new(Owned(
-            data,
-            std::marker::PhantomData,
-        ))));
+        let data = HostBytes(HostBytesInner::Owned(owned_bytes(data)));
         self.batch.commands.push(Command::Upload { dst, data });
         self
     }
@@ -637,13 +627,9 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         // Recorded even when invalid (or the batch is rejected already):
         // `submit` then fails the download with the batch's rejection, so
         // whoever waits on it learns why.
-        if sink.len() != len {
-            self.reject(Error::TransferSizeMismatch {
-                what: "download",
-                host: sink.len(),
-                device: len,
-            });
-        } else if let Err(e) = self.engine.check_buffer("the download source", buffer) {
+        let checked = check_transfer_len("download", sink.len(), len)
+            .and_then(|()| self.engine.check_buffer("the download source", buffer));
+        if let Err(e) = checked {
             self.reject(e);
         }
         self.batch.commands.push(Command::Download {
