@@ -175,20 +175,15 @@ pub fn with_views<B: Backend, R>(
         for (index, slot) in views.iter_mut().enumerate().take(count) {
             *slot = Some(view(index)?);
         }
-        // Every slot below `count` was filled just above.
-        with_gathered(count, |index| views[index].as_ref(), f).map_err(unreachable_gather)
+        Ok(
+            with_gathered(count, |index| views[index].as_ref(), f).unwrap_or_else(|index| {
+                unreachable!("view {index} is below `count`, so it was made just above")
+            }),
+        )
     } else {
         let views = (0..count).map(view).collect::<Result<Vec<_>>>()?;
         let refs: Vec<&crate::View<B>> = views.iter().collect();
         Ok(f(&refs))
-    }
-}
-
-#[cold]
-fn unreachable_gather(index: usize) -> Error {
-    Error::System {
-        what: "gathering the views of an exec",
-        detail: format!("view {index} was not made (a bug in hwqueue)"),
     }
 }
 

@@ -151,7 +151,8 @@ pub trait HardwareQueue: Send + Sized {
     /// owner of a slice will do: a `Vec<T>`, a `Box<[T]>`, or an
     /// `Arc<[T]>`, which the host keeps sharing (the queue drops its clone
     /// once the batch ran), so the same input goes up every step without
-    /// a copy or an allocation.
+    /// a copy of the data (the batch boxes the owner: one small
+    /// allocation).
     fn upload_vec<D, T, O>(&mut self, dst: &D, data: O) -> &mut Self
     where
         D: AsView<Self::Backend>,
