@@ -138,7 +138,9 @@ impl<B: Backend> View<B> {
 
     /// Whether the two views share a byte (empty views share none).
     pub fn overlaps(&self, other: &Self) -> bool {
-        self.buffer.same_as(&other.buffer)
+        !self.is_empty()
+            && !other.is_empty()
+            && self.buffer.same_as(&other.buffer)
             && self.offset < other.offset + other.len
             && other.offset < self.offset + self.len
     }

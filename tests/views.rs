@@ -546,3 +546,14 @@ fn the_any_enums_pass_views_on_the_stack_and_past_it_and_name_a_foreign_one() {
         }
     }
 }
+
+#[test]
+fn an_empty_view_overlaps_nothing_as_documented() {
+    let buffer = CpuDevice::new().alloc(64).unwrap();
+    let (empty, around) = (buffer.view(5, 0).unwrap(), buffer.view(0, 10).unwrap());
+    assert!(!empty.overlaps(&around) && !around.overlaps(&empty));
+    assert!(!empty.overlaps(&empty));
+    // Non-empty ranges still overlap where they share a byte.
+    assert!(around.overlaps(&buffer.view(9, 4).unwrap()));
+    assert!(!around.overlaps(&buffer.view(10, 4).unwrap()));
+}
