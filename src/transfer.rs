@@ -22,7 +22,7 @@ use std::time::Instant;
 use crate::buffer::{Pod, bytes_of, bytes_of_mut};
 use crate::error::{Error, Result};
 use crate::signal::Timeout;
-use crate::sync::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 // `std`'s `Arc` (loom's cannot hold a trait object): downloads are not part
 // of the loom models.
 use std::sync::Arc;
@@ -176,12 +176,18 @@ impl<T: Pod + Send> Download<T> {
     /// [`Error::DownloadIncomplete`] when `timeout` passed first, when it
     /// was never recorded, or when its data was taken already.
     pub fn wait(&self, timeout: impl Into<Timeout>) -> Result<()> {
+        self.ready(timeout.into()).map(drop)
+    }
+
+    /// Waits as [`wait`](Self::wait), and returns the state still locked,
+    /// ready: a `take` after it cannot race another `take`.
+    fn ready(&self, timeout: Timeout) -> Result<MutexGuard<'_, (Status, Vec<T>)>> {
         let start = Instant::now();
-        let deadline = timeout.into().deadline_from(start);
+        let deadline = timeout.deadline_from(start);
         let mut state = self.slot.state.lock();
         loop {
             match &state.0 {
-                Status::Ready => return Ok(()),
+                Status::Ready => return Ok(state),
                 Status::Failed(error) => return Err(error.clone()),
                 Status::Idle => {
                     return Err(Error::DownloadIncomplete {
@@ -217,8 +223,9 @@ impl<T: Pod + Send> Download<T> {
     /// # Errors
     /// As [`wait`](Self::wait).
     pub fn take(&self, timeout: impl Into<Timeout>) -> Result<Vec<T>> {
-        self.wait(timeout)?;
-        let mut state = self.slot.state.lock();
+        // One lock from the wait to the take: of two threads taking at
+        // once, the second finds it taken (an error), never an empty `Vec`.
+        let mut state = self.ready(timeout.into())?;
         state.0 = Status::Taken;
         Ok(std::mem::take(&mut state.1))
     }
