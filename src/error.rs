@@ -178,8 +178,10 @@ pub enum Error {
     )]
     DownloadReused,
 
-    /// A [`Download`](crate::Download) whose data never came: its batch
-    /// was dropped, or the wait timed out.
+    /// A [`Download`](crate::Download) whose data is not there to wait
+    /// for: the wait timed out, it was never recorded, or its data was
+    /// taken already. (A download whose batch was dropped unrun fails with
+    /// [`Error::Abandoned`].)
     #[error("download not complete: {reason}")]
     DownloadIncomplete {
         /// Why, and what to do.

@@ -87,7 +87,8 @@ impl CudaProgram {
     /// # Safety
     /// The kernel's parameters must be exactly `buffers` pointers, then
     /// `scalars` scalars each as wide as the [`Scalar`](crate::Scalar)
-    /// every `exec` of it passes there (4 or 8 bytes): the driver copies
+    /// every `exec` of it passes there (4 or 8 bytes; 2 for f16/bf16 with the
+    /// `half` feature): the driver copies
     /// as many bytes as the kernel declares from the launch's argument
     /// array, and a kernel that declares more reads past it.
     pub unsafe fn from_ptx_unchecked(

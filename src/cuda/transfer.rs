@@ -98,7 +98,8 @@ pub(crate) unsafe fn fill(
 /// # Safety
 /// `dst` is a live allocation of at least `data.len()` bytes on the
 /// stream's device, kept alive until the stream passed this copy; `data`
-/// lives until this returns (inline) — the batch holds it.
+/// is kept alive until the stream passed the batch (the batch holds it),
+/// since the driver need not have read a pageable source when this returns.
 pub(crate) unsafe fn upload(
     stream: &CudaStream,
     dst: sys::CUdeviceptr,
@@ -109,7 +110,10 @@ pub(crate) unsafe fn upload(
         return Ok(());
     }
     if data.len() <= INLINE_UPLOAD {
-        // SAFETY: pageable source: the driver copies it before returning.
+        // SAFETY: the caller keeps `data` alive until the stream passed
+        // the batch; the driver stages a pageable source itself (CUDA's
+        // API sync-behaviour notes), and may read it before or after
+        // returning.
         return unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) };
     }
     let pinned = Pinned::new(stream.context(), data.len())?;
@@ -154,11 +158,13 @@ pub(crate) unsafe fn download(
 ) -> Result<(), DriverError> {
     let len = sink.len();
     let pinned = Pinned::new(stream.context(), len)?;
-    // SAFETY: the staging holds `len` bytes and lives with the batch until
-    // the stream passed it (so after the callback below ran).
-    let target = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), len) };
-    // SAFETY: the caller's contract for `src`; the staging as above.
-    unsafe { result::memcpy_dtoh_async(target, src, stream.cu_stream()) }?;
+    // SAFETY: the caller's contract for `src`; the staging holds `len`
+    // bytes and lives with the batch until the stream passed it (so after
+    // the callback below ran). A raw copy, not cudarc's slice form: the
+    // staging is uninitialised until the copy lands, so no `&mut [u8]` of
+    // it may be made first.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr().cast(), src, len, stream.cu_stream()) }
+        .result()?;
     let landing = Box::into_raw(Box::new(Landing {
         staging: pinned.as_ptr(),
         len,
