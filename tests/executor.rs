@@ -1083,7 +1083,7 @@ fn a_download_staged_for_a_refused_run_fails_with_the_reason() {
     schedule.exec(
         "fill x",
         d,
-        &CpuProgram::from_fn("fill", 1, 1, common::fill),
+        &fill_program(),
         &[x],
         &[], // one scalar missing: the queue refuses the exec
         ExecParams::new_1d(4, 4),

@@ -239,8 +239,28 @@ fn a_set_from_another_thread_wakes_a_blocked_wait_all<S: TimelineSignal>(new: fn
             s[1].set(2);
         });
         wait_all(&pairs(&watched, &[1, 2, 1]), LONG).unwrap();
-        // Before the setter is joined: wait_all did not return early.
         assert!(s[0].is_reached(1) && s[1].is_reached(2) && s[2].is_reached(1));
+    });
+    // Woken by sets that reach only some values, it keeps waiting: the one
+    // value never set makes it time out, naming that pair. (Checking the
+    // values after a wait that returned could not catch an early return:
+    // by then the setter has usually set them all.)
+    let s = signals(new, 3, 0);
+    let (watched, gate) = observed(&s);
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            gate.wait(3, LONG).unwrap();
+            s[2].set(1);
+            s[0].set(1);
+        });
+        match wait_all(&pairs(&watched, &[1, 2, 1]), Duration::from_millis(50)) {
+            Err(Error::Timeout {
+                target: 2,
+                current: 0,
+                ..
+            }) => {}
+            other => panic!("expected a timeout on the pair never set, got {other:?}"),
+        }
     });
 }
 

@@ -38,13 +38,13 @@ fn ordered_round_trip<B: Backend>(device: &DeviceOf<B>) {
         .unwrap();
     // The data was taken when it was recorded: the caller's memory is free.
     data.fill(0);
-    // The queue stands at the gate: nothing has moved.
-    assert!(!before.is_ready() && !after.is_ready());
-    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![1; 16]);
+    // The queue stands at the gate: nothing has moved, even after a wait.
     assert!(matches!(
         after.wait(Duration::from_millis(1)),
         Err(Error::DownloadIncomplete { .. })
     ));
+    assert!(!before.is_ready() && !after.is_ready());
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![1; 16]);
     gate.set(1);
     assert_eq!(before.take(LONG).unwrap(), vec![1; 16]);
     done.wait(1, LONG).unwrap();
