@@ -51,7 +51,9 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     /// Size in bytes.
     fn size(&self) -> usize;
 
-    /// Whether two handles name the same memory.
+    /// Whether two handles name the same buffer: clones of one allocation.
+    /// Two buffers that are ranges of one pool block are not the same (they
+    /// share no byte); two views of one buffer are views of the same.
     fn same_as(&self, other: &Self) -> bool;
 
     /// The `len` bytes from byte `offset`, as a [`View`](crate::View).
@@ -91,6 +93,16 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     /// As [`read_at`](Self::read_at).
     fn read_into<T: Pod>(&self, data: &mut [T]) -> Result<()> {
         self.read_at(0, data)
+    }
+
+    /// For a buffer made by [`alloca`](crate::HardwareQueue::alloca): the
+    /// record of whether its [`dealloca`](crate::HardwareQueue::dealloca)
+    /// was recorded (queues refuse new work on it after that). `None` for
+    /// every other buffer, and for a backend without queue-ordered
+    /// allocation (the default).
+    #[inline]
+    fn queue_ordered(&self) -> Option<&crate::memory::QueueOrdered> {
+        None
     }
 
     /// Reads the whole buffer as `T`s (its size must be a multiple of

@@ -2,6 +2,7 @@
 
 use crate::backend::{Backend, BufferOf, QueueOf, SignalOf};
 use crate::error::Result;
+use crate::memory::MemoryStats;
 use crate::params::Limits;
 use crate::queue::HardwareQueue;
 use crate::signal::TimelineSignal;
@@ -54,11 +55,53 @@ pub trait Device:
     /// What one `exec` may ask for.
     fn limits(&self) -> Limits;
 
-    /// Allocates `size` bytes of device memory, zero-filled.
+    /// Allocates `size` bytes of device memory, zero-filled, from the
+    /// device's memory pool (see [`memory`](crate::memory)); `size` 0 gives
+    /// an empty buffer, which owns no memory.
     ///
     /// # Errors
-    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory).
+    /// [`Error::OutOfMemory`](crate::Error::OutOfMemory), with the pool's
+    /// and the device's figures.
     fn alloc(&self, size: usize) -> Result<BufferOf<Self::Backend>>;
+
+    /// Allocates `size` bytes as [`alloc`](Self::alloc) does, without
+    /// zeroing them: the buffer holds whatever the pool's range last held.
+    /// For memory the next command overwrites anyway; where zeros are
+    /// needed in queue order, record a [`fill`](crate::HardwareQueue::fill).
+    /// The default, for a backend without a pool, zeroes.
+    ///
+    /// # Errors
+    /// As [`alloc`](Self::alloc).
+    fn alloc_uninit(&self, size: usize) -> Result<BufferOf<Self::Backend>> {
+        self.alloc(size)
+    }
+
+    /// The device's memory pool's figures (all zero for a backend without a
+    /// pool, the default).
+    fn memory_stats(&self) -> MemoryStats {
+        MemoryStats::default()
+    }
+
+    /// Gives the pool's cached blocks back to the backend; returns how many
+    /// bytes that released.
+    fn trim_memory(&self) -> usize {
+        0
+    }
+
+    /// Starts the pool's peak figures over from now.
+    fn reset_peak_memory(&self) {}
+
+    /// Keeps at most `bytes` cached in the pool (see
+    /// [`MemoryPool::set_release_threshold`](crate::memory::MemoryPool::set_release_threshold)).
+    fn set_memory_release_threshold(&self, bytes: usize) {
+        let _ = bytes;
+    }
+
+    /// Limits the bytes the pool may reserve (see
+    /// [`MemoryPool::set_limit`](crate::memory::MemoryPool::set_limit)).
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        let _ = limit;
+    }
 
     /// Whether the device can still run work. The registry asks before it
     /// hands out a device it opened earlier.

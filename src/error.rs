@@ -222,6 +222,19 @@ pub enum Error {
         command: &'static str,
     },
 
+    /// A backend without queue-ordered allocation was asked for an `alloca`
+    /// or a `dealloca`.
+    #[error(
+        "the `{backend}` backend has no queue-ordered `{command}`; allocate with \
+         `Device::alloc` and drop the buffer once the work using it completed instead"
+    )]
+    NoQueueOrderedMemory {
+        /// The backend id.
+        backend: &'static str,
+        /// `"alloca"` or `"dealloca"`.
+        command: &'static str,
+    },
+
     /// A resource of one backend handed to a queue of another.
     #[error(
         "{what} belongs to the `{resource}` backend but the queue is `{queue}`; allocate it on the \
@@ -366,8 +379,13 @@ pub enum Error {
         count: u32,
     },
 
-    /// Memory could not be allocated.
-    #[error("cannot allocate {size} bytes on `{device}`: {detail}; free buffers or allocate less")]
+    /// Memory could not be allocated, even after the device's pool gave
+    /// its cached blocks back and tried again.
+    #[error(
+        "cannot allocate {size} bytes on `{device}`: {detail} ({}); free buffers (or drop \
+         queues holding them), call `trim_memory`, raise the pool's limit, or allocate less",
+        memory_figures(*.in_use, *.reserved, *.device_free, *.device_total)
+    )]
     OutOfMemory {
         /// The device spec, printed.
         device: String,
@@ -375,6 +393,43 @@ pub enum Error {
         size: usize,
         /// What the allocator said.
         detail: String,
+        /// Bytes the device's pool had handed out.
+        in_use: usize,
+        /// Bytes the device's pool held from the backend (in use or cached).
+        reserved: usize,
+        /// Bytes free on the device, where the backend knows.
+        device_free: Option<u64>,
+        /// Bytes the device has, where the backend knows.
+        device_total: Option<u64>,
+    },
+
+    /// An allocation that can never succeed as asked.
+    #[error("invalid allocation of {size} bytes: {reason}")]
+    InvalidAllocation {
+        /// Bytes asked for.
+        size: usize,
+        /// Why, and what to do.
+        reason: String,
+    },
+
+    /// A `dealloca` that cannot be recorded: the buffer was not made by
+    /// `alloca`, belongs to another device's pool, or was deallocated
+    /// already. The batch is rejected.
+    #[error("invalid dealloca: {reason}")]
+    InvalidDealloca {
+        /// Why, and what to do.
+        reason: String,
+    },
+
+    /// A buffer was used after its `dealloca` was recorded (by a command) or
+    /// ran (by the host, or a batch recorded earlier on another queue).
+    #[error(
+        "{what} was deallocated by a `dealloca`; its memory may belong to another buffer now. \
+         Record the work before the `dealloca`, or allocate a new buffer for it"
+    )]
+    UseAfterDealloca {
+        /// The buffer, as the command or call names it.
+        what: String,
     },
 
     /// The operating system refused something (a thread, a library).
@@ -528,6 +583,30 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
         std::mem::forget(second);
     }
     message
+}
+
+/// The figures of an out-of-memory error: the pool's, and the device's
+/// where known.
+fn memory_figures(
+    in_use: usize,
+    reserved: usize,
+    device_free: Option<u64>,
+    device_total: Option<u64>,
+) -> String {
+    use crate::memory::stats::Bytes;
+    let mut figures = format!(
+        "the pool had {} in use and {} reserved",
+        Bytes(in_use),
+        Bytes(reserved)
+    );
+    if let (Some(free), Some(total)) = (device_free, device_total) {
+        figures += &format!(
+            "; the device has {} free of {}",
+            Bytes(usize::try_from(free).unwrap_or(usize::MAX)),
+            Bytes(usize::try_from(total).unwrap_or(usize::MAX))
+        );
+    }
+    figures
 }
 
 impl Error {

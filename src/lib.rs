@@ -117,6 +117,7 @@ pub mod cuda;
 pub mod device;
 pub mod error;
 pub mod executor;
+pub mod memory;
 pub mod multi_wait;
 pub mod params;
 pub mod profile;
@@ -143,6 +144,7 @@ pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Sch
 /// `half`, whose `f16` and `bf16` move through buffers and scalars.
 #[cfg(feature = "half")]
 pub use half;
+pub use memory::{MemoryPool, MemoryStats};
 pub use multi_wait::{SignalWaker, wait_all, wait_any};
 pub use params::{ExecParams, Limits};
 pub use profile::{Category, KernelTiming, ProfileEvent, chrome_trace, time_exec};

@@ -148,6 +148,18 @@ pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
             None,
         ),
         Command::Barrier => ("barrier".into(), Category::Barrier, String::new(), None),
+        Command::Alloca { buffer } => (
+            "alloca".into(),
+            Category::Memory,
+            format!("{} bytes", crate::Buffer::size(buffer)),
+            None,
+        ),
+        Command::Dealloca { buffer } => (
+            "dealloca".into(),
+            Category::Memory,
+            format!("{} bytes", crate::Buffer::size(buffer)),
+            None,
+        ),
     };
     Described {
         name,
@@ -168,6 +180,8 @@ pub enum Category {
     Signal,
     /// A `memory_barrier`.
     Barrier,
+    /// An `alloca` or `dealloca`.
+    Memory,
     /// A `wait` or `wait_foreign`: the queue stood blocked.
     Wait,
     /// A host call on the queue: `submit`, `synchronize`.
@@ -182,6 +196,7 @@ impl Category {
             Category::Copy => "copy",
             Category::Signal => "signal",
             Category::Barrier => "barrier",
+            Category::Memory => "memory",
             Category::Wait => "wait",
             Category::Host => "host",
         }

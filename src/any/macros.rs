@@ -100,7 +100,8 @@
 ///         };
 ///         self
 ///     }
-///     // signal, copy: native on a match, rejected (naming both backends) otherwise;
+///     // signal, copy, dealloca: native on a match, rejected (naming both backends) otherwise;
+///     // alloca: the backend's, wrapped;
 ///     // kind, memory_barrier, wait_foreign, reject, recorded, discard, submit,
 ///     // synchronize: pass through.
 /// }
@@ -452,6 +453,30 @@ macro_rules! backend_set {
                 self
             }
 
+            fn alloca(&mut self, size: usize) -> $crate::Result<$Buffer> {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::alloca(q, size).map($Buffer::$V), )+
+                }
+            }
+
+            fn dealloca(&mut self, buffer: &$Buffer) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match buffer.$as_v() {
+                            Some(b) => { $crate::HardwareQueue::dealloca(q, b); }
+                            None => {
+                                $crate::HardwareQueue::reject(q, $crate::any::mismatch(
+                                    <$B as $crate::Backend>::ID,
+                                    buffer.backend_id(),
+                                    "the buffer of `dealloca`".into(),
+                                ));
+                            }
+                        }
+                    } )+
+                }
+                self
+            }
+
             #[inline]
             fn wait_foreign<S: $crate::TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
                 match self { $( $(#[$meta])* Self::$V(q) => { q.wait_foreign(signal, value); } )+ }
@@ -564,6 +589,11 @@ macro_rules! backend_set {
             fn read_at<T: $crate::Pod>(&self, offset: usize, data: &mut [T]) -> $crate::Result<()> {
                 match self { $( $(#[$meta])* Self::$V(b) => b.read_at(offset, data), )+ }
             }
+
+            #[inline]
+            fn queue_ordered(&self) -> ::std::option::Option<&$crate::memory::QueueOrdered> {
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::queue_ordered(b), )+ }
+            }
         }
     };
 
@@ -615,6 +645,30 @@ macro_rules! backend_set {
 
             fn alloc(&self, size: usize) -> $crate::Result<$Buffer> {
                 match self { $( $(#[$meta])* Self::$V(d) => d.alloc(size).map($Buffer::$V), )+ }
+            }
+
+            fn alloc_uninit(&self, size: usize) -> $crate::Result<$Buffer> {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::alloc_uninit(d, size).map($Buffer::$V), )+ }
+            }
+
+            fn memory_stats(&self) -> $crate::MemoryStats {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::memory_stats(d), )+ }
+            }
+
+            fn trim_memory(&self) -> usize {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::trim_memory(d), )+ }
+            }
+
+            fn reset_peak_memory(&self) {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::reset_peak_memory(d), )+ }
+            }
+
+            fn set_memory_release_threshold(&self, bytes: usize) {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::set_memory_release_threshold(d, bytes), )+ }
+            }
+
+            fn set_memory_limit(&self, limit: ::std::option::Option<usize>) {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::set_memory_limit(d, limit), )+ }
             }
 
             fn health(&self) -> $crate::Result<()> {

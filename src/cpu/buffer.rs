@@ -1,68 +1,144 @@
-//! `CpuBuffer`: 64-byte-aligned host memory shared by queues and the host.
+//! `CpuBuffer`: 64-byte-aligned host memory from the device's pool, shared
+//! by queues and the host.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::fmt;
 use std::ptr::NonNull;
 
 use crate::buffer::{Buffer, Pod, bytes_of, bytes_of_mut, check_host_access};
 use crate::error::{Error, Result};
+use crate::memory::{MemoryPool, PooledRange, QueueOrdered};
 use crate::sync::{Arc, RwLock, RwLockWriteGuard};
 
 use super::Cpu;
+use super::memory::HostBlocks;
 
 /// The alignment of every CPU buffer: a cache line, and enough for any SIMD
 /// load up to AVX-512.
 pub const CPU_BUFFER_ALIGN: usize = 64;
 
-/// Host memory for the CPU backend. Clones name the same memory.
+/// Host memory for the CPU backend: a range of its device's
+/// [`MemoryPool`](crate::memory::MemoryPool). Clones name the same memory;
+/// the range goes back to the pool when the last clone is dropped (queues
+/// hold a clone for every batch that uses the buffer until it ran), or when
+/// a [`dealloca`](crate::HardwareQueue::dealloca) of it runs.
 ///
 /// Every access goes through the buffer's lock: host reads share it, host
 /// writes, copies and kernels hold it exclusively for their duration. So host
 /// access never races queue work; within one `exec`, the kernel's own
-/// accesses follow the contract of [`BufferView`](super::BufferView).
+/// accesses follow the contract of [`BufferView`](super::BufferView). After
+/// a `dealloca` ran, every access through a remaining handle is refused
+/// ([`Error::UseAfterDealloca`]), so no handle can reach bytes the pool has
+/// handed to another buffer.
 #[derive(Clone)]
 pub struct CpuBuffer {
     inner: Arc<Memory>,
 }
 
 struct Memory {
+    /// The first byte (a dangling, aligned pointer for an empty buffer).
     ptr: NonNull<u8>,
     size: usize,
-    /// Guards the bytes behind `ptr` (the lock holds no data itself).
-    lock: RwLock<()>,
+    /// Guards the bytes behind `ptr`, and says whose they are.
+    lock: RwLock<Backing>,
+    /// For buffers made by `alloca`: whether a `dealloca` is recorded.
+    ordered: Option<QueueOrdered>,
 }
 
-// SAFETY: `Memory` owns its allocation outright (no other owner of `ptr`),
-// and every access to the bytes is made under `lock`, so sharing and sending
-// it between threads is sound.
+/// Where a buffer's bytes come from.
+pub(crate) enum Backing {
+    /// No bytes: an empty buffer owns no memory.
+    Empty,
+    /// A range of the device's pool, returned when this is dropped.
+    Pooled(PooledRange<HostBlocks>),
+    /// A `dealloca` ran: the range went back to the pool, and the bytes may
+    /// be another buffer's now.
+    Released,
+}
+
+impl Backing {
+    /// `Err` once a `dealloca` gave the bytes away; `what` names the buffer.
+    #[inline]
+    pub(crate) fn check(&self, what: impl FnOnce() -> String) -> Result<()> {
+        match self {
+            Backing::Released => Err(Error::UseAfterDealloca { what: what() }),
+            Backing::Empty | Backing::Pooled(_) => Ok(()),
+        }
+    }
+}
+
+// SAFETY: `Memory` owns its range outright (no other owner of `ptr`'s
+// bytes while the range is held), and every access to the bytes is made
+// under `lock`, so sharing and sending it between threads is sound.
 unsafe impl Send for Memory {}
 // SAFETY: as for `Send`: shared access only reads `ptr`/`size`, and the bytes
 // are reached only under `lock`.
 unsafe impl Sync for Memory {}
 
+/// Aligns the dangling pointer of an empty buffer.
+#[repr(align(64))]
+struct Line;
+
+const _: () = assert!(align_of::<Line>() == CPU_BUFFER_ALIGN);
+
 impl CpuBuffer {
-    /// Allocates `size` zeroed bytes, aligned to [`CPU_BUFFER_ALIGN`].
-    ///
-    /// # Errors
-    /// [`Error::OutOfMemory`] when the allocator refuses.
-    pub fn new(size: usize) -> Result<Self> {
-        let oom = |detail: &str| Error::OutOfMemory {
-            device: "cpu:0".into(),
-            size,
-            detail: detail.into(),
-        };
-        let layout = Layout::from_size_align(size.max(1), CPU_BUFFER_ALIGN)
-            .map_err(|_| oom("size too large for this address space"))?;
-        // SAFETY: `layout` has a non-zero size (`size.max(1)`).
-        let ptr = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| oom("the system allocator refused"))?;
-        Ok(Self {
+    /// A buffer of `size` bytes from `memory`, zeroed or not, made by
+    /// `alloca` when `ordered`; an empty one, taking nothing from the pool,
+    /// for `size` 0.
+    pub(crate) fn allocate(
+        memory: &MemoryPool<HostBlocks>,
+        size: usize,
+        zeroed: bool,
+        ordered: bool,
+    ) -> Result<Self> {
+        if size == 0 {
+            return Ok(Self::empty(ordered));
+        }
+        let range = if zeroed {
+            memory.alloc_zeroed(size)
+        } else {
+            memory.alloc_uninit(size)
+        }?;
+        Ok(Self::pooled(range, ordered))
+    }
+
+    /// Whether the buffer's memory is a range of `memory` (an empty buffer,
+    /// which has none, is of every pool).
+    pub(crate) fn is_of(&self, memory: &MemoryPool<HostBlocks>) -> bool {
+        match &*self.inner.lock.read() {
+            Backing::Pooled(range) => range.pool().same_as(memory),
+            Backing::Empty | Backing::Released => true,
+        }
+    }
+
+    /// A buffer on `range`; made by `alloca` when `ordered`.
+    fn pooled(range: PooledRange<HostBlocks>, ordered: bool) -> Self {
+        Self::with_backing(
+            range.address().non_null(),
+            range.len(),
+            Backing::Pooled(range),
+            ordered,
+        )
+    }
+
+    /// An empty buffer, which owns no memory.
+    fn empty(ordered: bool) -> Self {
+        Self::with_backing(
+            NonNull::<Line>::dangling().cast(),
+            0,
+            Backing::Empty,
+            ordered,
+        )
+    }
+
+    fn with_backing(ptr: NonNull<u8>, size: usize, backing: Backing, ordered: bool) -> Self {
+        Self {
             inner: Arc::new(Memory {
                 ptr,
                 size,
-                lock: RwLock::new(()),
+                lock: RwLock::new(backing),
+                ordered: ordered.then(QueueOrdered::new),
             }),
-        })
+        }
     }
 
     /// The address of the memory, for ordering locks and for kernels.
@@ -74,19 +150,20 @@ impl CpuBuffer {
         self.inner.ptr.as_ptr()
     }
 
-    /// Holds the buffer exclusively (for a kernel or a copy).
-    pub(crate) fn lock_exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+    /// Holds the buffer exclusively (for a kernel or a copy). Check the
+    /// guard's [`Backing::check`] before touching the bytes.
+    pub(crate) fn lock_exclusive(&self) -> RwLockWriteGuard<'_, Backing> {
         self.inner.lock.write()
     }
-}
 
-impl Drop for Memory {
-    fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.size.max(1), CPU_BUFFER_ALIGN)
-            .expect("layout was valid at allocation");
-        // SAFETY: `ptr` came from `alloc_zeroed` with this same layout, and
-        // this is the last owner (we are in its drop).
-        unsafe { dealloc(self.ptr.as_ptr(), layout) };
+    /// Gives the range back to the pool, for a `dealloca` that ran: waits
+    /// for whoever holds the buffer now (a kernel of another queue), and
+    /// refuses every later access.
+    pub(crate) fn release(&self) {
+        let mut backing = self.inner.lock.write();
+        if let Backing::Pooled(_) = &*backing {
+            *backing = Backing::Released;
+        }
     }
 }
 
@@ -104,10 +181,12 @@ impl Buffer for CpuBuffer {
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
         let bytes = bytes_of(data);
         check_host_access(offset, bytes.len(), self.inner.size)?;
-        let _guard = self.inner.lock.write();
+        let backing = self.inner.lock.write();
+        backing.check(|| "the buffer written".into())?;
         // SAFETY: `offset + len <= size` was checked, so the destination lies
-        // in our allocation; we hold the lock exclusively, so nothing else
-        // touches these bytes; a `&[T]` cannot overlap memory we own.
+        // in our range, which we still hold (checked under the lock); we hold
+        // the lock exclusively, so nothing else touches these bytes; a `&[T]`
+        // cannot overlap memory we own.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 bytes.as_ptr(),
@@ -121,10 +200,11 @@ impl Buffer for CpuBuffer {
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
         let bytes = bytes_of_mut(data);
         check_host_access(offset, bytes.len(), self.inner.size)?;
-        let _guard = self.inner.lock.read();
-        // SAFETY: the source lies in our allocation (checked above); the
-        // shared lock excludes every writer; `data` is caller memory that
-        // cannot overlap ours.
+        let backing = self.inner.lock.read();
+        backing.check(|| "the buffer read".into())?;
+        // SAFETY: the source lies in our range, still held (checked under
+        // the lock); the shared lock excludes every writer; `data` is caller
+        // memory that cannot overlap ours.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.inner.ptr.as_ptr().add(offset),
@@ -134,12 +214,18 @@ impl Buffer for CpuBuffer {
         }
         Ok(())
     }
+
+    #[inline]
+    fn queue_ordered(&self) -> Option<&QueueOrdered> {
+        self.inner.ordered.as_ref()
+    }
 }
 
 impl fmt::Debug for CpuBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CpuBuffer")
             .field("size", &self.inner.size)
+            .field("alloca", &self.inner.ordered.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -5,12 +5,14 @@ use std::fmt;
 use crate::backend::DeviceInfo;
 use crate::device::{Device, QueueFactory};
 use crate::error::Result;
+use crate::memory::{MemoryPool, MemoryStats};
 use crate::params::Limits;
 use crate::queue::QueueKind;
 use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
+use super::memory::HostBlocks;
 use super::pool::Pool;
 use super::queue::CpuEngine;
 use super::{Cpu, CpuBuffer, CpuQueue, CpuSignal};
@@ -39,6 +41,8 @@ pub struct CpuDevice {
 struct Inner {
     /// The threads its queues run work-groups on.
     pool: Pool,
+    /// Its memory: every buffer is a range of it.
+    memory: MemoryPool<HostBlocks>,
     name: String,
 }
 
@@ -58,6 +62,7 @@ impl CpuDevice {
         Self {
             inner: Arc::new(Inner {
                 pool: Pool::new(threads),
+                memory: MemoryPool::new(HostBlocks::new()),
                 name: cpu_name(),
             }),
         }
@@ -70,6 +75,12 @@ impl CpuDevice {
 
     pub(crate) fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// The device's memory pool: every buffer of this device is a range of
+    /// it (statistics, `trim`, the release threshold and a limit are here).
+    pub fn memory(&self) -> &MemoryPool<HostBlocks> {
+        &self.inner.memory
     }
 
     pub(crate) fn limits_ref(&self) -> Limits {
@@ -131,7 +142,31 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&self, size: usize) -> Result<CpuBuffer> {
-        CpuBuffer::new(size)
+        CpuBuffer::allocate(&self.inner.memory, size, true, false)
+    }
+
+    fn alloc_uninit(&self, size: usize) -> Result<CpuBuffer> {
+        CpuBuffer::allocate(&self.inner.memory, size, false, false)
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        self.inner.memory.stats()
+    }
+
+    fn trim_memory(&self) -> usize {
+        self.inner.memory.trim()
+    }
+
+    fn reset_peak_memory(&self) {
+        self.inner.memory.reset_peak();
+    }
+
+    fn set_memory_release_threshold(&self, bytes: usize) {
+        self.inner.memory.set_release_threshold(bytes);
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        self.inner.memory.set_limit(limit);
     }
 }
 
@@ -140,6 +175,7 @@ impl fmt::Debug for CpuDevice {
         f.debug_struct("CpuDevice")
             .field("name", &self.inner.name)
             .field("threads", &self.threads())
+            .field("memory", &self.inner.memory)
             .finish()
     }
 }

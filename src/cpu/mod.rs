@@ -11,7 +11,9 @@
 //!   its queues, run by the workers themselves and `threads - 1` helper
 //!   threads that live as long as the device (no thread per `exec`).
 //! - [`CpuBuffer`] is 64-byte-aligned host memory behind a lock, so host
-//!   reads and writes never race queue work.
+//!   reads and writes never race queue work: a range of the device's
+//!   [`MemoryPool`](crate::memory::MemoryPool), whose blocks are anonymous
+//!   mappings ([`HostBlocks`]).
 //! - [`CpuProgram`] is a function called once per work-group: Rust, or C
 //!   compiled at run time by the system compiler into a cached shared
 //!   library (the ABI is below, [`CPU_KERNEL_PRELUDE`] its header).
@@ -66,6 +68,7 @@ mod buffer;
 mod c_compiler;
 mod c_manifest;
 mod device;
+mod memory;
 mod pool;
 mod program;
 mod queue;
@@ -74,6 +77,7 @@ mod signal;
 pub use buffer::{CPU_BUFFER_ALIGN, CpuBuffer};
 pub use c_compiler::{CacheOutcome, CompileOptions, DEFAULT_C_FLAGS};
 pub use device::{CPU_LIMITS, CpuDevice};
+pub use memory::{HostAddress, HostBlock, HostBlocks, ZERO_BY_PAGES};
 pub use program::{
     BufferView, CPU_KERNEL_PRELUDE, CpuKernelFn, CpuProgram, FromScalar, KernelArgs, WorkGroup,
 };

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use crate::memory::MemoryPool;
 use crate::params::{ExecParams, Limits};
 use crate::profile::{ProfileEvent, describe, now_ns};
 use crate::program::{Program, Scalar};
@@ -19,10 +20,12 @@ use crate::sync::{
 };
 use crate::view::View;
 
+use super::buffer::Backing;
 use super::device::CpuDevice;
+use super::memory::HostBlocks;
 use super::pool::{Grid, Pool};
 use super::program::{BufferView, KernelArgs};
-use super::{Cpu, CpuProgram};
+use super::{Cpu, CpuBuffer, CpuProgram};
 
 /// A command queue of the CPU backend: the shared recording core
 /// ([`Queue`]) over the CPU's [`CpuEngine`].
@@ -57,6 +60,8 @@ pub type CpuQueue = Queue<CpuEngine>;
 pub struct CpuEngine {
     shared: Arc<Shared>,
     worker: Option<JoinHandle>,
+    /// The device's memory, for `alloca`.
+    memory: MemoryPool<HostBlocks>,
 }
 
 /// What the owner and the worker share.
@@ -122,6 +127,7 @@ impl CpuEngine {
         Ok(Self {
             shared,
             worker: Some(worker),
+            memory: device.memory().clone(),
         })
     }
 }
@@ -139,6 +145,24 @@ impl Engine for CpuEngine {
 
     fn ledger(&self) -> &Ledger {
         &self.shared.ledger
+    }
+
+    /// A range of the device's pool, taken now: host memory is valid at
+    /// once, so the `Alloca` command has nothing left to do.
+    fn alloca(&mut self, size: usize) -> Result<CpuBuffer> {
+        CpuBuffer::allocate(&self.memory, size, false, true)
+    }
+
+    fn check_dealloca(&self, buffer: &CpuBuffer) -> Result<()> {
+        if buffer.is_of(&self.memory) {
+            Ok(())
+        } else {
+            Err(Error::InvalidDealloca {
+                reason: "the buffer is of another CPU device's pool; record the `dealloca` on \
+                         a queue of the device whose queue made it"
+                    .into(),
+            })
+        }
     }
 
     fn submit(&mut self, mut batch: Batch<Cpu>) -> Batch<Cpu> {
@@ -354,24 +378,26 @@ fn run_commands<'a>(
                 pool,
                 held,
             ),
-            Command::Copy { dst, src } => {
-                run_copy(dst, src);
-                Ok(())
-            }
+            Command::Copy { dst, src } => run_copy(dst, src),
             Command::Fill {
                 dst,
                 pattern,
                 width,
-            } => {
-                run_fill(dst, &pattern[..usize::from(*width)]);
-                Ok(())
-            }
+            } => run_fill(dst, &pattern[..usize::from(*width)]),
             // Host accesses at the views (lengths checked at record time):
             // the buffer's lock orders them with kernels of other queues.
             Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
             Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
             Command::Barrier => {
                 fence(Ordering::SeqCst);
+                Ok(())
+            }
+            // The range was taken when the `alloca` was recorded.
+            Command::Alloca { .. } => Ok(()),
+            // Every earlier command of this queue ran: the range goes back
+            // (after whatever kernel of another queue holds it now).
+            Command::Dealloca { buffer } => {
+                buffer.release();
                 Ok(())
             }
         };
@@ -383,7 +409,7 @@ fn run_commands<'a>(
     Ok(())
 }
 
-fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) {
+fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) -> Result<()> {
     let (dst_buffer, src_buffer) = (dst.buffer(), src.buffer());
     let copy = || {
         // SAFETY: both views lie in their buffers (checked when made), are
@@ -399,9 +425,10 @@ fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) {
         }
     };
     if dst_buffer.same_as(src_buffer) {
-        let _held = dst_buffer.lock_exclusive();
+        let held = dst_buffer.lock_exclusive();
+        held.check(|| "the copy's buffer".into())?;
         copy();
-        return;
+        return Ok(());
     }
     // Lock in address order, as `run_exec` does, so two queues never wait
     // on each other's buffers in a cycle.
@@ -410,21 +437,26 @@ fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) {
     } else {
         (src_buffer, dst_buffer)
     };
-    let _a = first.lock_exclusive();
-    let _b = second.lock_exclusive();
+    let a = first.lock_exclusive();
+    let b = second.lock_exclusive();
+    a.check(|| "a buffer of the copy".into())?;
+    b.check(|| "a buffer of the copy".into())?;
     copy();
+    Ok(())
 }
 
 /// Fills `dst` with `pattern` (1, 2 or 4 bytes; `dst`'s offset and length
 /// are multiples of its width, checked at record time).
-fn run_fill(dst: &View<Cpu>, pattern: &[u8]) {
+fn run_fill(dst: &View<Cpu>, pattern: &[u8]) -> Result<()> {
     let buffer = dst.buffer();
-    let _held = buffer.lock_exclusive();
+    let held = buffer.lock_exclusive();
+    held.check(|| "the fill destination".into())?;
     // SAFETY: the view lies in the buffer (checked when made), which is
     // held exclusively, so these bytes are valid and nobody else's now.
     let bytes =
         unsafe { std::slice::from_raw_parts_mut(buffer.as_ptr().add(dst.offset()), dst.len()) };
     fill_pattern(bytes, pattern);
+    Ok(())
 }
 
 /// Writes `pattern` over `bytes`, as wide stores where aligned.
@@ -454,7 +486,7 @@ struct ExecScratch {
     /// Indices into the `exec`'s buffers, in lock order.
     order: Vec<usize>,
     /// Room for the buffer guards.
-    guards: Vec<RwLockWriteGuard<'static, ()>>,
+    guards: Vec<RwLockWriteGuard<'static, Backing>>,
     /// Room for the kernel's views.
     views: Vec<BufferView<'static>>,
 }
@@ -468,7 +500,7 @@ struct HeldBuffers<'a> {
     /// The range of `Batch::buffers` held, if any.
     range: Option<Range<usize>>,
     order: Vec<usize>,
-    guards: Vec<RwLockWriteGuard<'a, ()>>,
+    guards: Vec<RwLockWriteGuard<'a, Backing>>,
     views: Vec<BufferView<'a>>,
 }
 
@@ -482,10 +514,11 @@ impl<'a> HeldBuffers<'a> {
         }
     }
 
-    /// Holds `buffers[range]` exclusively, in address order, with views.
-    fn hold(&mut self, buffers: &'a [View<Cpu>], range: Range<usize>) {
+    /// Holds `buffers[range]` exclusively, in address order, with views;
+    /// refuses a buffer whose range a `dealloca` gave back.
+    fn hold(&mut self, buffers: &'a [View<Cpu>], range: Range<usize>) -> Result<()> {
         if self.range.as_ref() == Some(&range) {
-            return;
+            return Ok(());
         }
         self.release();
         let buffers = &buffers[range.clone()];
@@ -496,6 +529,17 @@ impl<'a> HeldBuffers<'a> {
         order.dedup_by_key(|i| buffers[*i].buffer().address());
         self.guards
             .extend(order.iter().map(|&i| buffers[i].buffer().lock_exclusive()));
+        if let Some(released) = self
+            .guards
+            .iter()
+            .position(|guard| guard.check(String::new).is_err())
+        {
+            let index = order[released];
+            self.release();
+            return Err(Error::UseAfterDealloca {
+                what: format!("buffer {index} of the exec"),
+            });
+        }
         self.views.extend(
             buffers
                 .iter()
@@ -506,6 +550,7 @@ impl<'a> HeldBuffers<'a> {
                 .map(|v| unsafe { BufferView::new(v.buffer().as_ptr().add(v.offset()), v.len()) }),
         );
         self.range = Some(range);
+        Ok(())
     }
 
     /// Drops the views, then the guards.
@@ -551,7 +596,7 @@ fn run_exec<'a>(
     pool: &Pool,
     held: &mut HeldBuffers<'a>,
 ) -> Result<()> {
-    held.hold(batch_buffers, buffers);
+    held.hold(batch_buffers, buffers)?;
     let args = KernelArgs::new(program, &held.views, scalars);
     let grid = Grid {
         groups: params.groups(),

@@ -50,6 +50,10 @@ impl CudaBuffer {
                 device: device.spec().to_string(),
                 size,
                 detail: error.to_string(),
+                in_use: 0,
+                reserved: 0,
+                device_free: None,
+                device_total: None,
             },
             _ => driver_error("allocating device memory", error),
         };

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use crate::backend::{Backend, ProgramOf, SignalOf};
+use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::program::Scalar;
@@ -85,6 +85,27 @@ pub enum Command<B: Backend> {
     },
     /// Make earlier writes visible to later commands and other queues.
     Barrier,
+    /// `buffer` was allocated from the device's pool by
+    /// [`alloca`](crate::HardwareQueue::alloca): its memory is valid from
+    /// here on. Its range is taken when the command is recorded (so the
+    /// buffer exists at once); an engine whose allocator is stream-ordered
+    /// (CUDA's) made it so on its stream, and one whose memory is valid at
+    /// once (the CPU's) has nothing to do.
+    Alloca {
+        /// The buffer `alloca` returned.
+        buffer: BufferOf<B>,
+    },
+    /// Give `buffer`'s range back to its pool: every earlier command of the
+    /// queue completed, so no later one of this queue can touch it; other
+    /// queues may reuse the range once they waited on a signal recorded
+    /// after this. An engine that does not run the command (the batch
+    /// failed or was abandoned) does nothing: the range then goes back
+    /// when the last handle is dropped.
+    Dealloca {
+        /// The buffer `dealloca` named (made by `alloca` on this queue's
+        /// device: checked).
+        buffer: BufferOf<B>,
+    },
 }
 
 /// A signal of another backend, as a queue's worker waits on it.

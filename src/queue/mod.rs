@@ -174,6 +174,49 @@ pub trait HardwareQueue: Send + Sized {
     /// commands and to other queues.
     fn memory_barrier(&mut self) -> &mut Self;
 
+    /// Allocates `size` bytes from the device's memory pool in queue order
+    /// (IREE's `queue_alloca`): the buffer is returned at once, and its
+    /// memory is valid from this point of the queue on (commands recorded
+    /// after this, and other queues once they waited on a signal this queue
+    /// records after it). It is not zeroed: record a
+    /// [`fill`](Self::fill) where zeros are needed. Give it back with
+    /// [`dealloca`](Self::dealloca), or drop every handle (the range then
+    /// returns once the last batch using it completed). `size` 0 gives an
+    /// empty buffer.
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`], with the pool's figures;
+    /// [`Error::NoQueueOrderedMemory`] for a backend without queue-ordered
+    /// allocation (the default).
+    fn alloca(&mut self, size: usize) -> Result<BufferOf<Self::Backend>> {
+        let _ = size;
+        Err(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "alloca",
+        })
+    }
+
+    /// Records: give `buffer`, made by [`alloca`](Self::alloca) on this
+    /// queue's device, back to the pool once every earlier command of this
+    /// queue completed (IREE's `queue_dealloca`). Another queue may reuse
+    /// the range only after waiting on a signal this queue records after the
+    /// `dealloca`: the death frontier. From the moment it is recorded, any
+    /// queue refuses new work on the buffer ([`Error::UseAfterDealloca`]),
+    /// and once it ran the host's reads and writes through a remaining
+    /// handle are refused too. If the batch does not run, the range goes
+    /// back when the last handle is dropped.
+    ///
+    /// [`Error::InvalidDealloca`] rejects the batch for a buffer not made by
+    /// `alloca`, of another device's pool, or deallocated already. The
+    /// default (a backend without queue-ordered allocation) rejects it.
+    fn dealloca(&mut self, buffer: &BufferOf<Self::Backend>) -> &mut Self {
+        let _ = buffer;
+        self.reject(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "dealloca",
+        })
+    }
+
     /// Records: block later commands until a signal of *another* backend
     /// reaches `value`. The backend waits for it by whatever means it has
     /// (the CPU blocks its worker on it; a GPU queue defers the rest of the

@@ -79,6 +79,42 @@ pub trait Engine: Send + Sized + 'static {
         Ok(())
     }
 
+    /// Allocates `size` bytes from this queue's device's pool for an
+    /// [`alloca`](HardwareQueue::alloca) being recorded: a buffer whose
+    /// [`Buffer::queue_ordered`] is `Some`, and whose memory is valid by the
+    /// time the engine reaches the [`Command::Alloca`] the core records
+    /// next. (A stream-ordered allocator allocates on the queue's stream
+    /// here; one whose memory is valid at once just takes a range.)
+    ///
+    /// The default: a backend without queue-ordered allocation refuses.
+    ///
+    /// # Errors
+    /// Out of memory, with the pool's figures; the default's
+    /// [`Error::NoQueueOrderedMemory`].
+    fn alloca(&mut self, size: usize) -> Result<BufferOf<Self::Backend>> {
+        let _ = size;
+        Err(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "alloca",
+        })
+    }
+
+    /// Checks, when a [`dealloca`](HardwareQueue::dealloca) is recorded,
+    /// that `buffer` (made by `alloca`: the core checked) belongs to this
+    /// queue's device's pool.
+    ///
+    /// The default: a backend without queue-ordered allocation refuses.
+    ///
+    /// # Errors
+    /// Why the `dealloca` cannot run; it rejects the batch.
+    fn check_dealloca(&self, buffer: &BufferOf<Self::Backend>) -> Result<()> {
+        let _ = buffer;
+        Err(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "dealloca",
+        })
+    }
+
     /// Takes `batch` (to run, or, when [`Batch::abandoned`], only to fail
     /// its signals once every batch submitted before it finished), and
     /// returns an empty batch to record the next one into: a finished one
@@ -224,15 +260,23 @@ impl<E: Engine> Queue<E> {
     }
 
     /// `view` as a command's view, once the engine accepted its buffer
-    /// ([`Engine::check_buffer`], naming it `what`).
+    /// ([`Engine::check_buffer`], naming it `what`) and no `dealloca` of it
+    /// was recorded.
     fn device_view<V: AsView<E::Backend>>(
         &self,
         what: &'static str,
         view: &V,
     ) -> Result<View<E::Backend>> {
         let (buffer, offset, len) = view.view_parts();
-        self.engine.check_buffer(what, buffer)?;
+        self.check_buffer(what, buffer)?;
         Ok(View::from_parts(buffer.clone(), offset, len))
+    }
+
+    /// The engine's [`Engine::check_buffer`], and that no `dealloca` of
+    /// `buffer` was recorded.
+    fn check_buffer(&self, what: &'static str, buffer: &BufferOf<E::Backend>) -> Result<()> {
+        check_live(buffer, || what.to_owned())?;
+        self.engine.check_buffer(what, buffer)
     }
 
     /// Checks an upload of `host` bytes into `dst`: the view for its
@@ -320,8 +364,16 @@ impl<E: Engine> Queue<E> {
                         !offset.is_multiple_of(alignment)
                     }
                 };
-                if let Some(index) = (0..count).find(|&index| misaligned(get(index).1)) {
+                if let Some(index) = (0..count).find(|&index| {
+                    let (buffer, offset, _) = get(index);
+                    misaligned(offset) || is_deallocated(buffer)
+                }) {
                     let (buffer, offset, len) = get(index);
+                    if let Err(e) = check_live(buffer, || {
+                        format!("buffer {index} of exec `{}`", program.name())
+                    }) {
+                        return self.reject(e);
+                    }
                     return self.reject(Error::ViewMisaligned {
                         what: format!("buffer {index} of exec `{}`", program.name()),
                         offset,
@@ -365,7 +417,10 @@ impl<E: Engine> Queue<E> {
         let same = last.len() == count
             && last.iter().enumerate().all(|(index, old)| {
                 let (buffer, offset, len) = get(index);
-                old.buffer().same_as(buffer) && old.offset() == offset && old.len() == len
+                old.buffer().same_as(buffer)
+                    && old.offset() == offset
+                    && old.len() == len
+                    && !is_deallocated(buffer)
             });
         same.then_some(start as usize..end as usize)
     }
@@ -391,6 +446,23 @@ impl<E: Engine> Queue<E> {
             .unwrap_or(0..0);
         range
     }
+}
+
+/// Whether a `dealloca` of `buffer` was recorded.
+#[inline]
+fn is_deallocated<T: Buffer>(buffer: &T) -> bool {
+    buffer
+        .queue_ordered()
+        .is_some_and(|ordered| ordered.is_dealloca_recorded())
+}
+
+/// `Err` once a `dealloca` of `buffer` was recorded; `what` names it.
+#[inline]
+fn check_live<T: Buffer>(buffer: &T, what: impl FnOnce() -> String) -> Result<()> {
+    if is_deallocated(buffer) {
+        return Err(Error::UseAfterDealloca { what: what() });
+    }
+    Ok(())
 }
 
 /// The checks every backend makes when an `exec` is recorded: the queue's
@@ -628,13 +700,53 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         // `submit` then fails the download with the batch's rejection, so
         // whoever waits on it learns why.
         let checked = check_transfer_len("download", sink.len(), len)
-            .and_then(|()| self.engine.check_buffer("the download source", buffer));
+            .and_then(|()| self.check_buffer("the download source", buffer));
         if let Err(e) = checked {
             self.reject(e);
         }
         self.batch.commands.push(Command::Download {
             src: View::from_parts(buffer.clone(), offset, len),
             sink,
+        });
+        self
+    }
+
+    fn alloca(&mut self, size: usize) -> Result<BufferOf<E::Backend>> {
+        let buffer = self.engine.alloca(size)?;
+        debug_assert!(
+            buffer.queue_ordered().is_some(),
+            "Engine::alloca must return a buffer whose `queue_ordered` is `Some`"
+        );
+        self.batch.commands.push(Command::Alloca {
+            buffer: buffer.clone(),
+        });
+        Ok(buffer)
+    }
+
+    fn dealloca(&mut self, buffer: &BufferOf<E::Backend>) -> &mut Self {
+        let Some(ordered) = buffer.queue_ordered() else {
+            return self.reject(Error::InvalidDealloca {
+                reason: "the buffer was not made by `alloca`; drop its handles instead (its \
+                         range goes back to the pool once the last one, and the last batch \
+                         using it, are gone)"
+                    .into(),
+            });
+        };
+        if let Err(e) = self.engine.check_dealloca(buffer) {
+            return self.reject(e);
+        }
+        if !ordered.record_dealloca() {
+            return self.reject(Error::InvalidDealloca {
+                reason: "a `dealloca` of this buffer was recorded already; record one per \
+                         `alloca`"
+                    .into(),
+            });
+        }
+        // The next `exec` on this buffer's views must not share the last
+        // one's checked views: it must be refused.
+        self.batch.last_exec_buffers = 0..0;
+        self.batch.commands.push(Command::Dealloca {
+            buffer: buffer.clone(),
         });
         self
     }

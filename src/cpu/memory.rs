@@ -1,0 +1,273 @@
+//! `HostBlocks`: the CPU's blocks for its [`MemoryPool`](crate::memory::MemoryPool):
+//! anonymous memory mappings, zeroed by the kernel.
+
+use std::ptr::NonNull;
+
+use crate::error::Result;
+use crate::memory::{BLOCK_GRANULE, BlockError, BlockSource, DeviceMemory};
+
+use super::CPU_BUFFER_ALIGN;
+
+/// Ranges at least this long are zeroed by giving their whole pages back to
+/// the kernel (`madvise(MADV_DONTNEED)`: the next touch of each page maps a
+/// fresh zero page, as `calloc` gets from `mmap`), and only their partial
+/// first and last pages are written; shorter ones are written with zeros.
+/// Below it, a page fault costs more than writing the page.
+pub const ZERO_BY_PAGES: usize = 256 << 10;
+
+/// The CPU's block source: blocks are anonymous private mappings (`mmap`),
+/// which read as zeros until written and go back to the kernel with
+/// `munmap`; blocks of 2 MiB and more ask for transparent huge pages
+/// (`MADV_HUGEPAGE`), so a kernel sweeping a large tensor takes one TLB
+/// entry per 2 MiB. (Under Miri, and off Unix, blocks come from the global
+/// allocator, zeroed.)
+#[derive(Debug, Default)]
+pub struct HostBlocks {
+    _private: (),
+}
+
+/// A block of host memory.
+#[derive(Debug)]
+pub struct HostBlock {
+    ptr: NonNull<u8>,
+    size: usize,
+}
+
+// SAFETY: a `HostBlock` is the sole owner of its mapping; it is only an
+// address and a size, handed between threads by the pool under its lock.
+unsafe impl Send for HostBlock {}
+// SAFETY: shared access reads the address and size only.
+unsafe impl Sync for HostBlock {}
+
+/// A host address inside a block: a pointer that keeps the block's
+/// provenance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostAddress(NonNull<u8>);
+
+impl HostAddress {
+    /// The pointer.
+    pub fn as_ptr(self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+
+    pub(crate) fn non_null(self) -> NonNull<u8> {
+        self.0
+    }
+}
+
+// SAFETY: an address is plain data; whoever dereferences it answers for
+// the access (the buffer, under its lock).
+unsafe impl Send for HostAddress {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostAddress {}
+
+impl HostBlocks {
+    /// The CPU's block source.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl BlockSource for HostBlocks {
+    type Block = HostBlock;
+    type Address = HostAddress;
+
+    const ALIGNMENT: usize = CPU_BUFFER_ALIGN;
+    const ZEROED_BLOCKS: bool = true;
+
+    fn device(&self) -> String {
+        "cpu:0".into()
+    }
+
+    fn allocate(&self, size: usize) -> std::result::Result<HostBlock, BlockError> {
+        // SAFETY: `size` is non-zero (a multiple of the alignment, at least
+        // one unit: the pool never asks for an empty block).
+        let ptr = unsafe { map(size) }.map_err(BlockError::OutOfMemory)?;
+        Ok(HostBlock { ptr, size })
+    }
+
+    fn address(&self, block: &HostBlock, offset: usize) -> HostAddress {
+        debug_assert!(offset < block.size);
+        // SAFETY: the pool asks only for offsets inside the block, so the
+        // result stays in the mapping (and is not null).
+        HostAddress(unsafe { block.ptr.add(offset) })
+    }
+
+    fn free(&self, block: HostBlock) {
+        // SAFETY: the block came from `map` with this size, and the pool
+        // frees it once, when no range of it is handed out.
+        unsafe { unmap(block.ptr, block.size) };
+    }
+
+    unsafe fn zero(&self, address: HostAddress, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees the bytes lie in a live block and are
+        // nobody else's during the call.
+        unsafe { zero(address.0, len) };
+        Ok(())
+    }
+
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let field = |name: &str| -> Option<u64> {
+            let line = info.lines().find(|line| line.starts_with(name))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        };
+        Some(DeviceMemory {
+            free: field("MemAvailable:")?,
+            total: field("MemTotal:")?,
+        })
+    }
+}
+
+#[cfg(all(unix, not(miri)))]
+mod os {
+    use std::ptr::NonNull;
+
+    use super::{BLOCK_GRANULE, ZERO_BY_PAGES};
+
+    /// The system's page size.
+    fn page_size() -> usize {
+        static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *PAGE.get_or_init(|| {
+            // SAFETY: `sysconf` only reads a system constant.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            usize::try_from(page)
+                .ok()
+                .filter(|&p| p > 0)
+                .unwrap_or(4096)
+        })
+    }
+
+    /// Maps `size` bytes of zeroed memory.
+    ///
+    /// # Safety
+    /// `size` is not zero.
+    pub(super) unsafe fn map(size: usize) -> Result<NonNull<u8>, String> {
+        // SAFETY: an anonymous private mapping at an address the kernel
+        // picks touches no existing memory.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap of {size} bytes failed: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        if size >= BLOCK_GRANULE {
+            // A hint: where transparent huge pages are off, nothing changes.
+            // SAFETY: the range is the mapping just made.
+            unsafe { libc::madvise(ptr, size, libc::MADV_HUGEPAGE) };
+        }
+        NonNull::new(ptr.cast::<u8>()).ok_or_else(|| "mmap returned a null mapping".to_owned())
+    }
+
+    /// Unmaps a block.
+    ///
+    /// # Safety
+    /// `ptr` and `size` are a mapping `map` made, not yet unmapped, and
+    /// nothing uses its memory any more.
+    pub(super) unsafe fn unmap(ptr: NonNull<u8>, size: usize) {
+        // SAFETY: as the caller guarantees. A failure (only possible for
+        // arguments that are not a mapping) would leave the memory mapped:
+        // a leak, never an unsafety.
+        unsafe { libc::munmap(ptr.as_ptr().cast(), size) };
+    }
+
+    /// Zeroes `len` bytes from `ptr`: whole pages by handing them back to
+    /// the kernel when the range is long, else by writing.
+    ///
+    /// # Safety
+    /// The bytes lie in a mapping made by `map`, and nobody else accesses
+    /// them during the call.
+    pub(super) unsafe fn zero(ptr: NonNull<u8>, len: usize) {
+        let page = page_size();
+        let start = ptr.as_ptr() as usize;
+        let first_page = start.next_multiple_of(page);
+        let end_page = (start + len) / page * page;
+        if len < ZERO_BY_PAGES || end_page <= first_page {
+            // SAFETY: the range is ours alone (the caller's guarantee).
+            unsafe { ptr.as_ptr().write_bytes(0, len) };
+            return;
+        }
+        let head = first_page - start;
+        let tail = start + len - end_page;
+        // SAFETY: the head and the tail are the partial pages at either end
+        // of the range, inside it.
+        unsafe {
+            ptr.as_ptr().write_bytes(0, head);
+            ptr.as_ptr().add(end_page - start).write_bytes(0, tail);
+        }
+        // SAFETY: the whole pages between lie in the range, which is in a
+        // private anonymous mapping and ours alone; dropping their contents
+        // makes the next access map a zero page. Nothing holds a reference
+        // into them.
+        let dropped = unsafe {
+            libc::madvise(
+                ptr.as_ptr().add(head).cast(),
+                end_page - first_page,
+                libc::MADV_DONTNEED,
+            )
+        };
+        if dropped != 0 {
+            // SAFETY: as above; writing is the fallback that always works.
+            unsafe { ptr.as_ptr().add(head).write_bytes(0, end_page - first_page) };
+        }
+    }
+}
+
+#[cfg(not(all(unix, not(miri))))]
+mod os {
+    use std::alloc::{Layout, alloc_zeroed, dealloc};
+    use std::ptr::NonNull;
+
+    const BLOCK_ALIGN: usize = 4096;
+
+    /// Allocates `size` zeroed bytes.
+    ///
+    /// # Safety
+    /// `size` is not zero.
+    pub(super) unsafe fn map(size: usize) -> Result<NonNull<u8>, String> {
+        let layout = Layout::from_size_align(size, BLOCK_ALIGN)
+            .map_err(|_| format!("{size} bytes is too large for this address space"))?;
+        // SAFETY: `layout` is not empty (the caller's guarantee).
+        let ptr = unsafe { alloc_zeroed(layout) };
+        NonNull::new(ptr).ok_or_else(|| format!("the allocator refused {size} bytes"))
+    }
+
+    /// Frees a block.
+    ///
+    /// # Safety
+    /// `ptr` and `size` come from `map`, not yet freed.
+    pub(super) unsafe fn unmap(ptr: NonNull<u8>, size: usize) {
+        // SAFETY: as the caller guarantees; the layout is `map`'s.
+        unsafe {
+            dealloc(
+                ptr.as_ptr(),
+                Layout::from_size_align_unchecked(size, BLOCK_ALIGN),
+            )
+        };
+    }
+
+    /// Writes `len` zeros from `ptr`.
+    ///
+    /// # Safety
+    /// The bytes lie in a block from `map`, and are nobody else's during the
+    /// call.
+    pub(super) unsafe fn zero(ptr: NonNull<u8>, len: usize) {
+        // SAFETY: as the caller guarantees.
+        unsafe { ptr.as_ptr().write_bytes(0, len) };
+    }
+}
+
+use os::{map, unmap, zero};
+
+const _: () = assert!(BLOCK_GRANULE.is_multiple_of(CPU_BUFFER_ALIGN));

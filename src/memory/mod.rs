@@ -1,0 +1,180 @@
+//! Device memory that hwqueue owns: one caching pool per device.
+//!
+//! # The vocabulary
+//!
+//! Three nouns, used the same way everywhere (here, in the backends, in
+//! [`MemoryStats`] and in errors):
+//!
+//! - a **block** is memory the backend handed over: an anonymous mapping on
+//!   the CPU, a `cuMemAlloc` on CUDA. Blocks are large (2 MiB for small
+//!   requests, 20 MiB for large ones, a block of its own, rounded to 2 MiB,
+//!   past 10 MiB: PyTorch's caching allocator's sizes) and few;
+//! - a **range** is part of a block handed out as a buffer: a
+//!   [`PooledRange`]. Its size is rounded up to the backend's
+//!   [`BlockSource::ALIGNMENT`] (64 bytes on the CPU, 256 on CUDA), and so is
+//!   its address;
+//! - the **pool** ([`MemoryPool`]) is one per device: it asks its
+//!   [`BlockSource`] for blocks, sub-allocates ranges from them with an O(1)
+//!   offset allocator (the `offset-allocator` crate: two-level bins, exact
+//!   sizes, neighbours merged on free), keeps empty blocks cached for reuse,
+//!   and counts everything.
+//!
+//! # The design
+//!
+//! - **Written once.** The bookkeeping is here, backend-independent, the
+//!   way the queue core is; a backend supplies only raw blocks through
+//!   [`BlockSource`] (allocate, free, zero, and where it has them its
+//!   device's figures), as an engine supplies commands to the queue core.
+//! - **Reuse only when no queue can touch it.** A range goes back to the
+//!   pool when its buffer's last handle is dropped. Queues hold a handle to
+//!   every buffer of a batch they were handed until the batch completed (the
+//!   CPU worker until it ran the batch, CUDA until the stream passed the
+//!   event recorded after it), so a buffer dropped by the host while a
+//!   submitted batch uses it is held exactly that long: no host wait, and no
+//!   range is reused under a running kernel. The loom model
+//!   `loom_tests/memory.rs` checks this on the real code.
+//! - **Queue-ordered allocation.** [`alloca`](crate::HardwareQueue::alloca)
+//!   hands out a buffer at once, valid from its place in the queue on;
+//!   [`dealloca`](crate::HardwareQueue::dealloca) gives the range back once
+//!   every earlier command of that queue completed. What a queue may still do
+//!   with such a buffer is tracked by a [`QueueOrdered`] record on it.
+//! - **Zeroing costs what `calloc` costs.** Fresh blocks come zeroed from
+//!   the backend where it can (the CPU's anonymous mappings), and the pool
+//!   remembers how much of each block was ever handed out, so a zeroed range
+//!   from untouched bytes costs nothing. A reused range is zeroed by the
+//!   backend ([`BlockSource::zero`]): the CPU returns the whole pages of a
+//!   large range to the kernel, which hands back zero pages on first touch,
+//!   as `calloc` does, and writes zeros over small ones; CUDA enqueues a
+//!   memset on the device.
+//! - **Statistics and control.** [`MemoryPool::stats`] counts bytes in use,
+//!   reserved, their peaks, allocations and blocks, the largest free range;
+//!   [`trim`](MemoryPool::trim) returns cached blocks to the backend; a
+//!   release threshold bounds what stays cached; a limit bounds what may be
+//!   reserved. Out of memory, the pool frees its cache and retries once, and
+//!   the error that remains carries the figures.
+//!
+//! ```
+//! use hwqueue::cpu::CpuDevice;
+//! use hwqueue::{Buffer, Device};
+//!
+//! # fn main() -> hwqueue::Result<()> {
+//! let device = CpuDevice::new();
+//! let a = device.alloc(1 << 20)?;                 // zeroed, from a 2 MiB block
+//! let b = device.alloc_uninit(4096)?;             // not zeroed: whatever the range held
+//! assert_eq!(a.to_vec::<u8>()?, vec![0; 1 << 20]);
+//! let stats = device.memory_stats();
+//! assert_eq!(stats.in_use, (1 << 20) + 4096);
+//! assert_eq!(stats.live_allocations, 2);
+//! drop((a, b));                                   // back to the pool, cached
+//! assert_eq!(device.memory_stats().in_use, 0);
+//! assert!(device.memory_stats().reserved > 0);
+//! device.trim_memory();                           // cached blocks back to the system
+//! assert_eq!(device.memory_stats().reserved, 0);
+//! # Ok(())
+//! # }
+//! ```
+
+mod pool;
+pub(crate) mod stats;
+
+pub use pool::{MemoryPool, PooledRange, QueueOrdered};
+pub use stats::MemoryStats;
+
+use crate::error::Result;
+
+/// The most bytes a pool keeps cached by default: all of them (as
+/// PyTorch's caching allocator does). [`MemoryPool::set_release_threshold`]
+/// lowers it.
+pub const DEFAULT_RELEASE_THRESHOLD: usize = usize::MAX;
+
+/// Requests up to this size come from small blocks.
+pub const SMALL_REQUEST: usize = 1 << 20;
+/// The size of a small block.
+pub const SMALL_BLOCK: usize = 2 << 20;
+/// The size of a large block, for requests above [`SMALL_REQUEST`] and up to
+/// [`DEDICATED_REQUEST`].
+pub const LARGE_BLOCK: usize = 20 << 20;
+/// Requests above this size get a block of their own, rounded up to
+/// [`BLOCK_GRANULE`].
+pub const DEDICATED_REQUEST: usize = 10 << 20;
+/// Blocks are multiples of this (a huge page on x86-64, and CUDA's
+/// allocation granularity).
+pub const BLOCK_GRANULE: usize = 2 << 20;
+
+/// What a backend supplies to a [`MemoryPool`]: raw blocks of its device's
+/// memory. The pool does all the bookkeeping; a source only allocates,
+/// frees and zeroes.
+///
+/// The pool never dereferences an address: it hands out disjoint ranges of
+/// the blocks a source allocated, and the buffers built on them do the
+/// accesses.
+pub trait BlockSource: Send + Sync + 'static {
+    /// A block, as the source must see it again to free it.
+    type Block: Send + Sync;
+    /// A device address, as a buffer holds it (a host pointer, a
+    /// `CUdeviceptr`).
+    type Address: Copy + Send + Sync + 'static;
+
+    /// The alignment of every range's address and size, in bytes: a power of
+    /// two, at least what the device needs (64 on the CPU, 256 on CUDA).
+    const ALIGNMENT: usize;
+
+    /// Whether a fresh block reads as zeros (the CPU's anonymous mappings
+    /// do; `cuMemAlloc` does not).
+    const ZEROED_BLOCKS: bool;
+
+    /// The device, as errors name it (`"cpu:0"`, `"cuda:1"`).
+    fn device(&self) -> String;
+
+    /// A new block of `size` bytes (a multiple of [`BLOCK_GRANULE`] or of
+    /// [`ALIGNMENT`](Self::ALIGNMENT)), its address aligned to
+    /// `ALIGNMENT`.
+    ///
+    /// # Errors
+    /// [`BlockError::OutOfMemory`] when the device has no room (the pool
+    /// then frees its cache and asks once more); [`BlockError::Other`] for
+    /// anything else, which the pool passes on.
+    fn allocate(&self, size: usize) -> std::result::Result<Self::Block, BlockError>;
+
+    /// The address `offset` bytes into `block`.
+    fn address(&self, block: &Self::Block, offset: usize) -> Self::Address;
+
+    /// Gives a block back to the backend. Every range of it was returned.
+    fn free(&self, block: Self::Block);
+
+    /// Makes `len` bytes from `address` read as zeros, before the range is
+    /// handed out.
+    ///
+    /// # Errors
+    /// What the device reports; the pool returns the range and passes the
+    /// error on.
+    ///
+    /// # Safety
+    /// `address..address + len` lies in a block this source allocated and
+    /// has not freed, and nothing else accesses those bytes during the call.
+    unsafe fn zero(&self, address: Self::Address, len: usize) -> Result<()>;
+
+    /// The device's free and total memory in bytes, where the backend knows
+    /// them: shown in out-of-memory errors and statistics.
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        None
+    }
+}
+
+/// Why a [`BlockSource`] could not allocate a block.
+#[derive(Debug)]
+pub enum BlockError {
+    /// The device has no room: what its allocator said.
+    OutOfMemory(String),
+    /// Anything else (a lost device, a driver error).
+    Other(crate::Error),
+}
+
+/// A device's memory, as its driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes free on the device (all users, not only this process).
+    pub free: u64,
+    /// Bytes the device has.
+    pub total: u64,
+}

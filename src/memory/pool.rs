@@ -1,0 +1,619 @@
+//! [`MemoryPool`]: blocks from a [`BlockSource`], ranges handed out of
+//! them, statistics, trim and the out-of-memory retry.
+
+use std::fmt;
+
+use offset_allocator::{Allocation, Allocator};
+
+use super::stats::{Bytes, MemoryStats};
+use super::{
+    BLOCK_GRANULE, BlockError, BlockSource, DEDICATED_REQUEST, DEFAULT_RELEASE_THRESHOLD,
+    LARGE_BLOCK, SMALL_BLOCK, SMALL_REQUEST,
+};
+use crate::error::{Error, Result};
+use crate::sync::{Arc, AtomicU8, Mutex, MutexGuard, Ordering};
+
+/// The most ranges one block's offset allocator tracks. Its bookkeeping is
+/// about 32 bytes a range, allocated with the block (128 KiB of host memory
+/// a block); a block with no node left is skipped like a full one.
+const MAX_RANGES_PER_BLOCK: u32 = 4096;
+
+/// A device's memory pool: blocks from its [`BlockSource`], sub-allocated
+/// into ranges. Cheap to clone; clones are handles to one pool. Every range
+/// handed out holds a handle, so the pool (and its blocks) outlive every
+/// buffer made from it, whatever is dropped first.
+///
+/// See [the module docs](super) for the design.
+pub struct MemoryPool<S: BlockSource> {
+    shared: Arc<Shared<S>>,
+}
+
+struct Shared<S: BlockSource> {
+    source: S,
+    state: Mutex<State<S::Block>>,
+}
+
+/// Everything behind the pool's lock.
+struct State<K> {
+    /// The blocks, by id (an index that stays put while the block lives);
+    /// `None` where a block was freed.
+    blocks: Vec<Option<Block<K>>>,
+    /// Ids of `None` entries of `blocks`, for the next block.
+    vacant: Vec<u32>,
+    /// The ids of each class's blocks, in the order they are searched (the
+    /// oldest first, so ranges pack towards the first blocks and later ones
+    /// empty out for `trim`).
+    classes: [Vec<u32>; 2],
+    /// The counters (`cached` and `largest_free_range` are worked out when
+    /// read).
+    stats: MemoryStats,
+}
+
+/// One block and the ranges handed out of it.
+struct Block<K> {
+    block: K,
+    /// Bytes.
+    size: usize,
+    class: Class,
+    /// Offsets and sizes in units of `BlockSource::ALIGNMENT`.
+    ranges: Allocator<u32>,
+    /// Ranges handed out and not returned.
+    live: usize,
+    /// Bytes below this offset may have been written since the block was
+    /// allocated; above it they are as the backend handed them over (zero,
+    /// where `BlockSource::ZEROED_BLOCKS`).
+    dirty_end: usize,
+}
+
+/// Which blocks a request is served from: small requests never split a
+/// large block (PyTorch's two pools), so a long-lived small tensor cannot
+/// pin a 20 MiB block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Small = 0,
+    Large = 1,
+}
+
+impl Class {
+    fn of(size: usize) -> Self {
+        if size <= SMALL_REQUEST {
+            Class::Small
+        } else {
+            Class::Large
+        }
+    }
+}
+
+/// A range of a pool's block, handed out as a buffer's memory. Dropping it
+/// returns the range to the pool.
+pub struct PooledRange<S: BlockSource> {
+    pool: MemoryPool<S>,
+    address: S::Address,
+    /// Bytes asked for.
+    len: usize,
+    /// Bytes taken from the block (`len` rounded up to the alignment).
+    taken: usize,
+    block: u32,
+    allocation: Allocation<u32>,
+}
+
+impl<S: BlockSource> PooledRange<S> {
+    /// The address of the first byte.
+    #[inline]
+    pub fn address(&self) -> S::Address {
+        self.address
+    }
+
+    /// Bytes asked for (the range may take more of its block: see
+    /// [`taken`](Self::taken)).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty (never: a pool hands out no empty range).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes of the block the range takes: its length rounded up to the
+    /// pool's alignment.
+    #[inline]
+    pub fn taken(&self) -> usize {
+        self.taken
+    }
+
+    /// The pool the range belongs to.
+    #[inline]
+    pub fn pool(&self) -> &MemoryPool<S> {
+        &self.pool
+    }
+}
+
+impl<S: BlockSource> Drop for PooledRange<S> {
+    fn drop(&mut self) {
+        self.pool
+            .give_back(self.block, self.allocation, self.len, self.taken);
+    }
+}
+
+impl<S: BlockSource> fmt::Debug for PooledRange<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PooledRange")
+            .field("len", &self.len)
+            .field("taken", &self.taken)
+            .field("block", &self.block)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: BlockSource> Clone for MemoryPool<S> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: BlockSource> MemoryPool<S> {
+    /// An empty pool over `source`: no block is allocated until the first
+    /// range is asked for.
+    pub fn new(source: S) -> Self {
+        let stats = MemoryStats {
+            release_threshold: DEFAULT_RELEASE_THRESHOLD,
+            ..MemoryStats::default()
+        };
+        Self {
+            shared: Arc::new(Shared {
+                source,
+                state: Mutex::new(State {
+                    blocks: Vec::new(),
+                    vacant: Vec::new(),
+                    classes: [Vec::new(), Vec::new()],
+                    stats,
+                }),
+            }),
+        }
+    }
+
+    /// The backend's block source.
+    pub fn source(&self) -> &S {
+        &self.shared.source
+    }
+
+    /// Whether two handles name the same pool.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// A range of `size` bytes whose contents are whatever the bytes last
+    /// held (zeros if the block never handed them out, where the backend's
+    /// blocks come zeroed).
+    ///
+    /// # Errors
+    /// [`Error::InvalidAllocation`] for `size` 0 (an empty buffer takes no
+    /// range: `Device::alloc(0)` makes one); [`Error::OutOfMemory`], with
+    /// the pool's and the device's figures, when the size cannot be rounded
+    /// to the alignment or no block can be had even after the cache was
+    /// freed; what the backend reports otherwise.
+    pub fn alloc_uninit(&self, size: usize) -> Result<PooledRange<S>> {
+        self.allocate(size, false)
+    }
+
+    /// A range of `size` bytes that reads as zeros. Bytes the block never
+    /// handed out cost nothing; others are zeroed by the backend
+    /// ([`BlockSource::zero`]).
+    ///
+    /// # Errors
+    /// As [`alloc_uninit`](Self::alloc_uninit), and what zeroing reports.
+    pub fn alloc_zeroed(&self, size: usize) -> Result<PooledRange<S>> {
+        self.allocate(size, true)
+    }
+
+    fn allocate(&self, size: usize, zeroed: bool) -> Result<PooledRange<S>> {
+        if size == 0 {
+            return Err(Error::InvalidAllocation {
+                size,
+                reason: "a pool hands out no empty range; an empty buffer takes no memory from \
+                         the pool (`Device::alloc(0)` makes one), so ask for at least one byte"
+                    .into(),
+            });
+        }
+        let align = S::ALIGNMENT;
+        let taken = size
+            .checked_next_multiple_of(align)
+            .filter(|&taken| u32::try_from(taken / align).is_ok())
+            .ok_or_else(|| {
+                self.out_of_memory(
+                    &self.lock(),
+                    size,
+                    format!(
+                        "the size rounded up to {align}-byte units does not fit one range (at \
+                         most {} bytes)",
+                        u32::MAX as usize * align
+                    ),
+                )
+            })?;
+        let units = (taken / align) as u32;
+        let mut state = self.lock();
+        let (block, allocation) = match state.find(units, Class::of(size)) {
+            Some(found) => found,
+            None => self.grow(&mut state, size, units)?,
+        };
+        let entry = state.block_mut(block);
+        let offset = allocation.offset as usize * align;
+        let address = self.shared.source.address(&entry.block, offset);
+        // Only the bytes below the block's high-water mark may hold data.
+        let dirty = if S::ZEROED_BLOCKS {
+            entry.dirty_end.saturating_sub(offset).min(size)
+        } else {
+            size
+        };
+        entry.dirty_end = entry.dirty_end.max(offset + size);
+        entry.live += 1;
+        let stats = &mut state.stats;
+        stats.in_use += taken;
+        stats.requested += size;
+        stats.peak_in_use = stats.peak_in_use.max(stats.in_use);
+        stats.live_allocations += 1;
+        stats.allocations += 1;
+        drop(state);
+        let range = PooledRange {
+            pool: self.clone(),
+            address,
+            len: size,
+            taken,
+            block,
+            allocation,
+        };
+        if zeroed && dirty > 0 {
+            // SAFETY: the first `dirty <= size` bytes from `address` lie in
+            // the range just taken from a live block of this source (the
+            // range holds the pool, so the block stays), and nobody else has
+            // the range yet.
+            unsafe { self.shared.source.zero(address, dirty) }?;
+        }
+        Ok(range)
+    }
+
+    /// A new block for a request of `size` bytes (`units` of the alignment)
+    /// that no block could serve, and the range from it; out of memory,
+    /// frees the cache and tries once more.
+    fn grow(
+        &self,
+        state: &mut MutexGuard<'_, State<S::Block>>,
+        size: usize,
+        units: u32,
+    ) -> Result<(u32, Allocation<u32>)> {
+        let class = Class::of(size);
+        // A block the offset allocator can serve `units` from: its bins are
+        // a small float, so a block must be at least the request rounded up
+        // to a bin.
+        let fits = offset_allocator::ext::min_allocator_size(units) as usize * S::ALIGNMENT;
+        let preferred = match class {
+            Class::Small => SMALL_BLOCK,
+            Class::Large if size <= DEDICATED_REQUEST => LARGE_BLOCK,
+            Class::Large => size
+                .checked_next_multiple_of(BLOCK_GRANULE)
+                .unwrap_or(usize::MAX),
+        }
+        .max(fits);
+        // Under a limit, a smaller block that still fits is better than an
+        // error.
+        let mut sizes = [preferred, fits];
+        if sizes[1] == sizes[0] {
+            sizes[1] = 0;
+        }
+        let mut retried = false;
+        loop {
+            let mut refused = None;
+            for &block_size in sizes.iter().filter(|&&s| s > 0) {
+                match self.new_block(state, block_size, class) {
+                    Ok(block) => {
+                        let allocation = state.block_mut(block).ranges.allocate(units);
+                        return allocation.map(|a| (block, a)).ok_or_else(|| {
+                            Error::InvalidAllocation {
+                                size,
+                                reason: format!(
+                                    "a fresh block of {block_size} bytes could not hold it; this \
+                                     is a bug in hwqueue's pool, please report it"
+                                ),
+                            }
+                        });
+                    }
+                    Err(BlockError::OutOfMemory(detail)) => refused = Some(detail),
+                    Err(BlockError::Other(error)) => return Err(error),
+                }
+            }
+            let detail = refused.unwrap_or_default();
+            if retried || state.empty_blocks().next().is_none() {
+                state.stats.oom_failures += 1;
+                return Err(self.out_of_memory(state, size, detail));
+            }
+            retried = true;
+            state.stats.oom_retries += 1;
+            let freed = state.take_empty_blocks(usize::MAX);
+            self.free_blocks(freed);
+        }
+    }
+
+    /// Asks the source for a block of `size` bytes of `class`, within the
+    /// limit.
+    fn new_block(
+        &self,
+        state: &mut State<S::Block>,
+        size: usize,
+        class: Class,
+    ) -> std::result::Result<u32, BlockError> {
+        if let Some(limit) = state.stats.limit
+            && state.stats.reserved.saturating_add(size) > limit
+        {
+            return Err(BlockError::OutOfMemory(format!(
+                "a block of {} would pass the pool's limit of {}",
+                Bytes(size),
+                Bytes(limit)
+            )));
+        }
+        let units = u32::try_from(size / S::ALIGNMENT)
+            .map_err(|_| BlockError::OutOfMemory("the block is too large for one pool".into()))?;
+        let block = self.shared.source.allocate(size)?;
+        let entry = Block {
+            block,
+            size,
+            class,
+            ranges: Allocator::with_max_allocs(units, MAX_RANGES_PER_BLOCK.min(units + 1)),
+            live: 0,
+            dirty_end: 0,
+        };
+        let id = match state.vacant.pop() {
+            Some(id) => {
+                state.blocks[id as usize] = Some(entry);
+                id
+            }
+            None => {
+                state.blocks.push(Some(entry));
+                (state.blocks.len() - 1) as u32
+            }
+        };
+        state.classes[class as usize].push(id);
+        let stats = &mut state.stats;
+        stats.reserved += size;
+        stats.peak_reserved = stats.peak_reserved.max(stats.reserved);
+        stats.blocks += 1;
+        stats.block_allocations += 1;
+        Ok(id)
+    }
+
+    /// Returns a range (from [`PooledRange`]'s drop).
+    fn give_back(&self, block: u32, allocation: Allocation<u32>, len: usize, taken: usize) {
+        let mut state = self.lock();
+        let Some(entry) = state
+            .blocks
+            .get_mut(block as usize)
+            .and_then(Option::as_mut)
+        else {
+            // A live range keeps its block: unreachable, and nothing to free.
+            debug_assert!(false, "a range of block {block} outlived its block");
+            return;
+        };
+        entry.ranges.free(allocation);
+        entry.live -= 1;
+        let emptied = entry.live == 0;
+        let stats = &mut state.stats;
+        stats.in_use -= taken;
+        stats.requested -= len;
+        stats.live_allocations -= 1;
+        let threshold = stats.release_threshold;
+        if emptied && stats.reserved - stats.in_use > threshold {
+            let freed = state.take_empty_blocks(threshold);
+            drop(state);
+            self.free_blocks(freed);
+        }
+    }
+
+    /// The pool's figures now.
+    pub fn stats(&self) -> MemoryStats {
+        let state = self.lock();
+        let mut stats = state.stats;
+        stats.cached = stats.reserved - stats.in_use;
+        stats.largest_free_range = state
+            .blocks
+            .iter()
+            .flatten()
+            .map(|entry| entry.ranges.storage_report().largest_free_region as usize)
+            .max()
+            .unwrap_or(0)
+            * S::ALIGNMENT;
+        stats
+    }
+
+    /// Starts the peaks over from what is in use and reserved now.
+    pub fn reset_peak(&self) {
+        let mut state = self.lock();
+        let stats = &mut state.stats;
+        stats.peak_in_use = stats.in_use;
+        stats.peak_reserved = stats.reserved;
+    }
+
+    /// Gives every cached block (one with no range in use) back to the
+    /// backend; returns how many bytes that released.
+    pub fn trim(&self) -> usize {
+        let freed = self.lock().take_empty_blocks(0);
+        let bytes = freed.iter().map(|(_, size)| size).sum();
+        self.free_blocks(freed);
+        bytes
+    }
+
+    /// Keeps at most `bytes` cached: above it, a block that empties goes back
+    /// to the backend at once. Applies now too (as a partial `trim`). The
+    /// default, [`DEFAULT_RELEASE_THRESHOLD`], keeps everything.
+    pub fn set_release_threshold(&self, bytes: usize) {
+        let mut state = self.lock();
+        state.stats.release_threshold = bytes;
+        let freed = state.take_empty_blocks(bytes);
+        drop(state);
+        self.free_blocks(freed);
+    }
+
+    /// Limits the bytes the pool may reserve from the backend (`None`: no
+    /// limit but the device's). A request that would pass it frees the cache
+    /// and retries, then fails with [`Error::OutOfMemory`]. Lowering it
+    /// below what is reserved frees nothing in use; cached blocks go.
+    pub fn set_limit(&self, limit: Option<usize>) {
+        let mut state = self.lock();
+        state.stats.limit = limit;
+        if let Some(limit) = limit {
+            let keep = limit.saturating_sub(state.stats.in_use);
+            let freed = state.take_empty_blocks(keep);
+            drop(state);
+            self.free_blocks(freed);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<S::Block>> {
+        self.shared.state.lock()
+    }
+
+    fn free_blocks(&self, blocks: Vec<(S::Block, usize)>) {
+        for (block, _) in blocks {
+            self.shared.source.free(block);
+        }
+    }
+
+    /// The out-of-memory error for `size` bytes, with the pool's figures and
+    /// the device's where the backend knows them.
+    fn out_of_memory(&self, state: &State<S::Block>, size: usize, detail: String) -> Error {
+        let device = self.shared.source.device_memory();
+        Error::OutOfMemory {
+            device: self.shared.source.device(),
+            size,
+            detail,
+            in_use: state.stats.in_use,
+            reserved: state.stats.reserved,
+            device_free: device.map(|memory| memory.free),
+            device_total: device.map(|memory| memory.total),
+        }
+    }
+}
+
+impl<K> State<K> {
+    /// A range of `units` from an existing block of `class`.
+    #[inline]
+    fn find(&mut self, units: u32, class: Class) -> Option<(u32, Allocation<u32>)> {
+        let blocks = &mut self.blocks;
+        self.classes[class as usize].iter().find_map(|&id| {
+            let entry = blocks[id as usize].as_mut()?;
+            entry
+                .ranges
+                .allocate(units)
+                .map(|allocation| (id, allocation))
+        })
+    }
+
+    fn block_mut(&mut self, id: u32) -> &mut Block<K> {
+        self.blocks[id as usize]
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("block {id} was just found or made"))
+    }
+
+    /// The ids of blocks with no range in use, the largest first.
+    fn empty_blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.blocks.iter().enumerate().filter_map(|(id, entry)| {
+            entry
+                .as_ref()
+                .filter(|entry| entry.live == 0)
+                .map(|_| id as u32)
+        })
+    }
+
+    /// Takes empty blocks out of the pool, the largest first, until at most
+    /// `keep` bytes stay cached; returns them (with their sizes) for the
+    /// caller to free once the lock is dropped.
+    fn take_empty_blocks(&mut self, keep: usize) -> Vec<(K, usize)> {
+        let mut empty: Vec<(u32, usize)> = self
+            .empty_blocks()
+            .map(|id| (id, self.blocks[id as usize].as_ref().map_or(0, |b| b.size)))
+            .collect();
+        empty.sort_unstable_by_key(|&(id, size)| (std::cmp::Reverse(size), id));
+        let mut freed = Vec::new();
+        for (id, size) in empty {
+            if self.stats.reserved - self.stats.in_use <= keep {
+                break;
+            }
+            if let Some(entry) = self.blocks[id as usize].take() {
+                self.classes[entry.class as usize].retain(|&other| other != id);
+                self.vacant.push(id);
+                self.stats.reserved -= size;
+                self.stats.blocks -= 1;
+                self.stats.block_frees += 1;
+                freed.push((entry.block, size));
+            }
+        }
+        freed
+    }
+}
+
+impl<S: BlockSource> Drop for Shared<S> {
+    fn drop(&mut self) {
+        // Every range holds the pool, so none is left: every block is empty.
+        let blocks = std::mem::take(&mut self.state.lock().blocks);
+        for entry in blocks.into_iter().flatten() {
+            self.source.free(entry.block);
+        }
+    }
+}
+
+impl<S: BlockSource> fmt::Debug for MemoryPool<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryPool")
+            .field("device", &self.shared.source.device())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// What the queues know of a buffer made by
+/// [`alloca`](crate::HardwareQueue::alloca): whether a
+/// [`dealloca`](crate::HardwareQueue::dealloca) of it was recorded, after
+/// which no queue may record new work on it.
+///
+/// | value | meaning | written by | ordering |
+/// |-------|---------|------------|----------|
+/// | `LIVE` | usable | `new` | — |
+/// | `DEALLOCA_RECORDED` | a `dealloca` is recorded: new work on it is rejected | the queue that records the `dealloca`, once (`compare_exchange`, `AcqRel`) | readers (`Acquire`) only decide whether to reject a command; the memory itself is protected by the queue order and the buffer's own checks, not by this flag |
+#[derive(Debug)]
+pub struct QueueOrdered {
+    state: AtomicU8,
+}
+
+const LIVE: u8 = 0;
+const DEALLOCA_RECORDED: u8 = 1;
+
+impl Default for QueueOrdered {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl QueueOrdered {
+    /// The record of a buffer just made by `alloca`.
+    pub fn new() -> Self {
+        Self {
+            state: AtomicU8::new(LIVE),
+        }
+    }
+
+    /// Whether a `dealloca` of the buffer was recorded.
+    #[inline]
+    pub fn is_dealloca_recorded(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DEALLOCA_RECORDED
+    }
+
+    /// Marks the `dealloca` recorded; `false` if one was already.
+    pub fn record_dealloca(&self) -> bool {
+        self.state
+            .compare_exchange(LIVE, DEALLOCA_RECORDED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
