@@ -146,7 +146,16 @@ impl CpuBuffer {
         self.inner.ptr.as_ptr() as usize
     }
 
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
+    /// The address of the first byte (64-byte aligned; dangling, and never
+    /// to be read, for an empty buffer), for interop with host code that
+    /// takes a pointer.
+    ///
+    /// Reading or writing through it takes no lock: it races the queues'
+    /// kernels and copies and the host's `write_at`/`read_at` unless the
+    /// caller orders them (a signal waited on), and it must stay within
+    /// [`size`](Buffer::size) bytes and end before the buffer's last handle
+    /// is dropped or a `dealloca` of it runs.
+    pub fn as_ptr(&self) -> *mut u8 {
         self.inner.ptr.as_ptr()
     }
 

@@ -8,19 +8,15 @@ use crate::memory::{BLOCK_GRANULE, BlockError, BlockSource, DeviceMemory};
 
 use super::CPU_BUFFER_ALIGN;
 
-/// Ranges at least this long are zeroed by giving their whole pages back to
-/// the kernel (`madvise(MADV_DONTNEED)`: the next touch of each page maps a
-/// fresh zero page, as `calloc` gets from `mmap`), and only their partial
-/// first and last pages are written; shorter ones are written with zeros.
-/// Below it, a page fault costs more than writing the page.
-pub const ZERO_BY_PAGES: usize = 256 << 10;
-
 /// The CPU's block source: blocks are anonymous private mappings (`mmap`),
 /// which read as zeros until written and go back to the kernel with
 /// `munmap`; blocks of 2 MiB and more ask for transparent huge pages
-/// (`MADV_HUGEPAGE`), so a kernel sweeping a large tensor takes one TLB
-/// entry per 2 MiB. (Under Miri, and off Unix, blocks come from the global
-/// allocator, zeroed.)
+/// (`MADV_HUGEPAGE`): a first touch then maps 2 MiB at once, where 4 KiB
+/// pages would fault 512 times (measured here: 4 MiB of fresh memory
+/// touched once per page took 1.5 ms on 4 KiB pages, 77 µs on huge
+/// pages), and a kernel sweeping a large tensor takes one TLB entry per
+/// 2 MiB. A reused range is zeroed by writing zeros. (Under Miri, and off
+/// Unix, blocks come from the global allocator, zeroed.)
 #[derive(Debug, Default)]
 pub struct HostBlocks {
     _private: (),
@@ -124,20 +120,7 @@ impl BlockSource for HostBlocks {
 mod os {
     use std::ptr::NonNull;
 
-    use super::{BLOCK_GRANULE, ZERO_BY_PAGES};
-
-    /// The system's page size.
-    fn page_size() -> usize {
-        static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        *PAGE.get_or_init(|| {
-            // SAFETY: `sysconf` only reads a system constant.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            usize::try_from(page)
-                .ok()
-                .filter(|&p| p > 0)
-                .unwrap_or(4096)
-        })
-    }
+    use super::BLOCK_GRANULE;
 
     /// Maps `size` bytes of zeroed memory.
     ///
@@ -182,45 +165,19 @@ mod os {
         unsafe { libc::munmap(ptr.as_ptr().cast(), size) };
     }
 
-    /// Zeroes `len` bytes from `ptr`: whole pages by handing them back to
-    /// the kernel when the range is long, else by writing.
+    /// Writes `len` zeros from `ptr`.
+    ///
+    /// Writing, not `madvise(MADV_DONTNEED)`: measured on this project's
+    /// machines (a VM), a first touch of a page handed back costs about
+    /// 1.5 µs, a write of its 4 KiB of zeros about 30 ns, so writing wins at
+    /// every size once the memory is used (`benches/memory.rs`).
     ///
     /// # Safety
     /// The bytes lie in a mapping made by `map`, and nobody else accesses
     /// them during the call.
     pub(super) unsafe fn zero(ptr: NonNull<u8>, len: usize) {
-        let page = page_size();
-        let start = ptr.as_ptr() as usize;
-        let first_page = start.next_multiple_of(page);
-        let end_page = (start + len) / page * page;
-        if len < ZERO_BY_PAGES || end_page <= first_page {
-            // SAFETY: the range is ours alone (the caller's guarantee).
-            unsafe { ptr.as_ptr().write_bytes(0, len) };
-            return;
-        }
-        let head = first_page - start;
-        let tail = start + len - end_page;
-        // SAFETY: the head and the tail are the partial pages at either end
-        // of the range, inside it.
-        unsafe {
-            ptr.as_ptr().write_bytes(0, head);
-            ptr.as_ptr().add(end_page - start).write_bytes(0, tail);
-        }
-        // SAFETY: the whole pages between lie in the range, which is in a
-        // private anonymous mapping and ours alone; dropping their contents
-        // makes the next access map a zero page. Nothing holds a reference
-        // into them.
-        let dropped = unsafe {
-            libc::madvise(
-                ptr.as_ptr().add(head).cast(),
-                end_page - first_page,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if dropped != 0 {
-            // SAFETY: as above; writing is the fallback that always works.
-            unsafe { ptr.as_ptr().add(head).write_bytes(0, end_page - first_page) };
-        }
+        // SAFETY: as the caller guarantees.
+        unsafe { ptr.as_ptr().write_bytes(0, len) };
     }
 }
 

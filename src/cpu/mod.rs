@@ -77,7 +77,7 @@ mod signal;
 pub use buffer::{CPU_BUFFER_ALIGN, CpuBuffer};
 pub use c_compiler::{CacheOutcome, CompileOptions, DEFAULT_C_FLAGS};
 pub use device::{CPU_LIMITS, CpuDevice};
-pub use memory::{HostAddress, HostBlock, HostBlocks, ZERO_BY_PAGES};
+pub use memory::{HostAddress, HostBlock, HostBlocks};
 pub use program::{
     BufferView, CPU_KERNEL_PRELUDE, CpuKernelFn, CpuProgram, FromScalar, KernelArgs, WorkGroup,
 };

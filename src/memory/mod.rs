@@ -38,14 +38,14 @@
 //!   [`dealloca`](crate::HardwareQueue::dealloca) gives the range back once
 //!   every earlier command of that queue completed. What a queue may still do
 //!   with such a buffer is tracked by a [`QueueOrdered`] record on it.
-//! - **Zeroing costs what `calloc` costs.** Fresh blocks come zeroed from
+//! - **Zeroing only what may hold data.** Fresh blocks come zeroed from
 //!   the backend where it can (the CPU's anonymous mappings), and the pool
 //!   remembers how much of each block was ever handed out, so a zeroed range
 //!   from untouched bytes costs nothing. A reused range is zeroed by the
-//!   backend ([`BlockSource::zero`]): the CPU returns the whole pages of a
-//!   large range to the kernel, which hands back zero pages on first touch,
-//!   as `calloc` does, and writes zeros over small ones; CUDA enqueues a
-//!   memset on the device.
+//!   backend ([`BlockSource::zero`]): the CPU writes zeros (on this
+//!   project's machines a page handed back to the kernel costs 50 times
+//!   more on its first touch than writing it: see `cpu::HostBlocks`); CUDA
+//!   enqueues a memset on the device.
 //! - **Statistics and control.** [`MemoryPool::stats`] counts bytes in use,
 //!   reserved, their peaks, allocations and blocks, the largest free range;
 //!   [`trim`](MemoryPool::trim) returns cached blocks to the backend; a
