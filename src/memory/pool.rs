@@ -333,7 +333,7 @@ impl<S: BlockSource> MemoryPool<S> {
             }
             retried = true;
             state.stats.oom_retries += 1;
-            let freed = state.take_empty_blocks(usize::MAX);
+            let freed = state.take_empty_blocks(0);
             self.free_blocks(freed);
         }
     }
