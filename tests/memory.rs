@@ -425,7 +425,8 @@ fn work_recorded_after_a_dealloca_is_rejected_on_every_queue() {
         );
     };
     let view = x.view(0, 16).unwrap();
-    let cases: [(&str, &dyn Fn(&mut hwqueue::cpu::CpuQueue)); 5] = [
+    type Record<'a> = &'a dyn Fn(&mut hwqueue::cpu::CpuQueue);
+    let cases: [(&str, Record<'_>); 5] = [
         ("exec", &exec),
         ("copy", &|q| {
             q.copy(&x, &other);
