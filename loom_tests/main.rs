@@ -1,7 +1,7 @@
 //! loom models of hwqueue's concurrency, run against the real `src/` code:
 //! under `--cfg loom` the crate's `sync` shim hands out loom's atomics,
 //! mutexes, condvars, `Arc` and threads, so these models explore every
-//! interleaving of the shipped `CpuSignal`, `CpuQueue`, `EventRing` (with
+//! interleaving of the shipped `CpuSignal`, `CpuQueue`, the memory pool, `EventRing` (with
 //! a mock event) and `Registry` (with a mock backend).
 //!
 //! ```text
@@ -33,6 +33,7 @@
 mod cpu_queue;
 mod cpu_signal;
 mod lost_wakeup;
+mod memory;
 mod multi_wait;
 mod registry;
 mod ring;

@@ -57,3 +57,8 @@ fn a_missing_corpus_replays_nothing() {
 fn event_ring_corpus() {
     assert!(replay("event_ring", fuzz_harness::event_ring) > 0);
 }
+
+#[test]
+fn memory_pool_corpus() {
+    assert!(replay("memory_pool", fuzz_harness::memory_pool) > 0);
+}

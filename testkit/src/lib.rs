@@ -1,6 +1,6 @@
 //! Test scaffolding shared by the fuzz targets in `fuzz/`, the test that replays
 //! their corpora (`tests/fuzz_replay.rs`) and the proptest model tests
-//! (`tests/queue_model.rs`, `tests/signal_model.rs`). Not part of the API.
+//! (`tests/queue_model.rs`, `tests/signal_model.rs`, `tests/memory_model.rs`). Not part of the API.
 //!
 //! Each harness decodes a small program from bytes (or takes one built by
 //! proptest), runs it against the real code and against a tiny sequential
@@ -15,6 +15,7 @@
 //! | [`cpu_signal`] | `cpu_signal` | [`SignalOp`] sequences on a `CpuSignal` against a running max and failed ranges |
 //! | [`cpu_queue`] | `cpu_queue` | [`QueueProgram`]s on two CPU queues against a sequential interpreter |
 //! | [`event_ring`] | `event_ring` | [`RingOp`] sequences on an `EventRing` with a mock event against the records, a running max and failed ranges |
+//! | [`memory_pool`] | `memory_pool` | [`PoolOp`] sequences on a CPU device's pool and two queues against which ranges are surely, possibly or no longer live |
 //!
 //! This crate is part of hwqueue's workspace and never part of a normal
 //! build of the library: `tests/`, `loom_tests/` and `fuzz/` depend on it.
@@ -23,6 +24,8 @@
 
 // Under `cfg(loom)` only the mock event is built: the loom models use it,
 // and the harnesses (real threads, timeouts) have no place in a model.
+#[cfg(not(loom))]
+pub mod memory;
 pub mod mock_event;
 #[cfg(not(loom))]
 pub mod queue;
@@ -35,6 +38,8 @@ mod signal;
 #[cfg(not(loom))]
 mod spec;
 
+#[cfg(not(loom))]
+pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
 #[cfg(not(loom))]
 pub use queue::{
     QueueOp, QueueProgram, Step, check_queue_program, cpu_queue, decode_queue_program,

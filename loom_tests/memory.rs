@@ -1,0 +1,73 @@
+//! The memory pool under a running queue: a range freed while a queue still
+//! uses it is handed out again only once that use is over, whatever the
+//! interleaving of the host and the queue's worker. The property is checked
+//! on the bytes: a successor written by the host keeps what it wrote, so no
+//! kernel of the earlier owner wrote into it late.
+
+use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal};
+
+use crate::model;
+
+/// `buf[0] = 42`, one work-group.
+fn write_42(_group: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group: nothing else touches the buffer.
+    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 42 };
+}
+
+fn address(buffer: &CpuBuffer) -> usize {
+    buffer.as_ptr() as usize
+}
+
+/// The host drops its handle to a buffer right after submitting a kernel
+/// that writes it, then allocates the same size: if it gets the same range,
+/// the batch's signal was reached already, and in every case the kernel
+/// never writes into what the host put in the successor.
+#[test]
+fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
+    model(None, || {
+        let device = CpuDevice::with_threads(1);
+        let buffer = device.alloc_uninit(64).unwrap();
+        let at = address(&buffer);
+        let done = device.new_signal(0).unwrap();
+        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let mut queue = device.compute_queue().unwrap();
+        queue
+            .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        drop(buffer);
+        let successor = device.alloc_uninit(64).unwrap();
+        if address(&successor) == at {
+            assert!(done.is_reached(1), "the range was reused before the batch");
+        }
+        successor.write_at(0, &[7u32]).unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(successor.to_vec::<u32>().unwrap()[0], 7);
+    });
+}
+
+/// `alloca`, a kernel on it and its `dealloca` in one batch: the host's
+/// next allocation may get the range as soon as the `dealloca` ran, and the
+/// kernel, earlier in queue order, has then finished with it.
+#[test]
+fn a_dealloca_returns_the_range_only_after_earlier_work_on_its_queue() {
+    model(None, || {
+        let device = CpuDevice::with_threads(1);
+        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let mut queue = device.compute_queue().unwrap();
+        let scratch = queue.alloca(64).unwrap();
+        queue
+            .exec(&program, &[&scratch], &[], ExecParams::new_1d(1, 1))
+            .dealloca(&scratch)
+            .submit()
+            .unwrap();
+        drop(scratch);
+        let successor = device.alloc_uninit(64).unwrap();
+        successor.write_at(0, &[7u32]).unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(successor.to_vec::<u32>().unwrap()[0], 7);
+        assert_eq!(device.memory_stats().live_allocations, 1);
+    });
+}
