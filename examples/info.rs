@@ -52,12 +52,23 @@ fn main() {
 
     println!();
     match registry().select(Policy::default()) {
-        Ok(selection) => println!(
-            "selected: {} ({})\n  because {}",
-            selection.spec,
-            selection.device.name(),
-            selection.reason
-        ),
+        Ok(selection) => {
+            println!(
+                "selected: {} ({})\n  because {}",
+                selection.spec,
+                selection.device.name(),
+                selection.reason
+            );
+            let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+            match selection.device.memory_info() {
+                Some(memory) => println!(
+                    "  memory: {:.1} GiB free of {:.1} GiB",
+                    gib(memory.free),
+                    gib(memory.total)
+                ),
+                None => println!("  memory: free and total unknown"),
+            }
+        }
         Err(error) => println!("selected: nothing: {error}"),
     }
     match hwqueue::registry::preferred::<hwqueue::AnyBackend>(Policy::no_fallback()) {

@@ -82,6 +82,13 @@ pub trait Device:
         MemoryStats::default()
     }
 
+    /// The device's free and total memory as its driver reports them (CPU:
+    /// `/proc/meminfo`'s available and total; CUDA: `cuMemGetInfo`), where
+    /// the backend knows them (the default: `None`).
+    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
+        None
+    }
+
     /// Gives the pool's cached blocks back to the backend; returns how many
     /// bytes that released.
     fn trim_memory(&self) -> usize {

@@ -1002,3 +1002,114 @@ fn a_plan_uploads_runs_and_downloads_on_views_of_one_arena() {
         assert_eq!(out.take(LONG).unwrap(), want, "run {run}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Memory: the pool, zeroing behind the allocation fence, alloca/dealloca.
+
+#[test]
+fn pooled_buffers_are_zeroed_reused_and_counted_on_cuda() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let mut queue = device.compute_queue().unwrap();
+    let before = device.memory_stats();
+    let a = device.alloc_uninit(1 << 20).unwrap();
+    assert_eq!(
+        a.device_pointer() % hwqueue::cuda::CUDA_BUFFER_ALIGN as u64,
+        0
+    );
+    queue
+        .exec(
+            &fill,
+            &[&a],
+            &[Scalar::U32(9)],
+            ExecParams::new_1d(1 << 18, 256),
+        )
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    let at = a.device_pointer();
+    drop(a);
+    // The same range, zeroed by a memset behind the allocation fence: a
+    // kernel submitted right away, with no synchronisation, sees zeros.
+    let b = device.alloc(1 << 20).unwrap();
+    assert_eq!(b.device_pointer(), at, "the freed range is reused");
+    let c = device.alloc(1 << 20).unwrap();
+    let increment = kernel(&device, "increment", 2, 0);
+    queue
+        .exec(&increment, &[&b, &c], &[], ExecParams::new_1d(1 << 18, 256))
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert!(c.to_vec::<u32>().unwrap().iter().all(|&x| x == 1));
+    let stats = device.memory_stats();
+    assert_eq!(stats.in_use - before.in_use, 2 << 20);
+    drop((b, c));
+    assert!(device.trim_memory() > 0);
+}
+
+#[test]
+fn alloca_and_dealloca_run_in_stream_order_on_cuda() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill", 1, 1);
+    let mut queue = device.compute_queue().unwrap();
+    let back = hwqueue::Download::<u32>::new(1024);
+    let scratch = queue.alloca(4096).unwrap();
+    assert!(scratch.queue_ordered().is_some());
+    queue
+        .exec(
+            &fill,
+            &[&scratch],
+            &[Scalar::U32(5)],
+            ExecParams::new_1d(1024, 256),
+        )
+        .download(&scratch, &back)
+        .dealloca(&scratch)
+        .submit()
+        .unwrap();
+    assert_eq!(back.take(LONG).unwrap(), vec![5; 1024]);
+    queue.synchronize().unwrap();
+    // After the dealloca ran, the buffer is refused everywhere.
+    assert!(matches!(
+        scratch.to_vec::<u32>(),
+        Err(Error::UseAfterDealloca { .. })
+    ));
+    let error = queue.fill(&scratch, 0u8).submit().unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
+        "{error}"
+    );
+    // An alloca dropped without a dealloca is freed on its stream.
+    let dropped = queue.alloca(1 << 20).unwrap();
+    dropped.write_at(0, &[1u32, 2, 3]).unwrap();
+    assert_eq!(dropped.to_vec::<u32>().unwrap()[..3], [1, 2, 3]);
+    drop(dropped);
+    queue.synchronize().unwrap();
+}
+
+#[test]
+fn repeated_large_transfers_round_trip_through_the_staging_cache() {
+    let Some(device) = device() else { return };
+    let buffer = device.alloc(4 << 20).unwrap();
+    let data: Vec<u32> = (0..(1 << 20)).collect();
+    let mut queue = device.compute_queue().unwrap();
+    for _ in 0..8 {
+        let back = hwqueue::Download::<u32>::new(1 << 20);
+        queue
+            .upload(&buffer, &data)
+            .download(&buffer, &back)
+            .submit()
+            .unwrap();
+        assert_eq!(back.take(LONG).unwrap(), data);
+        queue.synchronize().unwrap();
+    }
+    println!("{}", device.memory_stats());
+}
+
+#[test]
+fn device_memory_is_reported() {
+    let Some(device) = device() else { return };
+    let info = device
+        .memory_info()
+        .expect("cuMemGetInfo answers on a device");
+    assert!(info.total > 0 && info.free <= info.total);
+}

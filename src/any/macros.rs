@@ -659,6 +659,10 @@ macro_rules! backend_set {
                 match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::trim_memory(d), )+ }
             }
 
+            fn memory_info(&self) -> ::core::option::Option<$crate::memory::DeviceMemory> {
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::memory_info(d), )+ }
+            }
+
             fn reset_peak_memory(&self) {
                 match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::reset_peak_memory(d), )+ }
             }

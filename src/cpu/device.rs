@@ -153,6 +153,10 @@ impl Device for CpuDevice {
         self.inner.memory.stats()
     }
 
+    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
+        crate::memory::BlockSource::device_memory(self.inner.memory.source())
+    }
+
     fn trim_memory(&self) -> usize {
         self.inner.memory.trim()
     }

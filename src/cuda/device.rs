@@ -6,12 +6,14 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use crate::device::{Device, QueueFactory};
 use crate::error::{Error, Result};
+use crate::memory::{DEFAULT_RELEASE_THRESHOLD, MemoryPool, MemoryStats};
 use crate::params::Limits;
 use crate::queue::QueueKind;
 use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
+use super::memory::{self, CudaBlocks, StagingCache, StreamAllocation, StreamPool};
 use super::queue::CudaEngine;
 use super::{
     Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, driver_version,
@@ -31,8 +33,10 @@ pub const CUDA_VIEW_ALIGNMENT: usize = 16;
 /// CUDA's parameter space per launch, in bytes.
 pub(crate) const PARAMETER_BYTES: usize = 4096;
 
-/// A CUDA device, opened: its primary context, and a stream for allocation
-/// and host transfers. Cheap to clone; clones share the context.
+/// A CUDA device, opened: its primary context, a stream for zero fills and
+/// host transfers, its memory pool (ranges of `cuMemAlloc` blocks, see
+/// [`crate::memory`]), its `CUmemoryPool` for `alloca`, and its cache of
+/// page-locked staging. Cheap to clone; clones share the context.
 #[derive(Clone)]
 pub struct CudaDevice {
     inner: Arc<Inner>,
@@ -41,9 +45,16 @@ pub struct CudaDevice {
 struct Inner {
     ordinal: u32,
     context: std::sync::Arc<CudaContext>,
-    /// Allocations, zero fills, host uploads and downloads, and frees.
-    /// Each host transfer synchronises it before returning.
+    /// Zero fills, host uploads and downloads. Each host transfer
+    /// synchronises it before returning; a zero fill does not (the
+    /// allocation fence orders it).
     host_stream: std::sync::Arc<CudaStream>,
+    /// Every `Device::alloc` is a range of it.
+    memory: MemoryPool<CudaBlocks>,
+    /// The device's `CUmemoryPool`, for `alloca`.
+    stream_pool: StreamPool,
+    /// Page-locked staging that host transfers reuse.
+    staging: std::sync::Arc<StagingCache>,
     name: String,
     limits: Limits,
     /// Compute capability as NVRTC numbers architectures: `10 * major +
@@ -82,8 +93,8 @@ impl CudaDevice {
         let context = CudaContext::new(ordinal as usize).map_err(fail("creating a context"))?;
         // SAFETY: the contract of `disable_event_tracking` is that the user
         // orders streams themselves. hwqueue does: a buffer is used on a
-        // queue's stream only after its allocation stream was synchronised
-        // (`CudaBuffer::new`), queues keep every buffer they use alive until
+        // queue's stream only after its zero fill (the allocation fence,
+        // `cuda::memory`), queues keep every buffer they use alive until
         // their stream passed it (so no free races a use), and concurrent
         // writes are ordered by the caller's signals, as on every backend.
         // Tracking would also make every allocation create two events and
@@ -93,6 +104,13 @@ impl CudaDevice {
             .new_stream()
             .map_err(fail("creating the host-transfer stream"))?;
         let name = context.name().map_err(fail("reading the device name"))?;
+        let stream_pool = StreamPool::open(&context, DEFAULT_RELEASE_THRESHOLD)?;
+        let memory = MemoryPool::new(CudaBlocks::new(
+            ordinal,
+            context.clone(),
+            host_stream.clone(),
+        ));
+        let staging = std::sync::Arc::new(StagingCache::new(context.clone(), ordinal));
         let limits = read_limits(&context)?;
         let capability = {
             use sys::CUdevice_attribute as A;
@@ -109,6 +127,9 @@ impl CudaDevice {
                 ordinal,
                 context,
                 host_stream,
+                memory,
+                stream_pool,
+                staging,
                 name,
                 limits,
                 capability,
@@ -152,6 +173,52 @@ impl CudaDevice {
 
     pub(crate) fn host_stream(&self) -> &std::sync::Arc<CudaStream> {
         &self.inner.host_stream
+    }
+
+    /// The device's memory pool: every buffer from
+    /// [`alloc`](Device::alloc) is a range of it.
+    pub fn memory(&self) -> &MemoryPool<CudaBlocks> {
+        &self.inner.memory
+    }
+
+    pub(crate) fn staging(&self) -> &std::sync::Arc<StagingCache> {
+        &self.inner.staging
+    }
+
+    pub(crate) fn fence(&self) -> &memory::Fence {
+        self.inner.memory.source().fence()
+    }
+
+    /// `size` bytes of the device's `CUmemoryPool` on `stream`; out of
+    /// memory, frees what both pools cache and tries once more.
+    pub(crate) fn stream_allocate(
+        &self,
+        stream: &std::sync::Arc<CudaStream>,
+        size: usize,
+    ) -> Result<StreamAllocation> {
+        self.health()?;
+        let first = match StreamAllocation::new(&self.inner.stream_pool, stream, size) {
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => e,
+            other => return other.map_err(|e| driver_error("allocating in stream order", e)),
+        };
+        self.trim_memory();
+        StreamAllocation::new(&self.inner.stream_pool, stream, size).map_err(|e| {
+            if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                return driver_error("allocating in stream order", e);
+            }
+            let stats = self.memory_stats();
+            memory::out_of_memory(
+                self.spec().to_string(),
+                size,
+                format!(
+                    "`cuMemAllocFromPoolAsync` failed ({first}), and again after both pools \
+                     returned their cache; free buffers (or `dealloca` them) before this \
+                     allocation, or lower the batch size"
+                ),
+                (stats.in_use, stats.reserved),
+                self.memory_info(),
+            )
+        })
     }
 
     /// Whether two handles name the same context.
@@ -228,9 +295,57 @@ impl Device for CudaDevice {
         self.inner.limits
     }
 
+    /// A zeroed range of the device's pool: the zero fill is a memset on
+    /// the device, ordered before any queue's use by the allocation fence;
+    /// nothing synchronises.
     fn alloc(&self, size: usize) -> Result<CudaBuffer> {
         self.health()?;
-        CudaBuffer::new(self, size)
+        CudaBuffer::new(self, size, true)
+    }
+
+    fn alloc_uninit(&self, size: usize) -> Result<CudaBuffer> {
+        self.health()?;
+        CudaBuffer::new(self, size, false)
+    }
+
+    /// The pool's figures, plus the `CUmemoryPool`'s (what `alloca` holds)
+    /// in `in_use` and `reserved`.
+    fn memory_stats(&self) -> MemoryStats {
+        let mut stats = self.inner.memory.stats();
+        if let Some((used, reserved)) = self.inner.stream_pool.usage(&self.inner.context) {
+            stats.in_use += used as usize;
+            stats.reserved += reserved as usize;
+            stats.cached = stats.reserved - stats.in_use.min(stats.reserved);
+        }
+        stats
+    }
+
+    /// Returns the pool's cached blocks and the `CUmemoryPool`'s unused
+    /// memory to the driver; the bytes given back.
+    fn trim_memory(&self) -> usize {
+        self.inner.memory.trim() + self.inner.stream_pool.trim(&self.inner.context) as usize
+    }
+
+    /// `cuMemGetInfo`: every process's use counts.
+    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
+        memory::device_memory(&self.inner.context)
+    }
+
+    fn reset_peak_memory(&self) {
+        self.inner.memory.reset_peak();
+    }
+
+    /// Sets the release threshold of both pools.
+    fn set_memory_release_threshold(&self, bytes: usize) {
+        self.inner.memory.set_release_threshold(bytes);
+        let _ = self
+            .inner
+            .stream_pool
+            .set_release_threshold(&self.inner.context, bytes);
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        self.inner.memory.set_limit(limit);
     }
 
     fn health(&self) -> Result<()> {

@@ -42,6 +42,7 @@
 mod buffer;
 mod device;
 mod launch;
+mod memory;
 mod profiler;
 mod program;
 mod queue;
@@ -50,6 +51,7 @@ mod transfer;
 
 pub use buffer::CudaBuffer;
 pub use device::{CUDA_MAX_BUFFERS, CUDA_VIEW_ALIGNMENT, CudaDevice};
+pub use memory::{CUDA_BUFFER_ALIGN, CudaBlocks, DeviceBlock, STAGING_CACHE};
 pub use program::CudaProgram;
 pub use queue::{CudaEngine, CudaQueue};
 pub use signal::CudaSignal;

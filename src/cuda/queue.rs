@@ -15,7 +15,7 @@ use crate::profile::{ProfileEvent, now_ns};
 use crate::program::{Program, Scalar};
 use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::ring::Dependency;
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, spawn};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
@@ -125,6 +125,10 @@ enum Outcome {
 /// What the owner and the worker share.
 struct Shared {
     stream: std::sync::Arc<CudaStream>,
+    /// For its staging cache and allocation fence.
+    device: CudaDevice,
+    /// The allocation fence's generation this stream last waited for.
+    fence_seen: AtomicU64,
     ledger: Ledger,
     state: Mutex<State>,
     /// The worker parks here for batches.
@@ -177,6 +181,8 @@ impl CudaEngine {
             .map_err(|e| driver_error("creating a stream", e))?;
         let shared = Arc::new(Shared {
             stream,
+            device: device.clone(),
+            fence_seen: AtomicU64::new(0),
             ledger: Ledger::new(),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -277,6 +283,29 @@ impl Engine for CudaEngine {
             scalars,
             params,
         )
+    }
+
+    /// Memory from the device's `CUmemoryPool`, allocated on this queue's
+    /// stream now (`cuMemAllocFromPoolAsync`): ahead of the batch in stream
+    /// order, which no earlier batch can notice (none names the buffer), so
+    /// the `Alloca` command has nothing left to enqueue.
+    fn alloca(&mut self, size: usize) -> Result<CudaBuffer> {
+        CudaBuffer::alloca(&self.device, &self.shared.stream, size)
+    }
+
+    fn check_dealloca(&self, buffer: &CudaBuffer) -> Result<()> {
+        if buffer.device().same_as(&self.device) {
+            Ok(())
+        } else {
+            Err(Error::InvalidDealloca {
+                reason: format!(
+                    "the buffer is {}'s memory and this queue runs on {}; record the \
+                     `dealloca` on a queue of the buffer's device",
+                    buffer.device().spec(),
+                    self.device.spec()
+                ),
+            })
+        }
     }
 
     fn check_buffer(&self, what: &'static str, buffer: &CudaBuffer) -> Result<()> {
@@ -431,6 +460,11 @@ impl Shared {
         if let Err(e) = self.stream.context().bind_to_thread() {
             return Outcome::Failed(from, self.fault("making the queue's context current", e));
         }
+        // Memory the pool zeroed since this stream's last batch: its fill
+        // comes first.
+        if let Err(e) = self.device.fence().order(&self.stream, &self.fence_seen) {
+            return Outcome::Failed(from, self.fault("waiting for the allocation fence", e));
+        }
         let profiling = self.profiling.load(Ordering::Relaxed);
         for (index, command) in batch.commands().iter().enumerate().skip(from) {
             let start = if profiling {
@@ -466,27 +500,37 @@ impl Shared {
                     &batch.scalars()[scalars.clone()],
                     params,
                 ),
-                Command::Copy { dst, src } => self.copy(dst, src),
+                Command::Copy { dst, src } => dst
+                    .buffer()
+                    .check_live("the copy's destination")
+                    .and_then(|()| src.buffer().check_live("the copy's source"))
+                    .and_then(|()| self.copy(dst, src)),
                 Command::Fill {
                     dst,
                     pattern,
                     width,
-                } => {
-                    // SAFETY: the view lies in its buffer, of this stream's
-                    // device, aligned to `width` (checked at record time),
-                    // kept alive until the stream passed the batch.
-                    unsafe {
-                        transfer::fill(
-                            &self.stream,
-                            pointer(dst),
-                            *pattern,
-                            *width,
-                            dst.len() / usize::from(*width),
-                        )
-                    }
-                    .map_err(|e| self.fault("a fill", e))
-                }
+                } => dst
+                    .buffer()
+                    .check_live("the fill's destination")
+                    .and_then(|()| {
+                        // SAFETY: the view lies in its buffer, of this stream's
+                        // device, aligned to `width` (checked at record time),
+                        // kept alive until the stream passed the batch.
+                        unsafe {
+                            transfer::fill(
+                                &self.stream,
+                                pointer(dst),
+                                *pattern,
+                                *width,
+                                dst.len() / usize::from(*width),
+                            )
+                        }
+                        .map_err(|e| self.fault("a fill", e))
+                    }),
                 Command::Upload { dst, data } => {
+                    if let Err(error) = dst.buffer().check_live("the upload's destination") {
+                        return Outcome::Failed(index, error);
+                    }
                     let mut staging = self.staging.lock();
                     // SAFETY: the view lies in its buffer, of this stream's
                     // device, of the data's length (checked at record
@@ -497,23 +541,36 @@ impl Shared {
                             &self.stream,
                             pointer(dst),
                             batch.host_bytes(data),
+                            self.device.staging(),
                             &mut staging,
                         )
                     }
                     .map_err(|e| self.fault("an upload", e))
                 }
                 Command::Download { src, sink } => {
+                    if let Err(error) = src.buffer().check_live("the download's source") {
+                        return Outcome::Failed(index, error);
+                    }
                     let mut staging = self.staging.lock();
                     // SAFETY: the view lies in its buffer, of this stream's
                     // device, of the download's length (checked at record
                     // time), kept alive until the stream passed the batch.
-                    unsafe { transfer::download(&self.stream, pointer(src), sink, &mut staging) }
-                        .map_err(|e| self.fault("a download", e))
+                    unsafe {
+                        transfer::download(
+                            &self.stream,
+                            pointer(src),
+                            sink,
+                            self.device.staging(),
+                            &mut staging,
+                        )
+                    }
+                    .map_err(|e| self.fault("a download", e))
                 }
                 Command::Barrier => Ok(()),
-                // Not yet: the CUDA backend has no queue-ordered allocation,
-                // so the core never records these.
-                Command::Alloca { .. } | Command::Dealloca { .. } => Ok(()),
+                // Allocated on this stream when it was recorded.
+                Command::Alloca { .. } => Ok(()),
+                // Freed on this stream after everything enqueued before.
+                Command::Dealloca { buffer } => buffer.release_on(&self.stream),
             };
             if let Err(error) = result {
                 return Outcome::Failed(index, error);
@@ -537,6 +594,10 @@ impl Shared {
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
+        for (index, view) in buffers.iter().enumerate() {
+            view.buffer()
+                .check_live(&format!("buffer {index} of `{}`", program.name()))?;
+        }
         // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
         // start the cell, which is what the driver reads for a 4-byte one.
         // On the stack: `check_exec` bounded the count by CUDA's parameter

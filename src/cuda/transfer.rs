@@ -4,60 +4,55 @@
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::driver::{CudaContext, CudaStream, DriverError, result, sys};
+use cudarc::driver::{CudaStream, DriverError, result, sys};
 
 use crate::Backend;
 use crate::error::Error;
 use crate::transfer::DownloadSink;
 
+use super::memory::{Chunk, StagingCache};
+
 /// Uploads up to this size are copied from the batch's own memory:
 /// `cuMemcpyHtoDAsync` from pageable memory copies it to the driver's
 /// staging before it returns (and is still ordered on the stream). Larger
-/// ones go through page-locked memory of their own, so the DMA engine
-/// reads them while the host goes on.
+/// ones go through page-locked staging from the device's cache (reused,
+/// not pinned afresh per transfer), so the DMA engine reads them while the
+/// host goes on.
 pub(crate) const INLINE_UPLOAD: usize = 64 << 10;
 
-/// Page-locked host memory, freed (with its context current) when dropped;
-/// a batch keeps its staging until the stream passed it.
+/// Page-locked host memory from the device's [`StagingCache`], given back
+/// to it when dropped; a batch keeps its staging until the stream passed it.
 pub(crate) struct Pinned {
-    context: std::sync::Arc<CudaContext>,
-    ptr: *mut u8,
+    cache: std::sync::Arc<StagingCache>,
+    chunk: Option<Chunk>,
 }
 
-// SAFETY: the allocation is owned by this value alone; the stream's copies
-// and callbacks that use it finish before it is dropped (the batch
-// keeps it until the stream passed the batch's completion event).
-unsafe impl Send for Pinned {}
-// SAFETY: as for `Send`; shared access only reads the address.
-unsafe impl Sync for Pinned {}
-
 impl Pinned {
-    /// `len` bytes of page-locked memory (at least one).
+    /// At least `len` bytes of page-locked memory from `cache`.
     pub(crate) fn new(
-        context: &std::sync::Arc<CudaContext>,
+        cache: &std::sync::Arc<StagingCache>,
         len: usize,
     ) -> Result<Self, DriverError> {
-        context.bind_to_thread()?;
-        // SAFETY: a plain allocation with the context current; the memory
-        // is only ever used as bytes, written before it is read.
-        let ptr = unsafe { result::malloc_host(len.max(1), 0) }?;
         Ok(Self {
-            context: context.clone(),
-            ptr: ptr.cast(),
+            chunk: Some(cache.take(len)?),
+            cache: cache.clone(),
         })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.ptr
+        self.chunk
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |chunk| chunk.ptr)
     }
 }
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        let _ = self.context.bind_to_thread();
-        // SAFETY: `ptr` came from `malloc_host` and is freed once, here; no
-        // stream work uses it any more (see the `Send` impl).
-        let _ = unsafe { result::free_host(self.ptr.cast()) };
+        if let Some(chunk) = self.chunk.take() {
+            // No stream work uses it any more: the batch that held it was
+            // passed by its stream.
+            self.cache.give_back(chunk);
+        }
     }
 }
 
@@ -104,6 +99,7 @@ pub(crate) unsafe fn upload(
     stream: &CudaStream,
     dst: sys::CUdeviceptr,
     data: &[u8],
+    cache: &std::sync::Arc<StagingCache>,
     staging: &mut Vec<Pinned>,
 ) -> Result<(), DriverError> {
     if data.is_empty() {
@@ -116,9 +112,9 @@ pub(crate) unsafe fn upload(
         // returning.
         return unsafe { result::memcpy_htod_async(dst, data, stream.cu_stream()) };
     }
-    let pinned = Pinned::new(stream.context(), data.len())?;
-    // SAFETY: the staging holds `data.len()` bytes and is fresh, so it
-    // cannot overlap `data`.
+    let pinned = Pinned::new(cache, data.len())?;
+    // SAFETY: the staging holds at least `data.len()` bytes and is no other
+    // transfer's (taken from the cache), so it cannot overlap `data`.
     let pinned_bytes = unsafe {
         std::ptr::copy_nonoverlapping(data.as_ptr(), pinned.as_ptr(), data.len());
         std::slice::from_raw_parts(pinned.as_ptr(), data.len())
@@ -154,10 +150,11 @@ pub(crate) unsafe fn download(
     stream: &CudaStream,
     src: sys::CUdeviceptr,
     sink: &DownloadSink,
+    cache: &std::sync::Arc<StagingCache>,
     staging: &mut Vec<Pinned>,
 ) -> Result<(), DriverError> {
     let len = sink.len();
-    let pinned = Pinned::new(stream.context(), len)?;
+    let pinned = Pinned::new(cache, len)?;
     // SAFETY: the caller's contract for `src`; the staging holds `len`
     // bytes and lives with the batch until the stream passed it (so after
     // the callback below ran). A raw copy, not cudarc's slice form: the

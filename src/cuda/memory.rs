@@ -1,0 +1,483 @@
+//! CUDA device memory: the blocks of the device's
+//! [`MemoryPool`](crate::memory::MemoryPool) (`cuMemAlloc`), stream-ordered
+//! allocations for `alloca` (`cuMemAllocFromPoolAsync` from the device's
+//! `CUmemoryPool`), the allocation fence that orders zero fills before any
+//! queue's use, and the cache of page-locked staging memory that host
+//! transfers reuse.
+//!
+//! No allocation path synchronises a stream:
+//!
+//! - a block is a `cuMemAlloc`, ready for every stream when it returns;
+//! - a zeroed range is a `cuMemsetD8Async` on the device's host stream,
+//!   followed by an event recorded there: the **allocation fence**. Every
+//!   queue makes its stream wait for the newest fence before it enqueues a
+//!   batch, when the fence moved since its last batch (one atomic load per
+//!   batch otherwise), and host transfers run on the host stream itself, so
+//!   no use of the range can overtake its fill;
+//! - `alloca` is a `cuMemAllocFromPoolAsync` on the queue's stream when it is
+//!   recorded (allocating earlier in stream order than the batch is always
+//!   safe: no earlier batch can name the new buffer), with an event recorded
+//!   after it that host transfers wait on; `dealloca` is a `cuMemFreeAsync`
+//!   on the stream of the queue that enqueues it, in stream order after
+//!   every earlier command there. A buffer made by `alloca` whose handles
+//!   all go without a `dealloca` is freed on the stream that allocated it,
+//!   after every use (queues hold a handle until their stream passed it).
+
+use std::fmt;
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sys};
+
+use crate::error::{Error, Result};
+use crate::memory::{BlockError, BlockSource, DeviceMemory};
+use crate::sync::{AtomicU64, Mutex, Ordering};
+
+use super::driver_error;
+use super::signal::EVENT_FLAGS;
+
+/// The alignment of every CUDA range of the pool: what `cuMemAlloc`
+/// guarantees, and enough for any vector load.
+pub const CUDA_BUFFER_ALIGN: usize = 256;
+
+/// The CUDA device's block source: `cuMemAlloc` blocks, zeroed by a memset
+/// on the device's host stream behind the allocation fence.
+pub struct CudaBlocks {
+    ordinal: u32,
+    context: std::sync::Arc<CudaContext>,
+    host_stream: std::sync::Arc<CudaStream>,
+    fence: Fence,
+}
+
+/// A `cuMemAlloc` block.
+#[derive(Debug)]
+pub struct DeviceBlock {
+    pointer: sys::CUdeviceptr,
+    size: usize,
+}
+
+impl CudaBlocks {
+    pub(crate) fn new(
+        ordinal: u32,
+        context: std::sync::Arc<CudaContext>,
+        host_stream: std::sync::Arc<CudaStream>,
+    ) -> Self {
+        Self {
+            ordinal,
+            context,
+            host_stream,
+            fence: Fence::default(),
+        }
+    }
+
+    /// The allocation fence: what every queue's stream waits for before
+    /// using memory the pool handed out.
+    pub(crate) fn fence(&self) -> &Fence {
+        &self.fence
+    }
+}
+
+impl fmt::Debug for CudaBlocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CudaBlocks")
+            .field("ordinal", &self.ordinal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockSource for CudaBlocks {
+    type Block = DeviceBlock;
+    type Address = sys::CUdeviceptr;
+
+    const ALIGNMENT: usize = CUDA_BUFFER_ALIGN;
+    const ZEROED_BLOCKS: bool = false;
+
+    fn device(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
+
+    fn allocate(&self, size: usize) -> std::result::Result<DeviceBlock, BlockError> {
+        self.context
+            .bind_to_thread()
+            .map_err(|e| BlockError::Other(driver_error("making the context current", e)))?;
+        // SAFETY: a plain allocation with the context current; the pool
+        // never reads the memory, and buffers on it are device memory the
+        // host only reaches through copies.
+        match unsafe { result::malloc_sync(size) } {
+            Ok(pointer) => Ok(DeviceBlock { pointer, size }),
+            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(BlockError::OutOfMemory(e.to_string()))
+            }
+            Err(e) => Err(BlockError::Other(driver_error(
+                "allocating device memory",
+                e,
+            ))),
+        }
+    }
+
+    fn address(&self, block: &DeviceBlock, offset: usize) -> sys::CUdeviceptr {
+        debug_assert!(offset < block.size);
+        block.pointer + offset as u64
+    }
+
+    fn free(&self, block: DeviceBlock) {
+        // A failure (a lost context) leaves the memory to the context's
+        // teardown: a leak at worst, never a use after free.
+        if self.context.bind_to_thread().is_ok() {
+            // SAFETY: the block came from `malloc_sync` and the pool frees it
+            // once, when none of its ranges is handed out: every buffer on
+            // it is gone, so every queue's stream passed its last use.
+            let _ = unsafe { result::free_sync(block.pointer) };
+        }
+    }
+
+    unsafe fn zero(&self, address: sys::CUdeviceptr, len: usize) -> Result<()> {
+        let fail = |e| driver_error("zeroing device memory", e);
+        self.context.bind_to_thread().map_err(fail)?;
+        // SAFETY: the caller guarantees the bytes lie in a live block and are
+        // nobody else's; the memset is ordered before every later use by
+        // the fence recorded next.
+        unsafe { sys::cuMemsetD8Async(address, 0, len, self.host_stream.cu_stream()) }
+            .result()
+            .map_err(fail)?;
+        self.fence.advance(&self.host_stream).map_err(fail)
+    }
+
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        device_memory(&self.context)
+    }
+}
+
+/// The device's free and total memory (`cuMemGetInfo`).
+pub(crate) fn device_memory(context: &CudaContext) -> Option<DeviceMemory> {
+    context.bind_to_thread().ok()?;
+    let (free, total) = result::mem_get_info().ok()?;
+    Some(DeviceMemory {
+        free: free as u64,
+        total: total as u64,
+    })
+}
+
+/// The allocation fence: the newest event recorded on the host stream after
+/// a zero fill, and how many were recorded.
+#[derive(Default)]
+pub(crate) struct Fence {
+    /// Moved under `event`'s lock; read alone on the fast path.
+    generation: AtomicU64,
+    event: Mutex<Option<CudaEvent>>,
+}
+
+impl Fence {
+    /// Records the fence after the work enqueued on `stream` so far.
+    fn advance(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        let mut event = self.event.lock();
+        let recorded = match event.take() {
+            Some(reused) => reused.record(stream).map(|()| reused),
+            None => stream.record_event(Some(EVENT_FLAGS)),
+        }?;
+        *event = Some(recorded);
+        self.generation.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes `stream` wait for the newest fence if it moved since `seen`,
+    /// and updates `seen`.
+    pub(crate) fn order(
+        &self,
+        stream: &CudaStream,
+        seen: &AtomicU64,
+    ) -> std::result::Result<(), DriverError> {
+        if self.generation.load(Ordering::Acquire) == seen.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let event = self.event.lock();
+        if let Some(event) = &*event {
+            // `cuStreamWaitEvent` waits for the record made before this
+            // call, so a later re-record does not affect it.
+            stream.wait(event)?;
+        }
+        seen.store(self.generation.load(Ordering::Relaxed), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The device's `CUmemoryPool` (its default pool), from which `alloca`
+/// allocates on a queue's stream.
+pub(crate) struct StreamPool {
+    pool: sys::CUmemoryPool,
+}
+
+// SAFETY: a `CUmemoryPool` is a driver handle, usable from any thread with
+// its context current (every call below binds it first).
+unsafe impl Send for StreamPool {}
+// SAFETY: as for `Send`; the driver serialises calls on a pool.
+unsafe impl Sync for StreamPool {}
+
+impl StreamPool {
+    /// The device's default pool, its release threshold set to `threshold`
+    /// (CUDA's default of 0 returns every byte to the OS at each
+    /// synchronisation: a stall per step of a loop).
+    pub(crate) fn open(context: &CudaContext, threshold: usize) -> Result<Self> {
+        let fail = |e| driver_error("opening the device's memory pool", e);
+        context.bind_to_thread().map_err(fail)?;
+        // SAFETY: the context's own device.
+        let pool =
+            unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(fail)?;
+        let opened = Self { pool };
+        opened.set_release_threshold(context, threshold)?;
+        Ok(opened)
+    }
+
+    /// Sets the bytes the pool keeps cached across synchronisations.
+    pub(crate) fn set_release_threshold(&self, context: &CudaContext, bytes: usize) -> Result<()> {
+        let fail = |e| driver_error("setting the memory pool's release threshold", e);
+        context.bind_to_thread().map_err(fail)?;
+        let mut value = bytes as u64;
+        // SAFETY: a live pool; the attribute takes a `cuuint64_t`.
+        unsafe {
+            result::mem_pool::set_attribute(
+                self.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&raw mut value).cast(),
+            )
+        }
+        .map_err(fail)
+    }
+
+    /// `(used, reserved)` bytes of the pool, where the driver reports them.
+    pub(crate) fn usage(&self, context: &CudaContext) -> Option<(u64, u64)> {
+        context.bind_to_thread().ok()?;
+        let read = |attribute| {
+            let mut value = 0u64;
+            // SAFETY: a live pool; these attributes are `cuuint64_t`s.
+            unsafe {
+                result::mem_pool::get_attribute(self.pool, attribute, (&raw mut value).cast())
+            }
+            .ok()
+            .map(|()| value)
+        };
+        use sys::CUmemPool_attribute as A;
+        Some((
+            read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        ))
+    }
+
+    /// Returns what the pool holds beyond its allocations to the OS; the
+    /// bytes it gave back, where the driver says.
+    pub(crate) fn trim(&self, context: &CudaContext) -> u64 {
+        let before = self.usage(context).map_or(0, |(_, reserved)| reserved);
+        // SAFETY: a live pool.
+        let _ = unsafe { result::mem_pool::trim_to(self.pool, 0) };
+        let after = self.usage(context).map_or(before, |(_, reserved)| reserved);
+        before.saturating_sub(after)
+    }
+
+    /// `size` bytes on `stream`, valid from there on in stream order.
+    pub(crate) fn allocate(
+        &self,
+        context: &CudaContext,
+        stream: &CudaStream,
+        size: usize,
+    ) -> std::result::Result<sys::CUdeviceptr, DriverError> {
+        context.bind_to_thread()?;
+        let mut pointer = 0;
+        // SAFETY: a live pool and stream of this context; the memory is
+        // device memory the host only reaches through copies.
+        unsafe {
+            sys::cuMemAllocFromPoolAsync(&raw mut pointer, size, self.pool, stream.cu_stream())
+        }
+        .result()?;
+        Ok(pointer)
+    }
+}
+
+/// Memory `alloca` took from the device's `CUmemoryPool` on a queue's
+/// stream; freed on that stream when dropped, unless a `dealloca` freed it.
+pub(crate) struct StreamAllocation {
+    pointer: sys::CUdeviceptr,
+    /// The allocating queue's stream (kept alive by this handle).
+    stream: std::sync::Arc<CudaStream>,
+    /// Recorded on `stream` right after the allocation: the host stream
+    /// waits for it before a host transfer.
+    ready: CudaEvent,
+}
+
+impl StreamAllocation {
+    /// Allocates `size` bytes from `pool` on `stream`.
+    pub(crate) fn new(
+        pool: &StreamPool,
+        stream: &std::sync::Arc<CudaStream>,
+        size: usize,
+    ) -> std::result::Result<Self, DriverError> {
+        let context = stream.context();
+        let pointer = pool.allocate(context, stream, size)?;
+        match stream.record_event(Some(EVENT_FLAGS)) {
+            Ok(ready) => Ok(Self {
+                pointer,
+                stream: stream.clone(),
+                ready,
+            }),
+            Err(e) => {
+                // SAFETY: just allocated on this stream, never handed out.
+                let _ = unsafe { result::free_async(pointer, stream.cu_stream()) };
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn pointer(&self) -> sys::CUdeviceptr {
+        self.pointer
+    }
+
+    /// Makes `stream` (the host stream) wait until the allocation is valid.
+    pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        stream.wait(&self.ready)
+    }
+
+    /// Frees the memory on `stream`, in stream order after everything
+    /// enqueued there so far (a `dealloca`).
+    pub(crate) fn free_on(self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: moving the fields out of a value that is never dropped.
+        let (pointer, own_stream, ready) = unsafe {
+            (
+                this.pointer,
+                std::ptr::read(&this.stream),
+                std::ptr::read(&this.ready),
+            )
+        };
+        drop((own_stream, ready));
+        stream.context().bind_to_thread()?;
+        // SAFETY: the memory was allocated from a pool of this context and is
+        // freed once (this value is consumed); the `dealloca` contract puts
+        // the free after every use the caller ordered before it.
+        unsafe { result::free_async(pointer, stream.cu_stream()) }
+    }
+}
+
+impl Drop for StreamAllocation {
+    fn drop(&mut self) {
+        if self.stream.context().bind_to_thread().is_ok() {
+            // SAFETY: allocated on this stream and freed once, here; the last
+            // handle is gone, so every queue's stream passed its last use.
+            let _ = unsafe { result::free_async(self.pointer, self.stream.cu_stream()) };
+        }
+    }
+}
+
+/// Staging kept for reuse, at most this many bytes per device.
+pub const STAGING_CACHE: usize = 64 << 20;
+
+/// Page-locked host memory that host transfers reuse: one per device.
+/// Chunks are powers of two from 64 KiB; a transfer takes the smallest
+/// cached chunk that fits, and gives it back when its batch is done. A
+/// chunk is freed only when the cache is over [`STAGING_CACHE`] or the
+/// device goes, and never once the device was lost (a dead stream's copy
+/// engine might still read or write it).
+pub(crate) struct StagingCache {
+    context: std::sync::Arc<CudaContext>,
+    ordinal: u32,
+    chunks: Mutex<Vec<Chunk>>,
+}
+
+/// A page-locked allocation: its address and capacity.
+pub(crate) struct Chunk {
+    pub(crate) ptr: *mut u8,
+    pub(crate) capacity: usize,
+}
+
+// SAFETY: a chunk is an address and a size, owned by one holder at a time
+// (the cache, or the transfer that took it).
+unsafe impl Send for Chunk {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Chunk {}
+
+/// The smallest staging chunk.
+pub(crate) const MIN_CHUNK: usize = 64 << 10;
+
+impl StagingCache {
+    pub(crate) fn new(context: std::sync::Arc<CudaContext>, ordinal: u32) -> Self {
+        Self {
+            context,
+            ordinal,
+            chunks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A chunk of at least `len` bytes: a cached one, or a new one.
+    pub(crate) fn take(&self, len: usize) -> std::result::Result<Chunk, DriverError> {
+        let capacity = len.max(MIN_CHUNK).next_power_of_two();
+        {
+            let mut chunks = self.chunks.lock();
+            if let Some(at) = chunks
+                .iter()
+                .enumerate()
+                .filter(|(_, chunk)| chunk.capacity >= capacity)
+                .min_by_key(|(_, chunk)| chunk.capacity)
+                .map(|(at, _)| at)
+            {
+                return Ok(chunks.swap_remove(at));
+            }
+        }
+        self.context.bind_to_thread()?;
+        // SAFETY: a plain allocation with the context current; the memory
+        // is only ever used as bytes, written before it is read.
+        let ptr = unsafe { result::malloc_host(capacity, 0) }?;
+        Ok(Chunk {
+            ptr: ptr.cast(),
+            capacity,
+        })
+    }
+
+    /// Takes back a chunk no stream uses any more: cached, or freed when the
+    /// cache is full.
+    pub(crate) fn give_back(&self, chunk: Chunk) {
+        let mut chunks = self.chunks.lock();
+        let cached: usize = chunks.iter().map(|chunk| chunk.capacity).sum();
+        if cached + chunk.capacity <= STAGING_CACHE {
+            chunks.push(chunk);
+            return;
+        }
+        drop(chunks);
+        self.free(chunk);
+    }
+
+    fn free(&self, chunk: Chunk) {
+        // After a sticky fault the driver may still be copying to or from
+        // the chunk: keep it (a leak of a lost device, never a write into
+        // freed memory).
+        if super::lost(self.ordinal).is_some() || self.context.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: `ptr` came from `malloc_host` and is freed once, here; no
+        // stream work uses it any more (the caller's contract, or the
+        // device is going and its queues are gone).
+        let _ = unsafe { result::free_host(chunk.ptr.cast()) };
+    }
+}
+
+impl Drop for StagingCache {
+    fn drop(&mut self) {
+        for chunk in std::mem::take(&mut *self.chunks.lock()) {
+            self.free(chunk);
+        }
+    }
+}
+
+/// Out of memory on `device` for `size` bytes, with the figures.
+pub(crate) fn out_of_memory(
+    device: String,
+    size: usize,
+    detail: String,
+    (in_use, reserved): (usize, usize),
+    memory: Option<DeviceMemory>,
+) -> Error {
+    Error::OutOfMemory {
+        device,
+        size,
+        detail,
+        in_use,
+        reserved,
+        device_free: memory.map(|memory| memory.free),
+        device_total: memory.map(|memory| memory.total),
+    }
+}
