@@ -35,6 +35,13 @@ ROWS = [
     ("exec_views", "views", "whole", 1.02),
     ("signal_wake_any", "wait_any_2", "wait", 1.2),
     ("signal_wake_any", "wait_any_4", "wait", None),
+    ("alloc_free_mixed", "pooled_uninit", "system_uninit", 1.0),
+    ("alloc_free_mixed", "pooled_uninit", "device_alloc", 0.10),
+    ("alloc_free_mixed", "pooled_zeroed", "device_alloc", 1.0),
+    ("alloc_free_mixed", "touch_only", "device_alloc", None),
+    ("alloc_free_mixed", "pooled_uninit", "touch_only", None),
+    ("alloc_free_small", "pooled_uninit", "system_uninit", 1.0),
+    ("alloc_free_small", "pooled_zeroed", "device_alloc", 1.0),
 ]
 
 # Rows that need a GPU: reported, never measured here.

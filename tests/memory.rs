@@ -110,7 +110,13 @@ fn alloc_zeroes_a_reused_range_and_alloc_uninit_does_not() {
 #[test]
 fn zeroing_reaches_every_byte_of_ranges_of_every_size() {
     let device = CpuDevice::new();
-    for size in [1, 100, 4095, 4097, 300_000, 2 * MIB + 3] {
+    // Under Miri every byte is interpreted: the small sizes only.
+    let sizes: &[usize] = if cfg!(miri) {
+        &[1, 100, 4095, 4097]
+    } else {
+        &[1, 100, 4095, 4097, 300_000, 2 * MIB + 3]
+    };
+    for &size in sizes {
         let dirty = device.alloc(size).unwrap();
         dirty.write_from(&vec![0x5au8; size]).unwrap();
         drop(dirty);

@@ -1,0 +1,139 @@
+//! The memory pool over a loop-shaped trace, as a training or serving loop
+//! makes one: every step allocates the same 40 tensors (sizes drawn
+//! log-uniformly from 256 B to 16 MiB with a fixed seed) in order, the odd
+//! ones in queue order (`alloca`, a `fill`, `dealloca`), and frees them in
+//! reverse. It prints the pool's statistics and `reserved / peak in use`,
+//! and draws bytes in use and reserved over the trace into
+//! `docs/memory.svg`.
+//!
+//! ```sh
+//! cargo run --release --example memory
+//! ```
+
+use std::fmt::Write as _;
+
+use hwqueue::cpu::CpuDevice;
+use hwqueue::{Buffer, Device, HardwareQueue, QueueFactory, Result};
+
+const STEPS: usize = 12;
+const TENSORS: usize = 40;
+
+/// `count` sizes drawn log-uniformly from `[low, high]` (splitmix64, fixed
+/// seed).
+fn sizes(count: usize, low: usize, high: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (low, high) = ((low as f64).ln(), (high as f64).ln());
+    (0..count)
+        .map(|_| {
+            let unit = (next() >> 11) as f64 / (1u64 << 53) as f64;
+            (low + unit * (high - low)).exp().round() as usize
+        })
+        .collect()
+}
+
+fn main() -> Result<()> {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue()?;
+    let sizes = sizes(TENSORS, 256, 16 << 20, 3);
+    // (in use, reserved) after every allocation and free.
+    let mut samples: Vec<(usize, usize)> = Vec::new();
+    let mut sample = |device: &CpuDevice| {
+        let stats = device.memory_stats();
+        samples.push((stats.in_use, stats.reserved));
+    };
+    for _ in 0..STEPS {
+        let mut live = Vec::with_capacity(TENSORS);
+        for (i, &size) in sizes.iter().enumerate() {
+            let tensor = if i % 2 == 0 {
+                device.alloc_uninit(size)?
+            } else {
+                let tensor = queue.alloca(size)?;
+                queue.fill(&tensor, 0u8);
+                tensor
+            };
+            live.push(tensor);
+            sample(&device);
+        }
+        queue.submit()?;
+        while let Some(tensor) = live.pop() {
+            if tensor.queue_ordered().is_some() {
+                queue.dealloca(&tensor).submit()?;
+                // The range goes back when the queue reaches the `dealloca`.
+                queue.synchronize()?;
+            }
+            drop(tensor);
+            sample(&device);
+        }
+    }
+    queue.synchronize()?;
+
+    let stats = device.memory_stats();
+    println!("{stats}");
+    let ratio = stats.reserved_per_peak().unwrap_or(0.0);
+    println!(
+        "loop-shaped trace: {STEPS} steps of {TENSORS} tensors; reserved / peak in use = \
+         {ratio:.3} (target <= 1.25)"
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/memory.svg");
+    std::fs::write(path, plot(&samples)).map_err(|e| hwqueue::Error::System {
+        what: "writing docs/memory.svg",
+        detail: e.to_string(),
+    })?;
+    println!("plot: {path}");
+    println!("trimmed {} bytes back to the system", device.trim_memory());
+    Ok(())
+}
+
+/// An SVG of bytes in use and reserved against the trace's operations.
+fn plot(samples: &[(usize, usize)]) -> String {
+    let (width, height, margin) = (900.0, 320.0, 50.0);
+    let top = samples.iter().map(|s| s.1.max(s.0)).max().unwrap_or(1) as f64;
+    let mib = top / f64::from(1u32 << 20);
+    let x = |i: usize| margin + (width - 2.0 * margin) * i as f64 / samples.len().max(2) as f64;
+    let y = |bytes: usize| height - margin - (height - 2.0 * margin) * bytes as f64 / top;
+    let line = |pick: fn(&(usize, usize)) -> usize| {
+        samples
+            .iter()
+            .enumerate()
+            .fold(String::new(), |mut out, (i, s)| {
+                let _ = write!(out, "{:.1},{:.1} ", x(i), y(pick(s)));
+                out
+            })
+    };
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{margin}\" y=\"20\" font-size=\"14\">hwqueue memory pool: a loop-shaped \
+         trace ({STEPS} steps of {TENSORS} tensors, 256 B to 16 MiB)</text>\n"
+    );
+    let _ = write!(
+        svg,
+        "<line x1=\"{margin}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <line x1=\"{margin}\" y1=\"{margin}\" x2=\"{margin}\" y2=\"{b}\" stroke=\"black\"/>\n\
+         <text x=\"5\" y=\"{t}\">{mib:.0} MiB</text>\n<text x=\"5\" y=\"{b}\">0</text>\n\
+         <text x=\"{r}\" y=\"{l}\" text-anchor=\"end\">allocations and frees, in order</text>\n",
+        b = height - margin,
+        r = width - margin,
+        t = margin + 4.0,
+        l = height - margin + 20.0,
+    );
+    let _ = write!(
+        svg,
+        "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" points=\"{}\"/>\n\
+         <polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"{}\"/>\n\
+         <text x=\"{lx}\" y=\"40\" fill=\"#d62728\">reserved from the system</text>\n\
+         <text x=\"{lx}\" y=\"56\" fill=\"#1f77b4\">in use by buffers</text>\n</svg>\n",
+        line(|s| s.1),
+        line(|s| s.0),
+        lx = width - 220.0,
+    );
+    svg
+}
