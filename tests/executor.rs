@@ -1035,6 +1035,13 @@ fn staging_the_wrong_data_is_an_error_that_says_why() {
         plan.download(down, &out),
         Err(Error::DownloadReused)
     ));
+    // Once its result was taken too: still reused, not a size mismatch
+    // (taking left it empty; issue 24, defect 2).
+    assert_eq!(out.take(LONG).unwrap().len(), 4);
+    match plan.download(down, &out) {
+        Err(Error::DownloadReused) => {}
+        other => panic!("a taken download must be refused as reused, got {other:?}"),
+    }
 }
 
 #[test]

@@ -96,10 +96,12 @@ impl<B: Backend> Plan<B> {
     /// before.
     pub fn download<T: Pod + Send>(&mut self, op: OpId, into: &Download<T>) -> Result<()> {
         let len = self.transfer_len(op, "download")?;
-        check_transfer_len("download", into.len() * size_of::<T>(), len)?;
+        // Reuse first: a download whose result was taken has length 0, and
+        // would otherwise be reported as a size mismatch.
         if !into.is_idle() {
             return Err(Error::DownloadReused);
         }
+        check_transfer_len("download", into.len() * size_of::<T>(), len)?;
         self.staged[op.0] = Some(Staged::Download(Box::new(into.handle())));
         Ok(())
     }
