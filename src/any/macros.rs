@@ -242,7 +242,7 @@ macro_rules! backend_set {
 
             #[inline]
             fn kind(&self) -> $crate::QueueKind {
-                match self { $( $(#[$meta])* Self::$V(q) => q.kind(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::kind(q), )+ }
             }
 
             #[inline]
@@ -491,34 +491,34 @@ macro_rules! backend_set {
 
             #[inline]
             fn recorded(&self) -> usize {
-                match self { $( $(#[$meta])* Self::$V(q) => q.recorded(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::recorded(q), )+ }
             }
 
             #[inline]
             fn discard(&mut self) {
-                match self { $( $(#[$meta])* Self::$V(q) => q.discard(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::discard(q), )+ }
             }
 
             #[inline]
             fn submit(&mut self) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(q) => q.submit(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::submit(q), )+ }
             }
 
             #[inline]
             fn synchronize(&mut self) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(q) => q.synchronize(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::synchronize(q), )+ }
             }
 
             fn set_profiling(&mut self, on: bool) {
-                match self { $( $(#[$meta])* Self::$V(q) => q.set_profiling(on), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::set_profiling(q, on), )+ }
             }
 
             fn profiling(&self) -> bool {
-                match self { $( $(#[$meta])* Self::$V(q) => q.profiling(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::profiling(q), )+ }
             }
 
             fn take_profile(&mut self) -> ::std::vec::Vec<$crate::ProfileEvent> {
-                match self { $( $(#[$meta])* Self::$V(q) => q.take_profile(), )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::take_profile(q), )+ }
             }
         }
     };
@@ -527,39 +527,39 @@ macro_rules! backend_set {
         impl $crate::TimelineSignal for $Signal {
             #[inline]
             fn value(&self) -> u64 {
-                match self { $( $(#[$meta])* Self::$V(s) => s.value(), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::value(s), )+ }
             }
 
             #[inline]
             fn set(&self, value: u64) {
-                match self { $( $(#[$meta])* Self::$V(s) => s.set(value), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::set(s, value), )+ }
             }
 
             #[inline]
             fn is_reached(&self, target: u64) -> bool {
-                match self { $( $(#[$meta])* Self::$V(s) => s.is_reached(target), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::is_reached(s, target), )+ }
             }
 
             #[inline]
             fn wait(&self, target: u64, timeout: impl Into<$crate::Timeout>) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(s) => s.wait(target, timeout), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::wait(s, target, timeout), )+ }
             }
 
             fn fail(&self, upto: u64, cause: $crate::Error) {
-                match self { $( $(#[$meta])* Self::$V(s) => s.fail(upto, cause), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::fail(s, upto, cause), )+ }
             }
 
             #[inline]
             fn producer(&self) -> &$crate::Producer {
-                match self { $( $(#[$meta])* Self::$V(s) => s.producer(), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::producer(s), )+ }
             }
 
             fn watch(&self, waker: &$crate::SignalWaker) -> bool {
-                match self { $( $(#[$meta])* Self::$V(s) => s.watch(waker), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::watch(s, waker), )+ }
             }
 
             fn unwatch(&self, waker: &$crate::SignalWaker) {
-                match self { $( $(#[$meta])* Self::$V(s) => s.unwatch(waker), )+ }
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::unwatch(s, waker), )+ }
             }
         }
     };
@@ -570,24 +570,24 @@ macro_rules! backend_set {
 
             #[inline]
             fn size(&self) -> usize {
-                match self { $( $(#[$meta])* Self::$V(b) => b.size(), )+ }
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::size(b), )+ }
             }
 
             #[inline]
             fn same_as(&self, other: &Self) -> bool {
                 match (self, other) {
-                    $( $(#[$meta])* (Self::$V(a), Self::$V(b)) => a.same_as(b), )+
+                    $( $(#[$meta])* (Self::$V(a), Self::$V(b)) => $crate::Buffer::same_as(a, b), )+
                     #[allow(unreachable_patterns)]
                     _ => false,
                 }
             }
 
             fn write_at<T: $crate::Pod>(&self, offset: usize, data: &[T]) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(b) => b.write_at(offset, data), )+ }
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::write_at(b, offset, data), )+ }
             }
 
             fn read_at<T: $crate::Pod>(&self, offset: usize, data: &mut [T]) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(b) => b.read_at(offset, data), )+ }
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::read_at(b, offset, data), )+ }
             }
 
             #[inline]
@@ -614,17 +614,17 @@ macro_rules! backend_set {
             type Signal = $Signal;
 
             fn compute_queue(&self) -> $crate::Result<$Queue> {
-                match self { $( $(#[$meta])* Self::$V(d) => d.compute_queue().map($Queue::$V), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::QueueFactory::compute_queue(d).map($Queue::$V), )+ }
             }
 
             fn copy_queue(&self) -> $crate::Result<::std::option::Option<$Queue>> {
                 match self {
-                    $( $(#[$meta])* Self::$V(d) => d.copy_queue().map(|q| q.map($Queue::$V)), )+
+                    $( $(#[$meta])* Self::$V(d) => $crate::QueueFactory::copy_queue(d).map(|q| q.map($Queue::$V)), )+
                 }
             }
 
             fn new_signal(&self, initial: u64) -> $crate::Result<$Signal> {
-                match self { $( $(#[$meta])* Self::$V(d) => d.new_signal(initial).map($Signal::$V), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::QueueFactory::new_signal(d, initial).map($Signal::$V), )+ }
             }
         }
 
@@ -632,19 +632,19 @@ macro_rules! backend_set {
             type Backend = $Set;
 
             fn spec(&self) -> $crate::DeviceSpec {
-                match self { $( $(#[$meta])* Self::$V(d) => d.spec(), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::spec(d), )+ }
             }
 
             fn name(&self) -> ::std::string::String {
-                match self { $( $(#[$meta])* Self::$V(d) => d.name(), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::name(d), )+ }
             }
 
             fn limits(&self) -> $crate::Limits {
-                match self { $( $(#[$meta])* Self::$V(d) => d.limits(), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::limits(d), )+ }
             }
 
             fn alloc(&self, size: usize) -> $crate::Result<$Buffer> {
-                match self { $( $(#[$meta])* Self::$V(d) => d.alloc(size).map($Buffer::$V), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::alloc(d, size).map($Buffer::$V), )+ }
             }
 
             fn alloc_uninit(&self, size: usize) -> $crate::Result<$Buffer> {
@@ -676,7 +676,7 @@ macro_rules! backend_set {
             }
 
             fn health(&self) -> $crate::Result<()> {
-                match self { $( $(#[$meta])* Self::$V(d) => d.health(), )+ }
+                match self { $( $(#[$meta])* Self::$V(d) => $crate::Device::health(d), )+ }
             }
         }
     };
