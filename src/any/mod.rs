@@ -37,6 +37,7 @@
 //! 16 buffers).
 
 mod macros;
+mod queue_impl;
 
 use crate::backend::{Backend, DeviceInfo};
 use crate::error::{Error, Result};

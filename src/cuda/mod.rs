@@ -47,6 +47,7 @@ mod profiler;
 mod program;
 mod queue;
 mod signal;
+mod stream;
 mod transfer;
 
 pub use buffer::CudaBuffer;

@@ -27,14 +27,17 @@
 //! writes none of the above.
 
 mod batch;
+mod checks;
+mod engine;
 mod ledger;
 mod recording;
 
 use std::fmt;
 
 pub use batch::{Batch, Command, ForeignWait};
+pub use engine::Engine;
 pub use ledger::{Admission, Ledger, QueueId};
-pub use recording::{Engine, Queue};
+pub use recording::Queue;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::buffer::Pod;

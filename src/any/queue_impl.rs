@@ -1,0 +1,297 @@
+//! The `HardwareQueue` impl of a [`backend_set!`](crate::backend_set)'s
+//! queue enum, the largest part of the expansion, as a macro of its own:
+//! native commands go to the variant on a `match`, a cross-backend wait goes
+//! through `wait_foreign`, and anything else of another backend rejects the
+//! batch. Called only by `backend_set!`.
+
+/// `backend_set!`'s queue impl (not part of the API).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __backend_set_queue {
+    ($Set:ident, $Queue:ident, $Signal:ident, $Buffer:ident, $Program:ident; $( $(#[$meta:meta])* $V:ident($as_v:ident): $B:ty ),+) => {
+        impl $crate::HardwareQueue for $Queue {
+            type Backend = $Set;
+
+            #[inline]
+            fn kind(&self) -> $crate::QueueKind {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::kind(q), )+ }
+            }
+
+            #[inline]
+            fn wait(&mut self, signal: &$Signal, value: u64) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        #[allow(irrefutable_let_patterns)]
+                        if let $Signal::$V(s) = signal {
+                            q.wait(s, value);
+                        } else {
+                            q.wait_foreign(signal, value);
+                        }
+                    } )+
+                }
+                self
+            }
+
+            #[inline]
+            fn signal(&mut self, signal: &$Signal, value: u64) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        #[allow(irrefutable_let_patterns)]
+                        if let $Signal::$V(s) = signal {
+                            q.signal(s, value);
+                        } else {
+                            q.reject($crate::any::mismatch(
+                                <$B as $crate::Backend>::ID,
+                                signal.backend_id(),
+                                ::std::format!("the signal of `signal(_, {value})`; signal one of the queue's own backend and let the other queue wait on it"),
+                            ));
+                        }
+                    } )+
+                }
+                self
+            }
+
+            #[inline]
+            fn exec(
+                &mut self,
+                program: &$Program,
+                buffers: &[&$Buffer],
+                scalars: &[$crate::Scalar],
+                params: $crate::ExecParams,
+            ) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match program.$as_v() {
+                            None => {
+                                q.reject($crate::any::mismatch(
+                                    <$B as $crate::Backend>::ID,
+                                    program.backend_id(),
+                                    ::std::format!("the program `{}` of exec", $crate::Program::name(program)),
+                                ));
+                            }
+                            Some(p) => {
+                                let outcome = $crate::any::with_gathered(
+                                    buffers.len(),
+                                    |index| buffers[index].$as_v(),
+                                    |inner| { q.exec(p, inner, scalars, params); },
+                                );
+                                if let Err(index) = outcome {
+                                    q.reject($crate::any::mismatch(
+                                        <$B as $crate::Backend>::ID,
+                                        buffers[index].backend_id(),
+                                        ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
+                                    ));
+                                }
+                            }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn exec_views(
+                &mut self,
+                program: &$Program,
+                buffers: &[&$crate::View<$Set>],
+                scalars: &[$crate::Scalar],
+                params: $crate::ExecParams,
+            ) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        let outcome = match program.$as_v() {
+                            None => Err($crate::any::mismatch(
+                                <$B as $crate::Backend>::ID,
+                                program.backend_id(),
+                                ::std::format!("the program `{}` of exec", $crate::Program::name(program)),
+                            )),
+                            Some(p) => $crate::any::with_views::<$B, _>(
+                                buffers.len(),
+                                |index| {
+                                    let view = buffers[index];
+                                    $crate::any::inner_view::<$B>(
+                                        view.buffer().$as_v(),
+                                        (view.offset(), view.len()),
+                                        view.buffer().backend_id(),
+                                        || ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
+                                    )
+                                },
+                                |refs| { q.exec_views(p, refs, scalars, params); },
+                            ),
+                        };
+                        if let Err(error) = outcome {
+                            q.reject(error);
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn copy<D: $crate::AsView<$Set>, S: $crate::AsView<$Set>>(&mut self, dst: &D, src: &S) -> &mut Self {
+                let (dst, src) = (dst.view_parts(), src.view_parts());
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        let views = $crate::any::inner_view::<$B>(
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the copy destination".into(),
+                        )
+                        .and_then(|d| Ok((d, $crate::any::inner_view::<$B>(
+                            src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the copy source".into(),
+                        )?)));
+                        match views {
+                            Ok((d, s)) => { q.copy(&d, &s); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn fill<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
+                let dst = dst.view_parts();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the fill destination".into(),
+                        ) {
+                            Ok(d) => { q.fill(&d, pattern); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn upload<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self {
+                let dst = dst.view_parts();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
+                        ) {
+                            Ok(d) => { q.upload(&d, data); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn upload_vec<D, T, O>(&mut self, dst: &D, data: O) -> &mut Self
+            where
+                D: $crate::AsView<$Set>,
+                T: $crate::Pod,
+                O: ::std::convert::AsRef<[T]> + Send + Sync + 'static,
+            {
+                let dst = dst.view_parts();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
+                        ) {
+                            Ok(d) => { q.upload_vec(&d, data); }
+                            Err(error) => { q.reject(error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            fn download<S: $crate::AsView<$Set>, T: $crate::Pod + Send>(
+                &mut self,
+                src: &S,
+                into: &$crate::Download<T>,
+            ) -> &mut Self {
+                let src = src.view_parts();
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match $crate::any::inner_view::<$B>(
+                            src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the download source".into(),
+                        ) {
+                            Ok(s) => { q.download(&s, into); }
+                            Err(error) => {
+                                // The download fails with the reason, so
+                                // whoever waits on it learns why.
+                                $crate::any::fail_download(into, &error);
+                                q.reject(error);
+                            }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            #[inline]
+            fn memory_barrier(&mut self) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { q.memory_barrier(); } )+ }
+                self
+            }
+
+            fn alloca(&mut self, size: usize) -> $crate::Result<$Buffer> {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::alloca(q, size).map($Buffer::$V), )+
+                }
+            }
+
+            fn dealloca(&mut self, buffer: &$Buffer) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        match buffer.$as_v() {
+                            Some(b) => { $crate::HardwareQueue::dealloca(q, b); }
+                            None => {
+                                $crate::HardwareQueue::reject(q, $crate::any::mismatch(
+                                    <$B as $crate::Backend>::ID,
+                                    buffer.backend_id(),
+                                    "the buffer of `dealloca`".into(),
+                                ));
+                            }
+                        }
+                    } )+
+                }
+                self
+            }
+
+            #[inline]
+            fn wait_foreign<S: $crate::TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { q.wait_foreign(signal, value); } )+ }
+                self
+            }
+
+            #[inline]
+            fn reject(&mut self, error: $crate::Error) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { q.reject(error); } )+ }
+                self
+            }
+
+            #[inline]
+            fn recorded(&self) -> usize {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::recorded(q), )+ }
+            }
+
+            #[inline]
+            fn discard(&mut self) {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::discard(q), )+ }
+            }
+
+            #[inline]
+            fn submit(&mut self) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::submit(q), )+ }
+            }
+
+            #[inline]
+            fn synchronize(&mut self) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::synchronize(q), )+ }
+            }
+
+            fn set_profiling(&mut self, on: bool) {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::set_profiling(q, on), )+ }
+            }
+
+            fn profiling(&self) -> bool {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::profiling(q), )+ }
+            }
+
+            fn take_profile(&mut self) -> ::std::vec::Vec<$crate::ProfileEvent> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::take_profile(q), )+ }
+            }
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! The stream side of a CUDA queue: what the owner and the worker thread
+//! share, how a batch is put on the stream command by command, the batches
+//! in flight until the stream passed them, and the worker that takes over
+//! behind a wait the stream cannot express. [`CudaEngine`](super::CudaEngine)
+//! is the queue core's side.
+
+use std::collections::VecDeque;
+use std::mem;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use cudarc::driver::{CudaEvent, CudaStream, PushKernelArg, result};
+
+use crate::error::{Error, Result, panic_message};
+use crate::params::ExecParams;
+use crate::profile::now_ns;
+use crate::program::{Program, Scalar};
+use crate::queue::{Admission, Batch, Command, Ledger};
+use crate::ring::Dependency;
+use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+
+use super::device::PARAMETER_BYTES;
+use super::launch;
+use super::profiler::Profiler;
+use super::signal::EVENT_FLAGS;
+use super::transfer::{self, Pinned};
+use super::{Cuda, CudaDevice, CudaProgram, context_error};
+use crate::view::View;
+
+/// The device address of a view's first byte.
+fn pointer(view: &View<Cuda>) -> u64 {
+    view.buffer().device_pointer() + view.offset() as u64
+}
+
+/// How far a batch got on the stream.
+pub(super) enum Outcome {
+    /// Every command is on the stream.
+    Done,
+    /// Commands before this index are on the stream; this one waits for
+    /// something the host must see first.
+    Blocked(usize),
+    /// Commands before this index are on the stream; this one failed.
+    Failed(usize, Error),
+}
+
+/// What the owner and the worker share.
+pub(super) struct Shared {
+    pub(super) stream: std::sync::Arc<CudaStream>,
+    /// For its staging cache and allocation fence.
+    pub(super) device: CudaDevice,
+    /// The allocation fence's generation this stream last waited for.
+    pub(super) fence_seen: AtomicU64,
+    pub(super) ledger: Ledger,
+    pub(super) state: Mutex<State>,
+    /// The worker parks here for batches.
+    pub(super) work: Condvar,
+    /// `synchronize` parks here for the worker to catch up.
+    pub(super) idle: Condvar,
+    /// Lock order: `state`, then `in_flight`; never the reverse.
+    pub(super) in_flight: Mutex<InFlight>,
+    /// The timing state while profiling is on (`crate::profile`). Taken
+    /// alone, never while holding `state` or `in_flight`.
+    pub(super) profiler: Mutex<Option<Profiler>>,
+    pub(super) profiling: AtomicBool,
+    /// The staging of the batch being enqueued (one at a time, in queue
+    /// order), moved into `in_flight` with it by `finish`. Taken alone.
+    pub(super) staging: Mutex<Vec<Pinned>>,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    /// Batches for the worker, and the command each resumes at.
+    pub(super) pending: VecDeque<(Batch<Cuda>, usize)>,
+    /// The worker has batches, so later ones must go through it too (to
+    /// stay in order). Set by the owner when it hands one over, cleared by
+    /// the worker once `pending` is empty.
+    pub(super) worker_busy: bool,
+    /// The owner dropped the queue: the worker exits once `pending` is empty.
+    pub(super) closed: bool,
+    pub(super) sync_waiters: usize,
+}
+
+/// Enqueued batches, kept (with their buffers and programs) until the
+/// stream passed the event recorded after them.
+#[derive(Default)]
+pub(super) struct InFlight {
+    /// Each with the page-locked staging of its transfers.
+    pub(super) batches: VecDeque<(CudaEvent, Batch<Cuda>, Vec<Pinned>)>,
+    pub(super) spare_events: Vec<CudaEvent>,
+    pub(super) spare_batches: Vec<Batch<Cuda>>,
+}
+
+/// How many finished batches and completion events to keep for reuse.
+pub(super) const SPARE_BATCHES: usize = 4;
+pub(super) const SPARE_EVENTS: usize = 16;
+
+impl Shared {
+    /// Takes `batch` from command `from` on, on the thread that reached it
+    /// in queue order (the owner's, or the worker's after a deferred wait):
+    /// fails its signals if the ledger says it must not run, else enqueues
+    /// what the stream can take now; what follows a wait the stream cannot
+    /// express goes to the worker.
+    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize) {
+        let Some(batch) = self.admit(batch, from) else {
+            return;
+        };
+        match self.enqueue_caught(&batch, from) {
+            Outcome::Done => self.finish(batch),
+            Outcome::Blocked(at) => {
+                let mut state = self.state.lock();
+                state.worker_busy = true;
+                state.pending.push_back((batch, at));
+                self.work.notify_one();
+            }
+            // Reported by the next `submit` or `synchronize`, as for work
+            // that fails on the GPU.
+            Outcome::Failed(at, error) => {
+                self.ledger.fail(&batch, at, error);
+                self.finish(batch);
+            }
+        }
+    }
+
+    /// `batch`, if the ledger says it runs; else its signals from `from` on
+    /// fail, and it is kept for reuse.
+    fn admit(&self, batch: Batch<Cuda>, from: usize) -> Option<Batch<Cuda>> {
+        match self.ledger.admit(&batch) {
+            Admission::Run => Some(batch),
+            Admission::Skip(cause) => {
+                batch.fail_signals(from, &cause);
+                self.recycle(batch, None);
+                None
+            }
+        }
+    }
+
+    /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
+    /// failure of the batch at `from`, so no thread unwinds with a batch
+    /// half-enqueued and its signals unset.
+    fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from))).unwrap_or_else(|payload| {
+            Outcome::Failed(
+                from,
+                Error::EnginePanicked {
+                    message: panic_message(payload),
+                },
+            )
+        })
+    }
+
+    /// Puts the commands of `batch` from `from` on the stream, without ever
+    /// blocking on the host.
+    fn enqueue(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+        // Once, for every raw driver call below (copies, fills, transfers):
+        // this thread (the owner's, or the worker's) may not have the
+        // stream's context current.
+        if let Err(e) = self.stream.context().bind_to_thread() {
+            return Outcome::Failed(from, self.fault("making the queue's context current", e));
+        }
+        // Memory the pool zeroed since this stream's last batch: its fill
+        // comes first.
+        if let Err(e) = self.device.fence().order(&self.stream, &self.fence_seen) {
+            return Outcome::Failed(from, self.fault("waiting for the allocation fence", e));
+        }
+        let profiling = self.profiling.load(Ordering::Relaxed);
+        for (index, command) in batch.commands().iter().enumerate().skip(from) {
+            let start = if profiling {
+                Profiler::mark(&self.stream)
+            } else {
+                None
+            };
+            let result = match command {
+                Command::Wait { signal, value } => match signal.dependency(*value) {
+                    Ok(None) => return Outcome::Blocked(index),
+                    Ok(Some(Dependency::Reached)) => Ok(()),
+                    Ok(Some(Dependency::Event(event))) => self
+                        .stream
+                        .wait(event.event())
+                        .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
+                    Err(error) => Err(error),
+                },
+                Command::WaitForeign { signal, value } => {
+                    if !signal.is_reached(*value) {
+                        return Outcome::Blocked(index);
+                    }
+                    Ok(())
+                }
+                Command::Signal { signal, value } => signal.record(*value, &self.stream),
+                Command::Exec {
+                    program,
+                    buffers,
+                    scalars,
+                    params,
+                } => self.launch(
+                    program,
+                    &batch.buffers()[buffers.clone()],
+                    &batch.scalars()[scalars.clone()],
+                    params,
+                ),
+                Command::Copy { dst, src } => dst
+                    .buffer()
+                    .check_live("the copy's destination")
+                    .and_then(|()| src.buffer().check_live("the copy's source"))
+                    .and_then(|()| self.copy(dst, src)),
+                Command::Fill {
+                    dst,
+                    pattern,
+                    width,
+                } => dst
+                    .buffer()
+                    .check_live("the fill's destination")
+                    .and_then(|()| {
+                        // SAFETY: the view lies in its buffer, of this stream's
+                        // device, aligned to `width` (checked at record time),
+                        // kept alive until the stream passed the batch.
+                        unsafe {
+                            transfer::fill(
+                                &self.stream,
+                                pointer(dst),
+                                *pattern,
+                                *width,
+                                dst.len() / usize::from(*width),
+                            )
+                        }
+                        .map_err(|e| self.fault("a fill", e))
+                    }),
+                Command::Upload { dst, data } => {
+                    if let Err(error) = dst.buffer().check_live("the upload's destination") {
+                        return Outcome::Failed(index, error);
+                    }
+                    let mut staging = self.staging.lock();
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, of the data's length (checked at record
+                    // time), kept alive until the stream passed the batch;
+                    // so is the batch's memory the data is in.
+                    unsafe {
+                        transfer::upload(
+                            &self.stream,
+                            pointer(dst),
+                            batch.host_bytes(data),
+                            self.device.staging(),
+                            &mut staging,
+                        )
+                    }
+                    .map_err(|e| self.fault("an upload", e))
+                }
+                Command::Download { src, sink } => {
+                    if let Err(error) = src.buffer().check_live("the download's source") {
+                        return Outcome::Failed(index, error);
+                    }
+                    let mut staging = self.staging.lock();
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, of the download's length (checked at record
+                    // time), kept alive until the stream passed the batch.
+                    unsafe {
+                        transfer::download(
+                            &self.stream,
+                            pointer(src),
+                            sink,
+                            self.device.staging(),
+                            &mut staging,
+                        )
+                    }
+                    .map_err(|e| self.fault("a download", e))
+                }
+                Command::Barrier => Ok(()),
+                // Allocated on this stream when it was recorded.
+                Command::Alloca { .. } => Ok(()),
+                // Freed on this stream after everything enqueued before.
+                Command::Dealloca { buffer } => buffer.release_on(&self.stream),
+            };
+            if let Err(error) = result {
+                return Outcome::Failed(index, error);
+            }
+            if let Some(start) = start
+                && let Some(end) = Profiler::mark(&self.stream)
+                && let Some(profiler) = self.profiler.lock().as_mut()
+            {
+                profiler.push(command, batch.sequence(), index, start, end);
+            }
+        }
+        Outcome::Done
+    }
+
+    /// Launches `program`: grid = global / local, block = local; parameters
+    /// are the buffers' device pointers, then the scalars.
+    fn launch(
+        &self,
+        program: &CudaProgram,
+        buffers: &[View<Cuda>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        for (index, view) in buffers.iter().enumerate() {
+            view.buffer()
+                .check_live(&format!("buffer {index} of `{}`", program.name()))?;
+        }
+        // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
+        // start the cell, which is what the driver reads for a 4-byte one.
+        // On the stack: `check_exec` bounded the count by CUDA's parameter
+        // space when the exec was recorded, so the argument list takes no
+        // allocation of hwqueue's (cudarc's launch builder keeps a small
+        // `Vec` of argument pointers).
+        let mut cells = [0u64; PARAMETER_BYTES / 8];
+        let count = buffers.len() + scalars.len();
+        let values = buffers.iter().map(pointer).chain(
+            scalars
+                .iter()
+                .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
+        );
+        for (cell, value) in cells.iter_mut().zip(values) {
+            *cell = value;
+        }
+        let parameters = cells.get(..count).ok_or_else(|| Error::InvalidArguments {
+            program: program.name().to_owned(),
+            reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
+        })?;
+        program.opt_in_shared(params.shared_memory())?;
+        let mut launch = self.stream.launch_builder(program.function());
+        for parameter in parameters {
+            launch.arg(parameter);
+        }
+        let config = launch::launch_config(params);
+        // SAFETY: the parameters are exactly the kernel ABI of `CudaProgram`
+        // (one device pointer per buffer, then the scalars), in counts
+        // checked against the program at record time; each points at a live
+        // 8-byte cell the driver copies before `launch` returns. Every buffer
+        // belongs to this stream's device and is kept alive until the stream
+        // passed this launch (`InFlight`). What the kernel does with them is
+        // the kernel's contract, as with any GPU kernel.
+        unsafe { launch.launch(config) }.map(drop).map_err(|e| {
+            if launch::is_sticky(e.0) {
+                self.fault("launching a kernel", e)
+            } else {
+                Error::KernelFailed {
+                    program: program.name().to_owned(),
+                    message: format!("the launch failed: {e}"),
+                }
+            }
+        })
+    }
+
+    /// A driver error of this queue's stream, as an [`Error`]: a sticky
+    /// one marks the device lost (see `device_error`).
+    pub(super) fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> Error {
+        context_error(self.stream.context(), what, error)
+    }
+
+    /// Copies all of `src` into `dst` on the stream.
+    fn copy(&self, dst: &View<Cuda>, src: &View<Cuda>) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        // The context is current (`enqueue`). The result layer, because cudarc's safe copy wants the destination
+        // `&mut` (a lock per buffer, and lock ordering between two) for an
+        // exclusivity our queues do not need: signals order buffer use.
+        // SAFETY: both views lie in allocations on this stream's device
+        // (checked at record time) and are of equal length, kept alive
+        // until the stream passed this copy; two views of one buffer do not
+        // overlap (checked at record time).
+        unsafe {
+            result::memcpy_dtod_async(
+                pointer(dst),
+                pointer(src),
+                src.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| self.fault("a device-to-device copy", e))
+    }
+
+    /// Keeps `batch` until the stream passed what was enqueued of it.
+    fn finish(&self, batch: Batch<Cuda>) {
+        let staging = mem::take(&mut *self.staging.lock());
+        let mut in_flight = self.in_flight.lock();
+        let event = match in_flight.spare_events.pop() {
+            Some(event) => Ok(event),
+            None => self.stream.context().new_event(Some(EVENT_FLAGS)),
+        };
+        match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
+            Ok(event) => in_flight.batches.push_back((event, batch, staging)),
+            Err(_) => {
+                // No event to tell when the stream is done with the batch:
+                // wait for it here (the stream only holds work that
+                // completes on its own). An error is the stream's, and is
+                // reported by `synchronize`.
+                drop(in_flight);
+                let _ = self.stream.synchronize();
+                drop(staging);
+                self.recycle(batch, None);
+            }
+        }
+    }
+
+    /// Drops the buffers and programs of batches the stream has passed.
+    pub(super) fn retire(&self) {
+        let mut in_flight = self.in_flight.lock();
+        loop {
+            // A query error means the context faulted: the stream will not
+            // use the batch again either.
+            let passed = in_flight
+                .batches
+                .front()
+                .is_some_and(|(event, ..)| !matches!(event.try_is_complete(), Ok(false)));
+            if !passed {
+                break;
+            }
+            if let Some((event, batch, staging)) = in_flight.batches.pop_front() {
+                drop(staging);
+                in_flight.keep(batch, Some(event));
+            }
+        }
+    }
+
+    fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
+        self.in_flight.lock().keep(batch, event);
+    }
+
+    /// After the owner dropped the queue and the worker drained it: wait for
+    /// the stream, then release everything.
+    pub(super) fn shut_down(&self) {
+        let _ = self.stream.synchronize();
+        let mut in_flight = self.in_flight.lock();
+        let batches = mem::take(&mut in_flight.batches);
+        in_flight.spare_events.clear();
+        in_flight.spare_batches.clear();
+        drop(in_flight);
+        drop(batches);
+    }
+}
+
+impl InFlight {
+    /// Clears a finished batch and keeps it, and its event, for reuse.
+    fn keep(&mut self, mut batch: Batch<Cuda>, event: Option<CudaEvent>) {
+        batch.clear();
+        if self.spare_batches.len() < SPARE_BATCHES {
+            self.spare_batches.push(batch);
+        }
+        if let Some(event) = event
+            && self.spare_events.len() < SPARE_EVENTS
+        {
+            self.spare_events.push(event);
+        }
+    }
+}
+
+/// The worker: enqueues handed-over batches in order, blocking on the host
+/// for the waits that stopped them, until the queue is dropped and drained.
+pub(super) fn run_worker(shared: &Shared) {
+    loop {
+        let (batch, mut from) = {
+            let mut state = shared.state.lock();
+            loop {
+                if let Some(next) = state.pending.pop_front() {
+                    break next;
+                }
+                state.worker_busy = false;
+                if state.sync_waiters > 0 {
+                    shared.idle.notify_all();
+                }
+                if state.closed {
+                    drop(state);
+                    shared.shut_down();
+                    shared.ledger.retire();
+                    return;
+                }
+                state = shared.work.wait(state);
+            }
+        };
+        // A batch handed over part-enqueued (`from > 0`) was admitted when
+        // its first command went on the stream: it must finish, so the
+        // buffers it already uses stay alive until the stream passes it.
+        let batch = if from == 0 {
+            match shared.admit(batch, 0) {
+                Some(batch) => batch,
+                None => continue,
+            }
+        } else {
+            batch
+        };
+        let outcome = loop {
+            match shared.enqueue_caught(&batch, from) {
+                Outcome::Blocked(at) => {
+                    let command = &batch.commands()[at];
+                    let start = now_ns();
+                    let blocked = block_on(command);
+                    if shared.profiling.load(Ordering::Relaxed)
+                        && let Some(profiler) = shared.profiler.lock().as_mut()
+                    {
+                        profiler.push_host(command, batch.sequence(), at, start);
+                    }
+                    match blocked {
+                        // The value is recorded, reached, or the foreign
+                        // signal is reached: the command now enqueues.
+                        Ok(()) => from = at,
+                        Err(error) => break Outcome::Failed(at, error),
+                    }
+                }
+                other => break other,
+            }
+        };
+        if let Outcome::Failed(at, error) = outcome {
+            shared.ledger.fail(&batch, at, error);
+        }
+        shared.finish(batch);
+        shared.retire();
+    }
+}
+
+/// Blocks on the host until the wait `command` can be enqueued.
+fn block_on(command: &Command<Cuda>) -> Result<()> {
+    match command {
+        Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
+        Command::WaitForeign { signal, value } => signal.wait_forever(*value),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,132 @@
+//! [`Engine`]: what a backend supplies to run the batches a
+//! [`Queue`](super::Queue) records; everything else of a queue is the core's.
+
+use crate::backend::{Backend, BufferOf, ProgramOf};
+use crate::error::{Error, Result};
+use crate::params::{ExecParams, Limits};
+use crate::profile::ProfileEvent;
+use crate::program::Scalar;
+use crate::view::View;
+
+use super::batch::Batch;
+use super::ledger::Ledger;
+use super::{Queue, QueueKind};
+
+/// How a backend runs the batches a [`Queue`] records.
+///
+/// An engine receives batches in submission order through
+/// [`submit`](Self::submit) and must run them in that order, each command
+/// after the one before it. For each batch it reaches it asks the
+/// [`Ledger`] what to do ([`Ledger::settle`] does it all for an engine
+/// that runs a batch in one go): run it, or only fail its signals (an
+/// abandoned batch, or one submitted before the owner was told of an
+/// earlier failure). A command that fails ends its batch: the engine
+/// reports it with [`Ledger::fail`], which fails the signals the rest of
+/// the batch would have set. Nothing an engine does may hang a waiter or
+/// be dropped silently.
+///
+/// Dropping the engine (after the queue abandoned its recorded batch) must
+/// let the work already submitted finish, and keep the [`Ledger`] alive
+/// until it has.
+pub trait Engine: Send + Sized + 'static {
+    /// The backend whose queue this engine runs.
+    type Backend: Backend<Queue = Queue<Self>>;
+
+    /// The queue's kind.
+    fn kind(&self) -> QueueKind;
+
+    /// What one `exec` may ask for.
+    fn limits(&self) -> &Limits;
+
+    /// The ledger this engine shares with its queue.
+    fn ledger(&self) -> &Ledger;
+
+    /// Checks, when an `exec` is recorded, what the core cannot: that the
+    /// program and buffers belong to this queue's device, the backend's
+    /// own argument limits, and what the kernel itself allows of `params`
+    /// (CUDA: its block size and shared memory). The core already checked
+    /// the queue's kind, the work sizes against [`limits`](Self::limits)
+    /// and the argument counts, and each view's alignment.
+    ///
+    /// # Errors
+    /// Why the `exec` cannot run; it rejects the batch.
+    fn check_exec(
+        &self,
+        program: &ProgramOf<Self::Backend>,
+        buffers: &[View<Self::Backend>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        let _ = (program, buffers, scalars, params);
+        Ok(())
+    }
+
+    /// Checks, when a command other than `exec` is recorded, that `buffer`
+    /// (named `what` in errors: "the copy source") belongs to this queue's
+    /// device. (Ranges, lengths and overlaps the core checked.)
+    ///
+    /// # Errors
+    /// Why the command cannot run; it rejects the batch.
+    fn check_buffer(&self, what: &'static str, buffer: &BufferOf<Self::Backend>) -> Result<()> {
+        let _ = (what, buffer);
+        Ok(())
+    }
+
+    /// Allocates `size` bytes from this queue's device's pool for an
+    /// [`alloca`](super::HardwareQueue::alloca) being recorded: a buffer whose
+    /// [`Buffer::queue_ordered`](crate::Buffer::queue_ordered) is `Some`, and whose memory is valid by the
+    /// time the engine reaches the [`Command::Alloca`](super::Command::Alloca) the core records
+    /// next. (A stream-ordered allocator allocates on the queue's stream
+    /// here; one whose memory is valid at once just takes a range.)
+    ///
+    /// The default: a backend without queue-ordered allocation refuses.
+    ///
+    /// # Errors
+    /// Out of memory, with the pool's figures; the default's
+    /// [`Error::NoQueueOrderedMemory`].
+    fn alloca(&mut self, size: usize) -> Result<BufferOf<Self::Backend>> {
+        let _ = size;
+        Err(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "alloca",
+        })
+    }
+
+    /// Checks, when a [`dealloca`](super::HardwareQueue::dealloca) is recorded,
+    /// that `buffer` (made by `alloca`: the core checked) belongs to this
+    /// queue's device's pool.
+    ///
+    /// The default: a backend without queue-ordered allocation refuses.
+    ///
+    /// # Errors
+    /// Why the `dealloca` cannot run; it rejects the batch.
+    fn check_dealloca(&self, buffer: &BufferOf<Self::Backend>) -> Result<()> {
+        let _ = buffer;
+        Err(Error::NoQueueOrderedMemory {
+            backend: <Self::Backend as Backend>::ID,
+            command: "dealloca",
+        })
+    }
+
+    /// Takes `batch` (to run, or, when [`Batch::abandoned`], only to fail
+    /// its signals once every batch submitted before it finished), and
+    /// returns an empty batch to record the next one into: a finished one
+    /// for reuse, or `Batch::default()`.
+    fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
+
+    /// Blocks until every batch submitted has finished: run, failed, or
+    /// abandoned. Failures found here go to the ledger.
+    fn synchronize(&mut self);
+
+    /// Turns the timing of each command on or off (see
+    /// [`profile`](crate::profile)). The default keeps nothing: an engine
+    /// that does not profile reports no command events.
+    fn set_profiling(&mut self, on: bool) {
+        let _ = on;
+    }
+
+    /// Moves the events of commands that completed into `out`.
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        let _ = out;
+    }
+}
