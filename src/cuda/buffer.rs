@@ -143,10 +143,10 @@ impl CudaBuffer {
     /// `Err` once a `dealloca` of this buffer ran: for queues, before they
     /// enqueue work that reaches it.
     #[inline]
-    pub(crate) fn check_live(&self, what: &str) -> Result<()> {
+    pub(crate) fn check_live(&self, what: impl FnOnce() -> String) -> Result<()> {
         if self.inner.released.load(Ordering::Acquire) {
             return Err(Error::UseAfterDealloca {
-                what: format!("{what} (a buffer of {} bytes)", self.inner.size),
+                what: format!("{} (a buffer of {} bytes)", what(), self.inner.size),
             });
         }
         Ok(())

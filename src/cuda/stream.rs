@@ -198,8 +198,8 @@ impl Shared {
                 ),
                 Command::Copy { dst, src } => dst
                     .buffer()
-                    .check_live("the copy's destination")
-                    .and_then(|()| src.buffer().check_live("the copy's source"))
+                    .check_live(|| "the copy's destination".into())
+                    .and_then(|()| src.buffer().check_live(|| "the copy's source".into()))
                     .and_then(|()| self.copy(dst, src)),
                 Command::Fill {
                     dst,
@@ -207,7 +207,7 @@ impl Shared {
                     width,
                 } => dst
                     .buffer()
-                    .check_live("the fill's destination")
+                    .check_live(|| "the fill's destination".into())
                     .and_then(|()| {
                         // SAFETY: the view lies in its buffer, of this stream's
                         // device, aligned to `width` (checked at record time),
@@ -224,7 +224,10 @@ impl Shared {
                         .map_err(|e| self.fault("a fill", e))
                     }),
                 Command::Upload { dst, data } => {
-                    if let Err(error) = dst.buffer().check_live("the upload's destination") {
+                    if let Err(error) = dst
+                        .buffer()
+                        .check_live(|| "the upload's destination".into())
+                    {
                         return Outcome::Failed(index, error);
                     }
                     let mut staging = self.staging.lock();
@@ -244,7 +247,7 @@ impl Shared {
                     .map_err(|e| self.fault("an upload", e))
                 }
                 Command::Download { src, sink } => {
-                    if let Err(error) = src.buffer().check_live("the download's source") {
+                    if let Err(error) = src.buffer().check_live(|| "the download's source".into()) {
                         return Outcome::Failed(index, error);
                     }
                     let mut staging = self.staging.lock();
@@ -292,7 +295,7 @@ impl Shared {
     ) -> Result<()> {
         for (index, view) in buffers.iter().enumerate() {
             view.buffer()
-                .check_live(&format!("buffer {index} of `{}`", program.name()))?;
+                .check_live(|| format!("buffer {index} of `{}`", program.name()))?;
         }
         // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
         // start the cell, which is what the driver reads for a 4-byte one.
