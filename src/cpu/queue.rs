@@ -532,7 +532,7 @@ impl<'a> HeldBuffers<'a> {
         if let Some(released) = self
             .guards
             .iter()
-            .position(|guard| guard.check(String::new).is_err())
+            .position(|guard| matches!(**guard, Backing::Released))
         {
             let index = order[released];
             self.release();

@@ -335,33 +335,34 @@ impl StreamAllocation {
 
     /// Frees the memory on `stream`, in stream order after everything
     /// enqueued there so far (a `dealloca`).
-    pub(crate) fn free_on(self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: moving the fields out of a value that is never dropped.
-        let (pointer, own_stream, ready) = unsafe {
-            (
-                this.pointer,
-                std::ptr::read(&this.stream),
-                std::ptr::read(&this.ready),
-            )
-        };
-        drop((own_stream, ready));
-        stream.context().bind_to_thread()?;
-        // SAFETY: the memory was allocated from a pool of this context and is
-        // freed once (this value is consumed); the `dealloca` contract puts
-        // the free after every use the caller ordered before it.
-        unsafe { result::free_async(pointer, stream.cu_stream()) }
+    pub(crate) fn free_on(mut self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        // 0 is no allocation's address: `drop` then has nothing to free.
+        let pointer = std::mem::take(&mut self.pointer);
+        free_async(pointer, stream)
     }
 }
 
 impl Drop for StreamAllocation {
     fn drop(&mut self) {
-        if self.stream.context().bind_to_thread().is_ok() {
-            // SAFETY: allocated on this stream and freed once, here; the last
-            // handle is gone, so every queue's stream passed its last use.
-            let _ = unsafe { result::free_async(self.pointer, self.stream.cu_stream()) };
+        if self.pointer != 0 {
+            // The last handle is gone, so every queue's stream passed its
+            // last use; a failure (a lost context) leaks, never frees twice.
+            let _ = free_async(self.pointer, &self.stream);
         }
     }
+}
+
+/// Frees `pointer`, memory `cuMemAllocFromPoolAsync` made in this stream's
+/// context, on `stream`.
+fn free_async(
+    pointer: sys::CUdeviceptr,
+    stream: &CudaStream,
+) -> std::result::Result<(), DriverError> {
+    stream.context().bind_to_thread()?;
+    // SAFETY: a live allocation of this context, freed once (its
+    // `StreamAllocation` gave up the address); stream order, or the
+    // `dealloca` contract, puts the free after every use.
+    unsafe { result::free_async(pointer, stream.cu_stream()) }
 }
 
 /// Staging kept for reuse, at most this many bytes per device.

@@ -11,7 +11,7 @@ use super::{
     LARGE_BLOCK, SMALL_BLOCK, SMALL_REQUEST,
 };
 use crate::error::{Error, Result};
-use crate::sync::{Arc, AtomicU8, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering};
 
 /// The most ranges one block's offset allocator tracks. Its bookkeeping is
 /// about 32 bytes a range, allocated with the block (128 KiB of host memory
@@ -517,7 +517,7 @@ impl<K> State<K> {
             .unwrap_or_else(|| unreachable!("block {id} was just found or made"))
     }
 
-    /// The ids of blocks with no range in use, the largest first.
+    /// The ids of blocks with no range in use.
     fn empty_blocks(&self) -> impl Iterator<Item = u32> + '_ {
         self.blocks.iter().enumerate().filter_map(|(id, entry)| {
             entry
@@ -578,42 +578,29 @@ impl<S: BlockSource> fmt::Debug for MemoryPool<S> {
 /// [`dealloca`](crate::HardwareQueue::dealloca) of it was recorded, after
 /// which no queue may record new work on it.
 ///
-/// | value | meaning | written by | ordering |
-/// |-------|---------|------------|----------|
-/// | `LIVE` | usable | `new` | — |
-/// | `DEALLOCA_RECORDED` | a `dealloca` is recorded: new work on it is rejected | the queue that records the `dealloca`, once (`compare_exchange`, `AcqRel`) | readers (`Acquire`) only decide whether to reject a command; the memory itself is protected by the queue order and the buffer's own checks, not by this flag |
-#[derive(Debug)]
+/// Set once, by the queue that records the `dealloca` (`swap`, `AcqRel`: of
+/// two queues recording one at once, exactly one sees it unset); read
+/// (`Acquire`) only to decide whether to reject a command. The memory itself
+/// is protected by queue order and the buffer's own checks, not by this flag.
+#[derive(Debug, Default)]
 pub struct QueueOrdered {
-    state: AtomicU8,
-}
-
-const LIVE: u8 = 0;
-const DEALLOCA_RECORDED: u8 = 1;
-
-impl Default for QueueOrdered {
-    fn default() -> Self {
-        Self::new()
-    }
+    dealloca_recorded: AtomicBool,
 }
 
 impl QueueOrdered {
     /// The record of a buffer just made by `alloca`.
     pub fn new() -> Self {
-        Self {
-            state: AtomicU8::new(LIVE),
-        }
+        Self::default()
     }
 
     /// Whether a `dealloca` of the buffer was recorded.
     #[inline]
     pub fn is_dealloca_recorded(&self) -> bool {
-        self.state.load(Ordering::Acquire) == DEALLOCA_RECORDED
+        self.dealloca_recorded.load(Ordering::Acquire)
     }
 
     /// Marks the `dealloca` recorded; `false` if one was already.
     pub fn record_dealloca(&self) -> bool {
-        self.state
-            .compare_exchange(LIVE, DEALLOCA_RECORDED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+        !self.dealloca_recorded.swap(true, Ordering::AcqRel)
     }
 }

@@ -562,9 +562,6 @@ impl<E: Engine> HardwareQueue for Queue<E> {
                     .into(),
             });
         }
-        // The next `exec` on this buffer's views must not share the last
-        // one's checked views: it must be refused.
-        self.batch.last_exec_buffers = 0..0;
         self.batch.commands.push(Command::Dealloca {
             buffer: buffer.clone(),
         });
