@@ -37,6 +37,7 @@ use std::sync::Arc;
 use criterion::{Criterion, criterion_group, criterion_main};
 use hwqueue::cpu::{CPU_BUFFER_ALIGN, CpuDevice};
 use hwqueue::{Buffer, Device};
+use hwqueue_testkit::log_uniform_sizes;
 
 use support::Profile;
 
@@ -44,26 +45,6 @@ use support::Profile;
 const CYCLES: usize = 10_000;
 /// The page a first touch lands on.
 const PAGE: usize = 4096;
-
-/// `CYCLES` sizes drawn log-uniformly from `[low, high]` (splitmix64 with a
-/// fixed seed: the same list every run).
-fn sizes(low: usize, high: usize, seed: u64) -> Vec<usize> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let (low, high) = ((low as f64).ln(), (high as f64).ln());
-    (0..CYCLES)
-        .map(|_| {
-            let unit = (next() >> 11) as f64 / (1u64 << 53) as f64;
-            (low + unit * (high - low)).exp().round() as usize
-        })
-        .collect()
-}
 
 /// Writes one byte per page of `size` bytes from `ptr`.
 ///
@@ -163,11 +144,19 @@ fn cycles(c: &mut Criterion, group: &str, sizes: &[usize]) {
 }
 
 fn alloc_free_mixed(c: &mut Criterion) {
-    cycles(c, "alloc_free_mixed", &sizes(256, 16 << 20, 7));
+    cycles(
+        c,
+        "alloc_free_mixed",
+        &log_uniform_sizes(CYCLES, 256, 16 << 20, 7),
+    );
 }
 
 fn alloc_free_small(c: &mut Criterion) {
-    cycles(c, "alloc_free_small", &sizes(64, 4096, 11));
+    cycles(
+        c,
+        "alloc_free_small",
+        &log_uniform_sizes(CYCLES, 64, 4096, 11),
+    );
 }
 
 criterion_group!(benches, alloc_free_mixed, alloc_free_small);

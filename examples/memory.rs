@@ -14,34 +14,17 @@ use std::fmt::Write as _;
 
 use hwqueue::cpu::CpuDevice;
 use hwqueue::{Buffer, Device, HardwareQueue, QueueFactory, Result};
+// The sizes of the memory bench, drawn the same way (the workspace's test
+// scaffolding; a dev-dependency).
+use hwqueue_testkit::log_uniform_sizes;
 
 const STEPS: usize = 12;
 const TENSORS: usize = 40;
 
-/// `count` sizes drawn log-uniformly from `[low, high]` (splitmix64, fixed
-/// seed).
-fn sizes(count: usize, low: usize, high: usize, seed: u64) -> Vec<usize> {
-    let mut state = seed;
-    let mut next = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let (low, high) = ((low as f64).ln(), (high as f64).ln());
-    (0..count)
-        .map(|_| {
-            let unit = (next() >> 11) as f64 / (1u64 << 53) as f64;
-            (low + unit * (high - low)).exp().round() as usize
-        })
-        .collect()
-}
-
 fn main() -> Result<()> {
     let device = CpuDevice::new();
     let mut queue = device.compute_queue()?;
-    let sizes = sizes(TENSORS, 256, 16 << 20, 3);
+    let sizes = log_uniform_sizes(TENSORS, 256, 16 << 20, 3);
     // (in use, reserved) after every allocation and free.
     let mut samples: Vec<(usize, usize)> = Vec::new();
     let mut sample = |device: &CpuDevice| {

@@ -3,18 +3,12 @@
 //! kernel's writes. One exec, one signal: loom's state space grows fast.
 //! Also the failure/epoch hand-off between the owner and the worker.
 
-use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::cpu::CpuDevice;
 use hwqueue::{
     Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout,
 };
 
-use crate::model;
-
-/// `buf[0] = 42`, one work-group.
-fn write_42(_group: &WorkGroup, args: &KernelArgs<'_>) {
-    // SAFETY: one work-group: nothing else touches the buffer.
-    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 42 };
-}
+use crate::{model, write_42};
 
 /// The host blocks on the signal, then reads the buffer: it must see the
 /// kernel's write. The queue is dropped first, so the worker drains the
@@ -25,7 +19,7 @@ fn signal_after_exec_waits_for_the_kernel() {
         let device = CpuDevice::with_threads(1);
         let buffer = device.alloc(4).unwrap();
         let done = device.new_signal(0).unwrap();
-        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let program = write_42();
         let mut queue = device.compute_queue().unwrap();
         queue
             .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))
@@ -47,7 +41,7 @@ fn a_polled_signal_is_never_reached_before_the_kernel_wrote() {
         let device = CpuDevice::with_threads(1);
         let buffer = device.alloc(4).unwrap();
         let done = device.new_signal(0).unwrap();
-        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let program = write_42();
         let mut queue = device.compute_queue().unwrap();
         queue
             .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))

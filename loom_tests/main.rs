@@ -38,6 +38,16 @@ mod multi_wait;
 mod registry;
 mod ring;
 
+/// A one-work-group CPU kernel that writes 42 to `buf[0]`: the write the
+/// queue models look for.
+pub fn write_42() -> hwqueue::cpu::CpuProgram {
+    fn kernel(_group: &hwqueue::cpu::WorkGroup, args: &hwqueue::cpu::KernelArgs<'_>) {
+        // SAFETY: one work-group: nothing else touches the buffer.
+        unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 42 };
+    }
+    hwqueue::cpu::CpuProgram::from_fn("write_42", 1, 0, kernel)
+}
+
 /// Runs `f` under loom. `default_bound` is the preemption bound used when
 /// `LOOM_MAX_PREEMPTIONS` is not set (`None`: exhaustive).
 pub fn model<F>(default_bound: Option<usize>, f: F)

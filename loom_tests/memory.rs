@@ -4,16 +4,10 @@
 //! on the bytes: a successor written by the host keeps what it wrote, so no
 //! kernel of the earlier owner wrote into it late.
 
-use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::cpu::{CpuBuffer, CpuDevice};
 use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal};
 
-use crate::model;
-
-/// `buf[0] = 42`, one work-group.
-fn write_42(_group: &WorkGroup, args: &KernelArgs<'_>) {
-    // SAFETY: one work-group: nothing else touches the buffer.
-    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 42 };
-}
+use crate::{model, write_42};
 
 fn address(buffer: &CpuBuffer) -> usize {
     buffer.as_ptr() as usize
@@ -30,7 +24,7 @@ fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
         let buffer = device.alloc_uninit(64).unwrap();
         let at = address(&buffer);
         let done = device.new_signal(0).unwrap();
-        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let program = write_42();
         let mut queue = device.compute_queue().unwrap();
         queue
             .exec(&program, &[&buffer], &[], ExecParams::new_1d(1, 1))
@@ -55,7 +49,7 @@ fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
 fn a_dealloca_returns_the_range_only_after_earlier_work_on_its_queue() {
     model(None, || {
         let device = CpuDevice::with_threads(1);
-        let program = CpuProgram::from_fn("write_42", 1, 0, write_42);
+        let program = write_42();
         let mut queue = device.compute_queue().unwrap();
         let scratch = queue.alloca(64).unwrap();
         queue

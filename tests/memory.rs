@@ -27,6 +27,15 @@ fn overlap(a: &CpuBuffer, b: &CpuBuffer) -> bool {
     a.start < b.end && b.start < a.end
 }
 
+/// `error` is, or was caused by, work on a buffer after its `dealloca`.
+#[track_caller]
+fn assert_use_after_dealloca(error: &Error) {
+    assert!(
+        matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
+        "{error}"
+    );
+}
+
 #[test]
 fn ranges_are_aligned_disjoint_and_counted() {
     let device = CpuDevice::new();
@@ -416,10 +425,7 @@ fn work_recorded_after_a_dealloca_is_rejected_on_every_queue() {
     // The same queue, after the dealloca: the batch is rejected.
     a.copy(&other, &x);
     let error = a.submit().unwrap_err();
-    assert!(
-        matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
-        "{error}"
-    );
+    assert_use_after_dealloca(&error);
     // Another queue: rejected too, for every command that takes a buffer.
     let program = fill_program();
     let exec = |q: &mut hwqueue::cpu::CpuQueue| {
@@ -471,10 +477,7 @@ fn an_exec_on_the_same_views_after_a_dealloca_is_rejected() {
         .dealloca(&x)
         .exec(&program, &[&x], &args, ExecParams::new_1d(1024, 1));
     let error = queue.submit().unwrap_err();
-    assert!(
-        matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
-        "{error}"
-    );
+    assert_use_after_dealloca(&error);
 }
 
 #[test]
@@ -505,10 +508,7 @@ fn a_batch_of_another_queue_that_reaches_a_deallocated_buffer_fails_instead_of_t
     assert_eq!(range(&successor), range(&x));
     gate.set(1);
     let error = done.wait(1, LONG).unwrap_err();
-    assert!(
-        matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
-        "{error}"
-    );
+    assert_use_after_dealloca(&error);
     // The successor's bytes were not touched.
     assert_eq!(successor.to_vec::<u32>().unwrap(), vec![0; 1024]);
     assert!(c.synchronize().is_err());

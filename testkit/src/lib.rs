@@ -20,7 +20,9 @@
 //! This crate is part of hwqueue's workspace and never part of a normal
 //! build of the library: `tests/`, `loom_tests/` and `fuzz/` depend on it.
 //! Besides the harnesses it holds [`mock_event::MockDevice`], the one mock of a
-//! device's events that the ring's tests, loom models and fuzz harness use.
+//! device's events that the ring's tests, loom models and fuzz harness use,
+//! and [`log_uniform_sizes`], the allocation sizes of the memory bench and
+//! example.
 
 // Under `cfg(loom)` only the mock event is built: the loom models use it,
 // and the harnesses (real threads, timeouts) have no place in a model.
@@ -36,6 +38,8 @@ pub mod ring;
 #[cfg(not(loom))]
 mod signal;
 #[cfg(not(loom))]
+mod sizes;
+#[cfg(not(loom))]
 mod spec;
 
 #[cfg(not(loom))]
@@ -48,6 +52,8 @@ pub use queue::{
 pub use ring::{RingOp, check_ring_ops, event_ring};
 #[cfg(not(loom))]
 pub use signal::{SignalOp, check_signal_ops, cpu_signal};
+#[cfg(not(loom))]
+pub use sizes::log_uniform_sizes;
 #[cfg(not(loom))]
 pub use spec::{ALL_COMPILED, device_spec};
 
