@@ -188,6 +188,30 @@ pub enum Error {
         reason: String,
     },
 
+    /// An executor run with a slot ([`Schedule::add_slot`](crate::Schedule::add_slot))
+    /// that has no buffer bound.
+    #[error(
+        "slot `{slot}` has no buffer bound; call `Plan::bind` with a buffer or view of its size \
+         before `run` (a binding stays until rebound)"
+    )]
+    SlotUnbound {
+        /// The slot's name.
+        slot: String,
+    },
+
+    /// A binding of a plan's slot that [`Plan::bind`](crate::Plan::bind),
+    /// [`Plan::set_scalar`](crate::Plan::set_scalar) or
+    /// [`Plan::run`](crate::Plan::run) refuses: not a slot, the wrong size
+    /// or type, or bytes shared with another slot or buffer of the plan in
+    /// a way its hazards do not order.
+    #[error("binding `{slot}`: {reason}")]
+    InvalidBinding {
+        /// The slot's name (or id, when it is not in the plan).
+        slot: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
     /// An executor run whose upload or download operation had nothing
     /// staged for it.
     #[error(

@@ -140,7 +140,10 @@ pub use buffer::{Buffer, Pod, Zeroable};
 pub use bytemuck;
 pub use device::{Device, QueueFactory};
 pub use error::{Error, Result};
-pub use executor::{BufferId, DeviceId, Hazard, OpId, Plan, PlannedWait, Run, Schedule};
+pub use executor::{
+    BufferId, DeviceId, Hazard, OpId, Plan, PlanMemory, PlannedWait, Run, ScalarId, Schedule,
+    TensorPlacement,
+};
 /// `half`, whose `f16` and `bf16` move through buffers and scalars.
 #[cfg(feature = "half")]
 pub use half;

@@ -83,7 +83,9 @@
 //! failed first (the unfinished operation whose own waits were all met).
 //! Nothing hangs, and the next run of the same plan starts clean.
 
+mod binding;
 mod host;
+mod memory;
 mod plan;
 mod planner;
 mod run;
@@ -93,6 +95,7 @@ mod transfer;
 use std::fmt;
 use std::ops::Range;
 
+pub use memory::{PlanMemory, TensorPlacement};
 pub use plan::{Plan, PlannedWait};
 pub use run::Run;
 pub use schedule::{OpBuilder, Schedule};
@@ -115,6 +118,11 @@ pub struct DeviceId(usize);
 /// A buffer of a schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferId(usize);
+
+/// A scalar slot of a schedule ([`Schedule::add_scalar`]): a value an
+/// exec takes per run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ScalarId(usize);
 
 /// An operation of a schedule, in program order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -4,6 +4,7 @@
 use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
+use super::binding::Bindings;
 use super::host::{HostBatch, HostJob};
 use super::run::Run;
 use super::schedule::*;
@@ -109,6 +110,12 @@ pub struct Plan<B: Backend> {
     /// Per operation, the host side of an upload or download staged for
     /// the next run.
     pub(super) staged: Vec<Option<Staged<B>>>,
+    /// Per scalar slot, its value for the next run.
+    pub(super) scalar_values: Vec<Scalar>,
+    /// An exec's scalars with the slots' values filled in.
+    pub(super) scratch: Vec<Scalar>,
+    pub(super) memory: PlanMemory,
+    pub(super) bindings: Bindings<B>,
 }
 
 impl<B: Backend> Plan<B> {
@@ -116,14 +123,30 @@ impl<B: Backend> Plan<B> {
     /// It consumes the host data staged for the plan's uploads and
     /// downloads ([`upload`](Self::upload), [`download`](Self::download)).
     ///
+    /// It takes the buffers bound to the plan's slots ([`bind`](Self::bind))
+    /// and the values of its scalar slots ([`set_scalar`](Self::set_scalar))
+    /// as they are now.
+    ///
     /// # Errors
+    /// [`Error::SlotUnbound`] when a slot has no buffer bound;
+    /// [`Error::InvalidBinding`] when two bindings, or a binding and a
+    /// buffer of the schedule, share bytes that the plan writes;
     /// [`Error::TransferNotStaged`] when an upload or download has nothing
-    /// staged (nothing is recorded, and what was staged stays); when a
-    /// queue refuses the batch (a command the backend rejects), in which
-    /// case every download staged for the run fails with that error.
+    /// staged (in those three cases nothing is recorded, and what was
+    /// staged stays); when a queue refuses the batch (a command the backend
+    /// rejects), in which case every download staged for the run fails
+    /// with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
-        let mut staged = self.take_staged()?;
-        let result = self.record_and_submit(&mut staged);
+        let barrier = self.check_bindings()?;
+        let mut staged = match self.take_staged() {
+            Ok(staged) => staged,
+            Err(error) => {
+                self.bindings.restore_barrier(barrier);
+                return Err(error);
+            }
+        };
+        self.bindings_used(self.runs);
+        let result = self.record_and_submit(&mut staged, barrier);
         if let Err(error) = &result {
             // What was staged and never recorded: its downloads learn why.
             for leftover in staged.into_iter().flatten() {
@@ -133,41 +156,92 @@ impl<B: Backend> Plan<B> {
         result
     }
 
-    fn record_and_submit(&mut self, staged: &mut [Option<Staged<B>>]) -> Result<Run<B>> {
+    fn record_and_submit(
+        &mut self,
+        staged: &mut [Option<Staged<B>>],
+        barrier: Option<u64>,
+    ) -> Result<Run<B>> {
         let run = self.runs;
         self.runs += 1;
         let facts = self.facts.clone();
         let base = |queue: usize| run * facts.counts[queue];
+        // A binding took bytes another slot used in run `barrier`: every
+        // queue starts after that run ended on every other queue.
+        let barrier_waits = |own: usize| -> Vec<(usize, u64)> {
+            match barrier {
+                Some(previous) => (0..facts.signals.len())
+                    .filter(|&q| q != own)
+                    .map(|q| (q, (previous + 1) * facts.counts[q]))
+                    .collect(),
+                None => Vec::new(),
+            }
+        };
+        let view = |id: BufferId| -> Result<View<B>> {
+            self.schedule.buffers[id.0]
+                .buffer
+                .clone()
+                .ok_or_else(|| Error::InvalidSchedule {
+                    reason: format!(
+                        "buffer `{}` has no bytes at record time (a bug in the executor)",
+                        self.schedule.buffers[id.0].name
+                    ),
+                })
+        };
+        let fail_run = |error: &Error| {
+            for (queue, signal) in facts.signals.iter().enumerate() {
+                signal.fail(base(queue) + facts.counts[queue], error.clone());
+            }
+        };
         let mut host_jobs = Vec::new();
-        for (index, planned) in self.queues.iter_mut().enumerate() {
+        for (index, planned) in self.queues.iter().enumerate() {
+            if planned.queue.is_some() {
+                continue;
+            }
             let own = base(index);
             let last = own + facts.counts[index];
+            for (position, &op) in planned.ops.iter().enumerate() {
+                let op_plan = &facts.ops[op];
+                let Work::Copy { dst, src } = self.schedule.ops[op].work else {
+                    unreachable!("only copies between devices run on the host stage");
+                };
+                let barrier = barrier_waits(index)
+                    .into_iter()
+                    .filter(|_| position == 0)
+                    .map(|(q, value)| (facts.signals[q].clone(), value));
+                host_jobs.push(HostJob {
+                    waits: op_plan
+                        .waits
+                        .iter()
+                        .filter_map(|w| {
+                            Some((
+                                facts.signals[w.queue].clone(),
+                                facts.wait_to_record(run, w)?,
+                            ))
+                        })
+                        .chain(barrier)
+                        .collect(),
+                    dst: view(dst).inspect_err(fail_run)?,
+                    src: view(src).inspect_err(fail_run)?,
+                    signal: planned.signal.clone(),
+                    value: own + op_plan.value,
+                    last,
+                });
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        for (index, planned) in self.queues.iter_mut().enumerate() {
+            let own = base(index);
             let Some(queue) = planned.queue.as_mut() else {
-                for &op in &planned.ops {
-                    let op_plan = &facts.ops[op];
-                    let Work::Copy { dst, src } = self.schedule.ops[op].work else {
-                        unreachable!("only copies between devices run on the host stage");
-                    };
-                    host_jobs.push(HostJob {
-                        waits: op_plan
-                            .waits
-                            .iter()
-                            .filter_map(|w| {
-                                Some((
-                                    facts.signals[w.queue].clone(),
-                                    facts.wait_to_record(run, w)?,
-                                ))
-                            })
-                            .collect(),
-                        dst: self.schedule.buffers[dst.0].buffer.clone(),
-                        src: self.schedule.buffers[src.0].buffer.clone(),
-                        signal: planned.signal.clone(),
-                        value: own + op_plan.value,
-                        last,
-                    });
-                }
                 continue;
             };
+            for (q, value) in barrier_waits(index) {
+                if matches!(
+                    facts.signals[q].wait(value, std::time::Duration::ZERO),
+                    Err(Error::Timeout { .. })
+                ) {
+                    queue.wait(&facts.signals[q], value);
+                }
+            }
             for &op in &planned.ops {
                 let op_plan = &facts.ops[op];
                 for wait in &op_plan.waits {
@@ -175,69 +249,78 @@ impl<B: Backend> Plan<B> {
                         queue.wait(&facts.signals[wait.queue], target);
                     }
                 }
+                let slots = &self.schedule.buffers;
+                let bytes = |id: &BufferId| slots[id.0].buffer.as_ref();
+                let name = &facts.ops[op].name;
                 match &self.schedule.ops[op].work {
                     Work::Exec {
                         program,
                         buffers,
                         scalars,
+                        bound_scalars,
                         params,
                     } => {
+                        // The scalar slots' values, where the exec takes some.
+                        let scalars: &[Scalar] = if bound_scalars.is_empty() {
+                            scalars
+                        } else {
+                            scratch.clear();
+                            scratch.extend_from_slice(scalars);
+                            for &(position, slot) in bound_scalars {
+                                scratch[position] = self.scalar_values[slot.0];
+                            }
+                            &scratch
+                        };
                         // Gathered on the stack: a replay allocates nothing.
-                        let slots = &self.schedule.buffers;
                         let gathered = crate::any::with_gathered(
                             buffers.len(),
-                            |index| slots.get(buffers[index].0).map(|slot| &slot.buffer),
+                            |index| slots.get(buffers[index].0).and_then(|s| s.buffer.as_ref()),
                             |refs| {
                                 queue.exec_views(program, refs, scalars, *params);
                             },
                         );
-                        // The planner checked every id, so this is a bug:
-                        // the batch is refused rather than run without the
-                        // exec whose value it would still signal.
-                        if let Err(index) = gathered {
-                            queue.reject(Error::InvalidSchedule {
-                                reason: format!(
-                                    "buffer {index} of operation `{}` is not in the schedule \
-                                     (a bug in the planner)",
-                                    facts.ops[op].name
-                                ),
-                            });
+                        // The planner checked every id and `run` every
+                        // binding, so this is a bug: the batch is refused
+                        // rather than run without the exec whose value it
+                        // would still signal.
+                        if gathered.is_err() {
+                            unplaced_bug(queue, name);
                         }
                     }
-                    Work::Copy { dst, src } => {
-                        queue.copy(
-                            &self.schedule.buffers[dst.0].buffer,
-                            &self.schedule.buffers[src.0].buffer,
-                        );
-                    }
+                    Work::Copy { dst, src } => match (bytes(dst), bytes(src)) {
+                        (Some(dst), Some(src)) => {
+                            queue.copy(dst, src);
+                        }
+                        _ => unplaced_bug(queue, name),
+                    },
                     Work::Upload { dst } => {
-                        let dst = &self.schedule.buffers[dst.0].buffer;
-                        match staged.get_mut(op).and_then(Option::take) {
-                            Some(Staged::Upload(data)) => {
+                        match (bytes(dst), staged.get_mut(op).and_then(Option::take)) {
+                            (Some(dst), Some(Staged::Upload(data))) => {
                                 queue.upload_vec::<_, u8, _>(dst, data);
                             }
-                            _ => staged_bug(queue, &facts.ops[op].name),
+                            _ => unplaced_bug(queue, name),
                         }
                     }
                     Work::Download { src } => {
-                        let src = &self.schedule.buffers[src.0].buffer;
-                        match staged.get_mut(op).and_then(Option::take) {
-                            Some(Staged::Download(into)) => into.record(queue, src),
-                            _ => staged_bug(queue, &facts.ops[op].name),
+                        match (bytes(src), staged.get_mut(op).and_then(Option::take)) {
+                            (Some(src), Some(Staged::Download(into))) => into.record(queue, src),
+                            _ => unplaced_bug(queue, name),
                         }
                     }
                     Work::Fill {
                         dst,
                         pattern,
                         width,
-                    } => {
-                        let dst = &self.schedule.buffers[dst.0].buffer;
-                        match width {
-                            1 => queue.fill(dst, pattern[0]),
-                            2 => queue.fill(dst, u16::from_ne_bytes([pattern[0], pattern[1]])),
-                            _ => queue.fill(dst, u32::from_ne_bytes(*pattern)),
-                        };
-                    }
+                    } => match bytes(dst) {
+                        Some(dst) => {
+                            match width {
+                                1 => queue.fill(dst, pattern[0]),
+                                2 => queue.fill(dst, u16::from_ne_bytes([pattern[0], pattern[1]])),
+                                _ => queue.fill(dst, u32::from_ne_bytes(*pattern)),
+                            };
+                        }
+                        None => unplaced_bug(queue, name),
+                    },
                 }
                 queue.signal(&planned.signal, own + op_plan.value);
             }
@@ -255,6 +338,7 @@ impl<B: Backend> Plan<B> {
                 return Err(error);
             }
         }
+        self.scratch = scratch;
         if !host_jobs.is_empty()
             && let Some(host) = &self.host
         {
@@ -265,6 +349,13 @@ impl<B: Backend> Plan<B> {
                 })?;
         }
         Ok(Run { run, facts })
+    }
+
+    /// Where the planner placed the schedule's tensors
+    /// ([`Schedule::add_tensor`]): the arena's bytes against the lower
+    /// bound and the naive sum, and each tensor's offset and lifetime.
+    pub fn memory(&self) -> &PlanMemory {
+        &self.memory
     }
 
     /// The queues, by index: `"cpu:0 compute"`, `"cpu:0 copy"`, `"host"`.
@@ -331,13 +422,15 @@ impl<B: Backend> Plan<B> {
     }
 }
 
-/// `take_staged` checked every transfer, so this is a bug: the batch is
-/// refused rather than run without the transfer whose value it would
-/// still signal.
-fn staged_bug<Q: HardwareQueue>(queue: &mut Q, operation: &str) {
+/// `take_staged` checked every transfer, the planner placed every tensor
+/// and `run` checked every binding, so this is a bug: the batch is refused
+/// rather than run without the operation whose value it would still
+/// signal.
+fn unplaced_bug<Q: HardwareQueue>(queue: &mut Q, operation: &str) {
     queue.reject(Error::InvalidSchedule {
         reason: format!(
-            "operation `{operation}` lost its staged host data (a bug in the executor)"
+            "operation `{operation}` lost its bytes or its staged host data (a bug in the \
+             executor)"
         ),
     });
 }

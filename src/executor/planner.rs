@@ -2,7 +2,9 @@
 
 use crate::sync::{mpsc, spawn};
 
+use super::binding::Bindings;
 use super::host::run_host_stage;
+use super::memory;
 use super::plan::*;
 use super::schedule::*;
 use super::*;
@@ -17,13 +19,22 @@ type DoubledWait = (usize, u64, usize, Hazard, Access);
 /// An op of the doubled plan: its queue, its value there, its waits.
 type DoubledOp = (usize, u64, Vec<DoubledWait>);
 
-pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
+pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     validate(&schedule)?;
     let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
         .ops
         .iter()
         .map(|op| effective_accesses(&schedule, op))
         .collect();
+    let placement = memory::place(&schedule, &accesses)?;
+    place_tensors(&mut schedule, &placement)?;
+    // Again, now in bytes of the arenas: tensors that share bytes conflict.
+    let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
+        .ops
+        .iter()
+        .map(|op| effective_accesses(&schedule, op))
+        .collect();
+    let bindings = Bindings::new(&schedule, &accesses);
 
     // Lanes in order of first use.
     let mut lanes: Vec<Lane> = Vec::new();
@@ -205,10 +216,65 @@ pub(super) fn plan<B: Backend>(schedule: Schedule<B>) -> Result<Plan<B>> {
             counts,
         }),
         staged: (0..schedule.ops.len()).map(|_| None).collect(),
+        scalar_values: schedule.scalars.iter().map(|(_, value)| *value).collect(),
+        scratch: Vec::new(),
         schedule,
         host,
         runs: 0,
+        memory: placement.memory,
+        bindings,
     })
+}
+
+/// Takes each device's arena from its pool and turns every tensor (and
+/// view of one) into a view of it.
+fn place_tensors<B: Backend>(
+    schedule: &mut Schedule<B>,
+    placement: &memory::Placement,
+) -> Result<()> {
+    use crate::device::Device;
+    let devices_with_arena = placement.memory.tensors.iter().map(|t| t.device).fold(
+        Vec::new(),
+        |mut seen: Vec<DeviceId>, d| {
+            if !seen.contains(&d) {
+                seen.push(d);
+            }
+            seen
+        },
+    );
+    let mut arenas: Vec<Option<(BufferId, View<B>)>> = vec![None; schedule.devices.len()];
+    for device in &devices_with_arena {
+        let bytes = placement.arenas[device.0];
+        let buffer = schedule.devices[device.0].alloc_uninit(bytes)?;
+        let view = View::whole(&buffer);
+        let name = if devices_with_arena.len() > 1 {
+            format!("arena of device {}", device.0)
+        } else {
+            "arena".to_owned()
+        };
+        let id = schedule.add_buffer(*device, name, buffer);
+        arenas[device.0] = Some((id, view));
+    }
+    let mut offset_of: Vec<Option<usize>> = vec![None; schedule.buffers.len()];
+    for tensor in &placement.memory.tensors {
+        offset_of[tensor.tensor.0] = Some(tensor.offset);
+    }
+    for slot in &mut schedule.buffers {
+        if slot.origin != Origin::Tensor {
+            continue;
+        }
+        // A tensor no operation names gets no bytes; nothing uses it.
+        let Some(place) = offset_of[slot.root.0] else {
+            continue;
+        };
+        let Some((arena, view)) = &arenas[slot.device.0] else {
+            continue;
+        };
+        slot.root = *arena;
+        slot.offset += place;
+        slot.buffer = Some(view.view(slot.offset, slot.len)?);
+    }
+    Ok(())
 }
 
 /// The first hazard between a later op (reads, writes) and an earlier one.
@@ -250,7 +316,7 @@ fn effective_accesses<B: Backend>(
     // Every access in the bytes of the root buffer, so views of one arena
     // conflict only where their bytes do.
     let slot = |buffer: BufferId| &schedule.buffers[buffer.0];
-    let whole = |buffer: BufferId| slot(buffer).access(0..slot(buffer).buffer.len());
+    let whole = |buffer: BufferId| slot(buffer).access(0..slot(buffer).len);
     let declared = |accesses: &Option<Vec<Access>>| -> Vec<Access> {
         accesses
             .iter()
@@ -384,16 +450,55 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                 reason: format!("operation `{}` names unknown buffer {}", op.name, id.0),
             })
     };
+    if let Some(&index) = schedule.misplaced_scalars.first() {
+        return invalid(format!(
+            "operation `{}` takes a scalar slot (`OpBuilder::scalar`) but is not an exec; only \
+             execs take scalars",
+            schedule.ops[index].name
+        ));
+    }
     for op in &schedule.ops {
         for access in op.reads.iter().flatten().chain(op.writes.iter().flatten()) {
             let slot = buffer(op, access.buffer)?;
-            let size = slot.buffer.len();
+            let size = slot.len;
             if access.range.start > access.range.end || access.range.end > size {
                 return invalid(format!(
                     "operation `{}` declares bytes [{}, {}) of `{}`, which holds {size} bytes",
                     op.name, access.range.start, access.range.end, slot.name
                 ));
             }
+        }
+        match &op.work {
+            Work::Exec {
+                scalars,
+                bound_scalars,
+                ..
+            } if !bound_scalars.is_empty() => {
+                for &(position, slot) in bound_scalars {
+                    let Some((name, value)) = schedule.scalars.get(slot.0) else {
+                        return invalid(format!(
+                            "exec `{}` takes scalar slot {}, which is not in the schedule; use                              the id `add_scalar` returned",
+                            op.name, slot.0
+                        ));
+                    };
+                    let Some(given) = scalars.get(position) else {
+                        return invalid(format!(
+                            "exec `{}` binds its scalar {position} to slot `{name}`, but it has                              {} scalars",
+                            op.name,
+                            scalars.len()
+                        ));
+                    };
+                    if std::mem::discriminant(given) != std::mem::discriminant(value) {
+                        return invalid(format!(
+                            "exec `{}` binds its scalar {position}, a {}, to slot `{name}`, a                              {}; give the exec a placeholder of the slot's type",
+                            op.name,
+                            given.type_name(),
+                            value.type_name()
+                        ));
+                    }
+                }
+            }
+            _ => {}
         }
         match &op.work {
             Work::Exec { buffers, .. } => {
@@ -419,18 +524,18 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
             }
             Work::Copy { dst, src } => {
                 let (d, s) = (buffer(op, *dst)?, buffer(op, *src)?);
-                if d.buffer.len() != s.buffer.len() {
+                if d.len != s.len {
                     return invalid(format!(
                         "copy `{}` from `{}` ({} bytes) to `{}` ({} bytes): sizes differ; copies \
                          move the whole source, so make both (buffers or views) one length",
-                        op.name,
-                        s.name,
-                        s.buffer.len(),
-                        d.name,
-                        d.buffer.len()
+                        op.name, s.name, s.len, d.name, d.len
                     ));
                 }
-                if d.buffer.overlaps(&s.buffer) {
+                if d.root == s.root
+                    && d.offset < s.offset + s.len
+                    && s.offset < d.offset + d.len
+                    && d.len > 0
+                {
                     return invalid(format!(
                         "copy `{}` from `{}` to `{}`: the two ranges overlap in one buffer; copy \
                          between disjoint views",
@@ -444,16 +549,18 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
             Work::Fill { dst, width, .. } => {
                 let d = buffer(op, *dst)?;
                 let width = usize::from(*width);
+                // A tensor's or slot's own offset is the arena's or the
+                // binding's; the queue checks those.
                 if !matches!(width, 1 | 2 | 4)
-                    || !d.buffer.offset().is_multiple_of(width)
-                    || !d.buffer.len().is_multiple_of(width)
+                    || !d.offset.is_multiple_of(width)
+                    || !d.len.is_multiple_of(width)
                 {
                     return invalid(format!(
                         "fill `{}` of `{}` (bytes {:?}) with a {width}-byte pattern: patterns are \
                          1, 2 or 4 bytes, and the view's offset and length multiples of that",
                         op.name,
                         d.name,
-                        d.buffer.range()
+                        d.offset..d.offset + d.len
                     ));
                 }
             }

@@ -5,23 +5,44 @@ use std::ops::{Bound, RangeBounds};
 
 use super::*;
 
+/// What the bytes of a whole buffer of a schedule (a root) are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    /// A caller's buffer, given to [`Schedule::add_buffer`] (or an arena
+    /// the planner made).
+    Buffer,
+    /// A transient the planner places in its device's arena
+    /// ([`Schedule::add_tensor`]).
+    Tensor,
+    /// A caller's buffer bound per run ([`Schedule::add_slot`],
+    /// [`Plan::bind`]).
+    Slot,
+}
+
 pub(super) struct BufferSlot<B: Backend> {
     pub(super) name: String,
     pub(super) device: DeviceId,
-    /// The bytes: a whole buffer, or a view of another slot's.
-    pub(super) buffer: View<B>,
+    /// Its length in bytes.
+    pub(super) len: usize,
+    /// The bytes: a whole buffer, or a view of another slot's. `None`
+    /// until known: a tensor's until `plan` placed it, a slot's until
+    /// [`Plan::bind`].
+    pub(super) buffer: Option<View<B>>,
     /// The slot of the whole buffer these bytes are part of (itself for a
     /// whole buffer): hazards compare bytes of it.
     pub(super) root: BufferId,
+    /// Where these bytes start in the root's.
+    pub(super) offset: usize,
+    /// What the root's bytes are.
+    pub(super) origin: Origin,
 }
 
 impl<B: Backend> BufferSlot<B> {
     /// Byte `range` of this slot as an access to its root buffer.
     pub(super) fn access(&self, range: std::ops::Range<usize>) -> Access {
-        let offset = self.buffer.offset();
         Access {
             buffer: self.root,
-            range: offset + range.start..offset + range.end,
+            range: self.offset + range.start..self.offset + range.end,
         }
     }
 }
@@ -31,6 +52,9 @@ pub(super) enum Work<B: Backend> {
         program: B::Program,
         buffers: Vec<BufferId>,
         scalars: Vec<Scalar>,
+        /// Scalars taken per run from the plan's scalar slots: (position
+        /// in `scalars`, slot).
+        bound_scalars: Vec<(usize, ScalarId)>,
         params: ExecParams,
     },
     Copy {
@@ -70,6 +94,11 @@ pub struct Schedule<B: Backend> {
     pub(super) devices: Vec<Arc<B::Device>>,
     pub(super) buffers: Vec<BufferSlot<B>>,
     pub(super) ops: Vec<Op<B>>,
+    /// Scalar slots: name and value (its type fixed by the first).
+    pub(super) scalars: Vec<(String, Scalar)>,
+    /// Operations given [`OpBuilder::scalar`] that are not execs: `plan`
+    /// names them.
+    pub(super) misplaced_scalars: Vec<usize>,
 }
 
 impl<B: Backend> Default for Schedule<B> {
@@ -85,6 +114,8 @@ impl<B: Backend> Schedule<B> {
             devices: Vec::new(),
             buffers: Vec::new(),
             ops: Vec::new(),
+            scalars: Vec::new(),
+            misplaced_scalars: Vec::new(),
         }
     }
 
@@ -94,30 +125,91 @@ impl<B: Backend> Schedule<B> {
         DeviceId(self.devices.len() - 1)
     }
 
-    /// Adds a buffer living on `device`, named for plans and errors.
+    /// Adds a buffer living on `device`, named for plans and errors: a
+    /// caller's memory the plan uses every run (weights, state that
+    /// outlives a run).
     pub fn add_buffer(
         &mut self,
         device: DeviceId,
         name: impl Into<String>,
         buffer: B::Buffer,
     ) -> BufferId {
+        let view = View::whole(&buffer);
+        self.push_root(device, name.into(), view.len(), Some(view), Origin::Buffer)
+    }
+
+    /// Adds a transient tensor of `bytes` bytes on `device`, named for
+    /// plans and errors, whose place the planner chooses: [`plan`](Self::plan)
+    /// puts every tensor of a device in one arena from the device's memory
+    /// pool, at an offset aligned as the device's kernels need
+    /// ([`Limits::view_alignment`](crate::Limits::view_alignment)), so that
+    /// tensors live at the same time never share a byte and tensors that
+    /// are not may (see [`Plan::memory`]).
+    ///
+    /// A tensor lives within one run, from the first operation that
+    /// touches it to the last: that first operation must write it (an
+    /// upload, a fill, a copy into it, or an exec that does not declare it
+    /// read-only), or `plan` refuses the schedule. State that outlives a
+    /// run belongs in [`add_buffer`](Self::add_buffer) or a slot.
+    pub fn add_tensor(
+        &mut self,
+        device: DeviceId,
+        name: impl Into<String>,
+        bytes: usize,
+    ) -> BufferId {
+        self.push_root(device, name.into(), bytes, None, Origin::Tensor)
+    }
+
+    /// Adds a slot of `bytes` bytes on `device`, named for plans and
+    /// errors: an input or output whose buffer the caller binds per run
+    /// with [`Plan::bind`], with no copy and no re-planning (IREE's binding
+    /// tables). A binding stays until rebound; a run with a slot unbound is
+    /// refused.
+    pub fn add_slot(
+        &mut self,
+        device: DeviceId,
+        name: impl Into<String>,
+        bytes: usize,
+    ) -> BufferId {
+        self.push_root(device, name.into(), bytes, None, Origin::Slot)
+    }
+
+    /// Adds a scalar slot, named for errors, holding `initial` until
+    /// [`Plan::set_scalar`] changes it: a shape or a step counter an exec
+    /// takes per run (see [`OpBuilder::scalar`]). Its type is `initial`'s.
+    pub fn add_scalar(&mut self, name: impl Into<String>, initial: impl Into<Scalar>) -> ScalarId {
+        self.scalars.push((name.into(), initial.into()));
+        ScalarId(self.scalars.len() - 1)
+    }
+
+    fn push_root(
+        &mut self,
+        device: DeviceId,
+        name: String,
+        len: usize,
+        buffer: Option<View<B>>,
+        origin: Origin,
+    ) -> BufferId {
         let id = BufferId(self.buffers.len());
         self.buffers.push(BufferSlot {
-            name: name.into(),
+            name,
             device,
-            buffer: View::whole(&buffer),
+            len,
+            buffer,
             root: id,
+            offset: 0,
+            origin,
         });
         id
     }
 
     /// Adds `len` bytes from byte `offset` of schedule buffer `of` (a
-    /// buffer, or a view itself) as a buffer of its own, named for plans
-    /// and errors: a tensor placed in an arena. Operations take it wherever
-    /// they take a buffer (an `exec` argument gets the view, a copy or fill
-    /// the view's bytes), and the planner orders work by the bytes of the
-    /// arena each touches: two kernels writing disjoint views of one arena
-    /// need no wait.
+    /// buffer, a tensor, a slot, or a view itself) as a buffer of its own,
+    /// named for plans and errors: a tensor placed in an arena by hand, or
+    /// a part of one. Operations take it wherever they take a buffer (an
+    /// `exec` argument gets the view, a copy or fill the view's bytes), and
+    /// the planner orders work by the bytes each touches: two kernels
+    /// writing disjoint views of one arena need no wait.
     ///
     /// # Errors
     /// [`Error::InvalidSchedule`] for an unknown `of`;
@@ -135,11 +227,27 @@ impl<B: Backend> Schedule<B> {
             .ok_or_else(|| Error::InvalidSchedule {
                 reason: format!("`add_view` names unknown buffer {}", of.0),
             })?;
+        let buffer = match &parent.buffer {
+            Some(buffer) => Some(buffer.view(offset, len)?),
+            None => {
+                if offset.checked_add(len).is_none_or(|end| end > parent.len) {
+                    return Err(Error::ViewOutOfRange {
+                        offset,
+                        len,
+                        size: parent.len,
+                    });
+                }
+                None
+            }
+        };
         let slot = BufferSlot {
             name: name.into(),
             device: parent.device,
-            buffer: parent.buffer.view(offset, len)?,
+            len,
+            buffer,
             root: parent.root,
+            offset: parent.offset + offset,
+            origin: parent.origin,
         };
         self.buffers.push(slot);
         Ok(BufferId(self.buffers.len() - 1))
@@ -234,6 +342,7 @@ impl<B: Backend> Schedule<B> {
                 program: program.clone(),
                 buffers: buffers.to_vec(),
                 scalars: scalars.to_vec(),
+                bound_scalars: Vec::new(),
                 params,
             },
             reads: None,
@@ -313,6 +422,19 @@ impl<B: Backend> OpBuilder<'_, B> {
         self
     }
 
+    /// Makes the exec's scalar at `position` take scalar slot `slot`'s
+    /// value in every run (set with [`Plan::set_scalar`]); the value given
+    /// to [`Schedule::exec`] there only fixes the type, which must be the
+    /// slot's (checked at `plan`). Ignored, with an error at `plan`, on an
+    /// operation that is not an exec.
+    pub fn scalar(self, position: usize, slot: ScalarId) -> Self {
+        match &mut self.schedule.ops[self.index].work {
+            Work::Exec { bound_scalars, .. } => bound_scalars.push((position, slot)),
+            _ => self.schedule.misplaced_scalars.push(self.index),
+        }
+        self
+    }
+
     /// Runs the operation on a queue of `kind` (a copy on the compute queue,
     /// say). An exec on a copy queue is an error at `plan`.
     pub fn on(self, kind: QueueKind) -> Self {
@@ -321,11 +443,7 @@ impl<B: Backend> OpBuilder<'_, B> {
     }
 
     fn access(&self, buffer: BufferId, range: impl RangeBounds<usize>) -> Access {
-        let size = self
-            .schedule
-            .buffers
-            .get(buffer.0)
-            .map_or(0, |b| b.buffer.len());
+        let size = self.schedule.buffers.get(buffer.0).map_or(0, |b| b.len);
         let start = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => s.saturating_add(1),

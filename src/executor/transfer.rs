@@ -129,7 +129,7 @@ impl<B: Backend> Plan<B> {
                 });
             }
         };
-        Ok(self.schedule.buffers[buffer.0].buffer.len())
+        Ok(self.schedule.buffers[buffer.0].len)
     }
 
     /// Takes what was staged for one run, or refuses the run (nothing

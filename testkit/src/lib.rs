@@ -16,19 +16,23 @@
 //! | [`cpu_queue`] | `cpu_queue` | [`QueueProgram`]s on two CPU queues against a sequential interpreter |
 //! | [`event_ring`] | `event_ring` | [`RingOp`] sequences on an `EventRing` with a mock event against the records, a running max and failed ranges |
 //! | [`memory_pool`] | `memory_pool` | [`PoolOp`] sequences on a CPU device's pool and two queues against which ranges are surely, possibly or no longer live |
+//! | [`plan_schedule`] | `plan_schedule` | a random schedule of tensors, slots, kernels, copies and fills: placement never overlaps tensors live together, arena ≥ lower bound, and back-to-back runs with canary kernels read what was written |
 //!
 //! This crate is part of hwqueue's workspace and never part of a normal
 //! build of the library: `tests/`, `loom_tests/` and `fuzz/` depend on it.
 //! Besides the harnesses it holds [`mock_event::MockDevice`], the one mock of a
 //! device's events that the ring's tests, loom models and fuzz harness use,
-//! and [`log_uniform_sizes`], the allocation sizes of the memory bench and
-//! example.
+//! [`log_uniform_sizes`], the allocation sizes of the memory bench and
+//! example, and the [`mlp_schedule`] and [`transformer_block_schedule`] of
+//! the memory planner's example and tests.
 
 // Under `cfg(loom)` only the mock event is built: the loom models use it,
 // and the harnesses (real threads, timeouts) have no place in a model.
 #[cfg(not(loom))]
 pub mod memory;
 pub mod mock_event;
+#[cfg(not(loom))]
+pub mod plans;
 #[cfg(not(loom))]
 pub mod queue;
 #[cfg(not(loom))]
@@ -44,6 +48,10 @@ mod spec;
 
 #[cfg(not(loom))]
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
+#[cfg(not(loom))]
+pub use plans::{
+    PlanCheck, check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule,
+};
 #[cfg(not(loom))]
 pub use queue::{
     QueueOp, QueueProgram, Step, check_queue_program, cpu_queue, decode_queue_program,

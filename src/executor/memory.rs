@@ -1,0 +1,250 @@
+//! Static memory planning: where a schedule's tensors live.
+//!
+//! A tensor ([`Schedule::add_tensor`]) lives from the first operation that
+//! names it to the last, in program order. Tensors of one device share one
+//! arena from the device's pool: two whose lifetimes overlap never share a
+//! byte, two whose lifetimes do not may. Offsets come from the "greedy by
+//! size" heuristic of TFLite's and tinygrad's planners: the largest tensor
+//! first, each at the smallest gap between the tensors already placed that
+//! overlap it in time (best fit), or past the last of them. The
+//! hazards of the planner see the reuse, since they compare bytes of the
+//! arena: the first writer of a tensor waits for the last reader of the one
+//! whose bytes it takes, within a run and across back-to-back runs.
+
+use std::ops::RangeInclusive;
+
+use super::schedule::*;
+use super::*;
+use crate::device::Device;
+
+/// Where [`Schedule::plan`] placed a schedule's tensors, and how good the
+/// placement is: [`Plan::memory`](super::Plan::memory).
+///
+/// Prints as `memory: arena_bytes=A lower_bound_bytes=L naive_bytes=N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanMemory {
+    /// The bytes of every device's arena, summed.
+    pub arena_bytes: usize,
+    /// What no placement can beat: per device, the largest sum of the
+    /// bytes of the tensors live at one operation; summed over devices.
+    pub lower_bound_bytes: usize,
+    /// Every tensor in a buffer of its own: the sum of their bytes.
+    pub naive_bytes: usize,
+    /// Each tensor some operation names, in the order they were added. A
+    /// tensor no operation names gets no bytes and is not listed.
+    pub tensors: Vec<TensorPlacement>,
+}
+
+impl fmt::Display for PlanMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "memory: arena_bytes={} lower_bound_bytes={} naive_bytes={}",
+            self.arena_bytes, self.lower_bound_bytes, self.naive_bytes
+        )
+    }
+}
+
+/// One tensor's place: [`PlanMemory::tensors`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPlacement {
+    /// The tensor, as [`Schedule::add_tensor`] returned it.
+    pub tensor: BufferId,
+    /// Its name.
+    pub name: String,
+    /// Its device: its arena is that device's.
+    pub device: DeviceId,
+    /// Its first byte in the arena.
+    pub offset: usize,
+    /// Its length.
+    pub bytes: usize,
+    /// The operations from the first that names it to the last.
+    pub live: RangeInclusive<OpId>,
+}
+
+/// The placement, and the arena each device needs.
+pub(super) struct Placement {
+    pub(super) memory: PlanMemory,
+    /// Per device of the schedule, its arena's bytes (0: none needed).
+    pub(super) arenas: Vec<usize>,
+}
+
+/// Places every tensor of `schedule`; `accesses` are each operation's
+/// (reads, writes) in bytes of the roots, tensors not yet placed.
+///
+/// # Errors
+/// [`Error::InvalidSchedule`] for a tensor whose first operation reads it
+/// without writing it.
+pub(super) fn place<B: Backend>(
+    schedule: &Schedule<B>,
+    accesses: &[(Vec<Access>, Vec<Access>)],
+) -> Result<Placement> {
+    let is_tensor = |id: BufferId| {
+        schedule.buffers[id.0].origin == Origin::Tensor && id == schedule.buffers[id.0].root
+    };
+    // Per root tensor, the first and last operation naming it.
+    let mut live: Vec<Option<(usize, usize)>> = vec![None; schedule.buffers.len()];
+    for (index, op) in schedule.ops.iter().enumerate() {
+        let (reads, writes) = &accesses[index];
+        let arguments = match &op.work {
+            Work::Exec { buffers, .. } => buffers.as_slice(),
+            _ => &[],
+        };
+        let named = reads
+            .iter()
+            .chain(writes)
+            .map(|access| access.buffer)
+            .chain(arguments.iter().map(|id| schedule.buffers[id.0].root));
+        for root in named {
+            if !is_tensor(root) {
+                continue;
+            }
+            match &mut live[root.0] {
+                Some((_, last)) => *last = index,
+                slot @ None => {
+                    let touched = reads.iter().chain(writes).any(|a| a.buffer == root);
+                    let written = writes.iter().any(|a| a.buffer == root);
+                    if touched && !written {
+                        return Err(Error::InvalidSchedule {
+                            reason: format!(
+                                "tensor `{}` is read by `{}` before any operation writes it, so \
+                                 it would hold garbage; write it first (an upload, a fill, a \
+                                 copy, or a kernel declaring `.writes`), or make it a buffer \
+                                 (`add_buffer`) or a slot (`add_slot`) if its bytes come from \
+                                 outside the run",
+                                schedule.buffers[root.0].name, op.name
+                            ),
+                        });
+                    }
+                    *slot = Some((index, index));
+                }
+            }
+        }
+    }
+
+    let mut tensors = Vec::new();
+    let mut arenas = vec![0usize; schedule.devices.len()];
+    let mut lower_bound_bytes = 0;
+    let mut naive_bytes = 0;
+    for (device, arena) in arenas.iter_mut().enumerate() {
+        let align = schedule.devices[device].limits().view_alignment.max(1);
+        let mine: Vec<(BufferId, usize, (usize, usize))> = live
+            .iter()
+            .enumerate()
+            .filter_map(|(id, span)| {
+                let slot = &schedule.buffers[id];
+                (slot.device.0 == device).then_some(())?;
+                Some((BufferId(id), slot.len, (*span)?))
+            })
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        naive_bytes += mine.iter().map(|t| t.1).sum::<usize>();
+        lower_bound_bytes += (0..schedule.ops.len())
+            .map(|step| {
+                mine.iter()
+                    .filter(|(_, _, (first, last))| (*first..=*last).contains(&step))
+                    .map(|t| t.1)
+                    .sum::<usize>()
+            })
+            .max()
+            .unwrap_or(0);
+        let offsets = greedy_by_size(&mine, align)?;
+        *arena = mine
+            .iter()
+            .zip(&offsets)
+            .map(|((_, bytes, _), offset)| offset + bytes.next_multiple_of(align))
+            .max()
+            .unwrap_or(0);
+        for ((id, bytes, (first, last)), offset) in mine.into_iter().zip(offsets) {
+            tensors.push(TensorPlacement {
+                tensor: id,
+                name: schedule.buffers[id.0].name.clone(),
+                device: DeviceId(device),
+                offset,
+                bytes,
+                live: OpId(first)..=OpId(last),
+            });
+        }
+    }
+    tensors.sort_by_key(|t| t.tensor.0);
+    Ok(Placement {
+        memory: PlanMemory {
+            arena_bytes: arenas.iter().sum(),
+            lower_bound_bytes,
+            naive_bytes,
+            tensors,
+        },
+        arenas,
+    })
+}
+
+/// Offsets for `tensors` (id, bytes, live operations) of one device,
+/// aligned to `align`: the largest first, each at the smallest gap that
+/// fits it between the tensors placed so far that are live with it.
+fn greedy_by_size(
+    tensors: &[(BufferId, usize, (usize, usize))],
+    align: usize,
+) -> Result<Vec<usize>> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    // Largest first; ties by first use, then by id, so plans repeat.
+    order.sort_by_key(|&i| {
+        (
+            std::cmp::Reverse(tensors[i].1),
+            tensors[i].2.0,
+            tensors[i].0.0,
+        )
+    });
+    let mut offsets = vec![0usize; tensors.len()];
+    // Placed so far: (offset, end), of the tensors in `placed_ids`.
+    let mut placed: Vec<usize> = Vec::with_capacity(tensors.len());
+    for &i in &order {
+        let (_, bytes, (first, last)) = tensors[i];
+        let size = bytes
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| too_large(bytes))?;
+        let mut neighbours: Vec<(usize, usize)> = placed
+            .iter()
+            .filter(|&&j| {
+                let (f, l) = tensors[j].2;
+                f <= last && first <= l
+            })
+            .map(|&j| {
+                (
+                    offsets[j],
+                    offsets[j] + tensors[j].1.next_multiple_of(align),
+                )
+            })
+            .collect();
+        neighbours.sort_unstable();
+        let mut best: Option<(usize, usize)> = None; // (gap, offset)
+        let mut end = 0usize;
+        for (start, stop) in neighbours {
+            if start >= end {
+                let gap = start - end;
+                if gap >= size && best.is_none_or(|(g, _)| gap < g) {
+                    best = Some((gap, end));
+                }
+            }
+            end = end.max(stop);
+        }
+        offsets[i] = match best {
+            Some((_, offset)) => offset,
+            None => end,
+        };
+        offsets[i]
+            .checked_add(size)
+            .ok_or_else(|| too_large(bytes))?;
+        placed.push(i);
+    }
+    Ok(offsets)
+}
+
+fn too_large(bytes: usize) -> Error {
+    Error::InvalidSchedule {
+        reason: format!(
+            "a tensor of {bytes} bytes does not fit in an address space; declare smaller tensors"
+        ),
+    }
+}
