@@ -3,6 +3,7 @@
 //! | group | `hwqueue` | baseline |
 //! |-------|-----------|----------|
 //! | `executor_replay` | `Plan::run` + `Run::wait` of a 4-operation schedule over a copy and a compute queue | `manual`: the same commands, waits and signals recorded by hand on two `CpuQueue`s |
+//! | `rebind_run` | `rebound`: `Plan::bind` of the input slot to the other of two buffers, then `run` + `wait` | `unchanged`: `run` + `wait` of the same plan, nothing rebound |
 //!
 //! The kernels are tiny, so this measures what the executor adds per run:
 //! recording from the plan, one submit per queue, the host's wait.
@@ -101,5 +102,46 @@ fn executor_replay(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, executor_replay);
+/// A plan over an input slot, a tensor and an output slot: binding must
+/// not re-plan or re-record more than the commands that name the slot.
+fn rebind_run(c: &mut Criterion) {
+    let mut group = c.benchmark_group("rebind_run");
+    support::configure(&mut group, Profile::Latency);
+    let device = Arc::new(CpuDevice::new());
+    let add = CpuProgram::from_fn("add_scalar", 1, 1, add_scalar);
+    let mixp = CpuProgram::from_fn("mix", 2, 0, mix);
+    let one = ExecParams::new_1d(1, 1);
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device.clone());
+    let input = schedule.add_slot(d, "in", BYTES);
+    let output = schedule.add_slot(d, "out", BYTES);
+    let t = schedule.add_tensor(d, "t", BYTES);
+    schedule.copy("stage", t, input);
+    schedule.exec("t += 5", d, &add, &[t], &[5u32.into()], one);
+    schedule
+        .exec("out = 3 out + t", d, &mixp, &[t, output], &[], one)
+        .reads(t, ..)
+        .reads(output, ..)
+        .writes(output, ..);
+    let mut plan = schedule.plan().expect("plan");
+    let inputs = [0; 2].map(|_| device.alloc(BYTES).expect("alloc"));
+    let out = device.alloc(BYTES).expect("alloc");
+    plan.bind(input, &inputs[0]).expect("bind");
+    plan.bind(output, &out).expect("bind");
+
+    group.bench_function("unchanged", |b| {
+        b.iter(|| plan.run().expect("run").wait(Timeout::Forever).expect("ran"));
+    });
+    let mut turn = 0;
+    group.bench_function("rebound", |b| {
+        b.iter(|| {
+            turn ^= 1;
+            plan.bind(input, &inputs[turn]).expect("bind");
+            plan.run().expect("run").wait(Timeout::Forever).expect("ran")
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, executor_replay, rebind_run);
 criterion_main!(benches);

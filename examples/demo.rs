@@ -2,12 +2,12 @@
 //!
 //! A two-layer MLP forward pass over a batch (matmul, bias + ReLU, matmul,
 //! bias + softmax), with its kernels generated as C source (CUDA C on a GPU)
-//! with the shapes baked in, compiled at run time, its tensors laid out as
-//! views of one arena, planned once by the executor (an upload on the copy
-//! queue, four kernels on the compute queue, a download on the copy queue,
-//! waits derived from the arena bytes they touch), then run for N
-//! iterations with fresh inputs moved in queue order. Every iteration's output is
-//! checked against plain Rust.
+//! with the shapes baked in, compiled at run time, planned once by the
+//! executor (four kernels on the compute queue, a download on the copy
+//! queue, its intermediates placed in one arena by the memory planner,
+//! waits derived from the bytes they touch), then run for N iterations,
+//! each with its input bound from a caller's buffer. Every iteration's
+//! output is checked against plain Rust.
 //!
 //! ```text
 //! cargo run --release --example demo -- [--device cpu|cuda:0] [--iterations N]
@@ -351,64 +351,30 @@ fn run() -> Result<(), String> {
         w2: rng.vec(HIDDEN * OUTPUT, 0.1),
         b2: rng.vec(OUTPUT, 0.1),
     };
-    // One arena, laid out as a compiler's memory planner would: every
-    // tensor at an offset the device's alignment rule allows. `probs` is
-    // written only after `x` was last read, so it reuses `x`'s bytes; the
-    // planner sees the overlap in the arena's bytes and orders the two.
-    let align = device.limits().view_alignment;
-    let mut layout = Vec::new();
-    let mut end = 0usize;
-    for (name, floats) in [
-        ("x", BATCH * INPUT),
-        ("w1", INPUT * HIDDEN),
-        ("b1", HIDDEN),
-        ("h", BATCH * HIDDEN),
-        ("w2", HIDDEN * OUTPUT),
-        ("b2", OUTPUT),
-        ("logits", BATCH * OUTPUT),
-    ] {
-        let offset = end.next_multiple_of(align);
-        layout.push((name, offset, floats * size_of::<f32>()));
-        end = offset + floats * size_of::<f32>();
-    }
-    layout.push(("probs", layout[0].1, BATCH * OUTPUT * size_of::<f32>()));
-    let arena = device.alloc(end).map_err(err)?;
-    println!(
-        "arena: {} tensors in one {} KiB allocation, {align}-byte aligned views; `probs` reuses `x`'s bytes",
-        layout.len(),
-        end >> 10
-    );
-    // The weights go in once, through views of the arena.
-    for (name, data) in [
-        ("w1", &weights.w1),
-        ("b1", &weights.b1),
-        ("w2", &weights.w2),
-        ("b2", &weights.b2),
-    ] {
-        let &(_, offset, len) = layout.iter().find(|t| t.0 == name).expect("laid out");
-        arena
-            .view(offset, len)
-            .map_err(err)?
-            .write_from(data)
-            .map_err(err)?;
-    }
-
     // The schedule, as the compiler hands it over: operations in program
-    // order, each with the tensors it touches.
+    // order, each with the tensors it touches. The weights are the
+    // caller's buffers; the input is a slot, bound to a caller's buffer
+    // per run; the intermediates are tensors whose bytes the planner
+    // places in one arena, `probs` reusing `h`'s once `h` is dead.
     let mut schedule = Schedule::<AnyBackend>::new();
     let d = schedule.add_device(Arc::clone(&device));
-    let whole = schedule.add_buffer(d, "arena", arena);
-    let mut views = Vec::new();
-    for &(name, offset, len) in &layout {
-        views.push(schedule.add_view(name, whole, offset, len).map_err(err)?);
-    }
-    let [bx, bw1, bb1, bh, bw2, bb2, blogits, bprobs] = views[..] else {
-        unreachable!("eight tensors were laid out");
+    let mut weight = |name: &str, data: &[f32]| -> Result<_, String> {
+        let buffer = device.alloc(size_of_val(data)).map_err(err)?;
+        buffer.write_at(0, data).map_err(err)?;
+        Ok(schedule.add_buffer(d, name, buffer))
     };
+    let bw1 = weight("w1", &weights.w1)?;
+    let bb1 = weight("b1", &weights.b1)?;
+    let bw2 = weight("w2", &weights.w2)?;
+    let bb2 = weight("b2", &weights.b2)?;
+    let f32s = |n: usize| n * size_of::<f32>();
+    let bx = schedule.add_slot(d, "x", f32s(BATCH * INPUT));
+    let bh = schedule.add_tensor(d, "h", f32s(BATCH * HIDDEN));
+    let blogits = schedule.add_tensor(d, "logits", f32s(BATCH * OUTPUT));
+    let bprobs = schedule.add_tensor(d, "probs", f32s(BATCH * OUTPUT));
     let tile = |cols: usize, rows: usize, local: [u32; 2]| {
         ExecParams::new_2d([cols as u32, rows as u32], local)
     };
-    let upload_x = schedule.upload("upload x", bx).id();
     schedule
         .exec(
             "matmul1",
@@ -460,6 +426,13 @@ fn run() -> Result<(), String> {
     let download_probs = schedule.download("download probs", bprobs).id();
     let mut plan = schedule.plan().map_err(err)?;
     println!("{plan}");
+    println!("{}", plan.memory());
+    // The caller's input buffers, bound in turn: a run reads the one bound
+    // when it started, with no copy into the plan.
+    let inputs = [
+        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
+        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
+    ];
     if options.trace.is_some() {
         plan.set_profiling(true);
     }
@@ -470,10 +443,12 @@ fn run() -> Result<(), String> {
     for iteration in 0..options.iterations {
         let input = Lcg(1000 + iteration as u64).vec(BATCH * INPUT, 1.0);
         let start = Instant::now();
-        // This run's input and where its output lands, staged for the
-        // plan's upload and download; the output reuses the last one's
-        // memory.
-        plan.upload(upload_x, &input).map_err(err)?;
+        // This run's input, written to a caller's buffer and bound to the
+        // plan's slot, and where its output lands, staged for the plan's
+        // download (reusing the last one's memory).
+        let x = &inputs[iteration % 2];
+        x.write_at(0, &input).map_err(err)?;
+        plan.bind(bx, x).map_err(err)?;
         let probs = Download::from_vec(output);
         plan.download(download_probs, &probs).map_err(err)?;
         plan.run()
@@ -510,7 +485,7 @@ fn run() -> Result<(), String> {
     let median = sorted[sorted.len() / 2];
     let total: Duration = times.iter().sum();
     let flops = 2.0 * (BATCH * INPUT * HIDDEN + BATCH * HIDDEN * OUTPUT) as f64;
-    println!("per iteration (upload, 4 kernels, download, host wait):");
+    println!("per iteration (input write and bind, 4 kernels, download, host wait):");
     for (i, t) in times.iter().enumerate().take(5) {
         println!("  iteration {:>3}: {t:.2?}", i + 1);
     }

@@ -163,9 +163,10 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                     buffer: access.buffer,
                     range: access.range.clone(),
                     reason: format!(
-                        "{hazard} on `{buffer}` [{}, {}) after `{}`{}",
+                        "{hazard} on `{buffer}` [{}, {}){} after `{}`{}",
                         access.range.start,
                         access.range.end,
+                        tensors_at(&schedule, op, &schedule.ops[earlier % n], &access),
                         schedule.ops[earlier % n].name,
                         if previous_run {
                             " of the previous run"
@@ -275,6 +276,48 @@ fn place_tensors<B: Backend>(
         slot.buffer = Some(view.view(slot.offset, slot.len)?);
     }
     Ok(())
+}
+
+/// For a hazard on an arena's bytes, which tensors the two operations
+/// touch there: ` (`h`)`, or ` (`probs` reusing `h`)`; empty otherwise.
+fn tensors_at<B: Backend>(
+    schedule: &Schedule<B>,
+    later: &Op<B>,
+    earlier: &Op<B>,
+    access: &Access,
+) -> String {
+    let name = |op: &Op<B>| {
+        op_buffers(op).find_map(|id| {
+            let slot = schedule.buffers.get(id.0)?;
+            let touches = slot.origin == Origin::Tensor
+                && slot.root == access.buffer
+                && slot.offset < access.range.end
+                && access.range.start < slot.offset + slot.len;
+            touches.then_some(slot.name.as_str())
+        })
+    };
+    match (name(later), name(earlier)) {
+        (Some(a), Some(b)) if a == b => format!(" (`{a}`)"),
+        (Some(a), Some(b)) => format!(" (`{a}` reusing `{b}`)"),
+        _ => String::new(),
+    }
+}
+
+/// Every buffer an operation names.
+fn op_buffers<B: Backend>(op: &Op<B>) -> impl Iterator<Item = BufferId> + '_ {
+    let named: Vec<BufferId> = match &op.work {
+        Work::Exec { buffers, .. } => buffers.clone(),
+        Work::Copy { dst, src } => vec![*dst, *src],
+        Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
+        Work::Download { src } => vec![*src],
+    };
+    let declared = op
+        .reads
+        .iter()
+        .chain(&op.writes)
+        .flatten()
+        .map(|a| a.buffer);
+    named.into_iter().chain(declared)
 }
 
 /// The first hazard between a later op (reads, writes) and an earlier one.
