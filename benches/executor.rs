@@ -130,14 +130,22 @@ fn rebind_run(c: &mut Criterion) {
     plan.bind(output, &out).expect("bind");
 
     group.bench_function("unchanged", |b| {
-        b.iter(|| plan.run().expect("run").wait(Timeout::Forever).expect("ran"));
+        b.iter(|| {
+            plan.run()
+                .expect("run")
+                .wait(Timeout::Forever)
+                .expect("ran")
+        });
     });
     let mut turn = 0;
     group.bench_function("rebound", |b| {
         b.iter(|| {
             turn ^= 1;
             plan.bind(input, &inputs[turn]).expect("bind");
-            plan.run().expect("run").wait(Timeout::Forever).expect("ran")
+            plan.run()
+                .expect("run")
+                .wait(Timeout::Forever)
+                .expect("ran")
         });
     });
     group.finish();

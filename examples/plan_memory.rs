@@ -10,13 +10,16 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use hwqueue::cpu::{Cpu, CpuDevice};
 use hwqueue::Schedule;
+use hwqueue::cpu::{Cpu, CpuDevice};
 use hwqueue_testkit::{mlp_schedule, transformer_block_schedule};
+
+/// Builds one of the schedules on a device.
+type Build = fn(&Arc<CpuDevice>) -> Schedule<Cpu>;
 
 fn main() -> ExitCode {
     let device = Arc::new(CpuDevice::new());
-    let schedules: [(&str, fn(&Arc<CpuDevice>) -> Schedule<Cpu>); 2] = [
+    let schedules: [(&str, Build); 2] = [
         ("mlp", mlp_schedule),
         ("transformer_block", transformer_block_schedule),
     ];

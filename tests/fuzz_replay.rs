@@ -62,3 +62,8 @@ fn event_ring_corpus() {
 fn memory_pool_corpus() {
     assert!(replay("memory_pool", fuzz_harness::memory_pool) > 0);
 }
+
+#[test]
+fn plan_schedule_corpus() {
+    assert!(replay("plan_schedule", fuzz_harness::plan_schedule) > 0);
+}

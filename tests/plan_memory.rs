@@ -424,6 +424,65 @@ fn a_binding_of_bytes_another_slot_uses_in_flight_waits_for_that_run() {
     assert_eq!(got, [200; 16]);
 }
 
+/// Holds `gated_write_2` until set (a gate of its own: tests run at once).
+static GATE_2: AtomicBool = AtomicBool::new(false);
+
+fn gated_write_2(group: &WorkGroup, args: &KernelArgs<'_>) {
+    while !GATE_2.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    write_scalar(group, args);
+}
+
+/// Rebinding the output while a run that writes the old one is held, and
+/// dropping the caller's handle to the old one: the run in flight keeps
+/// it, writes it and downloads it; the next run writes the new one.
+#[test]
+fn rebinding_while_a_run_is_in_flight_keeps_its_buffers() {
+    let device = device();
+    let program = CpuProgram::from_fn("gated_write_2", 1, 1, gated_write_2);
+    let mut s = Schedule::<Cpu>::new();
+    let d = s.add_device(device.clone());
+    let output = s.add_slot(d, "out", 64);
+    let step = s.add_scalar("step", 0u32);
+    s.exec("write out", d, &program, &[output], &[Scalar::U32(0)], ONE)
+        .scalar(0, step)
+        .writes(output, ..);
+    let read_out = s.download("read out", output).id();
+    let mut plan = s.plan().expect("plan");
+
+    let old = device.alloc(64).expect("alloc");
+    plan.bind(output, &old).expect("bind");
+    plan.set_scalar(step, 1u32).expect("scalar");
+    let first_out = Download::<u32>::new(16);
+    plan.download(read_out, &first_out).expect("stage");
+    let first = plan.run().expect("run 0");
+    drop(old);
+
+    let new = device.alloc(64).expect("alloc");
+    plan.bind(output, &new).expect("rebind while run 0 is held");
+    plan.set_scalar(step, 2u32).expect("scalar");
+    let second_out = Download::<u32>::new(16);
+    plan.download(read_out, &second_out).expect("stage");
+    let second = plan.run().expect("run 1");
+    assert!(!first.is_complete());
+
+    GATE_2.store(true, Ordering::Release);
+    first.wait(Timeout::Forever).expect("run 0");
+    second.wait(Timeout::Forever).expect("run 1");
+    assert_eq!(
+        first_out.take(Timeout::Forever).expect("run 0 output"),
+        vec![1; 16]
+    );
+    assert_eq!(
+        second_out.take(Timeout::Forever).expect("run 1 output"),
+        vec![2; 16]
+    );
+    let mut got = [0u32; 16];
+    new.read_at(0, &mut got).expect("read");
+    assert_eq!(got, [2; 16]);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

@@ -52,8 +52,7 @@
 //! let program = CpuProgram::from_fn("double", 1, 0, double);
 //! let mut schedule = Schedule::<Cpu>::new();
 //! let d = schedule.add_device(device.clone());
-//! let arena = schedule.add_buffer(d, "arena", device.alloc(64 << 10)?);
-//! let x = schedule.add_view("x", arena, 4096, 4096)?;      // a tensor in the arena
+//! let x = schedule.add_tensor(d, "x", 4096);               // placed by the planner
 //! let up = schedule.upload("upload x", x).id();            // the model's input ...
 //! schedule.exec("double", d, &program, &[x], &[], ExecParams::new_1d(1024, 256));
 //! let down = schedule.download("download x", x).id();      // ... and its output
@@ -68,6 +67,66 @@
 //! }
 //! // The last run consumed what was staged; a run without it is refused.
 //! assert!(matches!(plan.run(), Err(hwqueue::Error::TransferNotStaged { .. })));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **Memory.** Tensors declared by size ([`Schedule::add_tensor`]) are
+//! placed by the planner: each lives from the first operation naming it to
+//! the last, and a device's tensors share one arena from its pool, greedy
+//! by size with best fit, so tensors live together never share a byte
+//! ([`Plan::memory`] reports the arena against the lower bound and the
+//! naive sum). The hazards compare arena bytes, so reuse is ordered like any
+//! other write-after-read. Explicit views of the caller's buffers
+//! ([`Schedule::add_view`]) work beside them.
+//!
+//! **Bindings.** Slots ([`Schedule::add_slot`]) are inputs and outputs in
+//! the caller's memory, bound per run with [`Plan::bind`] (no copy, no
+//! re-planning, as IREE's binding tables), and scalar slots
+//! ([`Schedule::add_scalar`], [`OpBuilder::scalar`]) values an exec takes
+//! per run ([`Plan::set_scalar`]):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+//! use hwqueue::{Buffer, Device, ExecParams, Scalar, Schedule, Timeout};
+//!
+//! /// `out = in + step`, one work-group.
+//! fn add(_: &WorkGroup, args: &KernelArgs<'_>) {
+//!     let step: u32 = args.scalar(0);
+//!     let (input, out) = (args.buffer(0), args.buffer(1));
+//!     // SAFETY: one work-group; the two are different memory.
+//!     unsafe {
+//!         let input = input.as_slice::<u32>();
+//!         for (o, i) in out.slice_mut::<u32>(0..out.len::<u32>()).iter_mut().zip(input) {
+//!             *o = i + step;
+//!         }
+//!     }
+//! }
+//!
+//! # fn main() -> hwqueue::Result<()> {
+//! let device = Arc::new(CpuDevice::new());
+//! let program = CpuProgram::from_fn("add", 2, 1, add);
+//! let mut schedule = Schedule::<Cpu>::new();
+//! let d = schedule.add_device(device.clone());
+//! let (input, output) = (schedule.add_slot(d, "in", 64), schedule.add_slot(d, "out", 64));
+//! let step = schedule.add_scalar("step", 0u32);
+//! schedule
+//!     .exec("add", d, &program, &[input, output], &[Scalar::U32(0)], ExecParams::new_1d(1, 1))
+//!     .scalar(0, step)                                    // scalar 0 from `step`, per run
+//!     .reads(input, ..)
+//!     .writes(output, ..);
+//! let mut plan = schedule.plan()?;
+//!
+//! let (a, out) = (device.alloc(64)?, device.alloc(64)?);
+//! a.write_at(0, &[40u32; 16])?;
+//! plan.bind(input, &a)?;                                  // the caller's buffers ...
+//! plan.bind(output, &out)?;
+//! plan.set_scalar(step, 2u32)?;
+//! plan.run()?.wait(Timeout::Forever)?;
+//! let mut got = [0u32; 16];
+//! out.read_at(0, &mut got)?;                              // ... hold the run's output
+//! assert_eq!(got, [42; 16]);
 //! # Ok(())
 //! # }
 //! ```
