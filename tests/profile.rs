@@ -255,3 +255,35 @@ fn kernel_timing_returns_n_samples_directly_and_through_the_any_enum() {
     .unwrap_err();
     assert!(error.to_string().contains("at least one run"), "{error}");
 }
+
+/// Issue 24, defect 3: a host event carries the batch it submitted, or 0
+/// (a `synchronize`, an empty `submit`); it failed on `e666876`, where every
+/// host event after the first submit carried the last batch's number.
+#[test]
+fn host_events_carry_the_batch_they_submitted_or_zero() {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue().unwrap();
+    let signal = device.new_signal(0).unwrap();
+    queue.set_profiling(true);
+    queue.signal(&signal, 1).submit().unwrap(); // batch 1
+    queue.synchronize().unwrap(); // no batch
+    queue.submit().unwrap(); // empty: no batch
+    queue.signal(&signal, 2).submit().unwrap(); // batch 2
+    queue.synchronize().unwrap();
+    let host: Vec<(String, u64)> = queue
+        .take_profile()
+        .into_iter()
+        .filter(|e| e.category == Category::Host)
+        .map(|e| (e.name, e.batch))
+        .collect();
+    let expected: Vec<(String, u64)> = [
+        ("submit", 1),
+        ("synchronize", 0),
+        ("submit", 0),
+        ("submit", 2),
+        ("synchronize", 0),
+    ]
+    .map(|(n, b)| (n.to_owned(), b))
+    .into();
+    assert_eq!(host, expected);
+}

@@ -74,8 +74,8 @@ impl<E: Engine> Queue<E> {
     }
 
     /// Records a host call on the queue that started at `start` (called
-    /// only while profiling).
-    fn host_event(&mut self, name: &str, start: u64, outcome: &Result<()>) {
+    /// only while profiling): `batch` is the batch it submitted, or 0.
+    fn host_event(&mut self, name: &str, batch: u64, start: u64, outcome: &Result<()>) {
         if let Some(profile) = self.profile.as_deref_mut() {
             let detail = match outcome {
                 Ok(()) => String::new(),
@@ -87,8 +87,7 @@ impl<E: Engine> Queue<E> {
                 detail,
                 params: None,
             };
-            let event =
-                described.into_event(profile.label.clone(), profile.submitted, 0, start, now_ns());
+            let event = described.into_event(profile.label.clone(), batch, 0, start, now_ns());
             profile.events.push(event);
         }
     }
@@ -611,8 +610,13 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             return self.submit_recorded();
         }
         let start = now_ns();
+        let before = self.profile.as_deref().map_or(0, |p| p.submitted);
         let outcome = self.submit_recorded();
-        self.host_event("submit", start, &outcome);
+        // The batch this call submitted; 0 when it submitted none (an
+        // empty batch, an earlier failure reported).
+        let after = self.profile.as_deref().map_or(0, |p| p.submitted);
+        let batch = if after > before { after } else { 0 };
+        self.host_event("submit", batch, start, &outcome);
         outcome
     }
 
@@ -621,7 +625,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.engine.synchronize();
         let outcome = self.engine.ledger().report(&mut self.epoch);
         if let Some(start) = start {
-            self.host_event("synchronize", start, &outcome);
+            self.host_event("synchronize", 0, start, &outcome);
         }
         outcome
     }
