@@ -248,11 +248,21 @@ pub(crate) fn launch_config(params: &ExecParams) -> LaunchConfig {
 /// Whether a driver error leaves the context unusable for the rest of the
 /// process (CUDA's "sticky" errors: every later call of the context fails
 /// the same way, and only a new process recovers).
+///
+/// The list is `cuda.h`'s (12.8, the version the bindings target): the
+/// codes whose description says the process is left "in an inconsistent
+/// state and any further CUDA work will return the same error", or must be
+/// "terminated and relaunched", plus an uncorrectable ECC error and a
+/// destroyed context, after which the context cannot go on either.
 pub(crate) fn is_sticky(code: sys::CUresult) -> bool {
     use sys::CUresult as R;
     matches!(
         code,
         R::CUDA_ERROR_ILLEGAL_ADDRESS
+            | R::CUDA_ERROR_CONTAINED
+            | R::CUDA_ERROR_TENSOR_MEMORY_LEAK
+            | R::CUDA_ERROR_MPS_CLIENT_TERMINATED
+            | R::CUDA_ERROR_EXTERNAL_DEVICE
             | R::CUDA_ERROR_LAUNCH_FAILED
             | R::CUDA_ERROR_HARDWARE_STACK_ERROR
             | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
@@ -418,5 +428,31 @@ mod tests {
         assert!(!is_sticky(R::CUDA_ERROR_OUT_OF_MEMORY));
         assert!(!is_sticky(R::CUDA_ERROR_INVALID_VALUE));
         assert!(!is_sticky(R::CUDA_ERROR_NOT_READY));
+    }
+
+    /// Issue 24, defect 7: every code whose description in `cuda.h` (12.8,
+    /// the version the bindings target) says the process is left in an
+    /// inconsistent state, or must be relaunched, is sticky. The last four
+    /// were missing before; this failed on `37889df`.
+    #[test]
+    fn every_code_cuda_h_calls_process_fatal_is_sticky() {
+        use sys::CUresult as R;
+        for code in [
+            R::CUDA_ERROR_ILLEGAL_ADDRESS,
+            R::CUDA_ERROR_LAUNCH_TIMEOUT,
+            R::CUDA_ERROR_ASSERT,
+            R::CUDA_ERROR_HARDWARE_STACK_ERROR,
+            R::CUDA_ERROR_ILLEGAL_INSTRUCTION,
+            R::CUDA_ERROR_MISALIGNED_ADDRESS,
+            R::CUDA_ERROR_INVALID_ADDRESS_SPACE,
+            R::CUDA_ERROR_INVALID_PC,
+            R::CUDA_ERROR_LAUNCH_FAILED,
+            R::CUDA_ERROR_CONTAINED,
+            R::CUDA_ERROR_TENSOR_MEMORY_LEAK,
+            R::CUDA_ERROR_MPS_CLIENT_TERMINATED,
+            R::CUDA_ERROR_EXTERNAL_DEVICE,
+        ] {
+            assert!(is_sticky(code), "{code:?} is not sticky");
+        }
     }
 }
