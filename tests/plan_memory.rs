@@ -338,7 +338,7 @@ fn scalar_slots_are_checked_at_plan() {
         .scalar(0, step);
     match s.plan() {
         Err(Error::InvalidSchedule { reason }) => assert!(
-            reason.contains("`step`") && reason.contains("u64"),
+            reason.contains("`step`") && reason.contains("u64") && !reason.contains("  "),
             "{reason}"
         ),
         other => panic!("expected InvalidSchedule, got {:?}", other.map(|_| ())),

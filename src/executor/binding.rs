@@ -27,12 +27,8 @@ use super::schedule::*;
 use super::*;
 use crate::view::AsView;
 
-/// The bindings of some runs: each slot's view.
-struct Epoch<B: Backend> {
-    views: Vec<(BufferId, View<B>)>,
-    /// The last run that used them; `None` until one did.
-    last_run: Option<u64>,
-}
+/// Each slot's view, as some runs were bound.
+type SlotViews<B> = Vec<(BufferId, View<B>)>;
 
 pub(super) struct Bindings<B: Backend> {
     /// The roots that are slots.
@@ -44,10 +40,12 @@ pub(super) struct Bindings<B: Backend> {
     read: Vec<bool>,
     /// Whether a binding changed since the last run.
     changed: bool,
-    /// The bindings of the runs since the last change.
-    current: Epoch<B>,
-    /// Earlier bindings whose runs may be in flight.
-    history: VecDeque<Epoch<B>>,
+    /// The bindings of the runs since the last change, and the last of
+    /// those runs (`None` until one ran).
+    current: (SlotViews<B>, Option<u64>),
+    /// Earlier bindings, with the last run that used them, while that run
+    /// may be in flight.
+    history: VecDeque<(SlotViews<B>, u64)>,
     /// The run the next run must wait for, whole.
     barrier: Option<u64>,
 }
@@ -80,10 +78,7 @@ impl<B: Backend> Bindings<B> {
             buffers: roots(Origin::Buffer),
             written,
             read,
-            current: Epoch {
-                views: Vec::new(),
-                last_run: None,
-            },
+            current: (Vec::new(), None),
             history: VecDeque::new(),
             barrier: None,
         }
@@ -91,12 +86,11 @@ impl<B: Backend> Bindings<B> {
 }
 
 impl<B: Backend> Bindings<B> {
-    /// Gives back a barrier `check_bindings` returned, for a run refused
-    /// before it recorded anything.
-    pub(super) fn restore_barrier(&mut self, barrier: Option<u64>) {
-        if barrier.is_some() {
-            self.barrier = barrier;
-        }
+    /// Whether bindings `a` and `b` (their views `va`, `vb`) break the
+    /// plan's hazards: they share bytes and the plan writes one of them.
+    fn clash(&self, (a, va): (BufferId, &View<B>), (b, vb): (BufferId, &View<B>)) -> bool {
+        let used = |id: BufferId| self.written[id.0] || self.read[id.0];
+        used(a) && used(b) && (self.written[a.0] || self.written[b.0]) && va.overlaps(vb)
     }
 }
 
@@ -197,7 +191,7 @@ impl<B: Backend> Plan<B> {
     /// writes, and the run to wait for where a binding takes bytes another
     /// slot used in a run still in flight. Returns that run.
     pub(super) fn check_bindings(&mut self) -> Result<Option<u64>> {
-        let facts = self.facts.clone();
+        let facts = &self.facts;
         let bindings = &mut self.bindings;
         if bindings.changed {
             let buffers = &self.schedule.buffers;
@@ -210,87 +204,64 @@ impl<B: Backend> Plan<B> {
                 };
                 views.push((slot, view.clone()));
             }
-            let used = |id: BufferId| bindings.written[id.0] || bindings.read[id.0];
+            let fixed = bindings
+                .buffers
+                .iter()
+                .filter_map(|&id| Some((id, buffers[id.0].buffer.as_ref()?)));
             for (index, (slot, view)) in views.iter().enumerate() {
-                if !used(*slot) {
-                    continue;
-                }
-                let others = views[index + 1..].iter().map(|(id, v)| (*id, v)).chain(
-                    bindings
-                        .buffers
-                        .iter()
-                        .filter_map(|&id| Some((id, buffers[id.0].buffer.as_ref()?))),
-                );
-                for (other, other_view) in others {
-                    let writes = bindings.written[slot.0] || bindings.written[other.0];
-                    if used(other) && writes && view.overlaps(other_view) {
-                        let what = if bindings.buffers.contains(&other) {
-                            "buffer"
-                        } else {
-                            "slot"
-                        };
-                        return Err(Error::InvalidBinding {
-                            slot: buffers[slot.0].name.clone(),
-                            reason: format!(
-                                "it shares bytes with {what} `{}` of the plan, and one of the \
-                                 two is written; the plan orders them as different memory, so \
-                                 bind them to disjoint bytes",
-                                buffers[other.0].name
-                            ),
-                        });
-                    }
+                let others = views[index + 1..].iter().map(|(id, v)| (*id, v));
+                if let Some((other, _)) = others
+                    .chain(fixed.clone())
+                    .find(|&other| bindings.clash((*slot, view), other))
+                {
+                    let what = match buffers[other.0].origin {
+                        Origin::Slot => "slot",
+                        Origin::Buffer | Origin::Tensor => "buffer",
+                    };
+                    return Err(Error::InvalidBinding {
+                        slot: buffers[slot.0].name.clone(),
+                        reason: format!(
+                            "it shares bytes with {what} `{}` of the plan, and one of the two \
+                             is written; the plan orders them as different memory, so bind \
+                             them to disjoint bytes",
+                            buffers[other.0].name
+                        ),
+                    });
                 }
             }
             // A new epoch; the runs of the old one may be in flight.
-            let old = std::mem::replace(
-                &mut bindings.current,
-                Epoch {
-                    views,
-                    last_run: None,
-                },
-            );
-            if old.last_run.is_some() {
-                bindings.history.push_back(old);
+            if let (old, Some(last_run)) = std::mem::replace(&mut bindings.current, (views, None)) {
+                bindings.history.push_back((old, last_run));
             }
-            bindings
-                .history
-                .retain(|epoch| epoch.last_run.is_some_and(|run| !settled(&facts, run)));
-            let current = &bindings.current.views;
-            let written = &bindings.written;
+            bindings.history.retain(|(_, run)| !settled(facts, *run));
+            let current = &bindings.current.0;
             bindings.barrier = bindings
                 .history
                 .iter()
-                .filter(|epoch| {
+                .filter(|(old, _)| {
                     current.iter().any(|(slot, view)| {
-                        epoch.views.iter().any(|(other, old)| {
-                            other != slot
-                                && (written[slot.0] || written[other.0])
-                                && view.overlaps(old)
+                        old.iter().any(|(other, was)| {
+                            other != slot && bindings.clash((*slot, view), (*other, was))
                         })
                     })
                 })
-                .filter_map(|epoch| epoch.last_run)
+                .map(|(_, run)| *run)
                 .max();
             bindings.changed = false;
         }
-        // Only the first run of an epoch waits: the later ones follow it
-        // on every queue.
-        let barrier = bindings.barrier.take().filter(|run| !settled(&facts, *run));
-        Ok(barrier)
+        Ok(bindings.barrier.filter(|run| !settled(facts, *run)))
     }
 
-    /// Notes that run `run` used the current bindings.
+    /// Notes that run `run` used the current bindings. Only the first run
+    /// of an epoch waits for the barrier: the later ones follow it on
+    /// every queue.
     pub(super) fn bindings_used(&mut self, run: u64) {
-        self.bindings.current.last_run = Some(run);
+        self.bindings.current.1 = Some(run);
+        self.bindings.barrier = None;
     }
 }
 
 /// Whether run `run` ended on every queue: completed, or failed.
 fn settled<B: Backend>(facts: &PlanFacts<B>, run: u64) -> bool {
-    facts.signals.iter().enumerate().all(|(queue, signal)| {
-        !matches!(
-            signal.wait((run + 1) * facts.counts[queue], std::time::Duration::ZERO),
-            Err(Error::Timeout { .. })
-        )
-    })
+    (0..facts.signals.len()).all(|queue| !facts.pending(queue, facts.end_of(run, queue)))
 }

@@ -65,8 +65,9 @@ pub struct TensorPlacement {
 /// The placement, and the arena each device needs.
 pub(super) struct Placement {
     pub(super) memory: PlanMemory,
-    /// Per device of the schedule, its arena's bytes (0: none needed).
-    pub(super) arenas: Vec<usize>,
+    /// Per device of the schedule, its arena's bytes; `None` where no
+    /// operation names a tensor of it.
+    pub(super) arenas: Vec<Option<usize>>,
 }
 
 /// Places every tensor of `schedule`; `accesses` are each operation's
@@ -123,7 +124,7 @@ pub(super) fn place<B: Backend>(
     }
 
     let mut tensors = Vec::new();
-    let mut arenas = vec![0usize; schedule.devices.len()];
+    let mut arenas = vec![None; schedule.devices.len()];
     let mut lower_bound_bytes = 0;
     let mut naive_bytes = 0;
     for (device, arena) in arenas.iter_mut().enumerate() {
@@ -150,13 +151,8 @@ pub(super) fn place<B: Backend>(
             })
             .max()
             .unwrap_or(0);
-        let offsets = greedy_by_size(&mine, align)?;
-        *arena = mine
-            .iter()
-            .zip(&offsets)
-            .map(|((_, bytes, _), offset)| offset + bytes.next_multiple_of(align))
-            .max()
-            .unwrap_or(0);
+        let (offsets, end) = greedy_by_size(&mine, align)?;
+        *arena = Some(end);
         for ((id, bytes, (first, last)), offset) in mine.into_iter().zip(offsets) {
             tensors.push(TensorPlacement {
                 tensor: id,
@@ -171,7 +167,7 @@ pub(super) fn place<B: Backend>(
     tensors.sort_by_key(|t| t.tensor.0);
     Ok(Placement {
         memory: PlanMemory {
-            arena_bytes: arenas.iter().sum(),
+            arena_bytes: arenas.iter().flatten().sum(),
             lower_bound_bytes,
             naive_bytes,
             tensors,
@@ -181,12 +177,22 @@ pub(super) fn place<B: Backend>(
 }
 
 /// Offsets for `tensors` (id, bytes, live operations) of one device,
-/// aligned to `align`: the largest first, each at the smallest gap that
-/// fits it between the tensors placed so far that are live with it.
+/// aligned to `align`, and the arena's end: the largest first, each at the
+/// smallest gap that fits it between the tensors placed so far that are
+/// live with it.
 fn greedy_by_size(
     tensors: &[(BufferId, usize, (usize, usize))],
     align: usize,
-) -> Result<Vec<usize>> {
+) -> Result<(Vec<usize>, usize)> {
+    // Each tensor's bytes in the arena: its size rounded up to `align`.
+    let sizes = tensors
+        .iter()
+        .map(|&(_, bytes, _)| {
+            bytes
+                .checked_next_multiple_of(align)
+                .ok_or_else(|| too_large(bytes))
+        })
+        .collect::<Result<Vec<usize>>>()?;
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     // Largest first; ties by first use, then by id, so plans repeat.
     order.sort_by_key(|&i| {
@@ -197,25 +203,17 @@ fn greedy_by_size(
         )
     });
     let mut offsets = vec![0usize; tensors.len()];
-    // Placed so far: (offset, end), of the tensors in `placed_ids`.
+    let mut arena = 0usize;
     let mut placed: Vec<usize> = Vec::with_capacity(tensors.len());
     for &i in &order {
-        let (_, bytes, (first, last)) = tensors[i];
-        let size = bytes
-            .checked_next_multiple_of(align)
-            .ok_or_else(|| too_large(bytes))?;
+        let (first, last) = tensors[i].2;
         let mut neighbours: Vec<(usize, usize)> = placed
             .iter()
             .filter(|&&j| {
                 let (f, l) = tensors[j].2;
                 f <= last && first <= l
             })
-            .map(|&j| {
-                (
-                    offsets[j],
-                    offsets[j] + tensors[j].1.next_multiple_of(align),
-                )
-            })
+            .map(|&j| (offsets[j], offsets[j] + sizes[j]))
             .collect();
         neighbours.sort_unstable();
         let mut best: Option<(usize, usize)> = None; // (gap, offset)
@@ -223,22 +221,20 @@ fn greedy_by_size(
         for (start, stop) in neighbours {
             if start >= end {
                 let gap = start - end;
-                if gap >= size && best.is_none_or(|(g, _)| gap < g) {
+                if gap >= sizes[i] && best.is_none_or(|(g, _)| gap < g) {
                     best = Some((gap, end));
                 }
             }
             end = end.max(stop);
         }
-        offsets[i] = match best {
-            Some((_, offset)) => offset,
-            None => end,
-        };
-        offsets[i]
-            .checked_add(size)
-            .ok_or_else(|| too_large(bytes))?;
+        offsets[i] = best.map_or(end, |(_, offset)| offset);
+        let stop = offsets[i]
+            .checked_add(sizes[i])
+            .ok_or_else(|| too_large(tensors[i].1))?;
+        arena = arena.max(stop);
         placed.push(i);
     }
-    Ok(offsets)
+    Ok((offsets, arena))
 }
 
 fn too_large(bytes: usize) -> Error {

@@ -83,20 +83,26 @@ impl<B: Backend> PlanFacts<B> {
     }
 
     /// The value to record a wait for in run `run`, or `None` when no wait
-    /// is needed: a previous-run value that is reached, or that failed (the
-    /// failed run's later operations never run, so there is nothing to
-    /// race; the new run must not inherit the failure).
+    /// is needed: a previous-run value that is not [`pending`](Self::pending)
+    /// (the failed run's later operations never run, so there is nothing
+    /// to race; the new run must not inherit the failure).
     pub(super) fn wait_to_record(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
         let target = self.target(run, wait)?;
-        if wait.previous_run
-            && !matches!(
-                self.signals[wait.queue].wait(target, std::time::Duration::ZERO),
-                Err(Error::Timeout { .. })
-            )
-        {
-            return None;
-        }
-        Some(target)
+        (!wait.previous_run || self.pending(wait.queue, target)).then_some(target)
+    }
+
+    /// The value that ends run `run` on `queue`.
+    pub(super) fn end_of(&self, run: u64, queue: usize) -> u64 {
+        (run + 1) * self.counts[queue]
+    }
+
+    /// Whether `queue`'s signal is short of `value` and has not failed
+    /// there: a wait for it would block. Never blocks.
+    pub(super) fn pending(&self, queue: usize, value: u64) -> bool {
+        matches!(
+            self.signals[queue].wait(value, std::time::Duration::ZERO),
+            Err(Error::Timeout { .. })
+        )
     }
 }
 
@@ -138,13 +144,7 @@ impl<B: Backend> Plan<B> {
     /// with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
         let barrier = self.check_bindings()?;
-        let mut staged = match self.take_staged() {
-            Ok(staged) => staged,
-            Err(error) => {
-                self.bindings.restore_barrier(barrier);
-                return Err(error);
-            }
-        };
+        let mut staged = self.take_staged()?;
         self.bindings_used(self.runs);
         let result = self.record_and_submit(&mut staged, barrier);
         if let Err(error) = &result {
@@ -165,16 +165,18 @@ impl<B: Backend> Plan<B> {
         self.runs += 1;
         let facts = self.facts.clone();
         let base = |queue: usize| run * facts.counts[queue];
-        // A binding took bytes another slot used in run `barrier`: every
-        // queue starts after that run ended on every other queue.
+        // A binding took bytes another slot used in run `barrier`: each
+        // queue starts after that run ended on every other queue (where it
+        // has not yet).
         let barrier_waits = |own: usize| -> Vec<(usize, u64)> {
-            match barrier {
-                Some(previous) => (0..facts.signals.len())
-                    .filter(|&q| q != own)
-                    .map(|q| (q, (previous + 1) * facts.counts[q]))
-                    .collect(),
-                None => Vec::new(),
-            }
+            let Some(previous) = barrier else {
+                return Vec::new();
+            };
+            (0..facts.signals.len())
+                .filter(|&q| q != own)
+                .map(|q| (q, facts.end_of(previous, q)))
+                .filter(|&(q, value)| facts.pending(q, value))
+                .collect()
         };
         let view = |id: BufferId| -> Result<View<B>> {
             self.schedule.buffers[id.0]
@@ -204,10 +206,11 @@ impl<B: Backend> Plan<B> {
                 let Work::Copy { dst, src } = self.schedule.ops[op].work else {
                     unreachable!("only copies between devices run on the host stage");
                 };
-                let barrier = barrier_waits(index)
-                    .into_iter()
-                    .filter(|_| position == 0)
-                    .map(|(q, value)| (facts.signals[q].clone(), value));
+                let barrier = if position == 0 {
+                    barrier_waits(index)
+                } else {
+                    Vec::new()
+                };
                 host_jobs.push(HostJob {
                     waits: op_plan
                         .waits
@@ -218,7 +221,11 @@ impl<B: Backend> Plan<B> {
                                 facts.wait_to_record(run, w)?,
                             ))
                         })
-                        .chain(barrier)
+                        .chain(
+                            barrier
+                                .into_iter()
+                                .map(|(q, value)| (facts.signals[q].clone(), value)),
+                        )
                         .collect(),
                     dst: view(dst).inspect_err(fail_run)?,
                     src: view(src).inspect_err(fail_run)?,
@@ -235,12 +242,7 @@ impl<B: Backend> Plan<B> {
                 continue;
             };
             for (q, value) in barrier_waits(index) {
-                if matches!(
-                    facts.signals[q].wait(value, std::time::Duration::ZERO),
-                    Err(Error::Timeout { .. })
-                ) {
-                    queue.wait(&facts.signals[q], value);
-                }
+                queue.wait(&facts.signals[q], value);
             }
             for &op in &planned.ops {
                 let op_plan = &facts.ops[op];
@@ -252,12 +254,12 @@ impl<B: Backend> Plan<B> {
                 let slots = &self.schedule.buffers;
                 let bytes = |id: &BufferId| slots[id.0].buffer.as_ref();
                 let name = &facts.ops[op].name;
+                let bound_scalars = &self.schedule.ops[op].bound_scalars;
                 match &self.schedule.ops[op].work {
                     Work::Exec {
                         program,
                         buffers,
                         scalars,
-                        bound_scalars,
                         params,
                     } => {
                         // The scalar slots' values, where the exec takes some.

@@ -234,27 +234,20 @@ fn place_tensors<B: Backend>(
     placement: &memory::Placement,
 ) -> Result<()> {
     use crate::device::Device;
-    let devices_with_arena = placement.memory.tensors.iter().map(|t| t.device).fold(
-        Vec::new(),
-        |mut seen: Vec<DeviceId>, d| {
-            if !seen.contains(&d) {
-                seen.push(d);
-            }
-            seen
-        },
-    );
+    let named = placement.arenas.iter().flatten().count() > 1;
     let mut arenas: Vec<Option<(BufferId, View<B>)>> = vec![None; schedule.devices.len()];
-    for device in &devices_with_arena {
-        let bytes = placement.arenas[device.0];
-        let buffer = schedule.devices[device.0].alloc_uninit(bytes)?;
+    for (device, bytes) in placement.arenas.iter().enumerate() {
+        let Some(bytes) = *bytes else {
+            continue;
+        };
+        let buffer = schedule.devices[device].alloc_uninit(bytes)?;
         let view = View::whole(&buffer);
-        let name = if devices_with_arena.len() > 1 {
-            format!("arena of device {}", device.0)
+        let name = if named {
+            format!("arena of device {device}")
         } else {
             "arena".to_owned()
         };
-        let id = schedule.add_buffer(*device, name, buffer);
-        arenas[device.0] = Some((id, view));
+        arenas[device] = Some((schedule.add_buffer(DeviceId(device), name, buffer), view));
     }
     let mut offset_of: Vec<Option<usize>> = vec![None; schedule.buffers.len()];
     for tensor in &placement.memory.tensors {
@@ -289,10 +282,8 @@ fn tensors_at<B: Backend>(
     let name = |op: &Op<B>| {
         op_buffers(op).find_map(|id| {
             let slot = schedule.buffers.get(id.0)?;
-            let touches = slot.origin == Origin::Tensor
-                && slot.root == access.buffer
-                && slot.offset < access.range.end
-                && access.range.start < slot.offset + slot.len;
+            let touches =
+                slot.origin == Origin::Tensor && slot.access(0..slot.len).overlaps(access);
             touches.then_some(slot.name.as_str())
         })
     };
@@ -493,13 +484,6 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                 reason: format!("operation `{}` names unknown buffer {}", op.name, id.0),
             })
     };
-    if let Some(&index) = schedule.misplaced_scalars.first() {
-        return invalid(format!(
-            "operation `{}` takes a scalar slot (`OpBuilder::scalar`) but is not an exec; only \
-             execs take scalars",
-            schedule.ops[index].name
-        ));
-    }
     for op in &schedule.ops {
         for access in op.reads.iter().flatten().chain(op.writes.iter().flatten()) {
             let slot = buffer(op, access.buffer)?;
@@ -511,40 +495,43 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                 ));
             }
         }
+        if !op.bound_scalars.is_empty() && !matches!(op.work, Work::Exec { .. }) {
+            return invalid(format!(
+                "operation `{}` takes a scalar slot (`OpBuilder::scalar`) but is not an exec; \
+                 only execs take scalars",
+                op.name
+            ));
+        }
         match &op.work {
             Work::Exec {
-                scalars,
-                bound_scalars,
-                ..
-            } if !bound_scalars.is_empty() => {
-                for &(position, slot) in bound_scalars {
+                buffers, scalars, ..
+            } => {
+                for &(position, slot) in &op.bound_scalars {
                     let Some((name, value)) = schedule.scalars.get(slot.0) else {
                         return invalid(format!(
-                            "exec `{}` takes scalar slot {}, which is not in the schedule; use                              the id `add_scalar` returned",
+                            "exec `{}` takes scalar slot {}, which is not in the schedule; use \
+                             the id `add_scalar` returned",
                             op.name, slot.0
                         ));
                     };
                     let Some(given) = scalars.get(position) else {
                         return invalid(format!(
-                            "exec `{}` binds its scalar {position} to slot `{name}`, but it has                              {} scalars",
+                            "exec `{}` binds its scalar {position} to slot `{name}`, but it has \
+                             {} scalars",
                             op.name,
                             scalars.len()
                         ));
                     };
                     if std::mem::discriminant(given) != std::mem::discriminant(value) {
                         return invalid(format!(
-                            "exec `{}` binds its scalar {position}, a {}, to slot `{name}`, a                              {}; give the exec a placeholder of the slot's type",
+                            "exec `{}` binds its scalar {position}, a {}, to slot `{name}`, a \
+                             {}; give the exec a placeholder of the slot's type",
                             op.name,
                             given.type_name(),
                             value.type_name()
                         ));
                     }
                 }
-            }
-            _ => {}
-        }
-        match &op.work {
-            Work::Exec { buffers, .. } => {
                 if op.device.0 >= schedule.devices.len() {
                     return invalid(format!("operation `{}` names an unknown device", op.name));
                 }
@@ -574,11 +561,7 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                         op.name, s.name, s.len, d.name, d.len
                     ));
                 }
-                if d.root == s.root
-                    && d.offset < s.offset + s.len
-                    && s.offset < d.offset + d.len
-                    && d.len > 0
-                {
+                if d.access(0..d.len).overlaps(&s.access(0..s.len)) {
                     return invalid(format!(
                         "copy `{}` from `{}` to `{}`: the two ranges overlap in one buffer; copy \
                          between disjoint views",

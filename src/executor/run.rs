@@ -13,7 +13,7 @@ pub struct Run<B: Backend> {
 
 impl<B: Backend> Run<B> {
     pub(super) fn target(&self, queue: usize) -> u64 {
-        (self.run + 1) * self.facts.counts[queue]
+        self.facts.end_of(self.run, queue)
     }
 
     /// Whether every operation of the run completed. Never blocks.

@@ -52,9 +52,6 @@ pub(super) enum Work<B: Backend> {
         program: B::Program,
         buffers: Vec<BufferId>,
         scalars: Vec<Scalar>,
-        /// Scalars taken per run from the plan's scalar slots: (position
-        /// in `scalars`, slot).
-        bound_scalars: Vec<(usize, ScalarId)>,
         params: ExecParams,
     },
     Copy {
@@ -86,6 +83,10 @@ pub(super) struct Op<B: Backend> {
     /// `None`: not declared; an exec then reads and writes every argument whole.
     pub(super) reads: Option<Vec<Access>>,
     pub(super) writes: Option<Vec<Access>>,
+    /// Scalars an exec takes per run from the plan's scalar slots:
+    /// (position in its scalars, slot). `plan` refuses them on any other
+    /// operation.
+    pub(super) bound_scalars: Vec<(usize, ScalarId)>,
 }
 
 /// Operations over buffers on devices, in program order: the input of the
@@ -96,9 +97,6 @@ pub struct Schedule<B: Backend> {
     pub(super) ops: Vec<Op<B>>,
     /// Scalar slots: name and value (its type fixed by the first).
     pub(super) scalars: Vec<(String, Scalar)>,
-    /// Operations given [`OpBuilder::scalar`] that are not execs: `plan`
-    /// names them.
-    pub(super) misplaced_scalars: Vec<usize>,
 }
 
 impl<B: Backend> Default for Schedule<B> {
@@ -115,7 +113,6 @@ impl<B: Backend> Schedule<B> {
             buffers: Vec::new(),
             ops: Vec::new(),
             scalars: Vec::new(),
-            misplaced_scalars: Vec::new(),
         }
     }
 
@@ -277,6 +274,7 @@ impl<B: Backend> Schedule<B> {
             },
             reads: None,
             writes: None,
+            bound_scalars: Vec::new(),
         })
     }
 
@@ -295,6 +293,7 @@ impl<B: Backend> Schedule<B> {
             work: Work::Upload { dst },
             reads: None,
             writes: None,
+            bound_scalars: Vec::new(),
         })
     }
 
@@ -311,6 +310,7 @@ impl<B: Backend> Schedule<B> {
             work: Work::Download { src },
             reads: None,
             writes: None,
+            bound_scalars: Vec::new(),
         })
     }
 
@@ -342,11 +342,11 @@ impl<B: Backend> Schedule<B> {
                 program: program.clone(),
                 buffers: buffers.to_vec(),
                 scalars: scalars.to_vec(),
-                bound_scalars: Vec::new(),
                 params,
             },
             reads: None,
             writes: None,
+            bound_scalars: Vec::new(),
         })
     }
 
@@ -367,6 +367,7 @@ impl<B: Backend> Schedule<B> {
             work: Work::Copy { dst, src },
             reads: None,
             writes: None,
+            bound_scalars: Vec::new(),
         })
     }
 
@@ -425,13 +426,12 @@ impl<B: Backend> OpBuilder<'_, B> {
     /// Makes the exec's scalar at `position` take scalar slot `slot`'s
     /// value in every run (set with [`Plan::set_scalar`]); the value given
     /// to [`Schedule::exec`] there only fixes the type, which must be the
-    /// slot's (checked at `plan`). Ignored, with an error at `plan`, on an
-    /// operation that is not an exec.
+    /// slot's (checked at `plan`). On an operation that is not an exec,
+    /// `plan` refuses the schedule.
     pub fn scalar(self, position: usize, slot: ScalarId) -> Self {
-        match &mut self.schedule.ops[self.index].work {
-            Work::Exec { bound_scalars, .. } => bound_scalars.push((position, slot)),
-            _ => self.schedule.misplaced_scalars.push(self.index),
-        }
+        self.schedule.ops[self.index]
+            .bound_scalars
+            .push((position, slot));
         self
     }
 
