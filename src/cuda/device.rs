@@ -207,7 +207,7 @@ impl CudaDevice {
                 return driver_error("allocating in stream order", e);
             }
             let stats = self.memory_stats();
-            memory::out_of_memory(
+            crate::memory::out_of_memory(
                 self.spec().to_string(),
                 size,
                 format!(
@@ -309,13 +309,18 @@ impl Device for CudaDevice {
     }
 
     /// The pool's figures, plus the `CUmemoryPool`'s (what `alloca` holds)
-    /// in `in_use` and `reserved`.
+    /// in `in_use` and `reserved`. The driver reports that pool's figures
+    /// only as they are now, so the peaks include them as seen at each
+    /// call: never below what is in use, but a lower bound of the true
+    /// peaks.
     fn memory_stats(&self) -> MemoryStats {
         let mut stats = self.inner.memory.stats();
         if let Some((used, reserved)) = self.inner.stream_pool.usage(&self.inner.context) {
             stats.in_use += used as usize;
             stats.reserved += reserved as usize;
             stats.cached = stats.reserved - stats.in_use.min(stats.reserved);
+            stats.peak_in_use = stats.peak_in_use.max(stats.in_use);
+            stats.peak_reserved = stats.peak_reserved.max(stats.reserved);
         }
         stats
     }

@@ -256,29 +256,27 @@ pub(crate) fn launch_config(params: &ExecParams) -> LaunchConfig {
 /// destroyed context, after which the context cannot go on either.
 pub(crate) fn is_sticky(code: sys::CUresult) -> bool {
     use sys::CUresult as R;
-    // By number: cudarc's bindings before `cuda-12080` lack these variants,
-    // and the crate builds against `cuda-12040` and later.
+    // By number: cudarc's `cuda-12040`..`cuda-12060` bindings (which the
+    // crate builds against) lack these two variants.
     const CONTAINED: u32 = 226;
     const TENSOR_MEMORY_LEAK: u32 = 721;
-    const MPS_CLIENT_TERMINATED: u32 = 810;
-    const EXTERNAL_DEVICE: u32 = 911;
-    matches!(
-        code as u32,
-        CONTAINED | TENSOR_MEMORY_LEAK | MPS_CLIENT_TERMINATED | EXTERNAL_DEVICE
-    ) || matches!(
-        code,
-        R::CUDA_ERROR_ILLEGAL_ADDRESS
-            | R::CUDA_ERROR_LAUNCH_FAILED
-            | R::CUDA_ERROR_HARDWARE_STACK_ERROR
-            | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
-            | R::CUDA_ERROR_MISALIGNED_ADDRESS
-            | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
-            | R::CUDA_ERROR_INVALID_PC
-            | R::CUDA_ERROR_ASSERT
-            | R::CUDA_ERROR_ECC_UNCORRECTABLE
-            | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            | R::CUDA_ERROR_LAUNCH_TIMEOUT
-    )
+    matches!(code as u32, CONTAINED | TENSOR_MEMORY_LEAK)
+        || matches!(
+            code,
+            R::CUDA_ERROR_ILLEGAL_ADDRESS
+                | R::CUDA_ERROR_MPS_CLIENT_TERMINATED
+                | R::CUDA_ERROR_EXTERNAL_DEVICE
+                | R::CUDA_ERROR_LAUNCH_FAILED
+                | R::CUDA_ERROR_HARDWARE_STACK_ERROR
+                | R::CUDA_ERROR_ILLEGAL_INSTRUCTION
+                | R::CUDA_ERROR_MISALIGNED_ADDRESS
+                | R::CUDA_ERROR_INVALID_ADDRESS_SPACE
+                | R::CUDA_ERROR_INVALID_PC
+                | R::CUDA_ERROR_ASSERT
+                | R::CUDA_ERROR_ECC_UNCORRECTABLE
+                | R::CUDA_ERROR_CONTEXT_IS_DESTROYED
+                | R::CUDA_ERROR_LAUNCH_TIMEOUT
+        )
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use std::fmt;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sys};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::{BlockError, BlockSource, DeviceMemory};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
@@ -296,9 +296,6 @@ pub(crate) struct StreamAllocation {
     pointer: sys::CUdeviceptr,
     /// The allocating queue's stream (kept alive by this handle).
     stream: std::sync::Arc<CudaStream>,
-    /// Recorded on `stream` right after the allocation: the host stream
-    /// waits for it before a host transfer.
-    ready: CudaEvent,
 }
 
 impl StreamAllocation {
@@ -308,29 +305,23 @@ impl StreamAllocation {
         stream: &std::sync::Arc<CudaStream>,
         size: usize,
     ) -> std::result::Result<Self, DriverError> {
-        let context = stream.context();
-        let pointer = pool.allocate(context, stream, size)?;
-        match stream.record_event(Some(EVENT_FLAGS)) {
-            Ok(ready) => Ok(Self {
-                pointer,
-                stream: stream.clone(),
-                ready,
-            }),
-            Err(e) => {
-                // SAFETY: just allocated on this stream, never handed out.
-                let _ = unsafe { result::free_async(pointer, stream.cu_stream()) };
-                Err(e)
-            }
-        }
+        let pointer = pool.allocate(stream.context(), stream, size)?;
+        Ok(Self {
+            pointer,
+            stream: stream.clone(),
+        })
     }
 
     pub(crate) fn pointer(&self) -> sys::CUdeviceptr {
         self.pointer
     }
 
-    /// Makes `stream` (the host stream) wait until the allocation is valid.
+    /// Makes `stream` (the host stream) wait until the allocation is valid:
+    /// behind everything its queue's stream holds now, the allocation
+    /// included. An event is made here, for the rare host access, rather
+    /// than at every `alloca`.
     pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        stream.wait(&self.ready)
+        stream.wait(&self.stream.record_event(Some(EVENT_FLAGS))?)
     }
 
     /// Frees the memory on `stream`, in stream order after everything
@@ -461,24 +452,5 @@ impl Drop for StagingCache {
         for chunk in std::mem::take(&mut *self.chunks.lock()) {
             self.free(chunk);
         }
-    }
-}
-
-/// Out of memory on `device` for `size` bytes, with the figures.
-pub(crate) fn out_of_memory(
-    device: String,
-    size: usize,
-    detail: String,
-    (in_use, reserved): (usize, usize),
-    memory: Option<DeviceMemory>,
-) -> Error {
-    Error::OutOfMemory {
-        device,
-        size,
-        detail,
-        in_use,
-        reserved,
-        device_free: memory.map(|memory| memory.free),
-        device_total: memory.map(|memory| memory.total),
     }
 }

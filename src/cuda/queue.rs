@@ -222,10 +222,8 @@ impl Engine for CudaEngine {
     }
 
     fn check_dealloca(&self, buffer: &CudaBuffer) -> Result<()> {
-        if buffer.device().same_as(&self.device) {
-            Ok(())
-        } else {
-            Err(Error::InvalidDealloca {
+        self.check_buffer("the buffer", buffer)
+            .map_err(|_| Error::InvalidDealloca {
                 reason: format!(
                     "the buffer is {}'s memory and this queue runs on {}; record the \
                      `dealloca` on a queue of the buffer's device",
@@ -233,7 +231,6 @@ impl Engine for CudaEngine {
                     self.device.spec()
                 ),
             })
-        }
     }
 
     fn check_buffer(&self, what: &'static str, buffer: &CudaBuffer) -> Result<()> {

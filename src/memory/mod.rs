@@ -178,3 +178,24 @@ pub struct DeviceMemory {
     /// Bytes the device has.
     pub total: u64,
 }
+
+/// Out of memory on `device` for `size` bytes, with the figures: what the
+/// pool and the backends' own allocators (CUDA's stream-ordered pool)
+/// report.
+pub(crate) fn out_of_memory(
+    device: String,
+    size: usize,
+    detail: String,
+    (in_use, reserved): (usize, usize),
+    memory: Option<DeviceMemory>,
+) -> crate::Error {
+    crate::Error::OutOfMemory {
+        device,
+        size,
+        detail,
+        in_use,
+        reserved,
+        device_free: memory.map(|memory| memory.free),
+        device_total: memory.map(|memory| memory.total),
+    }
+}

@@ -484,16 +484,13 @@ impl<S: BlockSource> MemoryPool<S> {
     /// The out-of-memory error for `size` bytes, with the pool's figures and
     /// the device's where the backend knows them.
     fn out_of_memory(&self, state: &State<S::Block>, size: usize, detail: String) -> Error {
-        let device = self.shared.source.device_memory();
-        Error::OutOfMemory {
-            device: self.shared.source.device(),
+        super::out_of_memory(
+            self.shared.source.device(),
             size,
             detail,
-            in_use: state.stats.in_use,
-            reserved: state.stats.reserved,
-            device_free: device.map(|memory| memory.free),
-            device_total: device.map(|memory| memory.total),
-        }
+            (state.stats.in_use, state.stats.reserved),
+            self.shared.source.device_memory(),
+        )
     }
 }
 
