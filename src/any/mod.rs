@@ -204,6 +204,24 @@ pub fn inner_view<B: Backend>(
     }
 }
 
+/// Records `record` on `queue` with `view`, or rejects the batch with the
+/// error that resolving the view gave. Used by
+/// [`backend_set!`](crate::backend_set).
+#[doc(hidden)]
+#[inline]
+pub fn record_on_view<Q: crate::HardwareQueue>(
+    queue: &mut Q,
+    view: Result<crate::View<Q::Backend>>,
+    record: impl FnOnce(&mut Q, &crate::View<Q::Backend>),
+) {
+    match view {
+        Ok(view) => record(queue, &view),
+        Err(error) => {
+            queue.reject(error);
+        }
+    }
+}
+
 /// Fails a download that cannot be recorded, with `error`, so whoever waits
 /// on it learns why. Used by [`backend_set!`](crate::backend_set).
 #[doc(hidden)]

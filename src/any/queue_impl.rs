@@ -23,9 +23,9 @@ macro_rules! __backend_set_queue {
                     $( $(#[$meta])* Self::$V(q) => {
                         #[allow(irrefutable_let_patterns)]
                         if let $Signal::$V(s) = signal {
-                            q.wait(s, value);
+                            $crate::HardwareQueue::wait(q, s, value);
                         } else {
-                            q.wait_foreign(signal, value);
+                            $crate::HardwareQueue::wait_foreign(q, signal, value);
                         }
                     } )+
                 }
@@ -38,9 +38,9 @@ macro_rules! __backend_set_queue {
                     $( $(#[$meta])* Self::$V(q) => {
                         #[allow(irrefutable_let_patterns)]
                         if let $Signal::$V(s) = signal {
-                            q.signal(s, value);
+                            $crate::HardwareQueue::signal(q, s, value);
                         } else {
-                            q.reject($crate::any::mismatch(
+                            $crate::HardwareQueue::reject(q, $crate::any::mismatch(
                                 <$B as $crate::Backend>::ID,
                                 signal.backend_id(),
                                 ::std::format!("the signal of `signal(_, {value})`; signal one of the queue's own backend and let the other queue wait on it"),
@@ -63,7 +63,7 @@ macro_rules! __backend_set_queue {
                     $( $(#[$meta])* Self::$V(q) => {
                         match program.$as_v() {
                             None => {
-                                q.reject($crate::any::mismatch(
+                                $crate::HardwareQueue::reject(q, $crate::any::mismatch(
                                     <$B as $crate::Backend>::ID,
                                     program.backend_id(),
                                     ::std::format!("the program `{}` of exec", $crate::Program::name(program)),
@@ -73,10 +73,10 @@ macro_rules! __backend_set_queue {
                                 let outcome = $crate::any::with_gathered(
                                     buffers.len(),
                                     |index| buffers[index].$as_v(),
-                                    |inner| { q.exec(p, inner, scalars, params); },
+                                    |inner| { $crate::HardwareQueue::exec(q, p, inner, scalars, params); },
                                 );
                                 if let Err(index) = outcome {
-                                    q.reject($crate::any::mismatch(
+                                    $crate::HardwareQueue::reject(q, $crate::any::mismatch(
                                         <$B as $crate::Backend>::ID,
                                         buffers[index].backend_id(),
                                         ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
@@ -115,11 +115,11 @@ macro_rules! __backend_set_queue {
                                         || ::std::format!("buffer {index} of exec `{}`", $crate::Program::name(program)),
                                     )
                                 },
-                                |refs| { q.exec_views(p, refs, scalars, params); },
+                                |refs| { $crate::HardwareQueue::exec_views(q, p, refs, scalars, params); },
                             ),
                         };
                         if let Err(error) = outcome {
-                            q.reject(error);
+                            $crate::HardwareQueue::reject(q, error);
                         }
                     } )+
                 }
@@ -127,7 +127,7 @@ macro_rules! __backend_set_queue {
             }
 
             fn copy<D: $crate::AsView<$Set>, S: $crate::AsView<$Set>>(&mut self, dst: &D, src: &S) -> &mut Self {
-                let (dst, src) = (dst.view_parts(), src.view_parts());
+                let (dst, src) = ($crate::AsView::view_parts(dst), $crate::AsView::view_parts(src));
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         let views = $crate::any::inner_view::<$B>(
@@ -137,8 +137,8 @@ macro_rules! __backend_set_queue {
                             src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the copy source".into(),
                         )?)));
                         match views {
-                            Ok((d, s)) => { q.copy(&d, &s); }
-                            Err(error) => { q.reject(error); }
+                            Ok((d, s)) => { $crate::HardwareQueue::copy(q, &d, &s); }
+                            Err(error) => { $crate::HardwareQueue::reject(q, error); }
                         }
                     } )+
                 }
@@ -146,31 +146,29 @@ macro_rules! __backend_set_queue {
             }
 
             fn fill<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, pattern: T) -> &mut Self {
-                let dst = dst.view_parts();
+                let dst = $crate::AsView::view_parts(dst);
                 match self {
-                    $( $(#[$meta])* Self::$V(q) => {
-                        match $crate::any::inner_view::<$B>(
+                    $( $(#[$meta])* Self::$V(q) => $crate::any::record_on_view(
+                        q,
+                        $crate::any::inner_view::<$B>(
                             dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the fill destination".into(),
-                        ) {
-                            Ok(d) => { q.fill(&d, pattern); }
-                            Err(error) => { q.reject(error); }
-                        }
-                    } )+
+                        ),
+                        |q, d| { $crate::HardwareQueue::fill(q, d, pattern); },
+                    ), )+
                 }
                 self
             }
 
             fn upload<D: $crate::AsView<$Set>, T: $crate::Pod>(&mut self, dst: &D, data: &[T]) -> &mut Self {
-                let dst = dst.view_parts();
+                let dst = $crate::AsView::view_parts(dst);
                 match self {
-                    $( $(#[$meta])* Self::$V(q) => {
-                        match $crate::any::inner_view::<$B>(
+                    $( $(#[$meta])* Self::$V(q) => $crate::any::record_on_view(
+                        q,
+                        $crate::any::inner_view::<$B>(
                             dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
-                        ) {
-                            Ok(d) => { q.upload(&d, data); }
-                            Err(error) => { q.reject(error); }
-                        }
-                    } )+
+                        ),
+                        |q, d| { $crate::HardwareQueue::upload(q, d, data); },
+                    ), )+
                 }
                 self
             }
@@ -181,16 +179,15 @@ macro_rules! __backend_set_queue {
                 T: $crate::Pod,
                 O: ::std::convert::AsRef<[T]> + Send + Sync + 'static,
             {
-                let dst = dst.view_parts();
+                let dst = $crate::AsView::view_parts(dst);
                 match self {
-                    $( $(#[$meta])* Self::$V(q) => {
-                        match $crate::any::inner_view::<$B>(
+                    $( $(#[$meta])* Self::$V(q) => $crate::any::record_on_view(
+                        q,
+                        $crate::any::inner_view::<$B>(
                             dst.0.$as_v(), (dst.1, dst.2), dst.0.backend_id(), || "the upload destination".into(),
-                        ) {
-                            Ok(d) => { q.upload_vec(&d, data); }
-                            Err(error) => { q.reject(error); }
-                        }
-                    } )+
+                        ),
+                        |q, d| { $crate::HardwareQueue::upload_vec(q, d, data); },
+                    ), )+
                 }
                 self
             }
@@ -200,18 +197,18 @@ macro_rules! __backend_set_queue {
                 src: &S,
                 into: &$crate::Download<T>,
             ) -> &mut Self {
-                let src = src.view_parts();
+                let src = $crate::AsView::view_parts(src);
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {
                         match $crate::any::inner_view::<$B>(
                             src.0.$as_v(), (src.1, src.2), src.0.backend_id(), || "the download source".into(),
                         ) {
-                            Ok(s) => { q.download(&s, into); }
+                            Ok(s) => { $crate::HardwareQueue::download(q, &s, into); }
                             Err(error) => {
                                 // The download fails with the reason, so
                                 // whoever waits on it learns why.
                                 $crate::any::fail_download(into, &error);
-                                q.reject(error);
+                                $crate::HardwareQueue::reject(q, error);
                             }
                         }
                     } )+
@@ -221,7 +218,7 @@ macro_rules! __backend_set_queue {
 
             #[inline]
             fn memory_barrier(&mut self) -> &mut Self {
-                match self { $( $(#[$meta])* Self::$V(q) => { q.memory_barrier(); } )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::memory_barrier(q); } )+ }
                 self
             }
 
@@ -251,13 +248,13 @@ macro_rules! __backend_set_queue {
 
             #[inline]
             fn wait_foreign<S: $crate::TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-                match self { $( $(#[$meta])* Self::$V(q) => { q.wait_foreign(signal, value); } )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::wait_foreign(q, signal, value); } )+ }
                 self
             }
 
             #[inline]
             fn reject(&mut self, error: $crate::Error) -> &mut Self {
-                match self { $( $(#[$meta])* Self::$V(q) => { q.reject(error); } )+ }
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::reject(q, error); } )+ }
                 self
             }
 
