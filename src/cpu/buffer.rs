@@ -42,6 +42,9 @@ struct Memory {
     lock: RwLock<Backing>,
     /// For buffers made by `alloca`: whether a `dealloca` is recorded.
     ordered: Option<QueueOrdered>,
+    /// For buffers made by `alloca` with a range: its pool, which a
+    /// `dealloca` checks without taking `lock` (a kernel may hold it).
+    pool: Option<MemoryPool<HostBlocks>>,
 }
 
 /// Where a buffer's bytes come from.
@@ -49,7 +52,10 @@ pub(crate) enum Backing {
     /// No bytes: an empty buffer owns no memory.
     Empty,
     /// A range of the device's pool, returned when this is dropped.
-    Pooled(PooledRange<HostBlocks>),
+    Pooled(
+        #[allow(dead_code, reason = "held for its drop, which returns the range")]
+        PooledRange<HostBlocks>,
+    ),
     /// A `dealloca` ran: the range went back to the pool, and the bytes may
     /// be another buffer's now.
     Released,
@@ -103,20 +109,24 @@ impl CpuBuffer {
 
     /// Whether the buffer's memory is a range of `memory` (an empty buffer,
     /// which has none, is of every pool).
+    /// Only `alloca`'s buffers are asked (what `dealloca` takes); it never
+    /// waits for a kernel holding the buffer.
     pub(crate) fn is_of(&self, memory: &MemoryPool<HostBlocks>) -> bool {
-        match &*self.inner.lock.read() {
-            Backing::Pooled(range) => range.pool().same_as(memory),
-            Backing::Empty | Backing::Released => true,
-        }
+        self.inner
+            .pool
+            .as_ref()
+            .is_none_or(|pool| pool.same_as(memory))
     }
 
     /// A buffer on `range`; made by `alloca` when `ordered`.
     fn pooled(range: PooledRange<HostBlocks>, ordered: bool) -> Self {
+        let pool = ordered.then(|| range.pool().clone());
         Self::with_backing(
             range.address().non_null(),
             range.len(),
             Backing::Pooled(range),
             ordered,
+            pool,
         )
     }
 
@@ -127,16 +137,24 @@ impl CpuBuffer {
             0,
             Backing::Empty,
             ordered,
+            None,
         )
     }
 
-    fn with_backing(ptr: NonNull<u8>, size: usize, backing: Backing, ordered: bool) -> Self {
+    fn with_backing(
+        ptr: NonNull<u8>,
+        size: usize,
+        backing: Backing,
+        ordered: bool,
+        pool: Option<MemoryPool<HostBlocks>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Memory {
                 ptr,
                 size,
                 lock: RwLock::new(backing),
                 ordered: ordered.then(QueueOrdered::new),
+                pool,
             }),
         }
     }
@@ -169,10 +187,8 @@ impl CpuBuffer {
     /// for whoever holds the buffer now (a kernel of another queue), and
     /// refuses every later access.
     pub(crate) fn release(&self) {
-        let mut backing = self.inner.lock.write();
-        if let Backing::Pooled(_) = &*backing {
-            *backing = Backing::Released;
-        }
+        // An empty buffer too: every access after a `dealloca` is refused.
+        *self.inner.lock.write() = Backing::Released;
     }
 }
 
