@@ -86,11 +86,11 @@ pub enum Command<B: Backend> {
     /// Make earlier writes visible to later commands and other queues.
     Barrier,
     /// `buffer` was allocated from the device's pool by
-    /// [`alloca`](crate::HardwareQueue::alloca): its memory is valid from
-    /// here on. Its range is taken when the command is recorded (so the
-    /// buffer exists at once); an engine whose allocator is stream-ordered
-    /// (CUDA's) made it so on its stream, and one whose memory is valid at
-    /// once (the CPU's) has nothing to do.
+    /// [`alloca`](crate::HardwareQueue::alloca). Its memory is valid when
+    /// `alloca` returns (an engine with a stream-ordered allocator, CUDA's,
+    /// allocated on its stream then), so an engine has nothing to do here;
+    /// the core records this command only while profiling, for the
+    /// profile's `alloca` event.
     Alloca {
         /// The buffer `alloca` returned.
         buffer: BufferOf<B>,

@@ -74,10 +74,10 @@ pub trait Engine: Send + Sized + 'static {
 
     /// Allocates `size` bytes from this queue's device's pool for an
     /// [`alloca`](super::HardwareQueue::alloca) being recorded: a buffer whose
-    /// [`Buffer::queue_ordered`](crate::Buffer::queue_ordered) is `Some`, and whose memory is valid by the
-    /// time the engine reaches the [`Command::Alloca`](super::Command::Alloca) the core records
-    /// next. (A stream-ordered allocator allocates on the queue's stream
-    /// here; one whose memory is valid at once just takes a range.)
+    /// [`Buffer::queue_ordered`](crate::Buffer::queue_ordered) is `Some`, and whose memory is valid
+    /// for every command recorded after it. (A stream-ordered allocator
+    /// allocates on the queue's stream here; one whose memory is valid at
+    /// once just takes a range.)
     ///
     /// The default: a backend without queue-ordered allocation refuses.
     ///

@@ -536,9 +536,13 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             buffer.queue_ordered().is_some(),
             "Engine::alloca must return a buffer whose `queue_ordered` is `Some`"
         );
-        self.batch.commands.push(Command::Alloca {
-            buffer: buffer.clone(),
-        });
+        // The command does nothing in an engine (the memory is valid now);
+        // it is there to give the profile its `alloca` event.
+        if self.profiling() {
+            self.batch.commands.push(Command::Alloca {
+                buffer: buffer.clone(),
+            });
+        }
         Ok(buffer)
     }
 
