@@ -709,3 +709,22 @@ fn an_empty_alloca_is_refused_after_its_dealloca() {
     queue.synchronize().unwrap();
     assert_use_after_dealloca(&empty.to_vec::<u8>().unwrap_err());
 }
+
+/// A full block whose range comes back serves the next request: the pool
+/// passes over blocks too full for a request without asking their
+/// allocators, and must learn that a freed range made room again.
+#[test]
+fn a_full_block_serves_again_once_a_range_comes_back() {
+    let device = CpuDevice::new();
+    let a = device.alloc_uninit(MIB).unwrap();
+    let b = device.alloc_uninit(MIB).unwrap();
+    let full = device.memory_stats();
+    assert_eq!((full.blocks, full.reserved), (1, SMALL_BLOCK));
+    let at = address(&a);
+    drop(a);
+    let c = device.alloc_uninit(MIB).unwrap();
+    assert_eq!(address(&c), at, "the freed range is reused");
+    let stats = device.memory_stats();
+    assert_eq!((stats.blocks, stats.reserved), (1, SMALL_BLOCK));
+    drop((b, c));
+}

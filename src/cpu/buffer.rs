@@ -99,11 +99,7 @@ impl CpuBuffer {
         if size == 0 {
             return Ok(Self::empty(ordered));
         }
-        let range = if zeroed {
-            memory.alloc_zeroed(size)
-        } else {
-            memory.alloc_uninit(size)
-        }?;
+        let range = memory.allocate(size, zeroed)?;
         Ok(Self::pooled(range, ordered))
     }
 

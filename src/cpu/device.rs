@@ -199,8 +199,5 @@ fn cpu_name() -> String {
 
 /// Total memory from `/proc/meminfo`, where there is one.
 fn total_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|line| line.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    super::memory::meminfo(["MemTotal:"]).map(|[total]| total)
 }

@@ -529,16 +529,14 @@ impl<'a> HeldBuffers<'a> {
         order.dedup_by_key(|i| buffers[*i].buffer().address());
         self.guards
             .extend(order.iter().map(|&i| buffers[i].buffer().lock_exclusive()));
-        if let Some(released) = self
+        let checked = self
             .guards
             .iter()
-            .position(|guard| matches!(**guard, Backing::Released))
-        {
-            let index = order[released];
+            .zip(order.iter())
+            .try_for_each(|(guard, &index)| guard.check(|| format!("buffer {index} of the exec")));
+        if let Err(error) = checked {
             self.release();
-            return Err(Error::UseAfterDealloca {
-                what: format!("buffer {index} of the exec"),
-            });
+            return Err(error);
         }
         self.views.extend(
             buffers

@@ -76,11 +76,7 @@ impl CudaBuffer {
             return Ok(Self::with_backing(device, 0, 0, Backing::Empty, false));
         }
         let memory = device.memory();
-        let range = if zeroed {
-            memory.alloc_zeroed(size)
-        } else {
-            memory.alloc_uninit(size)
-        }?;
+        let range = memory.allocate(size, zeroed)?;
         let pointer = range.address();
         Ok(Self::with_backing(
             device,

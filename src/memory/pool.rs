@@ -44,6 +44,11 @@ struct State<K> {
     /// oldest first, so ranges pack towards the first blocks and later ones
     /// empty out for `trim`).
     classes: [Vec<u32>; 2],
+    /// Per block id, the largest range its allocator can still hand out,
+    /// in units (its `storage_report`, which is exactly what `allocate` can
+    /// serve): `find` passes over a block that cannot fit a request without
+    /// touching its allocator.
+    largest_free: Vec<u32>,
     /// The counters (`cached` and `largest_free_range` are worked out when
     /// read).
     stats: MemoryStats,
@@ -171,6 +176,7 @@ impl<S: BlockSource> MemoryPool<S> {
                     blocks: Vec::new(),
                     vacant: Vec::new(),
                     classes: [Vec::new(), Vec::new()],
+                    largest_free: Vec::new(),
                     stats,
                 }),
             }),
@@ -211,7 +217,9 @@ impl<S: BlockSource> MemoryPool<S> {
         self.allocate(size, true)
     }
 
-    fn allocate(&self, size: usize, zeroed: bool) -> Result<PooledRange<S>> {
+    /// [`alloc_zeroed`](Self::alloc_zeroed) or
+    /// [`alloc_uninit`](Self::alloc_uninit), as `zeroed` says.
+    pub(crate) fn allocate(&self, size: usize, zeroed: bool) -> Result<PooledRange<S>> {
         if size == 0 {
             return Err(Error::InvalidAllocation {
                 size,
@@ -312,6 +320,7 @@ impl<S: BlockSource> MemoryPool<S> {
                 match self.new_block(state, block_size, class) {
                     Ok(block) => {
                         let allocation = state.block_mut(block).ranges.allocate(units);
+                        state.refresh(block);
                         return allocation.map(|a| (block, a)).ok_or_else(|| {
                             Error::InvalidAllocation {
                                 size,
@@ -373,9 +382,11 @@ impl<S: BlockSource> MemoryPool<S> {
             }
             None => {
                 state.blocks.push(Some(entry));
+                state.largest_free.push(0);
                 (state.blocks.len() - 1) as u32
             }
         };
+        state.refresh(id);
         state.classes[class as usize].push(id);
         let stats = &mut state.stats;
         stats.reserved += size;
@@ -400,6 +411,7 @@ impl<S: BlockSource> MemoryPool<S> {
         entry.ranges.free(allocation);
         entry.live -= 1;
         let emptied = entry.live == 0;
+        state.refresh(block);
         let stats = &mut state.stats;
         stats.in_use -= taken;
         stats.requested -= len;
@@ -498,14 +510,23 @@ impl<K> State<K> {
     /// A range of `units` from an existing block of `class`.
     #[inline]
     fn find(&mut self, units: u32, class: Class) -> Option<(u32, Allocation<u32>)> {
-        let blocks = &mut self.blocks;
+        let (blocks, largest_free) = (&mut self.blocks, &mut self.largest_free);
         self.classes[class as usize].iter().find_map(|&id| {
+            if largest_free[id as usize] < units {
+                return None;
+            }
             let entry = blocks[id as usize].as_mut()?;
-            entry
-                .ranges
-                .allocate(units)
-                .map(|allocation| (id, allocation))
+            let allocation = entry.ranges.allocate(units)?;
+            largest_free[id as usize] = entry.ranges.storage_report().largest_free_region;
+            Some((id, allocation))
         })
+    }
+
+    /// Updates `largest_free` for block `id` after its allocator changed.
+    fn refresh(&mut self, id: u32) {
+        if let Some(entry) = &self.blocks[id as usize] {
+            self.largest_free[id as usize] = entry.ranges.storage_report().largest_free_region;
+        }
     }
 
     fn block_mut(&mut self, id: u32) -> &mut Block<K> {

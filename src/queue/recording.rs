@@ -251,17 +251,18 @@ impl<E: Engine> Queue<E> {
                     misaligned(offset) || is_deallocated(buffer)
                 }) {
                     let (buffer, offset, len) = get(index);
-                    if let Err(e) = check_live(buffer, || {
-                        format!("buffer {index} of exec `{}`", program.name())
-                    }) {
-                        return self.reject(e);
-                    }
-                    return self.reject(Error::ViewMisaligned {
-                        what: format!("buffer {index} of exec `{}`", program.name()),
-                        offset,
-                        end: offset + len,
-                        size: buffer.size(),
-                        alignment,
+                    let what = format!("buffer {index} of exec `{}`", program.name());
+                    // The found view is deallocated, or else misaligned.
+                    return self.reject(if is_deallocated(buffer) {
+                        Error::UseAfterDealloca { what }
+                    } else {
+                        Error::ViewMisaligned {
+                            what,
+                            offset,
+                            end: offset + len,
+                            size: buffer.size(),
+                            alignment,
+                        }
                     });
                 }
                 self.push_buffers(count, get)
