@@ -59,7 +59,14 @@ fn main() -> Result<()> {
 
     let stats = device.memory_stats();
     println!("{stats}");
-    let ratio = stats.reserved_per_peak().unwrap_or(0.0);
+    // A peak of 0 would mean the trace allocated nothing: an error, not a
+    // ratio that passes CI's check.
+    let ratio = stats
+        .reserved_per_peak()
+        .ok_or_else(|| hwqueue::Error::System {
+            what: "the loop-shaped trace",
+            detail: "nothing was ever in use, so there is no reserved / peak ratio".into(),
+        })?;
     println!(
         "loop-shaped trace: {STEPS} steps of {TENSORS} tensors; reserved / peak in use = \
          {ratio:.3} (target <= 1.25)"

@@ -18,7 +18,7 @@ use hwqueue::{Buffer, Device, HardwareQueue, QueueFactory, TimelineSignal};
 /// with hwqueue's traits: a call by name in generated code is ambiguous.
 #[allow(dead_code)]
 trait Shadow {
-    fn kind(&mut self) {}
+    fn kind(&self) {}
     fn wait(&mut self) {}
     fn signal(&mut self) {}
     fn exec(&mut self) {}
@@ -33,12 +33,12 @@ trait Shadow {
     fn dealloca(&mut self) {}
     fn wait_foreign(&mut self) {}
     fn reject(&mut self) {}
-    fn recorded(&mut self) {}
+    fn recorded(&self) {}
     fn discard(&mut self) {}
     fn submit(&mut self) {}
     fn synchronize(&mut self) {}
     fn set_profiling(&mut self) {}
-    fn profiling(&mut self) {}
+    fn profiling(&self) {}
     fn take_profile(&mut self) {}
     fn view_parts(&self) {}
     fn size(&self) {}
@@ -61,6 +61,15 @@ trait Shadow {
 }
 
 impl<T: ?Sized> Shadow for T {}
+
+/// `TimelineSignal::wait` takes `&self`, `HardwareQueue::wait` `&mut self`:
+/// a shadow of each receiver, or one of them is never ambiguous.
+#[allow(dead_code)]
+trait ShadowRef {
+    fn wait(&self) {}
+}
+
+impl<T: ?Sized> ShadowRef for T {}
 
 hwqueue::backend_set! {
     /// The CPU alone, declared where `ForeignWait` is in scope.

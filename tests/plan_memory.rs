@@ -92,8 +92,10 @@ fn tensors_that_share_bytes_are_ordered() {
     let d = s.add_device(device.clone());
     let first = s.add_tensor(d, "first", 4096);
     let second = s.add_tensor(d, "second", 4096);
-    s.exec("write first", d, &program, &[first], &[Scalar::U32(1)], ONE)
-        .writes(first, ..);
+    let write_first = s
+        .exec("write first", d, &program, &[first], &[Scalar::U32(1)], ONE)
+        .writes(first, ..)
+        .id();
     let down_first = s.download("download first", first).id();
     let write_second = s
         .exec(
@@ -122,6 +124,17 @@ fn tensors_that_share_bytes_are_ordered() {
     assert_eq!(
         (wait.after, wait.hazard),
         (down_first, Hazard::WriteAfterRead)
+    );
+    // Across runs: the next run's `write first` takes the bytes that the
+    // previous run's `download second` reads.
+    let wait = plan
+        .waits_of(write_first)
+        .iter()
+        .find(|w| w.previous_run)
+        .expect("`write first` waits for the previous run's download of `second`");
+    assert_eq!(
+        (wait.after, wait.hazard),
+        (down_second, Hazard::WriteAfterRead)
     );
     let mut runs = Vec::new();
     for _ in 0..4 {
@@ -351,12 +364,13 @@ fn scalar_slots_are_checked_at_plan() {
     assert!(matches!(s.plan(), Err(Error::InvalidSchedule { .. })));
 }
 
-/// Holds `gated_write` until set.
-static GATE: AtomicBool = AtomicBool::new(false);
+/// Gates holding `gated_write::<G>` until set: one per test (tests run at
+/// once).
+static GATES: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
-/// `buf[..] = scalar 0` once [`GATE`] opens.
-fn gated_write(group: &WorkGroup, args: &KernelArgs<'_>) {
-    while !GATE.load(Ordering::Acquire) {
+/// `buf[..] = scalar 0` once gate `G` opens.
+fn gated_write<const G: usize>(group: &WorkGroup, args: &KernelArgs<'_>) {
+    while !GATES[G].load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(1));
     }
     write_scalar(group, args);
@@ -369,7 +383,7 @@ fn gated_write(group: &WorkGroup, args: &KernelArgs<'_>) {
 #[test]
 fn a_binding_of_bytes_another_slot_uses_in_flight_waits_for_that_run() {
     let device = device();
-    let program = CpuProgram::from_fn("gated_write", 1, 1, gated_write);
+    let program = CpuProgram::from_fn("gated_write", 1, 1, gated_write::<0>);
     let mut s = Schedule::<Cpu>::new();
     let d = s.add_device(device.clone());
     let input = s.add_slot(d, "in", 64);
@@ -408,7 +422,7 @@ fn a_binding_of_bytes_another_slot_uses_in_flight_waits_for_that_run() {
         ),
         "run 1 read `b` before run 0 wrote it"
     );
-    GATE.store(true, Ordering::Release);
+    GATES[0].store(true, Ordering::Release);
     first.wait(Timeout::Forever).expect("run 0");
     second.wait(Timeout::Forever).expect("run 1");
     assert_eq!(
@@ -424,23 +438,13 @@ fn a_binding_of_bytes_another_slot_uses_in_flight_waits_for_that_run() {
     assert_eq!(got, [200; 16]);
 }
 
-/// Holds `gated_write_2` until set (a gate of its own: tests run at once).
-static GATE_2: AtomicBool = AtomicBool::new(false);
-
-fn gated_write_2(group: &WorkGroup, args: &KernelArgs<'_>) {
-    while !GATE_2.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    write_scalar(group, args);
-}
-
 /// Rebinding the output while a run that writes the old one is held, and
 /// dropping the caller's handle to the old one: the run in flight keeps
 /// it, writes it and downloads it; the next run writes the new one.
 #[test]
 fn rebinding_while_a_run_is_in_flight_keeps_its_buffers() {
     let device = device();
-    let program = CpuProgram::from_fn("gated_write_2", 1, 1, gated_write_2);
+    let program = CpuProgram::from_fn("gated_write", 1, 1, gated_write::<1>);
     let mut s = Schedule::<Cpu>::new();
     let d = s.add_device(device.clone());
     let output = s.add_slot(d, "out", 64);
@@ -467,7 +471,7 @@ fn rebinding_while_a_run_is_in_flight_keeps_its_buffers() {
     let second = plan.run().expect("run 1");
     assert!(!first.is_complete());
 
-    GATE_2.store(true, Ordering::Release);
+    GATES[1].store(true, Ordering::Release);
     first.wait(Timeout::Forever).expect("run 0");
     second.wait(Timeout::Forever).expect("run 1");
     assert_eq!(
@@ -491,8 +495,8 @@ proptest! {
     /// and 3 back-to-back runs whose every read sees its producer's canary.
     #[test]
     fn random_schedules_place_soundly_and_run_correctly(data in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let check = check_plan_schedule(&data, 3);
-        prop_assert!(check.ratio >= 1.0);
+        // The harness panics on any violation.
+        check_plan_schedule(&data, 3);
     }
 }
 
@@ -511,8 +515,10 @@ fn worst_placement_ratio_over_random_schedules() {
                 (state >> 56) as u8
             })
             .collect();
-        worst = worst.max(check_plan_schedule(&data, 1).ratio);
+        worst = worst.max(check_plan_schedule(&data, 1));
     }
     println!("worst arena / lower bound over 64 random schedules: {worst:.3}");
-    assert!(worst >= 1.0);
+    // The planner and these schedules are deterministic: 1.180 when this
+    // was written (BENCHMARKS.md). A worse placement fails here.
+    assert!(worst <= 1.185, "worst arena / lower bound {worst:.3}");
 }

@@ -49,9 +49,7 @@ mod spec;
 #[cfg(not(loom))]
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
 #[cfg(not(loom))]
-pub use plans::{
-    PlanCheck, check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule,
-};
+pub use plans::{check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule};
 #[cfg(not(loom))]
 pub use queue::{
     QueueOp, QueueProgram, Step, check_queue_program, cpu_queue, decode_queue_program,

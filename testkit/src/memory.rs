@@ -247,7 +247,7 @@ impl Harness {
     }
 
     /// Records a buffer just made, with its tag written.
-    fn made(&mut self, buffer: CpuBuffer, alloca: Option<usize>) {
+    fn made(&mut self, buffer: CpuBuffer, alloca: bool) {
         let size = buffer.size();
         let tag = self.tag();
         if size > 0 {
@@ -256,18 +256,18 @@ impl Harness {
                 .write_at(size - 1, &[tag])
                 .expect("write the last byte");
         }
-        // `alloca` records nothing a batch holds (its command is recorded
-        // only while profiling, which this harness never turns on).
-        let recording = [false; POOL_QUEUES];
         self.made.push(Made {
             at: buffer.as_ptr() as usize,
             handle: Some(buffer),
             size,
             taken: size.next_multiple_of(CPU_BUFFER_ALIGN),
             tag,
-            alloca: alloca.is_some(),
+            alloca,
             dealloca: Dealloca::None,
-            recording,
+            // `alloca` records nothing a batch holds (its command is
+            // recorded only while profiling, which this harness never
+            // turns on).
+            recording: [false; POOL_QUEUES],
             submitted: [false; POOL_QUEUES],
         });
     }
@@ -284,12 +284,12 @@ impl Harness {
                 if zeroed {
                     check_zeroed(&buffer);
                 }
-                self.made(buffer, None);
+                self.made(buffer, false);
             }
             PoolOp::Alloca { queue, size } => {
                 let buffer = self.queues[queue].alloca(size).expect("alloca");
                 assert!(buffer.queue_ordered().is_some(), "alloca marks its buffer");
-                self.made(buffer, Some(queue));
+                self.made(buffer, true);
             }
             PoolOp::Drop { index } => {
                 if let Some(index) = self.pick(index) {
