@@ -7,6 +7,8 @@
 use hwqueue::cpu::{CpuBuffer, CpuDevice};
 use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::{model, write_42};
 
 fn address(buffer: &CpuBuffer) -> usize {
@@ -19,6 +21,9 @@ fn address(buffer: &CpuBuffer) -> usize {
 /// never writes into what the host put in the successor.
 #[test]
 fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
+    // Interleavings where the range was reused: the check below must have
+    // run in some (a std atomic, outside the model).
+    static REUSED: AtomicUsize = AtomicUsize::new(0);
     model(None, || {
         let device = CpuDevice::with_threads(1);
         let buffer = device.alloc_uninit(64).unwrap();
@@ -34,12 +39,17 @@ fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
         drop(buffer);
         let successor = device.alloc_uninit(64).unwrap();
         if address(&successor) == at {
+            REUSED.fetch_add(1, Ordering::Relaxed);
             assert!(done.is_reached(1), "the range was reused before the batch");
         }
         successor.write_at(0, &[7u32]).unwrap();
         queue.synchronize().unwrap();
         assert_eq!(successor.to_vec::<u32>().unwrap()[0], 7);
     });
+    assert!(
+        REUSED.load(Ordering::Relaxed) > 0,
+        "no interleaving reused the range"
+    );
 }
 
 /// `alloca`, a kernel on it and its `dealloca` in one batch: the host's
@@ -47,11 +57,13 @@ fn a_buffer_dropped_while_a_batch_uses_it_is_reused_only_after_the_batch() {
 /// kernel, earlier in queue order, has then finished with it.
 #[test]
 fn a_dealloca_returns_the_range_only_after_earlier_work_on_its_queue() {
+    static REUSED: AtomicUsize = AtomicUsize::new(0);
     model(None, || {
         let device = CpuDevice::with_threads(1);
         let program = write_42();
         let mut queue = device.compute_queue().unwrap();
         let scratch = queue.alloca(64).unwrap();
+        let at = address(&scratch);
         queue
             .exec(&program, &[&scratch], &[], ExecParams::new_1d(1, 1))
             .dealloca(&scratch)
@@ -59,9 +71,16 @@ fn a_dealloca_returns_the_range_only_after_earlier_work_on_its_queue() {
             .unwrap();
         drop(scratch);
         let successor = device.alloc_uninit(64).unwrap();
+        if address(&successor) == at {
+            REUSED.fetch_add(1, Ordering::Relaxed);
+        }
         successor.write_at(0, &[7u32]).unwrap();
         queue.synchronize().unwrap();
         assert_eq!(successor.to_vec::<u32>().unwrap()[0], 7);
         assert_eq!(device.memory_stats().live_allocations, 1);
     });
+    assert!(
+        REUSED.load(Ordering::Relaxed) > 0,
+        "no interleaving reused the range"
+    );
 }
