@@ -122,6 +122,7 @@ pub mod multi_wait;
 pub mod params;
 pub mod profile;
 pub mod program;
+pub mod ptx;
 pub mod queue;
 pub mod registry;
 pub mod ring;

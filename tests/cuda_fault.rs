@@ -6,21 +6,14 @@
 
 mod common;
 
+use hwqueue_testkit::cuda_kernels::FAULT;
+
 use common::LONG;
 use hwqueue::cuda::{Cuda, CudaProgram};
 use hwqueue::{
     AnyBackend, Backend, Device, Error, ExecParams, HardwareQueue, QueueFactory, Registry,
     TimelineSignal,
 };
-
-const FAULT: &str = r#"
-extern "C" __global__ void write_through(unsigned int *out) {
-    // An address no allocation holds: an illegal-address fault.
-    unsigned int *wild = (unsigned int *)0x10;
-    wild[threadIdx.x] = 1;
-    out[0] = 1;
-}
-"#;
 
 #[test]
 fn an_illegal_address_loses_the_device_for_the_process_and_everything_says_so() {

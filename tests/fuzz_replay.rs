@@ -67,3 +67,8 @@ fn memory_pool_corpus() {
 fn plan_schedule_corpus() {
     assert!(replay("plan_schedule", fuzz_harness::plan_schedule) > 0);
 }
+
+#[test]
+fn ptx_params_corpus() {
+    assert!(replay("ptx_params", fuzz_harness::ptx_params) > 0);
+}

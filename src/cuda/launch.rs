@@ -19,10 +19,6 @@ use crate::program::Scalar;
 /// shared memory.
 pub(crate) const SHARED_MEMORY_WITHOUT_OPT_IN: u32 = 48 << 10;
 
-/// The first driver with `cuFuncGetParamInfo` (CUDA 12.4), as
-/// `cuDriverGetVersion` writes it.
-pub(crate) const PARAM_INFO_DRIVER: i32 = 12040;
-
 /// What the driver reports of one kernel function, read once at load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KernelFacts {
@@ -32,29 +28,40 @@ pub(crate) struct KernelFacts {
     /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`: the kernel's `__shared__`
     /// arrays of fixed size.
     pub(crate) static_shared: u32,
-    /// The size of each parameter (`cuFuncGetParamInfo`), or `None` where
-    /// the driver cannot say (before 12.4; loaded through an `unchecked`
-    /// constructor).
+    /// The size of each parameter (from the PTX's `.entry`), or `None` for
+    /// a kernel loaded through an `unchecked` constructor.
     pub(crate) params: Option<Vec<usize>>,
 }
 
-/// Where NVRTC's output goes for a device.
+/// What NVRTC compiles CUDA C into, for [`compile`](super::compile); an
+/// architecture is `10 * major + minor` of a compute capability (`90` for
+/// sm_90), as NVRTC numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Target {
-    /// Machine code for exactly this device (`--gpu-architecture=sm_XY`):
-    /// nothing left to JIT at load.
+pub enum CompileTarget {
+    /// Machine code for exactly that architecture
+    /// (`--gpu-architecture=sm_XY`), with its PTX beside it: nothing left
+    /// to JIT at load, and no PTX version for the driver to refuse.
+    /// [`CudaProgram::from_cuda_c`](super::CudaProgram::from_cuda_c) picks
+    /// this for the device's own architecture where NVRTC knows it.
     Cubin(i32),
-    /// PTX for the newest architecture NVRTC knows that the device runs
-    /// (`compute_XY`), for the driver to JIT: NVRTC is older than the GPU.
+    /// PTX for that architecture (`compute_XY`), for the driver to JIT on
+    /// it or any newer GPU: what a device newer than the NVRTC gets.
     Ptx(i32),
 }
 
-impl Target {
+impl CompileTarget {
+    /// The architecture, `10 * major + minor`.
+    pub fn arch(self) -> i32 {
+        match self {
+            CompileTarget::Cubin(arch) | CompileTarget::Ptx(arch) => arch,
+        }
+    }
+
     /// NVRTC's `--gpu-architecture` option for the target.
     pub(crate) fn option(self) -> String {
         match self {
-            Target::Cubin(arch) => format!("--gpu-architecture=sm_{arch}"),
-            Target::Ptx(arch) => format!("--gpu-architecture=compute_{arch}"),
+            CompileTarget::Cubin(arch) => format!("--gpu-architecture=sm_{arch}"),
+            CompileTarget::Ptx(arch) => format!("--gpu-architecture=compute_{arch}"),
         }
     }
 }
@@ -65,9 +72,13 @@ impl Target {
 ///
 /// # Errors
 /// [`Error::Compile`] when NVRTC knows no architecture the device runs.
-pub(crate) fn nvrtc_target(program: &str, capability: i32, supported: &[i32]) -> Result<Target> {
+pub(crate) fn nvrtc_target(
+    program: &str,
+    capability: i32,
+    supported: &[i32],
+) -> Result<CompileTarget> {
     if supported.contains(&capability) {
-        return Ok(Target::Cubin(capability));
+        return Ok(CompileTarget::Cubin(capability));
     }
     // PTX of an older architecture runs on newer GPUs (the driver JITs it);
     // never the other way round.
@@ -77,7 +88,7 @@ pub(crate) fn nvrtc_target(program: &str, capability: i32, supported: &[i32]) ->
         .filter(|arch| *arch <= capability)
         .max()
     {
-        Some(arch) => Ok(Target::Ptx(arch)),
+        Some(arch) => Ok(CompileTarget::Ptx(arch)),
         None => Err(Error::Compile {
             program: program.to_owned(),
             compiler: "NVRTC".into(),
@@ -92,17 +103,32 @@ pub(crate) fn nvrtc_target(program: &str, capability: i32, supported: &[i32]) ->
     }
 }
 
-/// The advice for `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`: PTX newer than the
-/// driver's JIT, from an NVRTC (or a toolkit) newer than the driver.
-pub(crate) fn unsupported_ptx_advice(nvrtc: Option<(i32, i32)>, driver: Option<i32>) -> String {
+/// The advice for `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`: PTX of an ISA
+/// newer than the driver's JIT, from an NVRTC (or a toolkit) newer than the
+/// driver. `isa` is the PTX's `.version`.
+pub(crate) fn unsupported_ptx_advice(
+    isa: Option<(u32, u32)>,
+    nvrtc: Option<(i32, i32)>,
+    driver: Option<i32>,
+) -> String {
+    let isa = isa.map_or("of an unknown ISA".to_owned(), |(major, minor)| {
+        match crate::ptx::isa_cuda_release(major, minor) {
+            Some((cuda, cuda_minor)) => {
+                format!("ISA {major}.{minor}, which needs a CUDA {cuda}.{cuda_minor} driver")
+            }
+            None => format!("ISA {major}.{minor}"),
+        }
+    });
     let nvrtc = nvrtc.map_or("unknown".to_owned(), |(major, minor)| {
         format!("{major}.{minor}")
     });
     let driver = driver.map_or("unknown".to_owned(), super::cuda_version);
     format!(
-        "the PTX is newer than this driver can load (NVRTC {nvrtc}, driver supports CUDA \
-         {driver}); update the GPU driver, or compile with an NVRTC no newer than the driver \
-         (a cubin for the device, which hwqueue prefers, avoids the JIT altogether)"
+        "the PTX ({isa}) is newer than this driver can load (driver supports CUDA {driver}; \
+         NVRTC here is {nvrtc}); update the GPU driver, or load a cubin for the device \
+         (`CudaProgram::from_cuda_c` makes one where NVRTC knows the GPU, and a driver \
+         loads a cubin from any newer NVRTC), or make the PTX with an NVRTC no newer than \
+         the driver"
     )
 }
 
@@ -289,10 +315,10 @@ mod tests {
     fn nvrtc_targets_a_cubin_for_the_device_when_it_knows_the_architecture() {
         assert_eq!(
             nvrtc_target("k", 90, &H100_ARCHS).unwrap(),
-            Target::Cubin(90)
+            CompileTarget::Cubin(90)
         );
         assert_eq!(
-            Target::Cubin(90).option(),
+            CompileTarget::Cubin(90).option(),
             "--gpu-architecture=sm_90".to_owned()
         );
     }
@@ -303,14 +329,17 @@ mod tests {
         // compute_90, which the driver JITs forward.
         assert_eq!(
             nvrtc_target("k", 120, &H100_ARCHS).unwrap(),
-            Target::Ptx(90)
+            CompileTarget::Ptx(90)
         );
         assert_eq!(
-            Target::Ptx(90).option(),
+            CompileTarget::Ptx(90).option(),
             "--gpu-architecture=compute_90".to_owned()
         );
         // sm_80 is missing from the list: compute_75, never a newer one.
-        assert_eq!(nvrtc_target("k", 80, &H100_ARCHS).unwrap(), Target::Ptx(75));
+        assert_eq!(
+            nvrtc_target("k", 80, &H100_ARCHS).unwrap(),
+            CompileTarget::Ptx(75)
+        );
     }
 
     #[test]
@@ -323,11 +352,18 @@ mod tests {
 
     #[test]
     fn the_ptx_advice_names_both_versions_and_the_fix() {
-        let advice = unsupported_ptx_advice(Some((12, 8)), Some(12020));
-        assert!(advice.contains("NVRTC 12.8"), "{advice}");
-        assert!(advice.contains("CUDA 12.2"), "{advice}");
+        let advice = unsupported_ptx_advice(Some((8, 8)), Some((12, 9)), Some(12020));
+        assert!(
+            advice.contains("ISA 8.8, which needs a CUDA 12.9 driver"),
+            "{advice}"
+        );
+        assert!(advice.contains("NVRTC here is 12.9"), "{advice}");
+        assert!(advice.contains("supports CUDA 12.2"), "{advice}");
         assert!(advice.contains("update the GPU driver"), "{advice}");
-        assert!(unsupported_ptx_advice(None, None).contains("NVRTC unknown"));
+        assert!(advice.contains("load a cubin"), "{advice}");
+        let unknown = unsupported_ptx_advice(None, None, None);
+        assert!(unknown.contains("NVRTC here is unknown"), "{unknown}");
+        assert!(unknown.contains("unknown ISA"), "{unknown}");
     }
 
     #[test]

@@ -52,8 +52,9 @@ mod transfer;
 
 pub use buffer::CudaBuffer;
 pub use device::{CUDA_MAX_BUFFERS, CUDA_VIEW_ALIGNMENT, CudaDevice};
+pub use launch::CompileTarget;
 pub use memory::{CUDA_BUFFER_ALIGN, CudaBlocks, DeviceBlock, STAGING_CACHE};
-pub use program::CudaProgram;
+pub use program::{CompiledKernel, CudaProgram, compile};
 pub use queue::{CudaEngine, CudaQueue};
 pub use signal::CudaSignal;
 
@@ -158,9 +159,10 @@ fn check_driver() -> std::result::Result<(), String> {
 /// newest; the rest are older: contexts, streams, events, `cuLaunchKernel`,
 /// `cuMemcpy*Async_v2`, modules), and 11.4 is the oldest CUDA cudarc
 /// supports. A driver at least this new therefore has every symbol the
-/// backend can reach. The one exception, `cuFuncGetParamInfo` (12.4), is
-/// called only after `cuDriverGetVersion` said 12.4 or newer (see
-/// [`CudaProgram`]). Calling a newer driver function through
+/// backend can reach: a kernel's parameters are read from its PTX, not
+/// asked of the driver (`cuFuncGetParamInfo` is 12.4's). The exception is
+/// profiling with `cuda-13xxx` bindings (see `Cargo.toml`). Calling a
+/// newer driver function through
 /// [`CudaDevice::context`] is the caller's own check.
 const MIN_DRIVER_VERSION: i32 = 11040;
 

@@ -11,8 +11,9 @@ use crate::error::{Error, Result};
 use crate::program::{KernelSignature, Program};
 use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
 
-use super::launch::{self, KernelFacts, PARAM_INFO_DRIVER, Target};
-use super::{Cuda, CudaDevice, cuda_version, device_error, ensure_nvrtc};
+use super::launch::{self, CompileTarget, KernelFacts};
+use super::{Cuda, CudaDevice, device_error, ensure_nvrtc};
+use crate::ptx;
 
 /// A kernel for the CUDA backend. Clones name the same kernel.
 ///
@@ -26,13 +27,13 @@ use super::{Cuda, CudaDevice, cuda_version, device_error, ensure_nvrtc};
 /// extern "C" __global__ void scale(float *out, const float *in, unsigned int n);
 /// ```
 ///
-/// The safe constructors check the kernel's parameters against this ABI
-/// with the driver's `cuFuncGetParamInfo` (CUDA 12.4 drivers and newer):
-/// their count, that buffers are 8-byte pointers, and at `submit` that
-/// each scalar has its parameter's width. Where the driver cannot say,
-/// they refuse, and the `unsafe` `*_unchecked` constructors load the kernel
-/// on the caller's word. Kernels in CUDA C must be `extern "C"` so the
-/// entry name is not mangled.
+/// The safe constructors check the kernel's parameters against this ABI,
+/// as the `.entry` directive of its PTX declares them (read by
+/// [`ptx::entry_params`](crate::ptx::entry_params), so the check needs no
+/// particular driver): their count, that buffers are 8-byte pointers, and
+/// at `submit` that each scalar has its parameter's width. The `unsafe`
+/// `*_unchecked` constructors load the kernel on the caller's word. Kernels
+/// in CUDA C must be `extern "C"` so the entry name is not mangled.
 ///
 /// `submit` also checks each `exec`'s block size against the kernel's own
 /// maximum (`CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`, lower than the
@@ -52,6 +53,8 @@ struct ProgramInner {
     device: CudaDevice,
     /// The PTX, when the kernel was loaded from PTX or NVRTC produced it.
     ptx: Option<String>,
+    /// NVRTC's log (its warnings), empty for PTX or a silent compile.
+    log: String,
     facts: KernelFacts,
     /// The dynamic shared memory the kernel is opted in to (0: none).
     opted_shared: AtomicU32,
@@ -70,7 +73,7 @@ impl CudaProgram {
     /// (and, for PTX newer than the driver, the two versions and the fix);
     /// [`Error::EntryPointNotFound`] when it has no such entry point;
     /// [`Error::InvalidProgram`] when the kernel's parameters are not the
-    /// declared ones, or the driver (older than 12.4) cannot report them.
+    /// declared ones, or its `.entry` is not PTX hwqueue reads.
     pub fn from_ptx(
         device: &CudaDevice,
         ptx: &str,
@@ -81,8 +84,8 @@ impl CudaProgram {
         Self::load_ptx(device, ptx, name, (buffers, scalars), true)
     }
 
-    /// As [`from_ptx`](Self::from_ptx), without asking the driver for the
-    /// kernel's parameters: for drivers older than 12.4.
+    /// As [`from_ptx`](Self::from_ptx), without checking the kernel's
+    /// parameters: for PTX whose `.entry` hwqueue cannot read.
     ///
     /// # Safety
     /// The kernel's parameters must be exactly `buffers` pointers, then
@@ -109,7 +112,12 @@ impl CudaProgram {
         checked: bool,
     ) -> Result<Self> {
         check_no_nul(name, "the PTX", ptx)?;
-        Self::load(device, None, Some(ptx.to_owned()), name, counts, checked)
+        let image = Image {
+            cubin: None,
+            ptx: Some(ptx.to_owned()),
+            log: String::new(),
+        };
+        Self::load(device, image, name, counts, checked)
     }
 
     /// Compiles CUDA C `source` with NVRTC for `device` and loads entry
@@ -119,10 +127,13 @@ impl CudaProgram {
     ///
     /// NVRTC compiles for the device's own architecture
     /// (`--gpu-architecture=sm_XY` from its compute capability) into a
-    /// cubin, so nothing is JIT-compiled at load and every feature of the
-    /// GPU is available (`atomicAdd` on `double`, `bf16`, `__nanosleep`);
-    /// an NVRTC that predates the GPU produces PTX for the newest
-    /// architecture it knows instead, which the driver JIT-compiles.
+    /// cubin, so nothing is JIT-compiled at load, every feature of the
+    /// GPU is available (`atomicAdd` on `double`, `bf16`, `__nanosleep`),
+    /// and an NVRTC newer than the driver still works (a driver refuses
+    /// PTX of a newer ISA, never a cubin); an NVRTC that predates the GPU
+    /// produces PTX for the newest architecture it knows instead, which
+    /// the driver JIT-compiles. NVRTC's warnings are kept:
+    /// [`log`](Self::log).
     ///
     /// # Errors
     /// [`Error::NoDriver`] when NVRTC is not installed; [`Error::Compile`]
@@ -135,12 +146,33 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        let (cubin, ptx) = compile(device, source, name)?;
-        Self::load(device, cubin, ptx, name, (buffers, scalars), true)
+        let compiled = compile_for_device(device, source, name)?;
+        Self::load(device, compiled.image, name, (buffers, scalars), true)
     }
 
-    /// As [`from_cuda_c`](Self::from_cuda_c), without asking the driver
-    /// for the kernel's parameters: for drivers older than 12.4.
+    /// Loads a kernel [`compile`](super::compile) made (for this device's
+    /// architecture, or PTX for it or an older one): compile once, load on
+    /// every device. Checked as [`from_cuda_c`](Self::from_cuda_c).
+    ///
+    /// # Errors
+    /// As [`from_ptx`](Self::from_ptx).
+    pub fn from_compiled(
+        device: &CudaDevice,
+        kernel: &CompiledKernel,
+        buffers: usize,
+        scalars: usize,
+    ) -> Result<Self> {
+        Self::load(
+            device,
+            kernel.image.clone(),
+            &kernel.name,
+            (buffers, scalars),
+            true,
+        )
+    }
+
+    /// As [`from_cuda_c`](Self::from_cuda_c), without checking the
+    /// kernel's parameters.
     ///
     /// # Safety
     /// As [`from_ptx_unchecked`](Self::from_ptx_unchecked).
@@ -151,15 +183,14 @@ impl CudaProgram {
         buffers: usize,
         scalars: usize,
     ) -> Result<Self> {
-        let (cubin, ptx) = compile(device, source, name)?;
-        Self::load(device, cubin, ptx, name, (buffers, scalars), false)
+        let compiled = compile_for_device(device, source, name)?;
+        Self::load(device, compiled.image, name, (buffers, scalars), false)
     }
 
-    /// Loads `cubin` if there is one, else `ptx` (one of them is `Some`).
+    /// Loads the image's cubin if it has one, else its PTX.
     fn load(
         device: &CudaDevice,
-        cubin: Option<Vec<u8>>,
-        ptx: Option<String>,
+        Image { cubin, ptx, log }: Image,
         name: &str,
         (buffers, scalars): (usize, usize),
         checked: bool,
@@ -178,7 +209,7 @@ impl CudaProgram {
         let module = device
             .context()
             .load_module(image)
-            .map_err(|e| load_error(device, jitted, e))?;
+            .map_err(|e| load_error(device, jitted, &log, e))?;
         let function = module
             .load_function(name)
             .map_err(|e| Error::EntryPointNotFound {
@@ -186,7 +217,7 @@ impl CudaProgram {
                 entry: name.to_owned(),
                 detail: e.to_string(),
             })?;
-        let facts = kernel_facts(device, &function, name, checked)?;
+        let facts = kernel_facts(device, &function, name, checked, ptx.as_deref())?;
         if let Some(sizes) = &facts.params {
             launch::check_params(name, buffers, scalars, sizes)?;
         }
@@ -196,6 +227,7 @@ impl CudaProgram {
                 function,
                 device: device.clone(),
                 ptx,
+                log,
                 facts,
                 opted_shared: AtomicU32::new(0),
                 opting_in: Mutex::new(()),
@@ -207,6 +239,12 @@ impl CudaProgram {
     /// when the kernel was loaded as a cubin and NVRTC kept no PTX.
     pub fn ptx(&self) -> Option<&str> {
         self.inner.ptx.as_deref()
+    }
+
+    /// NVRTC's log of the compile: its warnings, empty when it had none
+    /// (and for a kernel loaded from PTX).
+    pub fn log(&self) -> &str {
+        &self.inner.log
     }
 
     /// The device the kernel is loaded on.
@@ -256,25 +294,149 @@ impl CudaProgram {
     }
 }
 
+/// What a compile gives to load: a cubin, PTX, or both, and NVRTC's log.
+#[derive(Clone)]
+struct Image {
+    cubin: Option<Vec<u8>>,
+    ptx: Option<String>,
+    log: String,
+}
+
+/// A CUDA C kernel compiled by NVRTC and not loaded on any device: what
+/// [`compile`] returns. [`CudaProgram::from_compiled`] loads it.
+#[derive(Clone)]
+pub struct CompiledKernel {
+    name: String,
+    target: CompileTarget,
+    image: Image,
+}
+
+impl CompiledKernel {
+    /// The kernel's entry point.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What it was compiled for.
+    pub fn target(&self) -> CompileTarget {
+        self.target
+    }
+
+    /// Its PTX (NVRTC writes PTX for a cubin target too).
+    pub fn ptx(&self) -> Option<&str> {
+        self.image.ptx.as_deref()
+    }
+
+    /// Its machine code, for a [`CompileTarget::Cubin`].
+    pub fn cubin(&self) -> Option<&[u8]> {
+        self.image.cubin.as_deref()
+    }
+
+    /// NVRTC's log: its warnings, empty when it had none.
+    pub fn log(&self) -> &str {
+        &self.image.log
+    }
+
+    /// The size of each of the kernel's parameters, from its PTX (see
+    /// [`ptx::entry_params`](crate::ptx::entry_params)).
+    ///
+    /// # Errors
+    /// As `ptx::entry_params`; [`Error::InvalidProgram`] if NVRTC kept no
+    /// PTX.
+    pub fn params(&self) -> Result<Vec<usize>> {
+        let Some(ptx) = self.ptx() else {
+            return Err(Error::InvalidProgram {
+                program: self.name.clone(),
+                reason: "NVRTC kept no PTX of the kernel to read its parameters from".into(),
+            });
+        };
+        ptx::entry_params(ptx, &self.name)
+    }
+
+    /// Checks the kernel's parameters against the ABI of [`CudaProgram`]:
+    /// `buffers` device pointers, then `scalars` scalars. This is the check
+    /// the checked constructors make at load, made here without a device.
+    ///
+    /// # Errors
+    /// [`Error::InvalidProgram`] naming the mismatch.
+    pub fn check_signature(&self, buffers: usize, scalars: usize) -> Result<()> {
+        launch::check_params(&self.name, buffers, scalars, &self.params()?)
+    }
+}
+
+impl fmt::Debug for CompiledKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompiledKernel")
+            .field("name", &self.name)
+            .field("target", &self.target)
+            .field("ptx_bytes", &self.ptx().map(str::len))
+            .field("cubin_bytes", &self.cubin().map(<[u8]>::len))
+            .field("log", &self.image.log)
+            .finish()
+    }
+}
+
+/// Compiles CUDA C `source` with NVRTC for `target`, on a machine with or
+/// without a GPU: it needs NVRTC (`libnvrtc`), not the driver. The entry
+/// point `name` must be `extern "C"`; it names the program in errors and
+/// is the entry [`CompiledKernel::params`] reads.
+///
+/// ```no_run
+/// use hwqueue::cuda::{CompileTarget, compile};
+/// let source = r#"extern "C" __global__ void fill(float *out, float value, unsigned n) {
+///     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+///     if (i < n) out[i] = value;
+/// }"#;
+/// let kernel = compile(source, "fill", CompileTarget::Cubin(90))?;
+/// kernel.check_signature(1, 2)?;
+/// assert!(kernel.cubin().is_some());
+/// # Ok::<(), hwqueue::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::NoDriver`] when NVRTC is not installed; [`Error::Compile`] with
+/// NVRTC's log when the source does not compile, or when this NVRTC cannot
+/// compile for `target`'s architecture (the error lists those it can).
+pub fn compile(source: &str, name: &str, target: CompileTarget) -> Result<CompiledKernel> {
+    check_no_nul(name, "the CUDA C source", source)?;
+    check_no_nul(name, "the kernel name", name)?;
+    ensure_nvrtc()?;
+    let archs = supported_archs();
+    if !archs.is_empty() && !archs.contains(&target.arch()) {
+        return Err(Error::Compile {
+            program: name.to_owned(),
+            compiler: "NVRTC".into(),
+            output: format!(
+                "this NVRTC ({}) compiles for architectures {archs:?}, not {}; pick one of                  those, or install the NVRTC of a CUDA toolkit that supports it",
+                nvrtc_version().map_or("version unknown".to_owned(), |(major, minor)| format!(
+                    "{major}.{minor}"
+                )),
+                target.arch()
+            ),
+        });
+    }
+    nvrtc_compile(source, name, target)
+}
+
 /// Compiles `source` with NVRTC for the device: a cubin for its own
-/// architecture, or PTX where NVRTC predates it. Returns the cubin, if
-/// that is the target, and the PTX, if NVRTC made one (it must, without a
-/// cubin).
-fn compile(
-    device: &CudaDevice,
-    source: &str,
-    name: &str,
-) -> Result<(Option<Vec<u8>>, Option<String>)> {
+/// architecture, or PTX where NVRTC predates it.
+fn compile_for_device(device: &CudaDevice, source: &str, name: &str) -> Result<CompiledKernel> {
     check_no_nul(name, "the CUDA C source", source)?;
     check_no_nul(name, "the kernel name", name)?;
     ensure_nvrtc()?;
     let target = launch::nvrtc_target(name, device.capability(), &supported_archs())?;
+    nvrtc_compile(source, name, target)
+}
+
+/// One NVRTC compile of `source` (free of NUL bytes, as `name` is) for
+/// `target`.
+fn nvrtc_compile(source: &str, name: &str, target: CompileTarget) -> Result<CompiledKernel> {
     let nvrtc_failed = |what: &str, e: nvrtc::result::NvrtcError| Error::Compile {
         program: name.to_owned(),
         compiler: "NVRTC".into(),
         output: format!("{what}: {e:?}"),
     };
-    // Both checked for NUL above.
+    // Both checked for NUL by the callers.
     let (source, file) = (
         CString::new(source).unwrap_or_default(),
         CString::new(format!("{name}.cu")).unwrap_or_default(),
@@ -285,13 +447,15 @@ fn compile(
     // SAFETY: `program` was created above and is destroyed only by the
     // guard's drop, after every use below; `source` and `file` outlive it.
     let compiled = unsafe { nvrtc::result::compile_program(program.0, &[target.option()]) };
+    // SAFETY: as above.
+    let log = unsafe { nvrtc::result::get_program_log(program.0) }
+        .map(|log| c_text(&log).trim_end().to_owned())
+        .unwrap_or_default();
     if let Err(e) = compiled {
-        // SAFETY: as above.
-        let log = unsafe { nvrtc::result::get_program_log(program.0) }.unwrap_or_default();
         return Err(Error::Compile {
             program: name.to_owned(),
             compiler: "NVRTC".into(),
-            output: format!("({e:?}, {})\n{}", target.option(), c_text(&log).trim_end()),
+            output: format!("({e:?}, {})\n{log}", target.option()),
         });
     }
     // SAFETY: as above; the program compiled.
@@ -299,7 +463,7 @@ fn compile(
         .ok()
         .map(|text| c_text(&text));
     let cubin = match target {
-        Target::Cubin(_) => {
+        CompileTarget::Cubin(_) => {
             let mut size = 0usize;
             // SAFETY: as above; NVRTC writes the size, then that many bytes
             // into a buffer of that size.
@@ -316,16 +480,20 @@ fn compile(
             .map_err(|e| nvrtc_failed("reading the cubin", e))?;
             Some(cubin)
         }
-        Target::Ptx(_) if ptx.is_none() => {
+        CompileTarget::Ptx(_) if ptx.is_none() => {
             return Err(Error::Compile {
                 program: name.to_owned(),
                 compiler: "NVRTC".into(),
                 output: "NVRTC compiled the source but gave no PTX".into(),
             });
         }
-        Target::Ptx(_) => None,
+        CompileTarget::Ptx(_) => None,
     };
-    Ok((cubin, ptx))
+    Ok(CompiledKernel {
+        name: name.to_owned(),
+        target,
+        image: Image { cubin, ptx, log },
+    })
 }
 
 /// Destroys an NVRTC program when dropped.
@@ -384,35 +552,30 @@ fn c_text(text: &[c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// What the driver reports of `function` (see [`KernelFacts`]); its
-/// parameters only when `checked`, and then the driver must say them.
+/// What the driver reports of `function` (see [`KernelFacts`]), and its
+/// parameters from its PTX when `checked`.
 fn kernel_facts(
     device: &CudaDevice,
     function: &CudaFunction,
     name: &str,
     checked: bool,
+    ptx: Option<&str>,
 ) -> Result<KernelFacts> {
     let fail = |e| device_error(device.ordinal(), "reading the kernel's attributes", e);
     let max_threads = function.max_threads_per_block().map_err(fail)?;
     let static_shared = function.shared_size_bytes().map_err(fail)?;
-    let params = if checked {
-        let version = device.driver_version().unwrap_or(0);
-        if version < PARAM_INFO_DRIVER {
+    let params = match (checked, ptx) {
+        (false, _) => None,
+        (true, Some(ptx)) => Some(ptx::entry_params(ptx, name)?),
+        (true, None) => {
             return Err(Error::InvalidProgram {
                 program: name.to_owned(),
-                reason: format!(
-                    "this driver (CUDA {}) cannot report a kernel's parameters \
-                     (`cuFuncGetParamInfo` needs {}), so hwqueue cannot check them against \
-                     the declared buffers and scalars; update the NVIDIA driver, or load the \
-                     kernel with the `unsafe` `_unchecked` constructor and keep its contract",
-                    cuda_version(version),
-                    cuda_version(PARAM_INFO_DRIVER)
-                ),
+                reason: "NVRTC kept no PTX beside the cubin, so hwqueue cannot read the \
+                         kernel's parameters to check them; load it with the `unsafe` \
+                         `from_cuda_c_unchecked` and keep its contract"
+                    .into(),
             });
         }
-        Some(param_sizes(device, function).map_err(fail)?)
-    } else {
-        None
     };
     Ok(KernelFacts {
         max_threads: u32::try_from(max_threads).unwrap_or(0),
@@ -421,40 +584,12 @@ fn kernel_facts(
     })
 }
 
-/// The size of each parameter of `function`, from `cuFuncGetParamInfo`
-/// (which answers `CUDA_ERROR_INVALID_VALUE` past the last one). Call only
-/// on drivers of 12.4 or newer.
-fn param_sizes(
-    device: &CudaDevice,
-    function: &CudaFunction,
-) -> std::result::Result<Vec<usize>, DriverError> {
-    device.context().bind_to_thread()?;
-    let mut sizes = Vec::new();
-    // CUDA's 4 KiB of parameters hold at most 4,096 one-byte ones.
-    for index in 0..=4096 {
-        let (mut offset, mut size) = (0usize, 0usize);
-        // SAFETY: the driver is 12.4 or newer (the caller's check), so
-        // cudarc finds the symbol instead of panicking; the function is
-        // loaded and alive (`function` holds its module); the call writes
-        // two `usize`s.
-        let status = unsafe {
-            sys::cuFuncGetParamInfo(function.cu_function(), index, &mut offset, &mut size)
-        };
-        match status {
-            sys::CUresult::CUDA_SUCCESS => sizes.push(size),
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE => break,
-            error => return Err(DriverError(error)),
-        }
-    }
-    Ok(sizes)
-}
-
 /// The error for a module the driver would not load. A sticky error loses
 /// the device (nothing more is asked of it); PTX newer than the driver
 /// gets the two versions and the fix; other PTX gets the JIT's own log
 /// (`cuModuleLoadDataEx` with an error-log buffer). `jitted` is the PTX
 /// text when PTX was loaded (a cubin has no JIT to ask).
-fn load_error(device: &CudaDevice, jitted: Option<&str>, error: DriverError) -> Error {
+fn load_error(device: &CudaDevice, jitted: Option<&str>, log: &str, error: DriverError) -> Error {
     if launch::is_sticky(error.0) {
         return device_error(device.ordinal(), "loading the module", error);
     }
@@ -462,10 +597,17 @@ fn load_error(device: &CudaDevice, jitted: Option<&str>, error: DriverError) -> 
     if error.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
         detail = format!(
             "{detail}: {}",
-            launch::unsupported_ptx_advice(nvrtc_version(), device.driver_version())
+            launch::unsupported_ptx_advice(
+                jitted.and_then(ptx::isa_version),
+                nvrtc_version(),
+                device.driver_version()
+            )
         );
     } else if let Some(log) = jitted.and_then(|ptx| jit_log(device, ptx)) {
         detail = format!("{detail}; the JIT said:\n{log}");
+    }
+    if !log.is_empty() {
+        detail = format!("{detail}\nNVRTC's log of the compile:\n{log}");
     }
     Error::Driver {
         backend: Cuda::ID,

@@ -16,6 +16,7 @@
 //! | [`cpu_queue`] | `cpu_queue` | [`QueueProgram`]s on two CPU queues against a sequential interpreter |
 //! | [`event_ring`] | `event_ring` | [`RingOp`] sequences on an `EventRing` with a mock event against the records, a running max and failed ranges |
 //! | [`memory_pool`] | `memory_pool` | [`PoolOp`] sequences on a CPU device's pool and two queues against which ranges are surely, possibly or no longer live |
+//! | [`ptx_params`] | `ptx_params` | the PTX `.entry` reader never panics, and gives back each parameter's size from PTX rendered from a random list |
 //! | [`plan_schedule`] | `plan_schedule` | a random schedule of tensors, slots, kernels, copies and fills: placement never overlaps tensors live together, arena ≥ lower bound, and back-to-back runs with canary kernels read what was written |
 //!
 //! This crate is part of hwqueue's workspace and never part of a normal
@@ -29,10 +30,13 @@
 // Under `cfg(loom)` only the mock event is built: the loom models use it,
 // and the harnesses (real threads, timeouts) have no place in a model.
 #[cfg(not(loom))]
+pub mod cuda_kernels;
 pub mod memory;
 pub mod mock_event;
 #[cfg(not(loom))]
 pub mod plans;
+#[cfg(not(loom))]
+mod ptx;
 #[cfg(not(loom))]
 pub mod queue;
 #[cfg(not(loom))]
@@ -50,6 +54,8 @@ mod spec;
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
 #[cfg(not(loom))]
 pub use plans::{check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule};
+#[cfg(not(loom))]
+pub use ptx::ptx_params;
 #[cfg(not(loom))]
 pub use queue::{
     QueueOp, QueueProgram, Step, check_queue_program, cpu_queue, decode_queue_program,
