@@ -206,29 +206,145 @@ pub(crate) fn cuda_version(version: i32) -> String {
 ///
 /// # Errors
 /// [`Error::NoSuchDevice`] (with a count of 0) when the driver sees no GPU;
-/// [`Error::NoDriver`] when it cannot start.
+/// [`Error::NoDriver`] when it cannot start, saying why and what to do (see
+/// [`init_error`]).
 pub(crate) fn device_count() -> Result<u32> {
-    match result::init() {
-        Ok(()) => {}
-        Err(DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => {
-            return Err(Error::NoSuchDevice {
+    result::init().map_err(|DriverError(code)| init_error(code))?;
+    let count = result::device::get_count().map_err(|e| driver_error("counting devices", e))?;
+    Ok(u32::try_from(count).unwrap_or(0))
+}
+
+/// What `cuInit` failing with `code` means: [`Error::NoSuchDevice`] (a
+/// count of 0) for `CUDA_ERROR_NO_DEVICE`, which [`Cuda::probe`] answers as
+/// no devices; otherwise [`Error::NoDriver`] naming the code, what
+/// happened, the likely cause and the fix. The one place these texts live.
+///
+/// A driver older than the bindings never gets here: [`ensure_driver`]
+/// checks the version first (the runtime API's
+/// `cudaErrorInsufficientDriver` has no driver-API code).
+pub(crate) fn init_error(code: sys::CUresult) -> Error {
+    use sys::CUresult as R;
+    // (what happened, likely cause, fix)
+    let (what, cause, fix) = match code {
+        R::CUDA_ERROR_NO_DEVICE => {
+            return Error::NoSuchDevice {
                 backend: Cuda::ID,
                 ordinal: 0,
                 count: 0,
-            });
+            };
         }
-        Err(error) => {
-            return Err(Error::NoDriver {
-                backend: Cuda::ID,
-                detail: format!(
-                    "the CUDA driver failed to start ({error}); check that the NVIDIA kernel \
-                     module is loaded and matches the driver (`nvidia-smi` should list the GPU)"
-                ),
-            });
-        }
+        R::CUDA_ERROR_NOT_INITIALIZED => (
+            "the driver refused to initialise in this process",
+            "the process was forked from one that had already initialised CUDA (driver state \
+             does not survive `fork`), or the driver's own start-up was interrupted",
+            "initialise CUDA only in the child, or start workers with fork+exec \
+             (`std::process::Command`, Python multiprocessing's `spawn`) instead of a bare \
+             `fork`; otherwise run `nvidia-smi` and look for NVRM errors in `dmesg`",
+        ),
+        R::CUDA_ERROR_OUT_OF_MEMORY => (
+            "the driver ran out of memory while starting",
+            "a limit on the process's memory (`ulimit -v`, a container or cgroup limit) is \
+             below the virtual address space the driver reserves",
+            "lift the limit (`ulimit -v unlimited`, or a larger container memory limit)",
+        ),
+        R::CUDA_ERROR_STUB_LIBRARY => (
+            "the `libcuda` loaded is the CUDA toolkit's link-time stub, not the driver",
+            "a toolkit `stubs` directory (such as `/usr/local/cuda/lib64/stubs`) is on \
+             `LD_LIBRARY_PATH`",
+            "remove the `stubs` directory from `LD_LIBRARY_PATH` so that the driver's \
+             `libcuda.so.1` loads",
+        ),
+        R::CUDA_ERROR_DEVICE_UNAVAILABLE => (
+            "the GPU is busy or unavailable to this process",
+            "the GPU is in exclusive-process compute mode and another process holds it, or \
+             in prohibited mode",
+            "find the process holding it with `nvidia-smi --query-compute-apps=pid,name \
+             --format=csv` and stop it, or (as root) set the default compute mode with \
+             `nvidia-smi -c DEFAULT`",
+        ),
+        R::CUDA_ERROR_INVALID_DEVICE => (
+            "the driver was pointed at a GPU that does not exist",
+            "`CUDA_VISIBLE_DEVICES` names an index or UUID that no GPU has",
+            "compare `CUDA_VISIBLE_DEVICES` with the GPUs `nvidia-smi -L` lists, or unset it",
+        ),
+        R::CUDA_ERROR_DEVICE_NOT_LICENSED => (
+            "the GPU is a virtual GPU without a valid licence",
+            "the vGPU licence client has not obtained a licence",
+            "check `nvidia-smi -q | grep -i licen` and configure the vGPU licence (the \
+             `nvidia-gridd` service)",
+        ),
+        R::CUDA_ERROR_OPERATING_SYSTEM => (
+            "a system call inside the driver failed",
+            "the process cannot open the GPU device files (`/dev/nvidia*`, \
+             `/dev/nvidia-uvm`): the `nvidia-uvm` kernel module is not loaded, the files' \
+             permissions exclude this user, or a container or sandbox hides them",
+            "check `ls -l /dev/nvidia*`; load the module with `sudo modprobe nvidia-uvm` (or \
+             `sudo nvidia-modprobe -u -c=0`); run containers with `--gpus all`",
+        ),
+        R::CUDA_ERROR_NOT_PERMITTED => (
+            "the driver does not permit this process to use the GPU",
+            "a container or sandbox restricts access to the GPU, or the GPU is partitioned \
+             (MIG) and no instance is assigned to this process",
+            "run `nvidia-smi -L` as the same user in the same container; pass `--gpus all` to \
+             Docker; with MIG, set `CUDA_VISIBLE_DEVICES` to an instance's `MIG-...` UUID \
+             from `nvidia-smi -L`",
+        ),
+        R::CUDA_ERROR_NOT_SUPPORTED => (
+            "the driver does not support this GPU or platform",
+            "the GPU is older than the installed driver branch supports, or the platform (a \
+             VM without GPU passthrough, an unsupported WSL setup) has no CUDA support",
+            "check that `nvidia-smi` lists the GPU and that the driver supports it \
+             (https://www.nvidia.com/drivers); for an older GPU, install the legacy driver \
+             branch that still does",
+        ),
+        R::CUDA_ERROR_SYSTEM_NOT_READY => (
+            "the system's GPU interconnect is not ready",
+            "on an NVSwitch system (HGX, DGX) the NVIDIA Fabric Manager is not running, or its \
+             version differs from the driver's",
+            "`sudo systemctl start nvidia-fabricmanager` (install the `nvidia-fabricmanager` \
+             package of the driver's exact version), then check `systemctl status \
+             nvidia-fabricmanager`",
+        ),
+        R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => (
+            "the driver's user-space library and its kernel module are different versions",
+            "the driver was upgraded while the old kernel module stayed loaded, or a second \
+             `libcuda` of another version is on the library path (`nvidia-smi` then says \
+             \"Driver/library version mismatch\")",
+            "reboot (or unload and reload the `nvidia` modules); if that does not help, \
+             compare `cat /proc/driver/nvidia/version` with the version of `libcuda.so.1` \
+             and reinstall the driver so that they match",
+        ),
+        R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE => (
+            "the CUDA forward-compatibility package was loaded on a GPU that does not \
+             support it",
+            "`libcuda` came from a `cuda-compat` package (e.g. `/usr/local/cuda/compat` on \
+             `LD_LIBRARY_PATH`, as some containers set), which only data-center GPUs accept",
+            "remove the `compat` directory from `LD_LIBRARY_PATH` (or uninstall \
+             `cuda-compat-*`) so that the system driver's `libcuda.so.1` loads, and update \
+             that driver if it is older than the CUDA version you need",
+        ),
+        R::CUDA_ERROR_UNKNOWN => (
+            "the driver failed with an unspecified error",
+            "most often the `nvidia_uvm` kernel module is missing or wedged, typically after \
+             a suspend/resume or a driver upgrade",
+            "reload it with `sudo rmmod nvidia_uvm && sudo modprobe nvidia_uvm`, or reboot; \
+             `dmesg | grep -i nvrm` shows the driver's own account",
+        ),
+        _ => (
+            "the driver failed to start",
+            "not one this backend knows; see the code in NVIDIA's `cuInit` documentation",
+            "run `nvidia-smi` and look for NVRM errors in `dmesg`",
+        ),
+    };
+    Error::NoDriver {
+        backend: Cuda::ID,
+        detail: format!(
+            "`cuInit` failed with {code:?} ({}): {what}. Likely cause: {cause}. Fix: {fix}. If \
+             `nvidia-smi` fails too, the driver installation itself is broken: reinstall the \
+             NVIDIA driver (https://www.nvidia.com/drivers)",
+            code as u32
+        ),
     }
-    let count = result::device::get_count().map_err(|e| driver_error("counting devices", e))?;
-    Ok(u32::try_from(count).unwrap_or(0))
 }
 
 /// What the probe reports for device `ordinal`, without opening a context.
@@ -329,3 +445,119 @@ static_assertions::assert_impl_all!(CudaDevice: Send, Sync, Clone);
 static_assertions::assert_eq_size!(CudaSignal, usize);
 static_assertions::assert_eq_size!(CudaBuffer, usize);
 static_assertions::assert_eq_size!(CudaProgram, usize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sys::CUresult as R;
+
+    /// The codes [`init_error`] has advice of its own for.
+    const ADVISED: [R; 13] = [
+        R::CUDA_ERROR_NOT_INITIALIZED,
+        R::CUDA_ERROR_OUT_OF_MEMORY,
+        R::CUDA_ERROR_STUB_LIBRARY,
+        R::CUDA_ERROR_DEVICE_UNAVAILABLE,
+        R::CUDA_ERROR_INVALID_DEVICE,
+        R::CUDA_ERROR_DEVICE_NOT_LICENSED,
+        R::CUDA_ERROR_OPERATING_SYSTEM,
+        R::CUDA_ERROR_NOT_PERMITTED,
+        R::CUDA_ERROR_NOT_SUPPORTED,
+        R::CUDA_ERROR_SYSTEM_NOT_READY,
+        R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+        R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+        R::CUDA_ERROR_UNKNOWN,
+    ];
+
+    /// `init_error`'s detail for `code`, which must be `NoDriver`.
+    fn detail(code: R) -> String {
+        match init_error(code) {
+            Error::NoDriver { backend, detail } => {
+                assert_eq!(backend, "cuda");
+                detail
+            }
+            other => panic!("{code:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn no_device_is_no_such_device_with_a_count_of_zero() {
+        assert!(matches!(
+            init_error(R::CUDA_ERROR_NO_DEVICE),
+            Error::NoSuchDevice {
+                backend: "cuda",
+                ordinal: 0,
+                count: 0
+            }
+        ));
+    }
+
+    #[test]
+    fn each_advised_code_has_a_cause_and_fix_of_its_own() {
+        let details: Vec<String> = ADVISED.into_iter().map(detail).collect();
+        for (code, text) in ADVISED.into_iter().zip(&details) {
+            assert!(
+                text.starts_with(&format!(
+                    "`cuInit` failed with {code:?} ({}): ",
+                    code as u32
+                )),
+                "{text}"
+            );
+            assert!(
+                text.contains("Likely cause: ") && text.contains("Fix: "),
+                "{text}"
+            );
+            assert!(!text.contains("not one this backend knows"), "{text}");
+            // A command or a path to act on, and the installation fallback
+            // tests/cuda.rs expects of every `NoDriver`.
+            assert!(text.matches('`').count() > 4, "{text}");
+            assert!(text.contains("reinstall the NVIDIA driver"), "{text}");
+        }
+        for (i, text) in details.iter().enumerate() {
+            let advice = |text: &str| text.split_once("): ").unwrap().1.to_owned();
+            assert!(
+                details[..i]
+                    .iter()
+                    .all(|other| advice(other) != advice(text)),
+                "two codes share the advice of {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_common_codes_name_their_specific_cause_and_fix() {
+        let cases: [(R, &[&str]); 6] = [
+            (R::CUDA_ERROR_NOT_INITIALIZED, &["fork", "fork+exec"]),
+            (
+                R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+                &["forward-compatibility", "cuda-compat", "LD_LIBRARY_PATH"],
+            ),
+            (
+                R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+                &["kernel module", "reboot", "/proc/driver/nvidia/version"],
+            ),
+            (
+                R::CUDA_ERROR_DEVICE_UNAVAILABLE,
+                &["exclusive-process", "nvidia-smi -c DEFAULT"],
+            ),
+            (R::CUDA_ERROR_OPERATING_SYSTEM, &["/dev/nvidia", "modprobe"]),
+            (R::CUDA_ERROR_UNKNOWN, &["nvidia_uvm", "reboot"]),
+        ];
+        for (code, phrases) in cases {
+            let text = detail(code);
+            for phrase in phrases {
+                assert!(text.contains(phrase), "{code:?}: no `{phrase}` in {text}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_code_without_advice_is_still_named() {
+        let text = detail(R::CUDA_ERROR_DEINITIALIZED);
+        assert!(
+            text.starts_with("`cuInit` failed with CUDA_ERROR_DEINITIALIZED (4): "),
+            "{text}"
+        );
+        assert!(text.contains("nvidia-smi"), "{text}");
+        assert!(text.contains("reinstall the NVIDIA driver"), "{text}");
+    }
+}
