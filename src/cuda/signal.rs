@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use cudarc::driver::{CudaEvent, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 
 use crate::error::{Error, Result};
 use crate::ring::{Dependency, EventRecorder, EventRing, RingEvent};
@@ -34,42 +34,94 @@ pub struct CudaSignal {
     ring: Arc<EventRing<SignalEvent>>,
 }
 
-/// The flags of every event hwqueue creates (signal rings, batch
-/// completion): timing off, so a record writes no timestamp and a query is
-/// a flag test. cudarc's flag enum cannot express timing off *and* blocking
-/// sync together (`CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC`), so
-/// a host's unbounded wait (`cuEventSynchronize`) spins instead of
-/// sleeping; finite waits poll with back-off either way. Which of the two
-/// costs less on a real GPU is not measured yet (this task had none): the
-/// `cuda_signal` bench's baseline uses the same flags.
+/// The flags of a signal's events: timing off, so a record writes no
+/// timestamp and a query is a flag test, and blocking sync, so a host
+/// thread in an unbounded `wait` (`cuEventSynchronize`) sleeps in the
+/// driver instead of spinning a core. cudarc's flag type is an enum that
+/// cannot hold both bits, which is why [`SignalEvent`] creates its event
+/// itself.
+pub(crate) const SIGNAL_EVENT_FLAGS: u32 = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
+    | sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+
+/// The flags of the events hwqueue only queries or orders streams with
+/// (batch completion, allocation fences): timing off. No host thread
+/// blocks on them.
 pub(crate) const EVENT_FLAGS: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
 
-/// A CUDA event in a signal's ring.
-pub(crate) struct SignalEvent(CudaEvent);
+/// A CUDA event in a signal's ring, created with [`SIGNAL_EVENT_FLAGS`].
+pub(crate) struct SignalEvent {
+    event: sys::CUevent,
+    context: std::sync::Arc<CudaContext>,
+}
+
+// SAFETY: a `CUevent` is a handle the driver lets any thread use (every
+// call below binds the event's context first); the handle is destroyed
+// only by `Drop`, once.
+unsafe impl Send for SignalEvent {}
+// SAFETY: as above: the driver's event calls are thread-safe, and no method
+// mutates the handle itself.
+unsafe impl Sync for SignalEvent {}
 
 impl SignalEvent {
-    pub(crate) fn event(&self) -> &CudaEvent {
-        &self.0
+    /// A new event in `context`.
+    fn new(context: &std::sync::Arc<CudaContext>) -> std::result::Result<Self, DriverError> {
+        context.bind_to_thread()?;
+        let mut event = std::ptr::null_mut();
+        // SAFETY: the context is bound to this thread; the call writes one
+        // handle, owned from here by the returned value.
+        unsafe { sys::cuEventCreate(&mut event, SIGNAL_EVENT_FLAGS) }.result()?;
+        Ok(Self {
+            event,
+            context: context.clone(),
+        })
+    }
+
+    /// Makes `stream` wait, on the device, until the event completes.
+    pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
+        self.context.bind_to_thread()?;
+        // SAFETY: both handles are alive (the stream by the borrow, the
+        // event until `Drop`); a stream may wait on an event of any context.
+        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.event, 0) }.result()
     }
 
     /// A driver error of this event, as an [`Error`](crate::Error): a
     /// sticky one marks its device lost (see `device_error`).
-    fn fault(&self, what: &str, error: cudarc::driver::DriverError) -> crate::Error {
-        context_error(self.0.context(), what, error)
+    fn fault(&self, what: &str, error: DriverError) -> crate::Error {
+        context_error(&self.context, what, error)
+    }
+}
+
+impl Drop for SignalEvent {
+    fn drop(&mut self) {
+        if self.context.bind_to_thread().is_ok() {
+            // SAFETY: the event was created by `new` and is destroyed only
+            // here; the driver lets an event be destroyed while recorded
+            // work is still pending (it is released once that completes).
+            let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
+        }
     }
 }
 
 impl RingEvent for SignalEvent {
     fn is_complete(&self) -> Result<bool> {
-        self.0
-            .try_is_complete()
-            .map_err(|e| self.fault("querying a signal's event", e))
+        let fail = |e| self.fault("querying a signal's event", e);
+        self.context.bind_to_thread().map_err(fail)?;
+        // SAFETY: the event is alive until `Drop`; a query only reads it.
+        match unsafe { sys::cuEventQuery(self.event) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            error => Err(fail(DriverError(error))),
+        }
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.0
-            .synchronize()
-            .map_err(|e| self.fault("waiting for a signal's event", e))
+        let fail = |e| self.fault("waiting for a signal's event", e);
+        self.context.bind_to_thread().map_err(fail)?;
+        // SAFETY: the event is alive until `Drop`; the call blocks
+        // (sleeping: `CU_EVENT_BLOCKING_SYNC`) until it completes.
+        unsafe { sys::cuEventSynchronize(self.event) }
+            .result()
+            .map_err(fail)
     }
 }
 
@@ -80,23 +132,23 @@ pub(crate) struct StreamRecorder<'a> {
 
 impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     fn create(&mut self) -> Result<SignalEvent> {
-        self.stream
-            .context()
-            .new_event(Some(EVENT_FLAGS))
-            .map(SignalEvent)
+        SignalEvent::new(self.stream.context())
             .map_err(|e| driver_error("creating a signal's event", e))
     }
 
     /// An event records only on a stream of its own context.
     fn accepts(&self, event: &SignalEvent) -> bool {
-        **event.0.context() == **self.stream.context()
+        *event.context == **self.stream.context()
     }
 
     fn record(&mut self, event: &SignalEvent) -> Result<()> {
-        event
-            .0
-            .record(self.stream)
-            .map_err(|e| driver_error("recording a signal's event", e))
+        let fail = |e| driver_error("recording a signal's event", e);
+        event.context.bind_to_thread().map_err(fail)?;
+        // SAFETY: the event (alive until its `Drop`) and the stream are of
+        // one context (`accepts`), bound to this thread.
+        unsafe { sys::cuEventRecord(event.event, self.stream.cu_stream()) }
+            .result()
+            .map_err(fail)
     }
 }
 
@@ -164,5 +216,23 @@ impl Default for CudaSignal {
 impl fmt::Debug for CudaSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("CudaSignal").field(&self.ring).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 24, defect 10: the docs promised `CU_EVENT_BLOCKING_SYNC`,
+    /// but a signal's events were created with timing off only, so a host
+    /// thread in `wait(Forever)` spun a core.
+    #[test]
+    fn signal_events_sleep_a_waiter_and_write_no_timestamp() {
+        let blocking = sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC as u32;
+        let no_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        assert_eq!(SIGNAL_EVENT_FLAGS, blocking | no_timing);
+        assert_ne!(blocking, 0);
+        // The other events are only queried or ordered on: timing off.
+        assert_eq!(EVENT_FLAGS as u32, no_timing);
     }
 }
