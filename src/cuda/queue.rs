@@ -295,12 +295,15 @@ impl Engine for CudaEngine {
             }
             state.sync_waiters -= 1;
         }
-        let synced = shared.stream.synchronize();
+        // The fault is made (a sticky one marks the device lost) before
+        // `retire` gives staging back (see `StreamShared::finish`).
+        let synced = shared
+            .stream
+            .synchronize()
+            .map_err(|e| shared.fault("running the queue's work", e));
         shared.retire();
-        if let Err(e) = synced {
-            shared
-                .ledger
-                .fail_unbatched(shared.fault("running the queue's work", e));
+        if let Err(error) = synced {
+            shared.ledger.fail_unbatched(error);
         }
     }
 }

@@ -172,9 +172,8 @@ impl Shared {
                 Command::Wait { signal, value } => match signal.dependency(*value) {
                     Ok(None) => return Outcome::Blocked(index),
                     Ok(Some(Dependency::Reached)) => Ok(()),
-                    Ok(Some(Dependency::Event(event))) => self
-                        .stream
-                        .wait(event.event())
+                    Ok(Some(Dependency::Event(event))) => event
+                        .order_before(&self.stream)
                         .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
                     Err(error) => Err(error),
                 },
@@ -381,13 +380,18 @@ impl Shared {
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
             Ok(event) => in_flight.batches.push_back((event, batch, staging)),
-            Err(_) => {
+            Err(error) => {
                 // No event to tell when the stream is done with the batch:
                 // wait for it here (the stream only holds work that
                 // completes on its own). An error is the stream's, and is
-                // reported by `synchronize`.
+                // reported by `synchronize`; a sticky one marks the device
+                // lost *before* the staging goes back, so the cache keeps
+                // memory the driver may still copy to (issue 24, defect 8).
                 drop(in_flight);
-                let _ = self.stream.synchronize();
+                let _ = self.fault("recording a batch's completion event", error);
+                if let Err(error) = self.stream.synchronize() {
+                    let _ = self.fault("waiting for a batch's stream", error);
+                }
                 drop(staging);
                 self.recycle(batch, None);
             }
@@ -399,11 +403,17 @@ impl Shared {
         let mut in_flight = self.in_flight.lock();
         loop {
             // A query error means the context faulted: the stream will not
-            // use the batch again either.
-            let passed = in_flight
-                .batches
-                .front()
-                .is_some_and(|(event, ..)| !matches!(event.try_is_complete(), Ok(false)));
+            // use the batch again either. A sticky one marks the device
+            // lost before the staging goes back (see `finish`).
+            let passed = in_flight.batches.front().is_some_and(|(event, ..)| {
+                match event.try_is_complete() {
+                    Ok(complete) => complete,
+                    Err(error) => {
+                        let _ = self.fault("querying a batch's completion event", error);
+                        true
+                    }
+                }
+            });
             if !passed {
                 break;
             }
@@ -421,7 +431,11 @@ impl Shared {
     /// After the owner dropped the queue and the worker drained it: wait for
     /// the stream, then release everything.
     pub(super) fn shut_down(&self) {
-        let _ = self.stream.synchronize();
+        // A sticky error marks the device lost before the staging goes
+        // back (see `finish`).
+        if let Err(error) = self.stream.synchronize() {
+            let _ = self.fault("waiting for the stream at shutdown", error);
+        }
         let mut in_flight = self.in_flight.lock();
         let batches = mem::take(&mut in_flight.batches);
         in_flight.spare_events.clear();
