@@ -6,9 +6,13 @@
 //! events keep timing off: they are on every path, these only while
 //! profiling). Their times are read with `cuEventElapsedTime` against a
 //! reference event, recorded and waited for when profiling was turned on,
-//! whose host time ([`now_ns`]) was taken right after: so the device's
-//! spans land on the host timeline, off by at most the latency of that one
-//! wait. `cuEventElapsedTime` has about half a microsecond of resolution
+//! whose host time ([`now_ns`]) is taken right after the wait returns: the
+//! event completed before that instant, so the device's spans land on the
+//! host timeline never earlier than they ran (a span never starts before
+//! the host submitted its work), and later by at most the latency of that
+//! one wait (so a span's end may pass the host time at which a
+//! `synchronize` after it returned, by that latency; its start does not,
+//! for any kernel longer than the latency). `cuEventElapsedTime` has about half a microsecond of resolution
 //! and answers in an `f32` of milliseconds: so each span's duration is read
 //! between its own two events (exact to that resolution however long the
 //! queue has profiled), and only its start is placed against the
