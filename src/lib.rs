@@ -143,7 +143,7 @@ pub use device::{Device, QueueFactory};
 pub use error::{Error, Result};
 pub use executor::{
     BufferId, DeviceId, Hazard, OpId, Plan, PlanMemory, PlannedWait, Run, ScalarId, Schedule,
-    TensorPlacement,
+    TensorPlacement, WaitReason,
 };
 /// `half`, whose `f16` and `bf16` move through buffers and scalars.
 #[cfg(feature = "half")]

@@ -104,7 +104,8 @@ fn waits(plan: &Plan<Cpu>) -> Vec<(usize, usize, Hazard)> {
     plan.waits()
         .filter(|(_, w)| !w.previous_run)
         .map(|(op, w)| {
-            assert!(w.reason.starts_with(&w.hazard.to_string()), "{w:?}");
+            let reason = plan.reason(op, w).to_string();
+            assert!(reason.starts_with(&w.hazard.to_string()), "{reason}");
             (w.after.index(), op.index(), w.hazard)
         })
         .collect()

@@ -125,6 +125,14 @@ fn tensors_that_share_bytes_are_ordered() {
         (wait.after, wait.hazard),
         (down_first, Hazard::WriteAfterRead)
     );
+    // The reason, formatted when shown, names the tensors sharing bytes.
+    let reason = plan.reason(write_second, wait).to_string();
+    assert!(
+        reason.starts_with("write-after-read on `")
+            && reason.ends_with("(`second` reusing `first`) after `download first`"),
+        "{reason}"
+    );
+    assert!(plan.to_string().contains(&reason), "{plan}");
     // Across runs: the next run's `write first` takes the bytes that the
     // previous run's `download second` reads.
     let wait = plan

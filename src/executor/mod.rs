@@ -155,7 +155,7 @@ use std::fmt;
 use std::ops::Range;
 
 pub use memory::{PlanMemory, TensorPlacement};
-pub use plan::{Plan, PlannedWait};
+pub use plan::{Plan, PlannedWait, WaitReason};
 pub use run::Run;
 pub use schedule::{OpBuilder, Schedule};
 

@@ -37,9 +37,6 @@ pub struct PlannedWait {
     pub buffer: BufferId,
     /// The bytes of it both touch.
     pub range: Range<usize>,
-    /// All of the above, for people: the hazard, the buffer's name and the
-    /// range, the operation waited for.
-    pub reason: String,
 }
 
 pub(super) struct PlannedOp {
@@ -365,6 +362,17 @@ impl<B: Backend> Plan<B> {
         self.queues.iter().map(|q| q.label.as_str()).collect()
     }
 
+    /// Why operation `op` waits with `wait`, for people: the hazard, the
+    /// buffer's name and the bytes, the tensors sharing them, the
+    /// operation waited for. Formatted only when shown.
+    pub fn reason<'a>(&'a self, op: OpId, wait: &'a PlannedWait) -> WaitReason<'a, B> {
+        WaitReason {
+            schedule: &self.schedule,
+            op,
+            wait,
+        }
+    }
+
     /// The waits inserted before operation `op`.
     pub fn waits_of(&self, op: OpId) -> &[PlannedWait] {
         &self.facts.ops[op.0].waits
@@ -455,7 +463,9 @@ impl<B: Backend> fmt::Display for Plan<B> {
                     writeln!(
                         f,
                         "    wait queue {} >= {}  ({})",
-                        wait.queue, wait.value, wait.reason
+                        wait.queue,
+                        wait.value,
+                        self.reason(OpId(op), wait)
                     )?;
                 }
                 writeln!(
@@ -470,6 +480,51 @@ impl<B: Backend> fmt::Display for Plan<B> {
 }
 
 impl<B: Backend> fmt::Debug for Plan<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Why an operation waits: [`Plan::reason`]. Displays as, for example,
+/// ``read-after-write on `arena` [0, 4096) (`hidden`) after `matmul1` ``.
+pub struct WaitReason<'a, B: Backend> {
+    schedule: &'a Schedule<B>,
+    op: OpId,
+    wait: &'a PlannedWait,
+}
+
+impl<B: Backend> fmt::Display for WaitReason<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wait = self.wait;
+        let (later, earlier) = (
+            &self.schedule.ops[self.op.0],
+            &self.schedule.ops[wait.after.0],
+        );
+        write!(
+            f,
+            "{} on `{}` [{}, {})",
+            wait.hazard,
+            self.schedule.buffers[wait.buffer.0].name,
+            wait.range.start,
+            wait.range.end
+        )?;
+        super::planner::write_tensors_at(
+            f,
+            self.schedule,
+            later,
+            earlier,
+            wait.buffer,
+            &wait.range,
+        )?;
+        write!(f, " after `{}`", earlier.name)?;
+        if wait.previous_run {
+            f.write_str(" of the previous run")?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> fmt::Debug for WaitReason<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }

@@ -149,7 +149,6 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
             .into_iter()
             .map(|(q, value, earlier, hazard, access)| {
                 let previous_run = earlier < n;
-                let buffer = &schedule.buffers[access.buffer.0].name;
                 PlannedWait {
                     queue: q,
                     value: if previous_run {
@@ -162,18 +161,6 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                     hazard,
                     buffer: access.buffer,
                     range: access.range.clone(),
-                    reason: format!(
-                        "{hazard} on `{buffer}` [{}, {}){} after `{}`{}",
-                        access.range.start,
-                        access.range.end,
-                        tensors_at(&schedule, op, &schedule.ops[earlier % n], &access),
-                        schedule.ops[earlier % n].name,
-                        if previous_run {
-                            " of the previous run"
-                        } else {
-                            ""
-                        }
-                    ),
                 }
             })
             .collect();
@@ -273,24 +260,30 @@ fn place_tensors<B: Backend>(
 
 /// For a hazard on an arena's bytes, which tensors the two operations
 /// touch there: ` (`h`)`, or ` (`probs` reusing `h`)`; empty otherwise.
-fn tensors_at<B: Backend>(
+pub(super) fn write_tensors_at<B: Backend>(
+    f: &mut std::fmt::Formatter<'_>,
     schedule: &Schedule<B>,
     later: &Op<B>,
     earlier: &Op<B>,
-    access: &Access,
-) -> String {
+    buffer: BufferId,
+    range: &Range<usize>,
+) -> std::fmt::Result {
+    let access = Access {
+        buffer,
+        range: range.clone(),
+    };
     let name = |op: &Op<B>| {
         op_buffers(op).find_map(|id| {
             let slot = schedule.buffers.get(id.0)?;
             let touches =
-                slot.origin == Origin::Tensor && slot.access(0..slot.len).overlaps(access);
+                slot.origin == Origin::Tensor && slot.access(0..slot.len).overlaps(&access);
             touches.then_some(slot.name.as_str())
         })
     };
     match (name(later), name(earlier)) {
-        (Some(a), Some(b)) if a == b => format!(" (`{a}`)"),
-        (Some(a), Some(b)) => format!(" (`{a}` reusing `{b}`)"),
-        _ => String::new(),
+        (Some(a), Some(b)) if a == b => write!(f, " (`{a}`)"),
+        (Some(a), Some(b)) => write!(f, " (`{a}` reusing `{b}`)"),
+        _ => Ok(()),
     }
 }
 
