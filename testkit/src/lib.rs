@@ -31,6 +31,7 @@
 // and the harnesses (real threads, timeouts) have no place in a model.
 #[cfg(not(loom))]
 pub mod cuda_kernels;
+#[cfg(not(loom))]
 pub mod memory;
 pub mod mock_event;
 #[cfg(not(loom))]
