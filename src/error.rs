@@ -525,6 +525,21 @@ pub enum Error {
         detail: String,
     },
 
+    /// An error of a backend's own driver or runtime, kept as its source
+    /// (`std::error::Error::source` returns it): for backends written
+    /// outside this crate, whose errors hwqueue does not know. Build it
+    /// with [`Error::backend`].
+    #[error("{backend}: {what} failed: {source}")]
+    Backend {
+        /// The backend id.
+        backend: &'static str,
+        /// What was attempted (`"launching kernel `matmul`"`).
+        what: String,
+        /// The backend's own error.
+        #[source]
+        source: std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
     /// A kernel's source or name that cannot be loaded as given.
     #[error("kernel `{program}` cannot be loaded: {reason}")]
     InvalidProgram {
@@ -634,6 +649,20 @@ fn memory_figures(
 }
 
 impl Error {
+    /// [`Error::Backend`]: backend `backend` failed at `what` with its own
+    /// error `source`.
+    pub fn backend(
+        backend: &'static str,
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            what: what.into(),
+            source: std::sync::Arc::new(source),
+        }
+    }
+
     /// The deepest cause of a chain of wrapped errors (`SignalFailed`,
     /// `QueueFailed`, …): the failure that started it.
     pub fn root_cause(&self) -> &Error {

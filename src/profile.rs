@@ -60,20 +60,27 @@ pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> 
 }
 
 /// A command as a profile event names it: one description for every
-/// backend.
-pub(crate) struct Described {
+/// backend ([`describe`]). An engine that profiles describes each command
+/// it runs, times it, and makes the event with
+/// [`into_event`](Self::into_event).
+#[derive(Debug, Clone)]
+pub struct Described {
     /// The kernel's for an `exec`, else the command's.
-    pub(crate) name: String,
-    pub(crate) category: Category,
-    pub(crate) detail: String,
+    pub name: String,
+    /// What kind of work it is.
+    pub category: Category,
+    /// What it touched (`4096 bytes`, `signal 0x.. = 3`).
+    pub detail: String,
     /// An `exec`'s sizes, formatted only when a trace is written.
-    pub(crate) params: Option<ExecParams>,
+    pub params: Option<ExecParams>,
 }
 
 impl Described {
-    /// The command's event: command `index` of batch `batch` of `queue`,
-    /// from `start_ns` to `end_ns` (never before `start_ns`).
-    pub(crate) fn into_event(
+    /// The command's event: command `index` of batch `batch` (its
+    /// [`Batch::sequence`](crate::queue::Batch::sequence)) of `queue` (its
+    /// [`queue_label`](crate::queue::queue_label)), from `start_ns` to
+    /// `end_ns` on the [`now_ns`] timeline (never before `start_ns`).
+    pub fn into_event(
         self,
         queue: String,
         batch: u64,
@@ -95,7 +102,8 @@ impl Described {
     }
 }
 
-pub(crate) fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
+/// How a profile event names and describes `command`.
+pub fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
     let (name, category, detail, params) = match command {
         Command::Wait { signal, value } => (
             "wait".into(),

@@ -209,15 +209,23 @@ impl Producer {
 /// promised by work already handed to a device. Causes at or below the
 /// signal's value are dropped, since a reached value is never reported
 /// failed. Kept under the signal's lock by each backend's signal.
+///
+/// For a backend's own [`TimelineSignal`]: its `fail(upto, cause)` records
+/// here (`record(value, upto, cause, value)`), its `set` calls
+/// [`forget_reached`](Self::forget_reached), and a waiter on an unreached
+/// target asks [`check`](Self::check) each time it wakes, so a failure
+/// wakes every waiter with [`Error::SignalFailed`] once and a later `set`
+/// past the range still satisfies a waiter (the conformance suite checks
+/// both).
 #[derive(Debug, Default)]
-pub(crate) struct Failures(Vec<(u64, u64, std::sync::Arc<Error>)>);
+pub struct Failures(Vec<(u64, u64, std::sync::Arc<Error>)>);
 
 impl Failures {
     /// Records that values in `above + 1 ..= upto` failed with `cause`, the
     /// signal being at `reached <= above`. Whether anything was recorded
     /// (nothing is when the range is empty): the caller then wakes its
     /// waiters.
-    pub(crate) fn record(&mut self, above: u64, upto: u64, cause: Error, reached: u64) -> bool {
+    pub fn record(&mut self, above: u64, upto: u64, cause: Error, reached: u64) -> bool {
         if upto <= above {
             return false;
         }
@@ -238,13 +246,16 @@ impl Failures {
     }
 
     /// Drops the causes of values now reached.
-    pub(crate) fn forget_reached(&mut self, reached: u64) {
+    pub fn forget_reached(&mut self, reached: u64) {
         self.0.retain(|(_, upto, _)| *upto > reached);
     }
 
     /// For a waiter on `target`, not reached (the signal is at `current`):
     /// [`Error::SignalFailed`] if the work that would set it failed.
-    pub(crate) fn check(&self, target: u64, current: u64) -> Result<()> {
+    ///
+    /// # Errors
+    /// [`Error::SignalFailed`] with the range's first cause.
+    pub fn check(&self, target: u64, current: u64) -> Result<()> {
         match self
             .0
             .iter()
@@ -260,13 +271,17 @@ impl Failures {
     }
 
     /// The highest failed value (0: none), for debugging output.
-    pub(crate) fn highest(&self) -> u64 {
+    pub fn highest(&self) -> u64 {
         self.0.last().map_or(0, |(_, upto, _)| *upto)
     }
 }
 
-/// Checks a timeline value given to `set` or `signal`.
-pub(crate) fn check_value(value: u64) -> Result<()> {
+/// Checks a timeline value given to `set` or `signal`: at most
+/// [`MAX_SIGNAL_VALUE`].
+///
+/// # Errors
+/// [`Error::SignalValueOutOfRange`].
+pub fn check_value(value: u64) -> Result<()> {
     if value > MAX_SIGNAL_VALUE {
         Err(Error::SignalValueOutOfRange {
             value,

@@ -112,6 +112,22 @@ pub trait Engine: Send + Sized + 'static {
     /// its signals once every batch submitted before it finished), and
     /// returns an empty batch to record the next one into: a finished one
     /// for reuse, or `Batch::default()`.
+    ///
+    /// # Contract
+    ///
+    /// 1. Batches run in the order submitted, and the commands of each in
+    ///    order: a `signal` is set only once every earlier command of its
+    ///    queue completed.
+    /// 2. Every batch is settled exactly once: run (each `signal` set), or
+    ///    failed through the [`Ledger`] ([`Ledger::settle`] for an engine
+    ///    that runs a batch in one go; [`Ledger::admit`], then
+    ///    [`Ledger::complete`] for one that learns of the end later).
+    ///    Nothing submitted is dropped, so no waiter hangs.
+    /// 3. A signal is only raised: never set below a value it reached.
+    /// 4. The returned batch is empty ([`Batch::clear`] or
+    ///    `Batch::default()`). The queue checks this one in debug builds
+    ///    (a panic naming the rule) and clears it otherwise;
+    ///    `hwqueue-cts` checks the others against the running engine.
     fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
 
     /// Blocks until every batch submitted has finished: run, failed, or

@@ -231,10 +231,25 @@ impl Ledger {
                             },
                         ))
                     });
-                if let Err((from, error)) = outcome {
-                    self.fail(batch, from, error);
-                }
+                self.complete(batch, outcome);
             }
+        }
+    }
+
+    /// For an engine that runs a batch asynchronously (it hands the work
+    /// to a device and learns of its end later): settles `batch`, which
+    /// [`admit`](Self::admit) said to run, with how it ended. `Ok` needs
+    /// nothing more (the engine set each signal as its command completed);
+    /// `Err((command index, error))` is [recorded](Self::fail), failing the
+    /// signals from that command on. The engine owns the batch (and so its
+    /// commands' buffers and programs) from `submit` until it calls this.
+    pub fn complete<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        outcome: std::result::Result<(), (usize, Error)>,
+    ) {
+        if let Err((from, error)) = outcome {
+            self.fail(batch, from, error);
         }
     }
 

@@ -285,6 +285,7 @@ pub trait HardwareQueue: Send + Sized {
 }
 
 /// How profile events name a queue: its id and kind (`queue #3 (compute)`).
-pub(crate) fn queue_label(id: QueueId, kind: QueueKind) -> String {
+/// An engine that profiles names its events' queue with it.
+pub fn queue_label(id: QueueId, kind: QueueKind) -> String {
     format!("{id} ({kind})")
 }

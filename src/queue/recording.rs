@@ -177,6 +177,7 @@ impl<E: Engine> Queue<E> {
     fn hand_over(&mut self) {
         let batch = mem::take(&mut self.batch);
         self.batch = self.engine.submit(batch);
+        self.batch.check_returned_empty();
     }
 
     #[inline]
