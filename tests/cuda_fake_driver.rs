@@ -623,8 +623,6 @@ fn ptx_newer_than_the_driver_names_both_versions_and_says_to_update_the_driver()
 /// As above with no NVRTC installed (a user loading PTX made elsewhere,
 /// which `from_ptx` is documented for): still an error, not a panic.
 #[test]
-#[ignore = "src bug: `load_error` (src/cuda/program.rs) calls `nvrtc_version()` without \
-            `ensure_nvrtc()`, and cudarc panics when libnvrtc is absent"]
 fn ptx_newer_than_the_driver_is_an_error_without_nvrtc_too() {
     let Some(outcome) = run_scenario(&on_a_12_2_device("ptx_too_new", &[])) else {
         return;
