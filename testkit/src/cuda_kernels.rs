@@ -1,5 +1,5 @@
 //! Every CUDA C kernel the crate ships (the demo's, the tests', the
-//! benches'), each with the signature its callers declare: the tests and
+//! benches', the conformance suite's), each with the signature its callers declare: the tests and
 //! benches load them from here, and `tests/nvrtc.rs` compiles each with a
 //! real NVRTC for several architectures and checks its PTX parameters
 //! against that signature, so a kernel and its declaration cannot drift.
@@ -152,6 +152,13 @@ pub fn shipped() -> Vec<CudaKernel> {
         entry: "empty",
         buffers: 0,
         scalars: 0,
+    });
+    kernels.push(CudaKernel {
+        origin: "tests/cts.rs (hwqueue_cts::ADD_CUDA_C)",
+        source: hwqueue_cts::ADD_CUDA_C.to_owned(),
+        entry: "add",
+        buffers: 1,
+        scalars: 1,
     });
     kernels
 }

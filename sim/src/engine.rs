@@ -1,0 +1,392 @@
+//! [`SimEngine`]: runs a queue's batches asynchronously on a device thread
+//! of its own, the way a GPU's command processor does.
+//!
+//! `submit` hands the batch to the thread and returns at once; the thread
+//! owns the batch (and so every buffer and program its commands name)
+//! until it has settled it through the [`Ledger`]: [`Ledger::admit`]
+//! before it starts, each `signal` set as its command completes,
+//! [`Ledger::complete`] with how it ended. The finished batch comes back,
+//! cleared, for the queue to record into again.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+
+use hwqueue::profile::{describe, now_ns};
+use hwqueue::queue::{Admission, Batch, Command, Engine, Ledger, queue_label};
+use hwqueue::{
+    Error, ExecParams, Limits, ProfileEvent, Program, QueueKind, Result, Scalar, TimelineSignal,
+    Timeout, View,
+};
+
+use crate::memory::{SimBuffer, lock};
+use crate::program::{KernelArgs, SimProgram};
+use crate::{Defect, Sim, SimDevice};
+
+/// A batch handed to the device thread.
+struct Job {
+    batch: Batch<Sim>,
+    profile: bool,
+}
+
+/// What the owner and the device thread share.
+#[derive(Default)]
+struct Shared {
+    /// Batches handed over and batches settled.
+    progress: Mutex<(u64, u64)>,
+    settled: Condvar,
+    /// Finished batches, cleared, for `submit` to hand back.
+    recycled: Mutex<Vec<Batch<Sim>>>,
+    events: Mutex<Vec<ProfileEvent>>,
+}
+
+/// The engine of a simulated device's queue: see the module docs.
+pub struct SimEngine {
+    ledger: Ledger,
+    device: SimDevice,
+    kind: QueueKind,
+    jobs: Option<Sender<Job>>,
+    shared: Arc<Shared>,
+    profiling: Arc<AtomicBool>,
+    /// [`Defect::SwapBatches`]: the batch held back to run after the next.
+    held: Option<Batch<Sim>>,
+    submitted: u64,
+}
+
+impl SimEngine {
+    pub(crate) fn new(device: SimDevice, kind: QueueKind) -> Self {
+        let ledger = Ledger::new();
+        let shared = Arc::new(Shared::default());
+        let (jobs, receiver) = mpsc::channel();
+        let thread = DeviceThread {
+            ledger: ledger.clone(),
+            device: device.clone(),
+            label: queue_label(ledger.id(), kind),
+            shared: shared.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("hwqueue-sim {}", thread.label))
+            .spawn(move || thread.run(receiver))
+            .expect("spawning a simulated device thread");
+        Self {
+            ledger,
+            device,
+            kind,
+            jobs: Some(jobs),
+            shared,
+            profiling: Arc::new(AtomicBool::new(false)),
+            held: None,
+            submitted: 0,
+        }
+    }
+
+    fn defect(&self) -> Option<Defect> {
+        self.device.config().defect
+    }
+
+    /// Hands `batch` to the device thread.
+    fn send(&mut self, batch: Batch<Sim>) {
+        lock(&self.shared.progress).0 += 1;
+        let job = Job {
+            batch,
+            profile: self.profiling.load(Ordering::Relaxed),
+        };
+        if let Some(jobs) = &self.jobs {
+            // The thread only ends once this sender is dropped.
+            let _ = jobs.send(job);
+        }
+    }
+
+    fn wait_settled(&self) {
+        let mut progress = lock(&self.shared.progress);
+        while progress.1 < progress.0 {
+            progress = self
+                .shared
+                .settled
+                .wait(progress)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    fn recycled(&self) -> Batch<Sim> {
+        lock(&self.shared.recycled).pop().unwrap_or_default()
+    }
+}
+
+impl Engine for SimEngine {
+    type Backend = Sim;
+
+    fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    fn limits(&self) -> &Limits {
+        &crate::SIM_LIMITS
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn check_exec(
+        &self,
+        _program: &SimProgram,
+        buffers: &[View<Sim>],
+        _scalars: &[Scalar],
+        _params: &ExecParams,
+    ) -> Result<()> {
+        buffers
+            .iter()
+            .try_for_each(|view| self.check_buffer("a kernel argument", view.buffer()))
+    }
+
+    fn check_buffer(&self, what: &'static str, buffer: &SimBuffer) -> Result<()> {
+        if buffer.is_of(self.device.pool()) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                what: what.into(),
+                resource: format!("{} (another simulated device)", buffer.device()),
+                queue: hwqueue::Device::spec(&self.device).to_string(),
+            })
+        }
+    }
+
+    fn alloca(&mut self, size: usize) -> Result<SimBuffer> {
+        // The memory is valid at once: no queue-ordered allocator to ask.
+        SimBuffer::allocate(self.device.pool(), size, false, true)
+    }
+
+    fn check_dealloca(&self, buffer: &SimBuffer) -> Result<()> {
+        if buffer.is_of(self.device.pool()) {
+            Ok(())
+        } else {
+            Err(Error::InvalidDealloca {
+                reason: "the buffer is of another simulated device's pool; record the \
+                         `dealloca` on a queue of the device whose queue made it"
+                    .into(),
+            })
+        }
+    }
+
+    fn submit(&mut self, batch: Batch<Sim>) -> Batch<Sim> {
+        self.submitted += 1;
+        match self.defect() {
+            Some(Defect::DropBatch) if self.submitted.is_multiple_of(2) => {
+                // Broken on purpose: never run, never failed.
+                drop(batch);
+            }
+            Some(Defect::SwapBatches) => match self.held.take() {
+                None => self.held = Some(batch),
+                Some(earlier) => {
+                    self.send(batch);
+                    self.send(earlier);
+                }
+            },
+            Some(Defect::ReturnFullBatch) => {
+                // Broken on purpose: the batch comes back as it ran,
+                // uncleared (see `DeviceThread::finish`).
+                self.send(batch);
+                self.wait_settled();
+                return self.recycled();
+            }
+            _ => self.send(batch),
+        }
+        self.recycled()
+    }
+
+    fn synchronize(&mut self) {
+        if let Some(held) = self.held.take() {
+            self.send(held);
+        }
+        self.wait_settled();
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        out.append(&mut lock(&self.shared.events));
+    }
+}
+
+impl Drop for SimEngine {
+    /// Lets the work already submitted finish: the device thread drains
+    /// its channel, then retires the queue's id and ends.
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            self.send(held);
+        }
+        self.jobs = None;
+    }
+}
+
+/// The device thread of one queue.
+struct DeviceThread {
+    ledger: Ledger,
+    device: SimDevice,
+    label: String,
+    shared: Arc<Shared>,
+}
+
+impl DeviceThread {
+    fn run(self, jobs: Receiver<Job>) {
+        for Job { batch, profile } in jobs {
+            self.settle(&batch, profile);
+            self.finish(batch);
+        }
+        self.ledger.retire();
+    }
+
+    fn settle(&self, batch: &Batch<Sim>, profile: bool) {
+        match self.ledger.admit(batch) {
+            Admission::Skip(cause) => batch.fail_signals(0, &cause),
+            Admission::Run => {
+                let outcome = catch_unwind(AssertUnwindSafe(|| self.run_batch(batch, profile)))
+                    .unwrap_or_else(|payload| {
+                        Err((
+                            0,
+                            Error::EnginePanicked {
+                                message: panic_text(payload.as_ref()),
+                            },
+                        ))
+                    });
+                self.ledger.complete(batch, outcome);
+            }
+        }
+    }
+
+    /// Counts the batch settled, and hands it back for reuse.
+    fn finish(&self, mut batch: Batch<Sim>) {
+        if self.device.config().defect != Some(Defect::ReturnFullBatch) {
+            batch.clear();
+        }
+        lock(&self.shared.recycled).push(batch);
+        lock(&self.shared.progress).1 += 1;
+        self.shared.settled.notify_all();
+    }
+
+    fn run_batch(
+        &self,
+        batch: &Batch<Sim>,
+        profile: bool,
+    ) -> std::result::Result<(), (usize, Error)> {
+        for (index, command) in batch.commands().iter().enumerate() {
+            let start = profile.then(now_ns);
+            let outcome = self.run_command(batch, command);
+            if let Some(start) = start {
+                let event = describe(command).into_event(
+                    self.label.clone(),
+                    batch.sequence(),
+                    index,
+                    start,
+                    now_ns(),
+                );
+                lock(&self.shared.events).push(event);
+            }
+            outcome.map_err(|error| (index, error))?;
+        }
+        Ok(())
+    }
+
+    fn run_command(&self, batch: &Batch<Sim>, command: &Command<Sim>) -> Result<()> {
+        let latency = self.device.config().latency;
+        let device_work = !matches!(
+            command,
+            Command::Wait { .. } | Command::WaitForeign { .. } | Command::Signal { .. }
+        );
+        if device_work && !latency.is_zero() {
+            std::thread::sleep(latency);
+        }
+        match command {
+            Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
+            Command::WaitForeign { signal, value } => signal.wait_forever(*value),
+            Command::Signal { signal, value } => {
+                if self.device.config().defect == Some(Defect::LowerSignal) {
+                    signal.store_even_if_lower(*value);
+                } else {
+                    signal.set(*value);
+                }
+                Ok(())
+            }
+            Command::Exec {
+                program,
+                buffers,
+                scalars,
+                params,
+            } => self.exec(
+                program,
+                &batch.buffers()[buffers.clone()],
+                &batch.scalars()[scalars.clone()],
+                params,
+            ),
+            Command::Copy { dst, src } => {
+                let bytes = src.to_vec::<u8>()?;
+                dst.write_from(&bytes)
+            }
+            Command::Fill {
+                dst,
+                pattern,
+                width,
+            } => {
+                let pattern = &pattern[..usize::from(*width)];
+                let bytes: Vec<u8> = pattern.iter().copied().cycle().take(dst.len()).collect();
+                dst.write_from(&bytes)
+            }
+            Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
+            Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
+            Command::Barrier | Command::Alloca { .. } => Ok(()),
+            Command::Dealloca { buffer } => {
+                buffer.release();
+                Ok(())
+            }
+        }
+    }
+
+    fn exec(
+        &self,
+        program: &SimProgram,
+        views: &[View<Sim>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        let name = &program.signature().name;
+        if self.device.inject_fault() {
+            return Err(Error::KernelFailed {
+                program: name.clone(),
+                message: "an injected fault (SimConfig::fail_exec)".into(),
+            });
+        }
+        let ranges = views
+            .iter()
+            .map(|view| view.buffer().arena_range(view.range()))
+            .collect::<Result<Vec<_>>>()?;
+        let kernel = program.kernel();
+        self.device
+            .arena()
+            .with_bytes(|memory| {
+                let mut args = KernelArgs {
+                    memory,
+                    buffers: &ranges,
+                    scalars,
+                    params,
+                };
+                catch_unwind(AssertUnwindSafe(|| kernel(&mut args)))
+                    .unwrap_or_else(|payload| Err(panic_text(payload.as_ref())))
+            })
+            .map_err(|message| Error::KernelFailed {
+                program: name.clone(),
+                message,
+            })
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
