@@ -16,24 +16,15 @@
 // `cuda_kernels` is unused without the `cuda` feature.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod kernels;
+mod model;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hwqueue::cpu::{CompileOptions, CpuProgram};
-use hwqueue::{
-    AnyBackend, AnyDevice, AnyProgram, Buffer, Device, Download, ExecParams, Policy, Schedule,
-    Timeout, registry,
-};
+use hwqueue::{AnyBackend, AnyDevice, AnyProgram, Device, Policy, registry};
 use kernels::{HIDDEN, INPUT, OUTPUT};
-
-const BATCH: usize = 64;
-
-/// The largest difference from plain Rust accepted: the C kernels sum in
-/// the same order as the reference, but `expf` and a GPU's fused
-/// multiply-adds may differ in the last bits.
-const TOLERANCE: f32 = 1e-4;
+use model::{BATCH, TOLERANCE};
 
 struct Options {
     device: Option<String>,
@@ -77,70 +68,6 @@ fn parse_options() -> Result<Options, String> {
         }
     }
     Ok(options)
-}
-
-/// Deterministic pseudo-random values in [-1, 1).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-
-    fn vec(&mut self, len: usize, scale: f32) -> Vec<f32> {
-        (0..len).map(|_| self.next() * scale).collect()
-    }
-}
-
-struct Weights {
-    w1: Vec<f32>,
-    b1: Vec<f32>,
-    w2: Vec<f32>,
-    b2: Vec<f32>,
-}
-
-/// The model in plain Rust, summing in the kernels' order.
-fn reference(x: &[f32], w: &Weights) -> Vec<f32> {
-    let mut h = vec![0f32; BATCH * HIDDEN];
-    for r in 0..BATCH {
-        for k in 0..INPUT {
-            let a = x[r * INPUT + k];
-            for j in 0..HIDDEN {
-                h[r * HIDDEN + j] += a * w.w1[k * HIDDEN + j];
-            }
-        }
-        for j in 0..HIDDEN {
-            h[r * HIDDEN + j] = (h[r * HIDDEN + j] + w.b1[j]).max(0.0);
-        }
-    }
-    let mut out = vec![0f32; BATCH * OUTPUT];
-    for r in 0..BATCH {
-        for k in 0..HIDDEN {
-            let a = h[r * HIDDEN + k];
-            for j in 0..OUTPUT {
-                out[r * OUTPUT + j] += a * w.w2[k * OUTPUT + j];
-            }
-        }
-        let row = &mut out[r * OUTPUT..(r + 1) * OUTPUT];
-        let mut max = f32::NEG_INFINITY;
-        for (j, v) in row.iter_mut().enumerate() {
-            *v += w.b2[j];
-            max = max.max(*v);
-        }
-        let mut sum = 0f32;
-        for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        for v in row.iter_mut() {
-            *v /= sum;
-        }
-    }
-    out
 }
 
 /// Compiles the generated kernels for `device`; reports how.
@@ -238,141 +165,15 @@ fn run() -> Result<(), String> {
     let (programs, how) = compile(&device).map_err(err)?;
     println!("kernels: 4 {how}, in {:.1?}", compile_start.elapsed());
 
-    let mut rng = Lcg(42);
-    let weights = Weights {
-        w1: rng.vec(INPUT * HIDDEN, 0.1),
-        b1: rng.vec(HIDDEN, 0.1),
-        w2: rng.vec(HIDDEN * OUTPUT, 0.1),
-        b2: rng.vec(OUTPUT, 0.1),
-    };
-    // The schedule, as the compiler hands it over: operations in program
-    // order, each with the tensors it touches. The weights are the
-    // caller's buffers; the input is a slot, bound to a caller's buffer
-    // per run; the intermediates are tensors whose bytes the planner
-    // places in one arena, `probs` reusing `h`'s once `h` is dead.
-    let mut schedule = Schedule::<AnyBackend>::new();
-    let d = schedule.add_device(Arc::clone(&device));
-    let mut weight = |name: &str, data: &[f32]| -> Result<_, String> {
-        let buffer = device.alloc(size_of_val(data)).map_err(err)?;
-        buffer.write_at(0, data).map_err(err)?;
-        Ok(schedule.add_buffer(d, name, buffer))
-    };
-    let bw1 = weight("w1", &weights.w1)?;
-    let bb1 = weight("b1", &weights.b1)?;
-    let bw2 = weight("w2", &weights.w2)?;
-    let bb2 = weight("b2", &weights.b2)?;
-    let f32s = |n: usize| n * size_of::<f32>();
-    let bx = schedule.add_slot(d, "x", f32s(BATCH * INPUT));
-    let bh = schedule.add_tensor(d, "h", f32s(BATCH * HIDDEN));
-    let blogits = schedule.add_tensor(d, "logits", f32s(BATCH * OUTPUT));
-    let bprobs = schedule.add_tensor(d, "probs", f32s(BATCH * OUTPUT));
-    let tile = |cols: usize, rows: usize, local: [u32; 2]| {
-        ExecParams::new_2d([cols as u32, rows as u32], local)
-    };
-    schedule
-        .exec(
-            "matmul1",
-            d,
-            &programs[0],
-            &[bx, bw1, bh],
-            &[],
-            tile(HIDDEN, BATCH, [64, 4]),
-        )
-        .reads(bx, ..)
-        .reads(bw1, ..)
-        .writes(bh, ..);
-    schedule
-        .exec(
-            "bias_relu",
-            d,
-            &programs[1],
-            &[bh, bb1],
-            &[],
-            tile(HIDDEN, BATCH, [64, 4]),
-        )
-        .reads(bh, ..)
-        .reads(bb1, ..)
-        .writes(bh, ..);
-    schedule
-        .exec(
-            "matmul2",
-            d,
-            &programs[2],
-            &[bh, bw2, blogits],
-            &[],
-            tile(OUTPUT, BATCH, [16, 4]),
-        )
-        .reads(bh, ..)
-        .reads(bw2, ..)
-        .writes(blogits, ..);
-    schedule
-        .exec(
-            "bias_softmax",
-            d,
-            &programs[3],
-            &[blogits, bb2, bprobs],
-            &[],
-            ExecParams::new_1d(BATCH as u32, 4),
-        )
-        .reads(blogits, ..)
-        .reads(bb2, ..)
-        .writes(bprobs, ..);
-    let download_probs = schedule.download("download probs", bprobs).id();
-    let mut plan = schedule.plan().map_err(err)?;
-    println!("{plan}");
-    println!("{}", plan.memory());
-    // The caller's input buffers, bound in turn: a run reads the one bound
-    // when it started, with no copy into the plan.
-    let inputs = [
-        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
-        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
-    ];
+    let weights = model::Weights::new();
+    let mut mlp = model::plan::<AnyBackend>(&device, &programs, &weights)?;
+    println!("{}", mlp.plan);
+    println!("{}", mlp.plan.memory());
     if options.trace.is_some() {
-        plan.set_profiling(true);
+        mlp.plan.set_profiling(true);
     }
-
-    let mut times = Vec::with_capacity(options.iterations);
-    let mut worst_error = 0f32;
-    let mut output = vec![0f32; BATCH * OUTPUT];
-    for iteration in 0..options.iterations {
-        let input = Lcg(1000 + iteration as u64).vec(BATCH * INPUT, 1.0);
-        let start = Instant::now();
-        // This run's input, written to a caller's buffer and bound to the
-        // plan's slot, and where its output lands, staged for the plan's
-        // download (reusing the last one's memory).
-        let x = &inputs[iteration % 2];
-        x.write_at(0, &input).map_err(err)?;
-        plan.bind(bx, x).map_err(err)?;
-        let probs = Download::from_vec(output);
-        plan.download(download_probs, &probs).map_err(err)?;
-        plan.run()
-            .map_err(err)?
-            .wait(Timeout::Forever)
-            .map_err(err)?;
-        output = probs.take(Timeout::Forever).map_err(err)?;
-        times.push(start.elapsed());
-
-        let expected = reference(&input, &weights);
-        // A non-finite output counts as an infinite error (f32::max would
-        // otherwise skip a NaN).
-        let error = output
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| {
-                if a.is_finite() {
-                    (a - b).abs()
-                } else {
-                    f32::INFINITY
-                }
-            })
-            .fold(0f32, f32::max);
-        worst_error = worst_error.max(error);
-        if error > TOLERANCE {
-            return Err(format!(
-                "iteration {iteration}: output differs from plain Rust by {error} (tolerance {TOLERANCE})"
-            ));
-        }
-    }
+    let model::Report { times, worst_error } = model::run(&mut mlp, &weights, options.iterations)?;
+    let plan = &mut mlp.plan;
 
     let mut sorted = times.clone();
     sorted.sort();
