@@ -293,7 +293,10 @@ pub enum Error {
     },
 
     /// The owner is told of a failure of work it submitted before.
-    #[error("a batch submitted earlier on this queue failed: {cause}; the queue is usable again")]
+    #[error(
+        "a batch submitted earlier on this queue failed: {cause}; {}",
+        after_failure(cause)
+    )]
     QueueFailed {
         /// The failure.
         cause: Arc<Error>,
@@ -380,7 +383,8 @@ pub enum Error {
     /// process (CUDA's sticky errors: an illegal address, a launch failure).
     #[error(
         "device `{device}` is lost: {detail}; no further work can run on it in this process: \
-         fix the kernel that faulted, then restart the process"
+         find the command that faulted (a kernel's out-of-bounds access, or a copy through a \
+         bad address), fix it, then restart the process"
     )]
     DeviceLost {
         /// The device spec, printed.
@@ -646,6 +650,18 @@ fn memory_figures(
         );
     }
     figures
+}
+
+/// What a queue's owner can do after `cause` failed a batch: go on, unless
+/// the device is lost.
+fn after_failure(cause: &Error) -> &'static str {
+    match cause.root_cause() {
+        Error::DeviceLost { .. } => {
+            "the queue's device is lost, so the queue is not usable again: drop it and restart \
+             the process"
+        }
+        _ => "the queue is usable again",
+    }
 }
 
 impl Error {

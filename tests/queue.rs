@@ -688,3 +688,33 @@ fn discard_drops_the_recorded_batch_in_queue_order() {
     assert!(error.to_string().contains("discarded"), "{error}");
     queue.synchronize().unwrap();
 }
+
+/// `QueueFailed` says the queue is usable again only where it is: not
+/// after its device was lost, which no later batch can run on.
+#[test]
+fn a_queue_failure_from_a_lost_device_does_not_say_the_queue_is_usable() {
+    let lost = Error::QueueFailed {
+        cause: std::sync::Arc::new(Error::DeviceLost {
+            device: "cuda:0".into(),
+            detail: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+        }),
+    }
+    .to_string();
+    assert!(
+        !lost.contains("usable again;") && !lost.ends_with("usable again"),
+        "{lost}"
+    );
+    assert!(
+        lost.contains("not usable again") && lost.contains("restart the process"),
+        "{lost}"
+    );
+    assert!(lost.contains("a copy through a bad address"), "{lost}");
+    let failed = Error::QueueFailed {
+        cause: std::sync::Arc::new(Error::KernelFailed {
+            program: "k".into(),
+            message: "boom".into(),
+        }),
+    }
+    .to_string();
+    assert!(failed.ends_with("the queue is usable again"), "{failed}");
+}
