@@ -2,6 +2,7 @@
 //! CPU, and CUDA with the `cuda` feature (every case prints `skipped: no
 //! CUDA driver` without a GPU). The simulator runs it in
 //! `sim/tests/cts.rs`, with the broken variants the suite must catch.
+#![cfg(not(loom))]
 
 /// The CPU backend, its `add` kernel a Rust function.
 mod cpu {
