@@ -2,8 +2,8 @@
 //!
 //! | group | `hwqueue` | baseline |
 //! |-------|-----------|----------|
-//! | `queue_roundtrip` | submit one `signal`, the host waits for it | `channel`: a message to a worker thread over `std::sync::mpsc`, and its reply |
-//! | `queue_throughput` | 1,000 one-work-group `exec`s in one batch, submitted and waited for | `boxed_closures`: 1,000 `Box<dyn FnOnce>` jobs sent to a worker thread, and waited for |
+//! | `queue_roundtrip` | submit one `signal`, the host waits for it | `crossbeam_channel`: a message to a worker thread over a crossbeam channel, and its reply; `rayon_spawn`: `rayon::spawn` of a task that replies over one; `channel`: the same over `std::sync::mpsc` |
+//! | `queue_throughput` | 1,000 one-work-group `exec`s in one batch, submitted and waited for | `crossbeam_worker`: 1,000 `Box<dyn FnOnce>` jobs sent to a worker thread over a crossbeam channel, and waited for; `boxed_closures`: the same over `std::sync::mpsc` |
 //! | `exec_bandwidth` | one `exec` of `c = a + b` over 16 Mi `f32` | `scoped_threads`: the same loop split over the cores with `std::thread::scope` |
 //! | `copy_bandwidth` | one `copy` of a 64 MiB buffer | `copy_from_slice` on the calling thread |
 //! | `exec_launch_wide` | 200 `exec`s of a 64-work-group kernel (each group adds 1 to 64 floats) in one batch, submitted and waited for | `rayon`: 200 `par_chunks_mut(64)` passes over the same floats |
@@ -74,6 +74,39 @@ fn queue_roundtrip(c: &mut Criterion) {
         });
     });
 
+    // The same request/reply over crossbeam's channels, which spin briefly
+    // before they park (its `Backoff`).
+    group.bench_function("crossbeam_channel", |b| {
+        let (request, requests) = crossbeam_channel::unbounded::<u64>();
+        let (reply, replies) = crossbeam_channel::unbounded::<u64>();
+        let worker = std::thread::spawn(move || {
+            for value in requests {
+                reply.send(value).expect("the host is listening");
+            }
+        });
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            request.send(value).expect("the worker is running");
+            replies.recv().expect("the worker replies")
+        });
+        drop(request);
+        worker.join().expect("the worker exits");
+    });
+
+    // A task on rayon's pool, and its reply over a crossbeam channel: rayon's
+    // workers spin before they sleep.
+    group.bench_function("rayon_spawn", |b| {
+        let (reply, replies) = crossbeam_channel::unbounded::<u64>();
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            let reply = reply.clone();
+            rayon::spawn(move || reply.send(value).expect("the host is listening"));
+            replies.recv().expect("the task replies")
+        });
+    });
+
     group.bench_function("channel", |b| {
         let (request, requests) = mpsc::channel::<u64>();
         let (reply, replies) = mpsc::channel::<u64>();
@@ -133,6 +166,38 @@ fn queue_throughput(c: &mut Criterion) {
     group.throughput(Throughput::Elements(JOBS as u64));
 
     group.bench_function("hwqueue", |b| bump_jobs(b, false));
+
+    // The same jobs over a crossbeam channel to one worker thread.
+    group.bench_function("crossbeam_worker", |b| {
+        let (submit, jobs) = crossbeam_channel::unbounded::<Job>();
+        let worker = std::thread::spawn(move || {
+            for job in jobs {
+                job();
+            }
+        });
+        let count = Arc::new(AtomicU32::new(0));
+        let (finished, finish) = crossbeam_channel::bounded::<()>(1);
+        b.iter(|| {
+            for _ in 0..JOBS {
+                let count = count.clone();
+                submit
+                    .send(Box::new(move || {
+                        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                    }))
+                    .expect("the worker is running");
+            }
+            let finished = finished.clone();
+            submit
+                .send(Box::new(move || {
+                    finished.send(()).expect("the host is listening");
+                }))
+                .expect("the worker is running");
+            finish.recv().expect("the worker ran the jobs");
+        });
+        drop(submit);
+        worker.join().expect("the worker exits");
+        black_box(count.load(Ordering::Relaxed));
+    });
 
     group.bench_function("boxed_closures", |b| {
         let (submit, jobs) = mpsc::channel::<Job>();

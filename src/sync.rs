@@ -148,8 +148,16 @@ mod imp {
     ///
     /// A value that another core is about to publish often arrives sooner
     /// than a futex sleep and wake-up take (microseconds each), so a waiter
-    /// may first spin: `spin` pauses 1, 2, 4, … 64 times (127 pause hints in
-    /// all, a few microseconds), re-checking between steps. Spinning only
+    /// may first spin: `spin` pauses 1, 2, 4, … 512 times (1,023 pause hints
+    /// in all, re-checking between steps: about 25 µs on this project's
+    /// machines, whose pause hint takes 24 ns). The budget is sized to outlast
+    /// a parked thread's wake-up there (10–20 µs on these VMs): a waiter
+    /// whose partner had to be woken still catches its answer spinning, so
+    /// one park does not make both sides park from then on. Measured with
+    /// `queue_roundtrip` (`benches/cpu_queue.rs`): at 127 hints the round
+    /// trip stayed at 15–17 µs (each side's spin ran out during the other's
+    /// wake-up, and the budgets collapsed), at 1,023 it is under 0.5 µs.
+    /// Spinning only
     /// pays when the thread it waits for runs on another core; when both
     /// share one core (an oversubscribed machine) every pause delays the
     /// very thread it waits for. So each thread adapts: a wait that ended
@@ -183,7 +191,7 @@ mod imp {
 
     impl SpinWait {
         /// Steps in the full budget: `2^step` pause hints each.
-        const STEPS: u32 = 7;
+        const STEPS: u32 = 10;
         /// With no budget left, every this many waits spin once in full.
         const PROBE_EVERY: u32 = 32;
 
@@ -252,15 +260,15 @@ mod imp {
             });
         }
 
-        /// The wait had to park after spinning: stop spinning on this
-        /// thread until a probe wins again.
+        /// The wait had to park after spinning: the next spin of this
+        /// thread is one step (half) shorter; at none, only probes spin.
         fn lost(self) {
             if self.limit == 0 {
                 return;
             }
             SPIN_BUDGET.with(|cell| {
                 cell.set(SpinBudget {
-                    limit: 0,
+                    limit: self.limit - 1,
                     skipped: 0,
                 })
             });

@@ -8,7 +8,7 @@ use crate::multi_wait::SignalWaker;
 use crate::signal::{
     Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, value_out_of_range,
 };
-use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering, SpinWait};
 
 /// The low bit of [`Inner::state`]: a waiter may be parked, or a
 /// multi-wait watches.
@@ -209,7 +209,20 @@ impl TimelineSignal for CpuSignal {
                 max: MAX_SIGNAL_VALUE,
             });
         }
-        self.wait_slow(target, timeout.into())
+        let timeout = timeout.into();
+        // Spin a little before parking (bounded and adaptive: see
+        // `SpinWait`): a queue that is about to finish the work waited for
+        // then costs no sleep and wake-up. Not for a zero timeout, which
+        // asks not to wait at all; a failure is seen once parked.
+        if timeout != Timeout::After(std::time::Duration::ZERO) {
+            let spin = SpinWait::new();
+            if spin.has_budget()
+                && spin.until(|| self.inner.state.load(Ordering::Acquire) >> 1 >= target)
+            {
+                return Ok(());
+            }
+        }
+        self.wait_slow(target, timeout)
     }
 
     fn fail(&self, upto: u64, cause: Error) {
