@@ -7,7 +7,10 @@
 //! engines test one flag per batch. When on:
 //!
 //! - every command's start and end **on the device** is kept: the CPU
-//!   worker reads its monotonic clock around each command; CUDA records a
+//!   worker reads its monotonic clock once per command, at its end (which
+//!   is the next command's start: a batch's commands run back to back),
+//!   and names events with interned names ([`EventNames`]) and a shared
+//!   queue label, so an event allocates nothing of its own; CUDA records a
 //!   pair of timing events around it on the stream (not the signal ring's
 //!   events, which keep timing off) and reads them with
 //!   `cuEventElapsedTime` against a reference event whose host time was
@@ -26,7 +29,7 @@
 //! (its *epoch*).
 
 use std::fmt::Write as _;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -59,6 +62,49 @@ pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> 
     }
 }
 
+/// The names of profile events, interned: each distinct name is allocated
+/// once per holder (an engine keeps one), and every event of a kernel
+/// shares it, so profiling a command allocates no name. Holds at most
+/// [`MAX`](Self::MAX) names; past that a name is allocated per event.
+#[derive(Debug, Default)]
+pub struct EventNames {
+    /// The last name handed out: a batch of one kernel's `exec`s finds it
+    /// first.
+    last: Option<Arc<str>>,
+    names: Vec<Arc<str>>,
+}
+
+impl EventNames {
+    /// The most names kept.
+    pub const MAX: usize = 256;
+
+    /// No name yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `name`, interned.
+    pub fn get(&mut self, name: &str) -> Arc<str> {
+        if let Some(last) = &self.last
+            && **last == *name
+        {
+            return last.clone();
+        }
+        let interned = match self.names.iter().find(|known| ***known == *name) {
+            Some(known) => known.clone(),
+            None => {
+                let new: Arc<str> = Arc::from(name);
+                if self.names.len() < Self::MAX {
+                    self.names.push(new.clone());
+                }
+                new
+            }
+        };
+        self.last = Some(interned.clone());
+        interned
+    }
+}
+
 /// A command as a profile event names it: one description for every
 /// backend ([`describe`]). An engine that profiles describes each command
 /// it runs, times it, and makes the event with
@@ -66,7 +112,7 @@ pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> 
 #[derive(Debug, Clone)]
 pub struct Described {
     /// The kernel's for an `exec`, else the command's.
-    pub name: String,
+    pub name: Arc<str>,
     /// What kind of work it is.
     pub category: Category,
     /// What it touched (`4096 bytes`, `signal 0x.. = 3`).
@@ -82,7 +128,7 @@ impl Described {
     /// `end_ns` on the [`now_ns`] timeline (never before `start_ns`).
     pub fn into_event(
         self,
-        queue: String,
+        queue: Arc<str>,
         batch: u64,
         index: usize,
         start_ns: u64,
@@ -102,23 +148,26 @@ impl Described {
     }
 }
 
-/// How a profile event names and describes `command`.
-pub fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
-    let (name, category, detail, params) = match command {
+/// How a profile event names and describes `command`, its name interned
+/// in `names`. Only a `wait`'s, a `signal`'s and a transfer's detail is
+/// formatted (an `exec` allocates nothing once its kernel's name is
+/// interned).
+pub fn describe<B: crate::Backend>(command: &Command<B>, names: &mut EventNames) -> Described {
+    let (name, category, detail, params): (&str, _, _, _) = match command {
         Command::Wait { signal, value } => (
-            "wait".into(),
+            "wait",
             Category::Wait,
             signal_detail(signal.producer(), ">=", *value),
             None,
         ),
         Command::WaitForeign { value, .. } => (
-            "wait_foreign".into(),
+            "wait_foreign",
             Category::Wait,
             format!("another backend's signal >= {value}"),
             None,
         ),
         Command::Signal { signal, value } => (
-            "signal".into(),
+            "signal",
             Category::Signal,
             signal_detail(signal.producer(), "=", *value),
             None,
@@ -126,51 +175,46 @@ pub fn describe<B: crate::Backend>(command: &Command<B>) -> Described {
         Command::Exec {
             program, params, ..
         } => (
-            program.name().to_owned(),
+            program.name(),
             Category::Kernel,
             String::new(),
             Some(*params),
         ),
-        Command::Copy { src, .. } => (
-            "copy".into(),
-            Category::Copy,
-            format!("{} bytes", src.len()),
-            None,
-        ),
+        Command::Copy { src, .. } => ("copy", Category::Copy, format!("{} bytes", src.len()), None),
         Command::Fill { dst, width, .. } => (
-            "fill".into(),
+            "fill",
             Category::Copy,
             format!("{} bytes, {width}-byte pattern", dst.len()),
             None,
         ),
         Command::Upload { dst, .. } => (
-            "upload".into(),
+            "upload",
             Category::Copy,
             format!("{} bytes", dst.len()),
             None,
         ),
         Command::Download { src, .. } => (
-            "download".into(),
+            "download",
             Category::Copy,
             format!("{} bytes", src.len()),
             None,
         ),
-        Command::Barrier => ("barrier".into(), Category::Barrier, String::new(), None),
+        Command::Barrier => ("barrier", Category::Barrier, String::new(), None),
         Command::Alloca { buffer } => (
-            "alloca".into(),
+            "alloca",
             Category::Memory,
             format!("{} bytes", crate::Buffer::size(buffer)),
             None,
         ),
         Command::Dealloca { buffer } => (
-            "dealloca".into(),
+            "dealloca",
             Category::Memory,
             format!("{} bytes", crate::Buffer::size(buffer)),
             None,
         ),
     };
     Described {
-        name,
+        name: names.get(name),
         category,
         detail,
         params,
@@ -216,13 +260,14 @@ impl Category {
 pub struct ProfileEvent {
     /// The kernel's name for an `exec`; the command's or call's name
     /// otherwise (`copy`, `signal`, `barrier`, `wait`, `submit`, …).
-    pub name: String,
+    /// Interned ([`EventNames`]): the events of one kernel share one.
+    pub name: Arc<str>,
     /// What kind of work it is.
     pub category: Category,
     /// The queue it ran on: its id as errors name it and its kind
     /// (`queue #3 (compute)`), or its label in a [`Plan`](crate::Plan)
-    /// (`cpu:0 compute`).
-    pub queue: String,
+    /// (`cpu:0 compute`). Shared by every event of the queue.
+    pub queue: Arc<str>,
     /// The batch: the queue's `submit` count when it was submitted (1 for
     /// the first batch). Host events carry the batch they submitted, or 0.
     pub batch: u64,
@@ -266,7 +311,7 @@ pub fn chrome_trace(events: &[ProfileEvent]) -> String {
         let track = if event.category == Category::Host {
             format!("{} (host)", event.queue)
         } else {
-            event.queue.clone()
+            event.queue.to_string()
         };
         let tid = track_of(track);
         if !first {

@@ -823,7 +823,7 @@ fn a_profiled_kernel_measures_its_device_time_within_the_host_bounds() {
         .iter()
         .find(|event| event.category == hwqueue::Category::Kernel)
         .expect("the exec is in the profile");
-    assert_eq!(kernel.name, "spin");
+    assert_eq!(&*kernel.name, "spin");
     // The clock rate is the maximum: a kernel may run slower, never faster.
     assert!(kernel.duration() >= Duration::from_millis(19), "{kernel:?}");
     // What placement guarantees (issue 24, defect 11): never before the

@@ -611,7 +611,7 @@ fn alloca_and_dealloca_appear_in_the_profile() {
     let memory: Vec<_> = events
         .iter()
         .filter(|event| event.category == hwqueue::Category::Memory)
-        .map(|event| event.name.as_str())
+        .map(|event| &*event.name)
         .collect();
     assert_eq!(memory, ["alloca", "dealloca"]);
 }

@@ -84,7 +84,7 @@ fn timestamps_never_go_backwards_on_a_queue() {
     let host: Vec<_> = events
         .iter()
         .filter(|event| event.category == Category::Host)
-        .map(|event| event.name.as_str())
+        .map(|event| &*event.name)
         .collect();
     assert_eq!(host.iter().filter(|name| **name == "submit").count(), 20);
     assert_eq!(
@@ -113,7 +113,7 @@ fn a_kernel_that_sleeps_20ms_measures_at_least_that_within_the_host_bounds() {
         .iter()
         .find(|event| event.category == Category::Kernel)
         .expect("the exec is in the profile");
-    assert_eq!(kernel.name, "sleep_20ms");
+    assert_eq!(&*kernel.name, "sleep_20ms");
     assert!(kernel.duration() >= Duration::from_millis(20), "{kernel:?}");
     assert!(
         before <= kernel.start_ns && kernel.end_ns <= after,
@@ -274,7 +274,7 @@ fn host_events_carry_the_batch_they_submitted_or_zero() {
         .take_profile()
         .into_iter()
         .filter(|e| e.category == Category::Host)
-        .map(|e| (e.name, e.batch))
+        .map(|e| (e.name.to_string(), e.batch))
         .collect();
     let expected: Vec<(String, u64)> = [
         ("submit", 1),

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
-use hwqueue::profile::{describe, now_ns};
+use hwqueue::profile::{EventNames, describe, now_ns};
 use hwqueue::queue::{Admission, Batch, Command, Engine, Ledger, queue_label};
 use hwqueue::{
     Error, ExecParams, Limits, ProfileEvent, Program, QueueKind, Result, Scalar, TimelineSignal,
@@ -39,6 +39,7 @@ struct Shared {
     /// Finished batches, cleared, for `submit` to hand back.
     recycled: Mutex<Vec<Batch<Sim>>>,
     events: Mutex<Vec<ProfileEvent>>,
+    names: Mutex<EventNames>,
 }
 
 /// The engine of a simulated device's queue: see the module docs.
@@ -62,7 +63,7 @@ impl SimEngine {
         let thread = DeviceThread {
             ledger: ledger.clone(),
             device: device.clone(),
-            label: queue_label(ledger.id(), kind),
+            label: queue_label(ledger.id(), kind).into(),
             shared: shared.clone(),
         };
         std::thread::Builder::new()
@@ -227,7 +228,7 @@ impl Drop for SimEngine {
 struct DeviceThread {
     ledger: Ledger,
     device: SimDevice,
-    label: String,
+    label: std::sync::Arc<str>,
     shared: Arc<Shared>,
 }
 
@@ -277,7 +278,7 @@ impl DeviceThread {
             let start = profile.then(now_ns);
             let outcome = self.run_command(batch, command);
             if let Some(start) = start {
-                let event = describe(command).into_event(
+                let event = describe(command, &mut lock(&self.shared.names)).into_event(
                     self.label.clone(),
                     batch.sequence(),
                     index,

@@ -10,7 +10,7 @@ use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::{ExecParams, Limits};
-use crate::profile::{ProfileEvent, describe, now_ns};
+use crate::profile::{EventNames, ProfileEvent, describe, now_ns};
 use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::signal::{TimelineSignal, Timeout};
@@ -85,6 +85,8 @@ struct Shared {
     profiling: AtomicBool,
     /// The profile events of finished batches, for `take_profile`.
     profile: Mutex<Vec<ProfileEvent>>,
+    /// The queue as profile events name it.
+    label: std::sync::Arc<str>,
 }
 
 #[derive(Default)]
@@ -106,10 +108,12 @@ const SPARE_BATCHES: usize = 4;
 
 impl CpuEngine {
     pub(crate) fn new(device: &CpuDevice, kind: QueueKind) -> Result<Self> {
+        let ledger = Ledger::new();
         let shared = Arc::new(Shared {
             kind,
             limits: device.limits_ref(),
-            ledger: Ledger::new(),
+            label: queue_label(ledger.id(), kind).into(),
+            ledger,
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             idle: Condvar::new(),
@@ -208,7 +212,13 @@ impl Engine for CpuEngine {
     }
 
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
-        out.append(&mut self.shared.profile.lock());
+        let mut kept = self.shared.profile.lock();
+        if out.is_empty() {
+            // Hand the events over rather than copy them.
+            mem::swap(out, &mut kept);
+        } else {
+            out.append(&mut kept);
+        }
     }
 }
 
@@ -244,6 +254,7 @@ impl fmt::Debug for CpuEngine {
 /// The worker: runs batches in order until the queue is dropped and drained.
 fn run_worker(shared: &Shared) {
     let mut scratch = ExecScratch::default();
+    let mut names = EventNames::new();
     // Held at the top of each round: finishing one batch and taking the next
     // is one critical section.
     let mut state = shared.state.lock();
@@ -276,12 +287,19 @@ fn run_worker(shared: &Shared) {
         let mut profile = shared
             .profiling
             .load(Ordering::Relaxed)
-            .then(|| BatchProfile::new(shared, &batch));
+            .then(|| BatchProfile::new(shared, &batch, &mut names));
         shared.ledger.settle(&batch, |batch| {
             run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
         });
         if let Some(profile) = profile {
-            shared.profile.lock().extend(profile.events);
+            let mut kept = shared.profile.lock();
+            if kept.is_empty() {
+                // Taken since the last batch: hand over this batch's vector
+                // rather than copy it.
+                *kept = profile.events;
+            } else {
+                kept.extend(profile.events);
+            }
         }
         batch.clear();
         state = shared.state.lock();
@@ -309,7 +327,7 @@ fn run_batch(
     batch: &Batch<Cpu>,
     pool: &Pool,
     scratch: &mut ExecScratch,
-    profile: Option<&mut BatchProfile>,
+    profile: Option<&mut BatchProfile<'_>>,
 ) -> std::result::Result<(), (usize, Error)> {
     let mut held = HeldBuffers::new(scratch);
     let outcome = run_commands(batch, pool, &mut held, profile);
@@ -318,25 +336,35 @@ fn run_batch(
 }
 
 /// The profile events of one batch, while it runs.
-struct BatchProfile {
-    queue: String,
+struct BatchProfile<'n> {
+    queue: std::sync::Arc<str>,
     batch: u64,
+    /// The worker's interned names, kept across batches.
+    names: &'n mut EventNames,
+    /// When the last command ended (at first, when the batch started): the
+    /// next command's start. Commands run back to back on the worker, so
+    /// one clock read per command times it.
+    last: u64,
     events: Vec<ProfileEvent>,
 }
 
-impl BatchProfile {
-    fn new(shared: &Shared, batch: &Batch<Cpu>) -> Self {
+impl<'n> BatchProfile<'n> {
+    fn new(shared: &Shared, batch: &Batch<Cpu>, names: &'n mut EventNames) -> Self {
         Self {
-            queue: queue_label(shared.ledger.id(), shared.kind),
+            queue: shared.label.clone(),
             batch: batch.sequence(),
+            names,
+            last: now_ns(),
             events: Vec::with_capacity(batch.commands().len()),
         }
     }
 
-    /// Records command `index` of the batch, run from `start` to now.
-    fn record(&mut self, index: usize, command: &Command<Cpu>, start: u64, result: &Result<()>) {
-        let end = now_ns();
-        let mut described = describe(command);
+    /// Records command `index` of the batch, which ran since the last one
+    /// ended.
+    fn record(&mut self, index: usize, command: &Command<Cpu>, result: &Result<()>) {
+        let (start, end) = (self.last, now_ns());
+        self.last = end;
+        let mut described = describe(command, self.names);
         if let Err(error) = result {
             described.detail = format!("{}; failed: {error}", described.detail);
         }
@@ -349,14 +377,13 @@ fn run_commands<'a>(
     batch: &'a Batch<Cpu>,
     pool: &Pool,
     held: &mut HeldBuffers<'a>,
-    mut profile: Option<&mut BatchProfile>,
+    mut profile: Option<&mut BatchProfile<'_>>,
 ) -> std::result::Result<(), (usize, Error)> {
     for (index, command) in batch.commands().iter().enumerate() {
         if !matches!(command, Command::Exec { .. }) {
             // Buffers stay held only from one `exec` to the next.
             held.release();
         }
-        let start = profile.is_some().then(now_ns);
         let result = match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
             Command::WaitForeign { signal, value } => signal.wait_forever(*value),
@@ -401,8 +428,8 @@ fn run_commands<'a>(
                 Ok(())
             }
         };
-        if let (Some(profile), Some(start)) = (profile.as_deref_mut(), start) {
-            profile.record(index, command, start, &result);
+        if let Some(profile) = profile.as_deref_mut() {
+            profile.record(index, command, &result);
         }
         result.map_err(|error| (index, error))?;
     }

@@ -25,7 +25,7 @@
 use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use crate::error::Result;
-use crate::profile::{Described, ProfileEvent, describe, now_ns};
+use crate::profile::{Described, EventNames, ProfileEvent, describe, now_ns};
 use crate::queue::Command;
 
 use super::Cuda;
@@ -40,7 +40,9 @@ pub(crate) struct Profiler {
     reference: CudaEvent,
     reference_ns: u64,
     /// The queue, as events name it.
-    label: String,
+    label: std::sync::Arc<str>,
+    /// The kernels' and commands' names, interned.
+    names: EventNames,
     /// Commands whose end event may not have completed yet.
     pending: Vec<Span>,
     /// Spans already timed: host-side waits.
@@ -63,6 +65,7 @@ impl Profiler {
     /// # Errors
     /// What the driver reports.
     pub(crate) fn start(stream: &std::sync::Arc<CudaStream>, label: String) -> Result<Self> {
+        let label = label.into();
         let fail = |e| super::driver_error("starting a CUDA queue's profile", e);
         let reference = stream
             .context()
@@ -74,6 +77,7 @@ impl Profiler {
             reference,
             reference_ns: now_ns(),
             label,
+            names: EventNames::new(),
             pending: Vec::new(),
             done: Vec::new(),
         })
@@ -98,7 +102,7 @@ impl Profiler {
         end: CudaEvent,
     ) {
         self.pending.push(Span {
-            described: describe(command),
+            described: describe(command, &mut self.names),
             batch,
             index,
             start,
@@ -115,7 +119,7 @@ impl Profiler {
         index: usize,
         start_ns: u64,
     ) {
-        let mut described = describe(command);
+        let mut described = describe(command, &mut self.names);
         described.detail = format!("{} (on the host)", described.detail);
         let event = described.into_event(self.label.clone(), batch, index, start_ns, now_ns());
         self.done.push(event);

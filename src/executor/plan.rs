@@ -50,7 +50,7 @@ pub(super) struct PlannedOp {
 }
 
 pub(super) struct PlannedQueue<B: Backend> {
-    pub(super) label: String,
+    pub(super) label: std::sync::Arc<str>,
     /// `None` for the host stage.
     pub(super) queue: Option<B::Queue>,
     pub(super) signal: B::Signal,
@@ -359,7 +359,7 @@ impl<B: Backend> Plan<B> {
 
     /// The queues, by index: `"cpu:0 compute"`, `"cpu:0 copy"`, `"host"`.
     pub fn queue_labels(&self) -> Vec<&str> {
-        self.queues.iter().map(|q| q.label.as_str()).collect()
+        self.queues.iter().map(|q| &*q.label).collect()
     }
 
     /// Why operation `op` waits with `wait`, for people: the hazard, the

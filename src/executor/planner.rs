@@ -64,7 +64,7 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
             None => {
                 resolved.push(lane);
                 queues.push(PlannedQueue {
-                    label,
+                    label: label.into(),
                     queue,
                     signal,
                     ops: Vec::new(),

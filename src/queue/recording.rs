@@ -29,7 +29,7 @@ struct HostProfile {
     /// Batches submitted since profiling was first turned on.
     submitted: u64,
     /// The queue as events name it.
-    label: String,
+    label: std::sync::Arc<str>,
     events: Vec<ProfileEvent>,
 }
 
@@ -82,7 +82,7 @@ impl<E: Engine> Queue<E> {
                 Err(error) => error.to_string(),
             };
             let described = Described {
-                name: name.to_owned(),
+                name: std::sync::Arc::from(name),
                 category: Category::Host,
                 detail,
                 params: None,
@@ -639,7 +639,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     fn set_profiling(&mut self, on: bool) {
         if on && self.profile.is_none() {
             self.profile = Some(Box::new(HostProfile {
-                label: queue_label(self.id(), self.engine.kind()),
+                label: queue_label(self.id(), self.engine.kind()).into(),
                 ..HostProfile::default()
             }));
         }
@@ -654,12 +654,13 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn take_profile(&mut self) -> Vec<ProfileEvent> {
-        let mut events = self
-            .profile
-            .as_deref_mut()
-            .map(|profile| std::mem::take(&mut profile.events))
-            .unwrap_or_default();
+        // The engine's (one per command) first, into an empty vector, which
+        // an engine may fill by handing over its own; then the host's few.
+        let mut events = Vec::new();
         self.engine.take_profile(&mut events);
+        if let Some(profile) = self.profile.as_deref_mut() {
+            events.append(&mut profile.events);
+        }
         events.sort_by_key(|event| (event.start_ns, event.end_ns));
         events
     }

@@ -216,7 +216,7 @@ pub fn profile_events_name_each_command<T: Target>(cx: &Cx<T>) {
         .iter()
         .filter(|event| event.category != Category::Host)
         .collect();
-    let names: Vec<&str> = commands.iter().map(|event| event.name.as_str()).collect();
+    let names: Vec<&str> = commands.iter().map(|event| &*event.name).collect();
     let kernel_name = hwqueue::Program::signature(&add).name.clone();
     check(
         names == ["fill", kernel_name.as_str(), "copy", "signal"],
@@ -238,7 +238,7 @@ pub fn profile_events_name_each_command<T: Target>(cx: &Cx<T>) {
     check(
         events
             .iter()
-            .any(|event| event.name == "submit" && event.category == Category::Host),
+            .any(|event| &*event.name == "submit" && event.category == Category::Host),
         PROFILE,
         || format!("no host event for the submit among {events:?}"),
     );
