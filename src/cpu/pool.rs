@@ -16,9 +16,12 @@
 //!   crate's adaptive [`SpinWait`]), then parks on a condvar; a worker
 //!   waiting for helpers to finish spins the same way before it parks.
 //!   Posting a job wakes only helpers that are parked.
-//! - **Balance.** Chunks of `total / (threads * 8)` groups (at least one)
-//!   are claimed from one counter, so a slow group delays one chunk, not a
-//!   thread's share.
+//! - **Balance.** Chunks are claimed from one counter, guided: each claim
+//!   takes `remaining / (2 * threads)` groups (at least one), so chunks are
+//!   large while much is left (few claims) and single groups at the end,
+//!   where every thread finishes within about one group of the others
+//!   (fixed chunks of `total / (threads * 8)` could leave a thread idle for
+//!   a whole chunk at the end of each `exec`).
 //! - **Panics stay in the job.** Each thread runs its chunks inside
 //!   `catch_unwind`; the first panic stops the job's other chunks and is
 //!   the job's result. The pool and its threads go on.
@@ -198,7 +201,8 @@ struct Job {
     args: *const KernelArgs<'static>,
     grid: Grid,
     total: u64,
-    chunk: u64,
+    /// Each claim takes the remaining groups over this (`2 * threads`).
+    divisor: u64,
     /// The first group not claimed yet.
     next: AtomicU64,
     /// Threads running chunks of this job. Changed under the pool's lock.
@@ -241,6 +245,23 @@ impl Job {
         !self.stop.load(Ordering::Relaxed) && self.next.load(Ordering::Relaxed) < self.total
     }
 
+    /// Claims the next chunk: `remaining / divisor` groups, at least one;
+    /// `None` once every group is claimed.
+    fn claim(&self) -> Option<Range<u64>> {
+        let mut start = self.next.load(Ordering::Relaxed);
+        loop {
+            let remaining = self.total.checked_sub(start).filter(|&r| r > 0)?;
+            let end = start + (remaining / self.divisor).max(1);
+            match self
+                .next
+                .compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(start..end),
+                Err(now) => start = now,
+            }
+        }
+    }
+
     /// Claims and runs chunks until none is left; a panic stops the job.
     fn work(&self) {
         // SAFETY: see `JobRef`: the worker keeps the program and the
@@ -248,15 +269,10 @@ impl Job {
         let (program, args) = unsafe { (&*self.program, &*self.args) };
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             while !self.stop.load(Ordering::Relaxed) {
-                let start = self.next.fetch_add(self.chunk, Ordering::Relaxed);
-                if start >= self.total {
+                let Some(groups) = self.claim() else {
                     break;
-                }
-                self.grid.run(
-                    program,
-                    args,
-                    start..start.saturating_add(self.chunk).min(self.total),
-                );
+                };
+                self.grid.run(program, args, groups);
             }
         }));
         if let Err(payload) = outcome {
@@ -334,7 +350,7 @@ impl Pool {
             args: (args as *const KernelArgs<'_>).cast::<KernelArgs<'static>>(),
             grid,
             total,
-            chunk: (total / (shared.threads as u64 * 8)).max(1),
+            divisor: shared.threads as u64 * 2,
             next: AtomicU64::new(0),
             active: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -354,8 +370,7 @@ impl Pool {
         let listed = AbortOnUnwind;
         shared.posted.fetch_add(1, Ordering::Relaxed);
         // Wake as many parked helpers as there are slots and chunks for.
-        let chunks = total.div_ceil(job.chunk);
-        let wanted = (state.free.saturating_sub(1) as u64).min(chunks.saturating_sub(1));
+        let wanted = (state.free.saturating_sub(1) as u64).min(total.saturating_sub(1));
         for _ in 0..wanted.min(state.parked as u64) {
             shared.work.notify_one();
         }
