@@ -47,9 +47,14 @@ fn epoch() -> Instant {
 }
 
 /// Now, on hwqueue's host timeline: nanoseconds since the epoch.
+#[inline]
 pub fn now_ns() -> u64 {
-    let epoch = epoch();
-    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    let since = Instant::now().saturating_duration_since(epoch());
+    // In `u64` (no `u128` product): exact for 584 years.
+    since
+        .as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::from(since.subsec_nanos()))
 }
 
 /// A `wait`'s or `signal`'s detail: which signal (an id stable across its
