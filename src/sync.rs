@@ -164,19 +164,30 @@ mod imp {
     /// while spinning restores the full budget, one that had to park
     /// shortens the next one by a step, and once the budget is spent a
     /// thread spins again only on every `PROBE_EVERY`th wait, to notice when
-    /// spinning pays again. From the seventh step on (after about 1.5 µs),
-    /// each step first calls `yield_now`, which returns at once when no
-    /// other thread is ready and otherwise hands over the core: without it,
-    /// on a machine with as many busy threads as cores, a thread just woken
-    /// (the host whose wait ended) found every core held by spinners and
-    /// waited for one of them to give up. `exec_matmul` in
-    /// `benches/cpu_queue.rs` measured that: the process used 1.83 of 2
-    /// cores against rayon's 1.95, and took 1.12x rayon's time; with the
-    /// yield, 1.01x.
+    /// spinning pays again.
+    ///
+    /// An engine's own threads waiting for work (a queue's worker between
+    /// batches, a pool helper between jobs: [`yielding`](Self::yielding))
+    /// call `yield_now` before each step from the seventh on (after about
+    /// 1.5 µs); it returns at once when no other thread is ready, and
+    /// otherwise hands over the core. Without it, with as many busy threads
+    /// as cores, a thread just woken (the host whose wait ended) found every
+    /// core held by the engine's spinners and waited for one to give up:
+    /// `exec_matmul` in `benches/cpu_queue.rs` used 1.83 of 2 cores against
+    /// rayon's 1.95, and took 1.12x rayon's time; with the engine's threads
+    /// yielding, 1.02–1.10x over six runs. A host `wait`
+    /// ([`new`](Self::new)) does not yield, though that measured 1.00–1.03x:
+    /// on a machine whose cores are busy with other processes a yield can
+    /// cost a whole time slice, and the host would pay it in every wait it
+    /// spins (`signal_wake` with both cores kept busy by two shell loops:
+    /// 256 µs a round trip with yielding host waits, 5.5 µs without, 37–44
+    /// µs for a `parking_lot` condvar).
     #[derive(Debug)]
     pub(crate) struct SpinWait {
         step: u32,
         limit: u32,
+        /// Whether later steps offer the core ([`yielding`](Self::yielding)).
+        yields: bool,
     }
 
     /// This thread's spin budget, in `SpinWait` steps, and how many waits
@@ -206,8 +217,20 @@ mod imp {
         /// With no budget left, every this many waits spin once in full.
         const PROBE_EVERY: u32 = 32;
 
-        /// A spinner with this thread's current budget.
+        /// A spinner with this thread's current budget, for a thread that
+        /// waits for an engine's threads (a host `wait`): pause hints only.
         pub(crate) fn new() -> Self {
+            Self::with_budget(false)
+        }
+
+        /// A spinner for an engine's own thread waiting for work (a queue's
+        /// worker, a pool helper): from step [`YIELD_FROM`](Self::YIELD_FROM)
+        /// on, each step first offers the core to a ready thread.
+        pub(crate) fn yielding() -> Self {
+            Self::with_budget(true)
+        }
+
+        fn with_budget(yields: bool) -> Self {
             let limit = SPIN_BUDGET.with(|cell| {
                 let mut budget = cell.get();
                 let limit = if budget.limit > 0 {
@@ -224,7 +247,11 @@ mod imp {
                 cell.set(budget);
                 limit
             });
-            Self { step: 0, limit }
+            Self {
+                step: 0,
+                limit,
+                yields,
+            }
         }
 
         /// Whether this thread may spin at all this time.
@@ -254,7 +281,7 @@ mod imp {
             if self.step >= self.limit {
                 return false;
             }
-            if self.step >= Self::YIELD_FROM {
+            if self.yields && self.step >= Self::YIELD_FROM {
                 std::thread::yield_now();
             }
             for _ in 0..1u32 << self.step {
@@ -400,6 +427,10 @@ mod imp {
 
     impl SpinWait {
         pub(crate) fn new() -> Self {
+            Self
+        }
+
+        pub(crate) fn yielding() -> Self {
             Self
         }
 

@@ -431,7 +431,7 @@ impl Shared {
         job: &Job,
     ) -> MutexGuard<'a, State> {
         if !job.has_chunks() {
-            let spin = SpinWait::new();
+            let spin = SpinWait::yielding();
             if spin.has_budget() {
                 drop(state);
                 spin.until(|| job.active.load(Ordering::Relaxed) == 0);
@@ -506,7 +506,7 @@ fn run_helper(shared: &Shared) {
                 }
                 state = shared.state.lock();
             } else {
-                let spin = SpinWait::new();
+                let spin = SpinWait::yielding();
                 if spin.has_budget() {
                     drop(state);
                     spin.until(|| shared.posted.load(Ordering::Relaxed) != seen);

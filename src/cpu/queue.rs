@@ -259,7 +259,7 @@ fn run_worker(shared: &Shared) {
     // is one critical section.
     let mut state = shared.state.lock();
     loop {
-        let mut spin = Some(SpinWait::new());
+        let mut spin = Some(SpinWait::yielding());
         let mut batch = loop {
             if let Some(batch) = state.pending.pop_front() {
                 shared.queued.store(state.pending.len(), Ordering::Relaxed);
