@@ -201,15 +201,27 @@ mod imp {
     thread_local! {
         static SPIN_BUDGET: std::cell::Cell<SpinBudget> = const {
             std::cell::Cell::new(SpinBudget {
-                limit: SpinWait::STEPS,
+                limit: SpinWait::FULL,
                 skipped: 0,
             })
         };
     }
 
     impl SpinWait {
-        /// Steps in the full budget: `2^step` pause hints each.
+        /// Steps in a host wait's full budget: `2^step` pause hints each
+        /// (1,023 in all, about 25 µs here).
         const STEPS: u32 = 10;
+        /// Steps in an engine thread's full budget (4,095 hints and the
+        /// yields, about 100 µs): a worker waiting for the host to record
+        /// its next batch (1,000 `exec`s take the host 25–30 µs) still
+        /// catches it, where 10 steps ran out, parked, and set both sides
+        /// parking from then on (`queue_throughput` and `profile_overhead`
+        /// read 48 µs or 111 µs from one run to the next; 45–49 µs over
+        /// three runs with 12 steps). The yields keep it from holding a
+        /// core another thread is ready to use.
+        const ENGINE_STEPS: u32 = 12;
+        /// The budget after a win, read as the spinner's own full budget.
+        const FULL: u32 = u32::MAX;
         /// From this step on, each step first offers the core to a thread
         /// that is ready to run (`yield_now`; it returns at once when none
         /// is).
@@ -241,15 +253,20 @@ mod imp {
                     yields,
                 };
             }
+            let full = if yields {
+                Self::ENGINE_STEPS
+            } else {
+                Self::STEPS
+            };
             let limit = SPIN_BUDGET.with(|cell| {
                 let mut budget = cell.get();
                 let limit = if budget.limit > 0 {
-                    budget.limit
+                    budget.limit.min(full)
                 } else {
                     budget.skipped += 1;
                     if budget.skipped >= Self::PROBE_EVERY {
                         budget.skipped = 0;
-                        Self::STEPS
+                        full
                     } else {
                         0
                     }
@@ -305,7 +322,7 @@ mod imp {
         fn won(self) {
             SPIN_BUDGET.with(|cell| {
                 cell.set(SpinBudget {
-                    limit: Self::STEPS,
+                    limit: Self::FULL,
                     skipped: 0,
                 })
             });
