@@ -175,8 +175,9 @@ mod imp {
     /// core held by the engine's spinners and waited for one to give up:
     /// `exec_matmul` in `benches/cpu_queue.rs` used 1.83 of 2 cores against
     /// rayon's 1.95, and took 1.12x rayon's time; with the engine's threads
-    /// yielding, 1.02–1.10x over six runs. A host `wait`
-    /// ([`new`](Self::new)) does not yield, though that measured 1.00–1.03x:
+    /// yielding, 1.02–1.10x over six runs, and 0.95–1.02x once their budget
+    /// grew to [`ENGINE_STEPS`](Self::ENGINE_STEPS). A host `wait`
+    /// ([`new`](Self::new)) does not yield:
     /// on a machine whose cores are busy with other processes a yield can
     /// cost a whole time slice, and the host would pay it in every wait it
     /// spins (`signal_wake` with both cores kept busy by two shell loops:
