@@ -21,11 +21,13 @@
 //!    [`Producer`](crate::Producer) and
 //!    [`SignalWaker`](crate::SignalWaker), as `hwqueue-sim` does;
 //! 5. the [`Engine`](crate::Engine): `submit` runs each batch in order,
-//!    settling it through the [`Ledger`](crate::queue::Ledger) (synchronously
-//!    with [`Ledger::settle`](crate::queue::Ledger::settle), as below; an
-//!    asynchronous device [`admit`](crate::queue::Ledger::admit)s it, owns
-//!    the batch until the work is done, then
-//!    [`complete`](crate::queue::Ledger::complete)s it), and keeps the
+//!    settling it through the [`Ledger`](crate::queue::Ledger)
+//!    ([`Ledger::settle`](crate::queue::Ledger::settle) on whichever thread
+//!    runs it: in `submit`, as below, or on a device thread of the engine's
+//!    own, as `hwqueue-sim` does; a device that reports the end later is
+//!    [`admit`](crate::queue::Ledger::admit)ted, owns the batch until the
+//!    work is done, then [`complete`](crate::queue::Ledger::complete)s
+//!    it), and keeps the
 //!    contract its docs state. Errors of the backend's own driver travel as
 //!    [`Error::Backend`](crate::Error::Backend); profiling engines name
 //!    their events with [`profile::describe`](crate::profile::describe)

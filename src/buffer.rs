@@ -117,8 +117,13 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     }
 }
 
-/// Checks a host access of `len` bytes at `offset` against `size`.
-pub(crate) fn check_host_access(offset: usize, len: usize, size: usize) -> Result<()> {
+/// Checks a host access of `len` bytes at `offset` against `size`: what
+/// every [`Buffer::write_at`] and [`Buffer::read_at`] checks first.
+///
+/// # Errors
+/// [`Error::HostAccessOutOfBounds`](crate::Error::HostAccessOutOfBounds)
+/// when the range does not lie in `size` bytes.
+pub fn check_host_access(offset: usize, len: usize, size: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(crate::Error::HostAccessOutOfBounds { offset, len, size }),

@@ -610,8 +610,9 @@ pub enum Error {
 /// a message (`&str` or `String`, the payload of every `panic!` with text,
 /// whose drop cannot panic); any other is leaked rather than dropped (it
 /// could panic again). So no payload can unwind out of here and kill the
-/// thread that caught the first panic.
-pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+/// thread that caught the first panic. Public for engines written outside
+/// the crate, which catch their kernels' panics the same way.
+pub fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     let message = if let Some(message) = payload.downcast_ref::<&str>() {
         (*message).to_owned()
     } else if let Some(message) = payload.downcast_ref::<String>() {

@@ -43,14 +43,6 @@ impl<T: Target> Cx<T> {
         buffer
     }
 
-    /// `size` bytes of device memory, zeroed.
-    ///
-    /// # Errors
-    /// What the device reports.
-    pub fn device_alloc(&self, size: usize) -> hwqueue::Result<BufferOf<T::Backend>> {
-        self.device.alloc(size)
-    }
-
     /// `buffer`'s contents.
     pub fn read(&self, buffer: &BufferOf<T::Backend>) -> Vec<u32> {
         setup("to_vec", buffer.to_vec::<u32>())

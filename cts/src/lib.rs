@@ -134,11 +134,7 @@ pub fn run<T: Target>(name: &str, case: fn(&Cx<T>)) {
     };
     let cx = Cx::<T>::new(Arc::new(device));
     if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&cx))) {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|text| (*text).to_owned())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
+        let message = hwqueue::error::panic_message(payload);
         panic!(
             "hwqueue-cts case `{name}` failed on `{}`: {message}",
             <T::Backend as Backend>::ID

@@ -3,18 +3,20 @@
 //!
 //! `submit` hands the batch to the thread and returns at once; the thread
 //! owns the batch (and so every buffer and program its commands name)
-//! until it has settled it through the [`Ledger`]: [`Ledger::admit`]
-//! before it starts, each `signal` set as its command completes,
-//! [`Ledger::complete`] with how it ended. The finished batch comes back,
-//! cleared, for the queue to record into again.
+//! until it has settled it through the [`Ledger`] ([`Ledger::settle`], on
+//! the device thread: admitted, run command by command with each `signal`
+//! set as its command completes, and failed from the command that failed).
+//! The finished batch comes back, cleared, for the queue to record into
+//! again.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
+use hwqueue::error::panic_message;
 use hwqueue::profile::{EventNames, describe, now_ns};
-use hwqueue::queue::{Admission, Batch, Command, Engine, Ledger, queue_label};
+use hwqueue::queue::{Batch, Command, Engine, Ledger, queue_label};
 use hwqueue::{
     Error, ExecParams, Limits, ProfileEvent, Program, QueueKind, Result, Scalar, TimelineSignal,
     Timeout, View,
@@ -39,7 +41,6 @@ struct Shared {
     /// Finished batches, cleared, for `submit` to hand back.
     recycled: Mutex<Vec<Batch<Sim>>>,
     events: Mutex<Vec<ProfileEvent>>,
-    names: Mutex<EventNames>,
 }
 
 /// The engine of a simulated device's queue: see the module docs.
@@ -61,14 +62,17 @@ impl SimEngine {
         let shared = Arc::new(Shared::default());
         let (jobs, receiver) = mpsc::channel();
         let thread = DeviceThread {
-            ledger: ledger.clone(),
             device: device.clone(),
             label: queue_label(ledger.id(), kind).into(),
             shared: shared.clone(),
+            names: EventNames::new(),
         };
         std::thread::Builder::new()
             .name(format!("hwqueue-sim {}", thread.label))
-            .spawn(move || thread.run(receiver))
+            .spawn({
+                let ledger = ledger.clone();
+                move || thread.run(&ledger, receiver)
+            })
             .expect("spawning a simulated device thread");
         Self {
             ledger,
@@ -226,37 +230,22 @@ impl Drop for SimEngine {
 
 /// The device thread of one queue.
 struct DeviceThread {
-    ledger: Ledger,
     device: SimDevice,
     label: std::sync::Arc<str>,
     shared: Arc<Shared>,
+    /// The profile's interned names, the thread's own.
+    names: EventNames,
 }
 
 impl DeviceThread {
-    fn run(self, jobs: Receiver<Job>) {
+    /// Settles each batch handed over, in order, until the engine is
+    /// dropped and the channel drained; then retires the queue's id.
+    fn run(mut self, ledger: &Ledger, jobs: Receiver<Job>) {
         for Job { batch, profile } in jobs {
-            self.settle(&batch, profile);
+            ledger.settle(&batch, |batch| self.run_batch(batch, profile));
             self.finish(batch);
         }
-        self.ledger.retire();
-    }
-
-    fn settle(&self, batch: &Batch<Sim>, profile: bool) {
-        match self.ledger.admit(batch) {
-            Admission::Skip(cause) => batch.fail_signals(0, &cause),
-            Admission::Run => {
-                let outcome = catch_unwind(AssertUnwindSafe(|| self.run_batch(batch, profile)))
-                    .unwrap_or_else(|payload| {
-                        Err((
-                            0,
-                            Error::EnginePanicked {
-                                message: panic_text(payload.as_ref()),
-                            },
-                        ))
-                    });
-                self.ledger.complete(batch, outcome);
-            }
-        }
+        ledger.retire();
     }
 
     /// Counts the batch settled, and hands it back for reuse.
@@ -270,7 +259,7 @@ impl DeviceThread {
     }
 
     fn run_batch(
-        &self,
+        &mut self,
         batch: &Batch<Sim>,
         profile: bool,
     ) -> std::result::Result<(), (usize, Error)> {
@@ -278,7 +267,7 @@ impl DeviceThread {
             let start = profile.then(now_ns);
             let outcome = self.run_command(batch, command);
             if let Some(start) = start {
-                let event = describe(command, &mut lock(&self.shared.names)).into_event(
+                let event = describe(command, &mut self.names).into_event(
                     self.label.clone(),
                     batch.sequence(),
                     index,
@@ -375,19 +364,11 @@ impl DeviceThread {
                     params,
                 };
                 catch_unwind(AssertUnwindSafe(|| kernel(&mut args)))
-                    .unwrap_or_else(|payload| Err(panic_text(payload.as_ref())))
+                    .unwrap_or_else(|payload| Err(panic_message(payload)))
             })
             .map_err(|message| Error::KernelFailed {
                 program: name.clone(),
                 message,
             })
     }
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|text| (*text).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
 }

@@ -8,6 +8,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use hwqueue::buffer::check_host_access;
 use hwqueue::memory::{
     BlockError, BlockSource, DeviceMemory, MemoryPool, PooledRange, QueueOrdered,
 };
@@ -237,15 +238,8 @@ impl SimBuffer {
         len: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&end| end <= self.inner.size)
-            .ok_or(Error::HostAccessOutOfBounds {
-                offset,
-                len,
-                size: self.inner.size,
-            })?;
-        let range = self.arena_range(offset..end)?;
+        check_host_access(offset, len, self.inner.size)?;
+        let range = self.arena_range(offset..offset + len)?;
         Ok(self
             .inner
             .pool

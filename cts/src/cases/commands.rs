@@ -2,7 +2,7 @@
 //! `command_buffer_fill_buffer_test`, `command_buffer_dispatch_test`):
 //! views, partial copies, fills, and what they must reject.
 
-use hwqueue::{Error, ExecParams, HardwareQueue, Scalar, View};
+use hwqueue::{Device, Error, ExecParams, HardwareQueue, Scalar, View};
 
 use crate::cx::{broke, check, setup};
 use crate::rules::{COMMANDS, VALIDATION};
@@ -77,7 +77,7 @@ pub fn copy_partial_ranges_between_and_within_buffers<T: Target>(cx: &Cx<T>) {
         )
     });
     // Bytes at odd offsets: byte 1..3 of word 0 into bytes 5..7.
-    let bytes = setup("alloc", cx.device_alloc(8));
+    let bytes = setup("alloc", cx.device.alloc(8));
     setup(
         "write",
         hwqueue::Buffer::write_at(&bytes, 0, &[1u8, 2, 3, 4, 5, 6, 7, 8]),
@@ -121,7 +121,7 @@ pub fn copy_overlap_and_size_mismatch_reject_the_batch<T: Target>(cx: &Cx<T>) {
 
 /// Fills with 1-, 2- and 4-byte patterns write exactly their range.
 pub fn fill_patterns_of_1_2_and_4_bytes<T: Target>(cx: &Cx<T>) {
-    let bytes = setup("alloc", cx.device_alloc(16));
+    let bytes = setup("alloc", cx.device.alloc(16));
     let mut queue = cx.queue();
     queue
         .fill(&setup("view", View::new(&bytes, 1, 3)), 0xabu8)
