@@ -38,8 +38,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{PollBackoff, TimelineSignal, Timeout, check_value};
-use crate::sync::{Arc, Condvar, Mutex, SpinWait};
+use crate::signal::{PollBackoff, TimelineSignal, Timeout, check_value, spin_before_blocking};
+use crate::sync::{Arc, Condvar, Mutex};
 
 /// What a multi-signal wait sleeps on; signals that can notify wake it.
 ///
@@ -158,11 +158,13 @@ pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeo
         return Ok(());
     }
     let timeout = timeout.into();
-    if spin_until(timeout, || {
+    let all_reached = || {
         waits
             .iter()
             .all(|&(signal, target)| signal.is_reached(target))
-    }) {
+            .then_some(())
+    };
+    if spin_before_blocking(timeout, all_reached).is_some() {
         return Ok(());
     }
     block_until(waits, timeout, || {
@@ -230,14 +232,12 @@ pub fn wait_any<S: TimelineSignal>(
         return Ok(index);
     }
     let timeout = timeout.into();
-    let any_reached = || {
+    let first_reached = || {
         waits
             .iter()
             .position(|&(signal, target)| signal.is_reached(target))
     };
-    if spin_until(timeout, || any_reached().is_some())
-        && let Some(index) = any_reached()
-    {
+    if let Some(index) = spin_before_blocking(timeout, first_reached) {
         return Ok(index);
     }
     block_until(waits, timeout, || {
@@ -257,18 +257,6 @@ pub fn wait_any<S: TimelineSignal>(
             None => Ok(Progress::Pending(0)),
         }
     })
-}
-
-/// Spins briefly (bounded and adaptive, as a single signal's wait does:
-/// see `SpinWait`) until `done`, unless `timeout` asks not to wait at all;
-/// whether `done` won. Only values are read while spinning: a failure is
-/// seen once the wait blocks.
-fn spin_until(timeout: Timeout, done: impl Fn() -> bool) -> bool {
-    if timeout == Timeout::After(Duration::ZERO) {
-        return false;
-    }
-    let spin = SpinWait::new();
-    spin.has_budget() && spin.until(done)
 }
 
 /// Where a multi-wait stands after one look at its signals.

@@ -276,6 +276,29 @@ impl Failures {
     }
 }
 
+/// The spin a host wait takes before it blocks (bounded and adaptive: see
+/// `SpinWait`), looking with `look` until it finds something; `None` when
+/// the spin ran out, or at once for a zero `timeout` (which asks not to
+/// wait at all). Only values are read while spinning: a failure is seen once
+/// the wait blocks. `CpuSignal::wait`, `wait_all` and `wait_any` share it.
+pub(crate) fn spin_before_blocking<R>(timeout: Timeout, look: impl Fn() -> Option<R>) -> Option<R> {
+    if timeout == Timeout::After(Duration::ZERO) {
+        return None;
+    }
+    let spin = crate::sync::SpinWait::new();
+    if !spin.has_budget() {
+        return None;
+    }
+    let found = std::cell::Cell::new(None);
+    spin.until(|| {
+        let seen = look();
+        let done = seen.is_some();
+        found.set(seen);
+        done
+    });
+    found.into_inner()
+}
+
 /// Checks a timeline value given to `set` or `signal`: at most
 /// [`MAX_SIGNAL_VALUE`].
 ///

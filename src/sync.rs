@@ -244,37 +244,34 @@ mod imp {
         }
 
         fn with_budget(yields: bool) -> Self {
-            // Under Miri a pause hint is a thread switch and a spin takes
-            // milliseconds of interpretation, so it would only slow the
-            // threads a test waits for: Miri checks the parking path.
-            if cfg!(miri) {
-                return Self {
-                    step: 0,
-                    limit: 0,
-                    yields,
-                };
-            }
             let full = if yields {
                 Self::ENGINE_STEPS
             } else {
                 Self::STEPS
             };
-            let limit = SPIN_BUDGET.with(|cell| {
-                let mut budget = cell.get();
-                let limit = if budget.limit > 0 {
-                    budget.limit.min(full)
-                } else {
-                    budget.skipped += 1;
-                    if budget.skipped >= Self::PROBE_EVERY {
-                        budget.skipped = 0;
-                        full
+            // Under Miri a pause hint is a thread switch and a spin takes
+            // milliseconds of interpretation, so it would only slow the
+            // threads a test waits for: Miri checks the parking path.
+            let limit = if cfg!(miri) {
+                0
+            } else {
+                SPIN_BUDGET.with(|cell| {
+                    let mut budget = cell.get();
+                    let limit = if budget.limit > 0 {
+                        budget.limit.min(full)
                     } else {
-                        0
-                    }
-                };
-                cell.set(budget);
-                limit
-            });
+                        budget.skipped += 1;
+                        if budget.skipped >= Self::PROBE_EVERY {
+                            budget.skipped = 0;
+                            full
+                        } else {
+                            0
+                        }
+                    };
+                    cell.set(budget);
+                    limit
+                })
+            };
             Self {
                 step: 0,
                 limit,

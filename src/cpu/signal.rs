@@ -6,9 +6,10 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::multi_wait::SignalWaker;
 use crate::signal::{
-    Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, value_out_of_range,
+    Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, spin_before_blocking,
+    value_out_of_range,
 };
-use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering, SpinWait};
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
 
 /// The low bit of [`Inner::state`]: a waiter may be parked, or a
 /// multi-wait watches.
@@ -210,17 +211,11 @@ impl TimelineSignal for CpuSignal {
             });
         }
         let timeout = timeout.into();
-        // Spin a little before parking (bounded and adaptive: see
-        // `SpinWait`): a queue that is about to finish the work waited for
-        // then costs no sleep and wake-up. Not for a zero timeout, which
-        // asks not to wait at all; a failure is seen once parked.
-        if timeout != Timeout::After(std::time::Duration::ZERO) {
-            let spin = SpinWait::new();
-            if spin.has_budget()
-                && spin.until(|| self.inner.state.load(Ordering::Acquire) >> 1 >= target)
-            {
-                return Ok(());
-            }
+        // A queue about to finish the work waited for then costs no sleep
+        // and wake-up.
+        let reached = || (self.inner.state.load(Ordering::Acquire) >> 1 >= target).then_some(());
+        if spin_before_blocking(timeout, reached).is_some() {
+            return Ok(());
         }
         self.wait_slow(target, timeout)
     }
