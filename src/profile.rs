@@ -67,6 +67,17 @@ pub(crate) fn signal_detail(producer: &Producer, relation: &str, value: u64) -> 
     }
 }
 
+/// Moves `events` to the end of `out`: by handing the vector over when
+/// `out` is empty (the usual case: a queue's events taken since the last
+/// take), so a batch's events are not copied once more on their way out.
+pub(crate) fn move_events(out: &mut Vec<ProfileEvent>, events: &mut Vec<ProfileEvent>) {
+    if out.is_empty() {
+        std::mem::swap(out, events);
+    } else {
+        out.append(events);
+    }
+}
+
 /// The names of profile events, interned: each distinct name is allocated
 /// once per holder (an engine keeps one), and every event of a kernel
 /// shares it, so profiling a command allocates no name. Holds at most

@@ -10,7 +10,7 @@ use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::{ExecParams, Limits};
-use crate::profile::{EventNames, ProfileEvent, describe, now_ns};
+use crate::profile::{EventNames, ProfileEvent, describe, move_events, now_ns};
 use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::signal::{TimelineSignal, Timeout};
@@ -212,13 +212,7 @@ impl Engine for CpuEngine {
     }
 
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
-        let mut kept = self.shared.profile.lock();
-        if out.is_empty() {
-            // Hand the events over rather than copy them.
-            mem::swap(out, &mut kept);
-        } else {
-            out.append(&mut kept);
-        }
+        move_events(out, &mut self.shared.profile.lock());
     }
 }
 
@@ -291,15 +285,8 @@ fn run_worker(shared: &Shared) {
         shared.ledger.settle(&batch, |batch| {
             run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
         });
-        if let Some(profile) = profile {
-            let mut kept = shared.profile.lock();
-            if kept.is_empty() {
-                // Taken since the last batch: hand over this batch's vector
-                // rather than copy it.
-                *kept = profile.events;
-            } else {
-                kept.extend(profile.events);
-            }
+        if let Some(mut profile) = profile {
+            move_events(&mut shared.profile.lock(), &mut profile.events);
         }
         batch.clear();
         state = shared.state.lock();

@@ -9,7 +9,7 @@ use crate::backend::{BufferOf, ProgramOf, SignalOf};
 use crate::buffer::{Buffer, Pod, bytes_of, pattern_bytes};
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
-use crate::profile::{Category, Described, ProfileEvent, now_ns};
+use crate::profile::{Category, Described, EventNames, ProfileEvent, move_events, now_ns};
 use crate::program::{Program, Scalar};
 use crate::signal::{TimelineSignal, check_value};
 use crate::transfer::{Download, HostBytes, HostBytesInner, check_transfer_len, owned_bytes};
@@ -30,6 +30,8 @@ struct HostProfile {
     submitted: u64,
     /// The queue as events name it.
     label: std::sync::Arc<str>,
+    /// `submit` and `synchronize`, interned.
+    names: EventNames,
     events: Vec<ProfileEvent>,
 }
 
@@ -82,7 +84,7 @@ impl<E: Engine> Queue<E> {
                 Err(error) => error.to_string(),
             };
             let described = Described {
-                name: std::sync::Arc::from(name),
+                name: profile.names.get(name),
                 category: Category::Host,
                 detail,
                 params: None,
@@ -659,7 +661,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         let mut events = Vec::new();
         self.engine.take_profile(&mut events);
         if let Some(profile) = self.profile.as_deref_mut() {
-            events.append(&mut profile.events);
+            move_events(&mut events, &mut profile.events);
         }
         events.sort_by_key(|event| (event.start_ns, event.end_ns));
         events
