@@ -40,6 +40,7 @@
 //! ```
 //! use std::sync::{Arc, Mutex};
 //!
+//! use hwqueue::buffer::{bytes_of, bytes_of_mut, check_host_access};
 //! use hwqueue::cpu::{CPU_LIMITS, CpuSignal};
 //! use hwqueue::queue::{Batch, Command, Engine, Ledger};
 //! use hwqueue::{
@@ -124,25 +125,17 @@
 //!         Arc::ptr_eq(&self.0, &other.0)
 //!     }
 //!     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
-//!         let data = hwqueue::buffer::bytes_of(data);
+//!         let data = bytes_of(data);
 //!         let mut bytes = self.0.lock().unwrap();
-//!         let size = bytes.len();
-//!         let range = bytes.get_mut(offset..offset + data.len());
-//!         range
-//!             .ok_or(Error::HostAccessOutOfBounds { offset, len: data.len(), size })?
-//!             .copy_from_slice(data);
+//!         check_host_access(offset, data.len(), bytes.len())?;
+//!         bytes[offset..offset + data.len()].copy_from_slice(data);
 //!         Ok(())
 //!     }
 //!     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
-//!         let data = hwqueue::buffer::bytes_of_mut(data);
+//!         let data = bytes_of_mut(data);
 //!         let bytes = self.0.lock().unwrap();
-//!         let range = bytes.get(offset..offset + data.len());
-//!         let len = data.len();
-//!         data.copy_from_slice(range.ok_or(Error::HostAccessOutOfBounds {
-//!             offset,
-//!             len,
-//!             size: bytes.len(),
-//!         })?);
+//!         check_host_access(offset, data.len(), bytes.len())?;
+//!         data.copy_from_slice(&bytes[offset..offset + data.len()]);
 //!         Ok(())
 //!     }
 //! }
