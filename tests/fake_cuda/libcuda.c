@@ -83,6 +83,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fake_common.h"
+
 /* The types of cuda.h this file needs, with cuda.h's ABI (handles are
  * pointers to opaque structs, the rest `int`, `unsigned` or `size_t`). */
 typedef int CUresult;
@@ -93,8 +95,8 @@ typedef int CUmemPool_attribute;
 typedef int CUjit_option;
 typedef unsigned long long CUdeviceptr;
 typedef struct fake_context *CUcontext;
-typedef struct fake_stream *CUstream;
-typedef struct fake_event *CUevent;
+typedef struct fake_handle *CUstream;
+typedef struct fake_handle *CUevent;
 typedef struct fake_module *CUmodule;
 typedef struct fake_function *CUfunction;
 typedef struct fake_pool *CUmemoryPool;
@@ -202,20 +204,6 @@ static int in_list(const char *list, const char *symbol) {
         item = end == NULL ? NULL : end + 1;
     }
     return 0;
-}
-
-/* Appends `symbol` to the HWQUEUE_FAKE_CALLS file, if one is named. Each
- * line is one small append, so threads calling at once do not mix lines. */
-static void log_call(const char *symbol) {
-    const char *path = getenv("HWQUEUE_FAKE_CALLS");
-    if (path == NULL || *path == '\0') {
-        return;
-    }
-    FILE *file = fopen(path, "a");
-    if (file != NULL) {
-        fprintf(file, "%s\n", symbol);
-        fclose(file);
-    }
 }
 
 /* Whether cuInit succeeded: the device queries fail before it, as the real
@@ -470,26 +458,32 @@ CUresult cuCtxSynchronize(void) {
 
 /* ---- Streams --------------------------------------------------------------- */
 
-/* Work on a stream is done when enqueued, so a stream is only a handle. */
-struct fake_stream {
+/* Work on a stream is done when enqueued, and recorded work is done, so
+ * an event is complete from its record on: streams and events are only
+ * handles, made in the current context. */
+struct fake_handle {
     unsigned int flags;
 };
 
-CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
-    log_call("cuStreamCreate");
+static CUresult new_handle(struct fake_handle **handle, unsigned int flags) {
     CUresult result = check_context();
     if (result != CUDA_SUCCESS) {
         return result;
     }
-    if (stream == NULL) {
+    if (handle == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    *stream = malloc(sizeof **stream);
-    if (*stream == NULL) {
+    *handle = malloc(sizeof **handle);
+    if (*handle == NULL) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    (*stream)->flags = flags;
+    (*handle)->flags = flags;
     return CUDA_SUCCESS;
+}
+
+CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
+    log_call("cuStreamCreate");
+    return new_handle(stream, flags);
 }
 
 CUresult cuStreamDestroy_v2(CUstream stream) {
@@ -532,26 +526,9 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *u
 
 /* ---- Events -------------------------------------------------------------- */
 
-/* Recorded work is done, so an event is complete from its record on. */
-struct fake_event {
-    unsigned int flags;
-};
-
 CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     log_call("cuEventCreate");
-    CUresult result = check_context();
-    if (result != CUDA_SUCCESS) {
-        return result;
-    }
-    if (event == NULL) {
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    *event = malloc(sizeof **event);
-    if (*event == NULL) {
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    (*event)->flags = flags;
-    return CUDA_SUCCESS;
+    return new_handle(event, flags);
 }
 
 CUresult cuEventDestroy_v2(CUevent event) {

@@ -18,23 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "fake_common.h"
+
 /* nvrtc.h's nvrtcResult values this file returns. */
 typedef int nvrtcResult;
 #define NVRTC_SUCCESS 0
 #define NVRTC_ERROR_INVALID_INPUT 3
-
-/* Appends `symbol` to the HWQUEUE_FAKE_CALLS file, if one is named. */
-static void log_call(const char *symbol) {
-    const char *path = getenv("HWQUEUE_FAKE_CALLS");
-    if (path == NULL || *path == '\0') {
-        return;
-    }
-    FILE *file = fopen(path, "a");
-    if (file != NULL) {
-        fprintf(file, "%s\n", symbol);
-        fclose(file);
-    }
-}
 
 nvrtcResult nvrtcVersion(int *major, int *minor) {
     log_call("nvrtcVersion");

@@ -1,0 +1,26 @@
+/*
+ * What the fake NVIDIA libraries (libcuda.c, libnvrtc.c) share: the call
+ * log that tests/cuda_fake_driver.rs reads.
+ */
+
+#ifndef HWQUEUE_FAKE_COMMON_H
+#define HWQUEUE_FAKE_COMMON_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Appends `symbol` to the HWQUEUE_FAKE_CALLS file, if one is named. Each
+ * line is one small append, so threads calling at once do not mix lines. */
+static void log_call(const char *symbol) {
+    const char *path = getenv("HWQUEUE_FAKE_CALLS");
+    if (path == NULL || *path == '\0') {
+        return;
+    }
+    FILE *file = fopen(path, "a");
+    if (file != NULL) {
+        fprintf(file, "%s\n", symbol);
+        fclose(file);
+    }
+}
+
+#endif
