@@ -59,6 +59,64 @@ fn submit_and_wait(queue: &mut CpuQueue, done: &CpuSignal, value: u64) {
     done.wait(value, Timeout::Forever).expect("the batch ran");
 }
 
+/// The round-trip baselines: a request to a worker thread over a channel
+/// made by `$channel` (`mpsc::channel` or `crossbeam_channel::unbounded`,
+/// which share the API), and its reply, per iteration.
+macro_rules! channel_roundtrip {
+    ($b:expr, $channel:path) => {{
+        let (request, requests) = $channel();
+        let (reply, replies) = $channel();
+        let worker = std::thread::spawn(move || {
+            for value in requests {
+                reply.send(value).expect("the host is listening");
+            }
+        });
+        let mut value: u64 = 0;
+        $b.iter(|| {
+            value += 1;
+            request.send(value).expect("the worker is running");
+            replies.recv().expect("the worker replies")
+        });
+        drop(request);
+        worker.join().expect("the worker exits");
+    }};
+}
+
+/// The throughput baselines: `JOBS` boxed closures sent to one worker
+/// thread over a channel made by `$channel`, then one that replies over
+/// another, per iteration.
+macro_rules! channel_jobs {
+    ($b:expr, $channel:path) => {{
+        let (submit, jobs) = $channel();
+        let worker = std::thread::spawn(move || {
+            for job in jobs {
+                let job: Job = job;
+                job();
+            }
+        });
+        let count = Arc::new(AtomicU32::new(0));
+        let (finished, finish) = $channel();
+        $b.iter(|| {
+            for _ in 0..JOBS {
+                let count = count.clone();
+                let job: Job = Box::new(move || {
+                    // Not a read-modify-write: one thread runs the jobs, as
+                    // one work-group runs each `bump`.
+                    count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                });
+                submit.send(job).expect("the worker is running");
+            }
+            let finished = finished.clone();
+            let last: Job = Box::new(move || finished.send(()).expect("the host is listening"));
+            submit.send(last).expect("the worker is running");
+            finish.recv().expect("the worker ran the jobs");
+        });
+        drop(submit);
+        worker.join().expect("the worker exits");
+        black_box(count.load(Ordering::Relaxed));
+    }};
+}
+
 fn queue_roundtrip(c: &mut Criterion) {
     let mut group = c.benchmark_group("queue_roundtrip");
     support::configure(&mut group, Profile::Latency);
@@ -77,21 +135,7 @@ fn queue_roundtrip(c: &mut Criterion) {
     // The same request/reply over crossbeam's channels, which spin briefly
     // before they park (its `Backoff`).
     group.bench_function("crossbeam_channel", |b| {
-        let (request, requests) = crossbeam_channel::unbounded::<u64>();
-        let (reply, replies) = crossbeam_channel::unbounded::<u64>();
-        let worker = std::thread::spawn(move || {
-            for value in requests {
-                reply.send(value).expect("the host is listening");
-            }
-        });
-        let mut value = 0;
-        b.iter(|| {
-            value += 1;
-            request.send(value).expect("the worker is running");
-            replies.recv().expect("the worker replies")
-        });
-        drop(request);
-        worker.join().expect("the worker exits");
+        channel_roundtrip!(b, crossbeam_channel::unbounded)
     });
 
     // A task on rayon's pool, and its reply over a crossbeam channel: rayon's
@@ -107,23 +151,7 @@ fn queue_roundtrip(c: &mut Criterion) {
         });
     });
 
-    group.bench_function("channel", |b| {
-        let (request, requests) = mpsc::channel::<u64>();
-        let (reply, replies) = mpsc::channel::<u64>();
-        let worker = std::thread::spawn(move || {
-            for value in requests {
-                reply.send(value).expect("the host is listening");
-            }
-        });
-        let mut value = 0;
-        b.iter(|| {
-            value += 1;
-            request.send(value).expect("the worker is running");
-            replies.recv().expect("the worker replies")
-        });
-        drop(request);
-        worker.join().expect("the worker exits");
-    });
+    group.bench_function("channel", |b| channel_roundtrip!(b, mpsc::channel));
 
     group.finish();
 }
@@ -169,68 +197,10 @@ fn queue_throughput(c: &mut Criterion) {
 
     // The same jobs over a crossbeam channel to one worker thread.
     group.bench_function("crossbeam_worker", |b| {
-        let (submit, jobs) = crossbeam_channel::unbounded::<Job>();
-        let worker = std::thread::spawn(move || {
-            for job in jobs {
-                job();
-            }
-        });
-        let count = Arc::new(AtomicU32::new(0));
-        let (finished, finish) = crossbeam_channel::bounded::<()>(1);
-        b.iter(|| {
-            for _ in 0..JOBS {
-                let count = count.clone();
-                submit
-                    .send(Box::new(move || {
-                        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                    }))
-                    .expect("the worker is running");
-            }
-            let finished = finished.clone();
-            submit
-                .send(Box::new(move || {
-                    finished.send(()).expect("the host is listening");
-                }))
-                .expect("the worker is running");
-            finish.recv().expect("the worker ran the jobs");
-        });
-        drop(submit);
-        worker.join().expect("the worker exits");
-        black_box(count.load(Ordering::Relaxed));
+        channel_jobs!(b, crossbeam_channel::unbounded)
     });
 
-    group.bench_function("boxed_closures", |b| {
-        let (submit, jobs) = mpsc::channel::<Job>();
-        let worker = std::thread::spawn(move || {
-            for job in jobs {
-                job();
-            }
-        });
-        let count = Arc::new(AtomicU32::new(0));
-        let (finished, finish) = mpsc::channel::<()>();
-        b.iter(|| {
-            for _ in 0..JOBS {
-                let count = count.clone();
-                submit
-                    .send(Box::new(move || {
-                        // Not a read-modify-write: one thread runs the jobs,
-                        // as one work-group runs each `bump`.
-                        count.store(count.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                    }))
-                    .expect("the worker is running");
-            }
-            let finished = finished.clone();
-            submit
-                .send(Box::new(move || {
-                    finished.send(()).expect("the host is listening");
-                }))
-                .expect("the worker is running");
-            finish.recv().expect("the worker ran the jobs");
-        });
-        drop(submit);
-        worker.join().expect("the worker exits");
-        black_box(count.load(Ordering::Relaxed));
-    });
+    group.bench_function("boxed_closures", |b| channel_jobs!(b, mpsc::channel));
 
     group.finish();
 }
