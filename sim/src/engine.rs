@@ -10,7 +10,6 @@
 //! again.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -48,16 +47,18 @@ pub struct SimEngine {
     ledger: Ledger,
     device: SimDevice,
     kind: QueueKind,
-    jobs: Option<Sender<Job>>,
+    /// To the device thread, which ends once this is dropped and it ran
+    /// what it was sent.
+    jobs: Sender<Job>,
     shared: Arc<Shared>,
-    profiling: Arc<AtomicBool>,
+    profiling: bool,
     /// [`Defect::SwapBatches`]: the batch held back to run after the next.
     held: Option<Batch<Sim>>,
     submitted: u64,
 }
 
 impl SimEngine {
-    pub(crate) fn new(device: SimDevice, kind: QueueKind) -> Self {
+    pub(crate) fn new(device: SimDevice, kind: QueueKind) -> Result<Self> {
         let ledger = Ledger::new();
         let shared = Arc::new(Shared::default());
         let (jobs, receiver) = mpsc::channel();
@@ -73,17 +74,20 @@ impl SimEngine {
                 let ledger = ledger.clone();
                 move || thread.run(&ledger, receiver)
             })
-            .expect("spawning a simulated device thread");
-        Self {
+            .map_err(|error| Error::System {
+                what: "spawning a simulated device thread",
+                detail: error.to_string(),
+            })?;
+        Ok(Self {
             ledger,
             device,
             kind,
-            jobs: Some(jobs),
+            jobs,
             shared,
-            profiling: Arc::new(AtomicBool::new(false)),
+            profiling: false,
             held: None,
             submitted: 0,
-        }
+        })
     }
 
     fn defect(&self) -> Option<Defect> {
@@ -95,12 +99,10 @@ impl SimEngine {
         lock(&self.shared.progress).0 += 1;
         let job = Job {
             batch,
-            profile: self.profiling.load(Ordering::Relaxed),
+            profile: self.profiling,
         };
-        if let Some(jobs) = &self.jobs {
-            // The thread only ends once this sender is dropped.
-            let _ = jobs.send(job);
-        }
+        // The thread only ends once this sender is dropped: it receives.
+        let _ = self.jobs.send(job);
     }
 
     fn wait_settled(&self) {
@@ -209,7 +211,7 @@ impl Engine for SimEngine {
     }
 
     fn set_profiling(&mut self, on: bool) {
-        self.profiling.store(on, Ordering::Relaxed);
+        self.profiling = on;
     }
 
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
@@ -218,13 +220,13 @@ impl Engine for SimEngine {
 }
 
 impl Drop for SimEngine {
-    /// Lets the work already submitted finish: the device thread drains
-    /// its channel, then retires the queue's id and ends.
+    /// Lets the work already submitted finish: the held batch goes over
+    /// too; the sender drops after this, and the device thread drains its
+    /// channel, then retires the queue's id and ends.
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
             self.send(held);
         }
-        self.jobs = None;
     }
 }
 

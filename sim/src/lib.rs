@@ -285,7 +285,10 @@ impl QueueFactory for SimDevice {
     type Signal = SimSignal;
 
     fn compute_queue(&self) -> Result<SimQueue> {
-        Ok(Queue::new(SimEngine::new(self.clone(), QueueKind::Compute)))
+        Ok(Queue::new(SimEngine::new(
+            self.clone(),
+            QueueKind::Compute,
+        )?))
     }
 
     /// A copy queue: a device thread of its own that refuses `exec`.
@@ -293,7 +296,7 @@ impl QueueFactory for SimDevice {
         Ok(Some(Queue::new(SimEngine::new(
             self.clone(),
             QueueKind::Copy,
-        ))))
+        )?)))
     }
 
     fn new_signal(&self, initial: u64) -> Result<SimSignal> {
