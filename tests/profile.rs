@@ -287,3 +287,43 @@ fn host_events_carry_the_batch_they_submitted_or_zero() {
     .into();
     assert_eq!(host, expected);
 }
+
+/// Panics (one work-group).
+fn explode(_: &WorkGroup, _: &KernelArgs<'_>) {
+    panic!("boom in the profiled kernel");
+}
+
+#[test]
+fn a_failed_batch_profiles_the_commands_that_ran_and_says_why_the_last_failed() {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue().unwrap();
+    let buffer = device.alloc(4 * 64).unwrap();
+    let explode = CpuProgram::from_fn("explode", 0, 0, explode);
+    let params = ExecParams::new_1d(64, 64);
+    queue.set_profiling(true);
+    queue
+        .exec(&fill_program(), &[&buffer], &[1u32.into()], params)
+        .exec(&fill_program(), &[&buffer], &[2u32.into()], params)
+        .exec(&explode, &[], &[], ExecParams::new_1d(1, 1))
+        .exec(&fill_program(), &[&buffer], &[3u32.into()], params)
+        .submit()
+        .unwrap();
+    queue.synchronize().unwrap_err();
+    let events = queue.take_profile();
+    let commands: Vec<_> = events
+        .iter()
+        .filter(|e| e.category != Category::Host)
+        .collect();
+    let names: Vec<&str> = commands.iter().map(|e| &*e.name).collect();
+    assert_eq!(names, ["fill", "fill", "explode"], "{events:#?}");
+    assert_eq!(commands.iter().map(|e| e.index).collect::<Vec<_>>(), [0, 1, 2]);
+    assert!(commands[..2].iter().all(|e| e.detail.is_empty()));
+    assert!(
+        commands[2].detail.contains("failed:")
+            && commands[2].detail.contains("boom in the profiled kernel"),
+        "{:?}",
+        commands[2].detail
+    );
+    assert!(commands.iter().all(|e| e.queue == commands[0].queue));
+    assert!(commands.windows(2).all(|w| w[0].end_ns <= w[1].start_ns));
+}

@@ -233,7 +233,7 @@ impl Drop for SimEngine {
 /// The device thread of one queue.
 struct DeviceThread {
     device: SimDevice,
-    label: std::sync::Arc<str>,
+    label: hwqueue::profile::Name,
     shared: Arc<Shared>,
     /// The profile's interned names, the thread's own.
     names: EventNames,

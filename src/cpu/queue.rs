@@ -5,14 +5,15 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::mem;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::{ExecParams, Limits};
-use crate::profile::{EventNames, ProfileEvent, describe, move_events, now_ns};
+use crate::profile::{BatchClock, Category, EventNames, Name, ProfileEvent, describe, move_events};
 use crate::program::{Program, Scalar};
-use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueId, QueueKind, queue_label};
 use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, RwLockWriteGuard, SpinWait,
@@ -85,8 +86,10 @@ struct Shared {
     profiling: AtomicBool,
     /// The profile events of finished batches, for `take_profile`.
     profile: Mutex<Vec<ProfileEvent>>,
-    /// The queue as profile events name it.
-    label: std::sync::Arc<str>,
+    /// The queue as profile events name it: interned when profiling is
+    /// first turned on.
+    label: OnceLock<Name>,
+    id: QueueId,
 }
 
 #[derive(Default)]
@@ -112,7 +115,8 @@ impl CpuEngine {
         let shared = Arc::new(Shared {
             kind,
             limits: device.limits_ref(),
-            label: queue_label(ledger.id(), kind).into(),
+            label: OnceLock::new(),
+            id: ledger.id(),
             ledger,
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -208,6 +212,12 @@ impl Engine for CpuEngine {
     }
 
     fn set_profiling(&mut self, on: bool) {
+        if on {
+            let shared = &self.shared;
+            shared
+                .label
+                .get_or_init(|| Name::from(queue_label(shared.id, shared.kind)));
+        }
         self.shared.profiling.store(on, Ordering::Relaxed);
     }
 
@@ -249,6 +259,7 @@ impl fmt::Debug for CpuEngine {
 fn run_worker(shared: &Shared) {
     let mut scratch = ExecScratch::default();
     let mut names = EventNames::new();
+    let mut ticks = Vec::new();
     // Held at the top of each round: finishing one batch and taking the next
     // is one critical section.
     let mut state = shared.state.lock();
@@ -281,12 +292,13 @@ fn run_worker(shared: &Shared) {
         let mut profile = shared
             .profiling
             .load(Ordering::Relaxed)
-            .then(|| BatchProfile::new(shared, &batch, &mut names));
+            .then(|| BatchProfile::new(&batch, &mut ticks));
         shared.ledger.settle(&batch, |batch| {
             run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
         });
-        if let Some(mut profile) = profile {
-            move_events(&mut shared.profile.lock(), &mut profile.events);
+        if let Some(profile) = profile {
+            let mut events = profile.finish(shared, &batch, &mut names);
+            move_events(&mut shared.profile.lock(), &mut events);
         }
         batch.clear();
         state = shared.state.lock();
@@ -322,41 +334,102 @@ fn run_batch(
     outcome
 }
 
-/// The profile events of one batch, while it runs.
-struct BatchProfile<'n> {
-    queue: std::sync::Arc<str>,
-    batch: u64,
-    /// The worker's interned names, kept across batches.
-    names: &'n mut EventNames,
-    /// When the last command ended (at first, when the batch started): the
-    /// next command's start. Commands run back to back on the worker, so
-    /// one clock read per command times it.
-    last: u64,
-    events: Vec<ProfileEvent>,
+/// The timing of one batch, while it runs: one tick per command, and why
+/// the last one failed, if it did. The events are made once the batch
+/// settled ([`finish`](Self::finish)), so that a host waiting on the
+/// batch's signal is not also waiting on them.
+struct BatchProfile<'t> {
+    clock: BatchClock,
+    /// When the batch started, then when each command ended (the next
+    /// one's start: commands run back to back on the worker), in the
+    /// clock's ticks. The worker's, reused across batches.
+    ticks: &'t mut Vec<u64>,
+    failure: Option<String>,
 }
 
-impl<'n> BatchProfile<'n> {
-    fn new(shared: &Shared, batch: &Batch<Cpu>, names: &'n mut EventNames) -> Self {
+impl<'t> BatchProfile<'t> {
+    fn new(batch: &Batch<Cpu>, ticks: &'t mut Vec<u64>) -> Self {
+        let clock = BatchClock::start();
+        ticks.clear();
+        ticks.reserve(batch.commands().len() + 1);
+        ticks.push(clock.tick());
         Self {
-            queue: shared.label.clone(),
-            batch: batch.sequence(),
-            names,
-            last: now_ns(),
-            events: Vec::with_capacity(batch.commands().len()),
+            clock,
+            ticks,
+            failure: None,
         }
     }
 
-    /// Records command `index` of the batch, which ran since the last one
-    /// ended.
-    fn record(&mut self, index: usize, command: &Command<Cpu>, result: &Result<()>) {
-        let (start, end) = (self.last, now_ns());
-        self.last = end;
-        let mut described = describe(command, self.names);
+    /// The next command ended with `result`.
+    fn record(&mut self, result: &Result<()>) {
+        // In order even if the worker moved to a core whose counter lags.
+        let last = self.ticks.last().copied().unwrap_or(0);
+        self.ticks.push(self.clock.tick().max(last));
         if let Err(error) = result {
-            described.detail = format!("{}; failed: {error}", described.detail);
+            self.failure = Some(error.to_string());
         }
-        let event = described.into_event(self.queue.clone(), self.batch, index, start, end);
-        self.events.push(event);
+    }
+
+    /// The events of the commands of `batch` that ran (all but those after
+    /// a failure), timed on the host timeline.
+    fn finish(
+        self,
+        shared: &Shared,
+        batch: &Batch<Cpu>,
+        names: &mut EventNames,
+    ) -> Vec<ProfileEvent> {
+        let map = self.clock.finish();
+        let queue = shared
+            .label
+            .get_or_init(|| Name::from(queue_label(shared.id, shared.kind)));
+        let (ran, sequence) = (self.ticks.len() - 1, batch.sequence());
+        let mut events = Vec::with_capacity(ran);
+        // The last kernel's name and where its program keeps it: while the
+        // batch holds its programs, the same address is the same name, so a
+        // run of one kernel's `exec`s looks its name up once.
+        let mut kernel: Option<(*const u8, Name)> = None;
+        let mut start = map.ns(self.ticks[0]);
+        let commands = batch.commands().iter().zip(&self.ticks[1..]);
+        for (index, (command, &tick)) in commands.enumerate() {
+            let end = map.ns(tick);
+            let failed = index + 1 == ran && self.failure.is_some();
+            let event = match command {
+                Command::Exec {
+                    program, params, ..
+                } if !failed => {
+                    let name = program.name();
+                    let name = match &kernel {
+                        Some((at, interned))
+                            if *at == name.as_ptr() && interned.len() == name.len() =>
+                        {
+                            interned.clone()
+                        }
+                        _ => kernel.insert((name.as_ptr(), names.get(name))).1.clone(),
+                    };
+                    ProfileEvent {
+                        name,
+                        category: Category::Kernel,
+                        queue: queue.clone(),
+                        batch: sequence,
+                        index,
+                        start_ns: start,
+                        end_ns: end,
+                        detail: String::new(),
+                        params: Some(*params),
+                    }
+                }
+                _ => {
+                    let mut described = describe(command, names);
+                    if let Some(failure) = self.failure.as_ref().filter(|_| failed) {
+                        described.detail = format!("{}; failed: {failure}", described.detail);
+                    }
+                    described.into_event(queue.clone(), sequence, index, start, end)
+                }
+            };
+            events.push(event);
+            start = end;
+        }
+        events
     }
 }
 
@@ -416,7 +489,7 @@ fn run_commands<'a>(
             }
         };
         if let Some(profile) = profile.as_deref_mut() {
-            profile.record(index, command, &result);
+            profile.record(&result);
         }
         result.map_err(|error| (index, error))?;
     }

@@ -40,7 +40,7 @@ pub(crate) struct Profiler {
     reference: CudaEvent,
     reference_ns: u64,
     /// The queue, as events name it.
-    label: std::sync::Arc<str>,
+    label: crate::profile::Name,
     /// The kernels' and commands' names, interned.
     names: EventNames,
     /// Commands whose end event may not have completed yet.

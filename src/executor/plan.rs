@@ -50,7 +50,7 @@ pub(super) struct PlannedOp {
 }
 
 pub(super) struct PlannedQueue<B: Backend> {
-    pub(super) label: std::sync::Arc<str>,
+    pub(super) label: crate::profile::Name,
     /// `None` for the host stage.
     pub(super) queue: Option<B::Queue>,
     pub(super) signal: B::Signal,

@@ -23,13 +23,13 @@ use super::{HardwareQueue, QueueKind, queue_label};
 
 /// The host side of a queue's profile, allocated when profiling is first
 /// turned on.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct HostProfile {
     on: bool,
     /// Batches submitted since profiling was first turned on.
     submitted: u64,
     /// The queue as events name it.
-    label: std::sync::Arc<str>,
+    label: crate::profile::Name,
     /// `submit` and `synchronize`, interned.
     names: EventNames,
     events: Vec<ProfileEvent>,
@@ -641,8 +641,11 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     fn set_profiling(&mut self, on: bool) {
         if on && self.profile.is_none() {
             self.profile = Some(Box::new(HostProfile {
+                on: true,
+                submitted: 0,
                 label: queue_label(self.id(), self.engine.kind()).into(),
-                ..HostProfile::default()
+                names: EventNames::new(),
+                events: Vec::new(),
             }));
         }
         if let Some(profile) = self.profile.as_deref_mut() {

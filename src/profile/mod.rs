@@ -7,10 +7,12 @@
 //! engines test one flag per batch. When on:
 //!
 //! - every command's start and end **on the device** is kept: the CPU
-//!   worker reads its monotonic clock once per command, at its end (which
-//!   is the next command's start: a batch's commands run back to back),
-//!   and names events with interned names ([`EventNames`]) and a shared
-//!   queue label, so an event allocates nothing of its own; CUDA records a
+//!   worker takes one timestamp per command, at its end (which is the next
+//!   command's start: a batch's commands run back to back), from the
+//!   time-stamp counter where it is invariant, mapped onto the host clock
+//!   read when the batch starts and ends (see `clock.rs`), and names
+//!   events with process-wide interned names ([`Name`]), so an event
+//!   allocates nothing and counts no reference; CUDA records a
 //!   pair of timing events around it on the stream (not the signal ring's
 //!   events, which keep timing off) and reads them with
 //!   `cuEventElapsedTime` against a reference event whose host time was
@@ -28,8 +30,11 @@
 //! All times are nanoseconds since the process's first call to [`now_ns`]
 //! (its *epoch*).
 
+mod clock;
+mod name;
+
 use std::fmt::Write as _;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -39,6 +44,9 @@ use crate::program::Scalar;
 use crate::queue::{Command, HardwareQueue};
 use crate::signal::{Producer, TimelineSignal};
 use crate::{BufferOf, ProgramOf};
+
+pub(crate) use clock::BatchClock;
+pub use name::Name;
 
 /// The instant all profile times count from.
 fn epoch() -> Instant {
@@ -78,16 +86,17 @@ pub(crate) fn move_events(out: &mut Vec<ProfileEvent>, events: &mut Vec<ProfileE
     }
 }
 
-/// The names of profile events, interned: each distinct name is allocated
-/// once per holder (an engine keeps one), and every event of a kernel
-/// shares it, so profiling a command allocates no name. Holds at most
-/// [`MAX`](Self::MAX) names; past that a name is allocated per event.
+/// The names an engine's events use, at hand: [`Name::new`] takes a
+/// process-wide lock, so an engine keeps the names it met (at most
+/// [`MAX`](Self::MAX); past that, each further event interns its name
+/// anew) and hands out copies, which cost no allocation and no atomic
+/// operation.
 #[derive(Debug, Default)]
 pub struct EventNames {
     /// The last name handed out: a batch of one kernel's `exec`s finds it
     /// first.
-    last: Option<Arc<str>>,
-    names: Vec<Arc<str>>,
+    last: Option<Name>,
+    names: Vec<Name>,
 }
 
 impl EventNames {
@@ -100,7 +109,7 @@ impl EventNames {
     }
 
     /// `name`, interned.
-    pub fn get(&mut self, name: &str) -> Arc<str> {
+    pub fn get(&mut self, name: &str) -> Name {
         if let Some(last) = &self.last
             && **last == *name
         {
@@ -109,7 +118,7 @@ impl EventNames {
         let interned = match self.names.iter().find(|known| ***known == *name) {
             Some(known) => known.clone(),
             None => {
-                let new: Arc<str> = Arc::from(name);
+                let new = Name::new(name);
                 if self.names.len() < Self::MAX {
                     self.names.push(new.clone());
                 }
@@ -128,7 +137,7 @@ impl EventNames {
 #[derive(Debug, Clone)]
 pub struct Described {
     /// The kernel's for an `exec`, else the command's.
-    pub name: Arc<str>,
+    pub name: Name,
     /// What kind of work it is.
     pub category: Category,
     /// What it touched (`4096 bytes`, `signal 0x.. = 3`).
@@ -144,7 +153,7 @@ impl Described {
     /// `end_ns` on the [`now_ns`] timeline (never before `start_ns`).
     pub fn into_event(
         self,
-        queue: Arc<str>,
+        queue: Name,
         batch: u64,
         index: usize,
         start_ns: u64,
@@ -276,14 +285,14 @@ impl Category {
 pub struct ProfileEvent {
     /// The kernel's name for an `exec`; the command's or call's name
     /// otherwise (`copy`, `signal`, `barrier`, `wait`, `submit`, …).
-    /// Interned ([`EventNames`]): the events of one kernel share one.
-    pub name: Arc<str>,
+    /// Interned ([`Name`]): the events of one kernel share one.
+    pub name: Name,
     /// What kind of work it is.
     pub category: Category,
     /// The queue it ran on: its id as errors name it and its kind
     /// (`queue #3 (compute)`), or its label in a [`Plan`](crate::Plan)
-    /// (`cpu:0 compute`). Shared by every event of the queue.
-    pub queue: Arc<str>,
+    /// (`cpu:0 compute`). Interned, like the name.
+    pub queue: Name,
     /// The batch: the queue's `submit` count when it was submitted (1 for
     /// the first batch). Host events carry the batch they submitted, or 0.
     pub batch: u64,
