@@ -316,7 +316,10 @@ fn a_failed_batch_profiles_the_commands_that_ran_and_says_why_the_last_failed() 
         .collect();
     let names: Vec<&str> = commands.iter().map(|e| &*e.name).collect();
     assert_eq!(names, ["fill", "fill", "explode"], "{events:#?}");
-    assert_eq!(commands.iter().map(|e| e.index).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        commands.iter().map(|e| e.index).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
     assert!(commands[..2].iter().all(|e| e.detail.is_empty()));
     assert!(
         commands[2].detail.contains("failed:")
