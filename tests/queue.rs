@@ -399,6 +399,37 @@ fn dropping_a_queue_completes_submitted_work() {
     assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![8; 1024]);
 }
 
+/// Right after a batch, the worker spins for the next one (up to ~100 µs)
+/// before it parks. A queue dropped then must end its worker, not hang on
+/// joining it, and a batch submitted just before the drop (which the
+/// spinning worker catches) still runs. The rounds run on a thread of their
+/// own so that a hang fails the test instead of blocking it.
+#[test]
+fn dropping_a_queue_while_its_worker_spins_ends_it_and_runs_what_was_submitted() {
+    let rounds = if cfg!(miri) { 4 } else { 400 };
+    let (finished, done_rounds) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let device = CpuDevice::new();
+        for round in 0..rounds {
+            let mut queue = device.compute_queue().unwrap();
+            let done = device.new_signal(0).unwrap();
+            queue.signal(&done, 1).submit().unwrap();
+            // The worker finished the batch: it spins now.
+            queue.synchronize().unwrap();
+            let late = round % 2 == 1;
+            if late {
+                queue.signal(&done, 2).submit().unwrap();
+            }
+            drop(queue);
+            done.wait(if late { 2 } else { 1 }, LONG).unwrap();
+        }
+        let _ = finished.send(());
+    });
+    done_rounds
+        .recv_timeout(LONG)
+        .expect("dropping a queue whose worker was spinning hung");
+}
+
 #[test]
 fn dropping_a_queue_fails_signals_of_an_unsubmitted_batch() {
     let (device, mut queue) = setup();

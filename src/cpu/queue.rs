@@ -78,9 +78,10 @@ struct Shared {
     /// The device's threads, on which an `exec` of many groups runs.
     pool: Pool,
     /// `state.pending.len()`, written under `state`'s lock whenever it
-    /// changes; read without the lock (`Relaxed`) only by the spinning
-    /// worker, as a hint to take the lock. The deque under the lock stays
-    /// the truth, so a stale read costs a lock round or a park, never a batch.
+    /// changes (and non-zero once the queue is closed); read without the
+    /// lock (`Relaxed`) only by the spinning worker, as a hint to take the
+    /// lock. The deque under the lock stays the truth, so a stale read costs
+    /// a lock round or a park, never a batch.
     queued: AtomicUsize,
     /// Profiling is on: read by the worker once per batch.
     profiling: AtomicBool,
@@ -231,6 +232,10 @@ impl Drop for CpuEngine {
         let idle = {
             let mut state = self.shared.state.lock();
             state.closed = true;
+            // A spinning worker takes the lock at once, finds the queue
+            // closed and ends, rather than spin out its budget (~100 µs)
+            // while the drop below waits to join it.
+            self.shared.queued.store(1, Ordering::Relaxed);
             self.shared.work.notify_one();
             state.in_flight == 0
         };
