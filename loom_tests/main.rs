@@ -17,8 +17,11 @@
 //! by default) and
 //! `cpu_queue::one_failure_is_reported_once_whatever_the_owner_and_worker_race`
 //! (bound 3; exhaustive takes minutes), and the `multi_wait` models (bound 2
-//! or 3: see that file). The whole suite takes about a minute on two cores, plus
-//! about two minutes to build.
+//! or 3: see that file). The whole suite takes about three minutes on two
+//! cores, plus about two minutes to build.
+//!
+//! A spin before a park (`SpinWait` in `src/sync.rs`) is one look under loom:
+//! the models explore a partner acting between the spin and the park.
 //!
 //! A deadlock found in a model of the real code aborts the test binary
 //! (SIGABRT: loom panics in the blocked thread, and unwinding the crate's
