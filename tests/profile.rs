@@ -8,7 +8,8 @@ use common::*;
 use hwqueue::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::profile::now_ns;
 use hwqueue::{
-    AnyQueue, Category, Device, ExecParams, HardwareQueue, QueueFactory, chrome_trace, time_exec,
+    AnyQueue, Buffer, Category, Device, ExecParams, HardwareQueue, QueueFactory, chrome_trace,
+    time_exec,
 };
 
 /// Sleeps 20 ms (one work-group).
@@ -293,40 +294,63 @@ fn explode(_: &WorkGroup, _: &KernelArgs<'_>) {
     panic!("boom in the profiled kernel");
 }
 
+/// Does nothing (one work-group).
+fn nothing(_: &WorkGroup, _: &KernelArgs<'_>) {}
+
+/// The CPU worker keeps one tick per command while a batch runs and makes
+/// the events after it: the commands that ran get theirs, named after
+/// their kernels (a run of one kernel's, another's between), the failed
+/// one says why, and nothing after it has one.
 #[test]
 fn a_failed_batch_profiles_the_commands_that_ran_and_says_why_the_last_failed() {
     let device = CpuDevice::new();
     let mut queue = device.compute_queue().unwrap();
     let buffer = device.alloc(4 * 64).unwrap();
+    let fill = fill_program();
+    let nothing = CpuProgram::from_fn("nothing", 0, 0, nothing);
     let explode = CpuProgram::from_fn("explode", 0, 0, explode);
-    let params = ExecParams::new_1d(64, 64);
+    let (params, one) = (ExecParams::new_1d(64, 64), ExecParams::new_1d(1, 1));
     queue.set_profiling(true);
+    let before = now_ns();
     queue
-        .exec(&fill_program(), &[&buffer], &[1u32.into()], params)
-        .exec(&fill_program(), &[&buffer], &[2u32.into()], params)
-        .exec(&explode, &[], &[], ExecParams::new_1d(1, 1))
-        .exec(&fill_program(), &[&buffer], &[3u32.into()], params)
+        .exec(&fill, &[&buffer], &[1u32.into()], params)
+        .exec(&fill, &[&buffer], &[2u32.into()], params)
+        .exec(&nothing, &[], &[], one)
+        .exec(&fill, &[&buffer], &[3u32.into()], params)
+        .exec(&explode, &[], &[], one)
+        .exec(&fill, &[&buffer], &[4u32.into()], params)
         .submit()
         .unwrap();
     queue.synchronize().unwrap_err();
+    let after = now_ns();
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![3; 64]);
     let events = queue.take_profile();
     let commands: Vec<_> = events
         .iter()
         .filter(|e| e.category != Category::Host)
         .collect();
     let names: Vec<&str> = commands.iter().map(|e| &*e.name).collect();
-    assert_eq!(names, ["fill", "fill", "explode"], "{events:#?}");
+    assert_eq!(
+        names,
+        ["fill", "fill", "nothing", "fill", "explode"],
+        "{events:#?}"
+    );
     assert_eq!(
         commands.iter().map(|e| e.index).collect::<Vec<_>>(),
-        [0, 1, 2]
+        [0, 1, 2, 3, 4]
     );
-    assert!(commands[..2].iter().all(|e| e.detail.is_empty()));
+    assert!(commands[..4].iter().all(|e| e.detail.is_empty()));
     assert!(
-        commands[2].detail.contains("failed:")
-            && commands[2].detail.contains("boom in the profiled kernel"),
+        commands[4].detail.contains("failed:")
+            && commands[4].detail.contains("boom in the profiled kernel"),
         "{:?}",
-        commands[2].detail
+        commands[4].detail
     );
     assert!(commands.iter().all(|e| e.queue == commands[0].queue));
-    assert!(commands.windows(2).all(|w| w[0].end_ns <= w[1].start_ns));
+    assert!(
+        commands
+            .iter()
+            .all(|e| before <= e.start_ns && e.start_ns <= e.end_ns && e.end_ns <= after),
+        "an event outside the host's bounds {before}..{after}: {commands:#?}"
+    );
 }

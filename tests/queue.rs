@@ -408,7 +408,7 @@ fn dropping_a_queue_completes_submitted_work() {
 fn dropping_a_queue_while_its_worker_spins_ends_it_and_runs_what_was_submitted() {
     let rounds = if cfg!(miri) { 4 } else { 400 };
     let (finished, done_rounds) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let rounds_thread = std::thread::spawn(move || {
         let device = CpuDevice::new();
         for round in 0..rounds {
             let mut queue = device.compute_queue().unwrap();
@@ -425,9 +425,16 @@ fn dropping_a_queue_while_its_worker_spins_ends_it_and_runs_what_was_submitted()
         }
         let _ = finished.send(());
     });
-    done_rounds
-        .recv_timeout(LONG)
-        .expect("dropping a queue whose worker was spinning hung");
+    match done_rounds.recv_timeout(LONG) {
+        Ok(()) => {}
+        // The rounds' thread panicked: its panic is the failure.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(rounds_thread.join().unwrap_err())
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("dropping a queue whose worker was spinning hung")
+        }
+    }
 }
 
 #[test]

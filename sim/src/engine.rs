@@ -64,7 +64,8 @@ impl SimEngine {
         let (jobs, receiver) = mpsc::channel();
         let thread = DeviceThread {
             device: device.clone(),
-            label: queue_label(ledger.id(), kind).into(),
+            label: queue_label(ledger.id(), kind),
+            queue: None,
             shared: shared.clone(),
             names: EventNames::new(),
         };
@@ -233,7 +234,10 @@ impl Drop for SimEngine {
 /// The device thread of one queue.
 struct DeviceThread {
     device: SimDevice,
-    label: hwqueue::profile::Name,
+    label: String,
+    /// The label as profile events name the queue: interned for the
+    /// process (`Name`), so only once the queue profiles.
+    queue: Option<hwqueue::profile::Name>,
     shared: Arc<Shared>,
     /// The profile's interned names, the thread's own.
     names: EventNames,
@@ -269,8 +273,12 @@ impl DeviceThread {
             let start = profile.then(now_ns);
             let outcome = self.run_command(batch, command);
             if let Some(start) = start {
+                let queue = self
+                    .queue
+                    .get_or_insert_with(|| self.label.as_str().into())
+                    .clone();
                 let event = describe(command, &mut self.names).into_event(
-                    self.label.clone(),
+                    queue,
                     batch.sequence(),
                     index,
                     start,

@@ -78,9 +78,9 @@ struct Shared {
     /// The device's threads, on which an `exec` of many groups runs.
     pool: Pool,
     /// `state.pending.len()`, written under `state`'s lock whenever it
-    /// changes (and non-zero once the queue is closed); read without the
-    /// lock (`Relaxed`) only by the spinning worker, as a hint to take the
-    /// lock. The deque under the lock stays the truth, so a stale read costs
+    /// changes, and set non-zero when the queue is closed (to end a spin);
+    /// read without the lock (`Relaxed`) only by the spinning worker, as a
+    /// hint to take the lock. The deque under the lock stays the truth, so a stale read costs
     /// a lock round or a park, never a batch.
     queued: AtomicUsize,
     /// Profiling is on: read by the worker once per batch.
@@ -232,9 +232,9 @@ impl Drop for CpuEngine {
         let idle = {
             let mut state = self.shared.state.lock();
             state.closed = true;
-            // A spinning worker takes the lock at once, finds the queue
-            // closed and ends, rather than spin out its budget (~100 µs)
-            // while the drop below waits to join it.
+            // A spinning worker takes the lock at its next look, finds the
+            // queue closed and ends, rather than spin out its budget
+            // (~100 µs) while the drop below waits to join it.
             self.shared.queued.store(1, Ordering::Relaxed);
             self.shared.work.notify_one();
             state.in_flight == 0
@@ -302,8 +302,14 @@ fn run_worker(shared: &Shared) {
             run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
         });
         if let Some(profile) = profile {
-            let mut events = profile.finish(shared, &batch, &mut names);
-            move_events(&mut shared.profile.lock(), &mut events);
+            // Outside `settle`'s catch: a panic making the events (there is
+            // nothing but formatting to panic) loses them, not the worker.
+            let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                profile.finish(shared, &batch, &mut names)
+            }));
+            if let Ok(mut events) = made {
+                move_events(&mut shared.profile.lock(), &mut events);
+            }
         }
         batch.clear();
         state = shared.state.lock();

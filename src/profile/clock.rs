@@ -4,16 +4,19 @@
 //! monotonic clock costs 30–45 ns a read (a vDSO call) where an empty
 //! `exec` costs about 40. Where the processor has an invariant time-stamp
 //! counter (x86-64 with CPUID's "invariant TSC" bit, the counter readable
-//! by this process), a batch reads the counter per command (a few
+//! by the thread), a batch reads the counter per command (a few
 //! nanoseconds, not serialising: it may be taken a few dozen cycles early
 //! or late) and the host clock only twice, when it starts and when it
-//! ends. The counter readings are mapped onto the host timeline by the
-//! line through those two points, so every command's time lies between
+//! ends (each time between two counter reads, which stand for their
+//! midpoint, so that a preemption between the reads skews the pair by half
+//! of it at most). The counter readings are mapped onto the host timeline
+//! by the line through those two points, so every command's time lies between
 //! the batch's two clock reads, in order, and no calibration can drift:
 //! the host's clock pins both ends of every batch. Elsewhere (other
 //! architectures, no invariant counter, Miri) the "counter" is the host
 //! clock itself and the mapping is exact.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::now_ns;
@@ -29,36 +32,47 @@ enum Source {
 
 impl Source {
     /// The time-stamp counter where it runs at a constant rate in every
-    /// power state and this process may read it; the host clock otherwise.
+    /// power state (asked once for the process) and this thread may read it
+    /// (asked once per thread); the host clock otherwise.
     fn get() -> Self {
-        static SOURCE: OnceLock<Source> = OnceLock::new();
-        *SOURCE.get_or_init(|| {
-            if tsc_usable() {
-                Source::Tsc
-            } else {
-                Source::Host
-            }
+        static INVARIANT: OnceLock<bool> = OnceLock::new();
+        thread_local! {
+            static SOURCE: Cell<Option<Source>> = const { Cell::new(None) };
+        }
+        SOURCE.with(|source| {
+            let known = source.get().unwrap_or_else(|| {
+                if *INVARIANT.get_or_init(tsc_invariant) && tsc_readable() {
+                    Source::Tsc
+                } else {
+                    Source::Host
+                }
+            });
+            source.set(Some(known));
+            known
         })
     }
 }
 
 #[cfg(all(target_arch = "x86_64", not(miri)))]
-fn tsc_usable() -> bool {
+#[allow(unused_unsafe)] // `__cpuid` is safe since Rust 1.89, unsafe before.
+fn tsc_invariant() -> bool {
     use std::arch::x86_64::__cpuid;
     // CPUID 0x8000_0007, EDX bit 8: the counter is invariant (constant
     // rate, runs in deep sleep states).
-    let invariant =
-        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0;
-    invariant && tsc_readable()
+    // SAFETY: every x86-64 processor has CPUID, and a leaf past the
+    // highest one (checked first for 0x8000_0007) reads as data, not a fault.
+    unsafe { __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0 }
 }
 
 #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-fn tsc_usable() -> bool {
+fn tsc_invariant() -> bool {
     false
 }
 
-/// Whether `rdtsc` is allowed here: Linux can make it fault per process
-/// (`prctl(PR_SET_TSC, PR_TSC_SIGSEGV)`, used by some sandboxes).
+/// Whether `rdtsc` is allowed on this thread: Linux can make it fault per
+/// thread (`prctl(PR_SET_TSC, PR_TSC_SIGSEGV)`, inherited by threads
+/// spawned after it; some sandboxes use it). Asked by each thread that
+/// times a batch (a queue's worker, which only hwqueue runs code on).
 #[cfg(all(target_arch = "x86_64", not(miri), target_os = "linux"))]
 fn tsc_readable() -> bool {
     let mut state: libc::c_int = 0;
@@ -88,6 +102,23 @@ fn tsc() -> u64 {
     now_ns()
 }
 
+/// The host clock and the counter at one moment: the counter read on both
+/// sides of the clock, and their midpoint taken.
+fn pair(source: Source) -> (u64, u64) {
+    match source {
+        Source::Tsc => {
+            let before = tsc();
+            let ns = now_ns();
+            let after = tsc();
+            (ns, before + after.saturating_sub(before) / 2)
+        }
+        Source::Host => {
+            let now = now_ns();
+            (now, now)
+        }
+    }
+}
+
 /// Times the commands of one batch: [`tick`](Self::tick) after each, then
 /// [`finish`](Self::finish) maps the ticks onto the host timeline.
 #[derive(Debug, Clone, Copy)]
@@ -104,11 +135,7 @@ impl BatchClock {
     }
 
     fn with_source(source: Source) -> Self {
-        let start_ns = now_ns();
-        let start_tick = match source {
-            Source::Tsc => tsc(),
-            Source::Host => start_ns,
-        };
+        let (start_ns, start_tick) = pair(source);
         Self {
             source,
             start_ns,
@@ -127,13 +154,7 @@ impl BatchClock {
 
     /// The batch ended now: how its ticks map to host time.
     pub(crate) fn finish(&self) -> TickMap {
-        let (end_ns, end_tick) = match self.source {
-            Source::Tsc => (now_ns(), tsc()),
-            Source::Host => {
-                let now = now_ns();
-                (now, now)
-            }
-        };
+        let (end_ns, end_tick) = pair(self.source);
         TickMap::new(self.start_tick, end_tick, self.start_ns, end_ns)
     }
 }
