@@ -87,6 +87,11 @@ fn tsc_readable() -> bool {
     true
 }
 
+#[cfg(not(all(target_arch = "x86_64", not(miri))))]
+fn tsc_readable() -> bool {
+    false
+}
+
 /// The time-stamp counter.
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[inline]
