@@ -189,6 +189,9 @@ mod imp {
         limit: u32,
         /// Whether later steps offer the core ([`yielding`](Self::yielding)).
         yields: bool,
+        /// A thread without a budget spinning once in full: if it loses,
+        /// the thread stays without one.
+        probe: bool,
     }
 
     /// This thread's spin budget, in `SpinWait` steps, and how many waits
@@ -252,30 +255,31 @@ mod imp {
             // Under Miri a pause hint is a thread switch and a spin takes
             // milliseconds of interpretation, so it would only slow the
             // threads a test waits for: Miri checks the parking path.
-            let limit = if cfg!(miri) {
-                0
+            let (limit, probe) = if cfg!(miri) {
+                (0, false)
             } else {
                 SPIN_BUDGET.with(|cell| {
                     let mut budget = cell.get();
-                    let limit = if budget.limit > 0 {
-                        budget.limit.min(full)
+                    let spin = if budget.limit > 0 {
+                        (budget.limit.min(full), false)
                     } else {
                         budget.skipped += 1;
                         if budget.skipped >= Self::PROBE_EVERY {
                             budget.skipped = 0;
-                            full
+                            (full, true)
                         } else {
-                            0
+                            (0, false)
                         }
                     };
                     cell.set(budget);
-                    limit
+                    spin
                 })
             };
             Self {
                 step: 0,
                 limit,
                 yields,
+                probe,
             }
         }
 
@@ -327,17 +331,45 @@ mod imp {
         }
 
         /// The wait had to park after spinning: the next spin of this
-        /// thread is one step (half) shorter; at none, only probes spin.
+        /// thread is one step (half) shorter; at none, only probes spin,
+        /// and a lost probe leaves the thread at none.
         fn lost(self) {
             if self.limit == 0 {
                 return;
             }
-            SPIN_BUDGET.with(|cell| {
-                cell.set(SpinBudget {
-                    limit: self.limit - 1,
-                    skipped: 0,
-                })
-            });
+            let limit = if self.probe { 0 } else { self.limit - 1 };
+            SPIN_BUDGET.with(|cell| cell.set(SpinBudget { limit, skipped: 0 }));
+        }
+    }
+
+    #[cfg(all(test, not(miri)))]
+    mod tests {
+        use super::SpinWait;
+
+        #[test]
+        fn a_probe_that_has_to_park_leaves_the_thread_without_a_budget() {
+            // Lose until this thread's budget is spent, a step a loss.
+            for _ in 0..=SpinWait::ENGINE_STEPS {
+                let spin = SpinWait::new();
+                if !spin.has_budget() {
+                    break;
+                }
+                assert!(!spin.until(|| false));
+            }
+            // The probe: one wait in `PROBE_EVERY` spins in full.
+            let probe = (0..SpinWait::PROBE_EVERY)
+                .map(|_| SpinWait::new())
+                .find(SpinWait::has_budget)
+                .expect("a thread without a budget probes once every PROBE_EVERY waits");
+            assert!(probe.probe);
+            assert!(!probe.until(|| false));
+            // Lost: no spin until the next probe.
+            let spun = (1..SpinWait::PROBE_EVERY).filter(|_| SpinWait::new().has_budget());
+            assert_eq!(
+                spun.count(),
+                0,
+                "a lost probe gave the thread a budget back"
+            );
         }
     }
 }
