@@ -57,20 +57,22 @@ mod cuda {
         type Backend = Cuda;
 
         fn device() -> Result<CudaDevice, Skip> {
-            match Cuda::probe() {
+            let why = match Cuda::probe() {
                 Ok(devices) if !devices.is_empty() => {
-                    Ok(Cuda::open(0).expect("a probed CUDA device opens"))
+                    return Ok(Cuda::open(0).expect("a probed CUDA device opens"));
                 }
-                _ => {
-                    // A GPU job sets this so that a missing driver fails
-                    // the run instead of skipping every case.
-                    assert!(
-                        std::env::var_os("HWQUEUE_REQUIRE_GPU").is_none(),
-                        "HWQUEUE_REQUIRE_GPU is set but no CUDA device was found"
-                    );
-                    Err(Skip("no CUDA driver".into()))
-                }
-            }
+                Ok(_) => "no CUDA device".to_owned(),
+                Err(hwqueue::Error::NoDriver { .. }) => "no CUDA driver".to_owned(),
+                // A driver that is there but fails says why.
+                Err(error) => format!("the CUDA driver's probe failed: {error}"),
+            };
+            // A GPU job sets this so that a missing driver fails the run
+            // instead of skipping every case.
+            assert!(
+                std::env::var_os("HWQUEUE_REQUIRE_GPU").is_none(),
+                "HWQUEUE_REQUIRE_GPU is set but no CUDA device was found: {why}"
+            );
+            Err(Skip(why))
         }
 
         fn program(device: &CudaDevice, kernel: Kernel) -> hwqueue::Result<CudaProgram> {

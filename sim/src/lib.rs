@@ -52,7 +52,7 @@
 //! [`Defect`] makes the engine break one rule of the
 //! [`Engine::submit`](hwqueue::Engine::submit) contract. They exist to
 //! prove that the conformance suite (`hwqueue-cts`) catches each: see
-//! `sim/tests/broken.rs`.
+//! the `broken` module of `sim/tests/cts.rs`.
 
 mod engine;
 pub mod memory;

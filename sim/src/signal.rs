@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use hwqueue::multi_wait::SignalWaker;
-use hwqueue::signal::{Failures, MAX_SIGNAL_VALUE, Producer};
+use hwqueue::signal::{Failures, MAX_SIGNAL_VALUE, Producer, check_value};
 use hwqueue::{Error, Result, TimelineSignal, Timeout};
 
 use crate::memory::lock;
@@ -46,7 +46,7 @@ impl SimSignal {
     /// # Errors
     /// [`Error::SignalValueOutOfRange`] past [`MAX_SIGNAL_VALUE`].
     pub fn new(initial: u64) -> Result<Self> {
-        hwqueue::signal::check_value(initial)?;
+        check_value(initial)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
@@ -97,12 +97,7 @@ impl TimelineSignal for SimSignal {
     }
 
     fn wait(&self, target: u64, timeout: impl Into<Timeout>) -> Result<()> {
-        if target > MAX_SIGNAL_VALUE {
-            return Err(Error::SignalValueOutOfRange {
-                value: target,
-                max: MAX_SIGNAL_VALUE,
-            });
-        }
+        check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
         let mut state = lock(&self.inner.state);

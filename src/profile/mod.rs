@@ -33,6 +33,7 @@
 mod clock;
 mod name;
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -96,7 +97,7 @@ pub struct EventNames {
     /// The last name handed out: a batch of one kernel's `exec`s finds it
     /// first.
     last: Option<Name>,
-    names: Vec<Name>,
+    names: HashSet<Name>,
 }
 
 impl EventNames {
@@ -115,12 +116,12 @@ impl EventNames {
         {
             return last.clone();
         }
-        let interned = match self.names.iter().find(|known| ***known == *name) {
+        let interned = match self.names.get(name) {
             Some(known) => known.clone(),
             None => {
                 let new = Name::new(name);
                 if self.names.len() < Self::MAX {
-                    self.names.push(new.clone());
+                    self.names.insert(new.clone());
                 }
                 new
             }

@@ -640,8 +640,9 @@ impl<E: Engine> HardwareQueue for Queue<E> {
 
     fn set_profiling(&mut self, on: bool) {
         if on && self.profile.is_none() {
+            // `on` is set below, as for a profile made before.
             self.profile = Some(Box::new(HostProfile {
-                on: true,
+                on: false,
                 submitted: 0,
                 label: queue_label(self.id(), self.engine.kind()).into(),
                 names: EventNames::new(),

@@ -9,7 +9,7 @@ use crate::rules::{COMMANDS, VALIDATION};
 use crate::{Cx, Kernel, Target};
 
 /// Checks that `error` (from `submit`) is a rejection whose cause matches
-/// `expected`, and that the batch's data was untouched.
+/// `expected` (each caller checks that the batch's data was untouched).
 fn rejected(what: &str, error: Result<(), Error>, expected: fn(&Error) -> bool) {
     match error {
         Err(ref error @ Error::BatchRejected { .. }) if expected(error.root_cause()) => {}

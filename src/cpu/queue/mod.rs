@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::Limits;
 use crate::profile::{EventNames, Name, ProfileEvent, move_events};
-use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueId, QueueKind, queue_label};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, SpinWait, spawn_joinable,
 };
@@ -85,10 +85,17 @@ struct Shared {
     profiling: AtomicBool,
     /// The profile events of finished batches, for `take_profile`.
     profile: Mutex<Vec<ProfileEvent>>,
-    /// The queue as profile events name it: interned when profiling is
-    /// first turned on.
+    /// The queue as profile events name it ([`label`](Self::label)).
     label: OnceLock<Name>,
-    id: QueueId,
+}
+
+impl Shared {
+    /// The queue as profile events name it: interned by its first profiled
+    /// batch, so that a queue that never profiles interns nothing.
+    fn label(&self) -> &Name {
+        self.label
+            .get_or_init(|| Name::from(queue_label(self.ledger.id(), self.kind)))
+    }
 }
 
 #[derive(Default)]
@@ -115,7 +122,6 @@ impl CpuEngine {
             kind,
             limits: device.limits_ref(),
             label: OnceLock::new(),
-            id: ledger.id(),
             ledger,
             state: Mutex::new(State::default()),
             work: Condvar::new(),
@@ -211,12 +217,6 @@ impl Engine for CpuEngine {
     }
 
     fn set_profiling(&mut self, on: bool) {
-        if on {
-            let shared = &self.shared;
-            shared
-                .label
-                .get_or_init(|| Name::from(queue_label(shared.id, shared.kind)));
-        }
         self.shared.profiling.store(on, Ordering::Relaxed);
     }
 

@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::profile::{BatchClock, Category, EventNames, Name, ProfileEvent, describe};
 use crate::program::Program;
-use crate::queue::{Batch, Command, queue_label};
+use crate::queue::{Batch, Command};
 
 use super::Shared;
 use crate::cpu::Cpu;
@@ -54,9 +54,7 @@ impl<'t> BatchProfile<'t> {
         names: &mut EventNames,
     ) -> Vec<ProfileEvent> {
         let map = self.clock.finish();
-        let queue = shared
-            .label
-            .get_or_init(|| Name::from(queue_label(shared.id, shared.kind)));
+        let queue = shared.label();
         let (ran, sequence) = (self.ticks.len() - 1, batch.sequence());
         let mut events = Vec::with_capacity(ran);
         // The last kernel's name and where its program keeps it: while the
