@@ -167,15 +167,14 @@
 //!     fn ledger(&self) -> &Ledger {
 //!         &self.ledger
 //!     }
-//!     fn submit(&mut self, mut batch: Batch<Host>) -> Batch<Host> {
+//!     fn submit(&mut self, batch: Batch<Host>) -> Batch<Host> {
 //!         self.ledger.settle(&batch, |batch| {
 //!             for (index, command) in batch.commands().iter().enumerate() {
 //!                 run(batch, command).map_err(|error| (index, error))?;
 //!             }
 //!             Ok(())
 //!         });
-//!         batch.clear(); // rule 4: hand back an empty batch
-//!         batch
+//!         batch // handed back for its memory: the queue clears it
 //!     }
 //!     fn synchronize(&mut self) {} // nothing runs after `submit` returns
 //! }

@@ -192,13 +192,6 @@ impl Engine for SimEngine {
                     self.send(earlier);
                 }
             },
-            Some(Defect::ReturnFullBatch) => {
-                // Broken on purpose: the batch comes back as it ran,
-                // uncleared (see `DeviceThread::finish`).
-                self.send(batch);
-                self.wait_settled();
-                return self.recycled();
-            }
             _ => self.send(batch),
         }
         self.recycled()
@@ -256,9 +249,7 @@ impl DeviceThread {
 
     /// Counts the batch settled, and hands it back for reuse.
     fn finish(&self, mut batch: Batch<Sim>) {
-        if self.device.config().defect != Some(Defect::ReturnFullBatch) {
-            batch.clear();
-        }
+        batch.clear();
         lock(&self.shared.recycled).push(batch);
         lock(&self.shared.progress).1 += 1;
         self.shared.settled.notify_all();

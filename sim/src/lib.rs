@@ -150,9 +150,6 @@ pub enum Defect {
     /// Every second batch is dropped: never run, its signals never set nor
     /// failed (rule 2: every batch is settled).
     DropBatch,
-    /// `submit` hands back the batch as it ran, commands and all (rule 4:
-    /// the returned batch is empty).
-    ReturnFullBatch,
 }
 
 /// How a simulated device behaves.

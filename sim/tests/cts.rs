@@ -78,10 +78,6 @@ mod broken {
         SimConfig::default().defect(Defect::SwapBatches)
     );
     sim_target!(DropBatch, SimConfig::default().defect(Defect::DropBatch));
-    sim_target!(
-        ReturnFullBatch,
-        SimConfig::default().defect(Defect::ReturnFullBatch)
-    );
 
     #[test]
     #[should_panic(
@@ -113,20 +109,6 @@ mod broken {
         hwqueue_cts::run::<DropBatch>(
             "queue_every_submitted_batch_settles",
             hwqueue_cts::queue_every_submitted_batch_settles,
-        );
-    }
-
-    /// The queue core checks this rule itself, in debug builds (as the
-    /// tests are built).
-    #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(
-        expected = "case `queue_submit_leaves_an_empty_batch_to_record_into` failed on `sim`: Engine::submit broke its contract (rule 4"
-    )]
-    fn an_engine_that_returns_a_full_batch_is_caught() {
-        hwqueue_cts::run::<ReturnFullBatch>(
-            "queue_submit_leaves_an_empty_batch_to_record_into",
-            hwqueue_cts::queue_submit_leaves_an_empty_batch_to_record_into,
         );
     }
 

@@ -217,35 +217,6 @@ impl<B: Backend> Batch<B> {
         self.commands.is_empty()
     }
 
-    /// Whether the batch is as [`clear`](Self::clear) leaves it: no
-    /// command, argument, byte or abandonment.
-    pub(super) fn is_cleared(&self) -> bool {
-        self.commands.is_empty()
-            && self.buffers.is_empty()
-            && self.bytes.is_empty()
-            && self.scalars.is_empty()
-            && self.abandoned.is_none()
-    }
-
-    /// The queue's check of what [`Engine::submit`](super::Engine::submit)
-    /// returned (rule 4 of its contract): a batch with anything left in it
-    /// would run its old commands again, so it is a panic in debug builds
-    /// naming the rule, and cleared in release builds.
-    pub(super) fn check_returned_empty(&mut self) {
-        if !self.is_cleared() {
-            debug_assert!(
-                false,
-                "Engine::submit broke its contract (rule 4: it returns an empty batch, a \
-                 finished one after `Batch::clear` or `Batch::default()`): it returned {:?} \
-                 ({} commands); fix the `{}` engine",
-                self,
-                self.commands.len(),
-                B::ID
-            );
-            self.clear();
-        }
-    }
-
     /// Empties the batch for reuse, keeping its memory.
     pub fn clear(&mut self) {
         self.commands.clear();

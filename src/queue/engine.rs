@@ -110,8 +110,9 @@ pub trait Engine: Send + Sized + 'static {
 
     /// Takes `batch` (to run, or, when [`Batch::abandoned`], only to fail
     /// its signals once every batch submitted before it finished), and
-    /// returns an empty batch to record the next one into: a finished one
-    /// for reuse, or `Batch::default()`.
+    /// returns a batch to record the next one into: a finished one, whose
+    /// memory recording then reuses, or `Batch::default()`. The queue
+    /// clears it.
     ///
     /// # Contract
     ///
@@ -124,10 +125,8 @@ pub trait Engine: Send + Sized + 'static {
     ///    [`Ledger::complete`] for one that learns of the end later).
     ///    Nothing submitted is dropped, so no waiter hangs.
     /// 3. A signal is only raised: never set below a value it reached.
-    /// 4. The returned batch is empty ([`Batch::clear`] or
-    ///    `Batch::default()`). The queue checks this one in debug builds
-    ///    (a panic naming the rule) and clears it otherwise;
-    ///    `hwqueue-cts` checks the others against the running engine.
+    ///
+    /// `hwqueue-cts` checks these against the running engine.
     fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
 
     /// Blocks until every batch submitted has finished: run, failed, or

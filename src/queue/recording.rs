@@ -178,8 +178,10 @@ impl<E: Engine> Queue<E> {
 
     fn hand_over(&mut self) {
         let batch = mem::take(&mut self.batch);
+        // What the engine hands back is only memory to record into: emptied
+        // here, whatever the engine left in it.
         self.batch = self.engine.submit(batch);
-        self.batch.check_returned_empty();
+        self.batch.clear();
     }
 
     #[inline]

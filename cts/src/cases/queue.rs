@@ -99,7 +99,9 @@ pub fn queue_signal_never_lowers_a_value<T: Target>(cx: &Cx<T>) {
 }
 
 /// After `submit` nothing is recorded, and the next batch records afresh:
-/// three batches, each one fill, each runs only its own fill once.
+/// three batches, each one fill, each runs only its own fill once. (The
+/// queue core clears what the engine hands back; the fills and signals
+/// show the engine ran each batch once.)
 pub fn queue_submit_leaves_an_empty_batch_to_record_into<T: Target>(cx: &Cx<T>) {
     let done = cx.signal(0);
     let data = cx.buffer(&[0; 3]);
