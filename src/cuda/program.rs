@@ -535,7 +535,7 @@ fn supported_archs() -> Vec<i32> {
 fn nvrtc_version() -> Option<(i32, i32)> {
     // Without NVRTC (a user loading PTX made elsewhere) there is no
     // version to tell, and cudarc would panic on the call.
-    super::ensure_nvrtc().ok()?;
+    ensure_nvrtc().ok()?;
     let (mut major, mut minor) = (0, 0);
     // SAFETY: NVRTC was found just above; the call writes two `c_int`s.
     unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
