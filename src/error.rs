@@ -5,6 +5,7 @@
 //! `Clone` because one failure fans out: a failed batch hands the same error to
 //! every waiter of every signal it would have set.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -541,7 +542,7 @@ pub enum Error {
         what: String,
         /// The backend's own error.
         #[source]
-        source: std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
+        source: BackendSource,
     },
 
     /// A kernel's source or name that cannot be loaded as given.
@@ -665,6 +666,33 @@ fn after_failure(cause: &Error) -> &'static str {
     }
 }
 
+/// A backend's own error, in [`Error::Backend`]: shared, so that `Error`
+/// stays `Clone`, and handed out by `source()` as that error itself (not
+/// as the `Arc` around it), so a caller walking the chain can downcast it
+/// to the backend's type. Derefs to the error.
+#[derive(Clone)]
+pub struct BackendSource(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl std::ops::Deref for BackendSource {
+    type Target = dyn std::error::Error + Send + Sync + 'static;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Display for BackendSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Debug for BackendSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 impl Error {
     /// [`Error::Backend`]: backend `backend` failed at `what` with its own
     /// error `source`.
@@ -676,7 +704,7 @@ impl Error {
         Error::Backend {
             backend,
             what: what.into(),
-            source: std::sync::Arc::new(source),
+            source: BackendSource(Arc::new(source)),
         }
     }
 
@@ -694,5 +722,28 @@ impl Error {
                 _ => return error,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// A backend outside the crate keeps its own error as the source: the
+    /// message names the backend and the step, and the chain reaches the
+    /// original error, typed.
+    #[test]
+    fn a_backend_error_keeps_its_source() {
+        let io = std::io::Error::new(std::io::ErrorKind::OutOfMemory, "the arena is full");
+        let error = Error::backend("sim", "mapping the arena", io);
+        assert_eq!(
+            error.to_string(),
+            "sim: mapping the arena failed: the arena is full"
+        );
+        let source = std::error::Error::source(&error).expect("a source");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the backend's own error type");
+        assert_eq!(io.kind(), std::io::ErrorKind::OutOfMemory);
     }
 }
