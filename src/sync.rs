@@ -166,9 +166,9 @@ mod imp {
     /// thread spins again only on every `PROBE_EVERY`th wait, to notice when
     /// spinning pays again.
     ///
-    /// An engine's own threads waiting for work (a queue's worker between
-    /// batches, a pool helper between jobs: [`yielding`](Self::yielding))
-    /// call `yield_now` before each step from the seventh on (after about
+    /// An engine's own threads (a queue's worker, a pool helper:
+    /// [`mark_engine_thread`](Self::mark_engine_thread)), whatever they
+    /// wait for, call `yield_now` before each step from the seventh on (after about
     /// 1.5 µs); it returns at once when no other thread is ready, and
     /// otherwise hands over the core. Without it, with as many busy threads
     /// as cores, a thread just woken (the host whose wait ended) found every
@@ -176,8 +176,8 @@ mod imp {
     /// `exec_matmul` in `benches/cpu_queue.rs` used 1.83 of 2 cores against
     /// rayon's 1.95, and took 1.12x rayon's time; with the engine's threads
     /// yielding, 1.02–1.10x over six runs, and 0.95–1.02x once their budget
-    /// grew to [`ENGINE_STEPS`](Self::ENGINE_STEPS). A host `wait`
-    /// ([`new`](Self::new)) does not yield:
+    /// grew to [`ENGINE_STEPS`](Self::ENGINE_STEPS). A host thread's wait
+    /// does not yield:
     /// on a machine whose cores are busy with other processes a yield can
     /// cost a whole time slice, and the host would pay it in every wait it
     /// spins (`signal_wake` with both cores kept busy by two shell loops:
@@ -187,19 +187,22 @@ mod imp {
     pub(crate) struct SpinWait {
         step: u32,
         limit: u32,
-        /// Whether later steps offer the core ([`yielding`](Self::yielding)).
+        /// Whether later steps offer the core: an engine thread's spin
+        /// ([`mark_engine_thread`](Self::mark_engine_thread)).
         yields: bool,
         /// A thread without a budget spinning once in full: if it loses,
         /// the thread stays without one.
         probe: bool,
     }
 
-    /// This thread's spin budget, in `SpinWait` steps, and how many waits
-    /// went without spinning since the last probe.
+    /// This thread's spin budget, in `SpinWait` steps, how many waits
+    /// went without spinning since the last probe, and whether the thread
+    /// is one of an engine's own ([`SpinWait::mark_engine_thread`]).
     #[derive(Clone, Copy)]
     struct SpinBudget {
         limit: u32,
         skipped: u32,
+        engine: bool,
     }
 
     thread_local! {
@@ -207,6 +210,7 @@ mod imp {
             std::cell::Cell::new(SpinBudget {
                 limit: SpinWait::FULL,
                 skipped: 0,
+                engine: false,
             })
         };
     }
@@ -233,20 +237,30 @@ mod imp {
         /// With no budget left, every this many waits spin once in full.
         const PROBE_EVERY: u32 = 32;
 
-        /// A spinner with this thread's current budget, for a thread that
-        /// waits for an engine's threads (a host `wait`): pause hints only.
+        /// Marks this thread as one of an engine's own (a queue's worker, a
+        /// pool helper): its spins, whatever it waits for (the next batch,
+        /// a `wait` command's signal, a job's helpers), take the engine
+        /// budget and, from step [`YIELD_FROM`](Self::YIELD_FROM) on, first
+        /// offer the core to a ready thread. Any other thread (the host's)
+        /// spins with pause hints only.
+        pub(crate) fn mark_engine_thread() {
+            SPIN_BUDGET.with(|cell| {
+                cell.set(SpinBudget {
+                    engine: true,
+                    ..cell.get()
+                })
+            });
+        }
+
+        /// Whether this thread spins as an engine's.
+        #[cfg(test)]
+        pub(crate) fn on_engine_thread() -> bool {
+            SPIN_BUDGET.with(|cell| cell.get().engine)
+        }
+
+        /// A spinner with this thread's current budget.
         pub(crate) fn new() -> Self {
-            Self::with_budget(false)
-        }
-
-        /// A spinner for an engine's own thread waiting for work (a queue's
-        /// worker, a pool helper): from step [`YIELD_FROM`](Self::YIELD_FROM)
-        /// on, each step first offers the core to a ready thread.
-        pub(crate) fn yielding() -> Self {
-            Self::with_budget(true)
-        }
-
-        fn with_budget(yields: bool) -> Self {
+            let yields = SPIN_BUDGET.with(|cell| cell.get().engine);
             let full = if yields {
                 Self::ENGINE_STEPS
             } else {
@@ -326,6 +340,7 @@ mod imp {
                 cell.set(SpinBudget {
                     limit: Self::FULL,
                     skipped: 0,
+                    ..cell.get()
                 })
             });
         }
@@ -338,7 +353,13 @@ mod imp {
                 return;
             }
             let limit = if self.probe { 0 } else { self.limit - 1 };
-            SPIN_BUDGET.with(|cell| cell.set(SpinBudget { limit, skipped: 0 }));
+            SPIN_BUDGET.with(|cell| {
+                cell.set(SpinBudget {
+                    limit,
+                    skipped: 0,
+                    ..cell.get()
+                })
+            });
         }
     }
 
@@ -491,9 +512,7 @@ mod imp {
             Self
         }
 
-        pub(crate) fn yielding() -> Self {
-            Self
-        }
+        pub(crate) fn mark_engine_thread() {}
 
         pub(crate) fn has_budget(&self) -> bool {
             true

@@ -431,7 +431,7 @@ impl Shared {
         job: &Job,
     ) -> MutexGuard<'a, State> {
         if !job.has_chunks() {
-            let spin = SpinWait::yielding();
+            let spin = SpinWait::new();
             if spin.has_budget() {
                 drop(state);
                 spin.until(|| job.active.load(Ordering::Relaxed) == 0);
@@ -465,6 +465,7 @@ impl Shared {
 /// A helper: runs chunks of posted jobs while it holds a slot, spins a
 /// little when there is nothing, then parks; exits at shutdown.
 fn run_helper(shared: &Shared) {
+    SpinWait::mark_engine_thread();
     // Whether the next idle moment may spin before parking, and whether
     // that spin is a hint's (a fixed watch for the job `prepare` announced)
     // rather than the adaptive one.
@@ -506,7 +507,7 @@ fn run_helper(shared: &Shared) {
                 }
                 state = shared.state.lock();
             } else {
-                let spin = SpinWait::yielding();
+                let spin = SpinWait::new();
                 if spin.has_budget() {
                     drop(state);
                     spin.until(|| shared.posted.load(Ordering::Relaxed) != seen);

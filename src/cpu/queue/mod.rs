@@ -260,6 +260,7 @@ impl fmt::Debug for CpuEngine {
 
 /// The worker: runs batches in order until the queue is dropped and drained.
 fn run_worker(shared: &Shared) {
+    SpinWait::mark_engine_thread();
     let mut scratch = ExecScratch::default();
     let mut names = EventNames::new();
     let mut ticks = Vec::new();
@@ -267,7 +268,7 @@ fn run_worker(shared: &Shared) {
     // is one critical section.
     let mut state = shared.state.lock();
     loop {
-        let mut spin = Some(SpinWait::yielding());
+        let mut spin = Some(SpinWait::new());
         let mut batch = loop {
             if let Some(batch) = state.pending.pop_front() {
                 shared.queued.store(state.pending.len(), Ordering::Relaxed);
@@ -328,4 +329,46 @@ fn has_wide_exec(batch: &Batch<Cpu>) -> bool {
         .commands()
         .iter()
         .any(|command| matches!(command, Command::Exec { params, .. } if params.group_count() > 1))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use crate::cpu::{CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+    use crate::sync::SpinWait;
+    use crate::{ExecParams, HardwareQueue, QueueFactory};
+
+    static GROUPS: AtomicUsize = AtomicUsize::new(0);
+    static ON_HOST_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+    fn record_thread(_: &WorkGroup, _: &KernelArgs<'_>) {
+        GROUPS.fetch_add(1, Ordering::Relaxed);
+        if !SpinWait::on_engine_thread() {
+            ON_HOST_THREADS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every thread a queue runs commands on (its worker; the pool's
+    /// helpers for a wide grid) spins as an engine thread, whatever it
+    /// waits for: a `wait` command's signal too, which took the host's
+    /// non-yielding spin when the kind of spin was chosen by the call site.
+    #[test]
+    fn a_queue_runs_its_commands_on_engine_threads_only() {
+        let device = CpuDevice::with_threads(2);
+        let mut queue = device.compute_queue().unwrap();
+        let program = CpuProgram::from_fn("record_thread", 0, 0, record_thread);
+        queue
+            .exec(&program, &[], &[], ExecParams::new_1d(1, 1))
+            .exec(&program, &[], &[], ExecParams::new_1d(256, 1))
+            .submit()
+            .unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(GROUPS.load(Ordering::Relaxed), 257);
+        assert_eq!(ON_HOST_THREADS.load(Ordering::Relaxed), 0);
+        assert!(
+            !SpinWait::on_engine_thread(),
+            "the test's own thread is a host's"
+        );
+    }
 }
