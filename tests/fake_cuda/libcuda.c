@@ -216,7 +216,9 @@ static atomic_int initialised = 0;
 static atomic_int faulted = 0;
 
 /* Called by each entry point that enqueues work, after it did: the device
- * faults if `symbol` is HWQUEUE_FAKE_FAULT_AFTER's. */
+ * faults if `symbol` is HWQUEUE_FAKE_FAULT_AFTER's. Entry points name
+ * themselves with `__func__` (here, to `device_fault` and to `log_call`),
+ * so the symbol a fault scenario names can never be mistyped. */
 static void after_work(const char *symbol) {
     const char *after = getenv("HWQUEUE_FAKE_FAULT_AFTER");
     if (after != NULL && strcmp(after, symbol) == 0) {
@@ -240,7 +242,7 @@ static CUresult device_fault(const char *symbol) {
 /* ---- Initialisation and version ---------------------------------------- */
 
 CUresult cuInit(unsigned int flags) {
-    log_call("cuInit");
+    log_call(__func__);
     if (flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -250,7 +252,7 @@ CUresult cuInit(unsigned int flags) {
 }
 
 CUresult cuDriverGetVersion(int *version) {
-    log_call("cuDriverGetVersion");
+    log_call(__func__);
     if (version == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -263,7 +265,7 @@ CUresult cuDriverGetVersion(int *version) {
 /* Like the driver: CUDA_ERROR_INVALID_VALUE and NULL for a code it does not
  * know. Both work before cuInit. */
 CUresult cuGetErrorName(CUresult error, const char **name) {
-    log_call("cuGetErrorName");
+    log_call(__func__);
     if (name == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -273,7 +275,7 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
 }
 
 CUresult cuGetErrorString(CUresult error, const char **description) {
-    log_call("cuGetErrorString");
+    log_call(__func__);
     if (description == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -296,7 +298,7 @@ static CUresult check_device(CUdevice device) {
 }
 
 CUresult cuDeviceGetCount(int *count) {
-    log_call("cuDeviceGetCount");
+    log_call(__func__);
     if (!atomic_load(&initialised)) {
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -308,7 +310,7 @@ CUresult cuDeviceGetCount(int *count) {
 }
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    log_call("cuDeviceGet");
+    log_call(__func__);
     CUresult result = check_device(ordinal);
     if (result == CUDA_SUCCESS && device == NULL) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -320,7 +322,7 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 }
 
 CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
-    log_call("cuDeviceGetName");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result == CUDA_SUCCESS && (name == NULL || length <= 0)) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -335,7 +337,7 @@ CUresult cuDeviceGetName(char *name, int length, CUdevice device) {
 #define FAKE_MEMORY ((size_t)1 << 30) /* 1 GiB */
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice device) {
-    log_call("cuDeviceTotalMem_v2");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result == CUDA_SUCCESS && bytes == NULL) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -368,7 +370,7 @@ static const struct {
 };
 
 CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attribute, CUdevice device) {
-    log_call("cuDeviceGetAttribute");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result != CUDA_SUCCESS || value == NULL) {
         return result != CUDA_SUCCESS ? result : CUDA_ERROR_INVALID_VALUE;
@@ -405,7 +407,7 @@ static CUresult check_context(void) {
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
-    log_call("cuDevicePrimaryCtxRetain");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result == CUDA_SUCCESS && (context == NULL || device >= MAX_DEVICES)) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -418,7 +420,7 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *context, CUdevice device) {
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    log_call("cuDevicePrimaryCtxRelease_v2");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result == CUDA_SUCCESS && (device >= MAX_DEVICES || atomic_load(&primary_contexts[device].references) <= 0)) {
         result = CUDA_ERROR_INVALID_CONTEXT;
@@ -430,7 +432,7 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
 }
 
 CUresult cuCtxGetCurrent(CUcontext *context) {
-    log_call("cuCtxGetCurrent");
+    log_call(__func__);
     if (!atomic_load(&initialised)) {
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -442,7 +444,7 @@ CUresult cuCtxGetCurrent(CUcontext *context) {
 }
 
 CUresult cuCtxSetCurrent(CUcontext context) {
-    log_call("cuCtxSetCurrent");
+    log_call(__func__);
     if (!atomic_load(&initialised)) {
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -451,9 +453,9 @@ CUresult cuCtxSetCurrent(CUcontext context) {
 }
 
 CUresult cuCtxSynchronize(void) {
-    log_call("cuCtxSynchronize");
+    log_call(__func__);
     CUresult result = check_context();
-    return result != CUDA_SUCCESS ? result : device_fault("cuCtxSynchronize");
+    return result != CUDA_SUCCESS ? result : device_fault(__func__);
 }
 
 /* ---- Streams --------------------------------------------------------------- */
@@ -482,40 +484,40 @@ static CUresult new_handle(struct fake_handle **handle, unsigned int flags) {
 }
 
 CUresult cuStreamCreate(CUstream *stream, unsigned int flags) {
-    log_call("cuStreamCreate");
+    log_call(__func__);
     return new_handle(stream, flags);
 }
 
 CUresult cuStreamDestroy_v2(CUstream stream) {
-    log_call("cuStreamDestroy_v2");
+    log_call(__func__);
     free(stream);
     return CUDA_SUCCESS;
 }
 
 CUresult cuStreamSynchronize(CUstream stream) {
-    log_call("cuStreamSynchronize");
+    log_call(__func__);
     (void)stream;
-    return device_fault("cuStreamSynchronize");
+    return device_fault(__func__);
 }
 
 CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
-    log_call("cuStreamWaitEvent");
+    log_call(__func__);
     (void)stream;
     if (event == NULL || flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    return device_fault("cuStreamWaitEvent");
+    return device_fault(__func__);
 }
 
 /* The driver calls a stream callback on a thread of its own once the work
  * before it is done, with the stream's status; here that is at once, on the
  * caller's thread (the work is done). */
 CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *user_data, unsigned int flags) {
-    log_call("cuStreamAddCallback");
+    log_call(__func__);
     if (callback == NULL || flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    CUresult refused = device_fault("cuStreamAddCallback");
+    CUresult refused = device_fault(__func__);
     if (refused != CUDA_SUCCESS) {
         return refused;
     }
@@ -527,12 +529,12 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *u
 /* ---- Events -------------------------------------------------------------- */
 
 CUresult cuEventCreate(CUevent *event, unsigned int flags) {
-    log_call("cuEventCreate");
+    log_call(__func__);
     return new_handle(event, flags);
 }
 
 CUresult cuEventDestroy_v2(CUevent event) {
-    log_call("cuEventDestroy_v2");
+    log_call(__func__);
     if (event == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -541,28 +543,28 @@ CUresult cuEventDestroy_v2(CUevent event) {
 }
 
 CUresult cuEventRecord(CUevent event, CUstream stream) {
-    log_call("cuEventRecord");
+    log_call(__func__);
     (void)stream;
     if (event == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    return device_fault("cuEventRecord");
+    return device_fault(__func__);
 }
 
 CUresult cuEventQuery(CUevent event) {
-    log_call("cuEventQuery");
+    log_call(__func__);
     if (event == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    return device_fault("cuEventQuery");
+    return device_fault(__func__);
 }
 
 CUresult cuEventSynchronize(CUevent event) {
-    log_call("cuEventSynchronize");
+    log_call(__func__);
     if (event == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
-    return device_fault("cuEventSynchronize");
+    return device_fault(__func__);
 }
 
 /* ---- Memory ------------------------------------------------------------------ */
@@ -585,19 +587,19 @@ static void *host(CUdeviceptr pointer) {
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *pointer, size_t bytes) {
-    log_call("cuMemAlloc_v2");
+    log_call(__func__);
     CUresult result = check_context();
     return result != CUDA_SUCCESS ? result : device_alloc(pointer, bytes);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr pointer) {
-    log_call("cuMemFree_v2");
+    log_call(__func__);
     free(host(pointer));
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
-    log_call("cuMemGetInfo_v2");
+    log_call(__func__);
     CUresult result = check_context();
     if (result == CUDA_SUCCESS && (free_bytes == NULL || total_bytes == NULL)) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -611,7 +613,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
 
 /* Page-locked host memory: malloc. */
 CUresult cuMemHostAlloc(void **pointer, size_t bytes, unsigned int flags) {
-    log_call("cuMemHostAlloc");
+    log_call(__func__);
     (void)flags;
     CUresult result = check_context();
     if (result != CUDA_SUCCESS) {
@@ -625,7 +627,7 @@ CUresult cuMemHostAlloc(void **pointer, size_t bytes, unsigned int flags) {
 }
 
 CUresult cuMemFreeHost(void *pointer) {
-    log_call("cuMemFreeHost");
+    log_call(__func__);
     free(pointer);
     return CUDA_SUCCESS;
 }
@@ -639,7 +641,7 @@ struct fake_pool {
 static struct fake_pool default_pools[MAX_DEVICES];
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device) {
-    log_call("cuDeviceGetDefaultMemPool");
+    log_call(__func__);
     CUresult result = check_device(device);
     if (result == CUDA_SUCCESS && (pool == NULL || device >= MAX_DEVICES)) {
         result = CUDA_ERROR_INVALID_VALUE;
@@ -651,7 +653,7 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice device) {
 }
 
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attribute, void *value) {
-    log_call("cuMemPoolSetAttribute");
+    log_call(__func__);
     if (pool == NULL || value == NULL || attribute != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -660,7 +662,7 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attribute,
 }
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attribute, void *value) {
-    log_call("cuMemPoolGetAttribute");
+    log_call(__func__);
     if (pool == NULL || value == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -678,26 +680,26 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attribute,
 }
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
-    log_call("cuMemPoolTrimTo");
+    log_call(__func__);
     (void)keep;
     return pool == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *pointer, size_t bytes, CUmemoryPool pool, CUstream stream) {
-    log_call("cuMemAllocFromPoolAsync");
+    log_call(__func__);
     (void)stream;
     CUresult result = check_context();
     if (result == CUDA_SUCCESS && pool == NULL) {
         result = CUDA_ERROR_INVALID_VALUE;
     }
     if (result == CUDA_SUCCESS) {
-        result = device_fault("cuMemAllocFromPoolAsync");
+        result = device_fault(__func__);
     }
     return result != CUDA_SUCCESS ? result : device_alloc(pointer, bytes);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
-    log_call("cuMemFreeAsync");
+    log_call(__func__);
     (void)stream;
     free(host(pointer));
     return CUDA_SUCCESS;
@@ -706,73 +708,73 @@ CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
 /* ---- Copies and fills: done at once, device pointers being host ones ---- */
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t bytes, CUstream stream) {
-    log_call("cuMemcpyHtoDAsync_v2");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemcpyHtoDAsync_v2");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         memcpy(host(dst), src, bytes);
-        after_work("cuMemcpyHtoDAsync_v2");
+        after_work(__func__);
     }
     return result;
 }
 
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-    log_call("cuMemcpyDtoHAsync_v2");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemcpyDtoHAsync_v2");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         memcpy(dst, host(src), bytes);
-        after_work("cuMemcpyDtoHAsync_v2");
+        after_work(__func__);
     }
     return result;
 }
 
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
-    log_call("cuMemcpyDtoDAsync_v2");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemcpyDtoDAsync_v2");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         memmove(host(dst), host(src), bytes);
-        after_work("cuMemcpyDtoDAsync_v2");
+        after_work(__func__);
     }
     return result;
 }
 
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t count, CUstream stream) {
-    log_call("cuMemsetD8Async");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemsetD8Async");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         memset(host(dst), value, count);
-        after_work("cuMemsetD8Async");
+        after_work(__func__);
     }
     return result;
 }
 
 CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short value, size_t count, CUstream stream) {
-    log_call("cuMemsetD16Async");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemsetD16Async");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         unsigned short *out = host(dst);
         for (size_t i = 0; i < count; i++) {
             out[i] = value;
         }
-        after_work("cuMemsetD16Async");
+        after_work(__func__);
     }
     return result;
 }
 
 CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream stream) {
-    log_call("cuMemsetD32Async");
+    log_call(__func__);
     (void)stream;
-    CUresult result = device_fault("cuMemsetD32Async");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
         unsigned int *out = host(dst);
         for (size_t i = 0; i < count; i++) {
             out[i] = value;
         }
-        after_work("cuMemsetD32Async");
+        after_work(__func__);
     }
     return result;
 }
@@ -834,14 +836,14 @@ static CUresult load_module(CUmodule *module, const void *image, char *log, size
 }
 
 CUresult cuModuleLoadData(CUmodule *module, const void *image) {
-    log_call("cuModuleLoadData");
+    log_call(__func__);
     return load_module(module, image, NULL, 0);
 }
 
 /* Only the error-log options are read; others are accepted and ignored. */
 CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int count, CUjit_option *options,
                             void **values) {
-    log_call("cuModuleLoadDataEx");
+    log_call(__func__);
     char *log = NULL;
     size_t log_size = 0;
     for (unsigned int i = 0; options != NULL && values != NULL && i < count; i++) {
@@ -856,7 +858,7 @@ CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int co
 }
 
 CUresult cuModuleUnload(CUmodule module) {
-    log_call("cuModuleUnload");
+    log_call(__func__);
     if (module == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -877,7 +879,7 @@ static int identifier_char(char c) {
 
 /* CUDA_ERROR_NOT_FOUND unless the module's PTX has `.entry NAME`. */
 CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *name) {
-    log_call("cuModuleGetFunction");
+    log_call(__func__);
     if (function == NULL || module == NULL || name == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -903,7 +905,7 @@ CUresult cuModuleGetFunction(CUfunction *function, CUmodule module, const char *
 
 /* A kernel's limits: the device's block size, no static shared memory. */
 CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfunction function) {
-    log_call("cuFuncGetAttribute");
+    log_call(__func__);
     if (value == NULL || function == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -923,7 +925,7 @@ CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfuncti
 CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y, unsigned int grid_z,
                         unsigned int block_x, unsigned int block_y, unsigned int block_z, unsigned int shared_bytes,
                         CUstream stream, void **params, void **extra) {
-    log_call("cuLaunchKernel");
+    log_call(__func__);
     (void)shared_bytes;
     (void)stream;
     (void)params;
@@ -932,9 +934,9 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int g
         block_z == 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    CUresult result = device_fault("cuLaunchKernel");
+    CUresult result = device_fault(__func__);
     if (result == CUDA_SUCCESS) {
-        after_work("cuLaunchKernel");
+        after_work(__func__);
     }
     return result;
 }
