@@ -151,19 +151,16 @@ impl fmt::Debug for SignalWaker {
 /// ```
 pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeout>) -> Result<()> {
     check_values(waits)?;
-    if waits
-        .iter()
-        .all(|&(signal, target)| signal.is_reached(target))
-    {
-        return Ok(());
-    }
-    let timeout = timeout.into();
     let all_reached = || {
         waits
             .iter()
             .all(|&(signal, target)| signal.is_reached(target))
             .then_some(())
     };
+    if all_reached().is_some() {
+        return Ok(());
+    }
+    let timeout = timeout.into();
     if spin_before_blocking(timeout, all_reached).is_some() {
         return Ok(());
     }
@@ -224,19 +221,16 @@ pub fn wait_any<S: TimelineSignal>(
         return Err(Error::EmptyWaitList);
     }
     check_values(waits)?;
-    // Reached values first: one load each for most signals, no lock.
-    if let Some(index) = waits
-        .iter()
-        .position(|&(signal, target)| signal.is_reached(target))
-    {
-        return Ok(index);
-    }
-    let timeout = timeout.into();
     let first_reached = || {
         waits
             .iter()
             .position(|&(signal, target)| signal.is_reached(target))
     };
+    // Reached values first: one load each for most signals, no lock.
+    if let Some(index) = first_reached() {
+        return Ok(index);
+    }
+    let timeout = timeout.into();
     if let Some(index) = spin_before_blocking(timeout, first_reached) {
         return Ok(index);
     }

@@ -213,7 +213,7 @@ impl TimelineSignal for CpuSignal {
         let timeout = timeout.into();
         // A queue about to finish the work waited for then costs no sleep
         // and wake-up.
-        let reached = || (self.inner.state.load(Ordering::Acquire) >> 1 >= target).then_some(());
+        let reached = || self.is_reached(target).then_some(());
         if spin_before_blocking(timeout, reached).is_some() {
             return Ok(());
         }
