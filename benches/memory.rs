@@ -25,7 +25,7 @@
 //! `device_alloc`), the 0.10 target is out of any allocator's reach there,
 //! and `pooled_uninit/touch_only` is the figure that says how close the
 //! pool gets. `benches/report.py` prints
-//! them; the loop-shaped trace's `reserved / peak in use` is printed by
+//! them; the loop-shaped trace's `peak reserved / peak in use` is printed by
 //! `cargo run --release --example memory`.
 
 mod support;

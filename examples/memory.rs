@@ -2,7 +2,8 @@
 //! makes one: every step allocates the same 40 tensors (sizes drawn
 //! log-uniformly from 256 B to 16 MiB with a fixed seed) in order, the odd
 //! ones in queue order (`alloca`, a `fill`, `dealloca`), and frees them in
-//! reverse. It prints the pool's statistics and `reserved / peak in use`,
+//! reverse. It prints the pool's statistics and `peak reserved / peak in
+//! use`,
 //! and draws bytes in use and reserved over the trace into
 //! `docs/memory.svg`.
 //!
@@ -62,13 +63,14 @@ fn main() -> Result<()> {
     // A peak of 0 would mean the trace allocated nothing: an error, not a
     // ratio that passes CI's check.
     let ratio = stats
-        .reserved_per_peak()
+        .peak_reserved_per_peak_in_use()
         .ok_or_else(|| hwqueue::Error::System {
             what: "the loop-shaped trace",
-            detail: "nothing was ever in use, so there is no reserved / peak ratio".into(),
+            detail: "nothing was ever in use, so there is no peak reserved / peak in use ratio"
+                .into(),
         })?;
     println!(
-        "loop-shaped trace: {STEPS} steps of {TENSORS} tensors; reserved / peak in use = \
+        "loop-shaped trace: {STEPS} steps of {TENSORS} tensors; peak reserved / peak in use = \
          {ratio:.3} (target <= 1.25)"
     );
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/memory.svg");

@@ -84,3 +84,46 @@ fn a_dealloca_returns_the_range_only_after_earlier_work_on_its_queue() {
         "no interleaving reused the range"
     );
 }
+
+/// Queue B records a kernel on an `alloca` buffer, then queue A records
+/// and submits its `dealloca`, and the host drops its handle and allocates
+/// the same size at once. Whatever the interleaving of the two workers and
+/// the host, the range is handed out again only once B's batch was let go
+/// (so B's signal after the kernel was reached), and B's kernel never
+/// writes into the successor (issue 34: the cross-queue rule lives in the
+/// core, not in the CPU buffer's lock).
+#[test]
+fn another_queue_s_earlier_kernel_holds_the_range_past_a_dealloca() {
+    static REUSED: AtomicUsize = AtomicUsize::new(0);
+    model(Some(2), || {
+        let device = CpuDevice::with_threads(1);
+        let program = write_42();
+        let mut a = device.compute_queue().unwrap();
+        let mut b = device.compute_queue().unwrap();
+        let x = a.alloca(64).unwrap();
+        let at = address(&x);
+        let done = device.new_signal(0).unwrap();
+        b.exec(&program, &[&x], &[], ExecParams::new_1d(1, 1))
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        a.dealloca(&x).submit().unwrap();
+        drop(x);
+        let successor = device.alloc_uninit(64).unwrap();
+        if address(&successor) == at {
+            REUSED.fetch_add(1, Ordering::Relaxed);
+            assert!(
+                done.is_reached(1),
+                "the range was handed out before the other queue's kernel was done"
+            );
+        }
+        successor.write_at(0, &[7u32]).unwrap();
+        a.synchronize().unwrap();
+        b.synchronize().unwrap();
+        assert_eq!(successor.to_vec::<u32>().unwrap()[0], 7);
+    });
+    assert!(
+        REUSED.load(Ordering::Relaxed) > 0,
+        "no interleaving reused the range"
+    );
+}

@@ -95,15 +95,27 @@ pub trait Buffer: Clone + Send + Sync + 'static {
         self.read_at(0, data)
     }
 
-    /// For a buffer made by [`alloca`](crate::HardwareQueue::alloca): the
-    /// record of whether its [`dealloca`](crate::HardwareQueue::dealloca)
-    /// was recorded (queues refuse new work on it after that). `None` for
-    /// every other buffer, and for a backend without queue-ordered
-    /// allocation (the default).
+    /// For a buffer made by [`alloca`](crate::HardwareQueue::alloca): its
+    /// lifecycle ([`QueueOrdered`](crate::memory::QueueOrdered): whether its
+    /// [`dealloca`](crate::HardwareQueue::dealloca) was recorded or ran, and
+    /// which batches use it), which the queue core keeps. `None` for every
+    /// other buffer, and for a backend without queue-ordered allocation
+    /// (the default). A backend over [`Allocation`](crate::memory::Allocation)
+    /// forwards to [`Allocation::queue_ordered`](crate::memory::Allocation::queue_ordered).
     #[inline]
     fn queue_ordered(&self) -> Option<&crate::memory::QueueOrdered> {
         None
     }
+
+    /// Gives the buffer's range back to its pool: called by the queue core,
+    /// once, when the lifecycle of a buffer made by `alloca` says so (its
+    /// `dealloca` ran and no batch uses it). A backend over
+    /// [`Allocation`](crate::memory::Allocation) forwards to
+    /// [`Allocation::give_back`](crate::memory::Allocation::give_back); the
+    /// default does nothing, and the range then goes back when the last
+    /// handle is dropped.
+    #[inline]
+    fn give_back(&self) {}
 
     /// Reads the whole buffer as `T`s (its size must be a multiple of
     /// `size_of::<T>()`; a trailing partial element is not read).

@@ -426,6 +426,10 @@ fn work_recorded_after_a_dealloca_is_rejected_on_every_queue() {
     a.copy(&other, &x);
     let error = a.submit().unwrap_err();
     assert_use_after_dealloca(&error);
+    assert!(error.to_string().contains("recorded on queue"), "{error}");
+    // That batch never ran, so `x` is live again; a new `dealloca` is
+    // recorded (not submitted yet) and holds the buffer from now on.
+    a.dealloca(&x);
     // Another queue: rejected too, for every command that takes a buffer.
     let program = fill_program();
     let exec = |q: &mut hwqueue::cpu::CpuQueue| {
@@ -453,14 +457,22 @@ fn work_recorded_after_a_dealloca_is_rejected_on_every_queue() {
             q.download(&view, &hwqueue::Download::<u8>::new(16));
         }),
     ];
-    for (name, record) in cases {
-        record(&mut b);
-        let error = b.submit().unwrap_err();
-        assert!(
-            matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
-            "{name}: {error}"
-        );
-    }
+    let refuse_all = |b: &mut hwqueue::cpu::CpuQueue, phase: &str| {
+        for (name, record) in &cases {
+            record(b);
+            let error = b.submit().unwrap_err();
+            assert!(
+                matches!(error.root_cause(), Error::UseAfterDealloca { .. }),
+                "{name}, {phase}: {error}"
+            );
+            assert!(error.to_string().contains(phase), "{name}: {error}");
+        }
+    };
+    refuse_all(&mut b, "recorded on queue");
+    // And once it ran.
+    a.submit().unwrap();
+    a.synchronize().unwrap();
+    refuse_all(&mut b, "which ran");
 }
 
 #[test]
@@ -480,26 +492,36 @@ fn an_exec_on_the_same_views_after_a_dealloca_is_rejected() {
     assert_use_after_dealloca(&error);
 }
 
+/// A batch of queue C recorded on `x` before queue A's `dealloca`, run
+/// after it: it runs on `x`'s bytes, and the range waits for it. On
+/// 2ef88cc (issue 34, defect 4) the batch failed with "record the work
+/// before the `dealloca`", which it was, and the range went to the next
+/// allocation at once.
 #[test]
-fn a_batch_of_another_queue_that_reaches_a_deallocated_buffer_fails_instead_of_touching_it() {
+fn a_batch_of_another_queue_recorded_before_a_dealloca_runs_and_the_range_waits_for_it() {
     let device = CpuDevice::new();
     let mut a = device.compute_queue().unwrap();
     let (gate, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let x = a.alloca(4096).unwrap();
-    // Queue C records an exec on `x` first (legal then), gated.
+    let x_at = range(&x);
+    // Queue C records an exec on `x` first, gated.
     let mut c = gated_fill(&device, &x, &gate, &done);
-    // Queue A deallocates it without waiting for C (a misuse), and the
-    // range goes to a new buffer.
+    // Queue A's dealloca runs while C's batch still waits.
     a.dealloca(&x).submit().unwrap();
     a.synchronize().unwrap();
-    let successor = device.alloc(4096).unwrap();
-    assert_eq!(range(&successor), range(&x));
+    assert_eq!(device.memory_stats().in_use, 4096, "C's batch holds it");
+    assert_use_after_dealloca(&x.to_vec::<u32>().unwrap_err());
+    let other = device.alloc(4096).unwrap();
+    assert_ne!(range(&other), x_at, "the range went to another buffer");
     gate.set(1);
-    let error = done.wait(1, LONG).unwrap_err();
-    assert_use_after_dealloca(&error);
-    // The successor's bytes were not touched.
-    assert_eq!(successor.to_vec::<u32>().unwrap(), vec![0; 1024]);
-    assert!(c.synchronize().is_err());
+    done.wait(1, LONG).unwrap();
+    c.synchronize().unwrap();
+    // Once C's batch is done, the range is back, holding what C wrote.
+    assert_eq!(device.memory_stats().in_use, 4096);
+    drop(other);
+    let successor = device.alloc_uninit(4096).unwrap();
+    assert_eq!(range(&successor), x_at);
+    assert_eq!(successor.to_vec::<u32>().unwrap(), vec![9; 1024]);
 }
 
 #[test]

@@ -1,12 +1,14 @@
 //! Model test of the memory pool: random sequences of `alloc`,
-//! `alloc_uninit`, `alloca`, drops, `dealloca`, fills, submits,
-//! synchronisations, `trim` and release thresholds on a CPU device and two
-//! of its queues, against a model of which ranges are surely, possibly or
-//! no longer live (the model lives in `hwqueue_testkit`, shared with the
-//! `memory_pool` fuzz target). It checks that no two live buffers overlap,
-//! that no buffer's bytes change under it, that the statistics agree with
-//! the model, that misuse is rejected exactly when the model says, and that
-//! everything goes back at the end.
+//! `alloc_uninit`, `alloca`, drops, `dealloca`, fills, failing kernels,
+//! discards, submits, synchronisations, `trim` and release thresholds on a
+//! CPU device and two of its queues, against a model of every buffer's
+//! lifecycle (the model lives in `hwqueue_testkit`, shared with the
+//! `memory_pool` fuzz target; each queue's batches are gated until a
+//! synchronisation, so the model is exact). It checks that no two held
+//! ranges overlap, that no buffer's bytes change under it, that the
+//! statistics and each buffer's phase equal the model's, that misuse is
+//! rejected and failures reported exactly when the model says, and that
+//! nothing is stranded at the end.
 
 use hwqueue_testkit::{PoolOp, check_pool_ops};
 use proptest::prelude::*;
@@ -30,6 +32,8 @@ fn op() -> impl Strategy<Value = PoolOp> {
         3 => index.clone().prop_map(|index| PoolOp::Drop { index }),
         3 => (index.clone(), queue.clone()).prop_map(|(index, queue)| PoolOp::Dealloca { index, queue }),
         2 => (index, queue.clone()).prop_map(|(index, queue)| PoolOp::Fill { index, queue }),
+        1 => queue.clone().prop_map(|queue| PoolOp::Fail { queue }),
+        1 => queue.clone().prop_map(|queue| PoolOp::Discard { queue }),
         2 => queue.prop_map(|queue| PoolOp::Submit { queue }),
         1 => Just(PoolOp::Sync),
         1 => Just(PoolOp::Trim),
@@ -51,8 +55,9 @@ proptest! {
 
 /// The model's rules on a fixed sequence: a dropped buffer that a submitted
 /// batch still fills stays held; a second `dealloca`, a `dealloca` of a
-/// buffer `alloc` made and a fill after a `dealloca` are rejected; a
-/// `dealloca` on the other queue is allowed; trims in between.
+/// buffer `alloc` made and a fill after a `dealloca` are rejected (and the
+/// rejected `dealloca`s leave their buffers live); a `dealloca` on the
+/// other queue is allowed; trims in between.
 #[test]
 fn a_fixed_sequence_through_the_model() {
     use PoolOp::*;
@@ -97,5 +102,46 @@ fn a_fixed_sequence_through_the_model() {
         Drop { index: 4 },
         Sync,
         Trim,
+    ]);
+}
+
+/// A `dealloca` behind a failing kernel never runs, nor does a later batch
+/// of that queue; a discarded one neither: each leaves its buffer live, and
+/// a later `dealloca` returns it. Queue 1's fill of a third buffer,
+/// recorded before queue 0's `dealloca` of it, holds its range until it
+/// ran (queue 0 runs first).
+#[test]
+fn failures_and_discards_leave_deallocas_unrun() {
+    use PoolOp::*;
+    check_pool_ops(&[
+        Alloca {
+            queue: 0,
+            size: 4096,
+        },
+        Alloca {
+            queue: 0,
+            size: 100,
+        },
+        Fill { index: 0, queue: 1 },
+        Fail { queue: 0 },
+        Dealloca { index: 0, queue: 0 },
+        Submit { queue: 0 },
+        Dealloca { index: 1, queue: 0 },
+        Submit { queue: 0 },
+        Sync,
+        Dealloca { index: 1, queue: 1 },
+        Discard { queue: 1 },
+        Dealloca { index: 0, queue: 0 },
+        Fill { index: 1, queue: 1 },
+        Submit { queue: 1 },
+        Sync,
+        Dealloca { index: 1, queue: 1 },
+        Alloca {
+            queue: 0,
+            size: 256,
+        },
+        Fill { index: 2, queue: 1 },
+        Dealloca { index: 2, queue: 0 },
+        Sync,
     ]);
 }

@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
 use hwqueue::error::panic_message;
+use hwqueue::memory::Access;
 use hwqueue::profile::{EventNames, describe, now_ns};
 use hwqueue::queue::{Batch, Command, Engine, Ledger, queue_label};
 use hwqueue::{
@@ -314,8 +315,9 @@ impl DeviceThread {
                 params,
             ),
             Command::Copy { dst, src } => {
-                let bytes = src.to_vec::<u8>()?;
-                dst.write_from(&bytes)
+                let mut bytes = vec![0; src.len()];
+                queue_read(src, &mut bytes)?;
+                queue_write(dst, &bytes)
             }
             Command::Fill {
                 dst,
@@ -324,13 +326,13 @@ impl DeviceThread {
             } => {
                 let pattern = &pattern[..usize::from(*width)];
                 let bytes: Vec<u8> = pattern.iter().copied().cycle().take(dst.len()).collect();
-                dst.write_from(&bytes)
+                queue_write(dst, &bytes)
             }
-            Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
-            Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
+            Command::Upload { dst, data } => queue_write(dst, batch.host_bytes(data)),
+            Command::Download { src, sink } => sink.complete(|out| queue_read(src, out)),
             Command::Barrier | Command::Alloca { .. } => Ok(()),
             Command::Dealloca { buffer } => {
-                buffer.release();
+                hwqueue::memory::dealloca_completed(buffer);
                 Ok(())
             }
         }
@@ -372,4 +374,21 @@ impl DeviceThread {
                 message,
             })
     }
+}
+
+/// Writes `bytes` (the view's length, checked at record time) to `view`,
+/// as a command: its batch holds a use of the buffer.
+fn queue_write(view: &View<Sim>, bytes: &[u8]) -> Result<()> {
+    view.buffer()
+        .with_range(Access::Queue, view.offset(), bytes.len(), |dst| {
+            dst.copy_from_slice(bytes)
+        })
+}
+
+/// Reads `view` into `out` (the view's length), as a command.
+fn queue_read(view: &View<Sim>, out: &mut [u8]) -> Result<()> {
+    view.buffer()
+        .with_range(Access::Queue, view.offset(), out.len(), |src| {
+            out.copy_from_slice(src)
+        })
 }

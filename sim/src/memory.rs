@@ -2,17 +2,17 @@
 //! for hwqueue's caching [`MemoryPool`], whose ranges are the buffers.
 //!
 //! Nothing here is `unsafe`: an address is an offset into the arena, and
-//! every access copies under the arena's lock. A host access or a command
-//! reaches the bytes only through a [`SimBuffer`], which refuses once a
-//! `dealloca` gave its range back.
+//! every access copies under the arena's lock. A [`SimBuffer`] is hwqueue's
+//! [`Allocation`] of the pool and nothing more: the identity, the range and
+//! the `alloca` lifecycle are the core's.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hwqueue::buffer::check_host_access;
 use hwqueue::memory::{
-    BlockError, BlockSource, DeviceMemory, MemoryPool, PooledRange, QueueOrdered,
+    Access, Allocation, BlockError, BlockSource, DeviceMemory, MemoryPool, QueueOrdered,
 };
-use hwqueue::{Buffer, Error, Pod, Result};
+use hwqueue::{Buffer, Pod, Result};
 
 use crate::Sim;
 
@@ -145,31 +145,17 @@ impl BlockSource for SimBlocks {
     }
 }
 
-/// Memory of a simulated device: a range of its pool. Clones name the same
-/// memory; the range goes back to the pool when the last clone is dropped
-/// (queues hold a clone for every batch that uses it until the batch
-/// completed), or when a `dealloca` of it runs.
+/// Memory of a simulated device: an [`Allocation`] of its pool. Clones
+/// name the same memory; the range goes back to the pool when the last
+/// clone is dropped (queues hold a clone for every batch that uses it until
+/// the batch completed), or when a `dealloca` of it ran and no batch still
+/// uses it.
 ///
 /// Host reads and writes copy under the device's arena lock, as do the
 /// device's commands, so a host access never sees a command half done.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct SimBuffer {
-    inner: Arc<BufferInner>,
-}
-
-struct BufferInner {
-    size: usize,
-    pool: MemoryPool<SimBlocks>,
-    backing: Mutex<Backing>,
-    /// For buffers made by `alloca`.
-    ordered: Option<QueueOrdered>,
-}
-
-enum Backing {
-    Empty,
-    Pooled(PooledRange<SimBlocks>),
-    /// A `dealloca` ran: the range may be another buffer's now.
-    Released,
+    allocation: Allocation<SimBlocks>,
 }
 
 impl SimBuffer {
@@ -181,82 +167,57 @@ impl SimBuffer {
         zeroed: bool,
         ordered: bool,
     ) -> Result<Self> {
-        let backing = match size {
-            0 => Backing::Empty,
-            _ if zeroed => Backing::Pooled(pool.alloc_zeroed(size)?),
-            _ => Backing::Pooled(pool.alloc_uninit(size)?),
+        let allocation = if ordered {
+            Allocation::new_alloca(pool, size)?
+        } else {
+            Allocation::new(pool, size, zeroed)?
         };
-        Ok(Self {
-            inner: Arc::new(BufferInner {
-                size,
-                pool: pool.clone(),
-                backing: Mutex::new(backing),
-                ordered: ordered.then(QueueOrdered::new),
-            }),
-        })
+        Ok(Self { allocation })
     }
 
     /// Whether the buffer is memory of `pool`'s device.
     pub(crate) fn is_of(&self, pool: &MemoryPool<SimBlocks>) -> bool {
-        self.inner.pool.same_as(pool)
+        self.allocation.is_of(pool)
     }
 
     /// The device, as errors name it.
     pub(crate) fn device(&self) -> String {
-        self.inner.pool.source().device()
+        self.allocation.pool().source().device()
     }
 
-    /// Where `range` of the buffer lies in the arena.
-    ///
-    /// # Errors
-    /// [`Error::UseAfterDealloca`] once a `dealloca` gave the range back.
+    /// Where `range` of the buffer lies in the arena, for a command.
     pub(crate) fn arena_range(
         &self,
         range: std::ops::Range<usize>,
     ) -> Result<std::ops::Range<usize>> {
-        match &*lock(&self.inner.backing) {
-            Backing::Empty => Ok(0..0),
-            Backing::Pooled(pooled) => {
-                Ok(pooled.address() + range.start..pooled.address() + range.end)
-            }
-            Backing::Released => Err(Error::UseAfterDealloca {
-                what: format!("a {}-byte simulated buffer", self.inner.size),
-            }),
-        }
+        let access = self
+            .allocation
+            .read(Access::Queue, || "a simulated buffer".into())?;
+        Ok(match access.address() {
+            Some(start) => start + range.start..start + range.end,
+            None => 0..0,
+        })
     }
 
-    /// Gives the range back to the pool (a `dealloca` ran).
-    pub(crate) fn release(&self) {
-        let released = std::mem::replace(&mut *lock(&self.inner.backing), Backing::Released);
-        drop(released);
-    }
-
-    /// Runs `f` on bytes `offset..offset + len` of the buffer.
-    fn with_range<R>(
+    /// Runs `f` on bytes `offset..offset + len` of the buffer, for `by`.
+    pub(crate) fn with_range<R>(
         &self,
+        by: Access,
         offset: usize,
         len: usize,
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
-        check_host_access(offset, len, self.inner.size)?;
-        let range = self.arena_range(offset..offset + len)?;
+        check_host_access(offset, len, self.size())?;
+        let access = self
+            .allocation
+            .write(by, || format!("a {}-byte simulated buffer", self.size()))?;
+        let start = access.address().unwrap_or(0) + offset;
         Ok(self
-            .inner
-            .pool
+            .allocation
+            .pool()
             .source()
             .arena
-            .with_bytes(|bytes| f(&mut bytes[range])))
-    }
-}
-
-impl std::fmt::Debug for SimBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "SimBuffer({} bytes of {})",
-            self.inner.size,
-            self.inner.pool.source().device()
-        )
+            .with_bytes(|bytes| f(&mut bytes[start..start + len])))
     }
 }
 
@@ -264,26 +225,34 @@ impl Buffer for SimBuffer {
     type Backend = Sim;
 
     fn size(&self) -> usize {
-        self.inner.size
+        self.allocation.size()
     }
 
     /// Clones of one allocation. Two buffers on ranges of one pool block are
     /// not the same: they share no byte.
     fn same_as(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        self.allocation.same_as(&other.allocation)
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
         let data = hwqueue::buffer::bytes_of(data);
-        self.with_range(offset, data.len(), |bytes| bytes.copy_from_slice(data))
+        self.with_range(Access::Host, offset, data.len(), |bytes| {
+            bytes.copy_from_slice(data)
+        })
     }
 
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
         let data = hwqueue::buffer::bytes_of_mut(data);
-        self.with_range(offset, data.len(), |bytes| data.copy_from_slice(bytes))
+        self.with_range(Access::Host, offset, data.len(), |bytes| {
+            data.copy_from_slice(bytes)
+        })
     }
 
     fn queue_ordered(&self) -> Option<&QueueOrdered> {
-        self.inner.ordered.as_ref()
+        self.allocation.queue_ordered()
+    }
+
+    fn give_back(&self) {
+        self.allocation.give_back();
     }
 }

@@ -305,6 +305,11 @@ macro_rules! backend_set {
             fn queue_ordered(&self) -> ::std::option::Option<&$crate::memory::QueueOrdered> {
                 match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::queue_ordered(b), )+ }
             }
+
+            #[inline]
+            fn give_back(&self) {
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::give_back(b), )+ }
+            }
         }
     };
 

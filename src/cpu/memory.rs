@@ -10,8 +10,8 @@ use super::CPU_BUFFER_ALIGN;
 
 /// The CPU's block source: blocks are anonymous private mappings (`mmap`),
 /// which read as zeros until written and go back to the kernel with
-/// `munmap`; blocks of 2 MiB and more ask for transparent huge pages
-/// (`MADV_HUGEPAGE`): a first touch then maps 2 MiB at once, where 4 KiB
+/// `munmap`; on Linux, blocks of 2 MiB and more ask for transparent huge
+/// pages (`MADV_HUGEPAGE`): a first touch then maps 2 MiB at once, where 4 KiB
 /// pages would fault 512 times (measured here: 4 MiB of fresh memory
 /// touched once per page took 1.5 ms on 4 KiB pages, 77 µs on huge
 /// pages), and a kernel sweeping a large tensor takes one TLB entry per
@@ -45,10 +45,6 @@ impl HostAddress {
     pub fn as_ptr(self) -> *mut u8 {
         self.0.as_ptr()
     }
-
-    pub(crate) fn non_null(self) -> NonNull<u8> {
-        self.0
-    }
 }
 
 // SAFETY: an address is plain data; whoever dereferences it answers for
@@ -73,6 +69,11 @@ impl BlockSource for HostBlocks {
 
     fn device(&self) -> String {
         "cpu:0".into()
+    }
+
+    /// The page size: a mapping takes whole pages.
+    fn granularity(&self) -> usize {
+        page_size()
     }
 
     fn allocate(&self, size: usize) -> std::result::Result<HostBlock, BlockError> {
@@ -128,11 +129,29 @@ pub(super) fn meminfo<const N: usize>(names: [&str; N]) -> Option<[u64; N]> {
     Some(values)
 }
 
+/// The system's page size, what a mapping is rounded up to.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(os::page_size)
+}
+
 #[cfg(all(unix, not(miri)))]
 mod os {
     use std::ptr::NonNull;
 
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     use super::BLOCK_GRANULE;
+
+    /// The page size (`sysconf(_SC_PAGESIZE)`; 4 KiB where it says
+    /// nothing).
+    pub(super) fn page_size() -> usize {
+        // SAFETY: `sysconf` only reads a system constant.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page)
+            .ok()
+            .filter(|page| page.is_power_of_two())
+            .unwrap_or(4096)
+    }
 
     /// Maps `size` bytes of zeroed memory.
     ///
@@ -157,6 +176,10 @@ mod os {
                 std::io::Error::last_os_error()
             ));
         }
+        // Transparent huge pages are Linux's (and Android's, whose kernel
+        // it is): `MADV_HUGEPAGE` is not in other Unixes' `libc` (macOS,
+        // the BSDs), where a block is a plain mapping.
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         if size >= BLOCK_GRANULE {
             // A hint: where transparent huge pages are off, nothing changes.
             // SAFETY: the range is the mapping just made.
@@ -184,6 +207,11 @@ mod os {
     use std::ptr::NonNull;
 
     const BLOCK_ALIGN: usize = 4096;
+
+    /// The allocator's unit for blocks: they are aligned to it.
+    pub(super) fn page_size() -> usize {
+        BLOCK_ALIGN
+    }
 
     /// Allocates `size` zeroed bytes.
     ///

@@ -1,23 +1,22 @@
-//! `CudaBuffer`: device memory from the device's pools, with synchronous
+//! `CudaBuffer`: device memory from the device's pool, with synchronous
 //! host uploads and downloads.
 
 use std::fmt;
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, result};
 
 use crate::buffer::{Buffer, Pod, bytes_of, bytes_of_mut, check_host_access};
-use crate::error::{Error, Result};
-use crate::memory::{PooledRange, QueueOrdered};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::error::Result;
+use crate::memory::{Access, Allocation, QueueOrdered};
 
-use super::memory::{CudaBlocks, StreamAllocation};
+use super::memory::CudaBlocks;
 use super::{Cuda, CudaDevice, driver_error};
 
-/// Device memory of one CUDA device: a range of the device's
-/// [`MemoryPool`](crate::memory::MemoryPool) (from
-/// [`Device::alloc`](crate::Device::alloc) and `alloc_uninit`), or memory
-/// from the device's `CUmemoryPool` allocated on a queue's stream (from
-/// [`alloca`](crate::HardwareQueue::alloca)). Clones name the same memory.
+/// Device memory of one CUDA device: an [`Allocation`] of the device's
+/// [`MemoryPool`](crate::memory::MemoryPool) (ranges of `cuMemAlloc`
+/// blocks), from [`Device::alloc`](crate::Device::alloc), `alloc_uninit`
+/// and [`alloca`](crate::HardwareQueue::alloca) alike. Clones name the same
+/// memory.
 ///
 /// Host access ([`write_at`](Buffer::write_at), [`read_at`](Buffer::read_at))
 /// is a copy through the driver on the device's host-transfer stream, and
@@ -29,158 +28,60 @@ use super::{Cuda, CudaDevice, driver_error};
 /// not Rust memory.
 ///
 /// Queues keep every buffer they use alive until their stream passed that
-/// use, so dropping the last handle never frees memory under a kernel.
-/// After a [`dealloca`](crate::HardwareQueue::dealloca) ran, host access and
-/// queue work that reaches the buffer are refused
-/// ([`Error::UseAfterDealloca`]).
+/// use, so dropping the last handle never frees memory under a kernel; a
+/// `dealloca`'s range goes back to the pool only once its own batch and
+/// every batch of another queue using it completed on the device (see
+/// [`QueueOrdered`]). After a `dealloca` ran, host access is refused
+/// ([`Error::UseAfterDealloca`](crate::Error::UseAfterDealloca)).
 #[derive(Clone)]
 pub struct CudaBuffer {
-    inner: Arc<Memory>,
-}
-
-struct Memory {
-    /// The device address, for kernel arguments and device copies.
-    pointer: sys::CUdeviceptr,
-    size: usize,
-    device: CudaDevice,
-    /// Whose memory it is; held during host copies, so a `dealloca` cannot
-    /// free it under one.
-    backing: Mutex<Backing>,
-    /// A `dealloca` ran (read without the lock when a queue enqueues).
-    released: AtomicBool,
-    /// For buffers made by `alloca`: whether a `dealloca` is recorded.
-    ordered: Option<QueueOrdered>,
-}
-
-/// Where a buffer's memory comes from.
-enum Backing {
-    /// No bytes.
-    Empty,
-    /// A range of the device's pool, returned when this is dropped.
-    Pooled(
-        #[expect(dead_code, reason = "held for its `Drop`, which returns the range")]
-        PooledRange<CudaBlocks>,
-    ),
-    /// `alloca`'s memory, freed on its stream when this is dropped.
-    Stream(StreamAllocation),
-    /// A `dealloca` freed it.
-    Released,
+    /// Tagged with its device.
+    allocation: Allocation<CudaBlocks, CudaDevice>,
 }
 
 impl CudaBuffer {
-    /// `size` bytes of `device`'s pool, zeroed or not: ready for every
-    /// stream (a zero fill is ordered by the allocation fence), without a
-    /// synchronisation.
-    pub(crate) fn new(device: &CudaDevice, size: usize, zeroed: bool) -> Result<Self> {
-        if size == 0 {
-            return Ok(Self::with_backing(device, 0, 0, Backing::Empty, false));
-        }
-        let memory = device.memory();
-        let range = memory.allocate(size, zeroed)?;
-        let pointer = range.address();
-        Ok(Self::with_backing(
-            device,
-            pointer,
-            size,
-            Backing::Pooled(range),
-            false,
-        ))
-    }
-
-    /// `size` bytes from the device's `CUmemoryPool`, allocated on `stream`
-    /// (an `alloca` of the queue on it).
-    pub(crate) fn alloca(
+    /// `size` bytes of `device`'s pool, zeroed or not, made by `alloca` when
+    /// `ordered`: ready for every stream (a zero fill is ordered by the
+    /// allocation fence), without a synchronisation.
+    pub(crate) fn new(
         device: &CudaDevice,
-        stream: &std::sync::Arc<CudaStream>,
         size: usize,
-    ) -> Result<Self> {
-        if size == 0 {
-            return Ok(Self::with_backing(device, 0, 0, Backing::Empty, true));
-        }
-        let allocation = device.stream_allocate(stream, size)?;
-        Ok(Self::with_backing(
-            device,
-            allocation.pointer(),
-            size,
-            Backing::Stream(allocation),
-            true,
-        ))
-    }
-
-    fn with_backing(
-        device: &CudaDevice,
-        pointer: sys::CUdeviceptr,
-        size: usize,
-        backing: Backing,
+        zeroed: bool,
         ordered: bool,
-    ) -> Self {
-        Self {
-            inner: Arc::new(Memory {
-                pointer,
-                size,
-                device: device.clone(),
-                backing: Mutex::new(backing),
-                released: AtomicBool::new(false),
-                ordered: ordered.then(QueueOrdered::new),
-            }),
-        }
+    ) -> Result<Self> {
+        let allocation =
+            Allocation::tagged(device.memory(), size, zeroed, ordered, device.clone())?;
+        Ok(Self { allocation })
     }
 
     /// The device this memory lives on.
     pub fn device(&self) -> &CudaDevice {
-        &self.inner.device
+        self.allocation.tag()
     }
 
-    /// The device address (a `CUdeviceptr`), as a kernel receives it.
-    pub fn device_pointer(&self) -> u64 {
-        self.inner.pointer
-    }
-
-    /// `Err` once a `dealloca` of this buffer ran: for queues, before they
-    /// enqueue work that reaches it.
+    /// The device address (a `CUdeviceptr`; 0 for an empty buffer), as a
+    /// kernel receives it.
     #[inline]
-    pub(crate) fn check_live(&self, what: impl FnOnce() -> String) -> Result<()> {
-        if self.inner.released.load(Ordering::Acquire) {
-            return Err(Error::UseAfterDealloca {
-                what: format!("{} (a buffer of {} bytes)", what(), self.inner.size),
-            });
-        }
-        Ok(())
+    pub fn device_pointer(&self) -> u64 {
+        self.allocation.address().unwrap_or(0)
     }
 
-    /// A `dealloca` of this buffer, enqueued on `stream`: frees the memory
-    /// there, after everything enqueued on it so far.
-    pub(crate) fn release_on(&self, stream: &CudaStream) -> Result<()> {
-        let mut backing = self.inner.backing.lock();
-        let freed = match std::mem::replace(&mut *backing, Backing::Released) {
-            Backing::Stream(allocation) => allocation
-                .free_on(stream)
-                .map_err(|e| driver_error("freeing memory in stream order (dealloca)", e)),
-            // An empty buffer has nothing to free; the core only records a
-            // `dealloca` of buffers `alloca` made, which are never pooled.
-            Backing::Empty | Backing::Pooled(_) | Backing::Released => Ok(()),
-        };
-        self.inner.released.store(true, Ordering::Release);
-        freed
-    }
-
-    /// Runs a host copy with the memory held: makes the host stream wait
-    /// for an `alloca`'s allocation first; refuses after a `dealloca`.
-    fn host_copy(&self, what: &str, copy: impl FnOnce(&CudaStream) -> Result<()>) -> Result<()> {
-        let backing = self.inner.backing.lock();
-        let stream = self.inner.device.host_stream();
-        match &*backing {
-            Backing::Released => {
-                return Err(Error::UseAfterDealloca {
-                    what: format!("{what} (a buffer of {} bytes)", self.inner.size),
-                });
-            }
-            Backing::Stream(allocation) => allocation
-                .order_before(stream)
-                .map_err(|e| driver_error("ordering a host copy after `alloca`", e))?,
-            Backing::Empty | Backing::Pooled(_) => {}
+    /// Runs a host copy with the memory held; refuses after a `dealloca`.
+    fn host_copy(
+        &self,
+        read: bool,
+        what: &str,
+        copy: impl FnOnce(&CudaStream) -> Result<()>,
+    ) -> Result<()> {
+        let what = || format!("{what} (a buffer of {} bytes)", self.size());
+        let stream = self.device().host_stream();
+        if read {
+            let _held = self.allocation.read(Access::Host, what)?;
+            copy(stream)
+        } else {
+            let _held = self.allocation.write(Access::Host, what)?;
+            copy(stream)
         }
-        copy(stream)
     }
 }
 
@@ -188,21 +89,21 @@ impl Buffer for CudaBuffer {
     type Backend = Cuda;
 
     fn size(&self) -> usize {
-        self.inner.size
+        self.allocation.size()
     }
 
     fn same_as(&self, other: &CudaBuffer) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        self.allocation.same_as(&other.allocation)
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
         let bytes = bytes_of(data);
-        check_host_access(offset, bytes.len(), self.inner.size)?;
+        check_host_access(offset, bytes.len(), self.size())?;
         if bytes.is_empty() {
             return Ok(());
         }
-        let dst = self.inner.pointer + offset as u64;
-        self.host_copy("a host write", |stream| {
+        let dst = self.device_pointer() + offset as u64;
+        self.host_copy(false, "a host write", |stream| {
             let fail = |e| driver_error("uploading to a buffer", e);
             stream.context().bind_to_thread().map_err(fail)?;
             // SAFETY: `dst..dst + bytes.len()` lies in this live buffer
@@ -216,12 +117,12 @@ impl Buffer for CudaBuffer {
 
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
         let bytes = bytes_of_mut(data);
-        check_host_access(offset, bytes.len(), self.inner.size)?;
+        check_host_access(offset, bytes.len(), self.size())?;
         if bytes.is_empty() {
             return Ok(());
         }
-        let src = self.inner.pointer + offset as u64;
-        self.host_copy("a host read", |stream| {
+        let src = self.device_pointer() + offset as u64;
+        self.host_copy(true, "a host read", |stream| {
             let fail = |e| driver_error("downloading from a buffer", e);
             stream.context().bind_to_thread().map_err(fail)?;
             // SAFETY: `src..src + bytes.len()` lies in this live buffer
@@ -234,16 +135,22 @@ impl Buffer for CudaBuffer {
         })
     }
 
+    #[inline]
     fn queue_ordered(&self) -> Option<&QueueOrdered> {
-        self.inner.ordered.as_ref()
+        self.allocation.queue_ordered()
+    }
+
+    fn give_back(&self) {
+        self.allocation.give_back();
     }
 }
 
 impl fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CudaBuffer")
-            .field("size", &self.inner.size)
-            .field("device", &self.inner.device.ordinal())
+            .field("size", &self.size())
+            .field("id", &self.allocation.id().get())
+            .field("device", &self.device().ordinal())
             .finish_non_exhaustive()
     }
 }

@@ -6,14 +6,14 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use crate::device::{Device, QueueFactory};
 use crate::error::{Error, Result};
-use crate::memory::{DEFAULT_RELEASE_THRESHOLD, MemoryPool, MemoryStats};
+use crate::memory::{MemoryPool, MemoryStats};
 use crate::params::Limits;
 use crate::queue::QueueKind;
 use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
 
-use super::memory::{self, CudaBlocks, StagingCache, StreamAllocation, StreamPool};
+use super::memory::{self, CudaBlocks, StagingCache};
 use super::queue::CudaEngine;
 use super::{
     Cuda, CudaBuffer, CudaQueue, CudaSignal, device_count, driver_error, driver_version,
@@ -35,7 +35,7 @@ pub(crate) const PARAMETER_BYTES: usize = 4096;
 
 /// A CUDA device, opened: its primary context, a stream for zero fills and
 /// host transfers, its memory pool (ranges of `cuMemAlloc` blocks, see
-/// [`crate::memory`]), its `CUmemoryPool` for `alloca`, and its cache of
+/// [`crate::memory`]; `alloca` takes its ranges too), and its cache of
 /// page-locked staging. Cheap to clone; clones share the context.
 #[derive(Clone)]
 pub struct CudaDevice {
@@ -49,10 +49,9 @@ struct Inner {
     /// synchronises it before returning; a zero fill does not (the
     /// allocation fence orders it).
     host_stream: std::sync::Arc<CudaStream>,
-    /// Every `Device::alloc` is a range of it.
+    /// Every buffer (`Device::alloc`, `alloc_uninit`, `alloca`) is a range
+    /// of it.
     memory: MemoryPool<CudaBlocks>,
-    /// The device's `CUmemoryPool`, for `alloca`.
-    stream_pool: StreamPool,
     /// Page-locked staging that host transfers reuse.
     staging: std::sync::Arc<StagingCache>,
     name: String,
@@ -104,7 +103,6 @@ impl CudaDevice {
             .new_stream()
             .map_err(fail("creating the host-transfer stream"))?;
         let name = context.name().map_err(fail("reading the device name"))?;
-        let stream_pool = StreamPool::open(&context, DEFAULT_RELEASE_THRESHOLD)?;
         let memory = MemoryPool::new(CudaBlocks::new(
             ordinal,
             context.clone(),
@@ -128,7 +126,6 @@ impl CudaDevice {
                 context,
                 host_stream,
                 memory,
-                stream_pool,
                 staging,
                 name,
                 limits,
@@ -187,38 +184,6 @@ impl CudaDevice {
 
     pub(crate) fn fence(&self) -> &memory::Fence {
         self.inner.memory.source().fence()
-    }
-
-    /// `size` bytes of the device's `CUmemoryPool` on `stream`; out of
-    /// memory, frees what both pools cache and tries once more.
-    pub(crate) fn stream_allocate(
-        &self,
-        stream: &std::sync::Arc<CudaStream>,
-        size: usize,
-    ) -> Result<StreamAllocation> {
-        self.health()?;
-        let first = match StreamAllocation::new(&self.inner.stream_pool, stream, size) {
-            Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => e,
-            other => return other.map_err(|e| driver_error("allocating in stream order", e)),
-        };
-        self.trim_memory();
-        StreamAllocation::new(&self.inner.stream_pool, stream, size).map_err(|e| {
-            if e.0 != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-                return driver_error("allocating in stream order", e);
-            }
-            let stats = self.memory_stats();
-            crate::memory::out_of_memory(
-                self.spec().to_string(),
-                size,
-                format!(
-                    "`cuMemAllocFromPoolAsync` failed ({first}), and again after both pools \
-                     returned their cache; free buffers (or `dealloca` them) before this \
-                     allocation, or lower the batch size"
-                ),
-                (stats.in_use, stats.reserved),
-                self.memory_info(),
-            )
-        })
     }
 
     /// Whether two handles name the same context.
@@ -300,35 +265,24 @@ impl Device for CudaDevice {
     /// nothing synchronises.
     fn alloc(&self, size: usize) -> Result<CudaBuffer> {
         self.health()?;
-        CudaBuffer::new(self, size, true)
+        CudaBuffer::new(self, size, true, false)
     }
 
     fn alloc_uninit(&self, size: usize) -> Result<CudaBuffer> {
         self.health()?;
-        CudaBuffer::new(self, size, false)
+        CudaBuffer::new(self, size, false, false)
     }
 
-    /// The pool's figures, plus the `CUmemoryPool`'s (what `alloca` holds)
-    /// in `in_use` and `reserved`. The driver reports that pool's figures
-    /// only as they are now, so the peaks include them as seen at each
-    /// call: never below what is in use, but a lower bound of the true
-    /// peaks.
+    /// The pool's figures: every buffer, `alloca`'s included, is a range
+    /// of it.
     fn memory_stats(&self) -> MemoryStats {
-        let mut stats = self.inner.memory.stats();
-        if let Some((used, reserved)) = self.inner.stream_pool.usage(&self.inner.context) {
-            stats.in_use += used as usize;
-            stats.reserved += reserved as usize;
-            stats.cached = stats.reserved - stats.in_use.min(stats.reserved);
-            stats.peak_in_use = stats.peak_in_use.max(stats.in_use);
-            stats.peak_reserved = stats.peak_reserved.max(stats.reserved);
-        }
-        stats
+        self.inner.memory.stats()
     }
 
-    /// Returns the pool's cached blocks and the `CUmemoryPool`'s unused
-    /// memory to the driver; the bytes given back.
+    /// Returns the pool's cached blocks to the driver; the bytes given
+    /// back.
     fn trim_memory(&self) -> usize {
-        self.inner.memory.trim() + self.inner.stream_pool.trim(&self.inner.context) as usize
+        self.inner.memory.trim()
     }
 
     /// `cuMemGetInfo`: every process's use counts.
@@ -340,13 +294,8 @@ impl Device for CudaDevice {
         self.inner.memory.reset_peak();
     }
 
-    /// Sets the release threshold of both pools.
     fn set_memory_release_threshold(&self, bytes: usize) {
         self.inner.memory.set_release_threshold(bytes);
-        let _ = self
-            .inner
-            .stream_pool
-            .set_release_threshold(&self.inner.context, bytes);
     }
 
     fn set_memory_limit(&self, limit: Option<usize>) {

@@ -1,9 +1,8 @@
 //! CUDA device memory: the blocks of the device's
-//! [`MemoryPool`](crate::memory::MemoryPool) (`cuMemAlloc`), stream-ordered
-//! allocations for `alloca` (`cuMemAllocFromPoolAsync` from the device's
-//! `CUmemoryPool`), the allocation fence that orders zero fills before any
-//! queue's use, and the cache of page-locked staging memory that host
-//! transfers reuse.
+//! [`MemoryPool`](crate::memory::MemoryPool) (`cuMemAlloc`), from which
+//! every buffer is a range (`alloca`'s too), the allocation fence that
+//! orders zero fills before any queue's use, and the cache of page-locked
+//! staging memory that host transfers reuse.
 //!
 //! No allocation path synchronises a stream:
 //!
@@ -14,14 +13,16 @@
 //!   batch, when the fence moved since its last batch (one atomic load per
 //!   batch otherwise), and host transfers run on the host stream itself, so
 //!   no use of the range can overtake its fill;
-//! - `alloca` is a `cuMemAllocFromPoolAsync` on the queue's stream when it is
-//!   recorded (allocating earlier in stream order than the batch is always
-//!   safe: no earlier batch can name the new buffer), with an event recorded
-//!   after it that host transfers wait on; `dealloca` is a `cuMemFreeAsync`
-//!   on the stream of the queue that enqueues it, in stream order after
-//!   every earlier command there. A buffer made by `alloca` whose handles
-//!   all go without a `dealloca` is freed on the stream that allocated it,
-//!   after every use (queues hold a handle until their stream passed it).
+//! - `alloca` takes a range of the pool when it is recorded: valid for
+//!   every stream. `dealloca` gives it back through the core's lifecycle
+//!   ([`QueueOrdered`](crate::memory::QueueOrdered)): once its batch and
+//!   every batch of another queue that used the range completed on the
+//!   device (each queue learns that from the event recorded after its
+//!   batch), so no stream can reach a range another buffer was handed.
+//!   Statistics, the limit, `trim` and peaks count it like every range.
+//!   (The driver's stream-ordered pool, `cuMemAllocFromPoolAsync`, is not
+//!   used: its memory bypassed the pool's figures and limit, and its
+//!   `cuMemFreeAsync` was ordered only on the freeing queue's stream.)
 
 use std::fmt;
 
@@ -197,163 +198,6 @@ impl Fence {
         seen.store(self.generation.load(Ordering::Relaxed), Ordering::Relaxed);
         Ok(())
     }
-}
-
-/// The device's `CUmemoryPool` (its default pool), from which `alloca`
-/// allocates on a queue's stream.
-pub(crate) struct StreamPool {
-    pool: sys::CUmemoryPool,
-}
-
-// SAFETY: a `CUmemoryPool` is a driver handle, usable from any thread with
-// its context current (every call below binds it first).
-unsafe impl Send for StreamPool {}
-// SAFETY: as for `Send`; the driver serialises calls on a pool.
-unsafe impl Sync for StreamPool {}
-
-impl StreamPool {
-    /// The device's default pool, its release threshold set to `threshold`
-    /// (CUDA's default of 0 returns every byte to the OS at each
-    /// synchronisation: a stall per step of a loop).
-    pub(crate) fn open(context: &CudaContext, threshold: usize) -> Result<Self> {
-        let fail = |e| driver_error("opening the device's memory pool", e);
-        context.bind_to_thread().map_err(fail)?;
-        // SAFETY: the context's own device.
-        let pool =
-            unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(fail)?;
-        let opened = Self { pool };
-        opened.set_release_threshold(context, threshold)?;
-        Ok(opened)
-    }
-
-    /// Sets the bytes the pool keeps cached across synchronisations.
-    pub(crate) fn set_release_threshold(&self, context: &CudaContext, bytes: usize) -> Result<()> {
-        let fail = |e| driver_error("setting the memory pool's release threshold", e);
-        context.bind_to_thread().map_err(fail)?;
-        let mut value = bytes as u64;
-        // SAFETY: a live pool; the attribute takes a `cuuint64_t`.
-        unsafe {
-            result::mem_pool::set_attribute(
-                self.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&raw mut value).cast(),
-            )
-        }
-        .map_err(fail)
-    }
-
-    /// `(used, reserved)` bytes of the pool, where the driver reports them.
-    pub(crate) fn usage(&self, context: &CudaContext) -> Option<(u64, u64)> {
-        context.bind_to_thread().ok()?;
-        let read = |attribute| {
-            let mut value = 0u64;
-            // SAFETY: a live pool; these attributes are `cuuint64_t`s.
-            unsafe {
-                result::mem_pool::get_attribute(self.pool, attribute, (&raw mut value).cast())
-            }
-            .ok()
-            .map(|()| value)
-        };
-        use sys::CUmemPool_attribute as A;
-        Some((
-            read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-        ))
-    }
-
-    /// Returns what the pool holds beyond its allocations to the OS; the
-    /// bytes it gave back, where the driver says.
-    pub(crate) fn trim(&self, context: &CudaContext) -> u64 {
-        let before = self.usage(context).map_or(0, |(_, reserved)| reserved);
-        // SAFETY: a live pool.
-        let _ = unsafe { result::mem_pool::trim_to(self.pool, 0) };
-        let after = self.usage(context).map_or(before, |(_, reserved)| reserved);
-        before.saturating_sub(after)
-    }
-
-    /// `size` bytes on `stream`, valid from there on in stream order.
-    pub(crate) fn allocate(
-        &self,
-        context: &CudaContext,
-        stream: &CudaStream,
-        size: usize,
-    ) -> std::result::Result<sys::CUdeviceptr, DriverError> {
-        context.bind_to_thread()?;
-        let mut pointer = 0;
-        // SAFETY: a live pool and stream of this context; the memory is
-        // device memory the host only reaches through copies.
-        unsafe {
-            sys::cuMemAllocFromPoolAsync(&raw mut pointer, size, self.pool, stream.cu_stream())
-        }
-        .result()?;
-        Ok(pointer)
-    }
-}
-
-/// Memory `alloca` took from the device's `CUmemoryPool` on a queue's
-/// stream; freed on that stream when dropped, unless a `dealloca` freed it.
-pub(crate) struct StreamAllocation {
-    pointer: sys::CUdeviceptr,
-    /// The allocating queue's stream (kept alive by this handle).
-    stream: std::sync::Arc<CudaStream>,
-}
-
-impl StreamAllocation {
-    /// Allocates `size` bytes from `pool` on `stream`.
-    pub(crate) fn new(
-        pool: &StreamPool,
-        stream: &std::sync::Arc<CudaStream>,
-        size: usize,
-    ) -> std::result::Result<Self, DriverError> {
-        let pointer = pool.allocate(stream.context(), stream, size)?;
-        Ok(Self {
-            pointer,
-            stream: stream.clone(),
-        })
-    }
-
-    pub(crate) fn pointer(&self) -> sys::CUdeviceptr {
-        self.pointer
-    }
-
-    /// Makes `stream` (the host stream) wait until the allocation is valid:
-    /// behind everything its queue's stream holds now, the allocation
-    /// included. An event is made here, for the rare host access, rather
-    /// than at every `alloca`.
-    pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        stream.wait(&self.stream.record_event(Some(EVENT_FLAGS))?)
-    }
-
-    /// Frees the memory on `stream`, in stream order after everything
-    /// enqueued there so far (a `dealloca`).
-    pub(crate) fn free_on(mut self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        // 0 is no allocation's address: `drop` then has nothing to free.
-        let pointer = std::mem::take(&mut self.pointer);
-        free_async(pointer, stream)
-    }
-}
-
-impl Drop for StreamAllocation {
-    fn drop(&mut self) {
-        if self.pointer != 0 {
-            // The last handle is gone, so every queue's stream passed its
-            // last use; a failure (a lost context) leaks, never frees twice.
-            let _ = free_async(self.pointer, &self.stream);
-        }
-    }
-}
-
-/// Frees `pointer`, memory `cuMemAllocFromPoolAsync` made in this stream's
-/// context, on `stream`.
-fn free_async(
-    pointer: sys::CUdeviceptr,
-    stream: &CudaStream,
-) -> std::result::Result<(), DriverError> {
-    stream.context().bind_to_thread()?;
-    // SAFETY: a live allocation of this context, freed once (its
-    // `StreamAllocation` gave up the address); stream order, or the
-    // `dealloca` contract, puts the free after every use.
-    unsafe { result::free_async(pointer, stream.cu_stream()) }
 }
 
 /// Staging kept for reuse, at most this many bytes per device.

@@ -213,12 +213,14 @@ impl Engine for CudaEngine {
         )
     }
 
-    /// Memory from the device's `CUmemoryPool`, allocated on this queue's
-    /// stream now (`cuMemAllocFromPoolAsync`): ahead of the batch in stream
-    /// order, which no earlier batch can notice (none names the buffer), so
-    /// the `Alloca` command has nothing left to enqueue.
+    /// A range of the device's pool, taken now: its block is a
+    /// `cuMemAlloc`, valid for every stream, and a range a `dealloca` gave
+    /// back is handed out again only once every batch that used it
+    /// completed on the device (see [`QueueOrdered`](crate::memory::QueueOrdered)),
+    /// so the `Alloca` command has nothing left to enqueue.
     fn alloca(&mut self, size: usize) -> Result<CudaBuffer> {
-        CudaBuffer::alloca(&self.device, &self.shared.stream, size)
+        self.device.health()?;
+        CudaBuffer::new(&self.device, size, false, true)
     }
 
     fn check_dealloca(&self, buffer: &CudaBuffer) -> Result<()> {

@@ -83,8 +83,9 @@ pub(super) struct State {
 /// stream passed the event recorded after them.
 #[derive(Default)]
 pub(super) struct InFlight {
-    /// Each with the page-locked staging of its transfers.
-    pub(super) batches: VecDeque<(CudaEvent, Batch<Cuda>, Vec<Pinned>)>,
+    /// Each with the page-locked staging of its transfers, and how many of
+    /// its commands were enqueued (all, unless one failed).
+    pub(super) batches: VecDeque<(CudaEvent, Batch<Cuda>, Vec<Pinned>, usize)>,
     pub(super) spare_events: Vec<CudaEvent>,
     pub(super) spare_batches: Vec<Batch<Cuda>>,
 }
@@ -104,7 +105,10 @@ impl Shared {
             return;
         };
         match self.enqueue_caught(&batch, from) {
-            Outcome::Done => self.finish(batch),
+            Outcome::Done => {
+                let all = batch.commands().len();
+                self.finish(batch, all);
+            }
             Outcome::Blocked(at) => {
                 let mut state = self.state.lock();
                 state.worker_busy = true;
@@ -115,7 +119,7 @@ impl Shared {
             // that fails on the GPU.
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
-                self.finish(batch);
+                self.finish(batch, at);
             }
         }
     }
@@ -195,40 +199,30 @@ impl Shared {
                     &batch.scalars()[scalars.clone()],
                     params,
                 ),
-                Command::Copy { dst, src } => dst
-                    .buffer()
-                    .check_live(|| "the copy's destination".into())
-                    .and_then(|()| src.buffer().check_live(|| "the copy's source".into()))
-                    .and_then(|()| self.copy(dst, src)),
+                // The batch holds a use of every buffer `alloca` made that
+                // it names, so none of their ranges is returned before the
+                // stream passed it.
+                Command::Copy { dst, src } => self.copy(dst, src),
                 Command::Fill {
                     dst,
                     pattern,
                     width,
-                } => dst
-                    .buffer()
-                    .check_live(|| "the fill's destination".into())
-                    .and_then(|()| {
-                        // SAFETY: the view lies in its buffer, of this stream's
-                        // device, aligned to `width` (checked at record time),
-                        // kept alive until the stream passed the batch.
-                        unsafe {
-                            transfer::fill(
-                                &self.stream,
-                                pointer(dst),
-                                *pattern,
-                                *width,
-                                dst.len() / usize::from(*width),
-                            )
-                        }
-                        .map_err(|e| self.fault("a fill", e))
-                    }),
-                Command::Upload { dst, data } => {
-                    if let Err(error) = dst
-                        .buffer()
-                        .check_live(|| "the upload's destination".into())
-                    {
-                        return Outcome::Failed(index, error);
+                } => {
+                    // SAFETY: the view lies in its buffer, of this stream's
+                    // device, aligned to `width` (checked at record time),
+                    // kept alive until the stream passed the batch.
+                    unsafe {
+                        transfer::fill(
+                            &self.stream,
+                            pointer(dst),
+                            *pattern,
+                            *width,
+                            dst.len() / usize::from(*width),
+                        )
                     }
+                    .map_err(|e| self.fault("a fill", e))
+                }
+                Command::Upload { dst, data } => {
                     let mut staging = self.staging.lock();
                     // SAFETY: the view lies in its buffer, of this stream's
                     // device, of the data's length (checked at record
@@ -246,9 +240,6 @@ impl Shared {
                     .map_err(|e| self.fault("an upload", e))
                 }
                 Command::Download { src, sink } => {
-                    if let Err(error) = src.buffer().check_live(|| "the download's source".into()) {
-                        return Outcome::Failed(index, error);
-                    }
                     let mut staging = self.staging.lock();
                     // SAFETY: the view lies in its buffer, of this stream's
                     // device, of the download's length (checked at record
@@ -264,11 +255,11 @@ impl Shared {
                     }
                     .map_err(|e| self.fault("a download", e))
                 }
-                Command::Barrier => Ok(()),
-                // Allocated on this stream when it was recorded.
-                Command::Alloca { .. } => Ok(()),
-                // Freed on this stream after everything enqueued before.
-                Command::Dealloca { buffer } => buffer.release_on(&self.stream),
+                // A range of the pool, taken when it was recorded.
+                Command::Barrier | Command::Alloca { .. } => Ok(()),
+                // Completes with the batch: `retire` says so once the
+                // stream passed it.
+                Command::Dealloca { .. } => Ok(()),
             };
             if let Err(error) = result {
                 return Outcome::Failed(index, error);
@@ -292,10 +283,6 @@ impl Shared {
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
-        for (index, view) in buffers.iter().enumerate() {
-            view.buffer()
-                .check_live(|| format!("buffer {index} of `{}`", program.name()))?;
-        }
         // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
         // start the cell, which is what the driver reads for a 4-byte one.
         // On the stack: `check_exec` bounded the count by CUDA's parameter
@@ -371,7 +358,7 @@ impl Shared {
     }
 
     /// Keeps `batch` until the stream passed what was enqueued of it.
-    fn finish(&self, batch: Batch<Cuda>) {
+    fn finish(&self, batch: Batch<Cuda>, enqueued: usize) {
         let staging = mem::take(&mut *self.staging.lock());
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
@@ -379,7 +366,9 @@ impl Shared {
             None => self.stream.context().new_event(Some(EVENT_FLAGS)),
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
-            Ok(event) => in_flight.batches.push_back((event, batch, staging)),
+            Ok(event) => in_flight
+                .batches
+                .push_back((event, batch, staging, enqueued)),
             Err(error) => {
                 // No event to tell when the stream is done with the batch:
                 // wait for it here (the stream only holds work that
@@ -393,6 +382,7 @@ impl Shared {
                     let _ = self.fault("waiting for a batch's stream", error);
                 }
                 drop(staging);
+                batch.complete_deallocas(enqueued);
                 self.recycle(batch, None);
             }
         }
@@ -417,8 +407,11 @@ impl Shared {
             if !passed {
                 break;
             }
-            if let Some((event, batch, staging)) = in_flight.batches.pop_front() {
+            if let Some((event, batch, staging, enqueued)) = in_flight.batches.pop_front() {
                 drop(staging);
+                // Every command enqueued completed: the `dealloca`s among
+                // them too.
+                batch.complete_deallocas(enqueued);
                 in_flight.keep(batch, Some(event));
             }
         }
@@ -441,6 +434,11 @@ impl Shared {
         in_flight.spare_events.clear();
         in_flight.spare_batches.clear();
         drop(in_flight);
+        // The stream is synchronised: what was enqueued completed (or the
+        // context is lost, and no stream runs again).
+        for (_, batch, _, enqueued) in &batches {
+            batch.complete_deallocas(*enqueued);
+        }
         drop(batches);
     }
 }
@@ -515,10 +513,14 @@ pub(super) fn run_worker(shared: &Shared) {
                 other => break other,
             }
         };
-        if let Outcome::Failed(at, error) = outcome {
-            shared.ledger.fail(&batch, at, error);
-        }
-        shared.finish(batch);
+        let enqueued = match outcome {
+            Outcome::Failed(at, error) => {
+                shared.ledger.fail(&batch, at, error);
+                at
+            }
+            _ => batch.commands().len(),
+        };
+        shared.finish(batch, enqueued);
         shared.retire();
     }
 }

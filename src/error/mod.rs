@@ -454,14 +454,14 @@ pub enum Error {
     },
 
     /// A buffer was used after its `dealloca` was recorded (by a command) or
-    /// ran (by the host, or a batch recorded earlier on another queue).
-    #[error(
-        "{what} was deallocated by a `dealloca`; its memory may belong to another buffer now. \
-         Record the work before the `dealloca`, or allocate a new buffer for it"
-    )]
+    /// ran (by the host). `detail` says which, on which queue, and how to
+    /// order the work instead.
+    #[error("{what} {detail}")]
     UseAfterDealloca {
         /// The buffer, as the command or call names it.
         what: String,
+        /// What happened to it and what to do.
+        detail: String,
     },
 
     /// The operating system refused something (a thread, a library).

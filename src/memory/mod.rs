@@ -33,11 +33,20 @@
 //!   submitted batch uses it is held exactly that long: no host wait, and no
 //!   range is reused under a running kernel. The loom model
 //!   `loom_tests/memory.rs` checks this on the real code.
+//! - **One allocation type.** Every backend's buffer is an [`Allocation`]
+//!   of its device's pool and nothing more: an identity distinct for every
+//!   allocation (empty ones included; queues order and de-duplicate buffer
+//!   locks by it), the range, the lock every access to the bytes takes, and
+//!   for `alloca`'s buffers the lifecycle ([`QueueOrdered`]). A backend
+//!   supplies raw blocks ([`BlockSource`]) and nothing else of memory.
 //! - **Queue-ordered allocation.** [`alloca`](crate::HardwareQueue::alloca)
 //!   hands out a buffer at once, valid from its place in the queue on;
 //!   [`dealloca`](crate::HardwareQueue::dealloca) gives the range back once
-//!   every earlier command of that queue completed. What a queue may still do
-//!   with such a buffer is tracked by a [`QueueOrdered`] record on it.
+//!   every earlier command of that queue completed **and** every batch of
+//!   any queue that was recorded on the buffer before it was let go
+//!   (PyTorch's `record_stream`, with the batch's completion as the event):
+//!   never a host wait, and the same rule on every backend. A `dealloca`
+//!   whose batch does not run leaves the buffer live. See [`QueueOrdered`].
 //! - **Zeroing only what may hold data.** Fresh blocks come zeroed from
 //!   the backend where it can (the CPU's anonymous mappings), and the pool
 //!   remembers how much of each block was ever handed out, so a zeroed range
@@ -74,11 +83,30 @@
 //! # }
 //! ```
 
+mod allocation;
 mod pool;
 pub(crate) mod stats;
 
-pub use pool::{MemoryPool, PooledRange, QueueOrdered};
+pub(crate) use allocation::Memory;
+pub use allocation::{
+    Access, Allocation, AllocationId, Phase, QueueOrdered, ReadAccess, WriteAccess,
+};
+pub use pool::{MemoryPool, PooledRange};
 pub use stats::MemoryStats;
+
+/// For an engine: the `dealloca` of `buffer` completed (every earlier
+/// command of its queue did: on the CPU when the command runs, on a GPU
+/// when its batch completed on the device). Gives the range back to the
+/// pool when no batch of another queue still uses it; otherwise the last
+/// such batch does when it is let go.
+pub fn dealloca_completed<T: crate::Buffer>(buffer: &T) {
+    if buffer
+        .queue_ordered()
+        .is_some_and(|ordered| ordered.dealloca_ran())
+    {
+        buffer.give_back();
+    }
+}
 
 use crate::error::Result;
 
@@ -126,9 +154,18 @@ pub trait BlockSource: Send + Sync + 'static {
     /// The device, as errors name it (`"cpu:0"`, `"cuda:1"`).
     fn device(&self) -> String;
 
-    /// A new block of `size` bytes (a multiple of [`BLOCK_GRANULE`] or of
-    /// [`ALIGNMENT`](Self::ALIGNMENT)), its address aligned to
-    /// `ALIGNMENT`.
+    /// The unit the source really allocates in (the CPU's page size, for
+    /// its `mmap`s): the pool asks only for blocks that are multiples of it,
+    /// so [`MemoryStats::reserved`] counts what the source holds, not less.
+    /// The default, [`ALIGNMENT`](Self::ALIGNMENT), suits a source that
+    /// rounds no further.
+    fn granularity(&self) -> usize {
+        Self::ALIGNMENT
+    }
+
+    /// A new block of `size` bytes (a multiple of
+    /// [`granularity`](Self::granularity) and of
+    /// [`ALIGNMENT`](Self::ALIGNMENT)), its address aligned to `ALIGNMENT`.
     ///
     /// # Errors
     /// [`BlockError::OutOfMemory`] when the device has no room (the pool

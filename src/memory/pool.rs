@@ -11,12 +11,39 @@ use super::{
     LARGE_BLOCK, SMALL_BLOCK, SMALL_REQUEST,
 };
 use crate::error::{Error, Result};
-use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, Mutex, MutexGuard};
 
 /// The most ranges one block's offset allocator tracks. Its bookkeeping is
-/// about 32 bytes a range, allocated with the block (128 KiB of host memory
+/// [`NODE_BYTES`] a range, allocated with the block (128 KiB of host memory
 /// a block); a block with no node left is skipped like a full one.
 const MAX_RANGES_PER_BLOCK: u32 = 4096;
+
+/// Host bytes of an offset allocator's record per range it can track: a
+/// 28-byte node (offset, size, four links, a flag) and a 4-byte free-list
+/// entry.
+pub(crate) const NODE_BYTES: usize = 32;
+
+/// Host bytes of an offset allocator beside its nodes: 256 bin heads of 4
+/// bytes, 32 bin masks and its counters, rounded up.
+const ALLOCATOR_BYTES: usize = 1152;
+
+/// The most units one range may take: past it, rounding a request up to the
+/// offset allocator's bins (a float of 3 mantissa bits) passes `u32::MAX`
+/// and the allocator cannot serve it. `0xF000_0000` is itself a bin's size
+/// (mantissa 7, exponent 29), so every request up to it rounds to at most
+/// it.
+const MAX_UNITS: u32 = 0xF000_0000;
+
+/// The nodes a block of `units` gets: one per range it can hold plus the
+/// free region around them, at most [`MAX_RANGES_PER_BLOCK`].
+fn nodes_for(units: u32) -> u32 {
+    units.saturating_add(2).min(MAX_RANGES_PER_BLOCK)
+}
+
+/// Host bytes of the bookkeeping of a block with `nodes` nodes.
+fn bookkeeping_of(nodes: u32) -> usize {
+    ALLOCATOR_BYTES + nodes as usize * NODE_BYTES
+}
 
 /// A device's memory pool: blocks from its [`BlockSource`], sub-allocated
 /// into ranges. Cheap to clone; clones are handles to one pool. Every range
@@ -60,6 +87,9 @@ struct Block<K> {
     /// Bytes.
     size: usize,
     class: Class,
+    /// Host bytes of `ranges`' records, counted in
+    /// [`MemoryStats::bookkeeping`].
+    bookkeeping: usize,
     /// Offsets and sizes in units of `BlockSource::ALIGNMENT`.
     ranges: Allocator<u32>,
     /// Ranges handed out and not returned.
@@ -229,17 +259,19 @@ impl<S: BlockSource> MemoryPool<S> {
             });
         }
         let align = S::ALIGNMENT;
+        let max_range = MAX_UNITS as usize * align;
         let taken = size
             .checked_next_multiple_of(align)
-            .filter(|&taken| u32::try_from(taken / align).is_ok())
+            .filter(|&taken| taken <= max_range)
             .ok_or_else(|| {
                 self.out_of_memory(
                     &self.lock(),
                     size,
                     format!(
-                        "the size rounded up to {align}-byte units does not fit one range (at \
-                         most {} bytes)",
-                        u32::MAX as usize * align
+                        "one range holds at most {} ({max_range} bytes: the pool's offset \
+                         allocator counts {align}-byte units in 32 bits); split the tensor \
+                         across buffers",
+                        Bytes(max_range)
                     ),
                 )
             })?;
@@ -285,9 +317,9 @@ impl<S: BlockSource> MemoryPool<S> {
         Ok(range)
     }
 
-    /// A new block for a request of `size` bytes (`units` of the alignment)
-    /// that no block could serve, and the range from it; out of memory,
-    /// frees the cache and tries once more.
+    /// A new block for a request of `size` bytes (`units` of the alignment,
+    /// at most [`MAX_UNITS`]) that no block could serve, and the range from
+    /// it; out of memory, frees the cache and tries once more.
     fn grow(
         &self,
         state: &mut MutexGuard<'_, State<S::Block>>,
@@ -295,40 +327,28 @@ impl<S: BlockSource> MemoryPool<S> {
         units: u32,
     ) -> Result<(u32, Allocation<u32>)> {
         let class = Class::of(size);
-        // A block the offset allocator can serve `units` from: its bins are
-        // a small float, so a block must be at least the request rounded up
-        // to a bin.
-        let fits = offset_allocator::ext::min_allocator_size(units) as usize * S::ALIGNMENT;
-        let preferred = match class {
-            Class::Small => SMALL_BLOCK,
-            Class::Large if size <= DEDICATED_REQUEST => LARGE_BLOCK,
-            Class::Large => size
-                .checked_next_multiple_of(BLOCK_GRANULE)
-                .unwrap_or(usize::MAX),
-        }
-        .max(fits);
-        // Under a limit, a smaller block that still fits is better than an
-        // error.
-        let mut sizes = [preferred, fits];
-        if sizes[1] == sizes[0] {
-            sizes[1] = 0;
-        }
         let mut retried = false;
         loop {
             let mut refused = None;
-            for &block_size in sizes.iter().filter(|&&s| s > 0) {
+            for block_size in self.block_sizes(state, size, units, class) {
                 match self.new_block(state, block_size, class) {
                     Ok(block) => {
-                        let allocation = state.block_mut(block).ranges.allocate(units);
-                        state.refresh(block);
-                        return allocation.map(|a| (block, a)).ok_or_else(|| {
-                            Error::InvalidAllocation {
-                                size,
-                                reason: format!(
-                                    "a fresh block of {block_size} bytes could not hold it; this \
-                                     is a bug in hwqueue's pool, please report it"
-                                ),
-                            }
+                        if let Some(allocation) = state.block_mut(block).ranges.allocate(units) {
+                            state.refresh(block);
+                            return Ok((block, allocation));
+                        }
+                        // Unreachable: the block is at least `units` rounded
+                        // up to a bin, with nodes to spare. Give it back
+                        // rather than keep a block nothing can use.
+                        debug_assert!(false, "a fresh block of {block_size} could not hold it");
+                        let freed = state.take_block(block);
+                        self.free_blocks(freed.into_iter().collect());
+                        return Err(Error::InvalidAllocation {
+                            size,
+                            reason: format!(
+                                "a fresh block of {block_size} bytes could not hold it; this is a \
+                                 bug in hwqueue's pool, please report it"
+                            ),
                         });
                     }
                     Err(BlockError::OutOfMemory(detail)) => refused = Some(detail),
@@ -345,6 +365,52 @@ impl<S: BlockSource> MemoryPool<S> {
             let freed = state.take_empty_blocks(0);
             self.free_blocks(freed);
         }
+    }
+
+    /// The block sizes to ask the source for, in order, for a request of
+    /// `size` bytes (`units` of the alignment) of `class`: the class's
+    /// usual block (PyTorch's sizes); under a limit it would pass, the
+    /// largest block that still fits under it, so small requests go on
+    /// sharing blocks; and at least the smallest block that can serve the
+    /// request. Every size is a multiple of the source's
+    /// [`granularity`](BlockSource::granularity), so `reserved` counts what
+    /// the source really holds.
+    fn block_sizes(
+        &self,
+        state: &State<S::Block>,
+        size: usize,
+        units: u32,
+        class: Class,
+    ) -> impl Iterator<Item = usize> + use<S> {
+        let granule = self.shared.source.granularity().max(S::ALIGNMENT);
+        let round = move |bytes: usize| bytes.checked_next_multiple_of(granule);
+        // The smallest block the offset allocator can serve `units` from: its
+        // bins are a small float, so the request rounded up to a bin
+        // (`units <= MAX_UNITS` keeps that within `u32`).
+        let fits_units = offset_allocator::ext::min_allocator_size(units).max(units);
+        let fits = round(fits_units as usize * S::ALIGNMENT);
+        let preferred = match class {
+            Class::Small => Some(SMALL_BLOCK),
+            Class::Large if size <= DEDICATED_REQUEST => Some(LARGE_BLOCK),
+            Class::Large => size.checked_next_multiple_of(BLOCK_GRANULE),
+        }
+        .and_then(round)
+        .map(|preferred| preferred.max(fits.unwrap_or(0)));
+        // Under a limit the preferred block would pass: what room is left,
+        // rounded down to the granule, if it can still serve the request.
+        let under_limit = state.stats.limit.and_then(|limit| {
+            let room = limit.saturating_sub(state.stats.reserved);
+            let room = room - room % granule;
+            (preferred.is_some_and(|p| p > room) && fits.is_some_and(|f| f <= room)).then_some(room)
+        });
+        let mut sizes = [preferred, under_limit, fits];
+        // Each size once, in order.
+        for i in 1..sizes.len() {
+            if sizes[..i].contains(&sizes[i]) {
+                sizes[i] = None;
+            }
+        }
+        sizes.into_iter().flatten()
     }
 
     /// Asks the source for a block of `size` bytes of `class`, within the
@@ -364,14 +430,17 @@ impl<S: BlockSource> MemoryPool<S> {
                 Bytes(limit)
             )));
         }
-        let units = u32::try_from(size / S::ALIGNMENT)
-            .map_err(|_| BlockError::OutOfMemory("the block is too large for one pool".into()))?;
+        // Past `u32::MAX` units the allocator still manages the first
+        // `u32::MAX`: a request never needs more than `MAX_UNITS`.
+        let units = u32::try_from(size / S::ALIGNMENT).unwrap_or(u32::MAX);
         let block = self.shared.source.allocate(size)?;
+        let nodes = nodes_for(units);
         let entry = Block {
             block,
             size,
             class,
-            ranges: Allocator::with_max_allocs(units, MAX_RANGES_PER_BLOCK.min(units + 1)),
+            bookkeeping: bookkeeping_of(nodes),
+            ranges: Allocator::with_max_allocs(units, nodes),
             live: 0,
             dirty_end: 0,
         };
@@ -389,6 +458,7 @@ impl<S: BlockSource> MemoryPool<S> {
         state.refresh(id);
         state.classes[class as usize].push(id);
         let stats = &mut state.stats;
+        stats.bookkeeping += bookkeeping_of(nodes);
         stats.reserved += size;
         stats.peak_reserved = stats.peak_reserved.max(stats.reserved);
         stats.blocks += 1;
@@ -429,14 +499,23 @@ impl<S: BlockSource> MemoryPool<S> {
         let state = self.lock();
         let mut stats = state.stats;
         stats.cached = stats.reserved - stats.in_use;
-        stats.largest_free_range = state
-            .blocks
-            .iter()
-            .flatten()
-            .map(|entry| entry.ranges.storage_report().largest_free_region as usize)
-            .max()
-            .unwrap_or(0)
-            * S::ALIGNMENT;
+        // A request of at most `SMALL_REQUEST` is served from small blocks
+        // only, a larger one from large blocks only: the largest one
+        // allocation can get is the larger of the two classes' figures,
+        // the small one capped at what a small request may be.
+        let largest = |class: Class| {
+            state.classes[class as usize]
+                .iter()
+                .map(|&id| state.largest_free[id as usize] as usize * S::ALIGNMENT)
+                .max()
+                .unwrap_or(0)
+        };
+        let small = largest(Class::Small).min(SMALL_REQUEST);
+        let large = largest(Class::Large);
+        // A large block's free range of at most `SMALL_REQUEST` serves no
+        // request: a request that small goes to the small blocks.
+        let large = if large > SMALL_REQUEST { large } else { 0 };
+        stats.largest_free_range = small.max(large);
         stats
     }
 
@@ -555,20 +634,26 @@ impl<K> State<K> {
             .collect();
         empty.sort_unstable_by_key(|&(id, size)| (std::cmp::Reverse(size), id));
         let mut freed = Vec::new();
-        for (id, size) in empty {
+        for (id, _) in empty {
             if self.stats.reserved - self.stats.in_use <= keep {
                 break;
             }
-            if let Some(entry) = self.blocks[id as usize].take() {
-                self.classes[entry.class as usize].retain(|&other| other != id);
-                self.vacant.push(id);
-                self.stats.reserved -= size;
-                self.stats.blocks -= 1;
-                self.stats.block_frees += 1;
-                freed.push((entry.block, size));
-            }
+            freed.extend(self.take_block(id));
         }
         freed
+    }
+
+    /// Takes block `id` (which has no range in use) out of the pool; returns
+    /// it, with its size, for the caller to free once the lock is dropped.
+    fn take_block(&mut self, id: u32) -> Option<(K, usize)> {
+        let entry = self.blocks[id as usize].take()?;
+        self.classes[entry.class as usize].retain(|&other| other != id);
+        self.vacant.push(id);
+        self.stats.reserved -= entry.size;
+        self.stats.bookkeeping -= entry.bookkeeping;
+        self.stats.blocks -= 1;
+        self.stats.block_frees += 1;
+        Some((entry.block, entry.size))
     }
 }
 
@@ -588,37 +673,5 @@ impl<S: BlockSource> fmt::Debug for MemoryPool<S> {
             .field("device", &self.shared.source.device())
             .field("stats", &self.stats())
             .finish()
-    }
-}
-
-/// What the queues know of a buffer made by
-/// [`alloca`](crate::HardwareQueue::alloca): whether a
-/// [`dealloca`](crate::HardwareQueue::dealloca) of it was recorded, after
-/// which no queue may record new work on it.
-///
-/// Set once, by the queue that records the `dealloca` (`swap`, `AcqRel`: of
-/// two queues recording one at once, exactly one sees it unset); read
-/// (`Acquire`) only to decide whether to reject a command. The memory itself
-/// is protected by queue order and the buffer's own checks, not by this flag.
-#[derive(Debug, Default)]
-pub struct QueueOrdered {
-    dealloca_recorded: AtomicBool,
-}
-
-impl QueueOrdered {
-    /// The record of a buffer just made by `alloca`.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Whether a `dealloca` of the buffer was recorded.
-    #[inline]
-    pub fn is_dealloca_recorded(&self) -> bool {
-        self.dealloca_recorded.load(Ordering::Acquire)
-    }
-
-    /// Marks the `dealloca` recorded; `false` if one was already.
-    pub fn record_dealloca(&self) -> bool {
-        !self.dealloca_recorded.swap(true, Ordering::AcqRel)
     }
 }

@@ -5,7 +5,11 @@ use std::fmt;
 /// A pool's figures at one moment ([`MemoryPool::stats`](super::MemoryPool::stats)).
 ///
 /// Bytes are counted as the pool hands them out: each range rounded up to
-/// the backend's alignment. `in_use + cached == reserved`.
+/// the backend's alignment. `in_use + cached == reserved`. `reserved` is
+/// what the backend really holds for the pool: every block is a multiple of
+/// the backend's allocation unit (the page, on the CPU). The pool's own
+/// records of its ranges are host memory, counted apart in
+/// [`bookkeeping`](Self::bookkeeping).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MemoryStats {
     /// Bytes of the ranges handed out and not yet returned.
@@ -20,6 +24,11 @@ pub struct MemoryStats {
     /// The most `reserved` has been since the pool was made or the peaks
     /// were reset.
     pub peak_reserved: usize,
+    /// Host bytes of the pool's records of its blocks' ranges (its offset
+    /// allocators: 32 bytes for each range a block can track, at most 4,096
+    /// a block, and about 1 KiB a block): bounded by 129 KiB a block, and
+    /// not part of `reserved` or of the limit.
+    pub bookkeeping: usize,
     /// Bytes reserved and not in use: what the pool can hand out again
     /// without asking the backend.
     pub cached: usize,
@@ -35,8 +44,13 @@ pub struct MemoryStats {
     /// or an out-of-memory retry) since the pool was made.
     pub block_frees: u64,
     /// The largest range one allocation could get without a new block, in
-    /// bytes. A lower bound, exact to within one bin of the offset allocator
-    /// (1/8 of the size).
+    /// bytes: an `alloc` of this size takes no new block. Requests of at
+    /// most [`SMALL_REQUEST`](super::SMALL_REQUEST) are served from small
+    /// blocks only and larger ones from large blocks only, so this is the
+    /// larger of the small blocks' largest free range (capped at
+    /// `SMALL_REQUEST`) and the large blocks' (where it is above
+    /// `SMALL_REQUEST`). A lower bound of the free bytes, exact to within
+    /// one bin of the offset allocator (1/8 of the size).
     pub largest_free_range: usize,
     /// Times a backend's out-of-memory made the pool free its cache and
     /// retry.
@@ -51,9 +65,12 @@ pub struct MemoryStats {
 }
 
 impl MemoryStats {
-    /// `reserved / peak_in_use`: how much the pool holds for what was used
-    /// at most (1.0 is no overhead); `None` before any allocation.
-    pub fn reserved_per_peak(&self) -> Option<f64> {
+    /// `peak_reserved / peak_in_use`: the most the pool held, for the most
+    /// that was in use (1.0 is no overhead), over the same period (since
+    /// the pool was made or the peaks were reset); `None` before any
+    /// allocation. What is reserved now, after a `trim` for instance, does
+    /// not enter it.
+    pub fn peak_reserved_per_peak_in_use(&self) -> Option<f64> {
         (self.peak_in_use > 0).then(|| self.peak_reserved as f64 / self.peak_in_use as f64)
     }
 }
@@ -80,14 +97,15 @@ impl fmt::Display for Bytes {
 /// A summary a person can read, one line per group:
 ///
 /// ```text
-/// in use 20.0 MiB (peak 24.0 MiB) in 12 ranges; reserved 42.0 MiB (peak 42.0 MiB) in 3 blocks, 22.0 MiB cached
+/// in use 20.0 MiB (peak 24.0 MiB) in 12 ranges; reserved 42.0 MiB (peak 42.0 MiB) in 3 blocks, 22.0 MiB cached; bookkeeping 387.4 KiB
 /// 1043 allocations, 5 blocks allocated, 2 freed; largest free range 18.0 MiB; 0 out-of-memory retries
 /// ```
 impl fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "in use {} (peak {}) in {} ranges; reserved {} (peak {}) in {} blocks, {} cached",
+            "in use {} (peak {}) in {} ranges; reserved {} (peak {}) in {} blocks, {} cached; \
+             bookkeeping {}",
             Bytes(self.in_use),
             Bytes(self.peak_in_use),
             self.live_allocations,
@@ -95,6 +113,7 @@ impl fmt::Display for MemoryStats {
             Bytes(self.peak_reserved),
             self.blocks,
             Bytes(self.cached),
+            Bytes(self.bookkeeping),
         )?;
         write!(
             f,

@@ -4,6 +4,7 @@ use std::fmt;
 use std::ops::Range;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::program::Scalar;
@@ -159,6 +160,12 @@ pub struct Batch<B: Backend> {
     /// buffers shares it instead of cloning the handles again. (`u32`s keep
     /// the queue small.)
     pub(super) last_exec_buffers: Range<u32>,
+    /// Buffers made by `alloca` that commands of this batch name, once per
+    /// command, each holding a use (see [`QueueOrdered`](crate::memory::QueueOrdered));
+    /// and (flagged `true`) those whose `dealloca` it records, which are
+    /// live again if it never ran. Let go when the batch is cleared or
+    /// dropped.
+    pub(super) uses: Vec<(BufferOf<B>, bool)>,
 }
 
 impl<B: Backend> Default for Batch<B> {
@@ -172,6 +179,7 @@ impl<B: Backend> Default for Batch<B> {
             sequence: 0,
             abandoned: None,
             last_exec_buffers: 0..0,
+            uses: Vec::new(),
         }
     }
 }
@@ -229,6 +237,83 @@ impl<B: Backend> Batch<B> {
         // then.
         self.abandoned = None;
         self.last_exec_buffers = 0..0;
+        self.let_go();
+    }
+
+    /// Takes a use of `buffer` (named `what` in an error) for a command of
+    /// this batch, where it was made by `alloca`.
+    ///
+    /// # Errors
+    /// [`Error::UseAfterDealloca`] once a `dealloca` of it is recorded.
+    #[inline]
+    pub(super) fn take_use(
+        &mut self,
+        buffer: &BufferOf<B>,
+        what: impl FnOnce() -> String,
+    ) -> Result<()> {
+        if let Some(ordered) = buffer.queue_ordered() {
+            ordered.begin_use(what)?;
+            self.uses.push((buffer.clone(), false));
+        }
+        Ok(())
+    }
+
+    /// Records a `dealloca` of `buffer` (made by `alloca`) in this batch
+    /// for `queue`, folding in the uses this batch holds of it: they are
+    /// ordered before the `dealloca`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDealloca`] when one is recorded already, or ran.
+    pub(super) fn record_dealloca(
+        &mut self,
+        buffer: &BufferOf<B>,
+        ordered: &crate::memory::QueueOrdered,
+        queue: super::QueueId,
+    ) -> Result<()> {
+        let own = self
+            .uses
+            .iter()
+            .filter(|(used, dealloca)| !dealloca && used.same_as(buffer))
+            .count();
+        ordered.record_dealloca(queue, u32::try_from(own).unwrap_or(u32::MAX))?;
+        if own > 0 {
+            self.uses
+                .retain(|(used, dealloca)| *dealloca || !used.same_as(buffer));
+        }
+        self.uses.push((buffer.clone(), true));
+        Ok(())
+    }
+
+    /// For an engine that learns late that its commands completed (a GPU's,
+    /// once its stream passed the event recorded after the batch): the
+    /// `dealloca`s among the first `upto` commands completed
+    /// ([`dealloca_completed`](crate::memory::dealloca_completed)). Costs
+    /// nothing for a batch without a `dealloca`.
+    pub fn complete_deallocas(&self, upto: usize) {
+        if !self.uses.iter().any(|(_, dealloca)| *dealloca) {
+            return;
+        }
+        for command in self.commands.get(..upto).unwrap_or(&self.commands) {
+            if let Command::Dealloca { buffer } = command {
+                crate::memory::dealloca_completed(buffer);
+            }
+        }
+    }
+
+    /// Lets go of every use and `dealloca` the batch holds: a range whose
+    /// `dealloca` ran goes back to the pool with its last use, and a
+    /// `dealloca` that never ran leaves its buffer live again.
+    fn let_go(&mut self) {
+        for (buffer, dealloca) in self.uses.drain(..) {
+            let Some(ordered) = buffer.queue_ordered() else {
+                continue;
+            };
+            if dealloca {
+                ordered.dealloca_let_go();
+            } else if ordered.end_uses(1) {
+                buffer.give_back();
+            }
+        }
     }
 
     /// The queue's submit count when this batch was submitted, once the
@@ -258,6 +343,12 @@ impl<B: Backend> Batch<B> {
             Command::Download { .. } => true,
             _ => false,
         })
+    }
+}
+
+impl<B: Backend> Drop for Batch<B> {
+    fn drop(&mut self) {
+        self.let_go();
     }
 }
 

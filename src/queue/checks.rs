@@ -16,15 +16,6 @@ pub(super) fn is_deallocated<T: Buffer>(buffer: &T) -> bool {
         .is_some_and(|ordered| ordered.is_dealloca_recorded())
 }
 
-/// `Err` once a `dealloca` of `buffer` was recorded; `what` names it.
-#[inline]
-pub(super) fn check_live<T: Buffer>(buffer: &T, what: impl FnOnce() -> String) -> Result<()> {
-    if is_deallocated(buffer) {
-        return Err(Error::UseAfterDealloca { what: what() });
-    }
-    Ok(())
-}
-
 /// The checks every backend makes when an `exec` is recorded: the queue's
 /// kind, the work sizes against `limits`, and the argument counts (`takes`
 /// is what the program declares, `given` what the `exec` passes; each is

@@ -16,7 +16,7 @@ use crate::transfer::{Download, HostBytes, HostBytesInner, check_transfer_len, o
 use crate::view::{AsView, View};
 
 use super::batch::{Batch, Command};
-use super::checks::{check_exec, check_live, is_deallocated};
+use super::checks::{check_exec, is_deallocated};
 use super::engine::Engine;
 use super::ledger::QueueId;
 use super::{HardwareQueue, QueueKind, queue_label};
@@ -144,23 +144,24 @@ impl<E: Engine> Queue<E> {
     }
 
     /// `view` as a command's view, once the engine accepted its buffer
-    /// ([`Engine::check_buffer`], naming it `what`) and no `dealloca` of it
-    /// was recorded.
+    /// ([`Engine::check_buffer`], naming it `what`) and the batch took a
+    /// use of it (refused once a `dealloca` of it was recorded).
     fn device_view<V: AsView<E::Backend>>(
-        &self,
+        &mut self,
         what: &'static str,
         view: &V,
     ) -> Result<View<E::Backend>> {
         let (buffer, offset, len) = view.view_parts();
-        self.check_buffer(what, buffer)?;
+        self.use_buffer(what, buffer)?;
         Ok(View::from_parts(buffer.clone(), offset, len))
     }
 
-    /// The engine's [`Engine::check_buffer`], and that no `dealloca` of
-    /// `buffer` was recorded.
-    fn check_buffer(&self, what: &'static str, buffer: &BufferOf<E::Backend>) -> Result<()> {
-        check_live(buffer, || what.to_owned())?;
-        self.engine.check_buffer(what, buffer)
+    /// The engine's [`Engine::check_buffer`], then a use of `buffer` for
+    /// the batch (where `alloca` made it): refused once a `dealloca` of it
+    /// was recorded.
+    fn use_buffer(&mut self, what: &'static str, buffer: &BufferOf<E::Backend>) -> Result<()> {
+        self.engine.check_buffer(what, buffer)?;
+        self.batch.take_use(buffer, || what.to_owned())
     }
 
     /// Checks an upload of `host` bytes into `dst`: the view for its
@@ -251,26 +252,24 @@ impl<E: Engine> Queue<E> {
                         !offset.is_multiple_of(alignment)
                     }
                 };
-                if let Some(index) = (0..count).find(|&index| {
-                    let (buffer, offset, _) = get(index);
-                    misaligned(offset) || is_deallocated(buffer)
-                }) {
+                if let Some(index) = (0..count).find(|&index| misaligned(get(index).1)) {
                     let (buffer, offset, len) = get(index);
-                    let what = format!("buffer {index} of exec `{}`", program.name());
-                    // The found view is deallocated, or else misaligned.
-                    return self.reject(if is_deallocated(buffer) {
-                        Error::UseAfterDealloca { what }
-                    } else {
-                        Error::ViewMisaligned {
-                            what,
-                            offset,
-                            end: offset + len,
-                            size: buffer.size(),
-                            alignment,
-                        }
+                    return self.reject(Error::ViewMisaligned {
+                        what: format!("buffer {index} of exec `{}`", program.name()),
+                        offset,
+                        end: offset + len,
+                        size: buffer.size(),
+                        alignment,
                     });
                 }
-                self.push_buffers(count, get)
+                match self.push_buffers(count, &get) {
+                    Ok(buffers) => buffers,
+                    Err(index) => {
+                        let what = format!("buffer {index} of exec `{}`", program.name());
+                        let detail = get_refusal(&get, index);
+                        return self.reject(Error::UseAfterDealloca { what, detail });
+                    }
+                }
             }
         };
         if let Err(e) = self.engine.check_exec(
@@ -314,26 +313,45 @@ impl<E: Engine> Queue<E> {
     }
 
     /// Adds the views `get(0..count)` to the batch, as the range the next
-    /// `exec` on the same views shares.
+    /// `exec` on the same views shares, with a use of each buffer `alloca`
+    /// made; `Err(index)` for the first whose `dealloca` was recorded (the
+    /// batch is then rejected, and lets the uses taken go).
     #[inline]
     fn push_buffers<'b>(
         &mut self,
         count: usize,
         get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
-    ) -> Range<usize> {
+    ) -> std::result::Result<Range<usize>, usize> {
         let batch = &mut self.batch;
         let first = batch.buffers.len();
-        batch.buffers.extend((0..count).map(|index| {
+        for index in 0..count {
             let (buffer, offset, len) = get(index);
-            View::from_parts(buffer.clone(), offset, len)
-        }));
+            if batch.take_use(buffer, String::new).is_err() {
+                return Err(index);
+            }
+            batch
+                .buffers
+                .push(View::from_parts(buffer.clone(), offset, len));
+        }
         let range = first..batch.buffers.len();
         // Past `u32::MAX` handles, later `exec`s just clone again.
         batch.last_exec_buffers = u32::try_from(range.start)
             .and_then(|start| Ok(start..u32::try_from(range.end)?))
             .unwrap_or(0..0);
-        range
+        Ok(range)
     }
+}
+
+/// What the buffer of view `index` is refused with.
+#[cold]
+fn get_refusal<'b, B: Buffer + 'b>(
+    get: &impl Fn(usize) -> (&'b B, usize, usize),
+    index: usize,
+) -> String {
+    get(index)
+        .0
+        .queue_ordered()
+        .map_or_else(String::new, |ordered| ordered.refusal())
 }
 
 /// The commands that do real work (validation, a push, a handle's clone)
@@ -431,9 +449,12 @@ impl<E: Engine> HardwareQueue for Queue<E> {
                 src: src_len,
             });
         }
-        let views = self
-            .device_view("the copy destination", dst)
-            .and_then(|dst| Ok((dst, self.device_view("the copy source", src)?)));
+        let views = match self.device_view("the copy destination", dst) {
+            Ok(dst) => self
+                .device_view("the copy source", src)
+                .map(|src| (dst, src)),
+            Err(e) => Err(e),
+        };
         let (dst, src) = match views {
             Ok(views) => views,
             Err(e) => return self.reject(e),
@@ -525,7 +546,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         // `submit` then fails the download with the batch's rejection, so
         // whoever waits on it learns why.
         let checked = check_transfer_len("download", sink.len(), len)
-            .and_then(|()| self.check_buffer("the download source", buffer));
+            .and_then(|()| self.use_buffer("the download source", buffer));
         if let Err(e) = checked {
             self.reject(e);
         }
@@ -564,12 +585,9 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         if let Err(e) = self.engine.check_dealloca(buffer) {
             return self.reject(e);
         }
-        if !ordered.record_dealloca() {
-            return self.reject(Error::InvalidDealloca {
-                reason: "a `dealloca` of this buffer was recorded already; record one per \
-                         `alloca`"
-                    .into(),
-            });
+        let queue = self.id();
+        if let Err(e) = self.batch.record_dealloca(buffer, ordered, queue) {
+            return self.reject(e);
         }
         self.batch.commands.push(Command::Dealloca {
             buffer: buffer.clone(),

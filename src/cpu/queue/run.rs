@@ -7,15 +7,16 @@ use std::ops::Range;
 
 use crate::buffer::Buffer;
 use crate::error::{Error, Result};
+use crate::memory::Access;
 use crate::params::ExecParams;
 use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command};
 use crate::signal::{TimelineSignal, Timeout};
-use crate::sync::{Ordering, RwLockWriteGuard, fence};
+use crate::sync::{Ordering, fence};
 use crate::view::View;
 
 use super::profile::BatchProfile;
-use crate::cpu::buffer::Backing;
+use crate::cpu::buffer::Held;
 use crate::cpu::pool::{Grid, Pool};
 use crate::cpu::program::{BufferView, KernelArgs};
 use crate::cpu::{Cpu, CpuProgram};
@@ -73,8 +74,13 @@ fn run_commands<'a>(
             } => run_fill(dst, &pattern[..usize::from(*width)]),
             // Host accesses at the views (lengths checked at record time):
             // the buffer's lock orders them with kernels of other queues.
-            Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
-            Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
+            Command::Upload { dst, data } => {
+                dst.buffer()
+                    .write_bytes(Access::Queue, dst.offset(), batch.host_bytes(data))
+            }
+            Command::Download { src, sink } => {
+                sink.complete(|out| src.buffer().read_bytes(Access::Queue, src.offset(), out))
+            }
             Command::Barrier => {
                 fence(Ordering::SeqCst);
                 Ok(())
@@ -82,9 +88,10 @@ fn run_commands<'a>(
             // The range was taken when the `alloca` was recorded.
             Command::Alloca { .. } => Ok(()),
             // Every earlier command of this queue ran: the range goes back
-            // (after whatever kernel of another queue holds it now).
+            // now, or when the last batch of another queue using it is let
+            // go.
             Command::Dealloca { buffer } => {
-                buffer.release();
+                crate::memory::dealloca_completed(buffer);
                 Ok(())
             }
         };
@@ -117,9 +124,10 @@ fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) -> Result<()> {
         copy();
         return Ok(());
     }
-    // Lock in address order, as `run_exec` does, so two queues never wait
-    // on each other's buffers in a cycle.
-    let (first, second) = if dst_buffer.address() < src_buffer.address() {
+    // Lock in the order of the allocations' ids, as `run_exec` does, so two
+    // queues never wait on each other's buffers in a cycle (ids are
+    // distinct; addresses are not: every empty buffer has the same one).
+    let (first, second) = if dst_buffer.id() < src_buffer.id() {
         (dst_buffer, src_buffer)
     } else {
         (src_buffer, dst_buffer)
@@ -173,7 +181,7 @@ pub(super) struct ExecScratch {
     /// Indices into the `exec`'s buffers, in lock order.
     order: Vec<usize>,
     /// Room for the buffer guards.
-    guards: Vec<RwLockWriteGuard<'static, Backing>>,
+    guards: Vec<Held<'static>>,
     /// Room for the kernel's views.
     views: Vec<BufferView<'static>>,
 }
@@ -187,7 +195,7 @@ struct HeldBuffers<'a> {
     /// The range of `Batch::buffers` held, if any.
     range: Option<Range<usize>>,
     order: Vec<usize>,
-    guards: Vec<RwLockWriteGuard<'a, Backing>>,
+    guards: Vec<Held<'a>>,
     views: Vec<BufferView<'a>>,
 }
 
@@ -201,8 +209,9 @@ impl<'a> HeldBuffers<'a> {
         }
     }
 
-    /// Holds `buffers[range]` exclusively, in address order, with views;
-    /// refuses a buffer whose range a `dealloca` gave back.
+    /// Holds `buffers[range]` exclusively, in the order of their
+    /// allocations' ids (each once), with views; refuses a buffer whose
+    /// range a `dealloca` gave back.
     fn hold(&mut self, buffers: &'a [View<Cpu>], range: Range<usize>) -> Result<()> {
         if self.range.as_ref() == Some(&range) {
             return Ok(());
@@ -212,8 +221,8 @@ impl<'a> HeldBuffers<'a> {
         let order = &mut self.order;
         order.clear();
         order.extend(0..buffers.len());
-        order.sort_unstable_by_key(|&i| buffers[i].buffer().address());
-        order.dedup_by_key(|i| buffers[*i].buffer().address());
+        order.sort_unstable_by_key(|&i| buffers[i].buffer().id());
+        order.dedup_by_key(|i| buffers[*i].buffer().id());
         self.guards
             .extend(order.iter().map(|&i| buffers[i].buffer().lock_exclusive()));
         let checked = self

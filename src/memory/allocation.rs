@@ -1,0 +1,604 @@
+//! [`Allocation`]: one buffer's memory, as every backend's buffer holds it —
+//! its identity, its range of the pool, and, for a buffer made by
+//! [`alloca`](crate::HardwareQueue::alloca), the lifecycle that decides when
+//! the range may go to another buffer ([`QueueOrdered`]).
+//!
+//! See [`QueueOrdered`] for the lifecycle, and [`Allocation`] for
+//! identity.
+
+use std::fmt;
+use std::num::NonZeroU64;
+
+use super::BlockSource;
+use super::pool::{MemoryPool, PooledRange};
+use crate::error::{Error, Result};
+use crate::queue::QueueId;
+use crate::sync::{Arc, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Names one allocation for as long as the process runs: never reused, and
+/// distinct for every allocation, empty ones included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllocationId(NonZeroU64);
+
+impl AllocationId {
+    fn next() -> Self {
+        // Process-global, outside every loom model: a plain `std` atomic.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let raw = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(NonZeroU64::new(raw).unwrap_or(NonZeroU64::MIN))
+    }
+
+    /// The id as a number (never 0).
+    #[inline]
+    pub fn get(self) -> u64 {
+        self.0.get()
+    }
+}
+
+/// One buffer's memory: a range of its device's [`MemoryPool`] (none for
+/// an empty buffer), with a distinct [`AllocationId`] and, for `alloca`'s
+/// buffers, a [`QueueOrdered`] lifecycle. Clones are handles to one
+/// allocation; the range goes back to the pool when the last handle is
+/// dropped, or earlier when a `dealloca` of it ran and no batch uses it.
+///
+/// Backends' buffers wrap it and nothing more: what a buffer needs of its
+/// device beside the memory (CUDA its device handle) is the allocation's
+/// `tag` (`T`, `()` by default), so a buffer stays one pointer. Every
+/// access to the bytes goes through its lock:
+/// [`read`](Self::read) (shared) and [`write`](Self::write) (exclusive),
+/// which refuse once a `dealloca` ran.
+///
+/// # Identity
+///
+/// Every allocation gets an [`AllocationId`] of its own, an empty one
+/// (which has no range) included. Queues order the locks of the buffers a
+/// command holds by it, and de-duplicate by it: never by address, which an
+/// empty buffer does not have and two buffers on one freed range may share
+/// over time.
+///
+pub struct Allocation<S: BlockSource, T = ()> {
+    inner: Arc<Inner<S, T>>,
+}
+
+struct Inner<S: BlockSource, T> {
+    id: AllocationId,
+    size: usize,
+    /// The first byte; `None` for an empty allocation.
+    address: Option<S::Address>,
+    pool: MemoryPool<S>,
+    /// Guards the bytes, and holds the range until it is returned.
+    memory: RwLock<Memory<S>>,
+    /// For `alloca`'s allocations.
+    ordered: Option<QueueOrdered>,
+    tag: T,
+}
+
+/// What an allocation holds of its pool.
+pub(crate) enum Memory<S: BlockSource> {
+    /// No bytes: an empty allocation.
+    Empty,
+    /// A range, returned when this is dropped.
+    Range(
+        #[allow(dead_code, reason = "held for its drop, which returns the range")] PooledRange<S>,
+    ),
+    /// A `dealloca` ran and the range went back to the pool.
+    Returned,
+}
+
+impl<S: BlockSource> Memory<S> {
+    /// `Err` once the range went back to the pool; `what` names the buffer.
+    #[inline]
+    pub(crate) fn check(&self, what: impl FnOnce() -> String) -> Result<()> {
+        match self {
+            Memory::Returned => Err(Error::UseAfterDealloca {
+                what: what(),
+                detail: returned("on a queue"),
+            }),
+            Memory::Empty | Memory::Range(_) => Ok(()),
+        }
+    }
+}
+
+/// What a buffer whose `dealloca` (on `queue`) ran is refused with.
+fn returned(queue: &str) -> String {
+    format!(
+        "was deallocated by a `dealloca` {queue}, which ran: its memory may belong to another \
+         buffer now. Record the work before the `dealloca`, or allocate a new buffer for it"
+    )
+}
+
+impl<S: BlockSource, T> Clone for Allocation<S, T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: BlockSource> Allocation<S> {
+    /// `size` bytes of `pool`, zeroed or not (none, and nothing taken from
+    /// the pool, for `size` 0), for [`Device::alloc`](crate::Device::alloc)
+    /// and `alloc_uninit`.
+    ///
+    /// # Errors
+    /// What [`MemoryPool::alloc_zeroed`] and
+    /// [`alloc_uninit`](MemoryPool::alloc_uninit) report.
+    pub fn new(pool: &MemoryPool<S>, size: usize, zeroed: bool) -> Result<Self> {
+        Self::make(pool, size, zeroed, false)
+    }
+
+    /// `size` bytes of `pool`, not zeroed, with a [`QueueOrdered`]
+    /// lifecycle: what an engine's [`alloca`](crate::queue::Engine::alloca)
+    /// returns.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn new_alloca(pool: &MemoryPool<S>, size: usize) -> Result<Self> {
+        Self::make(pool, size, false, true)
+    }
+
+    fn make(pool: &MemoryPool<S>, size: usize, zeroed: bool, ordered: bool) -> Result<Self> {
+        Self::tagged(pool, size, zeroed, ordered, ())
+    }
+}
+
+impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
+    /// As [`Allocation::new`] (`alloca` false) or
+    /// [`Allocation::new_alloca`] (`alloca` true, `zeroed` ignored), with
+    /// `tag` kept beside the memory.
+    ///
+    /// # Errors
+    /// As [`Allocation::new`].
+    pub fn tagged(
+        pool: &MemoryPool<S>,
+        size: usize,
+        zeroed: bool,
+        alloca: bool,
+        tag: T,
+    ) -> Result<Self> {
+        let (address, memory) = if size == 0 {
+            (None, Memory::Empty)
+        } else {
+            let range = pool.allocate(size, zeroed && !alloca)?;
+            (Some(range.address()), Memory::Range(range))
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                id: AllocationId::next(),
+                size,
+                address,
+                pool: pool.clone(),
+                memory: RwLock::new(memory),
+                ordered: alloca.then(QueueOrdered::new),
+                tag,
+            }),
+        })
+    }
+
+    /// What the backend keeps beside the memory.
+    #[inline]
+    pub fn tag(&self) -> &T {
+        &self.inner.tag
+    }
+
+    /// The allocation's identity.
+    #[inline]
+    pub fn id(&self) -> AllocationId {
+        self.inner.id
+    }
+
+    /// Bytes asked for.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// The first byte's address; `None` for an empty allocation. Reaching
+    /// the bytes through it is the caller's to order: it stays the range's
+    /// until the range is returned.
+    #[inline]
+    pub fn address(&self) -> Option<S::Address> {
+        self.inner.address
+    }
+
+    /// The pool the allocation is of.
+    #[inline]
+    pub fn pool(&self) -> &MemoryPool<S> {
+        &self.inner.pool
+    }
+
+    /// Whether the allocation is of `pool`.
+    #[inline]
+    pub fn is_of(&self, pool: &MemoryPool<S>) -> bool {
+        self.inner.pool.same_as(pool)
+    }
+
+    /// Whether two handles name one allocation.
+    #[inline]
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// For `alloca`'s allocations: the lifecycle.
+    #[inline]
+    pub fn queue_ordered(&self) -> Option<&QueueOrdered> {
+        self.inner.ordered.as_ref()
+    }
+
+    /// Holds the bytes shared (a read), for `by`.
+    ///
+    /// # Errors
+    /// [`Error::UseAfterDealloca`], naming the buffer `what`: for the host,
+    /// once a `dealloca` of the allocation ran; for a queue, once the range
+    /// was returned (never, for work recorded before the `dealloca`: its
+    /// batch holds a use).
+    pub fn read(&self, by: Access, what: impl FnOnce() -> String) -> Result<ReadAccess<'_, S, T>> {
+        let guard = self.inner.memory.read();
+        self.check(by, &guard, what)?;
+        Ok(ReadAccess {
+            _guard: guard,
+            allocation: self,
+        })
+    }
+
+    /// Holds the bytes exclusively (a write), for `by`.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub fn write(
+        &self,
+        by: Access,
+        what: impl FnOnce() -> String,
+    ) -> Result<WriteAccess<'_, S, T>> {
+        let guard = self.inner.memory.write();
+        self.check(by, &guard, what)?;
+        Ok(WriteAccess {
+            _guard: guard,
+            allocation: self,
+        })
+    }
+
+    /// `Err` once the range was returned; for the host, once a `dealloca`
+    /// ran (the range may be returned any moment, when the last batch of
+    /// another queue lets its use go).
+    fn check(&self, by: Access, memory: &Memory<S>, what: impl FnOnce() -> String) -> Result<()> {
+        if by == Access::Host
+            && let Some(ordered) = &self.inner.ordered
+            && ordered.phase() >= Phase::Ran
+        {
+            return Err(Error::UseAfterDealloca {
+                what: what(),
+                detail: ordered.refusal(),
+            });
+        }
+        memory.check(what)
+    }
+
+    /// The lock, held exclusively, for an engine that runs queue work on
+    /// the host (the CPU's): queue work holds a use, so the range is never
+    /// returned under it; check [`Memory::check`] anyway.
+    #[inline]
+    pub(crate) fn lock_exclusive(&self) -> RwLockWriteGuard<'_, Memory<S>> {
+        self.inner.memory.write()
+    }
+
+    /// Returns the range to the pool: called once, by the queue core or
+    /// [`dealloca_completed`](super::dealloca_completed), when the
+    /// lifecycle says so (the `dealloca` ran and no batch uses the buffer).
+    /// Waits only for a host access in progress.
+    pub fn give_back(&self) {
+        let returned = {
+            let mut memory = self.inner.memory.write();
+            match &*memory {
+                Memory::Range(_) => std::mem::replace(&mut *memory, Memory::Returned),
+                Memory::Empty | Memory::Returned => return,
+            }
+        };
+        // The pool's lock is taken after the allocation's is dropped.
+        drop(returned);
+    }
+}
+
+impl<S: BlockSource, T> fmt::Debug for Allocation<S, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Allocation")
+            .field("id", &self.inner.id.get())
+            .field("size", &self.inner.size)
+            .field("device", &self.inner.pool.source().device())
+            .field("ordered", &self.inner.ordered)
+            .finish()
+    }
+}
+
+/// Who reaches an allocation's bytes: the host (a buffer's `write_at` and
+/// `read_at`), or a queue's command, run by an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The host: refused once a `dealloca` ran.
+    Host,
+    /// A command of a batch, which holds a use of the buffer: refused only
+    /// once the range was returned, which a use prevents.
+    Queue,
+}
+
+/// Shared access to an allocation's bytes: no `dealloca` can return the
+/// range while it is held.
+pub struct ReadAccess<'a, S: BlockSource, T = ()> {
+    _guard: RwLockReadGuard<'a, Memory<S>>,
+    allocation: &'a Allocation<S, T>,
+}
+
+/// Exclusive access to an allocation's bytes.
+pub struct WriteAccess<'a, S: BlockSource, T = ()> {
+    _guard: RwLockWriteGuard<'a, Memory<S>>,
+    allocation: &'a Allocation<S, T>,
+}
+
+impl<S: BlockSource, T> ReadAccess<'_, S, T> {
+    /// The first byte; `None` for an empty allocation.
+    pub fn address(&self) -> Option<S::Address> {
+        self.allocation.inner.address
+    }
+}
+
+impl<S: BlockSource, T> WriteAccess<'_, S, T> {
+    /// The first byte; `None` for an empty allocation.
+    pub fn address(&self) -> Option<S::Address> {
+        self.allocation.inner.address
+    }
+}
+
+/// Where a [`QueueOrdered`] allocation is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// Queues may record work on it.
+    Live,
+    /// A `dealloca` is recorded and has not run.
+    DeallocaRecorded,
+    /// The `dealloca` ran; the range goes back once no batch uses it.
+    Ran,
+    /// The range went back to the pool.
+    Returned,
+}
+
+/// The lifecycle of a buffer made by [`alloca`](crate::HardwareQueue::alloca):
+/// its phase and the batches using it.
+///
+/// # The lifecycle
+///
+/// | phase | entered when | new queue work | host access | the range |
+/// |-------|--------------|----------------|-------------|-----------|
+/// | live | `alloca` returns | recorded | yes | held |
+/// | `dealloca` recorded | a queue records its `dealloca` | refused | yes | held |
+/// | `dealloca` ran | that command completed | refused | refused | held while an earlier batch of another queue still uses it |
+/// | returned | the last such use settled | refused | refused | back in the pool |
+///
+/// A `dealloca` whose batch does not run (discarded, rejected, abandoned by
+/// a failure, or stopped by an earlier command's failure) leaves the buffer
+/// live again once the batch is let go, and a new `dealloca` may be
+/// recorded.
+///
+/// **Uses.** Every batch that names the buffer holds a *use* from the
+/// moment a command on it is recorded until the engine lets the batch go
+/// (after it settled: ran, failed, or was skipped; or when it is discarded).
+/// The range goes back to the pool only once the `dealloca` ran **and** no
+/// batch holds a use: so a batch of queue B recorded before queue A's
+/// `dealloca` runs on its bytes even if A's `dealloca` runs first, and no
+/// range is handed to another buffer under it (PyTorch's `record_stream`,
+/// with the batch's settlement as the event). Uses the `dealloca`'s own
+/// batch holds are folded into the `dealloca` when it is recorded: they are
+/// ordered before it in that batch, so a synchronous engine (the CPU's)
+/// returns the range the moment the `dealloca` runs, and an asynchronous
+/// one (CUDA's) once its batch completed on the device. Nothing on this
+/// path waits on the host.
+///
+/// # The record
+///
+/// | field | meaning | written by | ordering |
+/// |-------|---------|------------|----------|
+/// | `state` | bits 62–63: the [`Phase`]; bits 0–31: batches holding a use | the queue core (record, let go), engines (`dealloca_ran`) | `AcqRel` read-modify-writes: a use begun is seen by the `dealloca` that would return the range, and the return sees every use let go |
+/// | `dealloca_queue` | the queue that recorded the `dealloca`, for messages | the recording queue, before `state` moves | `Relaxed`: read only to word an error |
+#[derive(Debug)]
+pub struct QueueOrdered {
+    state: AtomicU64,
+    dealloca_queue: AtomicU64,
+}
+
+const PHASE_SHIFT: u32 = 62;
+const USES: u64 = (1 << 32) - 1;
+
+fn phase_of(state: u64) -> Phase {
+    match state >> PHASE_SHIFT {
+        0 => Phase::Live,
+        1 => Phase::DeallocaRecorded,
+        2 => Phase::Ran,
+        _ => Phase::Returned,
+    }
+}
+
+fn with_phase(state: u64, phase: Phase) -> u64 {
+    (state & USES) | ((phase as u64) << PHASE_SHIFT)
+}
+
+impl QueueOrdered {
+    fn new() -> Self {
+        Self {
+            state: AtomicU64::new(0),
+            dealloca_queue: AtomicU64::new(0),
+        }
+    }
+
+    /// The phase now.
+    #[inline]
+    pub fn phase(&self) -> Phase {
+        phase_of(self.state.load(Ordering::Acquire))
+    }
+
+    /// Whether a `dealloca` of the buffer is recorded (or ran): queues
+    /// refuse new work on it.
+    #[inline]
+    pub fn is_dealloca_recorded(&self) -> bool {
+        self.phase() != Phase::Live
+    }
+
+    /// Batches holding a use now.
+    pub fn uses(&self) -> u32 {
+        (self.state.load(Ordering::Acquire) & USES) as u32
+    }
+
+    /// What a refused access is told: what happened to the buffer, and how
+    /// to order the work instead.
+    pub fn refusal(&self) -> String {
+        let queue = self.queue_phrase();
+        match self.phase() {
+            Phase::Live => "is live".into(),
+            Phase::DeallocaRecorded => format!(
+                "has a `dealloca` recorded {queue}, and no work may be recorded on a buffer \
+                 after its `dealloca`. Record the work before the `dealloca`; to go on using \
+                 the memory after it, allocate a new buffer (on another queue, after a `wait` \
+                 on a signal that the `dealloca`'s queue sets after it); if that `dealloca`'s \
+                 batch is discarded or fails before it, the buffer is live again"
+            ),
+            Phase::Ran | Phase::Returned => returned(&queue),
+        }
+    }
+
+    /// A batch takes a use of the buffer (a command on it was recorded).
+    ///
+    /// # Errors
+    /// [`Error::UseAfterDealloca`] (naming it `what`) once a `dealloca` is
+    /// recorded.
+    pub(crate) fn begin_use(&self, what: impl FnOnce() -> String) -> Result<()> {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if phase_of(state) != Phase::Live {
+                return Err(Error::UseAfterDealloca {
+                    what: what(),
+                    detail: self.refusal(),
+                });
+            }
+            debug_assert!(state & USES < USES, "over 4 billion batches hold a buffer");
+            match self.state.compare_exchange_weak(
+                state,
+                state + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// A batch lets `count` uses go (it settled, or was discarded).
+    /// `true`: the `dealloca` ran and this was the last use, so the caller
+    /// gives the range back ([`Allocation::give_back`]).
+    pub(crate) fn end_uses(&self, count: u32) -> bool {
+        let before = self.state.fetch_sub(u64::from(count), Ordering::AcqRel);
+        debug_assert!(before & USES >= u64::from(count), "a use let go twice");
+        self.return_if_done(before - u64::from(count))
+    }
+
+    /// Records the `dealloca` for `queue`, folding in `own_uses` uses that
+    /// the same batch holds (they are ordered before it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidDealloca`] when one is recorded already or ran.
+    pub(crate) fn record_dealloca(&self, queue: QueueId, own_uses: u32) -> Result<()> {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            match phase_of(state) {
+                Phase::Live => {}
+                Phase::DeallocaRecorded => {
+                    return Err(Error::InvalidDealloca {
+                        reason: format!(
+                            "a `dealloca` of this buffer is recorded already {} and has not run; \
+                             record one per `alloca` (if that batch is discarded or fails \
+                             before it, the buffer is live again and a new one may be recorded)",
+                            self.queue_phrase()
+                        ),
+                    });
+                }
+                Phase::Ran | Phase::Returned => {
+                    return Err(Error::InvalidDealloca {
+                        reason: format!(
+                            "the buffer was deallocated already, by a `dealloca` {} that ran; \
+                             record one per `alloca`",
+                            self.queue_phrase()
+                        ),
+                    });
+                }
+            }
+            self.dealloca_queue.store(queue.get(), Ordering::Relaxed);
+            let next = with_phase(state - u64::from(own_uses), Phase::DeallocaRecorded);
+            match self
+                .state
+                .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(()),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// The `dealloca` completed: every earlier command of its queue did.
+    /// Engines call it ([`dealloca_completed`](super::dealloca_completed)).
+    /// `true`: no batch uses the buffer, so the caller gives the range back.
+    pub(crate) fn dealloca_ran(&self) -> bool {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if phase_of(state) != Phase::DeallocaRecorded {
+                debug_assert!(false, "a dealloca ran twice, or unrecorded");
+                return false;
+            }
+            let next = with_phase(state, Phase::Ran);
+            match self
+                .state
+                .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return self.return_if_done(next),
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// The batch holding the `dealloca` lets it go: if it never ran, the
+    /// buffer is live again.
+    pub(crate) fn dealloca_let_go(&self) {
+        let mut state = self.state.load(Ordering::Acquire);
+        while phase_of(state) == Phase::DeallocaRecorded {
+            match self.state.compare_exchange_weak(
+                state,
+                with_phase(state, Phase::Live),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => state = now,
+            }
+        }
+    }
+
+    /// With `state` just written: moves `Ran` with no use to `Returned`;
+    /// `true` for the one caller that did.
+    fn return_if_done(&self, state: u64) -> bool {
+        if phase_of(state) != Phase::Ran || state & USES != 0 {
+            return false;
+        }
+        self.state
+            .compare_exchange(
+                state,
+                with_phase(state, Phase::Returned),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    fn queue_phrase(&self) -> String {
+        match QueueId::from_raw(self.dealloca_queue.load(Ordering::Relaxed)) {
+            Some(queue) => format!("on {queue}"),
+            None => "on a queue".into(),
+        }
+    }
+}
