@@ -10,6 +10,13 @@
 # Instruction counts do not depend on what else the machine is doing.
 #
 #   bash benches/callgrind.sh        # needs valgrind; uses $CARGO_TARGET_DIR
+#   BENCH=memory bash benches/callgrind.sh
+#
+# BENCH=memory counts the `alloc_free_small` cases of the memory bench
+# instead (one iteration is 10,000 cycles of allocate, touch, free over
+# sizes of 64 B-4 KiB; LOW=2 HIGH=12 by default): `pooled_uninit`,
+# `pooled_zeroed` against glibc's `malloc` (`system_uninit`) and the
+# pre-pool path (`device_alloc`), divided by 10,000 for a cycle.
 #
 # Built with the `cuda` feature by default (FEATURES=cuda), so that the
 # `AnyQueue` enum has two variants, as in a real heterogeneous build; it
@@ -25,24 +32,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LOW=${LOW:-1000}
-HIGH=${HIGH:-11000}
-CASES=${CASES:-direct generic dyn enum exec views exec_swapped views_swapped}
+BENCH=${BENCH:-dispatch}
+if [ "$BENCH" = memory ]; then
+    LOW=${LOW:-2}
+    HIGH=${HIGH:-12}
+    CASES=${CASES:-pooled_uninit pooled_zeroed system_uninit device_alloc}
+    PER=10000 # cycles an iteration
+else
+    LOW=${LOW:-1000}
+    HIGH=${HIGH:-11000}
+    CASES=${CASES:-direct generic dyn enum exec views exec_swapped views_swapped}
+    PER=1
+fi
+VAR=HWQUEUE_$(echo "$BENCH" | tr '[:lower:]' '[:upper:]')
 
 FEATURES=${FEATURES-cuda}
-exe=$(cargo bench --bench dispatch --no-run --features "$FEATURES" --message-format=json 2>/dev/null |
-    python3 -c 'import json, sys
+exe=$(cargo bench --bench "$BENCH" --no-run --features "$FEATURES" --message-format=json 2>/dev/null |
+    BENCH=$BENCH python3 -c 'import json, os, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "dispatch" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == os.environ["BENCH"] and m.get("executable"):
         print(m["executable"])')
 echo "binary: $exe (features: ${FEATURES:-none})"
-nm -C "$exe" | grep -E ' dispatch::record_(direct|generic|dyn)' || true
+if [ "$BENCH" = dispatch ]; then
+    nm -C "$exe" | grep -E ' dispatch::record_(direct|generic|dyn)' || true
+fi
 echo
 
 count() { # CASE ITERS -> instructions collected inside the loop
-    HWQUEUE_DISPATCH_COUNT=$1 HWQUEUE_DISPATCH_ITERS=$2 \
-        valgrind --tool=callgrind --toggle-collect='dispatch::repeat*' \
+    env "${VAR}_COUNT=$1" "${VAR}_ITERS=$2" \
+        valgrind --tool=callgrind --toggle-collect="$BENCH::repeat*" \
         --callgrind-out-file=/dev/null "$exe" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
@@ -52,6 +71,6 @@ printf '|---|---:|---:|---:|\n'
 for case in $CASES; do
     low=$(count "$case" "$LOW")
     high=$(count "$case" "$HIGH")
-    per=$(python3 -c "print(f'{($high - $low) / ($HIGH - $LOW):.1f}')")
+    per=$(python3 -c "print(f'{($high - $low) / ($HIGH - $LOW) / $PER:.1f}')")
     printf '| %s | %s | %s | %s |\n' "$case" "$low" "$high" "$per"
 done

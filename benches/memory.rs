@@ -17,6 +17,14 @@
 //! | `device_alloc` | what `CpuDevice::alloc` did before the pool: `std::alloc::alloc_zeroed`, 64-byte aligned, and the buffer's shared handle |
 //! | `touch_only` | nothing: the same touches on one buffer allocated and faulted in before timing (the floor every allocator pays) |
 //!
+//! Group `alloca_cycle`: 10,000 cycles of allocate → one tiny `exec`
+//! writing the buffer → give back, over two CPU queues that alternate, each
+//! cycle's batch waiting (on the queue) for the other queue's previous
+//! cycle. `alloca` allocates with `alloca` and gives back with `dealloca`
+//! in the same batch; `alloc_drop` allocates with `Device::alloc` and drops
+//! the handle after `submit` (the batch holds the buffer until it ran).
+//! Target: `alloca/alloc_drop` ≤ 1.0.
+//!
 //! Targets (ratios of medians, same run): `pooled_uninit/system_uninit` ≤ 1.0
 //! in both groups; `pooled_uninit/device_alloc` ≤ 0.10 on the mixed sizes;
 //! `pooled_zeroed/device_alloc` ≤ 1.0 in both. `touch_only` shows what no
@@ -34,9 +42,9 @@ use std::alloc::{Layout, alloc, alloc_zeroed, dealloc};
 use std::hint::black_box;
 use std::sync::Arc;
 
-use criterion::{Criterion, criterion_group, criterion_main};
-use hwqueue::cpu::{CPU_BUFFER_ALIGN, CpuDevice};
-use hwqueue::{Buffer, Device};
+use criterion::{Criterion, criterion_group};
+use hwqueue::cpu::{CPU_BUFFER_ALIGN, CpuDevice, CpuProgram, CpuQueue, CpuSignal};
+use hwqueue::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal};
 use hwqueue_testkit::log_uniform_sizes;
 
 use support::Profile;
@@ -60,49 +68,68 @@ unsafe fn touch(ptr: *mut u8, size: usize) {
     }
 }
 
+/// One iteration of `pooled_uninit` (`zeroed` false) or `pooled_zeroed`.
+#[inline(never)]
+fn pooled(device: &CpuDevice, sizes: &[usize], zeroed: bool) {
+    for &size in sizes {
+        let buffer = if zeroed {
+            device.alloc(size)
+        } else {
+            device.alloc_uninit(size)
+        }
+        .expect("alloc");
+        // SAFETY: nothing else uses the buffer: it was just made.
+        unsafe { touch(buffer.as_ptr(), size) };
+        black_box(buffer);
+    }
+}
+
+/// One iteration of `system_uninit`.
+#[inline(never)]
+fn system_uninit(sizes: &[usize]) {
+    for &size in sizes {
+        let layout = Layout::from_size_align(size, CPU_BUFFER_ALIGN).expect("layout");
+        // SAFETY: `size` is not zero.
+        let ptr = unsafe { alloc(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: the allocation is `size` bytes, ours alone; it is freed
+        // with its own layout.
+        unsafe {
+            touch(ptr, size);
+            dealloc(black_box(ptr), layout);
+        }
+    }
+}
+
+/// One iteration of `device_alloc`.
+#[inline(never)]
+fn device_alloc(sizes: &[usize]) {
+    for &size in sizes {
+        let layout = Layout::from_size_align(size, CPU_BUFFER_ALIGN).expect("layout");
+        // SAFETY: `size` is not zero.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        // The buffer's shared handle, as `CpuBuffer` made one.
+        let handle = Arc::new((ptr as usize, size, parking_lot::RwLock::new(())));
+        // SAFETY: as above.
+        unsafe {
+            touch(ptr, size);
+            drop(black_box(handle));
+            dealloc(ptr, layout);
+        }
+    }
+}
+
 fn cycles(c: &mut Criterion, group: &str, sizes: &[usize]) {
     let mut group = c.benchmark_group(group);
     support::configure(&mut group, Profile::Bandwidth);
     let device = CpuDevice::new();
 
     group.bench_function("pooled_uninit", |b| {
-        b.iter(|| {
-            for &size in sizes {
-                let buffer = device.alloc_uninit(size).expect("alloc_uninit");
-                // SAFETY: nothing else uses the buffer: it was just made.
-                unsafe { touch(buffer.as_ptr(), size) };
-                black_box(buffer);
-            }
-        });
+        b.iter(|| pooled(&device, sizes, false))
     });
-
-    group.bench_function("pooled_zeroed", |b| {
-        b.iter(|| {
-            for &size in sizes {
-                let buffer = device.alloc(size).expect("alloc");
-                // SAFETY: nothing else uses the buffer: it was just made.
-                unsafe { touch(buffer.as_ptr(), size) };
-                black_box(buffer);
-            }
-        });
-    });
-
-    group.bench_function("system_uninit", |b| {
-        b.iter(|| {
-            for &size in sizes {
-                let layout = Layout::from_size_align(size, CPU_BUFFER_ALIGN).expect("layout");
-                // SAFETY: `size` is not zero.
-                let ptr = unsafe { alloc(layout) };
-                assert!(!ptr.is_null());
-                // SAFETY: the allocation is `size` bytes, ours alone; it is
-                // freed with its own layout.
-                unsafe {
-                    touch(ptr, size);
-                    dealloc(black_box(ptr), layout);
-                }
-            }
-        });
-    });
+    group.bench_function("pooled_zeroed", |b| b.iter(|| pooled(&device, sizes, true)));
+    group.bench_function("system_uninit", |b| b.iter(|| system_uninit(sizes)));
 
     // The floor: the same first touches on memory allocated once and
     // touched before, so no allocator and no page fault is timed.
@@ -120,24 +147,7 @@ fn cycles(c: &mut Criterion, group: &str, sizes: &[usize]) {
     });
     drop(floor);
 
-    group.bench_function("device_alloc", |b| {
-        b.iter(|| {
-            for &size in sizes {
-                let layout = Layout::from_size_align(size, CPU_BUFFER_ALIGN).expect("layout");
-                // SAFETY: `size` is not zero.
-                let ptr = unsafe { alloc_zeroed(layout) };
-                assert!(!ptr.is_null());
-                // The buffer's shared handle, as `CpuBuffer` made one.
-                let handle = Arc::new((ptr as usize, size, parking_lot::RwLock::new(())));
-                // SAFETY: as above.
-                unsafe {
-                    touch(ptr, size);
-                    drop(black_box(handle));
-                    dealloc(ptr, layout);
-                }
-            }
-        });
-    });
+    group.bench_function("device_alloc", |b| b.iter(|| device_alloc(sizes)));
 
     group.finish();
     black_box(device.memory_stats());
@@ -159,5 +169,130 @@ fn alloc_free_small(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, alloc_free_mixed, alloc_free_small);
-criterion_main!(benches);
+/// Writes 1 to the buffer's first `u32`.
+fn write_one(_: &hwqueue::cpu::WorkGroup, args: &hwqueue::cpu::KernelArgs<'_>) {
+    // SAFETY: one work-group: nothing else touches the buffer.
+    unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 1 };
+}
+
+/// The two queues and their signals: cycle `i` runs on queue `i % 2`,
+/// waits for cycle `i - 1` on the other queue, and signals `i + 1`.
+struct Alternating {
+    queues: [CpuQueue; 2],
+    signals: [CpuSignal; 2],
+    /// Cycles recorded so far (across iterations: signals only rise).
+    cycle: u64,
+}
+
+impl Alternating {
+    /// Records one cycle on its queue around `record`, which gets the
+    /// queue, and submits it.
+    fn cycle(&mut self, record: impl FnOnce(&mut CpuQueue)) {
+        let at = (self.cycle % 2) as usize;
+        let queue = &mut self.queues[at];
+        if self.cycle > 0 {
+            queue.wait(&self.signals[1 - at], self.cycle);
+        }
+        record(queue);
+        self.cycle += 1;
+        queue.signal(&self.signals[at], self.cycle);
+        queue.submit().expect("submit");
+    }
+
+    fn finish(&mut self) {
+        for queue in &mut self.queues {
+            queue.synchronize().expect("synchronize");
+        }
+    }
+}
+
+fn alloca_cycle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloca_cycle");
+    support::configure(&mut group, Profile::Bandwidth);
+    let device = CpuDevice::new();
+    let program = CpuProgram::from_fn("write_one", 1, 0, write_one);
+    let params = ExecParams::new_1d(1, 1);
+    let alternating = || Alternating {
+        queues: [
+            device.compute_queue().expect("queue"),
+            device.compute_queue().expect("queue"),
+        ],
+        signals: [
+            device.new_signal(0).expect("signal"),
+            device.new_signal(0).expect("signal"),
+        ],
+        cycle: 0,
+    };
+
+    let mut queues = alternating();
+    group.bench_function("alloca", |b| {
+        b.iter(|| {
+            for _ in 0..CYCLES {
+                queues.cycle(|queue| {
+                    let buffer = queue.alloca(64).expect("alloca");
+                    queue
+                        .exec(&program, &[&buffer], &[], params)
+                        .dealloca(&buffer);
+                });
+            }
+            queues.finish();
+        });
+    });
+    black_box(queues.signals[0].value());
+
+    let mut queues = alternating();
+    group.bench_function("alloc_drop", |b| {
+        b.iter(|| {
+            for _ in 0..CYCLES {
+                let buffer = device.alloc(64).expect("alloc");
+                queues.cycle(|queue| {
+                    queue.exec(&program, &[&buffer], &[], params);
+                });
+                drop(buffer);
+            }
+            queues.finish();
+        });
+    });
+    group.finish();
+    black_box(device.memory_stats());
+}
+
+/// Runs `routine` `iters` times: the only place `benches/callgrind.sh`
+/// collects instructions.
+#[inline(never)]
+fn repeat(iters: u64, mut routine: impl FnMut()) {
+    for _ in 0..iters {
+        routine();
+    }
+}
+
+/// `HWQUEUE_MEMORY_COUNT=CASE` (`pooled_uninit`, `pooled_zeroed`,
+/// `system_uninit`, `device_alloc`): run that case of `alloc_free_small`
+/// (10,000 cycles an iteration) `HWQUEUE_MEMORY_ITERS` times (default 10),
+/// without criterion, for `BENCH=memory bash benches/callgrind.sh`.
+fn count(case: &str) {
+    let iters = std::env::var("HWQUEUE_MEMORY_ITERS")
+        .ok()
+        .map(|iters| iters.parse().expect("HWQUEUE_MEMORY_ITERS is a number"))
+        .unwrap_or(10);
+    let sizes = log_uniform_sizes(CYCLES, 64, 4096, 11);
+    let device = CpuDevice::new();
+    match case {
+        "pooled_uninit" => repeat(iters, || pooled(&device, &sizes, false)),
+        "pooled_zeroed" => repeat(iters, || pooled(&device, &sizes, true)),
+        "system_uninit" => repeat(iters, || system_uninit(&sizes)),
+        "device_alloc" => repeat(iters, || device_alloc(&sizes)),
+        other => panic!("HWQUEUE_MEMORY_COUNT: no case {other:?}"),
+    }
+}
+
+criterion_group!(benches, alloc_free_mixed, alloc_free_small, alloca_cycle);
+
+fn main() {
+    if let Ok(case) = std::env::var("HWQUEUE_MEMORY_COUNT") {
+        count(&case);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

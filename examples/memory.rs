@@ -22,7 +22,41 @@ use hwqueue_testkit::log_uniform_sizes;
 const STEPS: usize = 12;
 const TENSORS: usize = 40;
 
+/// The process's resident memory in bytes, where the system says
+/// (`/proc/self/statm`: resident pages, times the page size).
+fn resident() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Prints the resident memory's growth since `before` beside what the
+/// pool reserved (its blocks, and its bookkeeping), and whether they agree
+/// within 10 % plus 4 MiB (the process's own allocations: the trace's
+/// samples, the queues' threads).
+fn compare_resident(what: &str, before: Option<usize>, device: &CpuDevice) {
+    let stats = device.memory_stats();
+    let held = stats.reserved + stats.bookkeeping;
+    let mib = |bytes: usize| bytes as f64 / f64::from(1u32 << 20);
+    match (before, resident()) {
+        (Some(before), Some(now)) => {
+            let growth = now.saturating_sub(before);
+            let agree = growth.abs_diff(held) as f64 <= 0.10 * held as f64 + f64::from(4u32 << 20);
+            println!(
+                "{what}: resident memory grew {:.1} MiB; the pool reserves {:.1} MiB \
+                 (+ {:.1} MiB bookkeeping); agree within 10% + 4 MiB: {}",
+                mib(growth),
+                mib(stats.reserved),
+                mib(stats.bookkeeping),
+                if agree { "yes" } else { "no" }
+            );
+        }
+        _ => println!("{what}: resident memory is not readable here (no /proc/self/statm)"),
+    }
+}
+
 fn main() -> Result<()> {
+    let before = resident();
     let device = CpuDevice::new();
     let mut queue = device.compute_queue()?;
     let sizes = log_uniform_sizes(TENSORS, 256, 16 << 20, 3);
@@ -38,10 +72,9 @@ fn main() -> Result<()> {
             let tensor = if i % 2 == 0 {
                 device.alloc_uninit(size)?
             } else {
-                let tensor = queue.alloca(size)?;
-                queue.fill(&tensor, 0u8);
-                tensor
+                queue.alloca(size)?
             };
+            queue.fill(&tensor, 1u8);
             live.push(tensor);
             sample(&device);
         }
@@ -60,6 +93,7 @@ fn main() -> Result<()> {
 
     let stats = device.memory_stats();
     println!("{stats}");
+    compare_resident("loop-shaped trace", before, &device);
     // A peak of 0 would mean the trace allocated nothing: an error, not a
     // ratio that passes CI's check.
     let ratio = stats
@@ -80,6 +114,23 @@ fn main() -> Result<()> {
     })?;
     println!("plot: {path}");
     println!("trimmed {} bytes back to the system", device.trim_memory());
+    drop(queue);
+
+    // Small buffers under a 1 MiB limit share blocks: reserved stays what
+    // the process holds (it made one block per buffer, 44 MiB for 8,192).
+    let device = CpuDevice::new();
+    device.set_memory_limit(Some(1 << 20));
+    let before = resident();
+    let small: Vec<_> = (0..4000)
+        .map(|_| {
+            let buffer = device.alloc_uninit(128)?;
+            buffer.write_from(&[1u8; 128])?;
+            Ok(buffer)
+        })
+        .collect::<Result<_>>()?;
+    println!("{}", device.memory_stats());
+    compare_resident("4,000 small buffers under a 1 MiB limit", before, &device);
+    drop(small);
     Ok(())
 }
 

@@ -50,6 +50,11 @@ mod imp {
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
+
+        /// The lock if it is free now; `None` without waiting otherwise.
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock()
+        }
     }
 
     /// A reader-writer lock without poisoning (`parking_lot`).
@@ -413,6 +418,15 @@ mod imp {
             self.0
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        /// The lock if it is free now; `None` without waiting otherwise.
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
     }
 

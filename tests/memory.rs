@@ -518,10 +518,10 @@ fn a_batch_of_another_queue_recorded_before_a_dealloca_runs_and_the_range_waits_
     c.synchronize().unwrap();
     // Once C's batch is done, the range is back, holding what C wrote.
     assert_eq!(device.memory_stats().in_use, 4096);
-    drop(other);
     let successor = device.alloc_uninit(4096).unwrap();
     assert_eq!(range(&successor), x_at);
     assert_eq!(successor.to_vec::<u32>().unwrap(), vec![9; 1024]);
+    drop(other);
 }
 
 #[test]

@@ -240,3 +240,31 @@ fn every_size_up_to_a_block_is_served_under_any_limit() {
         }
     }
 }
+
+#[test]
+fn small_ranges_kept_for_reuse_are_cached_and_trim_gives_their_block_back() {
+    let source = CountingBlocks::default();
+    let pool = MemoryPool::new(source.clone());
+    let ranges: Vec<_> = (0..100).map(|_| pool.alloc_uninit(100).unwrap()).collect();
+    let first = ranges[0].address();
+    drop(ranges);
+    let stats = pool.stats();
+    assert_eq!((stats.in_use, stats.live_allocations), (0, 0), "{stats}");
+    assert_eq!(stats.cached, stats.reserved);
+    // The next request of the size takes a kept range: no new block.
+    let again = pool.alloc_uninit(100).unwrap();
+    assert_eq!(pool.stats().block_allocations, 1);
+    drop(again);
+    // `stats` gave the kept ranges back to the allocator: the whole small
+    // request is free again.
+    assert_eq!(pool.stats().largest_free_range, SMALL_REQUEST);
+    let reused = pool.alloc_uninit(100).unwrap();
+    assert_eq!(reused.address(), first, "the block packs from its start");
+    drop(reused);
+    assert_eq!(pool.trim(), SMALL_BLOCK);
+    assert_eq!(source.blocks.load(Ordering::Relaxed), 0);
+    // Under a release threshold nothing is kept: an emptied block goes.
+    pool.set_release_threshold(0);
+    drop(pool.alloc_uninit(100).unwrap());
+    assert_eq!(pool.stats().reserved, 0);
+}

@@ -7,31 +7,27 @@
 //! identity.
 
 use std::fmt;
-use std::num::NonZeroU64;
 
 use super::BlockSource;
-use super::pool::{MemoryPool, PooledRange};
+use super::pool::{MemoryPool, Range};
 use crate::error::{Error, Result};
 use crate::queue::QueueId;
 use crate::sync::{Arc, AtomicU64, Ordering, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Names one allocation for as long as the process runs: never reused, and
-/// distinct for every allocation, empty ones included.
+/// Names one allocation while any handle to it lives: distinct for every
+/// live allocation, empty ones included (it is the address of the
+/// allocation's shared record, which every allocation has, so it costs
+/// nothing to make; a later allocation may reuse an id once every handle
+/// of the earlier one is gone). What ordering locks and de-duplicating
+/// buffers need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct AllocationId(NonZeroU64);
+pub struct AllocationId(usize);
 
 impl AllocationId {
-    fn next() -> Self {
-        // Process-global, outside every loom model: a plain `std` atomic.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let raw = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(NonZeroU64::new(raw).unwrap_or(NonZeroU64::MIN))
-    }
-
     /// The id as a number (never 0).
     #[inline]
-    pub fn get(self) -> u64 {
-        self.0.get()
+    pub fn get(self) -> usize {
+        self.0
     }
 }
 
@@ -61,7 +57,6 @@ pub struct Allocation<S: BlockSource, T = ()> {
 }
 
 struct Inner<S: BlockSource, T> {
-    id: AllocationId,
     size: usize,
     /// The first byte; `None` for an empty allocation.
     address: Option<S::Address>,
@@ -77,10 +72,9 @@ struct Inner<S: BlockSource, T> {
 pub(crate) enum Memory<S: BlockSource> {
     /// No bytes: an empty allocation.
     Empty,
-    /// A range, returned when this is dropped.
-    Range(
-        #[allow(dead_code, reason = "held for its drop, which returns the range")] PooledRange<S>,
-    ),
+    /// A range, which the allocation gives back (when it is dropped, or by
+    /// [`Allocation::give_back`]).
+    Range(Range<S::Address>),
     /// A `dealloca` ran and the range went back to the pool.
     Returned,
 }
@@ -159,12 +153,11 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
         let (address, memory) = if size == 0 {
             (None, Memory::Empty)
         } else {
-            let range = pool.allocate(size, zeroed && !alloca)?;
+            let range = pool.allocate_range(size, zeroed && !alloca)?;
             (Some(range.address()), Memory::Range(range))
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                id: AllocationId::next(),
                 size,
                 address,
                 pool: pool.clone(),
@@ -184,7 +177,7 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
     /// The allocation's identity.
     #[inline]
     pub fn id(&self) -> AllocationId {
-        self.inner.id
+        AllocationId(Arc::as_ptr(&self.inner) as usize)
     }
 
     /// Bytes asked for.
@@ -289,20 +282,33 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
     pub fn give_back(&self) {
         let returned = {
             let mut memory = self.inner.memory.write();
-            match &*memory {
-                Memory::Range(_) => std::mem::replace(&mut *memory, Memory::Returned),
-                Memory::Empty | Memory::Returned => return,
+            match std::mem::replace(&mut *memory, Memory::Returned) {
+                Memory::Range(range) => range,
+                other => {
+                    *memory = other;
+                    return;
+                }
             }
         };
         // The pool's lock is taken after the allocation's is dropped.
-        drop(returned);
+        self.inner.pool.give_back_range(returned);
+    }
+}
+
+impl<S: BlockSource, T> Drop for Inner<S, T> {
+    fn drop(&mut self) {
+        // The last handle is gone: nobody else holds the lock.
+        let memory = std::mem::replace(&mut *self.memory.write(), Memory::Returned);
+        if let Memory::Range(range) = memory {
+            self.pool.give_back_range(range);
+        }
     }
 }
 
 impl<S: BlockSource, T> fmt::Debug for Allocation<S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Allocation")
-            .field("id", &self.inner.id.get())
+            .field("id", &(Arc::as_ptr(&self.inner) as usize))
             .field("size", &self.inner.size)
             .field("device", &self.inner.pool.source().device())
             .field("ordered", &self.inner.ordered)

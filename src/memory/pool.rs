@@ -11,12 +11,23 @@ use super::{
     LARGE_BLOCK, SMALL_BLOCK, SMALL_REQUEST,
 };
 use crate::error::{Error, Result};
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering};
 
 /// The most ranges one block's offset allocator tracks. Its bookkeeping is
 /// [`NODE_BYTES`] a range, allocated with the block (128 KiB of host memory
 /// a block); a block with no node left is skipped like a full one.
 const MAX_RANGES_PER_BLOCK: u32 = 4096;
+
+/// Ranges up to this many bytes are kept for the next request of their
+/// exact size when given back (a free list per size, in front of the
+/// offset allocator, as glibc's tcache is in front of its bins): the small
+/// path then costs a push and a pop instead of the allocator's bin search
+/// and neighbour merge (about 500 instructions a cycle).
+const RECYCLE_BYTES: usize = 4096;
+
+/// The most bytes kept in those free lists; past it, ranges go back to
+/// their allocator.
+const RECYCLE_CAP: usize = 1 << 20;
 
 /// Host bytes of an offset allocator's record per range it can track: a
 /// 28-byte node (offset, size, four links, a flag) and a 4-byte free-list
@@ -58,6 +69,26 @@ pub struct MemoryPool<S: BlockSource> {
 struct Shared<S: BlockSource> {
     source: S,
     state: Mutex<State<S::Block>>,
+    /// Ranges given back while `state` was held by someone else: merged by
+    /// the next holder of `state` ([`MemoryPool::lock`]), so a range's
+    /// return never waits for the pool's lock (an engine returning a
+    /// `dealloca`'s range on a queue's critical path, while the host
+    /// allocates).
+    ///
+    /// | field | meaning | written by | read by |
+    /// |-------|---------|------------|---------|
+    /// | `returned` | the ranges waiting | `give_back`, under its own lock | `lock`, under `state` and its own lock |
+    /// | `pending` | `returned` may be non-empty | `give_back`, `Release`, after pushing | `lock`: `swap(false, Acquire)`, so whoever locks `state` after observing something the giver did after `give_back` (a signal it set) finds the range merged |
+    returned: Mutex<Vec<Returned>>,
+    pending: AtomicBool,
+}
+
+/// A range given back while the pool's lock was held.
+struct Returned {
+    block: u32,
+    allocation: Allocation<u32>,
+    len: usize,
+    taken: usize,
 }
 
 /// Everything behind the pool's lock.
@@ -79,6 +110,17 @@ struct State<K> {
     /// The counters (`cached` and `largest_free_range` are worked out when
     /// read).
     stats: MemoryStats,
+    /// Small ranges given back and kept for a request of their size, by
+    /// size in units less one: still taken in their block's allocator, but
+    /// counted neither in use nor in their block's `live` (so cached, in
+    /// the statistics). Everything that looks at the allocators or frees
+    /// blocks ([`take_empty_blocks`](State::take_empty_blocks), `stats`,
+    /// `grow`) first gives them back ([`flush_recycled`](State::flush_recycled)).
+    recycled: Vec<Vec<(u32, Allocation<u32>)>>,
+    /// Bytes in `recycled`.
+    recycled_bytes: usize,
+    /// The source's `ALIGNMENT`: the bytes of a unit.
+    align: usize,
 }
 
 /// One block and the ranges handed out of it.
@@ -123,7 +165,15 @@ impl Class {
 /// returns the range to the pool.
 pub struct PooledRange<S: BlockSource> {
     pool: MemoryPool<S>,
-    address: S::Address,
+    range: Range<S::Address>,
+}
+
+/// A range as the pool records it, without a handle to the pool: an
+/// [`Allocation`](super::Allocation) holds one beside the pool's handle it
+/// keeps anyway (one reference count per buffer, not two), and gives it
+/// back with [`MemoryPool::give_back_range`].
+pub(crate) struct Range<A> {
+    address: A,
     /// Bytes asked for.
     len: usize,
     /// Bytes taken from the block (`len` rounded up to the alignment).
@@ -132,31 +182,39 @@ pub struct PooledRange<S: BlockSource> {
     allocation: Allocation<u32>,
 }
 
+impl<A: Copy> Range<A> {
+    /// The address of the first byte.
+    #[inline]
+    pub(crate) fn address(&self) -> A {
+        self.address
+    }
+}
+
 impl<S: BlockSource> PooledRange<S> {
     /// The address of the first byte.
     #[inline]
     pub fn address(&self) -> S::Address {
-        self.address
+        self.range.address
     }
 
     /// Bytes asked for (the range may take more of its block: see
     /// [`taken`](Self::taken)).
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.range.len
     }
 
     /// Whether the range is empty (never: a pool hands out no empty range).
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.range.len == 0
     }
 
     /// Bytes of the block the range takes: its length rounded up to the
     /// pool's alignment.
     #[inline]
     pub fn taken(&self) -> usize {
-        self.taken
+        self.range.taken
     }
 
     /// The pool the range belongs to.
@@ -168,17 +226,20 @@ impl<S: BlockSource> PooledRange<S> {
 
 impl<S: BlockSource> Drop for PooledRange<S> {
     fn drop(&mut self) {
-        self.pool
-            .give_back(self.block, self.allocation, self.len, self.taken);
+        let range = Range {
+            allocation: self.range.allocation,
+            ..self.range
+        };
+        self.pool.give_back_range(range);
     }
 }
 
 impl<S: BlockSource> fmt::Debug for PooledRange<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PooledRange")
-            .field("len", &self.len)
-            .field("taken", &self.taken)
-            .field("block", &self.block)
+            .field("len", &self.range.len)
+            .field("taken", &self.range.taken)
+            .field("block", &self.range.block)
             .finish_non_exhaustive()
     }
 }
@@ -208,7 +269,12 @@ impl<S: BlockSource> MemoryPool<S> {
                     classes: [Vec::new(), Vec::new()],
                     largest_free: Vec::new(),
                     stats,
+                    recycled: Vec::new(),
+                    recycled_bytes: 0,
+                    align: S::ALIGNMENT,
                 }),
+                returned: Mutex::new(Vec::new()),
+                pending: AtomicBool::new(false),
             }),
         }
     }
@@ -250,6 +316,16 @@ impl<S: BlockSource> MemoryPool<S> {
     /// [`alloc_zeroed`](Self::alloc_zeroed) or
     /// [`alloc_uninit`](Self::alloc_uninit), as `zeroed` says.
     pub(crate) fn allocate(&self, size: usize, zeroed: bool) -> Result<PooledRange<S>> {
+        Ok(PooledRange {
+            pool: self.clone(),
+            range: self.allocate_range(size, zeroed)?,
+        })
+    }
+
+    /// [`allocate`](Self::allocate), as the pool's record of the range,
+    /// which the caller gives back with
+    /// [`give_back_range`](Self::give_back_range).
+    pub(crate) fn allocate_range(&self, size: usize, zeroed: bool) -> Result<Range<S::Address>> {
         if size == 0 {
             return Err(Error::InvalidAllocation {
                 size,
@@ -277,7 +353,11 @@ impl<S: BlockSource> MemoryPool<S> {
             })?;
         let units = (taken / align) as u32;
         let mut state = self.lock();
-        let (block, allocation) = match state.find(units, Class::of(size)) {
+        let found = match state.take_recycled(units) {
+            Some(found) => Some(found),
+            None => state.find(units, Class::of(size)),
+        };
+        let (block, allocation) = match found {
             Some(found) => found,
             None => self.grow(&mut state, size, units)?,
         };
@@ -299,8 +379,7 @@ impl<S: BlockSource> MemoryPool<S> {
         stats.live_allocations += 1;
         stats.allocations += 1;
         drop(state);
-        let range = PooledRange {
-            pool: self.clone(),
+        let range = Range {
             address,
             len: size,
             taken,
@@ -310,9 +389,12 @@ impl<S: BlockSource> MemoryPool<S> {
         if zeroed && dirty > 0 {
             // SAFETY: the first `dirty <= size` bytes from `address` lie in
             // the range just taken from a live block of this source (the
-            // range holds the pool, so the block stays), and nobody else has
-            // the range yet.
-            unsafe { self.shared.source.zero(address, dirty) }?;
+            // block stays until the range is given back), and nobody else
+            // has the range yet.
+            if let Err(error) = unsafe { self.shared.source.zero(address, dirty) } {
+                self.give_back_range(range);
+                return Err(error);
+            }
         }
         Ok(range)
     }
@@ -327,6 +409,12 @@ impl<S: BlockSource> MemoryPool<S> {
         units: u32,
     ) -> Result<(u32, Allocation<u32>)> {
         let class = Class::of(size);
+        // Ranges kept for reuse may be what stands in the way.
+        if state.flush_recycled()
+            && let Some(found) = state.find(units, class)
+        {
+            return Ok(found);
+        }
         let mut retried = false;
         loop {
             let mut refused = None;
@@ -466,37 +554,58 @@ impl<S: BlockSource> MemoryPool<S> {
         Ok(id)
     }
 
-    /// Returns a range (from [`PooledRange`]'s drop).
-    fn give_back(&self, block: u32, allocation: Allocation<u32>, len: usize, taken: usize) {
-        let mut state = self.lock();
-        let Some(entry) = state
-            .blocks
-            .get_mut(block as usize)
-            .and_then(Option::as_mut)
-        else {
-            // A live range keeps its block: unreachable, and nothing to free.
-            debug_assert!(false, "a range of block {block} outlived its block");
+    /// Takes a range back (a [`PooledRange`]'s drop, an allocation's
+    /// return): at once when the pool's lock is free, else to `returned`,
+    /// for the lock's holder or the next one to merge, without waiting.
+    pub(crate) fn give_back_range(&self, range: Range<S::Address>) {
+        let returned = Returned {
+            block: range.block,
+            allocation: range.allocation,
+            len: range.len,
+            taken: range.taken,
+        };
+        let Some(mut state) = self.shared.state.try_lock() else {
+            self.shared.returned.lock().push(returned);
+            self.shared.pending.store(true, Ordering::Release);
+            // The holder may have looked before the push and be gone now:
+            // take the lock (without waiting) to merge it, so the range is
+            // not left waiting until the pool's next use.
+            if let Some(state) = self.shared.state.try_lock() {
+                self.merge_returned(state);
+            }
             return;
         };
-        entry.ranges.free(allocation);
-        entry.live -= 1;
-        let emptied = entry.live == 0;
-        state.refresh(block);
-        let stats = &mut state.stats;
-        stats.in_use -= taken;
-        stats.requested -= len;
-        stats.live_allocations -= 1;
-        let threshold = stats.release_threshold;
-        if emptied && stats.reserved - stats.in_use > threshold {
-            let freed = state.take_empty_blocks(threshold);
-            drop(state);
-            self.free_blocks(freed);
+        let freed = state.return_range(returned);
+        drop(state);
+        self.free_blocks(freed);
+    }
+
+    /// Merges the ranges given back while the lock was held, then drops
+    /// the lock and frees what the release threshold lets go.
+    fn merge_returned(&self, mut state: MutexGuard<'_, State<S::Block>>) {
+        let freed = self.take_returned(&mut state);
+        drop(state);
+        self.free_blocks(freed);
+    }
+
+    /// Merges the ranges given back while the lock was held; returns the
+    /// blocks the release threshold lets go, for the caller to free once
+    /// the lock is dropped.
+    fn take_returned(&self, state: &mut State<S::Block>) -> Vec<(S::Block, usize)> {
+        let mut freed = Vec::new();
+        if self.shared.pending.swap(false, Ordering::Acquire) {
+            let returned = std::mem::take(&mut *self.shared.returned.lock());
+            for range in returned {
+                freed.extend(state.return_range(range));
+            }
         }
+        freed
     }
 
     /// The pool's figures now.
     pub fn stats(&self) -> MemoryStats {
-        let state = self.lock();
+        let mut state = self.lock();
+        state.flush_recycled();
         let mut stats = state.stats;
         stats.cached = stats.reserved - stats.in_use;
         // A request of at most `SMALL_REQUEST` is served from small blocks
@@ -562,8 +671,14 @@ impl<S: BlockSource> MemoryPool<S> {
         }
     }
 
+    /// The pool's state, with every range given back so far merged in.
+    /// Blocks the release threshold lets go on the way are freed under the
+    /// lock (only where a threshold is set, and only then).
     fn lock(&self) -> MutexGuard<'_, State<S::Block>> {
-        self.shared.state.lock()
+        let mut state = self.shared.state.lock();
+        let freed = self.take_returned(&mut state);
+        self.free_blocks(freed);
+        state
     }
 
     fn free_blocks(&self, blocks: Vec<(S::Block, usize)>) {
@@ -586,6 +701,79 @@ impl<S: BlockSource> MemoryPool<S> {
 }
 
 impl<K> State<K> {
+    /// A range of exactly `units` kept for reuse, if any.
+    #[inline]
+    fn take_recycled(&mut self, units: u32) -> Option<(u32, Allocation<u32>)> {
+        let found = self
+            .recycled
+            .get_mut((units as usize).checked_sub(1)?)?
+            .pop()?;
+        self.recycled_bytes -= units as usize * self.align;
+        Some(found)
+    }
+
+    /// Gives every range kept for reuse back to its allocator; whether
+    /// there was any.
+    fn flush_recycled(&mut self) -> bool {
+        if self.recycled_bytes == 0 {
+            return false;
+        }
+        for list in &mut self.recycled {
+            for (block, allocation) in list.drain(..) {
+                if let Some(entry) = self.blocks[block as usize].as_mut() {
+                    entry.ranges.free(allocation);
+                    self.largest_free[block as usize] =
+                        entry.ranges.storage_report().largest_free_region;
+                }
+            }
+        }
+        self.recycled_bytes = 0;
+        true
+    }
+
+    /// Takes a range back; returns the blocks the release threshold lets
+    /// go, for the caller to free once the lock is dropped.
+    fn return_range(&mut self, range: Returned) -> Vec<(K, usize)> {
+        let align = self.align;
+        let Returned {
+            block,
+            allocation,
+            len,
+            taken,
+        } = range;
+        let Some(entry) = self.blocks.get_mut(block as usize).and_then(Option::as_mut) else {
+            // A live range keeps its block: unreachable, and nothing to free.
+            debug_assert!(false, "a range of block {block} outlived its block");
+            return Vec::new();
+        };
+        entry.live -= 1;
+        let emptied = entry.live == 0;
+        let units = taken / align;
+        let recycle = taken <= RECYCLE_BYTES
+            && self.recycled_bytes + taken <= RECYCLE_CAP
+            && self.stats.release_threshold == DEFAULT_RELEASE_THRESHOLD;
+        if recycle {
+            if self.recycled.len() < units {
+                self.recycled.resize_with(units, Vec::new);
+            }
+            self.recycled[units - 1].push((block, allocation));
+            self.recycled_bytes += taken;
+        } else {
+            entry.ranges.free(allocation);
+            self.refresh(block);
+        }
+        let stats = &mut self.stats;
+        stats.in_use -= taken;
+        stats.requested -= len;
+        stats.live_allocations -= 1;
+        let threshold = stats.release_threshold;
+        if emptied && stats.reserved - stats.in_use > threshold {
+            self.take_empty_blocks(threshold)
+        } else {
+            Vec::new()
+        }
+    }
+
     /// A range of `units` from an existing block of `class`.
     #[inline]
     fn find(&mut self, units: u32, class: Class) -> Option<(u32, Allocation<u32>)> {
@@ -628,6 +816,7 @@ impl<K> State<K> {
     /// `keep` bytes stay cached; returns them (with their sizes) for the
     /// caller to free once the lock is dropped.
     fn take_empty_blocks(&mut self, keep: usize) -> Vec<(K, usize)> {
+        self.flush_recycled();
         let mut empty: Vec<(u32, usize)> = self
             .empty_blocks()
             .map(|id| (id, self.blocks[id as usize].as_ref().map_or(0, |b| b.size)))
