@@ -155,9 +155,9 @@ fn check_driver() -> std::result::Result<(), String> {
 ///
 /// cudarc resolves each driver function on its first call and panics when
 /// the loaded driver lacks it. The backend calls only functions that every
-/// driver since CUDA 11.2 exports (`cuMemAllocAsync`/`cuMemFreeAsync` are the
-/// newest; the rest are older: contexts, streams, events, `cuLaunchKernel`,
-/// `cuMemcpy*Async_v2`, modules), and 11.4 is the oldest CUDA cudarc
+/// driver since CUDA 11.2 exports (contexts, streams, events,
+/// `cuLaunchKernel`, `cuMemcpy*Async_v2`, `cuMemsetD*Async`, modules), and
+/// 11.4 is the oldest CUDA cudarc
 /// supports. A driver at least this new therefore has every symbol the
 /// backend can reach: a kernel's parameters are read from its PTX, not
 /// asked of the driver (`cuFuncGetParamInfo` is 12.4's). The exception is

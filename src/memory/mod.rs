@@ -216,9 +216,8 @@ pub struct DeviceMemory {
     pub total: u64,
 }
 
-/// Out of memory on `device` for `size` bytes, with the figures: what the
-/// pool and the backends' own allocators (CUDA's stream-ordered pool)
-/// report.
+/// Out of memory on `device` for `size` bytes, with the pool's figures and
+/// the device's.
 pub(crate) fn out_of_memory(
     device: String,
     size: usize,

@@ -201,17 +201,22 @@ pub trait HardwareQueue: Send + Sized {
 
     /// Records: give `buffer`, made by [`alloca`](Self::alloca) on this
     /// queue's device, back to the pool once every earlier command of this
-    /// queue completed (IREE's `queue_dealloca`). Another queue may reuse
-    /// the range only after waiting on a signal this queue records after the
-    /// `dealloca`: the death frontier. From the moment it is recorded, any
-    /// queue refuses new work on the buffer ([`Error::UseAfterDealloca`]),
-    /// and once it ran the host's reads and writes through a remaining
-    /// handle are refused too. If the batch does not run, the range goes
-    /// back when the last handle is dropped.
+    /// queue completed (IREE's `queue_dealloca`) and every batch of another
+    /// queue recorded on it before the `dealloca` is done (PyTorch's
+    /// `record_stream`): such a batch runs on the buffer's bytes even if it
+    /// runs after the `dealloca`. A queue that waits on a signal this queue
+    /// sets after the `dealloca` (the death frontier) may get the range
+    /// from its next `alloca`. From the moment it is recorded, any queue
+    /// refuses new work on the buffer ([`Error::UseAfterDealloca`]), and
+    /// once it ran the host's reads and writes through a remaining handle
+    /// are refused too. If its batch does not run (discarded, rejected, or
+    /// stopped by a failure), the buffer is live again and a new `dealloca`
+    /// may be recorded. See [`QueueOrdered`](crate::memory::QueueOrdered).
     ///
     /// [`Error::InvalidDealloca`] rejects the batch for a buffer not made by
-    /// `alloca`, of another device's pool, or deallocated already. The
-    /// default (a backend without queue-ordered allocation) rejects it.
+    /// `alloca`, of another device's pool, or with a `dealloca` recorded
+    /// already. The default (a backend without queue-ordered allocation)
+    /// rejects it.
     fn dealloca(&mut self, buffer: &BufferOf<Self::Backend>) -> &mut Self {
         let _ = buffer;
         self.reject(Error::NoQueueOrderedMemory {
