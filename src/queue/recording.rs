@@ -252,7 +252,15 @@ impl<E: Engine> Queue<E> {
                         !offset.is_multiple_of(alignment)
                     }
                 };
-                if let Some(index) = (0..count).find(|&index| misaligned(get(index).1)) {
+                // One scan for both exceptions: a misaligned view (refused)
+                // and a buffer `alloca` made (it takes a use).
+                let special = (0..count).find(|&index| {
+                    let (buffer, offset, _) = get(index);
+                    misaligned(offset) || buffer.queue_ordered().is_some()
+                });
+                if let Some(start) = special
+                    && let Some(index) = (start..count).find(|&index| misaligned(get(index).1))
+                {
                     let (buffer, offset, len) = get(index);
                     return self.reject(Error::ViewMisaligned {
                         what: format!("buffer {index} of exec `{}`", program.name()),
@@ -262,7 +270,7 @@ impl<E: Engine> Queue<E> {
                         alignment,
                     });
                 }
-                match self.push_buffers(count, &get) {
+                match self.push_buffers(count, &get, special) {
                     Ok(buffers) => buffers,
                     Err(index) => {
                         let what = format!("buffer {index} of exec `{}`", program.name());
@@ -314,24 +322,24 @@ impl<E: Engine> Queue<E> {
 
     /// Adds the views `get(0..count)` to the batch, as the range the next
     /// `exec` on the same views shares, with a use of each buffer `alloca`
-    /// made; `Err(index)` for the first whose `dealloca` was recorded (the
-    /// batch is then rejected, and lets the uses taken go).
+    /// made (none before index `ordered_from`, where the caller knows);
+    /// `Err(index)` for the first whose `dealloca` was recorded (the batch
+    /// is then rejected, and lets the uses taken go).
     #[inline]
     fn push_buffers<'b>(
         &mut self,
         count: usize,
         get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+        ordered_from: Option<usize>,
     ) -> std::result::Result<Range<usize>, usize> {
         let batch = &mut self.batch;
         let first = batch.buffers.len();
-        for index in 0..count {
+        batch.buffers.extend((0..count).map(|index| {
             let (buffer, offset, len) = get(index);
-            if batch.take_use(buffer, String::new).is_err() {
-                return Err(index);
-            }
-            batch
-                .buffers
-                .push(View::from_parts(buffer.clone(), offset, len));
+            View::from_parts(buffer.clone(), offset, len)
+        }));
+        if let Some(start) = ordered_from {
+            take_uses(batch, start..count, &get)?;
         }
         let range = first..batch.buffers.len();
         // Past `u32::MAX` handles, later `exec`s just clone again.
@@ -340,6 +348,23 @@ impl<E: Engine> Queue<E> {
             .unwrap_or(0..0);
         Ok(range)
     }
+}
+
+/// A use of each buffer `alloca` made among the views `get(indices)`, for
+/// `batch`; `Err(index)` for the first whose `dealloca` was recorded.
+#[inline(never)]
+fn take_uses<'b, B: crate::backend::Backend>(
+    batch: &mut Batch<B>,
+    indices: Range<usize>,
+    get: &impl Fn(usize) -> (&'b BufferOf<B>, usize, usize),
+) -> std::result::Result<(), usize> {
+    for index in indices {
+        let buffer = get(index).0;
+        if buffer.queue_ordered().is_some() && batch.take_use(buffer, String::new).is_err() {
+            return Err(index);
+        }
+    }
+    Ok(())
 }
 
 /// What the buffer of view `index` is refused with.
