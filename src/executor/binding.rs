@@ -12,10 +12,11 @@
 //!   ordered them as different memory. `run` refuses that
 //!   ([`Error::InvalidBinding`]); bindings that are only read may share.
 //! - **Across runs**, a slot bound to bytes that another slot used in a run
-//!   still in flight (the last run's output bound as this run's input): the
-//!   back-to-back waits order a slot only with itself. The first run with
-//!   such bindings waits, on every queue, for that run to finish; other
-//!   rebindings add no wait.
+//!   still in flight (the last run's output bound as this run's input), or
+//!   that the same slot used at other offsets (rebound to overlapping,
+//!   shifted bytes): the back-to-back waits order a slot only with itself,
+//!   by its own offsets. The first run with such bindings waits, on every
+//!   queue, for that run to finish; other rebindings add no wait.
 //!
 //! A run in flight keeps the buffers it was recorded with, so binding
 //! while it runs is safe.
@@ -241,7 +242,13 @@ impl<B: Backend> Plan<B> {
                 .filter(|(old, _)| {
                     current.iter().any(|(slot, view)| {
                         old.iter().any(|(other, was)| {
-                            other != slot && bindings.clash((*slot, view), (*other, was))
+                            // A slot bound to the very bytes it had is
+                            // ordered by the back-to-back waits, which
+                            // compare the slot's offsets; bound to other
+                            // bytes that overlap them (shifted), those
+                            // offsets no longer name the same bytes.
+                            let same = other == slot && same_bytes(view, was);
+                            !same && bindings.clash((*slot, view), (*other, was))
                         })
                     })
                 })
@@ -259,6 +266,13 @@ impl<B: Backend> Plan<B> {
         self.bindings.current.1 = Some(run);
         self.bindings.barrier = None;
     }
+}
+
+/// Whether two views name exactly the same bytes of one buffer.
+fn same_bytes<B: Backend>(a: &View<B>, b: &View<B>) -> bool {
+    crate::buffer::Buffer::same_as(a.buffer(), b.buffer())
+        && a.offset() == b.offset()
+        && a.len() == b.len()
 }
 
 /// Whether run `run` ended on every queue: completed, or failed.

@@ -8,6 +8,9 @@ use super::*;
 /// One run's work for the host stage.
 pub(super) struct HostBatch<B: Backend> {
     pub(super) jobs: Vec<HostJob<B>>,
+    /// For a run that was refused: the host stage's signal, the run's last
+    /// value on it, and why, to fail in order after the earlier runs' jobs.
+    pub(super) fail: Option<(B::Signal, u64, Error)>,
 }
 
 pub(super) struct HostJob<B: Backend> {
@@ -24,6 +27,9 @@ pub(super) struct HostJob<B: Backend> {
 pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) {
     let mut staging: Vec<u8> = Vec::new();
     while let Ok(batch) = batches.recv() {
+        if let Some((signal, last, error)) = &batch.fail {
+            signal.fail(*last, error.clone());
+        }
         for (index, job) in batch.jobs.iter().enumerate() {
             let outcome = job
                 .waits

@@ -186,11 +186,6 @@ impl<B: Backend> Plan<B> {
                     ),
                 })
         };
-        let fail_run = |error: &Error| {
-            for (queue, signal) in facts.signals.iter().enumerate() {
-                signal.fail(base(queue) + facts.counts[queue], error.clone());
-            }
-        };
         let mut host_jobs = Vec::new();
         for (index, planned) in self.queues.iter().enumerate() {
             if planned.queue.is_some() {
@@ -224,8 +219,14 @@ impl<B: Backend> Plan<B> {
                                 .map(|(q, value)| (facts.signals[q].clone(), value)),
                         )
                         .collect(),
-                    dst: view(dst).inspect_err(fail_run)?,
-                    src: view(src).inspect_err(fail_run)?,
+                    dst: match view(dst) {
+                        Ok(view) => view,
+                        Err(error) => return Err(self.fail_in_order(run, 0, error)),
+                    },
+                    src: match view(src) {
+                        Ok(view) => view,
+                        Err(error) => return Err(self.fail_in_order(run, 0, error)),
+                    },
                     signal: planned.signal.clone(),
                     value: own + op_plan.value,
                     last,
@@ -233,6 +234,7 @@ impl<B: Backend> Plan<B> {
             }
         }
         let mut scratch = std::mem::take(&mut self.scratch);
+        let mut refused = None;
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let own = base(index);
             let Some(queue) = planned.queue.as_mut() else {
@@ -329,25 +331,65 @@ impl<B: Backend> Plan<B> {
                 other => other,
             };
             if let Err(error) = submitted {
-                // Queues already submitted may wait on this run's values of
-                // the queues not submitted: fail those values so none hangs.
-                for later in index..facts.signals.len() {
-                    facts.signals[later].fail(base(later) + facts.counts[later], error.clone());
-                }
-                return Err(error);
+                refused = Some((index, error));
+                break;
             }
+        }
+        if let Some((index, error)) = refused {
+            self.scratch = scratch;
+            return Err(self.fail_in_order(run, index + 1, error));
         }
         self.scratch = scratch;
         if !host_jobs.is_empty()
             && let Some(host) = &self.host
         {
-            host.send(HostBatch { jobs: host_jobs })
-                .map_err(|_| Error::System {
-                    what: "handing copies to the executor's host stage",
-                    detail: "its thread has exited".into(),
-                })?;
+            host.send(HostBatch {
+                jobs: host_jobs,
+                fail: None,
+            })
+            .map_err(|_| Error::System {
+                what: "handing copies to the executor's host stage",
+                detail: "its thread has exited".into(),
+            })?;
         }
         Ok(Run { run, facts })
+    }
+
+    /// Fails the values of run `run` that nothing will set, after a queue
+    /// refused its batch (or the run could not be recorded): those of the
+    /// device queues from `first` on, which were not submitted, and those
+    /// of the host stage, whose jobs were not sent. Each fails in its queue's
+    /// order, after the earlier runs' work there (a batch holding only the
+    /// run's last signal, rejected with `error`, so the queue core fails it
+    /// as it fails every abandoned batch; the host stage fails after its
+    /// earlier jobs): a run still in flight is never failed by this one, and
+    /// a queue already submitted that waits on these values wakes with the
+    /// error instead of hanging. The refusing queue's own batch was
+    /// abandoned by the core, its values with it. Returns `error`.
+    fn fail_in_order(&mut self, run: u64, first: usize, error: Error) -> Error {
+        let facts = &self.facts;
+        for (index, planned) in self.queues.iter_mut().enumerate() {
+            let last = facts.end_of(run, index);
+            match planned.queue.as_mut() {
+                Some(queue) if index >= first => {
+                    queue.discard();
+                    queue.signal(&planned.signal, last).reject(error.clone());
+                    // Rejected by design: the core fails the signal in order.
+                    let _ = queue.submit();
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(host) = &self.host {
+                        // A thread that exited has failed its values already.
+                        let _ = host.send(HostBatch {
+                            jobs: Vec::new(),
+                            fail: Some((planned.signal.clone(), last, error.clone())),
+                        });
+                    }
+                }
+            }
+        }
+        error
     }
 
     /// Where the planner placed the schedule's tensors

@@ -1,0 +1,223 @@
+//! How a plan's runs are ordered when one is refused or rebinds its slots:
+//! a refused run fails only its own values, in each queue's order (the host
+//! stage's too), never a run still in flight; a slot rebound to bytes that
+//! overlap what it had, shifted, waits for the run still using them.
+//! Kernels that must be held are gated on flags the test sets, so the
+//! order each test needs is forced, not hoped for.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+
+use common::LONG;
+use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
+use hwqueue::executor::Schedule;
+use hwqueue::{Buffer, Device, Error, ExecParams, QueueKind, View};
+
+/// Runs `f` on a thread of its own; fails the test if it has not finished
+/// within [`LONG`] (a hang guard, not a timing assertion).
+fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = sender.send(f());
+    });
+    match receiver.recv_timeout(LONG) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no progress in {LONG:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed (see above)"),
+    }
+}
+
+/// Spins until `gate` is set.
+fn hold(gate: &AtomicBool) {
+    while !gate.load(Ordering::Acquire) {
+        thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Two CPU devices: a cross-device copy (so the plan has a host stage), an
+/// exec on device 1 after it, and an exec on device 0 over a slot bound to
+/// a misaligned view, which device 0's queue refuses. The host stage's
+/// values were neither set nor failed, so device 1's queue, submitted
+/// already, waited on them forever: `take_profile` hung (issue 35, defect
+/// 1; hung on e24445a).
+#[test]
+fn a_refused_run_fails_the_host_stage_s_values_so_nothing_waits_forever() {
+    no_hang("take_profile after a refused run", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let d0 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let d1 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let a = schedule.add_buffer(d0, "a", CpuDevice::new().alloc(64).unwrap());
+        let b = schedule.add_buffer(d1, "b", CpuDevice::new().alloc(64).unwrap());
+        let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
+        schedule.copy("a to b", b, a);
+        schedule
+            .exec("on d1", d1, &touch, &[b], &[], ExecParams::new_1d(1, 1))
+            .reads(b, ..);
+        let slot = schedule.add_slot(d0, "s", 64);
+        schedule
+            .exec("on d0", d0, &touch, &[slot], &[], ExecParams::new_1d(1, 1))
+            .writes(slot, ..);
+        let mut plan = schedule.plan().unwrap();
+        let labels = plan.queue_labels().join(", ");
+        assert!(labels.contains("host"), "no host stage: {labels}");
+        let big = CpuDevice::new().alloc(128).unwrap();
+        plan.bind(slot, &View::new(&big, 4, 64).unwrap()).unwrap();
+        let error = plan.run().unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::ViewMisaligned { .. }),
+            "{error}"
+        );
+        plan.take_profile();
+        // Bound to aligned bytes, the next run runs whole.
+        plan.bind(slot, &View::new(&big, 64, 64).unwrap()).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+    });
+}
+
+static HOLD_RUN_0: AtomicBool = AtomicBool::new(false);
+
+/// Run 0's kernel (held until the test says) writes 7; the slot is rebound
+/// to a misaligned view, and run 1 is refused at submit. Run 0 must still
+/// succeed: the refusal failed `base + count` of every queue at once, which
+/// covered run 0's values not yet reached, so `run0.wait()` returned run
+/// 1's refusal though its kernel ran (issue 35, defect 3; failed on
+/// e24445a).
+#[test]
+fn a_refused_run_never_fails_the_run_in_flight_before_it() {
+    fn write_7(_: &WorkGroup, args: &KernelArgs<'_>) {
+        hold(&HOLD_RUN_0);
+        // SAFETY: one work-group: nothing else touches the buffer.
+        unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 7 };
+    }
+    no_hang("a refused run after one in flight", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let device = schedule.add_device(Arc::new(CpuDevice::new()));
+        let slot = schedule.add_slot(device, "s", 64);
+        let program = CpuProgram::from_fn("write_7", 1, 0, write_7);
+        schedule
+            .exec(
+                "write 7",
+                device,
+                &program,
+                &[slot],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .writes(slot, ..);
+        let mut plan = schedule.plan().unwrap();
+        let out = CpuDevice::new().alloc(128).unwrap();
+        plan.bind(slot, &View::new(&out, 0, 64).unwrap()).unwrap();
+        let run0 = plan.run().unwrap();
+        plan.bind(slot, &View::new(&out, 4, 64).unwrap()).unwrap();
+        let error = plan.run().unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::ViewMisaligned { .. }),
+            "{error}"
+        );
+        HOLD_RUN_0.store(true, Ordering::Release);
+        run0.wait(LONG).unwrap();
+        assert_eq!(out.to_vec::<u32>().unwrap()[0], 7);
+    });
+}
+
+/// How many runs' `held` kernels may pass, and how many have started.
+static RUNS_LET_THROUGH: AtomicUsize = AtomicUsize::new(0);
+static HELD_STARTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Slot `S` bound to `X[0..64]`, rebound to `X[32..96]` while run 0 is in
+/// flight: run 0 reads `S[32..64]` (= `X[32..64]`) in a kernel held behind
+/// another, and the copy queue fills `S[0..32]`, which in run 1 is
+/// `X[32..64]`: run 0's input. The back-to-back waits compare the slot's
+/// offsets, and the binding barrier skipped the same slot, so run 1's fill
+/// overwrote run 0's input before it was read (issue 35, defect 2: run 0
+/// read 0x22 instead of 0x11 on e24445a). The test holds run 0's kernels
+/// until run 1's fill had every chance to run (or, fixed, is seen to wait),
+/// and each run's kernels until the one before was checked.
+#[test]
+fn a_slot_rebound_to_overlapping_shifted_bytes_waits_for_the_run_using_them() {
+    fn held(_: &WorkGroup, _: &KernelArgs<'_>) {
+        let me = HELD_STARTED.fetch_add(1, Ordering::AcqRel);
+        while RUNS_LET_THROUGH.load(Ordering::Acquire) <= me {
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    fn copy_out(_: &WorkGroup, args: &KernelArgs<'_>) {
+        // SAFETY: one work-group; the input is only read, the output only
+        // written, and they are different buffers.
+        unsafe {
+            let input = args.buffer(0).as_slice::<u8>();
+            args.buffer(1)
+                .slice_mut::<u8>(0..input.len())
+                .copy_from_slice(input);
+        }
+    }
+    no_hang("a shifted rebinding", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let device = schedule.add_device(Arc::new(CpuDevice::new()));
+        let x = CpuDevice::new().alloc(128).unwrap();
+        x.write_from(&[0x11u8; 128]).unwrap();
+        let dummy = schedule.add_buffer(device, "dummy", CpuDevice::new().alloc(4).unwrap());
+        let out_buffer = CpuDevice::new().alloc(32).unwrap();
+        let out = schedule.add_buffer(device, "out", out_buffer.clone());
+        let slot = schedule.add_slot(device, "s", 64);
+        let upper = schedule.add_view("s[32..64]", slot, 32, 32).unwrap();
+        let lower = schedule.add_view("s[0..32]", slot, 0, 32).unwrap();
+        let (held, copy_out) = (
+            CpuProgram::from_fn("held", 1, 0, held),
+            CpuProgram::from_fn("copy_out", 2, 0, copy_out),
+        );
+        schedule
+            .exec(
+                "held",
+                device,
+                &held,
+                &[dummy],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .writes(dummy, ..);
+        schedule
+            .exec(
+                "read s[32..64]",
+                device,
+                &copy_out,
+                &[upper, out],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .reads(upper, ..)
+            .writes(out, ..);
+        schedule
+            .fill("fill s[0..32]", lower, 0x22u8)
+            .on(QueueKind::Copy);
+        let mut plan = schedule.plan().unwrap();
+        plan.bind(slot, &View::new(&x, 0, 64).unwrap()).unwrap();
+        let run0 = plan.run().unwrap();
+        plan.bind(slot, &View::new(&x, 32, 64).unwrap()).unwrap();
+        let run1 = plan.run().unwrap();
+        // Give run 1's fill every chance to overtake run 0's read: look for
+        // its bytes for a while (bounded), then let run 0 go.
+        for _ in 0..200 {
+            if x.to_vec::<u8>().unwrap()[32] == 0x22 {
+                break;
+            }
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        RUNS_LET_THROUGH.store(1, Ordering::Release);
+        run0.wait(LONG).unwrap();
+        assert_eq!(
+            out_buffer.to_vec::<u8>().unwrap(),
+            vec![0x11; 32],
+            "run 0 read bytes run 1 wrote"
+        );
+        RUNS_LET_THROUGH.store(2, Ordering::Release);
+        run1.wait(LONG).unwrap();
+        // Run 1 read its own `S[32..64]` = `X[64..96]`, untouched.
+        assert_eq!(out_buffer.to_vec::<u8>().unwrap(), vec![0x11; 32]);
+        assert_eq!(x.to_vec::<u8>().unwrap()[32..64], [0x22; 32]);
+    });
+}
