@@ -5,27 +5,12 @@
 
 mod common;
 
-use std::sync::mpsc;
-use std::thread;
-
-use common::{LONG, explode_program, fill_program};
+use common::{LONG, explode_program, fill_program, no_hang};
 use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuQueue};
 use hwqueue::memory::Phase;
 use hwqueue::{
     Buffer, Device, Download, Error, ExecParams, HardwareQueue, QueueFactory, TimelineSignal,
 };
-
-/// Runs `f` on a thread of its own; fails the test if it has not finished
-/// within [`LONG`] (a hang guard, not a timing assertion).
-fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (sender, receiver) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = sender.send(f());
-    });
-    receiver
-        .recv_timeout(LONG)
-        .unwrap_or_else(|_| panic!("{what}: no progress in {LONG:?}"))
-}
 
 fn phase(buffer: &CpuBuffer) -> Phase {
     buffer.queue_ordered().unwrap().phase()

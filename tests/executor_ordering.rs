@@ -9,27 +9,12 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::thread;
 
-use common::LONG;
+use common::{LONG, no_hang};
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::executor::Schedule;
 use hwqueue::{Buffer, Device, Error, ExecParams, QueueKind, View};
-
-/// Runs `f` on a thread of its own; fails the test if it has not finished
-/// within [`LONG`] (a hang guard, not a timing assertion).
-fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (sender, receiver) = mpsc::channel();
-    thread::spawn(move || {
-        let _ = sender.send(f());
-    });
-    match receiver.recv_timeout(LONG) {
-        Ok(value) => value,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no progress in {LONG:?}"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed (see above)"),
-    }
-}
 
 /// Spins until `gate` is set.
 fn hold(gate: &AtomicBool) {

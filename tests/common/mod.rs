@@ -9,6 +9,25 @@ use hwqueue::cpu::{CpuProgram, KernelArgs, WorkGroup};
 /// of blocking CI. Not a speed assertion.
 pub const LONG: Duration = Duration::from_secs(30);
 
+/// Runs `f` on a thread of its own and returns what it returns; fails the
+/// test, naming `what`, if it has not finished within [`LONG`] (a hang
+/// guard, not a timing assertion) or if it panicked.
+pub fn no_hang<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(f());
+    });
+    match receiver.recv_timeout(LONG) {
+        Ok(value) => value,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: no progress in {LONG:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            panic!("{what}: failed (see above)")
+        }
+    }
+}
+
 /// `buf[i] = value` for every element of the group's 1-D range.
 pub fn fill(group: &WorkGroup, args: &KernelArgs<'_>) {
     let value: u32 = args.scalar(0);
