@@ -45,7 +45,6 @@ ROWS = [
     ("alloc_free_mixed", "pooled_uninit", "touch_only", None),
     ("alloc_free_small", "pooled_uninit", "system_uninit", 1.0),
     ("alloc_free_small", "pooled_zeroed", "device_alloc", 1.0),
-    ("alloc_free_small", "pooled_uninit", "touch_only", None),
     ("alloca_cycle", "alloca", "alloc_drop", 1.0),
     ("executor_replay", "hwqueue", "manual", 1.1),
     ("rebind_run", "rebound", "unchanged", 1.05),
