@@ -22,7 +22,8 @@ use hwqueue::{
     Timeout, View,
 };
 
-use crate::memory::{SimBuffer, lock};
+use crate::buffer::SimBuffer;
+use crate::memory::lock;
 use crate::program::{KernelArgs, SimProgram};
 use crate::{Defect, Sim, SimDevice};
 

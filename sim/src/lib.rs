@@ -54,6 +54,7 @@
 //! prove that the conformance suite (`hwqueue-cts`) catches each: see
 //! the `broken` module of `sim/tests/cts.rs`.
 
+mod buffer;
 mod engine;
 pub mod memory;
 mod program;
@@ -68,8 +69,8 @@ use hwqueue::{
     Backend, Device, DeviceInfo, DeviceSpec, Error, Limits, Queue, QueueFactory, QueueKind, Result,
 };
 
+pub use buffer::SimBuffer;
 pub use engine::SimEngine;
-pub use memory::SimBuffer;
 pub use program::{KernelArgs, SimKernelFn, SimProgram};
 pub use signal::SimSignal;
 
