@@ -206,3 +206,101 @@ fn a_slot_rebound_to_overlapping_shifted_bytes_waits_for_the_run_using_them() {
         assert_eq!(x.to_vec::<u8>().unwrap()[32..64], [0x22; 32]);
     });
 }
+
+static LET_READ_X: AtomicBool = AtomicBool::new(false);
+/// The first byte `read_x` saw, each time it ran.
+static READS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Three queues: an upload of `x` (device 0's copy queue), a kernel reading
+/// `x` on device 0 (behind one held until the test says), and on device 1 a kernel
+/// that fails, then one that reads what the first kernel wrote. The next
+/// run's upload of `x` must wait for the held kernel of this run; the
+/// planner kept only its wait on device 1's second kernel, which implies
+/// the held one. Device 1 failed before it waited, so that value failed,
+/// the new run skipped the wait, and the upload overwrote `x` under the
+/// held kernel (issue 35, defect 4: the kernel read run 1's 0x22 on
+/// 4d88083).
+#[test]
+fn after_a_failed_run_its_surviving_operations_still_order_the_next_run() {
+    fn held(_: &WorkGroup, _: &KernelArgs<'_>) {
+        hold(&LET_READ_X);
+    }
+    fn read_x(_: &WorkGroup, args: &KernelArgs<'_>) {
+        // SAFETY: one work-group; `x` is only read.
+        let first = unsafe { args.buffer(0).as_slice::<u8>()[0] };
+        READS.lock().unwrap().push(first);
+    }
+    fn fail(_: &WorkGroup, _: &KernelArgs<'_>) {
+        panic!("device 1's kernel fails");
+    }
+    no_hang("a run after a failed one", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let d0 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let d1 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let alloc = |n| CpuDevice::new().alloc(n).unwrap();
+        let x_bytes = alloc(64);
+        let x = schedule.add_buffer(d0, "x", x_bytes.clone());
+        let seen = schedule.add_buffer(d0, "seen", alloc(64));
+        let scratch = schedule.add_buffer(d1, "scratch", alloc(4));
+        let after = schedule.add_buffer(d1, "after", alloc(4));
+        let dummy = schedule.add_buffer(d0, "dummy", alloc(4));
+        let (held, read_x, fail, touch) = (
+            CpuProgram::from_fn("held", 1, 0, held),
+            CpuProgram::from_fn("read_x", 2, 0, read_x),
+            CpuProgram::from_fn("fail", 1, 0, fail),
+            CpuProgram::from_fn("touch", 1, 0, |_, _| {}),
+        );
+        let upload = schedule.upload("upload x", x).id();
+        schedule
+            .exec("fail", d1, &fail, &[scratch], &[], ExecParams::new_1d(1, 1))
+            .writes(scratch, ..);
+        schedule
+            .exec("held", d0, &held, &[dummy], &[], ExecParams::new_1d(1, 1))
+            .writes(dummy, ..);
+        schedule
+            .exec(
+                "read x",
+                d0,
+                &read_x,
+                &[x, seen],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .reads(x, ..)
+            .writes(seen, ..);
+        schedule
+            .exec("after", d1, &touch, &[after], &[], ExecParams::new_1d(1, 1))
+            .reads(seen, ..)
+            .reads(x, ..)
+            .writes(after, ..);
+        let mut plan = schedule.plan().unwrap();
+        plan.upload(upload, &[0x11u8; 64]).unwrap();
+        let run0 = plan.run().unwrap();
+        // Device 1's failure is known before the next run is recorded;
+        // device 0's kernels are still held. (`wait` reports the failure
+        // after giving the other queues until its deadline to settle: the
+        // held one does not, so this takes the two seconds.)
+        let error = run0.wait(std::time::Duration::from_secs(2)).unwrap_err();
+        assert!(
+            !matches!(error, Error::Timeout { .. }),
+            "device 1's kernel did not fail within the bound: {error}"
+        );
+        assert!(READS.lock().unwrap().is_empty());
+        plan.upload(upload, &[0x22u8; 64]).unwrap();
+        let run1 = plan.run().unwrap();
+        // Give run 1's upload every chance to overtake run 0's held read.
+        for _ in 0..200 {
+            if x_bytes.to_vec::<u8>().unwrap()[0] == 0x22 {
+                break;
+            }
+            thread::sleep(std::time::Duration::from_millis(1));
+        }
+        LET_READ_X.store(true, Ordering::Release);
+        // Run 1 fails on device 1 too; every queue then runs to its end.
+        assert!(run1.wait(LONG).is_err());
+        plan.take_profile();
+        let reads = READS.lock().unwrap().clone();
+        assert_eq!(reads, [0x11, 0x22], "run 0's read saw run 1's upload");
+        assert_eq!(x_bytes.to_vec::<u8>().unwrap(), vec![0x22; 64]);
+    });
+}

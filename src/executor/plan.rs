@@ -140,7 +140,7 @@ impl<B: Backend> Plan<B> {
     /// rejects), in which case every download staged for the run fails
     /// with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
-        let barrier = self.check_bindings()?;
+        let barrier = self.check_bindings()?.max(self.failed_previous_run());
         let mut staged = self.take_staged()?;
         self.bindings_used(self.runs);
         let result = self.record_and_submit(&mut staged, barrier);
@@ -151,6 +151,25 @@ impl<B: Backend> Plan<B> {
             }
         }
         result
+    }
+
+    /// The previous run, where it failed on some queue and may still run
+    /// on another. Its failed values are not waited for (they never come),
+    /// and so neither is what the planner dropped as implied by them: a
+    /// wait on queue B's value implied queue A's earlier one, which B had
+    /// waited for, but B failed before it waited. The new run then waits
+    /// for the previous one whole (the binding barrier's waits: every value
+    /// still pending), so a surviving operation of it never races the new
+    /// run.
+    fn failed_previous_run(&self) -> Option<u64> {
+        let previous = self.runs.checked_sub(1)?;
+        let facts = &self.facts;
+        (0..facts.signals.len())
+            .any(|queue| {
+                let end = facts.end_of(previous, queue);
+                !facts.signals[queue].is_reached(end) && !facts.pending(queue, end)
+            })
+            .then_some(previous)
     }
 
     fn record_and_submit(
