@@ -56,6 +56,15 @@ fn a_refused_run_fails_the_host_stage_s_values_so_nothing_waits_forever() {
             matches!(error.root_cause(), Error::ViewMisaligned { .. }),
             "{error}"
         );
+        // The error names the run, the operation and the binding.
+        let text = error.to_string();
+        for part in [
+            "run 0",
+            "`on d0`",
+            "slot `s` bound to bytes 4..68 of a buffer of 128",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from: {text}");
+        }
         plan.take_profile();
         // Bound to aligned bytes, the next run runs whole.
         plan.bind(slot, &View::new(&big, 64, 64).unwrap()).unwrap();

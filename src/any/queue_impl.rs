@@ -264,6 +264,11 @@ macro_rules! __backend_set_queue {
             }
 
             #[inline]
+            fn rejection(&self) -> ::std::option::Option<&$crate::Error> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::rejection(q), )+ }
+            }
+
+            #[inline]
             fn discard(&mut self) {
                 match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::discard(q), )+ }
             }

@@ -485,6 +485,28 @@ pub enum Error {
         cause: Arc<Error>,
     },
 
+    /// A run of a plan that one of its queues refused when it was submitted
+    /// (a command the backend rejects, such as a kernel over a binding it
+    /// cannot take). The run's values that nothing sets fail, in each
+    /// queue's order; runs before it are untouched.
+    #[error(
+        "run {run} of the plan was refused by queue `{queue}`{}: {cause}; the rest of the run \
+         fails (earlier runs are untouched): fix it, then run the plan again",
+        refused_at(operation.as_deref(), bindings)
+    )]
+    RunRefused {
+        /// The run, counted from 0.
+        run: u64,
+        /// The queue that refused it, as the plan labels it.
+        queue: String,
+        /// The operation whose command was refused, where the queue said.
+        operation: Option<String>,
+        /// The slots that operation takes and what each was bound to.
+        bindings: Vec<String>,
+        /// Why.
+        cause: Arc<Error>,
+    },
+
     /// A schedule that cannot be planned.
     #[error("invalid schedule: {reason}")]
     InvalidSchedule {
@@ -652,9 +674,22 @@ impl Error {
                 | Error::EarlierBatchFailed { cause }
                 | Error::QueueFailed { cause }
                 | Error::BatchRejected { cause }
-                | Error::OperationFailed { cause, .. } => error = cause,
+                | Error::OperationFailed { cause, .. }
+                | Error::RunRefused { cause, .. } => error = cause,
                 _ => return error,
             }
         }
     }
+}
+
+/// `" at operation `name` (slot `s` bound to ...)"`, for [`Error::RunRefused`].
+fn refused_at(operation: Option<&str>, bindings: &[String]) -> String {
+    let mut text = match operation {
+        Some(operation) => format!(" at operation `{operation}`"),
+        None => String::new(),
+    };
+    if !bindings.is_empty() {
+        text += &format!(" ({})", bindings.join(", "));
+    }
+    text
 }

@@ -259,6 +259,8 @@ impl<B: Backend> Plan<B> {
             let Some(queue) = planned.queue.as_mut() else {
                 continue;
             };
+            // The operation whose command the queue refused, if one is.
+            let mut culprit = None;
             for (q, value) in barrier_waits(index) {
                 queue.wait(&facts.signals[q], value);
             }
@@ -343,6 +345,9 @@ impl<B: Backend> Plan<B> {
                     },
                 }
                 queue.signal(&planned.signal, own + op_plan.value);
+                if culprit.is_none() && queue.rejection().is_some() {
+                    culprit = Some(op);
+                }
             }
             let submitted = match queue.submit() {
                 // An earlier run failed on this queue; the batch was kept.
@@ -350,12 +355,13 @@ impl<B: Backend> Plan<B> {
                 other => other,
             };
             if let Err(error) = submitted {
-                refused = Some((index, error));
+                refused = Some((index, error, culprit));
                 break;
             }
         }
-        if let Some((index, error)) = refused {
+        if let Some((index, error, culprit)) = refused {
             self.scratch = scratch;
+            let error = self.refused(run, index, culprit, error);
             return Err(self.fail_in_order(run, index + 1, error));
         }
         self.scratch = scratch;
@@ -372,6 +378,53 @@ impl<B: Backend> Plan<B> {
             })?;
         }
         Ok(Run { run, facts })
+    }
+
+    /// The error of run `run`, refused by queue `queue` at operation
+    /// `culprit` (where it said which) with `cause`: naming the run, the
+    /// queue, the operation and what its slots were bound to.
+    fn refused(&self, run: u64, queue: usize, culprit: Option<usize>, cause: Error) -> Error {
+        let buffers = &self.schedule.buffers;
+        let bindings = culprit
+            .map(|op| {
+                let mut slots: Vec<BufferId> = match &self.schedule.ops[op].work {
+                    Work::Exec { buffers, .. } => buffers.clone(),
+                    Work::Copy { dst, src } => vec![*dst, *src],
+                    Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
+                    Work::Download { src } => vec![*src],
+                };
+                // Each slot once, whichever views of it the operation takes.
+                for id in &mut slots {
+                    *id = buffers[id.0].root;
+                }
+                slots.retain(|root| buffers[root.0].origin == Origin::Slot);
+                slots.sort_unstable_by_key(|root| root.0);
+                slots.dedup();
+                slots
+                    .iter()
+                    .map(|root| {
+                        let slot = &buffers[root.0];
+                        match &slot.buffer {
+                            Some(view) => format!(
+                                "slot `{}` bound to bytes {}..{} of a buffer of {} bytes",
+                                slot.name,
+                                view.offset(),
+                                view.offset() + view.len(),
+                                crate::buffer::Buffer::size(view.buffer())
+                            ),
+                            None => format!("slot `{}`, unbound", slot.name),
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Error::RunRefused {
+            run,
+            queue: self.queues[queue].label.to_string(),
+            operation: culprit.map(|op| self.facts.ops[op].name.clone()),
+            bindings,
+            cause: Arc::new(cause),
+        }
     }
 
     /// Fails the values of run `run` that nothing will set, after a queue

@@ -239,6 +239,15 @@ pub trait HardwareQueue: Send + Sized {
     /// How many commands are recorded and not yet submitted.
     fn recorded(&self) -> usize;
 
+    /// The error the batch being recorded will be rejected with at
+    /// `submit`, once a command was refused (or [`reject`](Self::reject)
+    /// called); `None` while every command so far was accepted. Lets a
+    /// caller that records many commands (a plan) say which one it was.
+    #[inline]
+    fn rejection(&self) -> Option<&Error> {
+        None
+    }
+
     /// Throws away the batch being recorded (and its rejection, if a
     /// command was invalid) without running any of it; the queue then
     /// records a new batch. Work already submitted is not affected.

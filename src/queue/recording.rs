@@ -646,6 +646,11 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     #[inline]
+    fn rejection(&self) -> Option<&Error> {
+        self.rejected.as_deref()
+    }
+
+    #[inline]
     fn recorded(&self) -> usize {
         self.batch.commands.len()
     }
