@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use super::plan::{Plan, PlanFacts};
+use super::plan::Plan;
 use super::schedule::*;
 use super::*;
 use crate::view::AsView;
@@ -234,7 +234,7 @@ impl<B: Backend> Plan<B> {
             if let (old, Some(last_run)) = std::mem::replace(&mut bindings.current, (views, None)) {
                 bindings.history.push_back((old, last_run));
             }
-            bindings.history.retain(|(_, run)| !settled(facts, *run));
+            bindings.history.retain(|(_, run)| !facts.settled(*run));
             let current = &bindings.current.0;
             bindings.barrier = bindings
                 .history
@@ -256,7 +256,7 @@ impl<B: Backend> Plan<B> {
                 .max();
             bindings.changed = false;
         }
-        Ok(bindings.barrier.filter(|run| !settled(facts, *run)))
+        Ok(bindings.barrier.filter(|run| !facts.settled(*run)))
     }
 
     /// Notes that run `run` used the current bindings. Only the first run
@@ -273,9 +273,4 @@ fn same_bytes<B: Backend>(a: &View<B>, b: &View<B>) -> bool {
     crate::buffer::Buffer::same_as(a.buffer(), b.buffer())
         && a.offset() == b.offset()
         && a.len() == b.len()
-}
-
-/// Whether run `run` ended on every queue: completed, or failed.
-fn settled<B: Backend>(facts: &PlanFacts<B>, run: u64) -> bool {
-    (0..facts.signals.len()).all(|queue| !facts.pending(queue, facts.end_of(run, queue)))
 }

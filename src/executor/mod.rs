@@ -145,6 +145,7 @@
 mod binding;
 mod host;
 mod memory;
+mod ordering;
 mod plan;
 mod planner;
 mod run;
@@ -155,7 +156,8 @@ use std::fmt;
 use std::ops::Range;
 
 pub use memory::{PlanMemory, TensorPlacement};
-pub use plan::{Plan, PlannedWait, WaitReason};
+pub use ordering::PlannedWait;
+pub use plan::{Plan, WaitReason};
 pub use run::Run;
 pub use schedule::{OpBuilder, Schedule};
 

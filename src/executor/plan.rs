@@ -6,6 +6,7 @@ use crate::sync::mpsc;
 
 use super::binding::Bindings;
 use super::host::{HostBatch, HostJob};
+use super::ordering::{PlanFacts, PlannedWait};
 use super::run::Run;
 use super::schedule::*;
 use super::transfer::Staged;
@@ -18,37 +19,6 @@ pub(super) enum Lane {
     Host,
 }
 
-/// A wait the planner inserted before an operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedWait {
-    /// The queue waited on (an index into [`Plan::queue_labels`]).
-    pub queue: usize,
-    /// The value waited for, within one run (1 = that queue's first operation).
-    pub value: u64,
-    /// Whether the value is of the *previous* run: a hazard between an
-    /// operation and one of the run before it, so that back-to-back runs
-    /// (started without waiting) stay correct. Skipped on the first run.
-    pub previous_run: bool,
-    /// The operation whose completion that value stands for.
-    pub after: OpId,
-    /// Which way the two operations conflict.
-    pub hazard: Hazard,
-    /// The buffer they conflict on.
-    pub buffer: BufferId,
-    /// The bytes of it both touch.
-    pub range: Range<usize>,
-}
-
-pub(super) struct PlannedOp {
-    pub(super) name: String,
-    pub(super) queue: usize,
-    /// This operation's value on its queue's timeline, within one run.
-    pub(super) value: u64,
-    pub(super) waits: Vec<PlannedWait>,
-    /// Program name for execs (to match kernel errors).
-    pub(super) program: Option<String>,
-}
-
 pub(super) struct PlannedQueue<B: Backend> {
     pub(super) label: crate::profile::Name,
     /// `None` for the host stage.
@@ -56,51 +26,6 @@ pub(super) struct PlannedQueue<B: Backend> {
     pub(super) signal: B::Signal,
     /// Operations in queue order.
     pub(super) ops: Vec<usize>,
-}
-
-/// The shared, immutable facts of a plan that a [`Run`] needs to explain a
-/// failure.
-pub(super) struct PlanFacts<B: Backend> {
-    pub(super) ops: Vec<PlannedOp>,
-    pub(super) signals: Vec<B::Signal>,
-    pub(super) counts: Vec<u64>,
-}
-
-impl<B: Backend> PlanFacts<B> {
-    /// The value `wait` stands for in run `run`; `None` when it is of the
-    /// run before the first, which needs no wait.
-    pub(super) fn target(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
-        let per_run = self.counts[wait.queue];
-        if wait.previous_run {
-            run.checked_sub(1)
-                .map(|previous| previous * per_run + wait.value)
-        } else {
-            Some(run * per_run + wait.value)
-        }
-    }
-
-    /// The value to record a wait for in run `run`, or `None` when no wait
-    /// is needed: a previous-run value that is not [`pending`](Self::pending)
-    /// (the failed run's later operations never run, so there is nothing
-    /// to race; the new run must not inherit the failure).
-    pub(super) fn wait_to_record(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
-        let target = self.target(run, wait)?;
-        (!wait.previous_run || self.pending(wait.queue, target)).then_some(target)
-    }
-
-    /// The value that ends run `run` on `queue`.
-    pub(super) fn end_of(&self, run: u64, queue: usize) -> u64 {
-        (run + 1) * self.counts[queue]
-    }
-
-    /// Whether `queue`'s signal is short of `value` and has not failed
-    /// there: a wait for it would block. Never blocks.
-    pub(super) fn pending(&self, queue: usize, value: u64) -> bool {
-        matches!(
-            self.signals[queue].wait(value, std::time::Duration::ZERO),
-            Err(Error::Timeout { .. })
-        )
-    }
 }
 
 /// A planned schedule: run it as often as needed with [`Plan::run`].
@@ -140,7 +65,9 @@ impl<B: Backend> Plan<B> {
     /// rejects), in which case every download staged for the run fails
     /// with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
-        let barrier = self.check_bindings()?.max(self.failed_previous_run());
+        let barrier = self
+            .check_bindings()?
+            .max(self.facts.failed_run_before(self.runs));
         let mut staged = self.take_staged()?;
         self.bindings_used(self.runs);
         let result = self.record_and_submit(&mut staged, barrier);
@@ -153,25 +80,6 @@ impl<B: Backend> Plan<B> {
         result
     }
 
-    /// The previous run, where it failed on some queue and may still run
-    /// on another. Its failed values are not waited for (they never come),
-    /// and so neither is what the planner dropped as implied by them: a
-    /// wait on queue B's value implied queue A's earlier one, which B had
-    /// waited for, but B failed before it waited. The new run then waits
-    /// for the previous one whole (the binding barrier's waits: every value
-    /// still pending), so a surviving operation of it never races the new
-    /// run.
-    fn failed_previous_run(&self) -> Option<u64> {
-        let previous = self.runs.checked_sub(1)?;
-        let facts = &self.facts;
-        (0..facts.signals.len())
-            .any(|queue| {
-                let end = facts.end_of(previous, queue);
-                !facts.signals[queue].is_reached(end) && !facts.pending(queue, end)
-            })
-            .then_some(previous)
-    }
-
     fn record_and_submit(
         &mut self,
         staged: &mut [Option<Staged<B>>],
@@ -181,19 +89,10 @@ impl<B: Backend> Plan<B> {
         self.runs += 1;
         let facts = self.facts.clone();
         let base = |queue: usize| run * facts.counts[queue];
-        // A binding took bytes another slot used in run `barrier`: each
-        // queue starts after that run ended on every other queue (where it
-        // has not yet).
-        let barrier_waits = |own: usize| -> Vec<(usize, u64)> {
-            let Some(previous) = barrier else {
-                return Vec::new();
-            };
-            (0..facts.signals.len())
-                .filter(|&q| q != own)
-                .map(|q| (q, facts.end_of(previous, q)))
-                .filter(|&(q, value)| facts.pending(q, value))
-                .collect()
-        };
+        // The run to wait for whole (a binding took bytes it used, or it
+        // failed somewhere): each queue starts after it ended on every other
+        // queue, where it has not yet (see `ordering`).
+        let barrier_waits = |own: usize| facts.barrier_waits(barrier, own);
         let view = |id: BufferId| -> Result<View<B>> {
             self.schedule.buffers[id.0]
                 .buffer
@@ -622,7 +521,7 @@ impl<B: Backend> fmt::Display for WaitReason<'_, B> {
             wait.range.start,
             wait.range.end
         )?;
-        super::planner::write_tensors_at(
+        super::schedule::write_tensors_at(
             f,
             self.schedule,
             later,

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::plan::*;
+use super::ordering::*;
 use super::*;
 
 /// One run of a plan: wait for it, or ask whether it finished.

@@ -460,3 +460,49 @@ impl<B: Backend> OpBuilder<'_, B> {
         }
     }
 }
+
+/// For a hazard on an arena's bytes, which tensors the two operations
+/// touch there: ` (`h`)`, or ` (`probs` reusing `h`)`; empty otherwise.
+pub(super) fn write_tensors_at<B: Backend>(
+    f: &mut std::fmt::Formatter<'_>,
+    schedule: &Schedule<B>,
+    later: &Op<B>,
+    earlier: &Op<B>,
+    buffer: BufferId,
+    range: &Range<usize>,
+) -> std::fmt::Result {
+    let access = Access {
+        buffer,
+        range: range.clone(),
+    };
+    let name = |op: &Op<B>| {
+        op_buffers(op).find_map(|id| {
+            let slot = schedule.buffers.get(id.0)?;
+            let touches =
+                slot.origin == Origin::Tensor && slot.access(0..slot.len).overlaps(&access);
+            touches.then_some(slot.name.as_str())
+        })
+    };
+    match (name(later), name(earlier)) {
+        (Some(a), Some(b)) if a == b => write!(f, " (`{a}`)"),
+        (Some(a), Some(b)) => write!(f, " (`{a}` reusing `{b}`)"),
+        _ => Ok(()),
+    }
+}
+
+/// Every buffer an operation names.
+pub(super) fn op_buffers<B: Backend>(op: &Op<B>) -> impl Iterator<Item = BufferId> + '_ {
+    let named: Vec<BufferId> = match &op.work {
+        Work::Exec { buffers, .. } => buffers.clone(),
+        Work::Copy { dst, src } => vec![*dst, *src],
+        Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
+        Work::Download { src } => vec![*src],
+    };
+    let declared = op
+        .reads
+        .iter()
+        .chain(&op.writes)
+        .flatten()
+        .map(|a| a.buffer);
+    named.into_iter().chain(declared)
+}
