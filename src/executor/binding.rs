@@ -21,79 +21,11 @@
 //! A run in flight keeps the buffers it was recorded with, so binding
 //! while it runs is safe.
 
-use std::collections::VecDeque;
-
+use super::ordering::same_bytes;
 use super::plan::Plan;
 use super::schedule::*;
 use super::*;
 use crate::view::AsView;
-
-/// Each slot's view, as some runs were bound.
-type SlotViews<B> = Vec<(BufferId, View<B>)>;
-
-pub(super) struct Bindings<B: Backend> {
-    /// The roots that are slots.
-    slots: Vec<BufferId>,
-    /// The roots that are buffers of the schedule (arenas included).
-    buffers: Vec<BufferId>,
-    /// Per root: whether some operation writes it, reads it.
-    written: Vec<bool>,
-    read: Vec<bool>,
-    /// Whether a binding changed since the last run.
-    changed: bool,
-    /// The bindings of the runs since the last change, and the last of
-    /// those runs (`None` until one ran).
-    current: (SlotViews<B>, Option<u64>),
-    /// Earlier bindings, with the last run that used them, while that run
-    /// may be in flight.
-    history: VecDeque<(SlotViews<B>, u64)>,
-    /// The run the next run must wait for, whole.
-    barrier: Option<u64>,
-}
-
-impl<B: Backend> Bindings<B> {
-    pub(super) fn new(schedule: &Schedule<B>, accesses: &[(Vec<Access>, Vec<Access>)]) -> Self {
-        let roots = |origin: Origin| -> Vec<BufferId> {
-            (0..schedule.buffers.len())
-                .map(BufferId)
-                .filter(|id| {
-                    let slot = &schedule.buffers[id.0];
-                    slot.root == *id && slot.origin == origin
-                })
-                .collect()
-        };
-        let mut written = vec![false; schedule.buffers.len()];
-        let mut read = vec![false; schedule.buffers.len()];
-        for (reads, writes) in accesses {
-            for access in reads {
-                read[access.buffer.0] = true;
-            }
-            for access in writes {
-                written[access.buffer.0] = true;
-            }
-        }
-        let slots = roots(Origin::Slot);
-        Self {
-            changed: !slots.is_empty(),
-            slots,
-            buffers: roots(Origin::Buffer),
-            written,
-            read,
-            current: (Vec::new(), None),
-            history: VecDeque::new(),
-            barrier: None,
-        }
-    }
-}
-
-impl<B: Backend> Bindings<B> {
-    /// Whether bindings `a` and `b` (their views `va`, `vb`) break the
-    /// plan's hazards: they share bytes and the plan writes one of them.
-    fn clash(&self, (a, va): (BufferId, &View<B>), (b, vb): (BufferId, &View<B>)) -> bool {
-        let used = |id: BufferId| self.written[id.0] || self.read[id.0];
-        used(a) && used(b) && (self.written[a.0] || self.written[b.0]) && va.overlaps(vb)
-    }
-}
 
 impl<B: Backend> Plan<B> {
     /// Binds slot `slot` ([`Schedule::add_slot`]) to `view` (a buffer or
@@ -266,11 +198,4 @@ impl<B: Backend> Plan<B> {
         self.bindings.current.1 = Some(run);
         self.bindings.barrier = None;
     }
-}
-
-/// Whether two views name exactly the same bytes of one buffer.
-fn same_bytes<B: Backend>(a: &View<B>, b: &View<B>) -> bool {
-    crate::buffer::Buffer::same_as(a.buffer(), b.buffer())
-        && a.offset() == b.offset()
-        && a.len() == b.len()
 }

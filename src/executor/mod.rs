@@ -150,6 +150,7 @@ mod plan;
 mod planner;
 mod run;
 mod schedule;
+mod staged;
 mod transfer;
 
 use std::fmt;

@@ -22,6 +22,9 @@
 //!   in-order failure), never a run in flight before it
 //!   (`Plan::fail_in_order`).
 
+use std::collections::VecDeque;
+
+use super::schedule::*;
 use super::*;
 
 /// A wait the planner inserted before an operation.
@@ -135,4 +138,84 @@ impl<B: Backend> PlanFacts<B> {
     pub(super) fn settled(&self, run: u64) -> bool {
         (0..self.signals.len()).all(|queue| !self.pending(queue, self.end_of(run, queue)))
     }
+}
+
+/// Each slot's view, as some runs were bound.
+pub(super) type SlotViews<B> = Vec<(BufferId, View<B>)>;
+
+/// The bindings of a plan's slots over its runs: what the rule that orders
+/// runs by the bytes they touch compares (`binding.rs` keeps them).
+pub(super) struct Bindings<B: Backend> {
+    /// The roots that are slots.
+    pub(super) slots: Vec<BufferId>,
+    /// The roots that are buffers of the schedule (arenas included).
+    pub(super) buffers: Vec<BufferId>,
+    /// Per root: whether some operation writes it, reads it.
+    pub(super) written: Vec<bool>,
+    pub(super) read: Vec<bool>,
+    /// Whether a binding changed since the last run.
+    pub(super) changed: bool,
+    /// The bindings of the runs since the last change, and the last of
+    /// those runs (`None` until one ran).
+    pub(super) current: (SlotViews<B>, Option<u64>),
+    /// Earlier bindings, with the last run that used them, while that run
+    /// may be in flight.
+    pub(super) history: VecDeque<(SlotViews<B>, u64)>,
+    /// The run the next run must wait for, whole.
+    pub(super) barrier: Option<u64>,
+}
+
+impl<B: Backend> Bindings<B> {
+    pub(super) fn new(schedule: &Schedule<B>, accesses: &[(Vec<Access>, Vec<Access>)]) -> Self {
+        let roots = |origin: Origin| -> Vec<BufferId> {
+            (0..schedule.buffers.len())
+                .map(BufferId)
+                .filter(|id| {
+                    let slot = &schedule.buffers[id.0];
+                    slot.root == *id && slot.origin == origin
+                })
+                .collect()
+        };
+        let mut written = vec![false; schedule.buffers.len()];
+        let mut read = vec![false; schedule.buffers.len()];
+        for (reads, writes) in accesses {
+            for access in reads {
+                read[access.buffer.0] = true;
+            }
+            for access in writes {
+                written[access.buffer.0] = true;
+            }
+        }
+        let slots = roots(Origin::Slot);
+        Self {
+            changed: !slots.is_empty(),
+            slots,
+            buffers: roots(Origin::Buffer),
+            written,
+            read,
+            current: (Vec::new(), None),
+            history: VecDeque::new(),
+            barrier: None,
+        }
+    }
+}
+
+impl<B: Backend> Bindings<B> {
+    /// Whether bindings `a` and `b` (their views `va`, `vb`) break the
+    /// plan's hazards: they share bytes and the plan writes one of them.
+    pub(super) fn clash(
+        &self,
+        (a, va): (BufferId, &View<B>),
+        (b, vb): (BufferId, &View<B>),
+    ) -> bool {
+        let used = |id: BufferId| self.written[id.0] || self.read[id.0];
+        used(a) && used(b) && (self.written[a.0] || self.written[b.0]) && va.overlaps(vb)
+    }
+}
+
+/// Whether two views name exactly the same bytes of one buffer.
+pub(super) fn same_bytes<B: Backend>(a: &View<B>, b: &View<B>) -> bool {
+    crate::buffer::Buffer::same_as(a.buffer(), b.buffer())
+        && a.offset() == b.offset()
+        && a.len() == b.len()
 }

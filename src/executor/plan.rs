@@ -4,12 +4,11 @@
 use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
-use super::binding::Bindings;
 use super::host::{HostBatch, HostJob};
-use super::ordering::{PlanFacts, PlannedWait};
+use super::ordering::{Bindings, PlanFacts, PlannedWait};
 use super::run::Run;
 use super::schedule::*;
-use super::transfer::Staged;
+use super::staged::Staged;
 use super::*;
 
 /// Where an operation runs.

@@ -2,7 +2,6 @@
 
 use crate::sync::{mpsc, spawn};
 
-use super::binding::Bindings;
 use super::host::run_host_stage;
 use super::memory;
 use super::ordering::*;
