@@ -321,7 +321,7 @@ impl<B: Backend> Plan<B> {
             queue: self.queues[queue].label.to_string(),
             operation: culprit.map(|op| self.facts.ops[op].name.clone()),
             bindings,
-            cause: Arc::new(cause),
+            cause: std::sync::Arc::new(cause),
         }
     }
 
