@@ -30,12 +30,9 @@ impl SimBuffer {
         zeroed: bool,
         ordered: bool,
     ) -> Result<Self> {
-        let allocation = if ordered {
-            Allocation::new_alloca(pool, size)?
-        } else {
-            Allocation::new(pool, size, zeroed)?
-        };
-        Ok(Self { allocation })
+        Ok(Self {
+            allocation: Allocation::tagged(pool, size, zeroed, ordered, ())?,
+        })
     }
 
     /// Whether the buffer is memory of `pool`'s device.

@@ -55,12 +55,9 @@ impl CpuBuffer {
         zeroed: bool,
         ordered: bool,
     ) -> Result<Self> {
-        let allocation = if ordered {
-            Allocation::new_alloca(memory, size)?
-        } else {
-            Allocation::new(memory, size, zeroed)?
-        };
-        Ok(Self { allocation })
+        Ok(Self {
+            allocation: Allocation::tagged(memory, size, zeroed, ordered, ())?,
+        })
     }
 
     /// Whether the buffer's memory is of `memory`.
