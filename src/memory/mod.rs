@@ -84,6 +84,7 @@
 //! ```
 
 mod allocation;
+mod blocks;
 mod pool;
 pub(crate) mod stats;
 

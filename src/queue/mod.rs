@@ -29,6 +29,7 @@
 mod batch;
 mod checks;
 mod engine;
+mod exec;
 mod ledger;
 mod recording;
 
