@@ -80,6 +80,18 @@ pub(crate) enum Memory<S: BlockSource> {
 }
 
 impl<S: BlockSource> Memory<S> {
+    /// The range, leaving `Returned`; `None` for an empty allocation or one
+    /// whose range went back already.
+    fn take_range(&mut self) -> Option<Range<S::Address>> {
+        match std::mem::replace(self, Memory::Returned) {
+            Memory::Range(range) => Some(range),
+            other => {
+                *self = other;
+                None
+            }
+        }
+    }
+
     /// `Err` once the range went back to the pool; `what` names the buffer.
     #[inline]
     pub(crate) fn check(&self, what: impl FnOnce() -> String) -> Result<()> {
@@ -118,7 +130,7 @@ impl<S: BlockSource> Allocation<S> {
     /// What [`MemoryPool::alloc_zeroed`] and
     /// [`alloc_uninit`](MemoryPool::alloc_uninit) report.
     pub fn new(pool: &MemoryPool<S>, size: usize, zeroed: bool) -> Result<Self> {
-        Self::make(pool, size, zeroed, false)
+        Self::tagged(pool, size, zeroed, false, ())
     }
 
     /// `size` bytes of `pool`, not zeroed, with a [`QueueOrdered`]
@@ -128,11 +140,7 @@ impl<S: BlockSource> Allocation<S> {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn new_alloca(pool: &MemoryPool<S>, size: usize) -> Result<Self> {
-        Self::make(pool, size, false, true)
-    }
-
-    fn make(pool: &MemoryPool<S>, size: usize, zeroed: bool, ordered: bool) -> Result<Self> {
-        Self::tagged(pool, size, zeroed, ordered, ())
+        Self::tagged(pool, size, false, true, ())
     }
 }
 
@@ -225,12 +233,12 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
     /// once a `dealloca` of the allocation ran; for a queue, once the range
     /// was returned (never, for work recorded before the `dealloca`: its
     /// batch holds a use).
-    pub fn read(&self, by: Access, what: impl FnOnce() -> String) -> Result<ReadAccess<'_, S, T>> {
+    pub fn read(&self, by: Access, what: impl FnOnce() -> String) -> Result<ReadAccess<'_, S>> {
         let guard = self.inner.memory.read();
         self.check(by, &guard, what)?;
         Ok(ReadAccess {
             _guard: guard,
-            allocation: self,
+            address: self.inner.address,
         })
     }
 
@@ -238,16 +246,12 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
     ///
     /// # Errors
     /// As [`read`](Self::read).
-    pub fn write(
-        &self,
-        by: Access,
-        what: impl FnOnce() -> String,
-    ) -> Result<WriteAccess<'_, S, T>> {
+    pub fn write(&self, by: Access, what: impl FnOnce() -> String) -> Result<WriteAccess<'_, S>> {
         let guard = self.inner.memory.write();
         self.check(by, &guard, what)?;
         Ok(WriteAccess {
             _guard: guard,
-            allocation: self,
+            address: self.inner.address,
         })
     }
 
@@ -280,26 +284,19 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
     /// lifecycle says so (the `dealloca` ran and no batch uses the buffer).
     /// Waits only for a host access in progress.
     pub fn give_back(&self) {
-        let returned = {
-            let mut memory = self.inner.memory.write();
-            match std::mem::replace(&mut *memory, Memory::Returned) {
-                Memory::Range(range) => range,
-                other => {
-                    *memory = other;
-                    return;
-                }
-            }
-        };
         // The pool's lock is taken after the allocation's is dropped.
-        self.inner.pool.give_back_range(returned);
+        let range = self.inner.memory.write().take_range();
+        if let Some(range) = range {
+            self.inner.pool.give_back_range(range);
+        }
     }
 }
 
 impl<S: BlockSource, T> Drop for Inner<S, T> {
     fn drop(&mut self) {
         // The last handle is gone: nobody else holds the lock.
-        let memory = std::mem::replace(&mut *self.memory.write(), Memory::Returned);
-        if let Memory::Range(range) = memory {
+        let range = self.memory.write().take_range();
+        if let Some(range) = range {
             self.pool.give_back_range(range);
         }
     }
@@ -329,28 +326,28 @@ pub enum Access {
 
 /// Shared access to an allocation's bytes: no `dealloca` can return the
 /// range while it is held.
-pub struct ReadAccess<'a, S: BlockSource, T = ()> {
+pub struct ReadAccess<'a, S: BlockSource> {
     _guard: RwLockReadGuard<'a, Memory<S>>,
-    allocation: &'a Allocation<S, T>,
+    address: Option<S::Address>,
 }
 
 /// Exclusive access to an allocation's bytes.
-pub struct WriteAccess<'a, S: BlockSource, T = ()> {
+pub struct WriteAccess<'a, S: BlockSource> {
     _guard: RwLockWriteGuard<'a, Memory<S>>,
-    allocation: &'a Allocation<S, T>,
+    address: Option<S::Address>,
 }
 
-impl<S: BlockSource, T> ReadAccess<'_, S, T> {
+impl<S: BlockSource> ReadAccess<'_, S> {
     /// The first byte; `None` for an empty allocation.
     pub fn address(&self) -> Option<S::Address> {
-        self.allocation.inner.address
+        self.address
     }
 }
 
-impl<S: BlockSource, T> WriteAccess<'_, S, T> {
+impl<S: BlockSource> WriteAccess<'_, S> {
     /// The first byte; `None` for an empty allocation.
     pub fn address(&self) -> Option<S::Address> {
-        self.allocation.inner.address
+        self.address
     }
 }
 
@@ -475,25 +472,15 @@ impl QueueOrdered {
     /// [`Error::UseAfterDealloca`] (naming it `what`) once a `dealloca` is
     /// recorded.
     pub(crate) fn begin_use(&self, what: impl FnOnce() -> String) -> Result<()> {
-        let mut state = self.state.load(Ordering::Acquire);
-        loop {
-            if phase_of(state) != Phase::Live {
-                return Err(Error::UseAfterDealloca {
-                    what: what(),
-                    detail: self.refusal(),
-                });
-            }
+        self.update(|state| {
             debug_assert!(state & USES < USES, "over 4 billion batches hold a buffer");
-            match self.state.compare_exchange_weak(
-                state,
-                state + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Ok(()),
-                Err(now) => state = now,
-            }
-        }
+            (phase_of(state) == Phase::Live).then_some(state + 1)
+        })
+        .map(drop)
+        .map_err(|_| Error::UseAfterDealloca {
+            what: what(),
+            detail: self.refusal(),
+        })
     }
 
     /// A batch lets `count` uses go (it settled, or was discarded).
@@ -511,39 +498,32 @@ impl QueueOrdered {
     /// # Errors
     /// [`Error::InvalidDealloca`] when one is recorded already or ran.
     pub(crate) fn record_dealloca(&self, queue: QueueId, own_uses: u32) -> Result<()> {
-        let mut state = self.state.load(Ordering::Acquire);
-        loop {
-            match phase_of(state) {
-                Phase::Live => {}
-                Phase::DeallocaRecorded => {
-                    return Err(Error::InvalidDealloca {
-                        reason: format!(
-                            "a `dealloca` of this buffer is recorded already {} and has not run; \
-                             record one per `alloca` (if that batch is discarded or fails \
-                             before it, the buffer is live again and a new one may be recorded)",
-                            self.queue_phrase()
-                        ),
-                    });
-                }
-                Phase::Ran | Phase::Returned => {
-                    return Err(Error::InvalidDealloca {
-                        reason: format!(
-                            "the buffer was deallocated already, by a `dealloca` {} that ran; \
-                             record one per `alloca`",
-                            self.queue_phrase()
-                        ),
-                    });
-                }
+        let recorded = self.update(|state| {
+            (phase_of(state) == Phase::Live)
+                .then(|| with_phase(state - u64::from(own_uses), Phase::DeallocaRecorded))
+        });
+        match recorded {
+            Ok(_) => {
+                // For messages only: a refusal in between says "on a queue".
+                self.dealloca_queue.store(queue.get(), Ordering::Relaxed);
+                Ok(())
             }
-            self.dealloca_queue.store(queue.get(), Ordering::Relaxed);
-            let next = with_phase(state - u64::from(own_uses), Phase::DeallocaRecorded);
-            match self
-                .state
-                .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Ok(()),
-                Err(now) => state = now,
-            }
+            Err(state) => Err(Error::InvalidDealloca {
+                reason: if phase_of(state) == Phase::DeallocaRecorded {
+                    format!(
+                        "a `dealloca` of this buffer is recorded already {} and has not run; \
+                         record one per `alloca` (if that batch is discarded or fails before \
+                         it, the buffer is live again and a new one may be recorded)",
+                        self.queue_phrase()
+                    )
+                } else {
+                    format!(
+                        "the buffer was deallocated already, by a `dealloca` {} that ran; \
+                         record one per `alloca`",
+                        self.queue_phrase()
+                    )
+                },
+            }),
         }
     }
 
@@ -551,19 +531,13 @@ impl QueueOrdered {
     /// Engines call it ([`dealloca_completed`](super::dealloca_completed)).
     /// `true`: no batch uses the buffer, so the caller gives the range back.
     pub(crate) fn dealloca_ran(&self) -> bool {
-        let mut state = self.state.load(Ordering::Acquire);
-        loop {
-            if phase_of(state) != Phase::DeallocaRecorded {
+        match self.update(|state| {
+            (phase_of(state) == Phase::DeallocaRecorded).then(|| with_phase(state, Phase::Ran))
+        }) {
+            Ok(before) => self.return_if_done(with_phase(before, Phase::Ran)),
+            Err(_) => {
                 debug_assert!(false, "a dealloca ran twice, or unrecorded");
-                return false;
-            }
-            let next = with_phase(state, Phase::Ran);
-            match self
-                .state
-                .compare_exchange_weak(state, next, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return self.return_if_done(next),
-                Err(now) => state = now,
+                false
             }
         }
     }
@@ -571,18 +545,17 @@ impl QueueOrdered {
     /// The batch holding the `dealloca` lets it go: if it never ran, the
     /// buffer is live again.
     pub(crate) fn dealloca_let_go(&self) {
-        let mut state = self.state.load(Ordering::Acquire);
-        while phase_of(state) == Phase::DeallocaRecorded {
-            match self.state.compare_exchange_weak(
-                state,
-                with_phase(state, Phase::Live),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(now) => state = now,
-            }
-        }
+        // Not recorded any more: it ran, and nothing is to undo.
+        let _ = self.update(|state| {
+            (phase_of(state) == Phase::DeallocaRecorded).then(|| with_phase(state, Phase::Live))
+        });
+    }
+
+    /// Moves `state` by `next` (`None`: refuse) in one read-modify-write;
+    /// the state before, or the state that refused.
+    fn update(&self, next: impl FnMut(u64) -> Option<u64>) -> std::result::Result<u64, u64> {
+        self.state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, next)
     }
 
     /// With `state` just written: moves `Ran` with no use to `Returned`;

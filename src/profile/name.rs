@@ -101,7 +101,7 @@ fn leak_page(bytes: usize) -> &'static mut [u8] {
 
 impl Table {
     /// `name` from the table, added while what the table retains
-    /// ([`Table::retained`]) stays within `budget` bytes once it is in,
+    /// (`Table::retained`) stays within `budget` bytes once it is in,
     /// reference-counted past that.
     fn intern(&mut self, name: &str, budget: usize) -> Name {
         if let Some(&interned) = self.names.get(name) {
