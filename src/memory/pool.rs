@@ -36,7 +36,7 @@ struct Shared<S: BlockSource> {
     /// | field | meaning | written by | read by |
     /// |-------|---------|------------|---------|
     /// | `returned` | the ranges waiting | `give_back`, under its own lock | `lock`, under `state` and its own lock |
-    /// | `pending` | `returned` may be non-empty | `give_back`, `Release`, after pushing | `lock`: `swap(false, Acquire)`, so whoever locks `state` after observing something the giver did after `give_back` (a signal it set) finds the range merged |
+    /// | `pending` | `returned` may be non-empty | `give_back`, `Release`, after pushing | `lock`: a `Relaxed` load, then `swap(false, Acquire)` when set, so whoever locks `state` after observing something the giver did after `give_back` (a signal it set) finds the range merged |
     returned: Mutex<Vec<Returned>>,
     pending: AtomicBool,
 }
@@ -428,7 +428,12 @@ impl<S: BlockSource> MemoryPool<S> {
     /// the lock is dropped.
     fn take_returned(&self, state: &mut State<S::Block>) -> Vec<(S::Block, usize)> {
         let mut freed = Vec::new();
-        if self.shared.pending.swap(false, Ordering::Acquire) {
+        // A load first: on the usual path nothing is pending, and a swap
+        // would write the line every allocation. Whoever observed something
+        // the giver did after its `Release` store sees `true` here.
+        if self.shared.pending.load(Ordering::Relaxed)
+            && self.shared.pending.swap(false, Ordering::Acquire)
+        {
             let returned = std::mem::take(&mut *self.shared.returned.lock());
             for range in returned {
                 freed.extend(state.return_range(range));
