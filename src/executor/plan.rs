@@ -285,12 +285,7 @@ impl<B: Backend> Plan<B> {
         let buffers = &self.schedule.buffers;
         let bindings = culprit
             .map(|op| {
-                let mut slots: Vec<BufferId> = match &self.schedule.ops[op].work {
-                    Work::Exec { buffers, .. } => buffers.clone(),
-                    Work::Copy { dst, src } => vec![*dst, *src],
-                    Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
-                    Work::Download { src } => vec![*src],
-                };
+                let mut slots = super::schedule::named_buffers(&self.schedule.ops[op]);
                 // Each slot once, whichever views of it the operation takes.
                 for id in &mut slots {
                     *id = buffers[id.0].root;

@@ -492,17 +492,21 @@ pub(super) fn write_tensors_at<B: Backend>(
 
 /// Every buffer an operation names.
 pub(super) fn op_buffers<B: Backend>(op: &Op<B>) -> impl Iterator<Item = BufferId> + '_ {
-    let named: Vec<BufferId> = match &op.work {
-        Work::Exec { buffers, .. } => buffers.clone(),
-        Work::Copy { dst, src } => vec![*dst, *src],
-        Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
-        Work::Download { src } => vec![*src],
-    };
     let declared = op
         .reads
         .iter()
         .chain(&op.writes)
         .flatten()
         .map(|a| a.buffer);
-    named.into_iter().chain(declared)
+    named_buffers(op).into_iter().chain(declared)
+}
+
+/// The buffers an operation's command names (its arguments).
+pub(super) fn named_buffers<B: Backend>(op: &Op<B>) -> Vec<BufferId> {
+    match &op.work {
+        Work::Exec { buffers, .. } => buffers.clone(),
+        Work::Copy { dst, src } => vec![*dst, *src],
+        Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
+        Work::Download { src } => vec![*src],
+    }
 }
