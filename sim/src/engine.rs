@@ -288,13 +288,19 @@ impl DeviceThread {
         let latency = self.device.config().latency;
         let device_work = !matches!(
             command,
-            Command::Wait { .. } | Command::WaitForeign { .. } | Command::Signal { .. }
+            Command::Wait { .. }
+                | Command::WaitSettled { .. }
+                | Command::WaitForeign { .. }
+                | Command::Signal { .. }
         );
         if device_work && !latency.is_zero() {
             std::thread::sleep(latency);
         }
         match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
+            Command::WaitSettled { signal, value } => {
+                hwqueue::queue::settled(signal.wait(*value, Timeout::Forever))
+            }
             Command::WaitForeign { signal, value } => signal.wait_forever(*value),
             Command::Signal { signal, value } => {
                 if self.device.config().defect == Some(Defect::LowerSignal) {

@@ -33,6 +33,30 @@ macro_rules! __backend_set_queue {
             }
 
             #[inline]
+            fn wait_settled(&mut self, signal: &$Signal, value: u64) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        #[allow(irrefutable_let_patterns)]
+                        if let $Signal::$V(s) = signal {
+                            $crate::HardwareQueue::wait_settled(q, s, value);
+                        } else {
+                            $crate::HardwareQueue::reject(q, $crate::any::mismatch(
+                                <$B as $crate::Backend>::ID,
+                                signal.backend_id(),
+                                ::std::format!("the signal of `wait_settled(_, {value})`; a settled wait takes the queue's own backend's signal (order across backends with `wait`)"),
+                            ));
+                        }
+                    } )+
+                }
+                self
+            }
+
+            #[inline]
+            fn set_failure_scope(&mut self, scope: $crate::FailureScope) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::set_failure_scope(q, scope), )+ }
+            }
+
+            #[inline]
             fn signal(&mut self, signal: &$Signal, value: u64) -> &mut Self {
                 match self {
                     $( $(#[$meta])* Self::$V(q) => {

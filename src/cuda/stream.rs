@@ -181,6 +181,15 @@ impl Shared {
                         .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
                     Err(error) => Err(error),
                 },
+                Command::WaitSettled { signal, value } => match signal.dependency(*value) {
+                    Ok(None) => return Outcome::Blocked(index),
+                    Ok(Some(Dependency::Reached)) => Ok(()),
+                    Ok(Some(Dependency::Event(event))) => event
+                        .order_before(&self.stream)
+                        .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
+                    // Failed: the work that would set it never runs.
+                    Err(error) => crate::queue::settled(Err(error)),
+                },
                 Command::WaitForeign { signal, value } => {
                     if !signal.is_reached(*value) {
                         return Outcome::Blocked(index);
@@ -529,6 +538,9 @@ pub(super) fn run_worker(shared: &Shared) {
 fn block_on(command: &Command<Cuda>) -> Result<()> {
     match command {
         Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
+        Command::WaitSettled { signal, value } => {
+            crate::queue::settled(signal.wait_dependency(*value).map(drop))
+        }
         Command::WaitForeign { signal, value } => signal.wait_forever(*value),
         _ => Ok(()),
     }

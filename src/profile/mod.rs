@@ -186,6 +186,12 @@ pub fn describe<B: crate::Backend>(command: &Command<B>, names: &mut EventNames)
             signal_detail(signal.producer(), ">=", *value),
             None,
         ),
+        Command::WaitSettled { signal, value } => (
+            "wait_settled",
+            Category::Wait,
+            signal_detail(signal.producer(), ">=", *value),
+            None,
+        ),
         Command::WaitForeign { value, .. } => (
             "wait_foreign",
             Category::Wait,

@@ -24,6 +24,16 @@ pub enum Command<B: Backend> {
         /// The value.
         value: u64,
     },
+    /// Block later commands until `signal` reaches `value` or the work that
+    /// would set it failed: a failure *settles* the wait instead of failing
+    /// the batch ([`settled`]). For work ordered after other work that may
+    /// fail on its own account (the next run of a plan after this one).
+    WaitSettled {
+        /// The signal.
+        signal: SignalOf<B>,
+        /// The value.
+        value: u64,
+    },
     /// Block later commands until a signal of another backend reaches
     /// `value`.
     WaitForeign {
@@ -166,6 +176,9 @@ pub struct Batch<B: Backend> {
     /// live again if it never ran. Let go when the batch is cleared or
     /// dropped.
     pub(super) uses: Vec<(BufferOf<B>, bool)>,
+    /// Whether the queue's failures are scoped to the batch
+    /// ([`FailureScope::Batch`](super::FailureScope)).
+    pub(super) independent: bool,
 }
 
 impl<B: Backend> Default for Batch<B> {
@@ -180,6 +193,7 @@ impl<B: Backend> Default for Batch<B> {
             abandoned: None,
             last_exec_buffers: 0..0,
             uses: Vec::new(),
+            independent: false,
         }
     }
 }
@@ -213,6 +227,13 @@ impl<B: Backend> Batch<B> {
     /// The owner's epoch when the batch was submitted.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Whether a failure of this batch is its own only
+    /// ([`FailureScope::Batch`](super::FailureScope)): later batches run,
+    /// and the batch [drains](Self::drain_failed) when it fails.
+    pub fn independent(&self) -> bool {
+        self.independent
     }
 
     /// Why the batch will not run, if it was abandoned.
@@ -335,6 +356,36 @@ impl<B: Backend> Batch<B> {
         }
     }
 
+    /// For a batch that failed at command `from` while running: goes on in
+    /// queue order without running anything, still honouring each wait
+    /// after `from` (until its value is reached or failed) before failing
+    /// the signals and downloads that follow it. A value the batch fails
+    /// then settles only after everything the batch waited for before it
+    /// settled, as if the work had run: whoever waits for it (settled)
+    /// still comes after that work. Blocks like the waits it honours, so
+    /// an engine calls it where it would have run them (its own thread).
+    pub fn drain_failed(&self, from: usize, cause: &Error) {
+        for (index, command) in self.commands.iter().enumerate().skip(from) {
+            match command {
+                // The command that failed: nothing more to wait for.
+                Command::Wait { .. }
+                | Command::WaitSettled { .. }
+                | Command::WaitForeign { .. }
+                    if index == from => {}
+                // Reached or failed, either settles it.
+                Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                    let _ = signal.wait(*value, Timeout::Forever);
+                }
+                Command::WaitForeign { signal, value } => {
+                    let _ = signal.wait_forever(*value);
+                }
+                Command::Signal { signal, value } => signal.fail(*value, cause.clone()),
+                Command::Download { sink, .. } => sink.fail(cause),
+                _ => {}
+            }
+        }
+    }
+
     /// Whether some signal of the batch is not reached yet, or it holds a
     /// download (so abandoning the batch has something to fail).
     pub(super) fn has_something_to_fail(&self) -> bool {
@@ -358,6 +409,7 @@ impl<B: Backend> fmt::Debug for Batch<B> {
             .field("commands", &self.commands.len())
             .field("epoch", &self.epoch)
             .field("abandoned", &self.abandoned)
+            .field("independent", &self.independent)
             .finish_non_exhaustive()
     }
 }

@@ -72,6 +72,8 @@ fn live_queues() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
 /// signals fail with [`Error::EarlierBatchFailed`]. That *cascade* is not a
 /// new failure, and is never reported to the owner: one failure, one
 /// report, however the owner's report and the engine's progress interleave.
+/// A batch of a queue whose failures are scoped to the batch
+/// ([`FailureScope::Batch`](super::FailureScope)) never cascades.
 /// A batch that fails on its own is recorded with [`fail`](Self::fail)
 /// before its signals fail, so an owner that sees a failed signal and then
 /// submits finds the failure reported.
@@ -161,7 +163,9 @@ impl Ledger {
         if let Some(cause) = batch.abandoned() {
             return Admission::Skip(cause.clone());
         }
-        if batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire) {
+        // A batch whose failures are its own runs after a failure before it.
+        if !batch.independent() && batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire)
+        {
             let state = self.inner.state.lock();
             if let Some(cause) = &state.last {
                 return Admission::Skip(Error::EarlierBatchFailed {
@@ -181,6 +185,15 @@ impl Ledger {
         from: usize,
         error: Error,
     ) -> std::sync::Arc<Error> {
+        let cause = self.record(batch, error);
+        // Only after the failure is recorded (see the type's docs).
+        batch.fail_signals(from, &cause);
+        cause
+    }
+
+    /// Records that `batch` failed with `error`, for the owner and for the
+    /// cascade; returns the cause as its signals will carry it.
+    fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
         let cause = std::sync::Arc::new(error);
         {
             let mut state = self.inner.state.lock();
@@ -193,8 +206,6 @@ impl Ledger {
                 .cascade_below
                 .fetch_max(batch.epoch() + 1, Ordering::Release);
         }
-        // Only after the failure is recorded (see the type's docs).
-        batch.fail_signals(from, &cause);
         cause
     }
 
@@ -211,7 +222,9 @@ impl Ledger {
     /// Runs what an engine does with a batch it reached, start to end: a
     /// batch [`admit`](Self::admit) refuses has its signals failed; one it
     /// admits is `run`, and a failure (`Err((command index, error))`) is
-    /// [recorded](Self::fail). A panic out of `run` (a bug; kernels'
+    /// [recorded](Self::fail) (a batch of
+    /// [`FailureScope::Batch`](super::FailureScope) then
+    /// [drains](Batch::drain_failed), on this thread). A panic out of `run` (a bug; kernels'
     /// panics are the engine's to catch) fails the batch too, rather than
     /// the engine's thread.
     pub fn settle<B: Backend>(
@@ -231,7 +244,15 @@ impl Ledger {
                             },
                         ))
                     });
-                self.complete(batch, outcome);
+                match outcome {
+                    // Its failure is its own: it still honours its later
+                    // waits, in order (see `FailureScope::Batch`).
+                    Err((from, error)) if batch.independent() => {
+                        let cause = self.record(batch, error);
+                        batch.drain_failed(from, &cause);
+                    }
+                    outcome => self.complete(batch, outcome),
+                }
             }
         }
     }

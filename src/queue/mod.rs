@@ -36,6 +36,7 @@ mod recording;
 use std::fmt;
 
 pub use batch::{Batch, Command, ForeignWait};
+
 pub use engine::Engine;
 pub use ledger::{Admission, Ledger, QueueId};
 pub use recording::Queue;
@@ -68,6 +69,42 @@ impl fmt::Display for QueueKind {
     }
 }
 
+/// What a failed batch takes down with it ([`HardwareQueue::set_failure_scope`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailureScope {
+    /// The default: the batches submitted before the owner was told of the
+    /// failure do not run (their signals fail with
+    /// [`Error::EarlierBatchFailed`]), since they may depend on the failed
+    /// work by queue order alone.
+    #[default]
+    Queue,
+    /// Only the failed batch: later batches run, ordered by their waits,
+    /// as a caller that records every dependency as a wait wants (a
+    /// [`Plan`](crate::executor::Plan), whose runs are independent but for
+    /// the waits between them). A batch that fails then still honours, in
+    /// order, the waits recorded after the failed command before failing
+    /// the signals that follow each ([`Batch::drain_failed`]), so a value
+    /// it fails settles only after what it waited for before it: a
+    /// [`wait_settled`](HardwareQueue::wait_settled) on it orders the
+    /// waiter after that work, as a wait on a reached value would.
+    /// Engines that hand work to a device and learn of failures later (the
+    /// CUDA stream) fail the rest of a failed batch at once instead; there
+    /// a kernel fault is fatal to the device anyway.
+    Batch,
+}
+
+/// The outcome of a wait recorded with
+/// [`wait_settled`](HardwareQueue::wait_settled): a failed value settles
+/// it ([`Error::SignalFailed`] becomes `Ok`); any other error stays.
+/// Engines run [`Command::WaitSettled`] through it.
+#[inline]
+pub fn settled(outcome: Result<()>) -> Result<()> {
+    match outcome {
+        Err(Error::SignalFailed { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 /// A builder of command batches for one hardware queue.
 ///
 /// Recording calls chain (`q.wait(&a, 1).exec(..).signal(&b, 2)`) and never
@@ -96,6 +133,38 @@ pub trait HardwareQueue: Send + Sized {
 
     /// Records: block later commands until `signal` reaches `value`.
     fn wait(&mut self, signal: &SignalOf<Self::Backend>, value: u64) -> &mut Self;
+
+    /// Records: block later commands until `signal` reaches `value`, or
+    /// the work that would set it failed; a failure *settles* the wait
+    /// rather than failing this batch ([`settled`]). For work that must
+    /// come after other work but not share its fate: the next run of a
+    /// plan after one that may fail. The default, for a queue type without
+    /// it, rejects the batch.
+    fn wait_settled(&mut self, signal: &SignalOf<Self::Backend>, value: u64) -> &mut Self {
+        let _ = (signal, value);
+        self.reject(Error::UnsupportedCommand {
+            kind: self.kind(),
+            command: "wait_settled",
+        })
+    }
+
+    /// Sets what a batch that fails while running takes down with it, for
+    /// the batches submitted from now on ([`FailureScope`]; by default
+    /// [`FailureScope::Queue`]).
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedCommand`] from the default, for a queue type
+    /// that has only the default scope (every queue of this crate has
+    /// both).
+    fn set_failure_scope(&mut self, scope: FailureScope) -> Result<()> {
+        match scope {
+            FailureScope::Queue => Ok(()),
+            FailureScope::Batch => Err(Error::UnsupportedCommand {
+                kind: self.kind(),
+                command: "set_failure_scope(FailureScope::Batch)",
+            }),
+        }
+    }
 
     /// Records: once every earlier command completed, raise `signal` to
     /// `value`. The first queue to signal a signal becomes its producer;

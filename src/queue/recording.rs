@@ -17,7 +17,7 @@ use crate::view::{AsView, View};
 use super::batch::{Batch, Command};
 use super::engine::Engine;
 use super::ledger::QueueId;
-use super::{HardwareQueue, QueueKind, queue_label};
+use super::{FailureScope, HardwareQueue, QueueKind, queue_label};
 
 /// The host side of a queue's profile, allocated when profiling is first
 /// turned on.
@@ -50,6 +50,8 @@ pub struct Queue<E: Engine> {
     pub(super) last_checked: Option<Box<super::exec::CheckedExec>>,
     /// How many failures the owner has been told of (see [`Ledger`]).
     pub(super) epoch: u64,
+    /// What a failed batch takes down with it.
+    pub(super) scope: FailureScope,
     /// Host events and batch numbering while profiling (`None` until it is
     /// first turned on, so a queue that never profiles pays nothing).
     pub(super) profile: Option<Box<HostProfile>>,
@@ -64,6 +66,7 @@ impl<E: Engine> Queue<E> {
             rejected: None,
             last_checked: None,
             epoch: 0,
+            scope: FailureScope::Queue,
             profile: None,
         }
     }
@@ -100,6 +103,7 @@ impl<E: Engine> Queue<E> {
             return Ok(());
         }
         self.batch.epoch = self.epoch;
+        self.batch.independent = self.scope == FailureScope::Batch;
         if let Some(profile) = self.profile.as_deref_mut() {
             profile.submitted += 1;
             self.batch.sequence = profile.submitted;
@@ -133,6 +137,7 @@ impl<E: Engine> Queue<E> {
         }
         self.batch.abandoned = Some(Box::new(cause));
         self.batch.epoch = self.epoch;
+        self.batch.independent = self.scope == FailureScope::Batch;
         self.hand_over();
     }
 
@@ -202,6 +207,23 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             value,
         });
         self
+    }
+
+    #[inline(never)]
+    fn wait_settled(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitSettled {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
+    fn set_failure_scope(&mut self, scope: FailureScope) -> Result<()> {
+        self.scope = scope;
+        Ok(())
     }
 
     #[inline(never)]

@@ -423,6 +423,9 @@ macro_rules! mock_types {
                                 Command::Wait { signal, value } => {
                                     signal.wait(*value, Timeout::Forever)
                                 }
+                                Command::WaitSettled { signal, value } => {
+                                    hwqueue::queue::settled(signal.wait(*value, Timeout::Forever))
+                                }
                                 Command::WaitForeign { signal, value } => {
                                     signal.wait_forever(*value)
                                 }

@@ -47,6 +47,9 @@ fn run_commands<'a>(
         }
         let result = match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
+            Command::WaitSettled { signal, value } => {
+                crate::queue::settled(signal.wait(*value, Timeout::Forever))
+            }
             Command::WaitForeign { signal, value } => signal.wait_forever(*value),
             Command::Signal { signal, value } => {
                 signal.set(*value);
