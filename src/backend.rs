@@ -183,6 +183,9 @@
 //! fn run(batch: &Batch<Host>, command: &Command<Host>) -> Result<()> {
 //!     match command {
 //!         Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
+//!         Command::WaitSettled { signal, value } => {
+//!             hwqueue::queue::settled(signal.wait(*value, Timeout::Forever))
+//!         }
 //!         Command::WaitForeign { signal, value } => signal.wait_forever(*value),
 //!         Command::Signal { signal, value } => Ok(signal.set(*value)),
 //!         Command::Exec { program, buffers, .. } => {

@@ -216,6 +216,7 @@ fn a_slot_rebound_to_overlapping_shifted_bytes_waits_for_the_run_using_them() {
     });
 }
 
+static FAILED: AtomicBool = AtomicBool::new(false);
 static LET_READ_X: AtomicBool = AtomicBool::new(false);
 /// The first byte `read_x` saw, each time it ran.
 static READS: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
@@ -240,6 +241,7 @@ fn after_a_failed_run_its_surviving_operations_still_order_the_next_run() {
         READS.lock().unwrap().push(first);
     }
     fn fail(_: &WorkGroup, _: &KernelArgs<'_>) {
+        FAILED.store(true, Ordering::Release);
         panic!("device 1's kernel fails");
     }
     no_hang("a run after a failed one", || {
@@ -285,15 +287,14 @@ fn after_a_failed_run_its_surviving_operations_still_order_the_next_run() {
         let mut plan = schedule.plan().unwrap();
         plan.upload(upload, &[0x11u8; 64]).unwrap();
         let run0 = plan.run().unwrap();
-        // Device 1's failure is known before the next run is recorded;
-        // device 0's kernels are still held. (`wait` reports the failure
-        // after giving the other queues until its deadline to settle: the
-        // held one does not, so this takes the two seconds.)
-        let error = run0.wait(std::time::Duration::from_secs(2)).unwrap_err();
-        assert!(
-            !matches!(error, Error::Timeout { .. }),
-            "device 1's kernel did not fail within the bound: {error}"
-        );
+        // Device 1's kernel failed before the next run is recorded (its
+        // value failing follows within microseconds; either order is
+        // correct, this one is the case that broke); device 0's kernels
+        // are still held. Device 1's later values settle only after the
+        // held read, which its last operation waits for.
+        hold(&FAILED);
+        thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!run0.is_complete());
         assert!(READS.lock().unwrap().is_empty());
         plan.upload(upload, &[0x22u8; 64]).unwrap();
         let run1 = plan.run().unwrap();
@@ -305,11 +306,169 @@ fn after_a_failed_run_its_surviving_operations_still_order_the_next_run() {
             thread::sleep(std::time::Duration::from_millis(1));
         }
         LET_READ_X.store(true, Ordering::Release);
-        // Run 1 fails on device 1 too; every queue then runs to its end.
-        assert!(run1.wait(LONG).is_err());
+        // Run 0 failed on its own; run 1 ran whole.
+        let error = run0.wait(LONG).unwrap_err();
+        assert!(error.to_string().contains("`fail`"), "{error}");
+        let error = run1.wait(LONG).unwrap_err();
+        assert!(error.to_string().contains("`fail`"), "{error}");
         plan.take_profile();
         let reads = READS.lock().unwrap().clone();
         assert_eq!(reads, [0x11, 0x22], "run 0's read saw run 1's upload");
         assert_eq!(x_bytes.to_vec::<u8>().unwrap(), vec![0x22; 64]);
+    });
+}
+
+static LET_RUN_0_FAIL: AtomicBool = AtomicBool::new(false);
+
+/// An upload, a kernel that adds one to each byte (and fails when its
+/// scalar slot says so, once `LET_RUN_0_FAIL` is set), a download: run 0
+/// fails, run 1 is recorded back to back before run 0's kernel even ran.
+/// Run 1's batches waited on run 0's values and were skipped behind its
+/// failure, so run 1 reported run 0's kernel error (found with the queue
+/// core's cascade; failed on 7d514ab). Run 0's own failure must stay
+/// reported after run 1 raised the queues' values past it.
+#[test]
+fn a_run_recorded_right_after_a_failing_one_runs_and_the_failure_stays_its_own() {
+    fn add_one(_: &WorkGroup, args: &KernelArgs<'_>) {
+        if args.scalar::<u32>(0) == 1 {
+            hold(&LET_RUN_0_FAIL);
+            panic!("run 0's kernel fails");
+        }
+        // SAFETY: one work-group; `x` is only read, `y` only written.
+        let (x, y) = unsafe {
+            (
+                args.buffer(0).as_slice::<u8>(),
+                args.buffer(1).slice_mut::<u8>(0..64),
+            )
+        };
+        for (y, x) in y.iter_mut().zip(x) {
+            *y = x + 1;
+        }
+    }
+    no_hang("a run after a failing one", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let d0 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let x = schedule.add_buffer(d0, "x", CpuDevice::new().alloc(64).unwrap());
+        let y = schedule.add_buffer(d0, "y", CpuDevice::new().alloc(64).unwrap());
+        let fail = schedule.add_scalar("fail", 0u32);
+        let upload = schedule.upload("upload x", x).id();
+        schedule
+            .exec(
+                "add one",
+                d0,
+                &CpuProgram::from_fn("add_one", 2, 1, add_one),
+                &[x, y],
+                &[0u32.into()],
+                ExecParams::new_1d(1, 1),
+            )
+            .reads(x, ..)
+            .writes(y, ..)
+            .scalar(0, fail);
+        let download = schedule.download("download y", y).id();
+        let mut plan = schedule.plan().unwrap();
+        let outputs = [
+            hwqueue::Download::<u8>::new(64),
+            hwqueue::Download::<u8>::new(64),
+        ];
+        let mut runs = Vec::new();
+        for (run, output) in outputs.iter().enumerate() {
+            plan.set_scalar(fail, u32::from(run == 0)).unwrap();
+            plan.upload(upload, &[run as u8 * 10; 64]).unwrap();
+            plan.download(download, output).unwrap();
+            runs.push(plan.run().unwrap());
+        }
+        LET_RUN_0_FAIL.store(true, Ordering::Release);
+        runs[1].wait(LONG).unwrap();
+        assert_eq!(outputs[1].take(LONG).unwrap(), vec![11u8; 64]);
+        let error = runs[0].wait(LONG).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            matches!(error.root_cause(), Error::KernelFailed { .. }) && text.contains("add one"),
+            "{text}"
+        );
+        assert!(outputs[0].take(LONG).is_err());
+        // The next run, once everything settled, runs too.
+        let output = hwqueue::Download::<u8>::new(64);
+        plan.set_scalar(fail, 0u32).unwrap();
+        plan.upload(upload, &[4u8; 64]).unwrap();
+        plan.download(download, &output).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+        assert_eq!(output.take(LONG).unwrap(), vec![5u8; 64]);
+    });
+}
+
+static LET_RUN_0_END: AtomicBool = AtomicBool::new(false);
+
+/// Run 0 is held; run 1 is refused (a slot bound to a misaligned view);
+/// run 2, rebound, is recorded while run 0 still runs. Run 1's values
+/// fail only after run 0's, in queue order; run 2 waited on them and
+/// reported run 1's refusal (failed on 7d514ab).
+#[test]
+fn a_run_recorded_while_a_refused_one_s_values_are_pending_runs() {
+    fn held_copy(_: &WorkGroup, args: &KernelArgs<'_>) {
+        hold(&LET_RUN_0_END);
+        // SAFETY: one work-group; `s` is only read, `out` only written.
+        let (s, out) = unsafe {
+            (
+                args.buffer(0).as_slice::<u8>(),
+                args.buffer(1).slice_mut::<u8>(0..64),
+            )
+        };
+        out.copy_from_slice(&s[..64]);
+    }
+    no_hang("a run after a refused one", || {
+        let mut schedule = Schedule::<Cpu>::new();
+        let d0 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let slot = schedule.add_slot(d0, "s", 64);
+        let out = schedule.add_buffer(d0, "out", CpuDevice::new().alloc(64).unwrap());
+        let upload = schedule.upload("upload s", slot).id();
+        schedule
+            .exec(
+                "copy s",
+                d0,
+                &CpuProgram::from_fn("held_copy", 2, 0, held_copy),
+                &[slot, out],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .reads(slot, ..)
+            .writes(out, ..);
+        let download = schedule.download("download out", out).id();
+        let mut plan = schedule.plan().unwrap();
+        let alloc = |n| CpuDevice::new().alloc(n).unwrap();
+        let (good, big) = (alloc(64), alloc(128));
+        let outputs = [
+            hwqueue::Download::<u8>::new(64),
+            hwqueue::Download::<u8>::new(64),
+            hwqueue::Download::<u8>::new(64),
+        ];
+        plan.bind(slot, &good).unwrap();
+        plan.upload(upload, &[1u8; 64]).unwrap();
+        plan.download(download, &outputs[0]).unwrap();
+        let run0 = plan.run().unwrap();
+        plan.bind(slot, &View::new(&big, 4, 64).unwrap()).unwrap();
+        plan.upload(upload, &[2u8; 64]).unwrap();
+        plan.download(download, &outputs[1]).unwrap();
+        let refused = plan.run().unwrap_err();
+        assert!(
+            matches!(refused.root_cause(), Error::ViewMisaligned { .. }),
+            "{refused}"
+        );
+        plan.bind(slot, &good).unwrap();
+        plan.upload(upload, &[3u8; 64]).unwrap();
+        plan.download(download, &outputs[2]).unwrap();
+        let run2 = plan.run().unwrap();
+        LET_RUN_0_END.store(true, Ordering::Release);
+        run0.wait(LONG).unwrap();
+        assert_eq!(outputs[0].take(LONG).unwrap(), vec![1u8; 64]);
+        run2.wait(LONG).unwrap();
+        assert_eq!(outputs[2].take(LONG).unwrap(), vec![3u8; 64]);
+        // Run 1's download was recorded on the copy queue, submitted before
+        // the compute queue refused the run: it fails in that queue's order.
+        let error = outputs[1].take(LONG).unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::ViewMisaligned { .. }),
+            "{error}"
+        );
     });
 }

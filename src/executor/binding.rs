@@ -124,7 +124,7 @@ impl<B: Backend> Plan<B> {
     /// writes, and the run to wait for where a binding takes bytes another
     /// slot used in a run still in flight. Returns that run.
     pub(super) fn check_bindings(&mut self) -> Result<Option<u64>> {
-        let facts = &self.facts;
+        let (facts, in_flight) = (&*self.facts, &self.in_flight);
         let bindings = &mut self.bindings;
         if bindings.changed {
             let buffers = &self.schedule.buffers;
@@ -166,7 +166,9 @@ impl<B: Backend> Plan<B> {
             if let (old, Some(last_run)) = std::mem::replace(&mut bindings.current, (views, None)) {
                 bindings.history.push_back((old, last_run));
             }
-            bindings.history.retain(|(_, run)| !facts.settled(*run));
+            bindings
+                .history
+                .retain(|(_, run)| in_flight.in_flight(facts, *run));
             let current = &bindings.current.0;
             bindings.barrier = bindings
                 .history
@@ -188,7 +190,9 @@ impl<B: Backend> Plan<B> {
                 .max();
             bindings.changed = false;
         }
-        Ok(bindings.barrier.filter(|run| !facts.settled(*run)))
+        Ok(bindings
+            .barrier
+            .filter(|run| in_flight.in_flight(facts, *run)))
     }
 
     /// Notes that run `run` used the current bindings. Only the first run

@@ -1,22 +1,33 @@
 //! How a plan's runs are ordered, in one place: the values each run sets
 //! on each queue's timeline, which of them a run waits for, and the rules
 //! that decide it, used by every path that records, refuses or fails a run
-//! (`plan.rs`), by the bindings (`binding.rs`) and by [`Run`](super::Run).
+//! (`plan.rs`), by the bindings (`binding.rs`), by the host stage
+//! (`host.rs`) and by [`Run`](super::Run).
 //!
-//! - **Values.** Run `r` sets, on queue `q`, the values `r * n_q + 1 ..=
-//!   (r + 1) * n_q` (`n_q` operations a run), one per operation, in queue
-//!   order ([`PlanFacts::end_of`]).
-//! - **Waits within and across runs.** The planner's waits
-//!   ([`PlannedWait`]) are recorded with their run's values
-//!   ([`PlanFacts::target`]); a wait on the previous run is dropped when
-//!   its value is no longer pending (reached, or failed: the failed run's
-//!   later operations never run) ([`PlanFacts::wait_to_record`]).
+//! - **Signals per run.** Each run sets signals of its own, one per queue
+//!   ([`Timelines`]; those of a settled run whose handle is gone are
+//!   reused, [`InFlight::start`]): a later run never raises a value this
+//!   run failed past it, so a [`Run`](super::Run) reports its own failure
+//!   however late it is asked, and never another's.
+//! - **Values.** A run sets, on queue `q`, `n_q` values (one per
+//!   operation, in queue order) past where its signals' last run ended
+//!   ([`PlanFacts::value`], [`PlanFacts::end`]).
+//! - **Waits within a run** fail with their value: an operation whose
+//!   input failed does not run. **Waits on the run before** are *settled*
+//!   (`wait_settled`: a failure passes them) and dropped once that run
+//!   settled ([`PlanFacts::wait_to_record`]). The plan's queues scope a
+//!   failure to its batch (`FailureScope::Batch`): later runs' batches
+//!   run, and a failed batch still honours its later waits before failing
+//!   the values after them (the host stage does the same), so a value
+//!   settles only after what it waited for. The order the planner implied
+//!   through another queue's wait then holds whether that run failed or
+//!   not: its surviving operations are waited for before a later run
+//!   touches their bytes.
 //! - **Runs ordered by the bytes they touch.** A binding that takes bytes an
 //!   earlier binding of any slot used in a run still in flight (another
-//!   slot's, or the same slot's at other offsets), and a previous run that
-//!   failed on some queue while it may still run on others
-//!   ([`PlanFacts::failed_run_before`]), make the next run wait for that
-//!   run whole ([`PlanFacts::barrier_waits`]).
+//!   slot's, or the same slot's at other offsets), and a run a queue
+//!   refused (its unsubmitted operations' waits are gone), make the next
+//!   run wait for that run whole, settled ([`PlanFacts::barrier_waits`]).
 //! - **Refusal and failure fail only the run's own values,** in each
 //!   queue's order (the queue core's abandoned batches; the host stage's
 //!   in-order failure), never a run in flight before it
@@ -60,83 +71,184 @@ pub(super) struct PlannedOp {
 
 /// The shared, immutable facts of a plan that a [`Run`] needs to explain a
 /// failure.
-pub(super) struct PlanFacts<B: Backend> {
+pub(super) struct PlanFacts {
     pub(super) ops: Vec<PlannedOp>,
-    pub(super) signals: Vec<B::Signal>,
+    /// Operations a run, per queue.
     pub(super) counts: Vec<u64>,
 }
 
-impl<B: Backend> PlanFacts<B> {
-    /// The value `wait` stands for in run `run`; `None` when it is of the
-    /// run before the first, which needs no wait.
-    pub(super) fn target(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
-        let per_run = self.counts[wait.queue];
-        if wait.previous_run {
-            run.checked_sub(1)
-                .map(|previous| previous * per_run + wait.value)
-        } else {
-            Some(run * per_run + wait.value)
-        }
+/// The signals one run sets, one per queue (see the module docs): its own,
+/// so that a later run, however soon it is recorded, never raises a value
+/// this run failed past it, and the run's handle reports the failure for
+/// as long as it lives.
+pub(super) struct Timelines<B: Backend> {
+    pub(super) run: u64,
+    /// How many runs set these signals before this one (they are reused
+    /// once a run settled and its handle was dropped).
+    pub(super) uses: u64,
+    pub(super) signals: Vec<B::Signal>,
+}
+
+impl PlanFacts {
+    /// Value `value` (within a run) of `queue` in the run of `timelines`.
+    pub(super) fn value<B: Backend>(
+        &self,
+        timelines: &Timelines<B>,
+        queue: usize,
+        value: u64,
+    ) -> u64 {
+        timelines.uses * self.counts[queue] + value
     }
 
-    /// The value to record a wait for in run `run`, or `None` when no wait
-    /// is needed: a previous-run value that is not [`pending`](Self::pending)
-    /// (the failed run's later operations never run, so there is nothing
-    /// to race; the new run must not inherit the failure).
-    pub(super) fn wait_to_record(&self, run: u64, wait: &PlannedWait) -> Option<u64> {
-        let target = self.target(run, wait)?;
-        (!wait.previous_run || self.pending(wait.queue, target)).then_some(target)
+    /// The value that ends the run of `timelines` on `queue`.
+    pub(super) fn end<B: Backend>(&self, timelines: &Timelines<B>, queue: usize) -> u64 {
+        self.value(timelines, queue, self.counts[queue])
     }
 
-    /// The value that ends run `run` on `queue`.
-    pub(super) fn end_of(&self, run: u64, queue: usize) -> u64 {
-        (run + 1) * self.counts[queue]
-    }
-
-    /// Whether `queue`'s signal is short of `value` and has not failed
-    /// there: a wait for it would block. Never blocks.
-    pub(super) fn pending(&self, queue: usize, value: u64) -> bool {
+    /// Whether `queue`'s signal of `timelines` is short of `value` and has
+    /// not failed there: a wait for it would block. Never blocks.
+    pub(super) fn pending<B: Backend>(timelines: &Timelines<B>, queue: usize, value: u64) -> bool {
         matches!(
-            self.signals[queue].wait(value, std::time::Duration::ZERO),
+            timelines.signals[queue].wait(value, std::time::Duration::ZERO),
             Err(Error::Timeout { .. })
         )
     }
 
-    /// The run before `run`, where it failed on some queue and may still
-    /// run on another. Its failed values are not waited for (they never
-    /// come), and so neither is what the planner dropped as implied by
-    /// them: a wait on queue B's value implied queue A's earlier one, which
-    /// B had waited for, but B failed before it waited. The new run then
-    /// waits for the previous one whole ([`barrier_waits`](Self::barrier_waits):
-    /// every value still pending), so a surviving operation of it never
-    /// races the new run.
-    pub(super) fn failed_run_before(&self, run: u64) -> Option<u64> {
-        let previous = run.checked_sub(1)?;
-        (0..self.signals.len())
-            .any(|queue| {
-                let end = self.end_of(previous, queue);
-                !self.signals[queue].is_reached(end) && !self.pending(queue, end)
-            })
-            .then_some(previous)
+    /// Whether the run of `timelines` ended on every queue: completed, or
+    /// failed.
+    pub(super) fn settled<B: Backend>(&self, timelines: &Timelines<B>) -> bool {
+        (0..self.counts.len())
+            .all(|queue| !Self::pending(timelines, queue, self.end(timelines, queue)))
     }
 
-    /// The waits that make queue `own` start after run `barrier` ended on
-    /// every other queue: its end there, where still pending (a value
-    /// reached or failed needs none).
-    pub(super) fn barrier_waits(&self, barrier: Option<u64>, own: usize) -> Vec<(usize, u64)> {
-        let Some(previous) = barrier else {
-            return Vec::new();
+    /// What to record for `wait` in the run of `current`, `previous` being
+    /// the run before it while in flight (`None` once it settled, or
+    /// before the first run): the signal, the value, and whether the wait
+    /// is *settled* (a failure of the value passes it). A wait within the
+    /// run fails with its value: the operation's input never came. A wait
+    /// on the previous run is settled: that run's failure is its own, and
+    /// a value it failed settles only after what it waited for (the
+    /// queues drain, `FailureScope::Batch`), so the order the planner
+    /// implied through it holds. `None` when no wait is needed (a value
+    /// of the previous run that settled, or of no run).
+    pub(super) fn wait_to_record<'a, B: Backend>(
+        &self,
+        wait: &PlannedWait,
+        current: &'a Timelines<B>,
+        previous: Option<&'a Timelines<B>>,
+    ) -> Option<(&'a B::Signal, u64, bool)> {
+        if !wait.previous_run {
+            let value = self.value(current, wait.queue, wait.value);
+            return Some((&current.signals[wait.queue], value, false));
+        }
+        let previous = previous?;
+        let value = self.value(previous, wait.queue, wait.value);
+        Self::pending(previous, wait.queue, value).then_some((
+            &previous.signals[wait.queue],
+            value,
+            true,
+        ))
+    }
+
+    /// The waits that make queue `own` start after the run of `barrier`
+    /// ended on every other queue (settled: reached or failed), where it
+    /// has not yet.
+    pub(super) fn barrier_waits<'a, B: Backend>(
+        &'a self,
+        barrier: Option<&'a Timelines<B>>,
+        own: usize,
+    ) -> impl Iterator<Item = (&'a B::Signal, u64)> + 'a {
+        barrier.into_iter().flat_map(move |timelines| {
+            (0..self.counts.len())
+                .filter(move |&q| q != own)
+                .map(move |q| (q, self.end(timelines, q)))
+                .filter(move |&(q, value)| Self::pending(timelines, q, value))
+                .map(move |(q, value)| (&timelines.signals[q], value))
+        })
+    }
+}
+
+/// How many settled runs' signals a plan keeps to reuse.
+const SPARE_TIMELINES: usize = 4;
+
+/// A plan's runs that may be in flight, oldest first, with their signals;
+/// and the signals of runs that settled, kept to reuse.
+pub(super) struct InFlight<B: Backend> {
+    recent: VecDeque<std::sync::Arc<Timelines<B>>>,
+    spare: Vec<std::sync::Arc<Timelines<B>>>,
+    /// Per queue, the device that makes its signals.
+    devices: Vec<Arc<B::Device>>,
+}
+
+impl<B: Backend> InFlight<B> {
+    pub(super) fn new(devices: Vec<Arc<B::Device>>) -> Self {
+        Self {
+            recent: VecDeque::new(),
+            spare: Vec::new(),
+            devices,
+        }
+    }
+
+    /// Run `run`, while it may be in flight (`None` once it settled and
+    /// was let go, and for a run never started).
+    pub(super) fn get(&self, run: u64) -> Option<&std::sync::Arc<Timelines<B>>> {
+        let front = self.recent.front()?.run;
+        let at = usize::try_from(run.checked_sub(front)?).ok()?;
+        self.recent.get(at).filter(|t| t.run == run)
+    }
+
+    /// Whether run `run` may still be in flight on some queue. Never blocks.
+    pub(super) fn in_flight(&self, facts: &PlanFacts, run: u64) -> bool {
+        self.get(run).is_some_and(|t| !facts.settled(t))
+    }
+
+    /// The signals for run `run`, the next: a settled run's whose handle is
+    /// gone (values go on rising from where it ended), else new ones.
+    /// Settled runs at the front stop being watched first.
+    pub(super) fn start(
+        &mut self,
+        facts: &PlanFacts,
+        run: u64,
+    ) -> Result<std::sync::Arc<Timelines<B>>> {
+        while self.recent.front().is_some_and(|t| facts.settled(t)) {
+            let done = self.recent.pop_front().expect("looked at");
+            if self.spare.len() == SPARE_TIMELINES {
+                // Make room by forgetting one a handle still holds.
+                match self
+                    .spare
+                    .iter()
+                    .position(|t| std::sync::Arc::strong_count(t) > 1)
+                {
+                    Some(held) => drop(self.spare.swap_remove(held)),
+                    None => continue,
+                }
+            }
+            self.spare.push(done);
+        }
+        let reusable = self
+            .spare
+            .iter_mut()
+            .position(|t| std::sync::Arc::get_mut(t).is_some());
+        let timelines = match reusable {
+            Some(at) => {
+                let mut timelines = self.spare.swap_remove(at);
+                let reused = std::sync::Arc::get_mut(&mut timelines).expect("no other handle");
+                reused.run = run;
+                reused.uses += 1;
+                timelines
+            }
+            None => std::sync::Arc::new(Timelines {
+                run,
+                uses: 0,
+                signals: self
+                    .devices
+                    .iter()
+                    .map(|device| QueueFactory::new_signal(&**device, 0))
+                    .collect::<Result<_>>()?,
+            }),
         };
-        (0..self.signals.len())
-            .filter(|&q| q != own)
-            .map(|q| (q, self.end_of(previous, q)))
-            .filter(|&(q, value)| self.pending(q, value))
-            .collect()
-    }
-
-    /// Whether run `run` ended on every queue: completed, or failed.
-    pub(super) fn settled(&self, run: u64) -> bool {
-        (0..self.signals.len()).all(|queue| !self.pending(queue, self.end_of(run, queue)))
+        self.recent.push_back(timelines.clone());
+        Ok(timelines)
     }
 }
 

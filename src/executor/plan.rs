@@ -5,7 +5,7 @@ use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
 use super::host::{HostBatch, HostJob};
-use super::ordering::{Bindings, PlanFacts, PlannedWait};
+use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Timelines};
 use super::run::Run;
 use super::schedule::*;
 use super::staged::Staged;
@@ -22,7 +22,6 @@ pub(super) struct PlannedQueue<B: Backend> {
     pub(super) label: crate::profile::Name,
     /// `None` for the host stage.
     pub(super) queue: Option<B::Queue>,
-    pub(super) signal: B::Signal,
     /// Operations in queue order.
     pub(super) ops: Vec<usize>,
 }
@@ -30,7 +29,11 @@ pub(super) struct PlannedQueue<B: Backend> {
 /// A planned schedule: run it as often as needed with [`Plan::run`].
 pub struct Plan<B: Backend> {
     pub(super) queues: Vec<PlannedQueue<B>>,
-    pub(super) facts: Arc<PlanFacts<B>>,
+    pub(super) facts: Arc<PlanFacts>,
+    /// The runs that may be in flight, and the signals each sets.
+    pub(super) in_flight: InFlight<B>,
+    /// The last run a queue refused: the next run waits for it whole.
+    pub(super) refused: Option<u64>,
     pub(super) schedule: Schedule<B>,
     pub(super) host: Option<mpsc::Sender<HostBatch<B>>>,
     pub(super) runs: u64,
@@ -64,12 +67,16 @@ impl<B: Backend> Plan<B> {
     /// rejects), in which case every download staged for the run fails
     /// with that error.
     pub fn run(&mut self) -> Result<Run<B>> {
-        let barrier = self
-            .check_bindings()?
-            .max(self.facts.failed_run_before(self.runs));
+        let refused = self
+            .refused
+            .filter(|&run| self.in_flight.in_flight(&self.facts, run));
+        let barrier = self.check_bindings()?.max(refused);
         let mut staged = self.take_staged()?;
         self.bindings_used(self.runs);
-        let result = self.record_and_submit(&mut staged, barrier);
+        let result = self
+            .in_flight
+            .start(&self.facts, self.runs)
+            .and_then(|timelines| self.record_and_submit(&mut staged, barrier, &timelines));
         if let Err(error) = &result {
             // What was staged and never recorded: its downloads learn why.
             for leftover in staged.into_iter().flatten() {
@@ -83,14 +90,22 @@ impl<B: Backend> Plan<B> {
         &mut self,
         staged: &mut [Option<Staged<B>>],
         barrier: Option<u64>,
+        timelines: &std::sync::Arc<Timelines<B>>,
     ) -> Result<Run<B>> {
         let run = self.runs;
         self.runs += 1;
         let facts = self.facts.clone();
-        let base = |queue: usize| run * facts.counts[queue];
-        // The run to wait for whole (a binding took bytes it used, or it
-        // failed somewhere): each queue starts after it ended on every other
-        // queue, where it has not yet (see `ordering`).
+        let own_value = |queue: usize, value: u64| facts.value(timelines, queue, value);
+        let previous = run
+            .checked_sub(1)
+            .and_then(|r| self.in_flight.get(r))
+            .cloned();
+        let previous = previous.as_deref();
+        // The run to wait for whole (a binding took bytes it used, or a
+        // queue refused it): each queue starts after it ended on every
+        // other queue, where it has not yet (see `ordering`).
+        let barrier = barrier.and_then(|r| self.in_flight.get(r)).cloned();
+        let barrier = barrier.as_deref();
         let barrier_waits = |own: usize| facts.barrier_waits(barrier, own);
         let view = |id: BufferId| -> Result<View<B>> {
             self.schedule.buffers[id.0]
@@ -108,66 +123,54 @@ impl<B: Backend> Plan<B> {
             if planned.queue.is_some() {
                 continue;
             }
-            let own = base(index);
-            let last = own + facts.counts[index];
             for (position, &op) in planned.ops.iter().enumerate() {
                 let op_plan = &facts.ops[op];
                 let Work::Copy { dst, src } = self.schedule.ops[op].work else {
                     unreachable!("only copies between devices run on the host stage");
                 };
-                let barrier = if position == 0 {
-                    barrier_waits(index)
-                } else {
-                    Vec::new()
-                };
+                let barrier = barrier_waits(index)
+                    .filter(|_| position == 0)
+                    .map(|(signal, value)| (signal.clone(), value, true));
                 host_jobs.push(HostJob {
                     waits: op_plan
                         .waits
                         .iter()
-                        .filter_map(|w| {
-                            Some((
-                                facts.signals[w.queue].clone(),
-                                facts.wait_to_record(run, w)?,
-                            ))
-                        })
-                        .chain(
-                            barrier
-                                .into_iter()
-                                .map(|(q, value)| (facts.signals[q].clone(), value)),
-                        )
+                        .filter_map(|w| facts.wait_to_record(w, timelines, previous))
+                        .map(|(signal, value, settled)| (signal.clone(), value, settled))
+                        .chain(barrier)
                         .collect(),
                     dst: match view(dst) {
                         Ok(view) => view,
-                        Err(error) => return Err(self.fail_in_order(run, 0, error)),
+                        Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
                     },
                     src: match view(src) {
                         Ok(view) => view,
-                        Err(error) => return Err(self.fail_in_order(run, 0, error)),
+                        Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
                     },
-                    signal: planned.signal.clone(),
-                    value: own + op_plan.value,
-                    last,
+                    signal: timelines.signals[index].clone(),
+                    value: own_value(index, op_plan.value),
                 });
             }
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut refused = None;
         for (index, planned) in self.queues.iter_mut().enumerate() {
-            let own = base(index);
             let Some(queue) = planned.queue.as_mut() else {
                 continue;
             };
             // The operation whose command the queue refused, if one is.
             let mut culprit = None;
-            for (q, value) in barrier_waits(index) {
-                queue.wait(&facts.signals[q], value);
+            for (signal, value) in barrier_waits(index) {
+                queue.wait_settled(signal, value);
             }
             for &op in &planned.ops {
                 let op_plan = &facts.ops[op];
                 for wait in &op_plan.waits {
-                    if let Some(target) = facts.wait_to_record(run, wait) {
-                        queue.wait(&facts.signals[wait.queue], target);
-                    }
+                    match facts.wait_to_record(wait, timelines, previous) {
+                        Some((signal, value, true)) => queue.wait_settled(signal, value),
+                        Some((signal, value, false)) => queue.wait(signal, value),
+                        None => queue,
+                    };
                 }
                 let slots = &self.schedule.buffers;
                 let bytes = |id: &BufferId| slots[id.0].buffer.as_ref();
@@ -242,7 +245,7 @@ impl<B: Backend> Plan<B> {
                         None => unplaced_bug(queue, name),
                     },
                 }
-                queue.signal(&planned.signal, own + op_plan.value);
+                queue.signal(&timelines.signals[index], own_value(index, op_plan.value));
                 if culprit.is_none() && queue.rejection().is_some() {
                     culprit = Some(op);
                 }
@@ -260,7 +263,7 @@ impl<B: Backend> Plan<B> {
         if let Some((index, error, culprit)) = refused {
             self.scratch = scratch;
             let error = self.refused(run, index, culprit, error);
-            return Err(self.fail_in_order(run, index + 1, error));
+            return Err(self.fail_in_order(timelines, index + 1, error));
         }
         self.scratch = scratch;
         if !host_jobs.is_empty()
@@ -275,7 +278,11 @@ impl<B: Backend> Plan<B> {
                 detail: "its thread has exited".into(),
             })?;
         }
-        Ok(Run { run, facts })
+        Ok(Run {
+            run,
+            facts,
+            timelines: timelines.clone(),
+        })
     }
 
     /// The error of run `run`, refused by queue `queue` at operation
@@ -320,25 +327,29 @@ impl<B: Backend> Plan<B> {
         }
     }
 
-    /// Fails the values of run `run` that nothing will set, after a queue
-    /// refused its batch (or the run could not be recorded): those of the
-    /// device queues from `first` on, which were not submitted, and those
-    /// of the host stage, whose jobs were not sent. Each fails in its queue's
-    /// order, after the earlier runs' work there (a batch holding only the
-    /// run's last signal, rejected with `error`, so the queue core fails it
-    /// as it fails every abandoned batch; the host stage fails after its
-    /// earlier jobs): a run still in flight is never failed by this one, and
-    /// a queue already submitted that waits on these values wakes with the
-    /// error instead of hanging. The refusing queue's own batch was
-    /// abandoned by the core, its values with it. Returns `error`.
-    fn fail_in_order(&mut self, run: u64, first: usize, error: Error) -> Error {
+    /// Fails the values of the run of `timelines` that nothing will set,
+    /// after a queue refused its batch (or the run could not be recorded):
+    /// those of the device queues from `first` on, which were not
+    /// submitted, and those of the host stage, whose jobs were not sent.
+    /// Each fails in its queue's order, after the earlier runs' work there
+    /// (a batch holding only the run's last signal, rejected with `error`,
+    /// so the queue core fails it as it fails every abandoned batch; the
+    /// host stage fails after its earlier jobs): a run still in flight is
+    /// never failed by this one, and a queue already submitted that waits
+    /// on these values wakes with the error instead of hanging. The
+    /// refusing queue's own batch was abandoned by the core, its values
+    /// with it. The waits of the operations not submitted are gone, so the
+    /// next run waits for this one whole (`refused`). Returns `error`.
+    fn fail_in_order(&mut self, timelines: &Timelines<B>, first: usize, error: Error) -> Error {
+        self.refused = Some(timelines.run);
         let facts = &self.facts;
         for (index, planned) in self.queues.iter_mut().enumerate() {
-            let last = facts.end_of(run, index);
+            let last = facts.end(timelines, index);
+            let signal = &timelines.signals[index];
             match planned.queue.as_mut() {
                 Some(queue) if index >= first => {
                     queue.discard();
-                    queue.signal(&planned.signal, last).reject(error.clone());
+                    queue.signal(signal, last).reject(error.clone());
                     // Rejected by design: the core fails the signal in order.
                     let _ = queue.submit();
                 }
@@ -348,7 +359,7 @@ impl<B: Backend> Plan<B> {
                         // A thread that exited has failed its values already.
                         let _ = host.send(HostBatch {
                             jobs: Vec::new(),
-                            fail: Some((planned.signal.clone(), last, error.clone())),
+                            fail: Some((signal.clone(), last, error.clone())),
                         });
                     }
                 }

@@ -57,8 +57,10 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     let mut queues: Vec<PlannedQueue<B>> = Vec::new();
     let mut resolved: Vec<Lane> = Vec::new();
     let mut lane_queue: Vec<usize> = Vec::new();
+    // Per queue, the device that makes its signals.
+    let mut devices = Vec::new();
     for lane in &lanes {
-        let (lane, label, queue, signal) = make_queue(&schedule, *lane)?;
+        let (lane, label, queue, device) = make_queue(&schedule, *lane)?;
         match resolved.iter().position(|l| *l == lane) {
             Some(index) => lane_queue.push(index),
             None => {
@@ -66,9 +68,9 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                 queues.push(PlannedQueue {
                     label: label.into(),
                     queue,
-                    signal,
                     ops: Vec::new(),
                 });
+                devices.push(schedule.devices[device].clone());
                 lane_queue.push(queues.len() - 1);
             }
         }
@@ -195,14 +197,11 @@ pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     } else {
         None
     };
-    let signals = queues.iter().map(|q| q.signal.clone()).collect();
     Ok(Plan {
         queues,
-        facts: Arc::new(PlanFacts {
-            ops,
-            signals,
-            counts,
-        }),
+        facts: Arc::new(PlanFacts { ops, counts }),
+        in_flight: InFlight::new(devices),
+        refused: None,
         staged: (0..schedule.ops.len()).map(|_| None).collect(),
         scalar_values: schedule.scalars.iter().map(|(_, value)| *value).collect(),
         scratch: Vec::new(),
@@ -359,21 +358,19 @@ fn lane_of<B: Backend>(schedule: &Schedule<B>, op: &Op<B>) -> Lane {
     }
 }
 
-type MadeQueue<B> = (
-    Lane,
-    String,
-    Option<<B as Backend>::Queue>,
-    <B as Backend>::Signal,
-);
+/// A lane's queue: the lane it resolved to, its label, the queue (none
+/// for the host stage), and the device that makes its signals.
+type MadeQueue<B> = (Lane, String, Option<<B as Backend>::Queue>, usize);
 
-/// Makes a lane's queue and signal; returns the lane it resolved to.
+/// Makes a lane's queue, whose failures are its batch's own
+/// ([`FailureScope::Batch`](crate::FailureScope): runs are ordered by the
+/// plan's waits alone); returns the lane it resolved to.
 fn make_queue<B: Backend>(schedule: &Schedule<B>, lane: Lane) -> Result<MadeQueue<B>> {
     use crate::device::Device;
     match lane {
         Lane::Host => {
-            // The host stage's signal comes from the first device.
-            let device = &schedule.devices[0];
-            Ok((lane, "host".into(), None, device.new_signal(0)?))
+            // The host stage's signals come from the first device.
+            Ok((lane, "host".into(), None, 0))
         }
         Lane::Device { device, kind } => {
             let dev = &schedule.devices[device.0];
@@ -405,7 +402,9 @@ fn make_queue<B: Backend>(schedule: &Schedule<B>, lane: Lane) -> Result<MadeQueu
                 },
                 QueueKind::Compute => (lane, label(QueueKind::Compute), dev.compute_queue()?),
             };
-            Ok((lane, label, Some(queue), dev.new_signal(0)?))
+            let mut queue = queue;
+            queue.set_failure_scope(crate::FailureScope::Batch)?;
+            Ok((lane, label, Some(queue), device.0))
         }
     }
 }

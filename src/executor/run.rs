@@ -8,17 +8,22 @@ use super::*;
 /// One run of a plan: wait for it, or ask whether it finished.
 pub struct Run<B: Backend> {
     pub(super) run: u64,
-    pub(super) facts: Arc<PlanFacts<B>>,
+    pub(super) facts: Arc<PlanFacts>,
+    pub(super) timelines: std::sync::Arc<Timelines<B>>,
 }
 
 impl<B: Backend> Run<B> {
     pub(super) fn target(&self, queue: usize) -> u64 {
-        self.facts.end_of(self.run, queue)
+        self.facts.end(&self.timelines, queue)
+    }
+
+    fn signals(&self) -> &[B::Signal] {
+        &self.timelines.signals
     }
 
     /// Whether every operation of the run completed. Never blocks.
     pub fn is_complete(&self) -> bool {
-        (0..self.facts.signals.len()).all(|q| self.facts.signals[q].is_reached(self.target(q)))
+        (0..self.signals().len()).all(|q| self.signals()[q].is_reached(self.target(q)))
     }
 
     /// Blocks until the run completed.
@@ -30,22 +35,22 @@ impl<B: Backend> Run<B> {
         let timeout = timeout.into();
         let start = Instant::now();
         let deadline = timeout.deadline_from(start);
-        for queue in 0..self.facts.signals.len() {
+        for queue in 0..self.signals().len() {
             let remaining = match deadline {
                 Some(deadline) => {
                     Timeout::After(deadline.saturating_duration_since(Instant::now()))
                 }
                 None => Timeout::Forever,
             };
-            match self.facts.signals[queue].wait(self.target(queue), remaining) {
+            match self.signals()[queue].wait(self.target(queue), remaining) {
                 Ok(()) => {}
                 Err(error @ Error::Timeout { .. }) => return Err(error),
                 Err(error) => {
                     // Let every queue of the run settle (complete or fail:
                     // failures propagate, so this ends), so the next run
                     // finds each failure reported and starts clean.
-                    for other in 0..self.facts.signals.len() {
-                        let _ = self.facts.signals[other].wait(self.target(other), remaining);
+                    for other in 0..self.signals().len() {
+                        let _ = self.signals()[other].wait(self.target(other), remaining);
                     }
                     return Err(self.explain(error));
                 }
@@ -59,24 +64,26 @@ impl<B: Backend> Run<B> {
     /// failure), preferring one whose kernel the error names.
     fn explain(&self, error: Error) -> Error {
         let facts = &*self.facts;
-        let base = |queue: usize| self.run * facts.counts[queue];
+        let timelines = &*self.timelines;
         let root = error.root_cause().clone();
         let failed_program = match &root {
             Error::KernelFailed { program, .. } => Some(program.clone()),
             _ => None,
         };
         let mut culprits = Vec::new();
-        for (queue, signal) in facts.signals.iter().enumerate() {
+        for (queue, signal) in timelines.signals.iter().enumerate() {
             let first_unfinished = facts
                 .ops
                 .iter()
-                .filter(|op| op.queue == queue && !signal.is_reached(base(queue) + op.value))
+                .filter(|op| {
+                    op.queue == queue && !signal.is_reached(facts.value(timelines, queue, op.value))
+                })
                 .min_by_key(|op| op.value);
             if let Some(op) = first_unfinished {
-                let waits_met = op.waits.iter().all(|w| {
-                    facts
-                        .target(self.run, w)
-                        .is_none_or(|target| facts.signals[w.queue].is_reached(target))
+                // Its waits within the run were met (a wait on the run
+                // before is settled: that run's failure is not this one's).
+                let waits_met = op.waits.iter().filter(|w| !w.previous_run).all(|w| {
+                    timelines.signals[w.queue].is_reached(facts.value(timelines, w.queue, w.value))
                 });
                 if waits_met {
                     culprits.push(op);

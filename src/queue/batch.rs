@@ -176,9 +176,6 @@ pub struct Batch<B: Backend> {
     /// live again if it never ran. Let go when the batch is cleared or
     /// dropped.
     pub(super) uses: Vec<(BufferOf<B>, bool)>,
-    /// Whether the queue's failures are scoped to the batch
-    /// ([`FailureScope::Batch`](super::FailureScope)).
-    pub(super) independent: bool,
 }
 
 impl<B: Backend> Default for Batch<B> {
@@ -193,7 +190,6 @@ impl<B: Backend> Default for Batch<B> {
             abandoned: None,
             last_exec_buffers: 0..0,
             uses: Vec::new(),
-            independent: false,
         }
     }
 }
@@ -227,13 +223,6 @@ impl<B: Backend> Batch<B> {
     /// The owner's epoch when the batch was submitted.
     pub fn epoch(&self) -> u64 {
         self.epoch
-    }
-
-    /// Whether a failure of this batch is its own only
-    /// ([`FailureScope::Batch`](super::FailureScope)): later batches run,
-    /// and the batch [drains](Self::drain_failed) when it fails.
-    pub fn independent(&self) -> bool {
-        self.independent
     }
 
     /// Why the batch will not run, if it was abandoned.
@@ -409,7 +398,6 @@ impl<B: Backend> fmt::Debug for Batch<B> {
             .field("commands", &self.commands.len())
             .field("epoch", &self.epoch)
             .field("abandoned", &self.abandoned)
-            .field("independent", &self.independent)
             .finish_non_exhaustive()
     }
 }

@@ -9,6 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use crate::error::{Error, panic_message};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
+use super::FailureScope;
 use super::batch::Batch;
 use crate::backend::Backend;
 
@@ -95,6 +96,9 @@ struct LedgerInner {
     id: QueueId,
     cascade_below: AtomicU64,
     unreported: AtomicBool,
+    /// The queue's [`FailureScope`] is `Batch`: nothing cascades, and a
+    /// failed batch drains.
+    independent: AtomicBool,
     state: Mutex<LedgerState>,
 }
 
@@ -137,6 +141,7 @@ impl Ledger {
                 id: QueueId::register(),
                 cascade_below: AtomicU64::new(0),
                 unreported: AtomicBool::new(false),
+                independent: AtomicBool::new(false),
                 state: Mutex::new(LedgerState::default()),
             }),
         }
@@ -157,6 +162,20 @@ impl Ledger {
         live_queues().remove(&self.inner.id.get());
     }
 
+    /// Sets what a failed batch takes down with it, for every batch the
+    /// engine reaches from now on ([`HardwareQueue::set_failure_scope`](super::HardwareQueue::set_failure_scope)).
+    pub fn set_scope(&self, scope: FailureScope) {
+        self.inner
+            .independent
+            .store(scope == FailureScope::Batch, Ordering::Relaxed);
+    }
+
+    /// Whether failures are scoped to their batch
+    /// ([`FailureScope::Batch`]).
+    pub fn independent(&self) -> bool {
+        self.inner.independent.load(Ordering::Relaxed)
+    }
+
     /// Whether an engine should run `batch`, which it reached in queue
     /// order. One atomic load when nothing failed.
     pub fn admit<B: Backend>(&self, batch: &Batch<B>) -> Admission {
@@ -164,8 +183,7 @@ impl Ledger {
             return Admission::Skip(cause.clone());
         }
         // A batch whose failures are its own runs after a failure before it.
-        if !batch.independent() && batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire)
-        {
+        if batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire) && !self.independent() {
             let state = self.inner.state.lock();
             if let Some(cause) = &state.last {
                 return Admission::Skip(Error::EarlierBatchFailed {
@@ -247,7 +265,7 @@ impl Ledger {
                 match outcome {
                     // Its failure is its own: it still honours its later
                     // waits, in order (see `FailureScope::Batch`).
-                    Err((from, error)) if batch.independent() => {
+                    Err((from, error)) if self.independent() => {
                         let cause = self.record(batch, error);
                         batch.drain_failed(from, &cause);
                     }

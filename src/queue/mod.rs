@@ -148,9 +148,9 @@ pub trait HardwareQueue: Send + Sized {
         })
     }
 
-    /// Sets what a batch that fails while running takes down with it, for
-    /// the batches submitted from now on ([`FailureScope`]; by default
-    /// [`FailureScope::Queue`]).
+    /// Sets what a batch that fails while running takes down with it
+    /// ([`FailureScope`]; by default [`FailureScope::Queue`]), for every
+    /// batch the engine reaches from now on: set it before submitting.
     ///
     /// # Errors
     /// [`Error::UnsupportedCommand`] from the default, for a queue type

@@ -50,8 +50,6 @@ pub struct Queue<E: Engine> {
     pub(super) last_checked: Option<Box<super::exec::CheckedExec>>,
     /// How many failures the owner has been told of (see [`Ledger`]).
     pub(super) epoch: u64,
-    /// What a failed batch takes down with it.
-    pub(super) scope: FailureScope,
     /// Host events and batch numbering while profiling (`None` until it is
     /// first turned on, so a queue that never profiles pays nothing).
     pub(super) profile: Option<Box<HostProfile>>,
@@ -66,7 +64,6 @@ impl<E: Engine> Queue<E> {
             rejected: None,
             last_checked: None,
             epoch: 0,
-            scope: FailureScope::Queue,
             profile: None,
         }
     }
@@ -103,7 +100,6 @@ impl<E: Engine> Queue<E> {
             return Ok(());
         }
         self.batch.epoch = self.epoch;
-        self.batch.independent = self.scope == FailureScope::Batch;
         if let Some(profile) = self.profile.as_deref_mut() {
             profile.submitted += 1;
             self.batch.sequence = profile.submitted;
@@ -137,7 +133,6 @@ impl<E: Engine> Queue<E> {
         }
         self.batch.abandoned = Some(Box::new(cause));
         self.batch.epoch = self.epoch;
-        self.batch.independent = self.scope == FailureScope::Batch;
         self.hand_over();
     }
 
@@ -222,7 +217,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn set_failure_scope(&mut self, scope: FailureScope) -> Result<()> {
-        self.scope = scope;
+        self.engine.ledger().set_scope(scope);
         Ok(())
     }
 
