@@ -26,7 +26,7 @@ pub enum Command<B: Backend> {
     },
     /// Block later commands until `signal` reaches `value` or the work that
     /// would set it failed: a failure *settles* the wait instead of failing
-    /// the batch ([`settled`]). For work ordered after other work that may
+    /// the batch ([`settled`](super::settled)). For work ordered after other work that may
     /// fail on its own account (the next run of a plan after this one).
     WaitSettled {
         /// The signal.
