@@ -36,6 +36,8 @@ pub mod memory;
 pub mod mock_event;
 #[cfg(not(loom))]
 pub mod plans;
+
+mod plan_runs;
 #[cfg(not(loom))]
 mod ptx;
 #[cfg(not(loom))]
@@ -54,7 +56,9 @@ mod spec;
 #[cfg(not(loom))]
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
 #[cfg(not(loom))]
-pub use plans::{check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule};
+pub use plans::{
+    check_plan_runs, check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule,
+};
 #[cfg(not(loom))]
 pub use ptx::ptx_params;
 #[cfg(not(loom))]

@@ -2,14 +2,15 @@
 //! transformer block (for `examples/plan_memory.rs` and the tests), and
 //! a harness that builds a random schedule from bytes, plans it, checks
 //! the placement and runs it with canary kernels (the `plan_schedule` fuzz
-//! target and `tests/plan_memory.rs`'s proptest).
+//! target, `tests/plan_memory.rs`'s and `tests/plan_runs.rs`'s proptests),
+//! rebinding its slots and failing kernels between runs (`plan_runs.rs`).
 
 use std::sync::{Arc, OnceLock};
 
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
-use hwqueue::{
-    Buffer, BufferId, Device, DeviceId, ExecParams, Plan, Scalar, ScalarId, Schedule, Timeout,
-};
+use hwqueue::{BufferId, Device, DeviceId, ExecParams, Scalar, Schedule};
+
+use crate::plan_runs::{RunSlot, Scalars, run_and_check};
 
 use crate::reader::Reader;
 use crate::sizes::{SPLITMIX_GAMMA, splitmix64};
@@ -139,7 +140,7 @@ pub fn transformer_block_schedule(device: &Arc<CpuDevice>) -> Schedule<Cpu> {
 /// What a value of a random schedule holds in run `run`: every word the
 /// same.
 #[derive(Debug, Clone, Copy)]
-enum Holds {
+pub(crate) enum Holds {
     /// `canary(id, run)`: written by a kernel, or an input bound per run.
     Canary(u32),
     /// A constant: written by a fill.
@@ -147,7 +148,7 @@ enum Holds {
 }
 
 impl Holds {
-    fn word(self, run: u32) -> u32 {
+    pub(crate) fn word(self, run: u32) -> u32 {
         match self {
             Holds::Canary(id) => canary(id, run),
             Holds::Constant(word) => word,
@@ -170,15 +171,20 @@ pub fn canary(id: u32, run: u32) -> u32 {
 }
 
 /// The canary kernel: buffer 0 is written, buffers 1.. read. Scalars: the
-/// run, the written value's id, then per read a tag (0: a canary, 1: a
-/// constant) and an id or constant. Panics (failing the run) when a read
-/// sees a word other than what its producer wrote in this run.
+/// run, the written value's id, the id of the kernel to fail in this run
+/// (0: none), then per read a tag (0: a canary, 1: a constant) and an id
+/// or constant. Panics (failing the run) when it is the kernel to fail,
+/// and when a read sees a word other than what its producer wrote in this
+/// run.
 fn canary_kernel(_: &WorkGroup, args: &KernelArgs<'_>) {
     let run: u32 = args.scalar(0);
     let id: u32 = args.scalar(1);
+    if args.scalar::<u32>(2) == id {
+        panic!("{}", injected_failure(id, run));
+    }
     for read in 1..args.buffer_count() {
-        let tag: u32 = args.scalar(2 * read);
-        let value: u32 = args.scalar(2 * read + 1);
+        let tag: u32 = args.scalar(1 + 2 * read);
+        let value: u32 = args.scalar(2 + 2 * read);
         let expected = if tag == 0 { canary(value, run) } else { value };
         // SAFETY: the plan orders this read after every write of these
         // bytes (that is what this kernel checks), and one work-group runs.
@@ -195,6 +201,12 @@ fn canary_kernel(_: &WorkGroup, args: &KernelArgs<'_>) {
     unsafe { out.slice_mut::<u32>(0..out.len::<u32>()) }.fill(canary(id, run));
 }
 
+/// What the canary kernel of value `id` panics with when run `run` fails
+/// it on purpose.
+pub(crate) fn injected_failure(id: u32, run: u32) -> String {
+    format!("injected failure of kernel {id} in run {run}")
+}
+
 /// The canary program reading `reads` buffers.
 fn canary_program(reads: usize) -> CpuProgram {
     static PROGRAMS: OnceLock<Vec<CpuProgram>> = OnceLock::new();
@@ -204,7 +216,7 @@ fn canary_program(reads: usize) -> CpuProgram {
                 CpuProgram::from_fn(
                     format!("canary{reads}"),
                     1 + reads,
-                    2 + 2 * reads,
+                    3 + 2 * reads,
                     canary_kernel,
                 )
             })
@@ -217,7 +229,7 @@ const MAX_READS: usize = 3;
 
 /// The device every random schedule runs on (twice: two device ids, so
 /// two compute queues, two copy queues and the host stage).
-fn device() -> Arc<CpuDevice> {
+pub(crate) fn device() -> Arc<CpuDevice> {
     static DEVICE: OnceLock<Arc<CpuDevice>> = OnceLock::new();
     DEVICE.get_or_init(|| Arc::new(CpuDevice::new())).clone()
 }
@@ -231,39 +243,64 @@ struct Value {
     holds: Holds,
 }
 
-/// Decodes a random schedule from `data`: 1–3 input slots, then 5–60
-/// operations over two device ids of one CPU device (kernels reading up to
-/// three values of their device and writing a new tensor or an output
-/// slot, copies into new tensors of either device, fills), tensors of
-/// 1–4096 words; plans it; checks that tensors live at once never share
-/// bytes and that the arena is at least the lower bound; runs it `runs`
-/// times back to back without waiting, each run with fresh input and
-/// output buffers bound and its number as a scalar slot, and checks that
-/// every read saw what its producer wrote in that run and that every
-/// output holds it. Where the data says, the last run binds the first
-/// input to a misaligned view: that run is refused at `run` (when a
-/// kernel takes the input), with an error naming the run and the binding,
-/// and every run before it, in flight, still produces its outputs. Returns the arena bytes over the lower bound (1.0 when
-/// there are no tensor bytes).
+/// Decodes a random schedule from `data`: 1–3 input slots, each uploaded
+/// per run, then 5–60 operations over two device ids of one CPU device
+/// (kernels reading up to three values of their device and writing a new
+/// tensor or an output slot, copies into new tensors of either device,
+/// fills), tensors of 1–4096 words; plans it; checks that tensors live at
+/// once never share bytes and that the arena is at least the lower bound;
+/// then runs it `runs` times back to back without waiting, the rest of
+/// `data` choosing each run's bindings and the kernel it fails
+/// ([`run_and_check`](crate::plan_runs)): every run reads what its producers
+/// wrote in that run, produces the sequential model's outputs or fails
+/// naming its own operation, and nothing hangs. Returns the arena bytes
+/// over the lower bound (1.0 when there are no tensor bytes).
 ///
 /// # Panics
 /// On any violation, or when planning or running fails.
 pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
+    check_random_plan(data, runs, 56)
+}
+
+/// [`check_plan_schedule`] with 5–16 operations, so that more of `data`
+/// chooses the runs' bindings and failed kernels: the model-based test of
+/// how runs are ordered (`tests/plan_runs.rs`).
+///
+/// # Panics
+/// As [`check_plan_schedule`].
+pub fn check_plan_runs(data: &[u8], runs: u32) {
+    check_random_plan(data, runs, 12);
+}
+
+/// [`check_plan_schedule`] with `5 + data % ops_range` operations.
+fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
     let mut r = Reader { data };
     let device = device();
     let mut s = Schedule::<Cpu>::new();
     let devices = [s.add_device(device.clone()), s.add_device(device.clone())];
-    let step = s.add_scalar("run", 0u32);
+    let run_scalars = Scalars {
+        step: s.add_scalar("run", 0u32),
+        fail: s.add_scalar("fail", 0u32),
+    };
     let words =
         |r: &mut Reader<'_>| 1 + (usize::from(r.byte()) | usize::from(r.byte()) << 8) % 4096;
     let mut values: Vec<Value> = Vec::new();
-    let mut inputs = Vec::new();
+    let mut slots = Vec::new();
     for index in 0..1 + usize::from(r.byte()) % 3 {
         let device = usize::from(r.byte() % 2);
         let words = words(&mut r);
-        let id = s.add_slot(devices[device], format!("input{index}"), words * 4);
+        let name = format!("input{index}");
+        let id = s.add_slot(devices[device], name.clone(), words * 4);
+        let upload = s.upload(format!("upload {name}"), id).id();
         let holds = Holds::Canary(values.len() as u32 + 1);
-        inputs.push((id, words, holds));
+        slots.push(RunSlot {
+            id,
+            name,
+            words,
+            holds,
+            upload: Some(upload),
+            read_by_kernel: false,
+        });
         values.push(Value {
             id,
             device,
@@ -271,11 +308,8 @@ pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
             holds,
         });
     }
-    let mut outputs = Vec::new();
-    // Whether a kernel takes the first input (value 0): what checks a view's
-    // alignment (a copy of it needs none).
-    let mut first_input_used = false;
-    let ops = 5 + usize::from(r.byte()) % 56;
+    let mut kernels = Vec::new();
+    let ops = 5 + usize::from(r.byte() % ops_range);
     for op in 0..ops {
         let kind = r.byte() % 8;
         let device = usize::from(r.byte() % 2);
@@ -292,33 +326,50 @@ pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
             // tail of output slots would test little.
             let output = r.byte() % 6 == 5;
             let target = if output {
-                let id = s.add_slot(devices[device], format!("output{op}"), words * 4);
-                outputs.push((id, words, Holds::Canary(next_id)));
+                let name = format!("output{op}");
+                let id = s.add_slot(devices[device], name.clone(), words * 4);
+                slots.push(RunSlot {
+                    id,
+                    name,
+                    words,
+                    holds: Holds::Canary(next_id),
+                    upload: None,
+                    read_by_kernel: false,
+                });
                 id
             } else {
                 s.add_tensor(devices[device], format!("t{op}"), words * 4)
             };
-            first_input_used |= reads.contains(&0);
+            for &v in &reads {
+                // Inputs are the first values: an input slot a kernel takes
+                // must be aligned.
+                if let Some(slot) = slots.get_mut(v).filter(|slot| slot.upload.is_some()) {
+                    slot.read_by_kernel = true;
+                }
+            }
             let mut buffers = vec![target];
-            let mut scalars = vec![Scalar::U32(0), Scalar::U32(next_id)];
+            let mut scalars = vec![Scalar::U32(0), Scalar::U32(next_id), Scalar::U32(0)];
             for &v in &reads {
                 buffers.push(values[v].id);
                 scalars.extend(values[v].holds.scalars());
             }
+            let name = format!("k{op}");
             let mut builder = s
                 .exec(
-                    format!("k{op}"),
+                    name.clone(),
                     devices[device],
                     &canary_program(reads.len()),
                     &buffers,
                     &scalars,
                     ExecParams::new_1d(1, 1),
                 )
-                .scalar(0, step)
+                .scalar(0, run_scalars.step)
+                .scalar(2, run_scalars.fail)
                 .writes(target, ..);
             for &v in &reads {
                 builder = builder.reads(values[v].id, ..);
             }
+            kernels.push((next_id, name));
             values.push(Value {
                 id: target,
                 device,
@@ -373,96 +424,8 @@ pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
     } else {
         memory.arena_bytes as f64 / memory.lower_bound_bytes as f64
     };
-    // One byte past the schedule: whether the last run is refused. (Only
-    // the last: a run recorded back to back after a refused one records
-    // waits on the refused run's values that may not have failed yet, and
-    // fails when they do, reporting the refusal; the same holds after a
-    // run whose kernel fails. Previous-run waits must take a failed value
-    // as settled, which the queue's `wait` does not: open in issue 35.)
-    let refused = (r.byte() % 4 == 3 && runs > 0).then(|| runs - 1);
-    let refusal = Refusal {
-        run: refused,
-        expected: first_input_used,
-    };
-    run_and_check(&mut plan, step, &inputs, &outputs, runs, refusal);
+    run_and_check(&mut plan, run_scalars, &slots, &kernels, runs, &mut r);
     ratio
-}
-
-/// A run whose first input is bound to a misaligned view.
-struct Refusal {
-    /// The run, if any.
-    run: Option<u32>,
-    /// Whether a kernel takes that input (else the run is not refused: only
-    /// a kernel's views must be aligned, and it runs with the input's words
-    /// in the view).
-    expected: bool,
-}
-
-/// Runs `plan` `runs` times back to back, then checks every run and output;
-/// the run `refusal` names is refused (see [`check_plan_schedule`]).
-fn run_and_check(
-    plan: &mut Plan<Cpu>,
-    step: ScalarId,
-    inputs: &[(BufferId, usize, Holds)],
-    outputs: &[(BufferId, usize, Holds)],
-    runs: u32,
-    refusal: Refusal,
-) {
-    let device = device();
-    let mut started = Vec::new();
-    for run in 0..runs {
-        let refuse = refusal.run == Some(run);
-        for (index, &(slot, words, holds)) in inputs.iter().enumerate() {
-            if refuse && index == 0 {
-                // 4 bytes in: off the CPU's 16-byte view alignment.
-                let buffer = device.alloc(words * 4 + 16).expect("input");
-                let view = hwqueue::View::new(&buffer, 4, words * 4).expect("a view");
-                view.write_from(&vec![holds.word(run); words])
-                    .expect("fill input");
-                plan.bind(slot, &view).expect("bind input");
-                continue;
-            }
-            let buffer = device.alloc(words * 4).expect("input");
-            buffer
-                .write_at(0, &vec![holds.word(run); words])
-                .expect("fill input");
-            plan.bind(slot, &buffer).expect("bind input");
-        }
-        let mut bound = Vec::new();
-        for &(slot, words, holds) in outputs {
-            let buffer = device.alloc(words * 4).expect("output");
-            plan.bind(slot, &buffer).expect("bind output");
-            bound.push((buffer, words, holds));
-        }
-        plan.set_scalar(step, run).expect("run number");
-        match plan.run() {
-            Ok(handle) if !(refuse && refusal.expected) => started.push((run, handle, bound)),
-            Ok(_) => panic!("run {run}: bound to a misaligned view, it was not refused\n{plan}"),
-            Err(error) if refuse && refusal.expected => {
-                let text = error.to_string();
-                assert!(
-                    text.contains(&format!("run {run} ")) && text.contains("input0"),
-                    "run {run}: the refusal names neither the run nor the binding: {text}"
-                );
-            }
-            Err(error) => panic!("run {run}: {error}\n{plan}"),
-        }
-    }
-    for (run, handle, bound) in started {
-        if let Err(error) = handle.wait(Timeout::After(crate::MUST_FINISH)) {
-            panic!("run {run} failed: {error}\n{plan}");
-        }
-        for (buffer, words, holds) in bound {
-            let mut got = vec![0u32; words];
-            buffer.read_at(0, &mut got).expect("read output");
-            let expected = holds.word(run);
-            assert!(
-                got.iter().all(|w| *w == expected),
-                "run {run}: an output holds {:#x}, expected {expected:#x}",
-                got[0]
-            );
-        }
-    }
 }
 
 /// The fuzz target `plan_schedule`: [`check_plan_schedule`] with 3 runs.
