@@ -131,16 +131,25 @@
 //! # }
 //! ```
 //!
-//! [`Plan::run`] records every queue's batch with fresh timeline values (run
-//! `r` uses values `r * n + 1 ..= (r + 1) * n` on a queue of `n` operations),
-//! submits them and returns a [`Run`] handle. Nothing is re-planned; the
-//! recording reuses the queues' batch storage.
+//! [`Plan::run`] records every queue's batch with fresh timeline values
+//! (each run sets signals of its own, one per queue: `n` values on a queue
+//! of `n` operations), submits them and returns a [`Run`] handle. Nothing
+//! is re-planned; the recording reuses the queues' batch storage.
 //!
-//! Failure of any operation fails the run: its queue fails the signals the
-//! batch would have set, every queue waiting on them fails in turn, and
-//! [`Run::wait`] returns [`Error::OperationFailed`] naming the operation that
-//! failed first (the unfinished operation whose own waits were all met).
-//! Nothing hangs, and the next run of the same plan starts clean.
+//! Failure of any operation fails the run, and only that run: its queue
+//! fails the signals the batch would have set, every operation of the run
+//! waiting on them fails in turn, and [`Run::wait`] returns
+//! [`Error::OperationFailed`] naming the operation that failed first (the
+//! unfinished operation whose own waits were all met). Runs recorded after
+//! it, even before it failed, run as usual, ordered after the failed run's
+//! surviving operations; nothing hangs. How runs are ordered (by the bytes
+//! they touch, whatever slot or binding names them; through refusal,
+//! failure and rebinding) is written down once, in `ordering.rs`.
+//!
+//! The files, each using only those above it: `schedule.rs` (the input),
+//! `ordering.rs`, `memory.rs` (placing tensors), `host.rs`, `staged.rs`,
+//! `run.rs`; `plan.rs` (recording a run); and the `impl`s that extend a
+//! plan or schedule: `binding.rs`, `transfer.rs`, `planner.rs`.
 
 mod binding;
 mod host;

@@ -19,7 +19,21 @@ type DoubledWait = (usize, u64, usize, Hazard, Access);
 /// An op of the doubled plan: its queue, its value there, its waits.
 type DoubledOp = (usize, u64, Vec<DoubledWait>);
 
-pub(super) fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
+impl<B: Backend> Schedule<B> {
+    /// Plans the schedule: queues, dependencies, waits, timeline values.
+    /// (Here, beside the planner, so that the schedule, which the planner
+    /// reads, does not name it.)
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchedule`] for unknown ids, ranges past a buffer's end,
+    /// an exec whose buffers live on another device, a copy between buffers
+    /// of different sizes; any error creating queues or signals.
+    pub fn plan(self) -> Result<Plan<B>> {
+        plan(self)
+    }
+}
+
+fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     validate(&schedule)?;
     let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
         .ops

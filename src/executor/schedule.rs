@@ -379,16 +379,6 @@ impl<B: Backend> Schedule<B> {
             index,
         }
     }
-
-    /// Plans the schedule: queues, dependencies, waits, timeline values.
-    ///
-    /// # Errors
-    /// [`Error::InvalidSchedule`] for unknown ids, ranges past a buffer's end,
-    /// an exec whose buffers live on another device, a copy between buffers
-    /// of different sizes; any error creating queues or signals.
-    pub fn plan(self) -> Result<Plan<B>> {
-        planner::plan(self)
-    }
 }
 
 /// Narrows what an operation touches, or moves it to another queue kind.
