@@ -173,6 +173,7 @@ macro_rules! cts_suite {
             wait_all_and_wait_any_over_signals
             cross_queue_wait_orders_two_queues
             failure_propagates_and_the_queue_recovers
+            failure_scoped_to_its_batch_drains_and_settles
             profile_events_name_each_command
             plan_runs_with_a_buffer_bound_per_run
             memory_alloc_is_zeroed_and_counted

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Barrier};
 
 use hwqueue::{
-    Buffer, Category, Device, Download, Error, ExecParams, HardwareQueue, QueueFactory, Scalar,
-    Schedule, TimelineSignal, wait_all, wait_any,
+    Buffer, Category, Device, Download, Error, ExecParams, FailureScope, HardwareQueue,
+    QueueFactory, Scalar, Schedule, TimelineSignal, wait_all, wait_any,
 };
 
 use crate::cx::{broke, check, setup};
@@ -188,6 +188,85 @@ pub fn failure_propagates_and_the_queue_recovers<T: Target>(cx: &Cx<T>) {
             )
         },
     );
+}
+
+/// With `FailureScope::Batch` a failed batch fails only itself: the batch
+/// submitted after it runs; a failed batch still honours the waits after
+/// its failed command before failing the signals after them; and a
+/// `wait_settled` passes a failed value.
+pub fn failure_scoped_to_its_batch_drains_and_settles<T: Target>(cx: &Cx<T>) {
+    let gate = cx.signal(0);
+    let later = cx.signal(0);
+    let done = cx.signal(0);
+    let drained = cx.signal(0);
+    let second = cx.buffer(&[0; 4]);
+    let mut queue = cx.queue();
+    setup(
+        "set_failure_scope",
+        queue.set_failure_scope(FailureScope::Batch),
+    );
+    queue
+        .wait(&gate, 1)
+        .signal(&done, 1)
+        .wait(&later, 1)
+        .signal(&drained, 1);
+    setup("submit batch 1", queue.submit());
+    queue.fill(&second, 6u32).signal(&done, 2);
+    setup("submit batch 2", queue.submit());
+    let mut settled = cx.queue();
+    let after = cx.signal(0);
+    settled.wait_settled(&gate, 1).signal(&after, 1);
+    setup("submit the settled wait", settled.submit());
+    gate.fail(
+        1,
+        Error::Abandoned {
+            reason: "failed by the conformance suite",
+        },
+    );
+    match done.wait(1, LONG) {
+        Err(Error::SignalFailed { .. }) => {}
+        other => broke(
+            FAILURE,
+            format!("value 1 of the failed batch gave {other:?}"),
+        ),
+    }
+    match drained.wait(1, SHORT) {
+        Err(Error::Timeout { .. }) => {}
+        other => broke(
+            FAILURE,
+            format!(
+                "the failed batch's value after its unset wait settled before that wait: {other:?} (FailureScope::Batch drains in order)"
+            ),
+        ),
+    }
+    later.set(1);
+    match drained.wait(1, LONG) {
+        Err(Error::SignalFailed { .. }) => {}
+        other => broke(
+            FAILURE,
+            format!("the failed batch's last value, once its wait was met, gave {other:?}"),
+        ),
+    }
+    if let Err(error) = done.wait(2, LONG) {
+        broke(
+            FAILURE,
+            format!("the batch after a failed one did not run with FailureScope::Batch: {error}"),
+        );
+    }
+    check(cx.read(&second) == [6; 4], FAILURE, || {
+        format!(
+            "the batch after the failed one wrote {:?}",
+            cx.read(&second)
+        )
+    });
+    if let Err(error) = after.wait(1, LONG) {
+        broke(
+            FAILURE,
+            format!("a wait_settled on a failed value did not pass: {error}"),
+        );
+    }
+    let _ = queue.synchronize();
+    setup("synchronize", settled.synchronize());
 }
 
 /// With profiling on, each command of a completed batch has one event:
