@@ -251,7 +251,7 @@ struct Value {
 /// once never share bytes and that the arena is at least the lower bound;
 /// then runs it `runs` times back to back without waiting, the rest of
 /// `data` choosing each run's bindings and the kernel it fails
-/// ([`run_and_check`](crate::plan_runs)): every run reads what its producers
+/// (`plan_runs.rs`): every run reads what its producers
 /// wrote in that run, produces the sequential model's outputs or fails
 /// naming its own operation, and nothing hangs. Returns the arena bytes
 /// over the lower bound (1.0 when there are no tensor bytes).
