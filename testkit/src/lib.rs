@@ -37,6 +37,7 @@ pub mod mock_event;
 #[cfg(not(loom))]
 pub mod plans;
 
+#[cfg(not(loom))]
 mod plan_runs;
 #[cfg(not(loom))]
 mod ptx;
