@@ -131,6 +131,8 @@ pub mod spec;
 mod sync;
 pub mod transfer;
 pub mod view;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
 
 pub use any::{
     AnyBackend, AnyBuffer, AnyDevice, AnyProgram, AnyQueue, AnySignal, BackendEntry, BackendSet,

@@ -87,3 +87,37 @@ mod cuda {
 
     hwqueue_cts::cts_suite!(CudaTarget);
 }
+
+/// The Vulkan backend on whatever driver is there (lavapipe in CI), its
+/// `add` kernel WGSL compiled by naga; skipping without a driver.
+#[cfg(feature = "vulkan")]
+mod vulkan {
+    use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
+    use hwqueue_cts::{Kernel, Skip, Target};
+
+    pub struct VulkanTarget;
+
+    impl Target for VulkanTarget {
+        type Backend = Vulkan;
+
+        fn device() -> Result<VulkanDevice, Skip> {
+            let devices = hwqueue::vulkan::devices()
+                .map_err(|error| Skip(format!("no Vulkan driver ({error})")))?;
+            let usable = devices
+                .iter()
+                .find(|d| d.unusable.is_none())
+                .ok_or_else(|| Skip(format!("no usable Vulkan device ({devices:?})")))?;
+            VulkanDevice::open(usable.spec.ordinal())
+                .map_err(|error| Skip(format!("the Vulkan device did not open ({error})")))
+        }
+
+        fn program(_device: &VulkanDevice, kernel: Kernel) -> hwqueue::Result<VulkanProgram> {
+            match kernel {
+                Kernel::Add => VulkanProgram::from_wgsl("add", hwqueue_cts::ADD_WGSL, "add"),
+                other => unimplemented!("the Vulkan target has no {other:?}"),
+            }
+        }
+    }
+
+    hwqueue_cts::cts_suite!(VulkanTarget);
+}

@@ -198,3 +198,20 @@ extern "C" __global__ void add(unsigned int *data, unsigned int n) {
     data[blockIdx.x * blockDim.x + threadIdx.x] += n;
 }
 "#;
+
+/// [`Kernel::Add`] as WGSL (entry point `add`, one storage buffer and one
+/// push-constant `u32`; its work-group size an `override`, so any local
+/// size runs), for a target that takes WGSL (the Vulkan backend).
+pub const ADD_WGSL: &str = "
+override local_x: u32 = 64;
+override local_y: u32 = 1;
+override local_z: u32 = 1;
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+var<immediate> n: u32;
+@compute @workgroup_size(local_x, local_y, local_z)
+fn add(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < arrayLength(&data)) {
+        data[id.x] = data[id.x] + n;
+    }
+}
+";

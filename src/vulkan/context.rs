@@ -1,0 +1,356 @@
+//! The Vulkan instance, physical device and logical device one
+//! [`VulkanDevice`](super::VulkanDevice) runs on: loading the loader,
+//! choosing what is required, and turning every `VkResult` error into a
+//! typed [`Error`] naming the call.
+
+use std::ffi::CStr;
+use std::sync::OnceLock;
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+
+/// The backend id, as errors name it.
+pub(super) const ID: &str = "vulkan";
+
+/// What to install where there is no Vulkan driver.
+const INSTALL: &str = "install a Vulkan loader and driver: on Debian or Ubuntu `apt-get install \
+                       libvulkan1 mesa-vulkan-drivers` (Mesa's lavapipe runs Vulkan on the CPU; \
+                       a GPU's vendor driver brings its own ICD)";
+
+/// The loader, loaded once per process (`None`, with why, where it is
+/// missing).
+pub(super) fn entry() -> Result<&'static ash::Entry> {
+    static ENTRY: OnceLock<std::result::Result<ash::Entry, String>> = OnceLock::new();
+    ENTRY
+        .get_or_init(|| {
+            // SAFETY: loading `libvulkan.so.1` runs its initialisers, which
+            // the Vulkan loader documents as safe to run at any time; the
+            // entry lives for the process (a static), so no function
+            // pointer it hands out outlives the library.
+            unsafe { ash::Entry::load() }.map_err(|error| error.to_string())
+        })
+        .as_ref()
+        .map_err(|detail| Error::NoDriver {
+            backend: ID,
+            detail: format!("the Vulkan loader did not load ({detail}); {INSTALL}"),
+        })
+}
+
+/// A failed Vulkan call as an [`Error`]: `VK_ERROR_DEVICE_LOST` is
+/// [`Error::DeviceLost`] (sticky: nothing more runs on the device), every
+/// other error [`Error::Driver`] naming the call and the code.
+pub(super) fn vk_error(device: &str, call: &str, result: vk::Result) -> Error {
+    match result {
+        vk::Result::ERROR_DEVICE_LOST => Error::DeviceLost {
+            device: device.into(),
+            detail: format!("{call} returned VK_ERROR_DEVICE_LOST"),
+        },
+        other => Error::Driver {
+            backend: ID,
+            what: call.into(),
+            detail: format!("{other:?} ({})", other.as_raw()),
+        },
+    }
+}
+
+/// A physical device as the loader reports it, before it is opened.
+pub(super) struct Physical {
+    pub(super) handle: vk::PhysicalDevice,
+    pub(super) properties: vk::PhysicalDeviceProperties,
+    pub(super) driver: String,
+    pub(super) driver_id: vk::DriverId,
+    pub(super) memory: vk::PhysicalDeviceMemoryProperties,
+    pub(super) families: Vec<vk::QueueFamilyProperties>,
+    pub(super) timeline_semaphores: bool,
+}
+
+impl Physical {
+    pub(super) fn name(&self) -> String {
+        self.properties.device_name_as_c_str().map_or_else(
+            |_| "unnamed".into(),
+            |name| name.to_string_lossy().into_owned(),
+        )
+    }
+
+    /// Why the backend cannot use this device, if it cannot.
+    pub(super) fn missing(&self) -> Option<String> {
+        let api = self.properties.api_version;
+        if api < vk::API_VERSION_1_2 {
+            return Some(format!(
+                "it offers Vulkan {}.{}, and hwqueue needs 1.2 (timeline semaphores); update the \
+                 driver",
+                vk::api_version_major(api),
+                vk::api_version_minor(api)
+            ));
+        }
+        if !self.timeline_semaphores {
+            return Some("it lacks the `timelineSemaphore` feature; update the driver".into());
+        }
+        if self.compute_family().is_none() {
+            return Some("it has no queue family with compute".into());
+        }
+        None
+    }
+
+    /// The first family that computes.
+    pub(super) fn compute_family(&self) -> Option<u32> {
+        self.families
+            .iter()
+            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            .map(|index| index as u32)
+    }
+
+    /// A family that only transfers (a copy engine), where there is one.
+    pub(super) fn transfer_family(&self) -> Option<u32> {
+        self.families
+            .iter()
+            .position(|f| {
+                f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+                    && !f
+                        .queue_flags
+                        .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
+            })
+            .map(|index| index as u32)
+    }
+
+    /// Whether the device is a software rasteriser on the CPU (lavapipe).
+    pub(super) fn is_cpu(&self) -> bool {
+        self.properties.device_type == vk::PhysicalDeviceType::CPU
+    }
+}
+
+/// The process's Vulkan instance, made once, and its physical devices.
+pub(super) struct Instance {
+    pub(super) instance: ash::Instance,
+    pub(super) physical: Vec<Physical>,
+}
+
+// SAFETY: `ash::Instance` is a table of function pointers and a handle;
+// Vulkan instances are safe to use from any thread (calls that need
+// external synchronisation take `&mut` or are not made concurrently here).
+unsafe impl Send for Instance {}
+// SAFETY: as above.
+unsafe impl Sync for Instance {}
+
+/// The instance, made on first use; an error where there is no loader or no
+/// Vulkan 1.2 instance.
+pub(super) fn instance() -> Result<&'static Instance> {
+    static INSTANCE: OnceLock<std::result::Result<Instance, Error>> = OnceLock::new();
+    INSTANCE
+        .get_or_init(make_instance)
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn make_instance() -> Result<Instance> {
+    let entry = entry()?;
+    // SAFETY: a plain query of the loaded entry.
+    let version = unsafe { entry.try_enumerate_instance_version() }
+        .map_err(|e| vk_error(ID, "vkEnumerateInstanceVersion", e))?
+        .unwrap_or(vk::API_VERSION_1_0);
+    if version < vk::API_VERSION_1_2 {
+        return Err(Error::NoDriver {
+            backend: ID,
+            detail: format!(
+                "the Vulkan loader offers {}.{}, and hwqueue needs 1.2; {INSTALL}",
+                vk::api_version_major(version),
+                vk::api_version_minor(version)
+            ),
+        });
+    }
+    let app = vk::ApplicationInfo::default()
+        .application_name(c"hwqueue")
+        .engine_name(c"hwqueue")
+        .api_version(vk::API_VERSION_1_3.min(version));
+    let create = vk::InstanceCreateInfo::default().application_info(&app);
+    // SAFETY: `create` and what it points to live across the call.
+    let instance = unsafe { entry.create_instance(&create, None) }
+        .map_err(|e| vk_error(ID, "vkCreateInstance", e))?;
+    // SAFETY: `instance` was just made; the queries below read properties.
+    let handles = match unsafe { instance.enumerate_physical_devices() } {
+        Ok(handles) => handles,
+        Err(e) => {
+            // SAFETY: nothing was made from the instance.
+            unsafe { instance.destroy_instance(None) };
+            return Err(vk_error(ID, "vkEnumeratePhysicalDevices", e));
+        }
+    };
+    let physical = handles
+        .into_iter()
+        .map(|handle| describe(&instance, handle))
+        .collect();
+    Ok(Instance { instance, physical })
+}
+
+fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
+    // SAFETY: `handle` is one of the instance's physical devices; the
+    // structures chained below live across each call.
+    unsafe {
+        let properties = instance.get_physical_device_properties(handle);
+        let mut driver = vk::PhysicalDeviceDriverProperties::default();
+        let mut chained = vk::PhysicalDeviceProperties2::default().push_next(&mut driver);
+        instance.get_physical_device_properties2(handle, &mut chained);
+        let driver_name = driver
+            .driver_name_as_c_str()
+            .map(CStr::to_string_lossy)
+            .unwrap_or_default()
+            .into_owned();
+        let driver_info = driver
+            .driver_info_as_c_str()
+            .map(CStr::to_string_lossy)
+            .unwrap_or_default()
+            .into_owned();
+        let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut v12);
+        instance.get_physical_device_features2(handle, &mut features);
+        Physical {
+            handle,
+            properties,
+            driver: format!("{driver_name} {driver_info}").trim().to_owned(),
+            driver_id: driver.driver_id,
+            memory: instance.get_physical_device_memory_properties(handle),
+            families: instance.get_physical_device_queue_family_properties(handle),
+            timeline_semaphores: v12.timeline_semaphore == vk::TRUE,
+        }
+    }
+}
+
+/// One opened device: the logical device and its queues, shared by every
+/// buffer, signal, program and queue made of it, and destroyed after the
+/// last of them.
+pub(crate) struct Context {
+    pub(super) device: ash::Device,
+    pub(super) physical: &'static Physical,
+    pub(super) ordinal: u32,
+    /// The compute family, and the transfer-only family where there is one.
+    pub(super) compute_family: u32,
+    pub(super) transfer_family: Option<u32>,
+    /// The `VkQueue`s, one per family used, each behind a lock: submits
+    /// need external synchronisation, and logical queues share them.
+    pub(super) compute_queue: Mutex<vk::Queue>,
+    pub(super) transfer_queue: Option<Mutex<vk::Queue>>,
+    /// The memory type buffers are made of: host-visible and coherent,
+    /// device-local too where the device has such a type.
+    pub(super) memory_type: u32,
+    pub(super) spec: String,
+}
+
+// SAFETY: `ash::Device` is a table of function pointers and a handle;
+// Vulkan devices may be used from any thread, and every call needing
+// external synchronisation (queue submits) goes through the locks above.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Opens the instance's physical device `index` as `vulkan:{ordinal}`.
+    pub(super) fn open(index: u32, ordinal: u32) -> Result<Self> {
+        let instance = instance()?;
+        let physical = &instance.physical[index as usize];
+        let spec = format!("{ID}:{ordinal}");
+        if let Some(missing) = physical.missing() {
+            return Err(Error::Driver {
+                backend: ID,
+                what: format!("opening `{spec}` ({})", physical.name()),
+                detail: missing,
+            });
+        }
+        let compute_family = physical.compute_family().expect("checked by `missing`");
+        let transfer_family = physical.transfer_family();
+        let priorities = [1.0f32];
+        let mut families = vec![
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(compute_family)
+                .queue_priorities(&priorities),
+        ];
+        if let Some(family) = transfer_family {
+            families.push(
+                vk::DeviceQueueCreateInfo::default()
+                    .queue_family_index(family)
+                    .queue_priorities(&priorities),
+            );
+        }
+        let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+        let create = vk::DeviceCreateInfo::default()
+            .queue_create_infos(&families)
+            .push_next(&mut v12);
+        // SAFETY: `physical` is the instance's; `create` and its chain live
+        // across the call.
+        let device = unsafe {
+            instance
+                .instance
+                .create_device(physical.handle, &create, None)
+        }
+        .map_err(|e| vk_error(&spec, "vkCreateDevice", e))?;
+        // SAFETY: each family was asked for with one queue, index 0.
+        let (compute_queue, transfer_queue) = unsafe {
+            (
+                device.get_device_queue(compute_family, 0),
+                transfer_family.map(|family| device.get_device_queue(family, 0)),
+            )
+        };
+        let memory_type = match choose_memory_type(&physical.memory) {
+            Some(index) => index,
+            None => {
+                // SAFETY: nothing was made from the device.
+                unsafe { device.destroy_device(None) };
+                return Err(Error::Driver {
+                    backend: ID,
+                    what: format!("opening `{spec}`"),
+                    detail: "it has no host-visible, coherent memory type; hwqueue's Vulkan \
+                             buffers need one (every desktop and CPU driver has one)"
+                        .into(),
+                });
+            }
+        };
+        Ok(Self {
+            device,
+            physical,
+            ordinal,
+            compute_family,
+            transfer_family,
+            compute_queue: Mutex::new(compute_queue),
+            transfer_queue: transfer_queue.map(Mutex::new),
+            memory_type,
+            spec,
+        })
+    }
+
+    /// `VkPhysicalDeviceLimits` of the device.
+    pub(super) fn limits(&self) -> &vk::PhysicalDeviceLimits {
+        &self.physical.properties.limits
+    }
+
+    /// The error of Vulkan call `call` on this device.
+    pub(super) fn error(&self, call: &str, result: vk::Result) -> Error {
+        vk_error(&self.spec, call, result)
+    }
+}
+
+/// Host-visible and coherent memory, device-local too where there is such a
+/// type (integrated GPUs, resizable BAR), else the first host-visible one.
+fn choose_memory_type(memory: &vk::PhysicalDeviceMemoryProperties) -> Option<u32> {
+    let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+    let types = &memory.memory_types[..memory.memory_type_count as usize];
+    let with = |extra: vk::MemoryPropertyFlags| {
+        types
+            .iter()
+            .position(|t| t.property_flags.contains(wanted | extra))
+            .map(|index| index as u32)
+    };
+    with(vk::MemoryPropertyFlags::DEVICE_LOCAL).or_else(|| with(vk::MemoryPropertyFlags::empty()))
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the last handle of the device is going: every buffer,
+        // signal, program and queue holds the context, so none is left, and
+        // their drops waited for the work that used them.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+        }
+    }
+}

@@ -1,0 +1,960 @@
+//! [`VulkanEngine`]: a logical queue's batches as command buffers on a
+//! `VkQueue`, ordered by timeline semaphores.
+//!
+//! `submit` hands the batch to the queue's **recording thread**, which
+//! settles it through the [`Ledger`] as the CPU engine does: it records
+//! the commands into command buffers and submits them, one submission per
+//! stretch between `signal`s and waits (a timeline semaphore is signalled
+//! at the end of a submission). A same-backend `wait` becomes a semaphore
+//! wait of the next submission once some submission that signals the
+//! value is on a `VkQueue`; until then the thread holds the batch on the
+//! host, since on a shared `VkQueue` (lavapipe has one) a submission whose
+//! wait no signal was submitted for would stall every submission behind
+//! it, the independent queue's too. Every submission also signals the
+//! queue's own **progress** semaphore; the **retire thread** waits on it,
+//! then completes the batch's downloads, frees its staging buffers, hands
+//! its command buffers back, records its profile events and lets its
+//! buffers go.
+//!
+//! Barriers: a global memory barrier (compute and transfer, writes to
+//! reads and writes) before each command, which also orders it after the
+//! earlier submissions of the `VkQueue`, and one to the host at the end of
+//! each submission, so downloads and host reads see the device's writes.
+//! Between queues of different families, the semaphores order the work.
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+
+use ash::vk;
+use parking_lot::{Condvar, Mutex};
+
+use super::context::Context;
+use super::memory::{VulkanBlock, VulkanBuffer, free_buffer, make_buffer, mismatch};
+use super::program::{Pipeline, VulkanProgram};
+use super::{Vulkan, VulkanDevice};
+use crate::error::{Error, Result};
+use crate::params::{ExecParams, Limits};
+use crate::profile::{EventNames, ProfileEvent, describe, now_ns};
+use crate::program::{Program, Scalar};
+use crate::queue::{Batch, Command, Engine, Ledger, QueueKind, queue_label, settled};
+use crate::signal::TimelineSignal;
+use crate::view::View;
+
+/// The engine of a Vulkan queue: see the module docs.
+pub struct VulkanEngine {
+    ledger: Ledger,
+    device: VulkanDevice,
+    kind: QueueKind,
+    jobs: Option<Sender<Job>>,
+    shared: Arc<Shared>,
+    profiling: bool,
+    recorder: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Job {
+    batch: Batch<Vulkan>,
+    profile: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Batches handed over, batches retired.
+    progress: Mutex<(u64, u64)>,
+    retired: Condvar,
+    recycled: Mutex<Vec<Batch<Vulkan>>>,
+    /// Command buffers whose work completed, for the recording thread.
+    free: Mutex<Vec<CommandSet>>,
+    events: Mutex<Vec<ProfileEvent>>,
+}
+
+/// A command buffer and the descriptor pools its execs allocate from.
+struct CommandSet {
+    buffer: vk::CommandBuffer,
+    pools: Vec<vk::DescriptorPool>,
+    /// How many of `pools` this recording used.
+    used: usize,
+}
+
+impl VulkanEngine {
+    pub(super) fn new(device: VulkanDevice, kind: QueueKind) -> Result<Self> {
+        let ledger = Ledger::new();
+        let shared = Arc::new(Shared::default());
+        let context = device.context().clone();
+        let family = match kind {
+            QueueKind::Copy => context.transfer_family.unwrap_or(context.compute_family),
+            QueueKind::Compute => context.compute_family,
+        };
+        let recorder = Recorder::new(context, family, kind, shared.clone(), &ledger)?;
+        let (jobs, receiver) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("hwqueue-vulkan {}", queue_label(ledger.id(), kind)))
+            .spawn({
+                let ledger = ledger.clone();
+                move || recorder.run(&ledger, receiver)
+            })
+            .map_err(|error| Error::System {
+                what: "spawning a Vulkan queue's recording thread",
+                detail: error.to_string(),
+            })?;
+        Ok(Self {
+            ledger,
+            device,
+            kind,
+            jobs: Some(jobs),
+            shared,
+            profiling: false,
+            recorder: Some(thread),
+        })
+    }
+}
+
+impl Engine for VulkanEngine {
+    type Backend = Vulkan;
+
+    fn kind(&self) -> QueueKind {
+        self.kind
+    }
+
+    fn limits(&self) -> &Limits {
+        self.device.limits_ref()
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn check_exec(
+        &self,
+        program: &VulkanProgram,
+        buffers: &[View<Vulkan>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        for view in buffers {
+            self.check_buffer("a kernel argument", view.buffer())?;
+        }
+        if let Some(size) = program.workgroup_size()
+            && params.local() != size
+        {
+            return Err(Error::InvalidArguments {
+                program: program.signature().name.clone(),
+                reason: format!(
+                    "the exec's local size is {:?} but the shader's @workgroup_size is {size:?}; \
+                     a Vulkan shader's work-group size is fixed when it is compiled, so give \
+                     the exec that local size",
+                    params.local()
+                ),
+            });
+        }
+        let max = self.device.context().limits().max_storage_buffer_range as usize;
+        if let Some(view) = buffers.iter().find(|v| v.len() > max) {
+            return Err(Error::InvalidArguments {
+                program: program.signature().name.clone(),
+                reason: format!(
+                    "a view of {} bytes is past the device's maxStorageBufferRange ({max}); \
+                     split the work over smaller views",
+                    view.len()
+                ),
+            });
+        }
+        program.push_constants(scalars).map(drop)
+    }
+
+    fn check_buffer(&self, what: &'static str, buffer: &VulkanBuffer) -> Result<()> {
+        if buffer.is_of(self.device.pool()) {
+            Ok(())
+        } else {
+            Err(mismatch(what, buffer, &self.device.context().spec))
+        }
+    }
+
+    fn alloca(&mut self, size: usize) -> Result<VulkanBuffer> {
+        VulkanBuffer::allocate(self.device.pool(), size, false, true)
+    }
+
+    fn check_dealloca(&self, buffer: &VulkanBuffer) -> Result<()> {
+        if buffer.is_of(self.device.pool()) {
+            Ok(())
+        } else {
+            Err(Error::InvalidDealloca {
+                reason: "the buffer is of another Vulkan device's pool; record the `dealloca` \
+                         on a queue of the device whose queue made it"
+                    .into(),
+            })
+        }
+    }
+
+    fn submit(&mut self, batch: Batch<Vulkan>) -> Batch<Vulkan> {
+        self.shared.progress.lock().0 += 1;
+        if let Some(jobs) = &self.jobs {
+            // The thread ends only once this sender is dropped.
+            let _ = jobs.send(Job {
+                batch,
+                profile: self.profiling,
+            });
+        }
+        self.shared.recycled.lock().pop().unwrap_or_default()
+    }
+
+    fn synchronize(&mut self) {
+        let mut progress = self.shared.progress.lock();
+        while progress.1 < progress.0 {
+            self.shared.retired.wait(&mut progress);
+        }
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profiling = on;
+    }
+
+    fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
+        out.append(&mut self.shared.events.lock());
+    }
+}
+
+impl Drop for VulkanEngine {
+    /// Lets the work already submitted finish, then the threads end.
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.recorder.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// What the retire thread waits for and then releases, for one batch.
+struct Retire {
+    batch: Batch<Vulkan>,
+    /// The progress value of the batch's last submission (`None`: it
+    /// submitted nothing).
+    progress: Option<u64>,
+    sets: Vec<CommandSet>,
+    staging: Vec<VulkanBlock>,
+    /// Downloads: the command's index and the staging buffer (an index into
+    /// `staging`) holding its bytes.
+    downloads: Vec<(usize, usize)>,
+    /// Per command, when its submission was handed to the `VkQueue`
+    /// (profiling only).
+    submitted_ns: Vec<u64>,
+    /// Commands `stamped..upto` are recorded and not yet submitted.
+    stamped: usize,
+    upto: usize,
+    profile: bool,
+}
+
+/// The recording thread's state.
+struct Recorder {
+    context: Arc<Context>,
+    kind: QueueKind,
+    label: String,
+    pool: vk::CommandPool,
+    /// The queue's own timeline: each submission signals the next value.
+    progress: vk::Semaphore,
+    next: u64,
+    shared: Arc<Shared>,
+    /// The batch being recorded: what its submissions hold.
+    current: Option<Retire>,
+    /// The command buffer being recorded, and the index of its first
+    /// command (what fails if it cannot be submitted).
+    open: Option<(CommandSet, usize)>,
+    /// Waits of the next submission.
+    waits: Vec<(vk::Semaphore, u64)>,
+    /// A 16-byte buffer bound for an empty view.
+    dummy: VulkanBlock,
+}
+
+// SAFETY: the handles are plain Vulkan handles, used only on the
+// recording thread (the pool and descriptor pools, which need external
+// synchronisation) or, for the semaphores and buffers, through calls
+// that are thread-safe.
+unsafe impl Send for Recorder {}
+
+impl Recorder {
+    fn new(
+        context: Arc<Context>,
+        family: u32,
+        kind: QueueKind,
+        shared: Arc<Shared>,
+        ledger: &Ledger,
+    ) -> Result<Self> {
+        let device = &context.device;
+        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        // SAFETY: create-infos live across the calls; what is made is
+        // destroyed when the recording thread ends.
+        let (pool, progress) = unsafe {
+            let pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .map_err(|e| context.error("vkCreateCommandPool", e))?;
+            let progress = match device.create_semaphore(
+                &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+                None,
+            ) {
+                Ok(semaphore) => semaphore,
+                Err(e) => {
+                    device.destroy_command_pool(pool, None);
+                    return Err(context.error("vkCreateSemaphore", e));
+                }
+            };
+            (pool, progress)
+        };
+        let dummy = make_buffer(&context, 16).map_err(|(call, e)| context.error(&call, e))?;
+        Ok(Self {
+            label: queue_label(ledger.id(), kind),
+            context,
+            kind,
+            pool,
+            progress,
+            next: 0,
+            shared,
+            current: None,
+            open: None,
+            waits: Vec::new(),
+            dummy,
+        })
+    }
+
+    /// Settles each batch in order until the engine is dropped; then
+    /// waits for the retire thread and frees what it made.
+    fn run(mut self, ledger: &Ledger, jobs: Receiver<Job>) {
+        let (retire, retiring) = mpsc::channel::<Retire>();
+        let retirer = {
+            let context = self.context.clone();
+            let shared = self.shared.clone();
+            let progress = self.progress;
+            let label: crate::profile::Name = self.label.as_str().into();
+            std::thread::Builder::new()
+                .name(format!("hwqueue-vulkan-retire {}", self.label))
+                .spawn(move || retire_all(&context, progress, &shared, &label, retiring))
+        };
+        for Job { batch, profile } in jobs {
+            self.current = Some(Retire {
+                batch: Batch::default(),
+                progress: None,
+                sets: Vec::new(),
+                staging: Vec::new(),
+                downloads: Vec::new(),
+                submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
+                stamped: 0,
+                upto: 0,
+                profile,
+            });
+            ledger.settle(&batch, |batch| self.run_batch(batch));
+            let mut done = self.current.take().expect("set above");
+            done.batch = batch;
+            match &retirer {
+                Ok(_) => {
+                    let _ = retire.send(done);
+                }
+                // No retire thread: wait here.
+                Err(_) => retire_one(&self.context, self.progress, &self.shared, None, done),
+            }
+        }
+        drop(retire);
+        if let Ok(thread) = retirer {
+            let _ = thread.join();
+        }
+        ledger.retire();
+        let device = &self.context.device;
+        // SAFETY: every submission completed (the retire thread waited for
+        // each), so nothing uses these objects any more.
+        unsafe {
+            for set in self.shared.free.lock().drain(..) {
+                for pool in set.pools {
+                    device.destroy_descriptor_pool(pool, None);
+                }
+            }
+            device.destroy_command_pool(self.pool, None);
+            device.destroy_semaphore(self.progress, None);
+        }
+        free_buffer(&self.context, &self.dummy);
+    }
+
+    fn run_batch(&mut self, batch: &Batch<Vulkan>) -> std::result::Result<(), (usize, Error)> {
+        for (index, command) in batch.commands().iter().enumerate() {
+            self.current.as_mut().expect("a batch is recording").upto = index + 1;
+            if let Err(error) = self.command(batch, index, command) {
+                // What was recorded before the failure still runs; where it
+                // cannot be submitted, it fails too.
+                let from = self.open.as_ref().map_or(index, |(_, first)| *first);
+                return Err(match self.flush(None) {
+                    Ok(()) => (index, error),
+                    Err(_) => (from, error),
+                });
+            }
+        }
+        if self.open.is_some() || !self.waits.is_empty() {
+            let from = self.open.as_ref().map_or(0, |(_, first)| *first);
+            self.flush(None).map_err(|error| (from, error))?;
+        }
+        Ok(())
+    }
+
+    fn command(
+        &mut self,
+        batch: &Batch<Vulkan>,
+        index: usize,
+        command: &Command<Vulkan>,
+    ) -> Result<()> {
+        match command {
+            Command::Wait { signal, value } => self.wait(signal, *value, false),
+            Command::WaitSettled { signal, value } => self.wait(signal, *value, true),
+            Command::WaitForeign { signal, value } => {
+                self.flush(None)?;
+                signal.wait_forever(*value)
+            }
+            Command::Signal { signal, value } => {
+                if signal.is_submitted(*value) {
+                    // At or below what it holds or is promised: values only
+                    // rise (a timeline semaphore must not be signalled
+                    // lower), so this signal does nothing.
+                    return Ok(());
+                }
+                self.flush(Some((signal.semaphore(), *value)))?;
+                signal.note_submitted(*value);
+                Ok(())
+            }
+            Command::Exec {
+                program,
+                buffers,
+                scalars,
+                params,
+            } => self.exec(
+                index,
+                program,
+                &batch.buffers()[buffers.clone()],
+                &batch.scalars()[scalars.clone()],
+                params,
+            ),
+            Command::Copy { dst, src } => {
+                let (src_buffer, src_offset) = self.device_range(src)?;
+                let (dst_buffer, dst_offset) = self.device_range(dst)?;
+                if !src.is_empty() {
+                    let cb = self.begin(index)?;
+                    let region = [vk::BufferCopy {
+                        src_offset,
+                        dst_offset,
+                        size: src.len() as u64,
+                    }];
+                    // SAFETY: both ranges lie in live buffers the batch
+                    // holds (checked at record time), the command buffer
+                    // is recording.
+                    unsafe {
+                        self.context
+                            .device
+                            .cmd_copy_buffer(cb, src_buffer, dst_buffer, &region);
+                    }
+                }
+                Ok(())
+            }
+            Command::Fill {
+                dst,
+                pattern,
+                width,
+            } => self.fill(index, dst, pattern, *width),
+            Command::Upload { dst, data } => self.upload(index, dst, batch.host_bytes(data)),
+            Command::Download { src, .. } => {
+                let len = src.len();
+                let staging = self.staging(len.max(4))?;
+                let (src_buffer, src_offset) = self.device_range(src)?;
+                if len > 0 {
+                    let cb = self.begin(index)?;
+                    let region = [vk::BufferCopy {
+                        src_offset,
+                        dst_offset: 0,
+                        size: len as u64,
+                    }];
+                    // SAFETY: as for a copy; the staging buffer is held
+                    // until the batch retires.
+                    unsafe {
+                        self.context
+                            .device
+                            .cmd_copy_buffer(cb, src_buffer, staging.0, &region);
+                    }
+                }
+                self.current
+                    .as_mut()
+                    .expect("a batch is recording")
+                    .downloads
+                    .push((index, staging.1));
+                Ok(())
+            }
+            // Every command is preceded by a full barrier already.
+            Command::Barrier | Command::Alloca { .. } => Ok(()),
+            // The buffer's range goes back once the batch retired: every
+            // command before this one completed by then.
+            Command::Dealloca { .. } => Ok(()),
+        }
+    }
+
+    /// A wait on a Vulkan signal: a semaphore wait of the next submission,
+    /// once a submission signalling the value is on a `VkQueue`.
+    fn wait(&mut self, signal: &super::VulkanSignal, value: u64, is_settled: bool) -> Result<()> {
+        if signal.is_reached(value) {
+            return Ok(());
+        }
+        // The work recorded so far must not wait.
+        self.flush(None)?;
+        if !signal.is_of(&self.context) {
+            // Another device's semaphore cannot be waited on here: the
+            // host waits for it, as for another backend's signal.
+            let waited = signal.wait(value, crate::signal::Timeout::Forever);
+            return if is_settled { settled(waited) } else { waited };
+        }
+        match signal.wait_submitted(value) {
+            Ok(()) => {
+                self.waits.push((signal.semaphore(), value));
+                Ok(())
+            }
+            Err(error) if is_settled => settled(Err(error)),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The `VkBuffer` and offset of `view`: a block's buffer, or the dummy
+    /// for an empty buffer.
+    fn device_range(&self, view: &View<Vulkan>) -> Result<(vk::Buffer, u64)> {
+        Ok(match view.buffer().queue_address()? {
+            Some(address) => (address.buffer, address.offset + view.offset() as u64),
+            None => (self.dummy.buffer(), 0),
+        })
+    }
+
+    /// A staging buffer of `len` bytes, held until the batch retires: its
+    /// `VkBuffer` and its index in the batch's staging list.
+    fn staging(&mut self, len: usize) -> Result<(vk::Buffer, usize)> {
+        let block =
+            make_buffer(&self.context, len).map_err(|(call, e)| self.context.error(&call, e))?;
+        let buffer = block.buffer();
+        let current = self.current.as_mut().expect("a batch is recording");
+        current.staging.push(block);
+        Ok((buffer, current.staging.len() - 1))
+    }
+
+    fn upload(&mut self, index: usize, dst: &View<Vulkan>, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let (buffer, at) = self.staging(bytes.len())?;
+        let host = self.current.as_ref().expect("a batch is recording").staging[at].host();
+        // SAFETY: the staging buffer is ours, mapped, of `bytes.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len()) };
+        let (dst_buffer, dst_offset) = self.device_range(dst)?;
+        let cb = self.begin(index)?;
+        let region = [vk::BufferCopy {
+            src_offset: 0,
+            dst_offset,
+            size: bytes.len() as u64,
+        }];
+        // SAFETY: as for a copy.
+        unsafe {
+            self.context
+                .device
+                .cmd_copy_buffer(cb, buffer, dst_buffer, &region);
+        }
+        Ok(())
+    }
+
+    fn fill(
+        &mut self,
+        index: usize,
+        dst: &View<Vulkan>,
+        pattern: &[u8; 4],
+        width: u8,
+    ) -> Result<()> {
+        let len = dst.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let (buffer, offset) = self.device_range(dst)?;
+        if offset.is_multiple_of(4) && len.is_multiple_of(4) {
+            // A pattern of 1 or 2 bytes repeats within a word.
+            let mut word = [0u8; 4];
+            for (at, byte) in word.iter_mut().enumerate() {
+                *byte = pattern[at % usize::from(width)];
+            }
+            let cb = self.begin(index)?;
+            // SAFETY: the range lies in a live buffer, offset and size are
+            // multiples of 4.
+            unsafe {
+                self.context.device.cmd_fill_buffer(
+                    cb,
+                    buffer,
+                    offset,
+                    len as u64,
+                    u32::from_ne_bytes(word),
+                );
+            }
+            return Ok(());
+        }
+        let bytes: Vec<u8> = pattern[..usize::from(width)]
+            .iter()
+            .copied()
+            .cycle()
+            .take(len)
+            .collect();
+        self.upload(index, dst, &bytes)
+    }
+
+    fn exec(
+        &mut self,
+        index: usize,
+        program: &VulkanProgram,
+        views: &[View<Vulkan>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        let pipeline = program.pipeline(&self.context, params.local())?;
+        let push = program.push_constants(scalars)?;
+        let mut infos = Vec::with_capacity(views.len());
+        for view in views {
+            let (buffer, offset) = self.device_range(view)?;
+            let range = if view.is_empty() {
+                vk::WHOLE_SIZE
+            } else {
+                view.len() as u64
+            };
+            infos.push(vk::DescriptorBufferInfo {
+                buffer,
+                offset,
+                range,
+            });
+        }
+        let cb = self.begin(index)?;
+        let set = self.descriptor_set(&pipeline, views.len())?;
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(binding, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(binding as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(std::slice::from_ref(info))
+            })
+            .collect();
+        let groups = params.groups();
+        let device = &self.context.device;
+        // SAFETY: the set is fresh from a pool of this thread's, the
+        // buffers live (the batch holds them), the command buffer records;
+        // the pipeline is held by the program, which the batch holds.
+        unsafe {
+            device.update_descriptor_sets(&writes, &[]);
+            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            device.cmd_bind_descriptor_sets(
+                cb,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout,
+                0,
+                &[set],
+                &[],
+            );
+            if !push.is_empty() {
+                device.cmd_push_constants(
+                    cb,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    &push,
+                );
+            }
+            device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
+        }
+        Ok(())
+    }
+
+    /// A descriptor set of `pipeline`'s layout from the open command
+    /// set's pools (a new pool where they are full).
+    fn descriptor_set(&mut self, pipeline: &Pipeline, buffers: usize) -> Result<vk::DescriptorSet> {
+        let device = &self.context.device;
+        let (set, _) = self.open.as_mut().expect("begun");
+        let layouts = [pipeline.set_layout];
+        loop {
+            if set.used < set.pools.len() {
+                let info = vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(set.pools[set.used])
+                    .set_layouts(&layouts);
+                // SAFETY: the pool is this thread's, the layout alive.
+                match unsafe { device.allocate_descriptor_sets(&info) } {
+                    Ok(sets) => return Ok(sets[0]),
+                    Err(
+                        vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL,
+                    ) => {
+                        set.used += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(self.context.error("vkAllocateDescriptorSets", e)),
+                }
+            }
+            let sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: (64 * buffers.max(8)) as u32,
+            }];
+            let info = vk::DescriptorPoolCreateInfo::default()
+                .max_sets(64)
+                .pool_sizes(&sizes);
+            // SAFETY: the create-info lives across the call.
+            let pool = unsafe { device.create_descriptor_pool(&info, None) }
+                .map_err(|e| self.context.error("vkCreateDescriptorPool", e))?;
+            set.pools.push(pool);
+        }
+    }
+
+    /// The open command buffer (begun if none is), with a barrier recorded
+    /// before command `index`.
+    fn begin(&mut self, index: usize) -> Result<vk::CommandBuffer> {
+        let device = &self.context.device;
+        if self.open.is_none() {
+            let mut set = match self.shared.free.lock().pop() {
+                Some(set) => set,
+                None => {
+                    let info = vk::CommandBufferAllocateInfo::default()
+                        .command_pool(self.pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1);
+                    // SAFETY: the pool is this thread's.
+                    let buffers = unsafe { device.allocate_command_buffers(&info) }
+                        .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?;
+                    CommandSet {
+                        buffer: buffers[0],
+                        pools: Vec::new(),
+                        used: 0,
+                    }
+                }
+            };
+            // SAFETY: the set's work completed (the retire thread handed it
+            // back, or it is new); its pools and buffer are this thread's.
+            unsafe {
+                for &pool in &set.pools {
+                    device
+                        .reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty())
+                        .map_err(|e| self.context.error("vkResetDescriptorPool", e))?;
+                }
+                device
+                    .begin_command_buffer(
+                        set.buffer,
+                        &vk::CommandBufferBeginInfo::default()
+                            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                    )
+                    .map_err(|e| self.context.error("vkBeginCommandBuffer", e))?;
+            }
+            set.used = 0;
+            self.open = Some((set, index));
+        }
+        let buffer = self.open.as_ref().expect("just opened").0.buffer;
+        let stages = self.stages();
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        // SAFETY: the command buffer records.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                buffer,
+                stages,
+                stages,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            );
+        }
+        Ok(buffer)
+    }
+
+    /// The stages a queue of this kind runs.
+    fn stages(&self) -> vk::PipelineStageFlags {
+        match self.kind {
+            QueueKind::Compute => {
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
+            }
+            QueueKind::Copy => vk::PipelineStageFlags::TRANSFER,
+        }
+    }
+
+    /// Submits what is recorded and the waits gathered, signalling the
+    /// progress semaphore and, where given, a signal.
+    fn flush(&mut self, signal: Option<(vk::Semaphore, u64)>) -> Result<()> {
+        if self.open.is_none() && self.waits.is_empty() && signal.is_none() {
+            return Ok(());
+        }
+        let device = &self.context.device;
+        let open = self.open.take();
+        if let Some((set, _)) = &open {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            // SAFETY: the command buffer records; it ends here.
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    set.buffer,
+                    self.stages(),
+                    vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+                device
+                    .end_command_buffer(set.buffer)
+                    .map_err(|e| self.context.error("vkEndCommandBuffer", e))?;
+            }
+        }
+        let value = self.next + 1;
+        let waits: Vec<vk::Semaphore> = self.waits.iter().map(|w| w.0).collect();
+        let wait_values: Vec<u64> = self.waits.iter().map(|w| w.1).collect();
+        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
+        let mut signals = vec![self.progress];
+        let mut signal_values = vec![value];
+        if let Some((semaphore, at)) = signal {
+            signals.push(semaphore);
+            signal_values.push(at);
+        }
+        let buffers: Vec<vk::CommandBuffer> = open.iter().map(|(set, _)| set.buffer).collect();
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&waits)
+            .wait_dst_stage_mask(&wait_stages)
+            .command_buffers(&buffers)
+            .signal_semaphores(&signals)
+            .push_next(&mut timeline);
+        let queue = match self.kind {
+            QueueKind::Copy => self
+                .context
+                .transfer_queue
+                .as_ref()
+                .unwrap_or(&self.context.compute_queue),
+            QueueKind::Compute => &self.context.compute_queue,
+        };
+        let outcome = {
+            let queue = queue.lock();
+            // SAFETY: the queue is locked (submits need external
+            // synchronisation); every semaphore and the command buffer
+            // live until the retire thread saw `value`.
+            unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
+        };
+        self.waits.clear();
+        let current = self.current.as_mut().expect("a batch is recording");
+        match outcome {
+            Ok(()) => {
+                self.next = value;
+                current.progress = Some(value);
+                if current.profile {
+                    let now = now_ns();
+                    let (from, to) = (current.stamped, current.upto);
+                    for stamp in current.submitted_ns.get_mut(from..to).unwrap_or_default() {
+                        *stamp = now;
+                    }
+                    current.stamped = to;
+                }
+                if let Some((set, _)) = open {
+                    current.sets.push(set);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some((set, _)) = open {
+                    // Never submitted: reusable at once.
+                    self.shared.free.lock().push(set);
+                }
+                Err(self.context.error("vkQueueSubmit", e))
+            }
+        }
+    }
+}
+
+/// The retire thread: each batch in order, once its submissions completed.
+fn retire_all(
+    context: &Context,
+    progress: vk::Semaphore,
+    shared: &Shared,
+    label: &crate::profile::Name,
+    batches: Receiver<Retire>,
+) {
+    let mut names = EventNames::new();
+    for batch in batches {
+        retire_one(context, progress, shared, Some((label, &mut names)), batch);
+    }
+}
+
+fn retire_one(
+    context: &Context,
+    progress: vk::Semaphore,
+    shared: &Shared,
+    profile: Option<(&crate::profile::Name, &mut EventNames)>,
+    mut done: Retire,
+) {
+    let mut lost = None;
+    if let Some(value) = done.progress {
+        let semaphores = [progress];
+        let values = [value];
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&semaphores)
+            .values(&values);
+        loop {
+            // SAFETY: the semaphore lives until the recording thread ends,
+            // after this thread.
+            match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
+                Ok(()) => break,
+                Err(vk::Result::TIMEOUT) => {}
+                Err(e) => {
+                    lost = Some(context.error("vkWaitSemaphores (a queue's progress)", e));
+                    break;
+                }
+            }
+        }
+    }
+    let finished = now_ns();
+    for &(index, at) in &done.downloads {
+        if let Some(Command::Download { src, sink }) = done.batch.commands().get(index) {
+            match &lost {
+                Some(error) => sink.fail(error),
+                None => {
+                    let host = done.staging[at].host();
+                    let len = src.len();
+                    let _ = sink.complete(|out| {
+                        // SAFETY: the staging buffer holds `len` bytes the
+                        // device wrote before the progress value; `out` is
+                        // the sink's, of the view's length.
+                        unsafe { std::ptr::copy_nonoverlapping(host, out.as_mut_ptr(), len) };
+                        Ok(())
+                    });
+                }
+            }
+        }
+    }
+    for command in done.batch.commands() {
+        if let Command::Dealloca { buffer } = command {
+            crate::memory::dealloca_completed(buffer);
+        }
+    }
+    if let (true, Some((label, names))) = (done.profile, profile) {
+        let mut events = shared.events.lock();
+        for (index, command) in done.batch.commands().iter().enumerate() {
+            let start = done.submitted_ns.get(index).copied().unwrap_or(finished);
+            let start = if start == 0 { finished } else { start };
+            events.push(describe(command, names).into_event(
+                label.clone(),
+                done.batch.sequence(),
+                index,
+                start,
+                finished.max(start),
+            ));
+        }
+    }
+    for block in &done.staging {
+        free_buffer(context, block);
+    }
+    shared.free.lock().append(&mut done.sets);
+    done.batch.clear();
+    shared.recycled.lock().push(done.batch);
+    shared.progress.lock().1 += 1;
+    shared.retired.notify_all();
+}

@@ -1,0 +1,288 @@
+//! A Vulkan device's memory: blocks of `VkDeviceMemory`, each with one
+//! `VkBuffer` over all of it and mapped for the host, for the core's
+//! caching [`MemoryPool`](crate::memory::MemoryPool); a
+//! [`VulkanBuffer`] is the core's [`Allocation`] of that pool.
+
+use std::sync::Arc;
+
+use ash::vk;
+
+use super::Vulkan;
+use super::context::Context;
+use crate::buffer::{Buffer, Pod, bytes_of, bytes_of_mut, check_host_access};
+use crate::error::{Error, Result};
+use crate::memory::{
+    Access, Allocation, BlockError, BlockSource, DeviceMemory, MemoryPool, QueueOrdered,
+};
+
+/// Every range of the pool starts at a multiple of this: at least the
+/// storage-buffer offset alignment of every device seen (16 to 256).
+pub const VULKAN_ALIGNMENT: usize = 256;
+
+/// The blocks of one device.
+pub struct VulkanBlocks {
+    pub(super) context: Arc<Context>,
+}
+
+/// A block: memory, the buffer over it, and where the host sees it.
+#[derive(Debug)]
+pub struct VulkanBlock {
+    memory: vk::DeviceMemory,
+    buffer: vk::Buffer,
+    host: usize,
+}
+
+/// Where a range lies: the block's buffer, the offset in it, and the
+/// host's address of its first byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VulkanAddress {
+    pub(super) buffer: vk::Buffer,
+    pub(super) offset: u64,
+    pub(super) host: usize,
+}
+
+/// The usages every block's buffer has: a kernel's storage buffer, and
+/// either end of a copy.
+const USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
+    vk::BufferUsageFlags::STORAGE_BUFFER.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_SRC.as_raw()
+        | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
+);
+
+/// Makes a buffer of `size` bytes of `context`'s memory type, bound and
+/// mapped: a block, or a staging buffer.
+pub(super) fn make_buffer(
+    context: &Context,
+    size: usize,
+) -> std::result::Result<VulkanBlock, (String, vk::Result)> {
+    let device = &context.device;
+    let create = vk::BufferCreateInfo::default()
+        .size(size as u64)
+        .usage(USAGE)
+        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    // SAFETY: `create` lives across the call; what is made here is
+    // destroyed below on failure or by `free_buffer`.
+    unsafe {
+        let buffer = device
+            .create_buffer(&create, None)
+            .map_err(|e| ("vkCreateBuffer".into(), e))?;
+        let needs = device.get_buffer_memory_requirements(buffer);
+        if needs.memory_type_bits & (1 << context.memory_type) == 0 {
+            device.destroy_buffer(buffer, None);
+            return Err((
+                "vkGetBufferMemoryRequirements".into(),
+                vk::Result::ERROR_FORMAT_NOT_SUPPORTED,
+            ));
+        }
+        let allocate = vk::MemoryAllocateInfo::default()
+            .allocation_size(needs.size)
+            .memory_type_index(context.memory_type);
+        let memory = match device.allocate_memory(&allocate, None) {
+            Ok(memory) => memory,
+            Err(e) => {
+                device.destroy_buffer(buffer, None);
+                return Err((format!("vkAllocateMemory of {} bytes", needs.size), e));
+            }
+        };
+        let mapped = device.bind_buffer_memory(buffer, memory, 0).and_then(|()| {
+            device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+        });
+        match mapped {
+            Ok(host) => Ok(VulkanBlock {
+                memory,
+                buffer,
+                host: host as usize,
+            }),
+            Err(e) => {
+                device.destroy_buffer(buffer, None);
+                device.free_memory(memory, None);
+                Err(("vkBindBufferMemory / vkMapMemory".into(), e))
+            }
+        }
+    }
+}
+
+/// Destroys what [`make_buffer`] made.
+pub(super) fn free_buffer(context: &Context, block: &VulkanBlock) {
+    // SAFETY: nothing uses the block any more (the pool frees a block with
+    // no range handed out; a staging buffer goes once its batch completed).
+    unsafe {
+        context.device.destroy_buffer(block.buffer, None);
+        context.device.free_memory(block.memory, None);
+    }
+}
+
+impl VulkanBlock {
+    pub(super) fn buffer(&self) -> vk::Buffer {
+        self.buffer
+    }
+
+    pub(super) fn host(&self) -> *mut u8 {
+        self.host as *mut u8
+    }
+}
+
+impl BlockSource for VulkanBlocks {
+    type Block = VulkanBlock;
+    type Address = VulkanAddress;
+
+    const ALIGNMENT: usize = VULKAN_ALIGNMENT;
+    /// `vkAllocateMemory` promises nothing of the contents.
+    const ZEROED_BLOCKS: bool = false;
+
+    fn device(&self) -> String {
+        self.context.spec.clone()
+    }
+
+    fn allocate(&self, size: usize) -> std::result::Result<VulkanBlock, BlockError> {
+        make_buffer(&self.context, size).map_err(|(call, result)| match result {
+            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+                BlockError::OutOfMemory(format!("{call} returned {result:?}"))
+            }
+            other => BlockError::Other(self.context.error(&call, other)),
+        })
+    }
+
+    fn address(&self, block: &VulkanBlock, offset: usize) -> VulkanAddress {
+        VulkanAddress {
+            buffer: block.buffer,
+            offset: offset as u64,
+            host: block.host + offset,
+        }
+    }
+
+    fn free(&self, block: VulkanBlock) {
+        free_buffer(&self.context, &block);
+    }
+
+    unsafe fn zero(&self, address: VulkanAddress, len: usize) -> Result<()> {
+        // SAFETY: the caller hands a range of a live block, mapped for the
+        // host, that nothing else touches now.
+        unsafe { std::ptr::write_bytes(address.host as *mut u8, 0, len) };
+        Ok(())
+    }
+
+    fn device_memory(&self) -> Option<DeviceMemory> {
+        let memory = &self.context.physical.memory;
+        let kind = memory.memory_types[self.context.memory_type as usize];
+        let heap = memory.memory_heaps[kind.heap_index as usize];
+        // Vulkan 1.2 core has no query of what is free (that is
+        // VK_EXT_memory_budget): the heap's size stands for both.
+        Some(DeviceMemory {
+            free: heap.size,
+            total: heap.size,
+        })
+    }
+}
+
+/// Memory of a Vulkan device: an [`Allocation`] of its pool, a range of a
+/// block's `VkBuffer`, mapped for the host. Clones name the same memory;
+/// the range goes back to the pool when the last clone is dropped (queues
+/// hold one for every batch that uses it until the batch completed), or
+/// when a `dealloca` of it ran and no batch still uses it.
+///
+/// `read_at` and `write_at` go through the host mapping (the memory is
+/// host-visible and coherent): like any host access, they race with work
+/// a queue runs on the same bytes unless ordered after it (wait for its
+/// signal first).
+#[derive(Clone, Debug)]
+pub struct VulkanBuffer {
+    allocation: Allocation<VulkanBlocks>,
+}
+
+impl VulkanBuffer {
+    pub(super) fn allocate(
+        pool: &MemoryPool<VulkanBlocks>,
+        size: usize,
+        zeroed: bool,
+        ordered: bool,
+    ) -> Result<Self> {
+        Ok(Self {
+            allocation: Allocation::tagged(pool, size, zeroed, ordered, ())?,
+        })
+    }
+
+    pub(super) fn is_of(&self, pool: &MemoryPool<VulkanBlocks>) -> bool {
+        self.allocation.is_of(pool)
+    }
+
+    /// The device, as errors name it.
+    pub(super) fn device(&self) -> String {
+        self.allocation.pool().source().context.spec.clone()
+    }
+
+    /// Where the buffer lies, for a command (`None` when empty).
+    pub(super) fn queue_address(&self) -> Result<Option<VulkanAddress>> {
+        let access = self
+            .allocation
+            .read(Access::Queue, || "a Vulkan buffer".into())?;
+        Ok(access.address())
+    }
+
+    fn host_bytes(&self, by: Access, offset: usize, len: usize, write: bool) -> Result<*mut u8> {
+        check_host_access(offset, len, self.size())?;
+        let address = if write {
+            self.allocation
+                .write(by, || "the buffer written".into())?
+                .address()
+        } else {
+            self.allocation
+                .read(by, || "the buffer read".into())?
+                .address()
+        };
+        Ok(address.map_or(std::ptr::null_mut(), |a| (a.host + offset) as *mut u8))
+    }
+}
+
+impl Buffer for VulkanBuffer {
+    type Backend = Vulkan;
+
+    fn size(&self) -> usize {
+        self.allocation.size()
+    }
+
+    fn same_as(&self, other: &Self) -> bool {
+        self.allocation.same_as(&other.allocation)
+    }
+
+    fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
+        let bytes = bytes_of(data);
+        if bytes.is_empty() {
+            return check_host_access(offset, 0, self.size());
+        }
+        let dst = self.host_bytes(Access::Host, offset, bytes.len(), true)?;
+        // SAFETY: `offset + len <= size` was checked and the range is held,
+        // so `dst` points at `len` mapped bytes of ours; caller memory
+        // cannot overlap the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        Ok(())
+    }
+
+    fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
+        let bytes = bytes_of_mut(data);
+        if bytes.is_empty() {
+            return check_host_access(offset, 0, self.size());
+        }
+        let src = self.host_bytes(Access::Host, offset, bytes.len(), false)?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), bytes.len()) };
+        Ok(())
+    }
+
+    fn queue_ordered(&self) -> Option<&QueueOrdered> {
+        self.allocation.queue_ordered()
+    }
+
+    fn give_back(&self) {
+        self.allocation.give_back();
+    }
+}
+
+/// An error for a buffer of another device.
+pub(super) fn mismatch(what: &'static str, buffer: &VulkanBuffer, queue: &str) -> Error {
+    Error::DeviceMismatch {
+        what: what.into(),
+        resource: format!("{} (another Vulkan device)", buffer.device()),
+        queue: queue.into(),
+    }
+}

@@ -1,0 +1,354 @@
+//! The Vulkan compute backend (feature `vulkan`): hwqueue's queues, signals,
+//! memory and kernels on any Vulkan 1.2 driver with timeline semaphores,
+//! loaded at run time through `ash` (no Vulkan SDK at build time).
+//!
+//! Mesa's **lavapipe** (Debian's `mesa-vulkan-drivers`) runs it on the CPU,
+//! so every test and CI run drives the whole backend through a real,
+//! conformant driver; the same code runs on NVIDIA, AMD and Intel drivers.
+//!
+//! - **Devices** ([`devices`], `vulkan:N`): hardware devices first
+//!   (discrete, integrated, virtual), then software ones (lavapipe), each
+//!   group in the loader's order. **Selection never picks a software
+//!   device**: [`Vulkan::probe`] lists only hardware devices, so automatic
+//!   selection prefers the native CPU backend to lavapipe, and CUDA (higher
+//!   precedence) to Vulkan on an NVIDIA GPU; open a software device by its
+//!   spec (`vulkan:0` on a machine with lavapipe only).
+//! - **Queues** ([`VulkanQueue`]): the queue core over [`VulkanEngine`]:
+//!   batches become command buffers submitted with timeline semaphores; a
+//!   copy queue uses a transfer-only family where the device has one.
+//! - **Signals** ([`VulkanSignal`]): timeline semaphores.
+//! - **Memory** ([`VulkanBuffer`]): the core's caching pool over blocks of
+//!   host-visible, coherent `VkDeviceMemory` (device-local too where the
+//!   device has such a type), one `VkBuffer` per block; views are
+//!   descriptor offsets, aligned to `minStorageBufferOffsetAlignment`
+//!   ([`Limits::view_alignment`]).
+//! - **Kernels** ([`VulkanProgram`]): SPIR-V, or WGSL compiled by naga;
+//!   storage buffers of `@group(0)` in binding order, scalars as push
+//!   constants.
+//! - **Profiling**: each command's event spans from its submission to the
+//!   host seeing its submission complete (host clock; device timestamps
+//!   are not read yet).
+
+mod context;
+mod engine;
+mod memory;
+mod program;
+mod signal;
+
+use std::sync::Arc;
+
+use ash::vk;
+
+pub use engine::VulkanEngine;
+pub use memory::{VULKAN_ALIGNMENT, VulkanAddress, VulkanBlock, VulkanBlocks, VulkanBuffer};
+pub use program::VulkanProgram;
+pub use signal::VulkanSignal;
+
+use crate::backend::{Backend, DeviceInfo};
+use crate::device::{Device, QueueFactory};
+use crate::error::{Error, Result};
+use crate::memory::{MemoryPool, MemoryStats};
+use crate::params::Limits;
+use crate::queue::{Queue, QueueKind};
+use crate::spec::DeviceSpec;
+use context::{Context, Physical};
+
+/// The Vulkan backend.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Vulkan;
+
+/// A Vulkan device's queue: the queue core over [`VulkanEngine`].
+pub type VulkanQueue = Queue<VulkanEngine>;
+
+/// What one Vulkan device is, as [`devices`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VulkanDeviceInfo {
+    /// The spec that opens it (`vulkan:0`).
+    pub spec: DeviceSpec,
+    /// `deviceName`.
+    pub name: String,
+    /// The driver's name and version string, and its `driverID`.
+    pub driver: String,
+    /// `apiVersion`, as `major.minor.patch`.
+    pub api_version: String,
+    /// `deviceType`: `discrete GPU`, `integrated GPU`, `CPU`, ….
+    pub kind: String,
+    /// Each memory heap: bytes, and whether device-local.
+    pub heaps: Vec<(u64, bool)>,
+    /// Each queue family: its flags (`COMPUTE | TRANSFER`, …) and queue count.
+    pub families: Vec<(String, u32)>,
+    /// Why hwqueue cannot use it, where it cannot.
+    pub unusable: Option<String>,
+}
+
+/// The physical devices in ordinal order: hardware first, then software.
+fn ordered() -> Result<Vec<&'static Physical>> {
+    let instance = context::instance()?;
+    let mut devices: Vec<&Physical> = instance.physical.iter().collect();
+    devices.sort_by_key(|p| match p.properties.device_type {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 4,
+        _ => 3,
+    });
+    Ok(devices)
+}
+
+/// Every Vulkan device, usable or not, in ordinal order (see the module
+/// docs): what `examples/info` prints.
+///
+/// # Errors
+/// [`Error::NoDriver`] where there is no Vulkan loader or 1.2 instance,
+/// naming the packages to install.
+pub fn devices() -> Result<Vec<VulkanDeviceInfo>> {
+    Ok(ordered()?
+        .into_iter()
+        .enumerate()
+        .map(|(ordinal, physical)| {
+            let api = physical.properties.api_version;
+            let memory = &physical.memory;
+            VulkanDeviceInfo {
+                spec: DeviceSpec::new(context::ID, ordinal as u32),
+                name: physical.name(),
+                driver: format!("{} ({:?})", physical.driver, physical.driver_id),
+                api_version: format!(
+                    "{}.{}.{}",
+                    vk::api_version_major(api),
+                    vk::api_version_minor(api),
+                    vk::api_version_patch(api)
+                ),
+                kind: match physical.properties.device_type {
+                    vk::PhysicalDeviceType::DISCRETE_GPU => "discrete GPU",
+                    vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated GPU",
+                    vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual GPU",
+                    vk::PhysicalDeviceType::CPU => "CPU (software)",
+                    _ => "other",
+                }
+                .into(),
+                heaps: memory.memory_heaps[..memory.memory_heap_count as usize]
+                    .iter()
+                    .map(|h| (h.size, h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL)))
+                    .collect(),
+                families: physical
+                    .families
+                    .iter()
+                    .map(|f| (format!("{:?}", f.queue_flags), f.queue_count))
+                    .collect(),
+                unusable: physical.missing(),
+            }
+        })
+        .collect())
+}
+
+impl Backend for Vulkan {
+    const ID: &'static str = context::ID;
+    /// Below CUDA (100): on an NVIDIA GPU, CUDA is chosen; above the
+    /// simulator's 50.
+    const PRECEDENCE: u32 = 90;
+    const DISPATCHES: bool = true;
+    const REFERENCE_ORACLE: bool = false;
+
+    type Device = VulkanDevice;
+    type Queue = VulkanQueue;
+    type Signal = VulkanSignal;
+    type Buffer = VulkanBuffer;
+    type Program = VulkanProgram;
+
+    /// The usable **hardware** devices (what selection may choose; see the
+    /// module docs): none where there is no driver.
+    fn probe() -> Result<Vec<DeviceInfo>> {
+        let Ok(devices) = ordered() else {
+            return Ok(Vec::new());
+        };
+        Ok(devices
+            .into_iter()
+            .enumerate()
+            .filter(|(_, p)| !p.is_cpu() && p.missing().is_none())
+            .map(|(ordinal, physical)| DeviceInfo {
+                spec: DeviceSpec::new(Self::ID, ordinal as u32),
+                name: physical.name(),
+                memory: Some(device_local_bytes(physical)),
+                compute_units: None,
+            })
+            .collect())
+    }
+
+    fn open(ordinal: u32) -> Result<VulkanDevice> {
+        VulkanDevice::open(ordinal)
+    }
+}
+
+fn device_local_bytes(physical: &Physical) -> u64 {
+    let memory = &physical.memory;
+    memory.memory_heaps[..memory.memory_heap_count as usize]
+        .iter()
+        .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
+        .map(|h| h.size)
+        .max()
+        .unwrap_or(0)
+}
+
+/// An opened Vulkan device. Cheap to clone; clones share one device.
+#[derive(Clone)]
+pub struct VulkanDevice {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    pool: MemoryPool<VulkanBlocks>,
+    limits: Limits,
+}
+
+impl VulkanDevice {
+    /// Opens device `ordinal` (see [`devices`]).
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] without a loader; [`Error::NoSuchDevice`] past
+    /// the devices present; [`Error::Driver`] for a device hwqueue cannot
+    /// use (saying what it lacks) or a failed `vkCreateDevice`.
+    pub fn open(ordinal: u32) -> Result<Self> {
+        let physical = ordered()?;
+        let count = physical.len() as u32;
+        let Some(chosen) = physical.get(ordinal as usize) else {
+            return Err(Error::NoSuchDevice {
+                backend: context::ID,
+                ordinal,
+                count,
+            });
+        };
+        let index = context::instance()?
+            .physical
+            .iter()
+            .position(|p| std::ptr::eq(p, *chosen))
+            .expect("one of the instance's");
+        let context = Arc::new(Context::open(index as u32, ordinal)?);
+        let limits = limits_of(&context);
+        Ok(Self {
+            inner: Arc::new(DeviceInner {
+                pool: MemoryPool::new(VulkanBlocks { context }),
+                limits,
+            }),
+        })
+    }
+
+    pub(super) fn context(&self) -> &Arc<Context> {
+        &self.inner.pool.source().context
+    }
+
+    pub(super) fn pool(&self) -> &MemoryPool<VulkanBlocks> {
+        &self.inner.pool
+    }
+
+    pub(super) fn limits_ref(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The driver's name and version, and its `driverID` (lavapipe is
+    /// `MESA_LLVMPIPE`).
+    pub fn driver(&self) -> String {
+        let physical = self.context().physical;
+        format!("{} ({:?})", physical.driver, physical.driver_id)
+    }
+
+    /// Whether the device is a software one on the CPU (lavapipe).
+    pub fn is_software(&self) -> bool {
+        self.context().physical.is_cpu()
+    }
+}
+
+fn limits_of(context: &Context) -> Limits {
+    let limits = context.limits();
+    Limits {
+        max_local_size: limits.max_compute_work_group_size,
+        max_local_count: limits.max_compute_work_group_invocations,
+        max_groups: limits.max_compute_work_group_count,
+        max_buffers: (limits.max_per_stage_descriptor_storage_buffers as usize).min(64),
+        // Work-group memory is declared in the shader, not passed.
+        max_shared_memory: 0,
+        view_alignment: (limits.min_storage_buffer_offset_alignment as usize)
+            .clamp(4, VULKAN_ALIGNMENT),
+    }
+}
+
+impl std::fmt::Debug for VulkanDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanDevice")
+            .field("spec", &self.context().spec)
+            .field("name", &self.context().physical.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueueFactory for VulkanDevice {
+    type Queue = VulkanQueue;
+    type Signal = VulkanSignal;
+
+    fn compute_queue(&self) -> Result<VulkanQueue> {
+        Ok(Queue::new(VulkanEngine::new(
+            self.clone(),
+            QueueKind::Compute,
+        )?))
+    }
+
+    /// A copy queue: on the transfer-only family where the device has one,
+    /// else on the compute family (a queue of its own either way).
+    fn copy_queue(&self) -> Result<Option<VulkanQueue>> {
+        Ok(Some(Queue::new(VulkanEngine::new(
+            self.clone(),
+            QueueKind::Copy,
+        )?)))
+    }
+
+    fn new_signal(&self, initial: u64) -> Result<VulkanSignal> {
+        VulkanSignal::new(self.context().clone(), initial)
+    }
+}
+
+impl Device for VulkanDevice {
+    type Backend = Vulkan;
+
+    fn spec(&self) -> DeviceSpec {
+        DeviceSpec::new(context::ID, self.context().ordinal)
+    }
+
+    fn name(&self) -> String {
+        self.context().physical.name()
+    }
+
+    fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    fn alloc(&self, size: usize) -> Result<VulkanBuffer> {
+        VulkanBuffer::allocate(self.pool(), size, true, false)
+    }
+
+    fn alloc_uninit(&self, size: usize) -> Result<VulkanBuffer> {
+        VulkanBuffer::allocate(self.pool(), size, false, false)
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        self.pool().stats()
+    }
+
+    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
+        crate::memory::BlockSource::device_memory(self.pool().source())
+    }
+
+    fn trim_memory(&self) -> usize {
+        self.pool().trim()
+    }
+
+    fn reset_peak_memory(&self) {
+        self.pool().reset_peak();
+    }
+
+    fn set_memory_release_threshold(&self, bytes: usize) {
+        self.pool().set_release_threshold(bytes);
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        self.pool().set_limit(limit);
+    }
+}

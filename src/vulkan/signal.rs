@@ -1,0 +1,227 @@
+//! [`VulkanSignal`]: a timeline semaphore, with the core's failure record
+//! beside it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use parking_lot::{Condvar, Mutex};
+
+use super::context::Context;
+use crate::error::{Error, Result};
+use crate::signal::{Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, check_value};
+
+/// A Vulkan timeline semaphore as a hwqueue signal. Clones name the same
+/// semaphore.
+///
+/// - `value` is the semaphore's counter (`vkGetSemaphoreCounterValue`);
+/// - `set` signals it from the host (`vkSignalSemaphore`), where higher;
+/// - `wait` is `vkWaitSemaphores`, in slices of at most a millisecond so
+///   that a failure recorded on the host (a batch that will never signal
+///   the value) wakes it with [`Error::SignalFailed`];
+/// - a queue's `wait` on it is a semaphore wait in the submission, made
+///   once a submission that signals the value is on a `VkQueue` (until
+///   then the queue holds the batch on the host: a wait no signal was
+///   submitted for would stall every later submission of a shared
+///   `VkQueue`).
+///
+/// The semaphore is destroyed with the last clone; queues hold a clone
+/// for every batch that waits on or signals it until the batch completed.
+#[derive(Clone)]
+pub struct VulkanSignal {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    context: Arc<Context>,
+    semaphore: vk::Semaphore,
+    /// The highest value some submission on a `VkQueue` signals.
+    submitted: AtomicU64,
+    /// The failures, and host `set`s serialised (a signal operation must
+    /// raise the counter).
+    state: Mutex<Failures>,
+    changed: Condvar,
+    producer: Producer,
+}
+
+impl VulkanSignal {
+    pub(super) fn new(context: Arc<Context>, initial: u64) -> Result<Self> {
+        check_value(initial)?;
+        let mut kind = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(initial);
+        let create = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
+        // SAFETY: `create` and its chain live across the call; the device
+        // outlives the semaphore (the signal holds the context).
+        let semaphore = unsafe { context.device.create_semaphore(&create, None) }
+            .map_err(|e| context.error("vkCreateSemaphore (timeline)", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                context,
+                semaphore,
+                submitted: AtomicU64::new(initial),
+                state: Mutex::new(Failures::default()),
+                changed: Condvar::new(),
+                producer: Producer::new(),
+            }),
+        })
+    }
+
+    /// The semaphore, for a submission of the same device.
+    pub(super) fn semaphore(&self) -> vk::Semaphore {
+        self.inner.semaphore
+    }
+
+    /// Whether the signal is of `context`'s device.
+    pub(super) fn is_of(&self, context: &Arc<Context>) -> bool {
+        Arc::ptr_eq(&self.inner.context, context)
+    }
+
+    /// Whether the semaphore holds `value`, or a submission on a `VkQueue`
+    /// signals it or more.
+    pub(super) fn is_submitted(&self, value: u64) -> bool {
+        self.inner.submitted.load(Ordering::Acquire) >= value || self.is_reached(value)
+    }
+
+    /// Says that a submission on a `VkQueue` signals `value`.
+    pub(super) fn note_submitted(&self, value: u64) {
+        self.inner.submitted.fetch_max(value, Ordering::AcqRel);
+        let _state = self.inner.state.lock();
+        self.inner.changed.notify_all();
+    }
+
+    /// Blocks until a submission that signals `value` is on a `VkQueue`
+    /// (or the value is reached): a semaphore wait for it may then be
+    /// submitted without stalling the queue behind it.
+    ///
+    /// # Errors
+    /// [`Error::SignalFailed`] when the work that would signal it failed.
+    pub(super) fn wait_submitted(&self, value: u64) -> Result<()> {
+        let mut failures = self.inner.state.lock();
+        loop {
+            if self.is_submitted(value) {
+                return Ok(());
+            }
+            failures.check(value, self.value())?;
+            // A host `set` or a failure notifies; the timeout catches a
+            // value reached by another process's work.
+            self.inner
+                .changed
+                .wait_for(&mut failures, Duration::from_millis(1));
+        }
+    }
+}
+
+impl std::fmt::Debug for VulkanSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VulkanSignal")
+            .field("device", &self.inner.context.spec)
+            .field("value", &self.value())
+            .field("submitted", &self.inner.submitted.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl TimelineSignal for VulkanSignal {
+    fn value(&self) -> u64 {
+        // SAFETY: the semaphore is alive (we hold it) and a timeline one.
+        unsafe {
+            self.inner
+                .context
+                .device
+                .get_semaphore_counter_value(self.inner.semaphore)
+        }
+        // A lost device reports nothing more: what it reached stays.
+        .unwrap_or(0)
+    }
+
+    fn set(&self, value: u64) {
+        assert!(
+            value <= MAX_SIGNAL_VALUE,
+            "signal value {value} is past MAX_SIGNAL_VALUE ({MAX_SIGNAL_VALUE})"
+        );
+        let mut failures = self.inner.state.lock();
+        if value <= self.value() {
+            return;
+        }
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.inner.semaphore)
+            .value(value);
+        // SAFETY: the semaphore is alive; the value is above its counter,
+        // checked under the lock every host `set` takes. (A queue's
+        // submission signalling a lower value after this would break the
+        // rule that values only rise: the signal's one producer and the
+        // host must not both drive it.)
+        if unsafe { self.inner.context.device.signal_semaphore(&info) }.is_ok() {
+            failures.forget_reached(value);
+            self.inner.submitted.fetch_max(value, Ordering::AcqRel);
+            self.inner.changed.notify_all();
+        }
+    }
+
+    fn wait(&self, target: u64, timeout: impl Into<Timeout>) -> Result<()> {
+        check_value(target)?;
+        let start = Instant::now();
+        let deadline = timeout.into().deadline_from(start);
+        let mut slice = Duration::from_micros(20);
+        loop {
+            let current = self.value();
+            if current >= target {
+                return Ok(());
+            }
+            self.inner.state.lock().check(target, current)?;
+            let now = Instant::now();
+            let step = match deadline {
+                Some(deadline) if now >= deadline => {
+                    return Err(Error::Timeout {
+                        target,
+                        current,
+                        waited: now - start,
+                    });
+                }
+                Some(deadline) => slice.min(deadline - now),
+                None => slice,
+            };
+            slice = (slice * 2).min(Duration::from_millis(1));
+            let semaphores = [self.inner.semaphore];
+            let values = [target];
+            let info = vk::SemaphoreWaitInfo::default()
+                .semaphores(&semaphores)
+                .values(&values);
+            // SAFETY: the semaphore is alive; the arrays live across the call.
+            match unsafe {
+                self.inner
+                    .context
+                    .device
+                    .wait_semaphores(&info, step.as_nanos() as u64)
+            } {
+                Ok(()) | Err(vk::Result::TIMEOUT) => {}
+                Err(e) => return Err(self.inner.context.error("vkWaitSemaphores", e)),
+            }
+        }
+    }
+
+    fn fail(&self, upto: u64, cause: Error) {
+        let mut failures = self.inner.state.lock();
+        let value = self.value();
+        // Values a submission will signal are decided by that submission.
+        let above = value.max(self.inner.submitted.load(Ordering::Acquire));
+        if failures.record(above, upto, cause, value) {
+            self.inner.changed.notify_all();
+        }
+    }
+
+    fn producer(&self) -> &Producer {
+        &self.inner.producer
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: the last handle is going; every batch that used the
+        // semaphore held a handle until it completed, so no pending
+        // submission names it.
+        unsafe { self.context.device.destroy_semaphore(self.semaphore, None) };
+    }
+}

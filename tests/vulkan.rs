@@ -1,0 +1,281 @@
+//! The Vulkan backend on a real driver (Mesa's lavapipe in CI; any Vulkan
+//! 1.2 driver elsewhere). Each test prints `skipped: no Vulkan driver` and
+//! returns where there is none. The conformance suite (`tests/cts.rs`)
+//! runs the backend through the whole queue contract; these check what is
+//! Vulkan's own.
+#![cfg(feature = "vulkan")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::LONG;
+use hwqueue::cpu::{CpuDevice, CpuSignal};
+use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
+use hwqueue::{
+    Backend, Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal,
+};
+
+/// The first usable Vulkan device, or `None` (printing why the test skips).
+fn device() -> Option<VulkanDevice> {
+    let devices = match hwqueue::vulkan::devices() {
+        Ok(devices) => devices,
+        Err(error) => {
+            println!("skipped: no Vulkan driver ({error})");
+            return None;
+        }
+    };
+    let Some(usable) = devices.iter().find(|d| d.unusable.is_none()) else {
+        println!("skipped: no Vulkan driver with a usable device ({devices:?})");
+        return None;
+    };
+    Some(VulkanDevice::open(usable.spec.ordinal()).expect("a usable device opens"))
+}
+
+const ADD: &str = "
+override local_x: u32 = 64;
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+var<immediate> n: u32;
+@compute @workgroup_size(local_x)
+fn add(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < arrayLength(&data)) {
+        data[id.x] = data[id.x] + n;
+    }
+}
+";
+
+const AXPY: &str = "
+struct Params { a: f32, count: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+var<immediate> p: Params;
+@compute @workgroup_size(32)
+fn axpy(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < p.count) {
+        y[id.x] = p.a * x[id.x] + y[id.x];
+    }
+}
+";
+
+#[test]
+fn a_wgsl_kernel_runs_with_buffers_and_push_constant_scalars() {
+    let Some(device) = device() else { return };
+    let axpy = VulkanProgram::from_wgsl("axpy", AXPY, "axpy").unwrap();
+    assert_eq!(axpy.workgroup_size(), Some([32, 1, 1]));
+    let x = device.alloc(64 * 4).unwrap();
+    let y = device.alloc(64 * 4).unwrap();
+    x.write_at(0, &(0..64).map(|i| i as f32).collect::<Vec<_>>())
+        .unwrap();
+    y.write_at(0, &[1.0f32; 64]).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .exec(
+            &axpy,
+            &[&x, &y],
+            &[Scalar::F32(2.0), Scalar::U32(64)],
+            ExecParams::new_1d(64, 32),
+        )
+        .signal(&done, 1);
+    queue.submit().unwrap();
+    done.wait(1, LONG).unwrap();
+    let got = y.to_vec::<f32>().unwrap();
+    let want: Vec<f32> = (0..64).map(|i| 2.0 * i as f32 + 1.0).collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_spirv_module_runs_as_given_and_its_interface_is_read_from_it() {
+    let Some(device) = device() else { return };
+    let compiled = VulkanProgram::from_wgsl("axpy", AXPY, "axpy").unwrap();
+    let axpy = VulkanProgram::from_spirv("axpy (SPIR-V)", compiled.spirv(), "axpy").unwrap();
+    assert_eq!(
+        (
+            hwqueue::Program::signature(&axpy).buffers,
+            hwqueue::Program::signature(&axpy).scalars
+        ),
+        (2, 2)
+    );
+    let x = device.alloc(32 * 4).unwrap();
+    let y = device.alloc(32 * 4).unwrap();
+    x.write_at(0, &[3.0f32; 32]).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.exec(
+        &axpy,
+        &[&x, &y],
+        &[Scalar::F32(0.5), Scalar::U32(32)],
+        ExecParams::new_1d(32, 32),
+    );
+    queue.submit().unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.5f32; 32]);
+    // Not a module at all.
+    let error = VulkanProgram::from_spirv("junk", &[1, 2, 3], "main").unwrap_err();
+    assert!(matches!(error, Error::InvalidProgram { .. }), "{error}");
+}
+
+#[test]
+fn a_shader_that_does_not_compile_says_where_and_why() {
+    let error = VulkanProgram::from_wgsl(
+        "broken",
+        "@compute @workgroup_size(1)\nfn main() {\n    let x: u32 = nope;\n}\n",
+        "main",
+    )
+    .unwrap_err();
+    let text = error.to_string();
+    assert!(matches!(error, Error::Compile { .. }), "{text}");
+    assert!(text.contains("line 3") && text.contains("nope"), "{text}");
+    let error = VulkanProgram::from_wgsl("add", ADD, "main").unwrap_err();
+    assert!(error.to_string().contains("add"), "{error}");
+}
+
+#[test]
+fn an_exec_s_arguments_are_checked_against_the_shader_when_recorded() {
+    let Some(device) = device() else { return };
+    let axpy = VulkanProgram::from_wgsl("axpy", AXPY, "axpy").unwrap();
+    let x = device.alloc(128).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    // A scalar of the wrong type.
+    queue.exec(
+        &axpy,
+        &[&x, &x.clone()],
+        &[Scalar::U32(2), Scalar::U32(32)],
+        ExecParams::new_1d(32, 32),
+    );
+    let error = queue.submit().unwrap_err();
+    assert!(error.to_string().contains("f32"), "{error}");
+    // A local size the shader fixes otherwise.
+    queue.exec(
+        &axpy,
+        &[&x, &x.clone()],
+        &[Scalar::F32(2.0), Scalar::U32(32)],
+        ExecParams::new_1d(32, 16),
+    );
+    let error = queue.submit().unwrap_err();
+    assert!(error.to_string().contains("@workgroup_size"), "{error}");
+}
+
+/// lavapipe has one `VkQueue`: a submission waiting on a value nobody
+/// submitted would stall every submission behind it. The queue waiting on
+/// an unset signal holds its batch on the host instead, and the other
+/// queue's independent work completes.
+#[test]
+fn a_queue_blocked_on_an_unset_signal_does_not_stall_another() {
+    let Some(device) = device() else { return };
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let gate = device.new_signal(0).unwrap();
+    let (blocked_done, free_done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let a = device.alloc(64 * 4).unwrap();
+    let b = device.alloc(64 * 4).unwrap();
+    let mut blocked = device.compute_queue().unwrap();
+    blocked
+        .wait(&gate, 1)
+        .exec(&add, &[&a], &[Scalar::U32(1)], ExecParams::new_1d(64, 64))
+        .signal(&blocked_done, 1);
+    blocked.submit().unwrap();
+    let mut free = device.compute_queue().unwrap();
+    free.exec(&add, &[&b], &[Scalar::U32(7)], ExecParams::new_1d(64, 64))
+        .signal(&free_done, 1);
+    free.submit().unwrap();
+    free_done.wait(1, LONG).unwrap();
+    assert_eq!(b.to_vec::<u32>().unwrap(), vec![7; 64]);
+    assert!(matches!(
+        blocked_done.wait(1, Duration::ZERO),
+        Err(Error::Timeout { .. })
+    ));
+    gate.set(1);
+    blocked_done.wait(1, LONG).unwrap();
+    assert_eq!(a.to_vec::<u32>().unwrap(), vec![1; 64]);
+}
+
+/// A Vulkan queue waits for a CPU signal, and a CPU queue for a Vulkan one.
+#[test]
+fn waits_cross_between_vulkan_and_cpu_signals_both_ways() {
+    let Some(device) = device() else { return };
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let cpu = CpuDevice::new();
+    let host_ready = CpuSignal::new(0);
+    let vulkan_done = device.new_signal(0).unwrap();
+    let data = device.alloc(16 * 4).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait_foreign(&host_ready, 1)
+        .exec(
+            &add,
+            &[&data],
+            &[Scalar::U32(3)],
+            ExecParams::new_1d(16, 16),
+        )
+        .signal(&vulkan_done, 1);
+    queue.submit().unwrap();
+    let cpu_done = CpuSignal::new(0);
+    let mut cpu_queue = cpu.compute_queue().unwrap();
+    cpu_queue.wait_foreign(&vulkan_done, 1).signal(&cpu_done, 1);
+    cpu_queue.submit().unwrap();
+    assert!(matches!(
+        cpu_done.wait(1, Duration::from_millis(20)),
+        Err(Error::Timeout { .. })
+    ));
+    host_ready.set(1);
+    cpu_done.wait(1, LONG).unwrap();
+    assert_eq!(data.to_vec::<u32>().unwrap(), vec![3; 16]);
+}
+
+/// A failed value wakes a Vulkan signal's waiters; a queue waiting on it
+/// fails its own values, and reports the failure once.
+#[test]
+fn a_failed_value_fails_the_waiting_batch_and_its_signals() {
+    let Some(device) = device() else { return };
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.wait(&gate, 1).signal(&done, 1);
+    queue.submit().unwrap();
+    gate.fail(
+        1,
+        Error::Abandoned {
+            reason: "failed by the test",
+        },
+    );
+    let error = done.wait(1, LONG).unwrap_err();
+    assert!(matches!(error, Error::SignalFailed { .. }), "{error}");
+    assert!(matches!(
+        queue.synchronize(),
+        Err(Error::QueueFailed { .. })
+    ));
+    queue.synchronize().unwrap();
+}
+
+/// Selection never picks a software device: `probe` lists hardware only.
+#[test]
+fn probe_lists_no_software_device_so_selection_prefers_the_cpu_backend() {
+    let Ok(all) = hwqueue::vulkan::devices() else {
+        println!("skipped: no Vulkan driver");
+        return;
+    };
+    let probed = Vulkan::probe().unwrap();
+    for info in &probed {
+        let listed = all.iter().find(|d| d.spec == info.spec).unwrap();
+        assert!(!listed.kind.contains("CPU"), "{listed:?}");
+    }
+    for listed in &all {
+        println!("{listed:?}");
+        if listed.kind.contains("CPU") {
+            assert!(probed.iter().all(|p| p.spec != listed.spec));
+        }
+    }
+}
+
+#[test]
+fn memory_is_pooled_and_out_of_memory_says_how_much() {
+    let Some(device) = device() else { return };
+    let a = device.alloc(1000).unwrap();
+    assert_eq!(a.to_vec::<u8>().unwrap(), vec![0; 1000]);
+    assert!(device.memory_stats().in_use >= 1000);
+    device.set_memory_limit(Some(1 << 20));
+    let error = device.alloc(4 << 20).unwrap_err();
+    assert!(matches!(error, Error::OutOfMemory { .. }), "{error}");
+    device.set_memory_limit(None);
+    drop(a);
+    device.trim_memory();
+}
