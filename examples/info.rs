@@ -36,6 +36,9 @@ fn main() {
         }
     }
 
+    #[cfg(feature = "vulkan")]
+    vulkan_devices();
+
     let missing: Vec<_> = SPEC_NAMES
         .iter()
         .filter_map(|n| n.missing_feature.map(|f| (n.id, f)))
@@ -46,7 +49,8 @@ fn main() {
             println!("  {id}: rebuild with `--features {feature}` to include it");
         }
     }
-    if missing.iter().any(|(id, _)| *id == "cuda") {
+    if missing.iter().any(|(id, _)| *id == "cuda") && missing.iter().any(|(id, _)| *id == "vulkan")
+    {
         println!("\nno GPU backend in this build: work runs on the CPU.");
     }
 
@@ -74,5 +78,38 @@ fn main() {
     match hwqueue::registry::preferred::<hwqueue::AnyBackend>(Policy::no_fallback()) {
         Ok(entry) => println!("without the CPU fallback: {}", entry.id),
         Err(error) => println!("without the CPU fallback: {error}"),
+    }
+}
+
+/// Every Vulkan device, usable or not, software ones included (which the
+/// probe above leaves out: selection never picks one).
+#[cfg(feature = "vulkan")]
+fn vulkan_devices() {
+    println!("\nVulkan devices (software ones open by spec, never by selection):");
+    match hwqueue::vulkan::devices() {
+        Ok(devices) if devices.is_empty() => println!("  none"),
+        Ok(devices) => {
+            for device in devices {
+                println!("  {}: {} ({})", device.spec, device.name, device.kind);
+                println!(
+                    "    driver {}, Vulkan {}",
+                    device.driver, device.api_version
+                );
+                for (bytes, local) in &device.heaps {
+                    let kind = if *local { "device-local" } else { "host" };
+                    println!(
+                        "    heap: {:.1} GiB, {kind}",
+                        *bytes as f64 / (1u64 << 30) as f64
+                    );
+                }
+                for (flags, count) in &device.families {
+                    println!("    queue family: {flags} x{count}");
+                }
+                if let Some(why) = &device.unusable {
+                    println!("    not usable: {why}");
+                }
+            }
+        }
+        Err(error) => println!("  {error}"),
     }
 }

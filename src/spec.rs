@@ -40,6 +40,15 @@ pub const SPEC_NAMES: &[SpecName] = &[
             Some("cuda")
         },
     },
+    SpecName {
+        id: "vulkan",
+        aliases: &["vk"],
+        missing_feature: if cfg!(feature = "vulkan") {
+            None
+        } else {
+            Some("vulkan")
+        },
+    },
 ];
 
 /// Names a device: a backend and an ordinal. Prints canonically as

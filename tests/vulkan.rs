@@ -1,6 +1,7 @@
 //! The Vulkan backend on a real driver (Mesa's lavapipe in CI; any Vulkan
 //! 1.2 driver elsewhere). Each test prints `skipped: no Vulkan driver` and
-//! returns where there is none. The conformance suite (`tests/cts.rs`)
+//! returns where there is none, or fails where `HWQUEUE_REQUIRE_VULKAN` is
+//! set (as `.ci/run` sets it). The conformance suite (`tests/cts.rs`)
 //! runs the backend through the whole queue contract; these check what is
 //! Vulkan's own.
 #![cfg(feature = "vulkan")]
@@ -16,18 +17,27 @@ use hwqueue::{
     Backend, Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal,
 };
 
+/// Prints why the test skips; fails it instead where
+/// `HWQUEUE_REQUIRE_VULKAN` is set (CI, which installs lavapipe).
+fn skip(why: String) -> Option<VulkanDevice> {
+    assert!(
+        std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
+        "HWQUEUE_REQUIRE_VULKAN is set, and {why}"
+    );
+    println!("skipped: {why}");
+    None
+}
+
 /// The first usable Vulkan device, or `None` (printing why the test skips).
 fn device() -> Option<VulkanDevice> {
     let devices = match hwqueue::vulkan::devices() {
         Ok(devices) => devices,
-        Err(error) => {
-            println!("skipped: no Vulkan driver ({error})");
-            return None;
-        }
+        Err(error) => return skip(format!("no Vulkan driver ({error})")),
     };
     let Some(usable) = devices.iter().find(|d| d.unusable.is_none()) else {
-        println!("skipped: no Vulkan driver with a usable device ({devices:?})");
-        return None;
+        return skip(format!(
+            "no Vulkan driver with a usable device ({devices:?})"
+        ));
     };
     Some(VulkanDevice::open(usable.spec.ordinal()).expect("a usable device opens"))
 }
@@ -250,7 +260,7 @@ fn a_failed_value_fails_the_waiting_batch_and_its_signals() {
 #[test]
 fn probe_lists_no_software_device_so_selection_prefers_the_cpu_backend() {
     let Ok(all) = hwqueue::vulkan::devices() else {
-        println!("skipped: no Vulkan driver");
+        skip("no Vulkan driver".into());
         return;
     };
     let probed = Vulkan::probe().unwrap();

@@ -253,7 +253,7 @@ pub fn mismatch(queue: &'static str, resource: &'static str, what: String) -> Er
 
 crate::backend_set! {
     /// The crate's default backend set: the CPU, plus CUDA with the `cuda`
-    /// feature. Its associated types are [`AnyDevice`], [`AnyQueue`],
+    /// feature and Vulkan with the `vulkan` feature. Its associated types are [`AnyDevice`], [`AnyQueue`],
     /// [`AnySignal`], [`AnyBuffer`] and [`AnyProgram`].
     pub backend AnyBackend {
         id: "any",
@@ -278,6 +278,14 @@ crate::backend_set! {
             signal: crate::cuda::CudaSignal,
             buffer: crate::cuda::CudaBuffer,
             program: crate::cuda::CudaProgram,
+        },
+        #[cfg(feature = "vulkan")]
+        Vulkan(as_vulkan, as_vulkan_mut): crate::vulkan::Vulkan {
+            device: crate::vulkan::VulkanDevice,
+            queue: crate::vulkan::VulkanQueue,
+            signal: crate::vulkan::VulkanSignal,
+            buffer: crate::vulkan::VulkanBuffer,
+            program: crate::vulkan::VulkanProgram,
         },
     }
 }

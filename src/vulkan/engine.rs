@@ -43,11 +43,16 @@ use crate::view::View;
 /// The engine of a Vulkan queue: see the module docs.
 pub struct VulkanEngine {
     ledger: Ledger,
-    device: VulkanDevice,
     kind: QueueKind,
+    profiling: bool,
+    /// The rest, boxed: an `AnyQueue` holds its engine inline.
+    state: Box<EngineState>,
+}
+
+struct EngineState {
+    device: VulkanDevice,
     jobs: Option<Sender<Job>>,
     shared: Arc<Shared>,
-    profiling: bool,
     recorder: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -98,12 +103,14 @@ impl VulkanEngine {
             })?;
         Ok(Self {
             ledger,
-            device,
             kind,
-            jobs: Some(jobs),
-            shared,
             profiling: false,
-            recorder: Some(thread),
+            state: Box::new(EngineState {
+                device,
+                jobs: Some(jobs),
+                shared,
+                recorder: Some(thread),
+            }),
         })
     }
 }
@@ -116,7 +123,7 @@ impl Engine for VulkanEngine {
     }
 
     fn limits(&self) -> &Limits {
-        self.device.limits_ref()
+        self.state.device.limits_ref()
     }
 
     fn ledger(&self) -> &Ledger {
@@ -146,7 +153,12 @@ impl Engine for VulkanEngine {
                 ),
             });
         }
-        let max = self.device.context().limits().max_storage_buffer_range as usize;
+        let max = self
+            .state
+            .device
+            .context()
+            .limits()
+            .max_storage_buffer_range as usize;
         if let Some(view) = buffers.iter().find(|v| v.len() > max) {
             return Err(Error::InvalidArguments {
                 program: program.signature().name.clone(),
@@ -161,19 +173,19 @@ impl Engine for VulkanEngine {
     }
 
     fn check_buffer(&self, what: &'static str, buffer: &VulkanBuffer) -> Result<()> {
-        if buffer.is_of(self.device.pool()) {
+        if buffer.is_of(self.state.device.pool()) {
             Ok(())
         } else {
-            Err(mismatch(what, buffer, &self.device.context().spec))
+            Err(mismatch(what, buffer, &self.state.device.context().spec))
         }
     }
 
     fn alloca(&mut self, size: usize) -> Result<VulkanBuffer> {
-        VulkanBuffer::allocate(self.device.pool(), size, false, true)
+        VulkanBuffer::allocate(self.state.device.pool(), size, false, true)
     }
 
     fn check_dealloca(&self, buffer: &VulkanBuffer) -> Result<()> {
-        if buffer.is_of(self.device.pool()) {
+        if buffer.is_of(self.state.device.pool()) {
             Ok(())
         } else {
             Err(Error::InvalidDealloca {
@@ -185,21 +197,22 @@ impl Engine for VulkanEngine {
     }
 
     fn submit(&mut self, batch: Batch<Vulkan>) -> Batch<Vulkan> {
-        self.shared.progress.lock().0 += 1;
-        if let Some(jobs) = &self.jobs {
+        self.state.shared.progress.lock().0 += 1;
+        if let Some(jobs) = &self.state.jobs {
             // The thread ends only once this sender is dropped.
             let _ = jobs.send(Job {
                 batch,
                 profile: self.profiling,
             });
         }
-        self.shared.recycled.lock().pop().unwrap_or_default()
+        self.state.shared.recycled.lock().pop().unwrap_or_default()
     }
 
     fn synchronize(&mut self) {
-        let mut progress = self.shared.progress.lock();
+        let shared = &self.state.shared;
+        let mut progress = shared.progress.lock();
         while progress.1 < progress.0 {
-            self.shared.retired.wait(&mut progress);
+            shared.retired.wait(&mut progress);
         }
     }
 
@@ -208,15 +221,15 @@ impl Engine for VulkanEngine {
     }
 
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
-        out.append(&mut self.shared.events.lock());
+        out.append(&mut self.state.shared.events.lock());
     }
 }
 
 impl Drop for VulkanEngine {
     /// Lets the work already submitted finish, then the threads end.
     fn drop(&mut self) {
-        self.jobs = None;
-        if let Some(thread) = self.recorder.take() {
+        self.state.jobs = None;
+        if let Some(thread) = self.state.recorder.take() {
             let _ = thread.join();
         }
     }
