@@ -43,7 +43,7 @@ pub const SPEC_NAMES: &[SpecName] = &[
     SpecName {
         id: "vulkan",
         aliases: &["vk"],
-        missing_feature: if cfg!(feature = "vulkan") {
+        missing_feature: if cfg!(all(feature = "vulkan", not(loom))) {
             None
         } else {
             Some("vulkan")

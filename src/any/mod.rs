@@ -279,7 +279,7 @@ crate::backend_set! {
             buffer: crate::cuda::CudaBuffer,
             program: crate::cuda::CudaProgram,
         },
-        #[cfg(feature = "vulkan")]
+        #[cfg(all(feature = "vulkan", not(loom)))]
         Vulkan(as_vulkan, as_vulkan_mut): crate::vulkan::Vulkan {
             device: crate::vulkan::VulkanDevice,
             queue: crate::vulkan::VulkanQueue,

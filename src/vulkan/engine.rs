@@ -78,7 +78,14 @@ struct CommandSet {
     pools: Vec<vk::DescriptorPool>,
     /// How many of `pools` this recording used.
     used: usize,
+    /// Timestamps around each command while profiling (made on first
+    /// use), and how many this recording wrote.
+    queries: vk::QueryPool,
+    written: u32,
 }
+
+/// Timestamps a command buffer holds: two per timed command.
+const QUERIES: u32 = 512;
 
 impl VulkanEngine {
     pub(super) fn new(device: VulkanDevice, kind: QueueKind) -> Result<Self> {
@@ -252,7 +259,25 @@ struct Retire {
     /// Commands `stamped..upto` are recorded and not yet submitted.
     stamped: usize,
     upto: usize,
+    /// Commands timed on the device: index, query pool, first query.
+    timed: Vec<(usize, vk::QueryPool, u32)>,
     profile: bool,
+}
+
+/// How device timestamps map onto the host's clock (`now_ns`): nanoseconds
+/// per tick, and the host time of tick 0, measured once per queue by
+/// writing a timestamp between two host readings (their midpoint; the
+/// clocks' drift over a process's life is not corrected).
+#[derive(Clone, Copy)]
+struct Clock {
+    period: f64,
+    zero_ns: f64,
+}
+
+impl Clock {
+    fn host_ns(self, ticks: u64) -> u64 {
+        (self.zero_ns + ticks as f64 * self.period).max(0.0) as u64
+    }
 }
 
 /// The recording thread's state.
@@ -274,6 +299,10 @@ struct Recorder {
     waits: Vec<(vk::Semaphore, u64)>,
     /// A 16-byte buffer bound for an empty view.
     dummy: VulkanBlock,
+    /// Device timestamps, where the queue's family has them.
+    clock: Option<Clock>,
+    /// The query of the command being recorded, to close after it.
+    timing: Option<(vk::QueryPool, u32)>,
 }
 
 // SAFETY: the handles are plain Vulkan handles, used only on the
@@ -318,7 +347,7 @@ impl Recorder {
             (pool, progress)
         };
         let dummy = make_buffer(&context, 16).map_err(|(call, e)| context.error(&call, e))?;
-        Ok(Self {
+        let mut recorder = Self {
             label: queue_label(ledger.id(), kind),
             context,
             kind,
@@ -330,7 +359,115 @@ impl Recorder {
             open: None,
             waits: Vec::new(),
             dummy,
-        })
+            clock: None,
+            timing: None,
+        };
+        let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
+        let period = f64::from(recorder.context.limits().timestamp_period);
+        if bits > 0 && period > 0.0 {
+            // Without a clock, profiles use the host's times.
+            recorder.clock = recorder.calibrate(period).ok();
+        }
+        Ok(recorder)
+    }
+
+    /// Writes one timestamp between two readings of the host's clock: the
+    /// device's tick 0 on the host's clock.
+    fn calibrate(&mut self, period: f64) -> Result<Clock> {
+        let queries = self.query_pool()?;
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let device = &self.context.device;
+        // SAFETY: the pool is this thread's; the command buffer records one
+        // timestamp, is submitted once, waited for, and freed; the query
+        // pool is destroyed after its result is read.
+        unsafe {
+            let buffer = device
+                .allocate_command_buffers(&info)
+                .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?[0];
+            let recorded = device
+                .begin_command_buffer(buffer, &vk::CommandBufferBeginInfo::default())
+                .and_then(|()| {
+                    device.cmd_reset_query_pool(buffer, queries, 0, 1);
+                    device.cmd_write_timestamp(
+                        buffer,
+                        vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                        queries,
+                        0,
+                    );
+                    device.end_command_buffer(buffer)
+                });
+            let value = self.next + 1;
+            let submitted = recorded.and_then(|()| {
+                let buffers = [buffer];
+                let signals = [self.progress];
+                let values = [value];
+                let mut timeline =
+                    vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+                let submit = vk::SubmitInfo::default()
+                    .command_buffers(&buffers)
+                    .signal_semaphores(&signals)
+                    .push_next(&mut timeline);
+                let queue = self.queue().lock();
+                device.queue_submit(*queue, &[submit], vk::Fence::null())
+            });
+            let before = now_ns();
+            let outcome = submitted.and_then(|()| {
+                let semaphores = [self.progress];
+                let values = [value];
+                device.wait_semaphores(
+                    &vk::SemaphoreWaitInfo::default()
+                        .semaphores(&semaphores)
+                        .values(&values),
+                    5_000_000_000,
+                )
+            });
+            let after = now_ns();
+            let mut ticks = [0u64; 1];
+            let read = outcome.and_then(|()| {
+                device.get_query_pool_results(
+                    queries,
+                    0,
+                    &mut ticks,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            });
+            if outcome.is_ok() {
+                self.next = value;
+            }
+            device.free_command_buffers(self.pool, &[buffer]);
+            device.destroy_query_pool(queries, None);
+            read.map_err(|e| self.context.error("calibrating the queue's timestamps", e))?;
+            let midpoint = (before as f64 + after as f64) / 2.0;
+            Ok(Clock {
+                period,
+                zero_ns: midpoint - ticks[0] as f64 * period,
+            })
+        }
+    }
+
+    /// A pool of [`QUERIES`] timestamps.
+    fn query_pool(&self) -> Result<vk::QueryPool> {
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(QUERIES);
+        // SAFETY: the create-info lives across the call.
+        unsafe { self.context.device.create_query_pool(&info, None) }
+            .map_err(|e| self.context.error("vkCreateQueryPool", e))
+    }
+
+    /// The `VkQueue` this queue submits to.
+    fn queue(&self) -> &Mutex<vk::Queue> {
+        match self.kind {
+            QueueKind::Copy => self
+                .context
+                .transfer_queue
+                .as_ref()
+                .unwrap_or(&self.context.compute_queue),
+            QueueKind::Compute => &self.context.compute_queue,
+        }
     }
 
     /// Settles each batch in order until the engine is dropped; then
@@ -342,9 +479,10 @@ impl Recorder {
             let shared = self.shared.clone();
             let progress = self.progress;
             let label: crate::profile::Name = self.label.as_str().into();
+            let clock = self.clock;
             std::thread::Builder::new()
                 .name(format!("hwqueue-vulkan-retire {}", self.label))
-                .spawn(move || retire_all(&context, progress, &shared, &label, retiring))
+                .spawn(move || retire_all(&context, progress, &shared, &label, clock, retiring))
         };
         for Job { batch, profile } in jobs {
             self.current = Some(Retire {
@@ -356,6 +494,7 @@ impl Recorder {
                 submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
                 stamped: 0,
                 upto: 0,
+                timed: Vec::new(),
                 profile,
             });
             ledger.settle(&batch, |batch| self.run_batch(batch));
@@ -382,6 +521,9 @@ impl Recorder {
                 for pool in set.pools {
                     device.destroy_descriptor_pool(pool, None);
                 }
+                if set.queries != vk::QueryPool::null() {
+                    device.destroy_query_pool(set.queries, None);
+                }
             }
             device.destroy_command_pool(self.pool, None);
             device.destroy_semaphore(self.progress, None);
@@ -392,7 +534,9 @@ impl Recorder {
     fn run_batch(&mut self, batch: &Batch<Vulkan>) -> std::result::Result<(), (usize, Error)> {
         for (index, command) in batch.commands().iter().enumerate() {
             self.current.as_mut().expect("a batch is recording").upto = index + 1;
-            if let Err(error) = self.command(batch, index, command) {
+            let outcome = self.command(batch, index, command);
+            self.close_timing(index);
+            if let Err(error) = outcome {
                 // What was recorded before the failure still runs; where it
                 // cannot be submitted, it fails too.
                 let from = self.open.as_ref().map_or(index, |(_, first)| *first);
@@ -738,6 +882,8 @@ impl Recorder {
                         buffer: buffers[0],
                         pools: Vec::new(),
                         used: 0,
+                        queries: vk::QueryPool::null(),
+                        written: 0,
                     }
                 }
             };
@@ -758,6 +904,7 @@ impl Recorder {
                     .map_err(|e| self.context.error("vkBeginCommandBuffer", e))?;
             }
             set.used = 0;
+            set.written = 0;
             self.open = Some((set, index));
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
@@ -777,7 +924,69 @@ impl Recorder {
                 &[],
             );
         }
+        self.open_timing(buffer)?;
         Ok(buffer)
+    }
+
+    /// While profiling with a clock: a timestamp before the command about
+    /// to be recorded (its pair is written by `close_timing`).
+    fn open_timing(&mut self, buffer: vk::CommandBuffer) -> Result<()> {
+        let profiling = self.current.as_ref().is_some_and(|c| c.profile);
+        if !profiling || self.clock.is_none() || self.timing.is_some() {
+            return Ok(());
+        }
+        let (set, _) = self.open.as_mut().expect("begun");
+        if set.queries == vk::QueryPool::null() {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(QUERIES);
+            // SAFETY: the create-info lives across the call; the pool is
+            // destroyed with the command set.
+            set.queries = unsafe { self.context.device.create_query_pool(&info, None) }
+                .map_err(|e| self.context.error("vkCreateQueryPool", e))?;
+        }
+        if set.written + 2 > QUERIES {
+            // Full: later commands of this buffer keep the host's times.
+            return Ok(());
+        }
+        let device = &self.context.device;
+        // SAFETY: the command buffer records; the queries are in range.
+        unsafe {
+            if set.written == 0 {
+                device.cmd_reset_query_pool(buffer, set.queries, 0, QUERIES);
+            }
+            device.cmd_write_timestamp(
+                buffer,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                set.queries,
+                set.written,
+            );
+        }
+        self.timing = Some((set.queries, set.written));
+        set.written += 2;
+        Ok(())
+    }
+
+    /// Ends the timing `open_timing` began for command `index`.
+    fn close_timing(&mut self, index: usize) {
+        let Some((queries, first)) = self.timing.take() else {
+            return;
+        };
+        if let Some((set, _)) = &self.open {
+            // SAFETY: the command buffer records (the command just recorded
+            // into it); the query is in range.
+            unsafe {
+                self.context.device.cmd_write_timestamp(
+                    set.buffer,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    queries,
+                    first + 1,
+                );
+            }
+            if let Some(current) = self.current.as_mut() {
+                current.timed.push((index, queries, first));
+            }
+        }
     }
 
     /// The stages a queue of this kind runs.
@@ -838,16 +1047,8 @@ impl Recorder {
             .command_buffers(&buffers)
             .signal_semaphores(&signals)
             .push_next(&mut timeline);
-        let queue = match self.kind {
-            QueueKind::Copy => self
-                .context
-                .transfer_queue
-                .as_ref()
-                .unwrap_or(&self.context.compute_queue),
-            QueueKind::Compute => &self.context.compute_queue,
-        };
         let outcome = {
-            let queue = queue.lock();
+            let queue = self.queue().lock();
             // SAFETY: the queue is locked (submits need external
             // synchronisation); every semaphore and the command buffer
             // live until the retire thread saw `value`.
@@ -889,11 +1090,18 @@ fn retire_all(
     progress: vk::Semaphore,
     shared: &Shared,
     label: &crate::profile::Name,
+    clock: Option<Clock>,
     batches: Receiver<Retire>,
 ) {
     let mut names = EventNames::new();
     for batch in batches {
-        retire_one(context, progress, shared, Some((label, &mut names)), batch);
+        retire_one(
+            context,
+            progress,
+            shared,
+            Some((label, &mut names, clock)),
+            batch,
+        );
     }
 }
 
@@ -901,7 +1109,7 @@ fn retire_one(
     context: &Context,
     progress: vk::Semaphore,
     shared: &Shared,
-    profile: Option<(&crate::profile::Name, &mut EventNames)>,
+    profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
     mut done: Retire,
 ) {
     let mut lost = None;
@@ -948,17 +1156,52 @@ fn retire_one(
             crate::memory::dealloca_completed(buffer);
         }
     }
-    if let (true, Some((label, names))) = (done.profile, profile) {
+    if let (true, Some((label, names, clock))) = (done.profile, profile) {
+        // Device times where the command was timed, else from its
+        // submission to the host seeing it complete.
+        let mut device_times = vec![None; done.batch.commands().len()];
+        if let (Some(clock), None) = (clock, &lost) {
+            for &(index, queries, first) in &done.timed {
+                let mut ticks = [0u64; 2];
+                // SAFETY: the pool lives (the batch's command set holds
+                // it) and both timestamps were written: the submission
+                // completed.
+                let read = unsafe {
+                    context.device.get_query_pool_results(
+                        queries,
+                        first,
+                        &mut ticks,
+                        vk::QueryResultFlags::TYPE_64,
+                    )
+                };
+                if read.is_ok() && ticks[1] >= ticks[0] {
+                    device_times[index] = Some((clock.host_ns(ticks[0]), clock.host_ns(ticks[1])));
+                }
+            }
+        }
         let mut events = shared.events.lock();
+        // Events start in queue order: a command without device times (a
+        // wait, a signal) sits at the end of the one before it, and a
+        // calibration error never puts a command before the one ahead.
+        let mut last_end: Option<u64> = None;
         for (index, command) in done.batch.commands().iter().enumerate() {
-            let start = done.submitted_ns.get(index).copied().unwrap_or(finished);
-            let start = if start == 0 { finished } else { start };
+            let host = || {
+                let start = done.submitted_ns.get(index).copied().unwrap_or(finished);
+                if start == 0 { finished } else { start }
+            };
+            let (start, end) = match (device_times[index], last_end) {
+                (Some((start, end)), Some(last)) => (start.max(last), end.max(start.max(last))),
+                (Some(times), None) => times,
+                (None, Some(last)) => (last, last),
+                (None, None) => (host(), host()),
+            };
+            last_end = Some(end);
             events.push(describe(command, names).into_event(
                 label.clone(),
                 done.batch.sequence(),
                 index,
                 start,
-                finished.max(start),
+                end,
             ));
         }
     }

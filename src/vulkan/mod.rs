@@ -25,9 +25,13 @@
 //! - **Kernels** ([`VulkanProgram`]): SPIR-V, or WGSL compiled by naga;
 //!   storage buffers of `@group(0)` in binding order, scalars as push
 //!   constants.
-//! - **Profiling**: each command's event spans from its submission to the
-//!   host seeing its submission complete (host clock; device timestamps
-//!   are not read yet).
+//! - **Profiling**: timestamp queries around each device command, mapped
+//!   onto the host's clock by one calibration per queue (a timestamp
+//!   written between two host readings: tick 0 sits at their midpoint less
+//!   the ticks times `timestampPeriod`; drift is not corrected). Waits and
+//!   signals, and commands on a family without timestamps, span from their
+//!   submission to the host seeing it complete. The same `ProfileEvent`s
+//!   and Chrome trace as the other backends.
 
 mod context;
 mod engine;
