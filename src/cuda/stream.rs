@@ -173,23 +173,23 @@ impl Shared {
                 None
             };
             let result = match command {
-                Command::Wait { signal, value } => match signal.dependency(*value) {
-                    Ok(None) => return Outcome::Blocked(index),
-                    Ok(Some(Dependency::Reached)) => Ok(()),
-                    Ok(Some(Dependency::Event(event))) => event
-                        .order_before(&self.stream)
-                        .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
-                    Err(error) => Err(error),
-                },
-                Command::WaitSettled { signal, value } => match signal.dependency(*value) {
-                    Ok(None) => return Outcome::Blocked(index),
-                    Ok(Some(Dependency::Reached)) => Ok(()),
-                    Ok(Some(Dependency::Event(event))) => event
-                        .order_before(&self.stream)
-                        .map_err(|e| self.fault("making the stream wait for a signal's event", e)),
-                    // Failed: the work that would set it never runs.
-                    Err(error) => crate::queue::settled(Err(error)),
-                },
+                Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                    match signal.dependency(*value) {
+                        Ok(None) => return Outcome::Blocked(index),
+                        Ok(Some(Dependency::Reached)) => Ok(()),
+                        Ok(Some(Dependency::Event(event))) => {
+                            event.order_before(&self.stream).map_err(|e| {
+                                self.fault("making the stream wait for a signal's event", e)
+                            })
+                        }
+                        // A settled wait on a failed value: the work that
+                        // would set it never runs.
+                        Err(error) if matches!(command, Command::WaitSettled { .. }) => {
+                            crate::queue::settled(Err(error))
+                        }
+                        Err(error) => Err(error),
+                    }
+                }
                 Command::WaitForeign { signal, value } => {
                     if !signal.is_reached(*value) {
                         return Outcome::Blocked(index);

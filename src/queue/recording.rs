@@ -87,6 +87,20 @@ impl<E: Engine> Queue<E> {
         }
     }
 
+    /// Records the wait `command` makes, once `value` is a signal value.
+    #[inline(always)]
+    fn push_wait(
+        &mut self,
+        value: u64,
+        command: impl FnOnce() -> Command<E::Backend>,
+    ) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(command());
+        self
+    }
+
     fn submit_recorded(&mut self) -> Result<()> {
         if let Some(error) = self.rejected.take() {
             let cause = std::sync::Arc::new(*error);
@@ -194,26 +208,18 @@ impl<E: Engine> HardwareQueue for Queue<E> {
 
     #[inline(never)]
     fn wait(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::Wait {
+        self.push_wait(value, || Command::Wait {
             signal: signal.clone(),
             value,
-        });
-        self
+        })
     }
 
     #[inline(never)]
     fn wait_settled(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::WaitSettled {
+        self.push_wait(value, || Command::WaitSettled {
             signal: signal.clone(),
             value,
-        });
-        self
+        })
     }
 
     fn set_failure_scope(&mut self, scope: FailureScope) -> Result<()> {

@@ -590,25 +590,8 @@ impl Recorder {
                 params,
             ),
             Command::Copy { dst, src } => {
-                let (src_buffer, src_offset) = self.device_range(src)?;
-                let (dst_buffer, dst_offset) = self.device_range(dst)?;
-                if !src.is_empty() {
-                    let cb = self.begin(index)?;
-                    let region = [vk::BufferCopy {
-                        src_offset,
-                        dst_offset,
-                        size: src.len() as u64,
-                    }];
-                    // SAFETY: both ranges lie in live buffers the batch
-                    // holds (checked at record time), the command buffer
-                    // is recording.
-                    unsafe {
-                        self.context
-                            .device
-                            .cmd_copy_buffer(cb, src_buffer, dst_buffer, &region);
-                    }
-                }
-                Ok(())
+                let (from, to) = (self.device_range(src)?, self.device_range(dst)?);
+                self.copy(index, from, to, src.len())
             }
             Command::Fill {
                 dst,
@@ -619,22 +602,8 @@ impl Recorder {
             Command::Download { src, .. } => {
                 let len = src.len();
                 let staging = self.staging(len.max(4))?;
-                let (src_buffer, src_offset) = self.device_range(src)?;
-                if len > 0 {
-                    let cb = self.begin(index)?;
-                    let region = [vk::BufferCopy {
-                        src_offset,
-                        dst_offset: 0,
-                        size: len as u64,
-                    }];
-                    // SAFETY: as for a copy; the staging buffer is held
-                    // until the batch retires.
-                    unsafe {
-                        self.context
-                            .device
-                            .cmd_copy_buffer(cb, src_buffer, staging.0, &region);
-                    }
-                }
+                let from = self.device_range(src)?;
+                self.copy(index, from, (staging.0, 0), len)?;
                 self.current
                     .as_mut()
                     .expect("a batch is recording")
@@ -702,18 +671,35 @@ impl Recorder {
         let host = self.current.as_ref().expect("a batch is recording").staging[at].host();
         // SAFETY: the staging buffer is ours, mapped, of `bytes.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len()) };
-        let (dst_buffer, dst_offset) = self.device_range(dst)?;
+        let to = self.device_range(dst)?;
+        self.copy(index, (buffer, 0), to, bytes.len())
+    }
+
+    /// Records a copy of `len` bytes (none for 0) from `from` to `to`
+    /// (each a `VkBuffer` and an offset), for command `index`.
+    fn copy(
+        &mut self,
+        index: usize,
+        from: (vk::Buffer, u64),
+        to: (vk::Buffer, u64),
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
         let cb = self.begin(index)?;
         let region = [vk::BufferCopy {
-            src_offset: 0,
-            dst_offset,
-            size: bytes.len() as u64,
+            src_offset: from.1,
+            dst_offset: to.1,
+            size: len as u64,
         }];
-        // SAFETY: as for a copy.
+        // SAFETY: both ranges lie in live buffers the batch holds (views
+        // checked at record time, staging buffers held until it retires);
+        // the command buffer records.
         unsafe {
             self.context
                 .device
-                .cmd_copy_buffer(cb, buffer, dst_buffer, &region);
+                .cmd_copy_buffer(cb, from.0, to.0, &region);
         }
         Ok(())
     }
