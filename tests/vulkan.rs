@@ -316,3 +316,33 @@ fn profiled_commands_carry_device_times_in_queue_order() {
     }
     assert_eq!(data.to_vec::<u32>().unwrap()[0], 6);
 }
+
+/// `VK_ERROR_DEVICE_LOST` is sticky: once lost, every later submission
+/// fails with `DeviceLost` naming the call that lost it, and `health` says
+/// so. (No driver loses a device on demand: the loss is simulated.)
+#[test]
+fn a_lost_device_fails_every_later_submission() {
+    let Some(device) = device() else { return };
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.signal(&done, 1);
+    queue.submit().unwrap();
+    done.wait(1, LONG).unwrap();
+    device.health().unwrap();
+    device.simulate_device_loss();
+    for value in [2, 3] {
+        queue.signal(&done, value);
+        queue.submit().unwrap();
+        let error = done.wait(value, LONG).unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::DeviceLost { .. }),
+            "{error}"
+        );
+        let _ = queue.synchronize();
+    }
+    let error = device.health().unwrap_err();
+    assert!(
+        error.to_string().contains("simulate_device_loss"),
+        "{error}"
+    );
+}

@@ -235,6 +235,9 @@ pub(crate) struct Context {
     /// device-local too where the device has such a type.
     pub(super) memory_type: u32,
     pub(super) spec: String,
+    /// What lost the device, once a call returned `VK_ERROR_DEVICE_LOST`:
+    /// sticky, every later submission fails with it.
+    pub(super) lost: Mutex<Option<String>>,
 }
 
 // SAFETY: `ash::Device` is a table of function pointers and a handle;
@@ -315,6 +318,7 @@ impl Context {
             transfer_queue: transfer_queue.map(Mutex::new),
             memory_type,
             spec,
+            lost: Mutex::new(None),
         })
     }
 
@@ -323,9 +327,25 @@ impl Context {
         &self.physical.properties.limits
     }
 
-    /// The error of Vulkan call `call` on this device.
+    /// The error of Vulkan call `call` on this device; a lost device is
+    /// remembered ([`health`](Self::health)).
     pub(super) fn error(&self, call: &str, result: vk::Result) -> Error {
-        vk_error(&self.spec, call, result)
+        let error = vk_error(&self.spec, call, result);
+        if let Error::DeviceLost { detail, .. } = &error {
+            self.lost.lock().get_or_insert_with(|| detail.clone());
+        }
+        error
+    }
+
+    /// [`Error::DeviceLost`] once a call lost the device, naming that call.
+    pub(super) fn health(&self) -> Result<()> {
+        match &*self.lost.lock() {
+            Some(detail) => Err(Error::DeviceLost {
+                device: self.spec.clone(),
+                detail: detail.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 }
 

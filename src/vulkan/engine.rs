@@ -991,6 +991,18 @@ impl Recorder {
         if self.open.is_none() && self.waits.is_empty() && signal.is_none() {
             return Ok(());
         }
+        if let Err(lost) = self.context.health() {
+            // Nothing more runs on a lost device: the recorded buffer goes
+            // back unsubmitted.
+            self.waits.clear();
+            if let Some((set, _)) = self.open.take() {
+                // SAFETY: the command buffer records; ending it lets its
+                // next `begin` reset it.
+                let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
+                self.shared.free.lock().push(set);
+            }
+            return Err(lost);
+        }
         let device = &self.context.device;
         let open = self.open.take();
         if let Some((set, _)) = &open {

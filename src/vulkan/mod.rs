@@ -259,6 +259,15 @@ impl VulkanDevice {
     pub fn is_software(&self) -> bool {
         self.context().physical.is_cpu()
     }
+
+    /// Marks the device lost, as a `VK_ERROR_DEVICE_LOST` would: for tests
+    /// of what follows a loss, which no driver produces on demand.
+    #[doc(hidden)]
+    pub fn simulate_device_loss(&self) {
+        let _ = self
+            .context()
+            .error("simulate_device_loss", vk::Result::ERROR_DEVICE_LOST);
+    }
 }
 
 fn limits_of(context: &Context) -> Limits {
@@ -354,5 +363,11 @@ impl Device for VulkanDevice {
 
     fn set_memory_limit(&self, limit: Option<usize>) {
         self.pool().set_limit(limit);
+    }
+
+    /// [`Error::DeviceLost`] once a Vulkan call returned
+    /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.
+    fn health(&self) -> Result<()> {
+        self.context().health()
     }
 }
