@@ -303,6 +303,48 @@ struct Recorder {
     clock: Option<Clock>,
     /// The query of the command being recorded, to close after it.
     timing: Option<(vk::QueryPool, u32)>,
+    /// What the open command buffer's commands touched since its last
+    /// barrier.
+    touched: Touched,
+}
+
+/// Bytes of a `VkBuffer` a command touches: buffer, offset, length (0 for
+/// the rest of the buffer, as a descriptor's `VK_WHOLE_SIZE`).
+type Bytes = (vk::Buffer, u64, u64);
+
+/// The bytes read and written since a barrier.
+#[derive(Default)]
+struct Touched {
+    reads: Vec<Bytes>,
+    writes: Vec<Bytes>,
+    /// The command buffer was just begun: its first command gets a barrier.
+    fresh: bool,
+}
+
+impl Touched {
+    fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+    }
+
+    /// Whether a command reading `reads` and writing `writes` must wait
+    /// for what was touched: read after write, write after write, write
+    /// after read.
+    fn conflicts(&self, reads: &[Bytes], writes: &[Bytes]) -> bool {
+        let overlap = |a: &Bytes, b: &Bytes| {
+            let end = |x: &Bytes| if x.2 == 0 { u64::MAX } else { x.1 + x.2 };
+            a.0 == b.0 && a.1 < end(b) && b.1 < end(a)
+        };
+        let any = |mine: &[Bytes], theirs: &[Bytes]| {
+            mine.iter().any(|a| theirs.iter().any(|b| overlap(a, b)))
+        };
+        any(reads, &self.writes) || any(writes, &self.writes) || any(writes, &self.reads)
+    }
+
+    fn add(&mut self, reads: &[Bytes], writes: &[Bytes]) {
+        self.reads.extend_from_slice(reads);
+        self.writes.extend_from_slice(writes);
+    }
 }
 
 // SAFETY: the handles are plain Vulkan handles, used only on the
@@ -361,6 +403,7 @@ impl Recorder {
             dummy,
             clock: None,
             timing: None,
+            touched: Touched::default(),
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
@@ -687,7 +730,8 @@ impl Recorder {
         if len == 0 {
             return Ok(());
         }
-        let cb = self.begin(index)?;
+        let len64 = len as u64;
+        let cb = self.begin(index, &[(from.0, from.1, len64)], &[(to.0, to.1, len64)])?;
         let region = [vk::BufferCopy {
             src_offset: from.1,
             dst_offset: to.1,
@@ -722,7 +766,7 @@ impl Recorder {
             for (at, byte) in word.iter_mut().enumerate() {
                 *byte = pattern[at % usize::from(width)];
             }
-            let cb = self.begin(index)?;
+            let cb = self.begin(index, &[], &[(buffer, offset, len as u64)])?;
             // SAFETY: the range lies in a live buffer, offset and size are
             // multiples of 4.
             unsafe {
@@ -769,7 +813,22 @@ impl Recorder {
                 range,
             });
         }
-        let cb = self.begin(index)?;
+        let whole = |info: &vk::DescriptorBufferInfo| {
+            let len = if info.range == vk::WHOLE_SIZE {
+                0
+            } else {
+                info.range
+            };
+            (info.buffer, info.offset, len)
+        };
+        let reads: Vec<Bytes> = infos.iter().map(whole).collect();
+        let writes: Vec<Bytes> = infos
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| program.writes(*at))
+            .map(|(_, info)| whole(info))
+            .collect();
+        let cb = self.begin(index, &reads, &writes)?;
         let set = self.descriptor_set(&pipeline, views.len())?;
         let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
             .iter()
@@ -849,9 +908,18 @@ impl Recorder {
         }
     }
 
-    /// The open command buffer (begun if none is), with a barrier recorded
-    /// before command `index`.
-    fn begin(&mut self, index: usize) -> Result<vk::CommandBuffer> {
+    /// The open command buffer (begun if none is) for command `index`,
+    /// which reads `reads` and writes `writes`: with a barrier before it
+    /// where it must come after a command of the buffer since the last
+    /// barrier (it reads or writes bytes one wrote, or writes bytes one
+    /// read), and always at the start of a buffer, which orders it after
+    /// the `VkQueue`'s earlier submissions.
+    fn begin(
+        &mut self,
+        index: usize,
+        reads: &[Bytes],
+        writes: &[Bytes],
+    ) -> Result<vk::CommandBuffer> {
         let device = &self.context.device;
         if self.open.is_none() {
             let mut set = match self.shared.free.lock().pop() {
@@ -892,8 +960,19 @@ impl Recorder {
             set.used = 0;
             set.written = 0;
             self.open = Some((set, index));
+            self.touched.clear();
+            self.touched.fresh = true;
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
+        let hazard = self.touched.fresh || self.touched.conflicts(reads, writes);
+        self.touched.fresh = false;
+        if !hazard {
+            self.touched.add(reads, writes);
+            self.open_timing(buffer)?;
+            return Ok(buffer);
+        }
+        self.touched.clear();
+        self.touched.add(reads, writes);
         let stages = self.stages();
         let barrier = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)

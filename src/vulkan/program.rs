@@ -69,6 +69,8 @@ struct ProgramInner {
     workgroup_size: [u32; 3],
     /// Each push-constant scalar: its type and byte offset.
     scalars: Vec<(ScalarType, u32)>,
+    /// Per buffer argument, whether the shader may write it.
+    writes: Vec<bool>,
     push_size: u32,
     /// The pipeline, per device and local size it was used with.
     pipelines: Mutex<Vec<([u32; 3], Arc<Pipeline>)>>,
@@ -207,6 +209,7 @@ impl VulkanProgram {
                 workgroup_size: reflected.workgroup_size,
                 push_size: reflected.push_size,
                 scalars: reflected.scalars,
+                writes: reflected.writes,
                 pipelines: Mutex::new(Vec::new()),
             }),
         }
@@ -225,6 +228,12 @@ impl VulkanProgram {
             .overridable
             .is_none()
             .then_some(self.inner.workgroup_size)
+    }
+
+    /// Whether the shader may write buffer argument `index`: a
+    /// `var<storage, read>` (SPIR-V `NonWritable`) is only read.
+    pub(super) fn writes(&self, index: usize) -> bool {
+        self.inner.writes.get(index).copied().unwrap_or(true)
     }
 
     /// The push-constant bytes of `scalars`.
@@ -409,6 +418,8 @@ impl Program for VulkanProgram {
 /// A module's interface, as hwqueue calls it.
 struct Reflected {
     buffers: usize,
+    /// Per buffer, whether the shader may write it.
+    writes: Vec<bool>,
     scalars: Vec<(ScalarType, u32)>,
     push_size: u32,
     workgroup_size: [u32; 3],
@@ -438,7 +449,7 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
     let mut push = None;
     for (_, global) in module.global_variables.iter() {
         match global.space {
-            naga::AddressSpace::Storage { .. } => {
+            naga::AddressSpace::Storage { access } => {
                 let Some(binding) = &global.binding else {
                     continue;
                 };
@@ -450,7 +461,7 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
                         binding.group
                     )));
                 }
-                bindings.push(binding.binding);
+                bindings.push((binding.binding, access.contains(naga::StorageAccess::STORE)));
             }
             naga::AddressSpace::Immediate => push = Some(global.ty),
             naga::AddressSpace::Uniform | naga::AddressSpace::Handle => {
@@ -464,9 +475,14 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
         }
     }
     bindings.sort_unstable();
-    if bindings.iter().enumerate().any(|(i, &b)| b as usize != i) {
+    if bindings
+        .iter()
+        .enumerate()
+        .any(|(i, &(b, _))| b as usize != i)
+    {
+        let numbers: Vec<u32> = bindings.iter().map(|(b, _)| *b).collect();
         return Err(invalid(format!(
-            "its storage buffers are bindings {bindings:?} of @group(0); number them 0, 1, … in \
+            "its storage buffers are bindings {numbers:?} of @group(0); number them 0, 1, … in \
              argument order"
         )));
     }
@@ -521,6 +537,7 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
     }
     Ok(Reflected {
         buffers: bindings.len(),
+        writes: bindings.iter().map(|(_, writes)| *writes).collect(),
         scalars,
         push_size: push_size.next_multiple_of(4),
         workgroup_size: point.workgroup_size,
