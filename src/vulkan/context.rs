@@ -166,8 +166,16 @@ fn make_instance() -> Result<Instance> {
         .api_version(vk::API_VERSION_1_3.min(version));
     let create = vk::InstanceCreateInfo::default().application_info(&app);
     // SAFETY: `create` and what it points to live across the call.
-    let instance = unsafe { entry.create_instance(&create, None) }
-        .map_err(|e| vk_error(ID, "vkCreateInstance", e))?;
+    let instance = unsafe { entry.create_instance(&create, None) }.map_err(|e| match e {
+        vk::Result::ERROR_INCOMPATIBLE_DRIVER => Error::NoDriver {
+            backend: ID,
+            detail: format!(
+                "the Vulkan loader found no driver (vkCreateInstance: \
+                 VK_ERROR_INCOMPATIBLE_DRIVER); {INSTALL}"
+            ),
+        },
+        other => vk_error(ID, "vkCreateInstance", other),
+    })?;
     // SAFETY: `instance` was just made; the queries below read properties.
     let handles = match unsafe { instance.enumerate_physical_devices() } {
         Ok(handles) => handles,

@@ -160,13 +160,16 @@ impl Backend for Vulkan {
     type Program = VulkanProgram;
 
     /// The usable **hardware** devices (what selection may choose; see the
-    /// module docs): none where there is no driver.
+    /// module docs).
+    ///
+    /// # Errors
+    /// [`Error::NoDriver`] without a Vulkan loader or a 1.2 instance,
+    /// naming the packages to install; [`Error::Driver`] saying what each
+    /// hardware device lacks where there are some and none is usable.
     fn probe() -> Result<Vec<DeviceInfo>> {
-        let Ok(devices) = ordered() else {
-            return Ok(Vec::new());
-        };
-        Ok(devices
-            .into_iter()
+        let devices = ordered()?;
+        let usable: Vec<DeviceInfo> = devices
+            .iter()
             .enumerate()
             .filter(|(_, p)| !p.is_cpu() && p.missing().is_none())
             .map(|(ordinal, physical)| DeviceInfo {
@@ -175,7 +178,20 @@ impl Backend for Vulkan {
                 memory: Some(device_local_bytes(physical)),
                 compute_units: None,
             })
-            .collect())
+            .collect();
+        let unusable: Vec<String> = devices
+            .iter()
+            .filter(|p| !p.is_cpu())
+            .filter_map(|p| Some(format!("{}: {}", p.name(), p.missing()?)))
+            .collect();
+        if usable.is_empty() && !unusable.is_empty() {
+            return Err(Error::Driver {
+                backend: context::ID,
+                what: "probing the Vulkan devices".into(),
+                detail: unusable.join("; "),
+            });
+        }
+        Ok(usable)
     }
 
     fn open(ordinal: u32) -> Result<VulkanDevice> {
