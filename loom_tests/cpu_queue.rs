@@ -5,7 +5,8 @@
 
 use hwqueue::cpu::CpuDevice;
 use hwqueue::{
-    Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, TimelineSignal, Timeout,
+    Buffer, Device, Error, ExecParams, FailureScope, HardwareQueue, QueueFactory, TimelineSignal,
+    Timeout,
 };
 
 use crate::{model, write_42};
@@ -150,6 +151,58 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
             b_after_report,
             "B runs exactly when it was submitted after the report"
         );
+        drop(queue);
+    });
+}
+
+/// With `FailureScope::Batch`, the batch after a failed one runs whatever
+/// the owner's report and the worker's progress interleave (it never
+/// cascades), a `wait_settled` on the failed value passes, and the failure
+/// is reported once. The same three batches as the model above.
+///
+/// Bound 3 by default.
+#[test]
+fn a_batch_scoped_failure_never_fails_the_batches_after_it() {
+    model(Some(3), || {
+        let device = CpuDevice::with_threads(1);
+        let failed = device.new_signal(0).unwrap();
+        failed.fail(
+            1,
+            Error::KernelFailed {
+                program: "host".into(),
+                message: "failed on purpose".into(),
+            },
+        );
+        let (a, b, c) = (
+            device.new_signal(0).unwrap(),
+            device.new_signal(0).unwrap(),
+            device.new_signal(0).unwrap(),
+        );
+        let mut queue = device.compute_queue().unwrap();
+        queue.set_failure_scope(FailureScope::Batch).unwrap();
+        let mut reports = 0;
+        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| loop {
+            match queue.submit() {
+                Ok(()) => break,
+                Err(Error::QueueFailed { .. }) => reports += 1,
+                Err(other) => panic!("unexpected {other}"),
+            }
+        };
+        queue.wait(&failed, 1).signal(&a, 1);
+        submit(&mut queue);
+        queue.signal(&b, 1);
+        submit(&mut queue);
+        queue.wait_settled(&failed, 1).signal(&c, 1);
+        submit(&mut queue);
+        assert!(a.wait(1, Timeout::Forever).is_err());
+        b.wait(1, Timeout::Forever).unwrap();
+        c.wait(1, Timeout::Forever).unwrap();
+        match queue.synchronize() {
+            Ok(()) => {}
+            Err(Error::QueueFailed { .. }) => reports += 1,
+            Err(other) => panic!("unexpected {other}"),
+        }
+        assert_eq!(reports, 1, "one failure, reported {reports} times");
         drop(queue);
     });
 }

@@ -16,6 +16,7 @@
 //! `ring::host_set_racing_a_record_wakes_the_waiter` (four threads: bound 4
 //! by default) and
 //! `cpu_queue::one_failure_is_reported_once_whatever_the_owner_and_worker_race`
+//! and `cpu_queue::a_batch_scoped_failure_never_fails_the_batches_after_it`
 //! (bound 3; exhaustive takes minutes), and the `multi_wait` models (bound 2
 //! or 3: see that file). The whole suite takes about three minutes on two
 //! cores, plus about two minutes to build.

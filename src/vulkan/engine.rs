@@ -253,6 +253,10 @@ struct Retire {
     /// Downloads: the command's index and the staging buffer (an index into
     /// `staging`) holding its bytes.
     downloads: Vec<(usize, usize)>,
+    /// The signals its submissions set: the retire thread sees each reached
+    /// (a submission's semaphores are signalled in no set order, so the
+    /// progress value alone does not say the others are).
+    signals: Vec<(vk::Semaphore, u64)>,
     /// Per command, when its submission was handed to the `VkQueue`
     /// (profiling only).
     submitted_ns: Vec<u64>,
@@ -534,6 +538,7 @@ impl Recorder {
                 sets: Vec::new(),
                 staging: Vec::new(),
                 downloads: Vec::new(),
+                signals: Vec::new(),
                 submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
                 stamped: 0,
                 upto: 0,
@@ -618,6 +623,11 @@ impl Recorder {
                 }
                 self.flush(Some((signal.semaphore(), *value)))?;
                 signal.note_submitted(*value);
+                self.current
+                    .as_mut()
+                    .expect("a batch is recording")
+                    .signals
+                    .push((signal.semaphore(), *value));
                 Ok(())
             }
             Command::Exec {
@@ -1204,6 +1214,25 @@ fn retire_one(
                 Err(vk::Result::TIMEOUT) => {}
                 Err(e) => {
                     lost = Some(context.error("vkWaitSemaphores (a queue's progress)", e));
+                    break;
+                }
+            }
+        }
+    }
+    if lost.is_none() && !done.signals.is_empty() {
+        let (semaphores, values): (Vec<vk::Semaphore>, Vec<u64>) =
+            done.signals.iter().copied().unzip();
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&semaphores)
+            .values(&values);
+        loop {
+            // SAFETY: the batch holds its signals, so their semaphores
+            // live; the arrays live across the call.
+            match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
+                Ok(()) => break,
+                Err(vk::Result::TIMEOUT) => {}
+                Err(e) => {
+                    lost = Some(context.error("vkWaitSemaphores (a batch's signals)", e));
                     break;
                 }
             }
