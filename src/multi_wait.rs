@@ -164,7 +164,7 @@ pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeo
     if spin_before_blocking(timeout, all_reached).is_some() {
         return Ok(());
     }
-    block_until(waits, timeout, || {
+    block_until(waits, timeout, true, || {
         let mut first_pending = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
             if !reached(signal, target)? && first_pending.is_none() {
@@ -234,7 +234,7 @@ pub fn wait_any<S: TimelineSignal>(
     if let Some(index) = spin_before_blocking(timeout, first_reached) {
         return Ok(index);
     }
-    block_until(waits, timeout, || {
+    block_until(waits, timeout, false, || {
         // The lowest index reached wins over an earlier one's failure.
         let mut failure = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
@@ -283,10 +283,13 @@ fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
 
 /// Looks at the signals with `look` (failures included) until it says done,
 /// it fails, or the timeout passes; sleeps on a [`SignalWaker`] that the
-/// signals watch between looks. The caller found the values not reached.
+/// signals watch between looks, or, where none watches, in the signals'
+/// own multi-wait ([`TimelineSignal::wait_native`], for every value when
+/// `all`) where they have one. The caller found the values not reached.
 fn block_until<S: TimelineSignal, R>(
     waits: &[(&S, u64)],
     timeout: Timeout,
+    all: bool,
     mut look: impl FnMut() -> Result<Progress<R>>,
 ) -> Result<R> {
     let start = Instant::now();
@@ -317,6 +320,13 @@ fn block_until<S: TimelineSignal, R>(
             Some(watching) if deadline.is_none_or(|deadline| now < deadline) => watching,
             _ => return Err(timed_out(pending)),
         };
+        if watching.polls && !watching.watched {
+            let step = poll.step();
+            let slice = deadline.map_or(step, |deadline| step.min(deadline - now));
+            if S::wait_native(waits, all, slice) {
+                continue;
+            }
+        }
         let wake_by = if watching.polls {
             let until = now.checked_add(poll.step());
             match (deadline, until) {
@@ -336,6 +346,8 @@ struct Watching<'a, S: TimelineSignal> {
     waker: SignalWaker,
     /// Whether some signal declined the watch and must be polled.
     polls: bool,
+    /// Whether some signal took the watch (and wakes the waker).
+    watched: bool,
 }
 
 impl<'a, S: TimelineSignal> Watching<'a, S> {
@@ -347,10 +359,13 @@ impl<'a, S: TimelineSignal> Watching<'a, S> {
             waits,
             waker: SignalWaker::new(),
             polls: false,
+            watched: false,
         };
         for &(signal, target) in waits {
             if !signal.is_reached(target) {
-                watching.polls |= !signal.watch(&watching.waker);
+                let watches = signal.watch(&watching.waker);
+                watching.polls |= !watches;
+                watching.watched |= watches;
             }
         }
         watching

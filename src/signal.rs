@@ -136,6 +136,21 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
     /// stays watched until unwatched twice); nothing if `waker` is not
     /// watched.
     fn unwatch(&self, _waker: &SignalWaker) {}
+
+    /// For [`wait_all`](crate::wait_all) (`all`) and
+    /// [`wait_any`](crate::wait_any) over signals that all declined
+    /// [`watch`](Self::watch): blocks for at most `timeout` until every
+    /// value of `waits` is reached (`all`), or one is, by the backend's own
+    /// multi-wait where all of `waits` can take it together (the Vulkan
+    /// signal: `vkWaitSemaphores` on one device, with
+    /// `VK_SEMAPHORE_WAIT_ANY_BIT` for any). Returns whether it waited so;
+    /// the caller then looks at the signals again, failures included (this
+    /// only replaces a sleep of the polling back-off). The default returns
+    /// `false` at once, and the caller sleeps its back-off.
+    fn wait_native(waits: &[(&Self, u64)], all: bool, timeout: Duration) -> bool {
+        let _ = (waits, all, timeout);
+        false
+    }
 }
 
 /// The queue that produces a signal: the first to record a `signal` on it,

@@ -346,3 +346,38 @@ fn a_lost_device_fails_every_later_submission() {
         "{error}"
     );
 }
+
+/// `wait_any` and `wait_all` over Vulkan signals of one device block in
+/// `vkWaitSemaphores` (any / all): they return once a queue's submission
+/// signals the values, and report a value failed on the host.
+#[test]
+fn wait_any_and_wait_all_over_vulkan_signals() {
+    let Some(device) = device() else { return };
+    let gate = device.new_signal(0).unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    queue.wait(&gate, 1).signal(&b, 1).signal(&a, 1);
+    queue.submit().unwrap();
+    let waits = [(&a, 1), (&b, 1)];
+    assert!(matches!(
+        hwqueue::wait_any(&waits, Duration::from_millis(20)),
+        Err(Error::Timeout { .. })
+    ));
+    let opener = std::thread::spawn({
+        let gate = gate.clone();
+        move || gate.set(1)
+    });
+    let first = hwqueue::wait_any(&waits, LONG).unwrap();
+    assert!(first < 2);
+    hwqueue::wait_all(&waits, LONG).unwrap();
+    opener.join().unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::Abandoned {
+            reason: "failed by the test",
+        },
+    );
+    let error = hwqueue::wait_all(&[(&a, 1), (&failed, 1)], LONG).unwrap_err();
+    assert!(matches!(error, Error::SignalFailed { .. }), "{error}");
+}

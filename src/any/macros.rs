@@ -277,6 +277,29 @@ macro_rules! backend_set {
             fn unwatch(&self, waker: &$crate::SignalWaker) {
                 match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::unwatch(s, waker), )+ }
             }
+
+            /// The variant's own, where every signal of `waits` is of one
+            /// variant; else `false`.
+            fn wait_native(
+                waits: &[(&Self, u64)],
+                all: bool,
+                timeout: ::std::time::Duration,
+            ) -> bool {
+                $( $(#[$meta])* {
+                    #[allow(unreachable_patterns)]
+                    let inner: ::std::option::Option<::std::vec::Vec<_>> = waits
+                        .iter()
+                        .map(|&(signal, value)| match signal {
+                            Self::$V(s) => ::std::option::Option::Some((s, value)),
+                            _ => ::std::option::Option::None,
+                        })
+                        .collect();
+                    if let ::std::option::Option::Some(inner) = inner {
+                        return $crate::TimelineSignal::wait_native(&inner, all, timeout);
+                    }
+                } )+
+                false
+            }
         }
     };
 

@@ -16,7 +16,11 @@
 //! - **Queues** ([`VulkanQueue`]): the queue core over [`VulkanEngine`]:
 //!   batches become command buffers submitted with timeline semaphores; a
 //!   copy queue uses a transfer-only family where the device has one.
-//! - **Signals** ([`VulkanSignal`]): timeline semaphores.
+//! - **Signals** ([`VulkanSignal`]): timeline semaphores; `wait` is
+//!   `vkWaitSemaphores`, and [`wait_any`](crate::wait_any) /
+//!   [`wait_all`](crate::wait_all) over signals of one device are one
+//!   `vkWaitSemaphores` with or without `VK_SEMAPHORE_WAIT_ANY_BIT`, in
+//!   slices that also look for failures recorded on the host.
 //! - **Memory** ([`VulkanBuffer`]): the core's caching pool over blocks of
 //!   host-visible, coherent `VkDeviceMemory` (device-local too where the
 //!   device has such a type), one `VkBuffer` per block; views are

@@ -215,6 +215,41 @@ impl TimelineSignal for VulkanSignal {
     fn producer(&self) -> &Producer {
         &self.inner.producer
     }
+
+    /// `vkWaitSemaphores` over every semaphore of `waits` (with
+    /// `VK_SEMAPHORE_WAIT_ANY_BIT` unless `all`), where they are of one
+    /// device; `false` where they are not, or the call failed.
+    fn wait_native(waits: &[(&Self, u64)], all: bool, timeout: Duration) -> bool {
+        let Some((first, _)) = waits.first() else {
+            return false;
+        };
+        let context = &first.inner.context;
+        if waits
+            .iter()
+            .any(|(signal, _)| !Arc::ptr_eq(&signal.inner.context, context))
+        {
+            return false;
+        }
+        let semaphores: Vec<vk::Semaphore> = waits.iter().map(|(s, _)| s.inner.semaphore).collect();
+        let values: Vec<u64> = waits.iter().map(|&(_, value)| value).collect();
+        let flags = if all {
+            vk::SemaphoreWaitFlags::empty()
+        } else {
+            vk::SemaphoreWaitFlags::ANY
+        };
+        let info = vk::SemaphoreWaitInfo::default()
+            .flags(flags)
+            .semaphores(&semaphores)
+            .values(&values);
+        // SAFETY: every semaphore is alive (the caller holds the signals)
+        // and of `context`'s device; the arrays live across the call.
+        let waited = unsafe {
+            context
+                .device
+                .wait_semaphores(&info, timeout.as_nanos().min(u128::from(u64::MAX)) as u64)
+        };
+        matches!(waited, Ok(()) | Err(vk::Result::TIMEOUT))
+    }
 }
 
 impl Drop for Inner {
