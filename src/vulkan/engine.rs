@@ -12,7 +12,8 @@
 //! wait no signal was submitted for would stall every submission behind
 //! it, the independent queue's too. Every submission also signals the
 //! queue's own **progress** semaphore; the **retire thread** waits on it,
-//! then completes the batch's downloads, frees its staging buffers, hands
+//! then completes the batch's downloads, gives its staging ranges back to
+//! the device's pool (uploads and downloads go through ranges of it), hands
 //! its command buffers back, records its profile events and lets its
 //! buffers go.
 //!
@@ -32,6 +33,7 @@ use super::context::Context;
 use super::memory::{VulkanBlock, VulkanBuffer, free_buffer, make_buffer, mismatch};
 use super::program::{Pipeline, VulkanProgram};
 use super::{Vulkan, VulkanDevice};
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::{EventNames, ProfileEvent, describe, now_ns};
@@ -96,7 +98,7 @@ impl VulkanEngine {
             QueueKind::Copy => context.transfer_family.unwrap_or(context.compute_family),
             QueueKind::Compute => context.compute_family,
         };
-        let recorder = Recorder::new(context, family, kind, shared.clone(), &ledger)?;
+        let recorder = Recorder::new(device.clone(), family, kind, shared.clone(), &ledger)?;
         let (jobs, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("hwqueue-vulkan {}", queue_label(ledger.id(), kind)))
@@ -249,8 +251,10 @@ struct Retire {
     /// submitted nothing).
     progress: Option<u64>,
     sets: Vec<CommandSet>,
-    staging: Vec<VulkanBlock>,
-    /// Downloads: the command's index and the staging buffer (an index into
+    /// Staging ranges of the device's own pool (no allocation of the
+    /// driver's a transfer), going back to it when the batch retired.
+    staging: Vec<VulkanBuffer>,
+    /// Downloads: the command's index and the staging range (an index into
     /// `staging`) holding its bytes.
     downloads: Vec<(usize, usize)>,
     /// The signals its submissions set: the retire thread sees each reached
@@ -286,6 +290,8 @@ impl Clock {
 
 /// The recording thread's state.
 struct Recorder {
+    /// The device: its pool gives the staging memory.
+    device: VulkanDevice,
     context: Arc<Context>,
     kind: QueueKind,
     label: String,
@@ -359,12 +365,13 @@ unsafe impl Send for Recorder {}
 
 impl Recorder {
     fn new(
-        context: Arc<Context>,
+        owner: VulkanDevice,
         family: u32,
         kind: QueueKind,
         shared: Arc<Shared>,
         ledger: &Ledger,
     ) -> Result<Self> {
+        let context = owner.context().clone();
         let device = &context.device;
         let mut timeline = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
@@ -395,6 +402,7 @@ impl Recorder {
         let dummy = make_buffer(&context, 16).map_err(|(call, e)| context.error(&call, e))?;
         let mut recorder = Self {
             label: queue_label(ledger.id(), kind),
+            device: owner,
             context,
             kind,
             pool,
@@ -656,7 +664,7 @@ impl Recorder {
                 let len = src.len();
                 let staging = self.staging(len.max(4))?;
                 let from = self.device_range(src)?;
-                self.copy(index, from, (staging.0, 0), len)?;
+                self.copy(index, from, staging.0, len)?;
                 self.current
                     .as_mut()
                     .expect("a batch is recording")
@@ -705,27 +713,28 @@ impl Recorder {
         })
     }
 
-    /// A staging buffer of `len` bytes, held until the batch retires: its
-    /// `VkBuffer` and its index in the batch's staging list.
-    fn staging(&mut self, len: usize) -> Result<(vk::Buffer, usize)> {
-        let block =
-            make_buffer(&self.context, len).map_err(|(call, e)| self.context.error(&call, e))?;
-        let buffer = block.buffer();
+    /// `len` bytes (more than 0) of staging memory, a range of the
+    /// device's pool held until the batch retires: where the device sees
+    /// it, and its index in the batch's staging list.
+    fn staging(&mut self, len: usize) -> Result<((vk::Buffer, u64), usize)> {
+        let range = VulkanBuffer::allocate(self.device.pool(), len, false, false)?;
+        let address = range
+            .queue_address()?
+            .expect("a range of more than 0 bytes has an address");
         let current = self.current.as_mut().expect("a batch is recording");
-        current.staging.push(block);
-        Ok((buffer, current.staging.len() - 1))
+        current.staging.push(range);
+        Ok(((address.buffer, address.offset), current.staging.len() - 1))
     }
 
     fn upload(&mut self, index: usize, dst: &View<Vulkan>, bytes: &[u8]) -> Result<()> {
         if bytes.is_empty() {
             return Ok(());
         }
-        let (buffer, at) = self.staging(bytes.len())?;
-        let host = self.current.as_ref().expect("a batch is recording").staging[at].host();
-        // SAFETY: the staging buffer is ours, mapped, of `bytes.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), host, bytes.len()) };
+        let (from, at) = self.staging(bytes.len())?;
+        let current = self.current.as_ref().expect("a batch is recording");
+        current.staging[at].write_at(0, bytes)?;
         let to = self.device_range(dst)?;
-        self.copy(index, (buffer, 0), to, bytes.len())
+        self.copy(index, from, to, bytes.len())
     }
 
     /// Records a copy of `len` bytes (none for 0) from `from` to `to`
@@ -1244,15 +1253,9 @@ fn retire_one(
             match &lost {
                 Some(error) => sink.fail(error),
                 None => {
-                    let host = done.staging[at].host();
-                    let len = src.len();
-                    let _ = sink.complete(|out| {
-                        // SAFETY: the staging buffer holds `len` bytes the
-                        // device wrote before the progress value; `out` is
-                        // the sink's, of the view's length.
-                        unsafe { std::ptr::copy_nonoverlapping(host, out.as_mut_ptr(), len) };
-                        Ok(())
-                    });
+                    // The device wrote the range before the progress value.
+                    let staging = &done.staging[at];
+                    let _ = sink.complete(|out| staging.read_at(0, &mut out[..src.len()]));
                 }
             }
         }
@@ -1311,9 +1314,7 @@ fn retire_one(
             ));
         }
     }
-    for block in &done.staging {
-        free_buffer(context, block);
-    }
+    done.staging.clear();
     shared.free.lock().append(&mut done.sets);
     done.batch.clear();
     shared.recycled.lock().push(done.batch);

@@ -116,10 +116,6 @@ impl VulkanBlock {
     pub(super) fn buffer(&self) -> vk::Buffer {
         self.buffer
     }
-
-    pub(super) fn host(&self) -> *mut u8 {
-        self.host as *mut u8
-    }
 }
 
 impl BlockSource for VulkanBlocks {
