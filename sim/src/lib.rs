@@ -64,7 +64,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hwqueue::memory::{MemoryPool, MemoryStats};
+use hwqueue::memory::MemoryPool;
 use hwqueue::{
     Backend, Device, DeviceInfo, DeviceSpec, Error, Limits, Queue, QueueFactory, QueueKind, Result,
 };
@@ -325,29 +325,7 @@ impl Device for SimDevice {
         SimBuffer::allocate(self.pool(), size, false, false)
     }
 
-    fn memory_stats(&self) -> MemoryStats {
-        self.pool().stats()
-    }
-
-    fn memory_info(&self) -> Option<hwqueue::memory::DeviceMemory> {
-        hwqueue::memory::BlockSource::device_memory(self.pool().source())
-    }
-
-    fn trim_memory(&self) -> usize {
-        self.pool().trim()
-    }
-
-    fn reset_peak_memory(&self) {
-        self.pool().reset_peak();
-    }
-
-    fn set_memory_release_threshold(&self, bytes: usize) {
-        self.pool().set_release_threshold(bytes);
-    }
-
-    fn set_memory_limit(&self, limit: Option<usize>) {
-        self.pool().set_limit(limit);
-    }
+    hwqueue::pooled_device_memory!(self => self.pool());
 }
 
 hwqueue::backend_set! {

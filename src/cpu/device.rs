@@ -5,7 +5,7 @@ use std::fmt;
 use crate::backend::DeviceInfo;
 use crate::device::{Device, QueueFactory};
 use crate::error::Result;
-use crate::memory::{MemoryPool, MemoryStats};
+use crate::memory::MemoryPool;
 use crate::params::Limits;
 use crate::queue::QueueKind;
 use crate::signal::check_value;
@@ -149,29 +149,7 @@ impl Device for CpuDevice {
         CpuBuffer::allocate(&self.inner.memory, size, false, false)
     }
 
-    fn memory_stats(&self) -> MemoryStats {
-        self.inner.memory.stats()
-    }
-
-    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
-        crate::memory::BlockSource::device_memory(self.inner.memory.source())
-    }
-
-    fn trim_memory(&self) -> usize {
-        self.inner.memory.trim()
-    }
-
-    fn reset_peak_memory(&self) {
-        self.inner.memory.reset_peak();
-    }
-
-    fn set_memory_release_threshold(&self, bytes: usize) {
-        self.inner.memory.set_release_threshold(bytes);
-    }
-
-    fn set_memory_limit(&self, limit: Option<usize>) {
-        self.inner.memory.set_limit(limit);
-    }
+    crate::pooled_device_memory!(self => self.inner.memory);
 }
 
 impl fmt::Debug for CpuDevice {

@@ -236,3 +236,39 @@ pub(crate) fn out_of_memory(
         device_total: memory.map(|memory| memory.total),
     }
 }
+
+/// The [`Device`](crate::Device) methods of memory (`memory_stats`,
+/// `memory_info`, `trim_memory`, `reset_peak_memory`,
+/// `set_memory_release_threshold`, `set_memory_limit`) for a device whose
+/// memory is a [`MemoryPool`]: each asks the pool `$pool` names (an
+/// expression of `self`), and `memory_info` its block source. Written
+/// inside the `impl Device for …` block:
+/// `hwqueue::pooled_device_memory!(self => self.pool());`.
+#[macro_export]
+macro_rules! pooled_device_memory {
+    ($this:ident => $pool:expr) => {
+        fn memory_stats(&$this) -> $crate::memory::MemoryStats {
+            $pool.stats()
+        }
+
+        fn memory_info(&$this) -> ::std::option::Option<$crate::memory::DeviceMemory> {
+            $crate::memory::BlockSource::device_memory($pool.source())
+        }
+
+        fn trim_memory(&$this) -> usize {
+            $pool.trim()
+        }
+
+        fn reset_peak_memory(&$this) {
+            $pool.reset_peak();
+        }
+
+        fn set_memory_release_threshold(&$this, bytes: usize) {
+            $pool.set_release_threshold(bytes);
+        }
+
+        fn set_memory_limit(&$this, limit: ::std::option::Option<usize>) {
+            $pool.set_limit(limit);
+        }
+    };
+}

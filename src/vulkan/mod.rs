@@ -55,7 +55,7 @@ pub use signal::VulkanSignal;
 use crate::backend::{Backend, DeviceInfo};
 use crate::device::{Device, QueueFactory};
 use crate::error::{Error, Result};
-use crate::memory::{MemoryPool, MemoryStats};
+use crate::memory::MemoryPool;
 use crate::params::Limits;
 use crate::queue::{Queue, QueueKind};
 use crate::spec::DeviceSpec;
@@ -361,29 +361,7 @@ impl Device for VulkanDevice {
         VulkanBuffer::allocate(self.pool(), size, false, false)
     }
 
-    fn memory_stats(&self) -> MemoryStats {
-        self.pool().stats()
-    }
-
-    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
-        crate::memory::BlockSource::device_memory(self.pool().source())
-    }
-
-    fn trim_memory(&self) -> usize {
-        self.pool().trim()
-    }
-
-    fn reset_peak_memory(&self) {
-        self.pool().reset_peak();
-    }
-
-    fn set_memory_release_threshold(&self, bytes: usize) {
-        self.pool().set_release_threshold(bytes);
-    }
-
-    fn set_memory_limit(&self, limit: Option<usize>) {
-        self.pool().set_limit(limit);
-    }
+    crate::pooled_device_memory!(self => self.pool());
 
     /// [`Error::DeviceLost`] once a Vulkan call returned
     /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.
