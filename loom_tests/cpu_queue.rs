@@ -98,21 +98,7 @@ fn a_rejected_batch_fails_its_signals_after_earlier_batches() {
 #[test]
 fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
     model(Some(3), || {
-        let device = CpuDevice::with_threads(1);
-        let failed = device.new_signal(0).unwrap();
-        failed.fail(
-            1,
-            Error::KernelFailed {
-                program: "host".into(),
-                message: "failed on purpose".into(),
-            },
-        );
-        let (a, b, c) = (
-            device.new_signal(0).unwrap(),
-            device.new_signal(0).unwrap(),
-            device.new_signal(0).unwrap(),
-        );
-        let mut queue = device.compute_queue().unwrap();
+        let (failed, [a, b, c], mut queue) = failed_signal_and_queue();
         let mut reports = 0;
         // Submits the recorded batch; a report keeps it, so send it again.
         // Whether this submit reported the failure.
@@ -155,6 +141,27 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
     });
 }
 
+/// A signal failed at 1, three fresh signals, and a queue of a
+/// one-thread CPU device: the set-up of the two failure models.
+fn failed_signal_and_queue() -> (
+    hwqueue::cpu::CpuSignal,
+    [hwqueue::cpu::CpuSignal; 3],
+    hwqueue::cpu::CpuQueue,
+) {
+    let device = CpuDevice::with_threads(1);
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "host".into(),
+            message: "failed on purpose".into(),
+        },
+    );
+    let signals = [0; 3].map(|_| device.new_signal(0).unwrap());
+    let queue = device.compute_queue().unwrap();
+    (failed, signals, queue)
+}
+
 /// With `FailureScope::Batch`, the batch after a failed one runs whatever
 /// the owner's report and the worker's progress interleave (it never
 /// cascades), a `wait_settled` on the failed value passes, and the failure
@@ -164,21 +171,7 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
 #[test]
 fn a_batch_scoped_failure_never_fails_the_batches_after_it() {
     model(Some(3), || {
-        let device = CpuDevice::with_threads(1);
-        let failed = device.new_signal(0).unwrap();
-        failed.fail(
-            1,
-            Error::KernelFailed {
-                program: "host".into(),
-                message: "failed on purpose".into(),
-            },
-        );
-        let (a, b, c) = (
-            device.new_signal(0).unwrap(),
-            device.new_signal(0).unwrap(),
-            device.new_signal(0).unwrap(),
-        );
-        let mut queue = device.compute_queue().unwrap();
+        let (failed, [a, b, c], mut queue) = failed_signal_and_queue();
         queue.set_failure_scope(FailureScope::Batch).unwrap();
         let mut reports = 0;
         let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| loop {

@@ -1208,45 +1208,15 @@ fn retire_one(
     profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
     mut done: Retire,
 ) {
-    let mut lost = None;
-    if let Some(value) = done.progress {
-        let semaphores = [progress];
-        let values = [value];
-        let info = vk::SemaphoreWaitInfo::default()
-            .semaphores(&semaphores)
-            .values(&values);
-        loop {
-            // SAFETY: the semaphore lives until the recording thread ends,
-            // after this thread.
-            match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
-                Ok(()) => break,
-                Err(vk::Result::TIMEOUT) => {}
-                Err(e) => {
-                    lost = Some(context.error("vkWaitSemaphores (a queue's progress)", e));
-                    break;
-                }
-            }
-        }
-    }
-    if lost.is_none() && !done.signals.is_empty() {
-        let (semaphores, values): (Vec<vk::Semaphore>, Vec<u64>) =
-            done.signals.iter().copied().unzip();
-        let info = vk::SemaphoreWaitInfo::default()
-            .semaphores(&semaphores)
-            .values(&values);
-        loop {
-            // SAFETY: the batch holds its signals, so their semaphores
-            // live; the arrays live across the call.
-            match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
-                Ok(()) => break,
-                Err(vk::Result::TIMEOUT) => {}
-                Err(e) => {
-                    lost = Some(context.error("vkWaitSemaphores (a batch's signals)", e));
-                    break;
-                }
-            }
-        }
-    }
+    // The queue's progress, then every signal the batch set: a
+    // submission's semaphores are signalled in no set order.
+    let mut waits: Vec<(vk::Semaphore, u64)> = done
+        .progress
+        .map(|value| (progress, value))
+        .into_iter()
+        .collect();
+    waits.extend_from_slice(&done.signals);
+    let lost = wait_all_semaphores(context, &waits).err();
     let finished = now_ns();
     for &(index, at) in &done.downloads {
         if let Some(Command::Download { src, sink }) = done.batch.commands().get(index) {
@@ -1320,4 +1290,26 @@ fn retire_one(
     shared.recycled.lock().push(done.batch);
     shared.progress.lock().1 += 1;
     shared.retired.notify_all();
+}
+
+/// Blocks until every semaphore of `waits` reached its value; the error of
+/// a failed wait (a lost device). The semaphores must live across the call.
+fn wait_all_semaphores(context: &Context, waits: &[(vk::Semaphore, u64)]) -> Result<()> {
+    if waits.is_empty() {
+        return Ok(());
+    }
+    let (semaphores, values): (Vec<vk::Semaphore>, Vec<u64>) = waits.iter().copied().unzip();
+    let info = vk::SemaphoreWaitInfo::default()
+        .semaphores(&semaphores)
+        .values(&values);
+    loop {
+        // SAFETY: the caller keeps the semaphores alive (the recording
+        // thread's progress semaphore outlives the retire thread; a batch
+        // holds its signals); the arrays live across the call.
+        match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
+            Ok(()) => return Ok(()),
+            Err(vk::Result::TIMEOUT) => {}
+            Err(e) => return Err(context.error("vkWaitSemaphores (a batch's completion)", e)),
+        }
+    }
 }
