@@ -37,11 +37,15 @@
 //!   submission to the host seeing it complete. The same `ProfileEvent`s
 //!   and Chrome trace as the other backends.
 
+mod commands;
 mod context;
 mod engine;
 mod memory;
 mod program;
+mod recorder;
+mod retire;
 mod signal;
+mod timing;
 
 use std::sync::Arc;
 

@@ -1,0 +1,370 @@
+//! Recording a batch's device commands into the open command buffer:
+//! copies, fills, uploads and downloads through staging ranges, execs with
+//! their descriptor sets, and the barriers between dependent commands
+//! (`begin`, `Touched`).
+
+use ash::vk;
+
+use super::Vulkan;
+use super::engine::CommandSet;
+use super::memory::VulkanBuffer;
+use super::program::{Pipeline, VulkanProgram};
+use super::recorder::Recorder;
+use crate::buffer::Buffer;
+use crate::error::Result;
+use crate::params::ExecParams;
+use crate::program::Scalar;
+use crate::view::View;
+
+/// Bytes of a `VkBuffer` a command touches: buffer, offset, length (0 for
+/// the rest of the buffer, as a descriptor's `VK_WHOLE_SIZE`).
+pub(super) type Bytes = (vk::Buffer, u64, u64);
+
+/// The bytes read and written since a barrier.
+#[derive(Default)]
+pub(super) struct Touched {
+    pub(super) reads: Vec<Bytes>,
+    pub(super) writes: Vec<Bytes>,
+    /// The command buffer was just begun: its first command gets a barrier.
+    pub(super) fresh: bool,
+}
+
+impl Touched {
+    pub(super) fn clear(&mut self) {
+        self.reads.clear();
+        self.writes.clear();
+    }
+
+    /// Whether a command reading `reads` and writing `writes` must wait
+    /// for what was touched: read after write, write after write, write
+    /// after read.
+    pub(super) fn conflicts(&self, reads: &[Bytes], writes: &[Bytes]) -> bool {
+        let overlap = |a: &Bytes, b: &Bytes| {
+            let end = |x: &Bytes| if x.2 == 0 { u64::MAX } else { x.1 + x.2 };
+            a.0 == b.0 && a.1 < end(b) && b.1 < end(a)
+        };
+        let any = |mine: &[Bytes], theirs: &[Bytes]| {
+            mine.iter().any(|a| theirs.iter().any(|b| overlap(a, b)))
+        };
+        any(reads, &self.writes) || any(writes, &self.writes) || any(writes, &self.reads)
+    }
+
+    pub(super) fn add(&mut self, reads: &[Bytes], writes: &[Bytes]) {
+        self.reads.extend_from_slice(reads);
+        self.writes.extend_from_slice(writes);
+    }
+}
+
+impl Recorder {
+    /// The `VkBuffer` and offset of `view`: a block's buffer, or the dummy
+    /// for an empty buffer.
+    pub(super) fn device_range(&self, view: &View<Vulkan>) -> Result<(vk::Buffer, u64)> {
+        Ok(match view.buffer().queue_address()? {
+            Some(address) => (address.buffer, address.offset + view.offset() as u64),
+            None => (self.dummy.buffer(), 0),
+        })
+    }
+
+    /// `len` bytes (more than 0) of staging memory, a range of the
+    /// device's pool held until the batch retires: where the device sees
+    /// it, and its index in the batch's staging list.
+    pub(super) fn staging(&mut self, len: usize) -> Result<((vk::Buffer, u64), usize)> {
+        let range = VulkanBuffer::allocate(self.device.pool(), len, false, false)?;
+        let address = range
+            .queue_address()?
+            .expect("a range of more than 0 bytes has an address");
+        let current = self.current.as_mut().expect("a batch is recording");
+        current.staging.push(range);
+        Ok(((address.buffer, address.offset), current.staging.len() - 1))
+    }
+
+    pub(super) fn upload(&mut self, index: usize, dst: &View<Vulkan>, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let (from, at) = self.staging(bytes.len())?;
+        let current = self.current.as_ref().expect("a batch is recording");
+        current.staging[at].write_at(0, bytes)?;
+        let to = self.device_range(dst)?;
+        self.copy(index, from, to, bytes.len())
+    }
+
+    /// Records a copy of `len` bytes (none for 0) from `from` to `to`
+    /// (each a `VkBuffer` and an offset), for command `index`.
+    pub(super) fn copy(
+        &mut self,
+        index: usize,
+        from: (vk::Buffer, u64),
+        to: (vk::Buffer, u64),
+        len: usize,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let len64 = len as u64;
+        let cb = self.begin(index, &[(from.0, from.1, len64)], &[(to.0, to.1, len64)])?;
+        let region = [vk::BufferCopy {
+            src_offset: from.1,
+            dst_offset: to.1,
+            size: len as u64,
+        }];
+        // SAFETY: both ranges lie in live buffers the batch holds (views
+        // checked at record time, staging buffers held until it retires);
+        // the command buffer records.
+        unsafe {
+            self.context
+                .device
+                .cmd_copy_buffer(cb, from.0, to.0, &region);
+        }
+        Ok(())
+    }
+
+    pub(super) fn fill(
+        &mut self,
+        index: usize,
+        dst: &View<Vulkan>,
+        pattern: &[u8; 4],
+        width: u8,
+    ) -> Result<()> {
+        let len = dst.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let (buffer, offset) = self.device_range(dst)?;
+        if offset.is_multiple_of(4) && len.is_multiple_of(4) {
+            // A pattern of 1 or 2 bytes repeats within a word.
+            let mut word = [0u8; 4];
+            for (at, byte) in word.iter_mut().enumerate() {
+                *byte = pattern[at % usize::from(width)];
+            }
+            let cb = self.begin(index, &[], &[(buffer, offset, len as u64)])?;
+            // SAFETY: the range lies in a live buffer, offset and size are
+            // multiples of 4.
+            unsafe {
+                self.context.device.cmd_fill_buffer(
+                    cb,
+                    buffer,
+                    offset,
+                    len as u64,
+                    u32::from_ne_bytes(word),
+                );
+            }
+            return Ok(());
+        }
+        let bytes: Vec<u8> = pattern[..usize::from(width)]
+            .iter()
+            .copied()
+            .cycle()
+            .take(len)
+            .collect();
+        self.upload(index, dst, &bytes)
+    }
+
+    pub(super) fn exec(
+        &mut self,
+        index: usize,
+        program: &VulkanProgram,
+        views: &[View<Vulkan>],
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Result<()> {
+        let pipeline = program.pipeline(&self.context, params.local())?;
+        let push = program.push_constants(scalars)?;
+        let mut infos = Vec::with_capacity(views.len());
+        for view in views {
+            let (buffer, offset) = self.device_range(view)?;
+            let range = if view.is_empty() {
+                vk::WHOLE_SIZE
+            } else {
+                view.len() as u64
+            };
+            infos.push(vk::DescriptorBufferInfo {
+                buffer,
+                offset,
+                range,
+            });
+        }
+        let whole = |info: &vk::DescriptorBufferInfo| {
+            let len = if info.range == vk::WHOLE_SIZE {
+                0
+            } else {
+                info.range
+            };
+            (info.buffer, info.offset, len)
+        };
+        let reads: Vec<Bytes> = infos.iter().map(whole).collect();
+        let writes: Vec<Bytes> = infos
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| program.writes(*at))
+            .map(|(_, info)| whole(info))
+            .collect();
+        let cb = self.begin(index, &reads, &writes)?;
+        let set = self.descriptor_set(&pipeline, views.len())?;
+        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+            .iter()
+            .enumerate()
+            .map(|(binding, info)| {
+                vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .dst_binding(binding as u32)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(std::slice::from_ref(info))
+            })
+            .collect();
+        let groups = params.groups();
+        let device = &self.context.device;
+        // SAFETY: the set is fresh from a pool of this thread's, the
+        // buffers live (the batch holds them), the command buffer records;
+        // the pipeline is held by the program, which the batch holds.
+        unsafe {
+            device.update_descriptor_sets(&writes, &[]);
+            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+            device.cmd_bind_descriptor_sets(
+                cb,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout,
+                0,
+                &[set],
+                &[],
+            );
+            if !push.is_empty() {
+                device.cmd_push_constants(
+                    cb,
+                    pipeline.layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    &push,
+                );
+            }
+            device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
+        }
+        Ok(())
+    }
+
+    /// A descriptor set of `pipeline`'s layout from the open command
+    /// set's pools (a new pool where they are full).
+    pub(super) fn descriptor_set(
+        &mut self,
+        pipeline: &Pipeline,
+        buffers: usize,
+    ) -> Result<vk::DescriptorSet> {
+        let device = &self.context.device;
+        let (set, _) = self.open.as_mut().expect("begun");
+        let layouts = [pipeline.set_layout];
+        loop {
+            if set.used < set.pools.len() {
+                let info = vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(set.pools[set.used])
+                    .set_layouts(&layouts);
+                // SAFETY: the pool is this thread's, the layout alive.
+                match unsafe { device.allocate_descriptor_sets(&info) } {
+                    Ok(sets) => return Ok(sets[0]),
+                    Err(
+                        vk::Result::ERROR_OUT_OF_POOL_MEMORY | vk::Result::ERROR_FRAGMENTED_POOL,
+                    ) => {
+                        set.used += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(self.context.error("vkAllocateDescriptorSets", e)),
+                }
+            }
+            let sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: (64 * buffers.max(8)) as u32,
+            }];
+            let info = vk::DescriptorPoolCreateInfo::default()
+                .max_sets(64)
+                .pool_sizes(&sizes);
+            // SAFETY: the create-info lives across the call.
+            let pool = unsafe { device.create_descriptor_pool(&info, None) }
+                .map_err(|e| self.context.error("vkCreateDescriptorPool", e))?;
+            set.pools.push(pool);
+        }
+    }
+
+    /// The open command buffer (begun if none is) for command `index`,
+    /// which reads `reads` and writes `writes`: with a barrier before it
+    /// where it must come after a command of the buffer since the last
+    /// barrier (it reads or writes bytes one wrote, or writes bytes one
+    /// read), and always at the start of a buffer, which orders it after
+    /// the `VkQueue`'s earlier submissions.
+    pub(super) fn begin(
+        &mut self,
+        index: usize,
+        reads: &[Bytes],
+        writes: &[Bytes],
+    ) -> Result<vk::CommandBuffer> {
+        let device = &self.context.device;
+        if self.open.is_none() {
+            let mut set = match self.shared.free.lock().pop() {
+                Some(set) => set,
+                None => {
+                    let info = vk::CommandBufferAllocateInfo::default()
+                        .command_pool(self.pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1);
+                    // SAFETY: the pool is this thread's.
+                    let buffers = unsafe { device.allocate_command_buffers(&info) }
+                        .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?;
+                    CommandSet {
+                        buffer: buffers[0],
+                        pools: Vec::new(),
+                        used: 0,
+                        queries: vk::QueryPool::null(),
+                        written: 0,
+                    }
+                }
+            };
+            // SAFETY: the set's work completed (the retire thread handed it
+            // back, or it is new); its pools and buffer are this thread's.
+            unsafe {
+                for &pool in &set.pools {
+                    device
+                        .reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty())
+                        .map_err(|e| self.context.error("vkResetDescriptorPool", e))?;
+                }
+                device
+                    .begin_command_buffer(
+                        set.buffer,
+                        &vk::CommandBufferBeginInfo::default()
+                            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                    )
+                    .map_err(|e| self.context.error("vkBeginCommandBuffer", e))?;
+            }
+            set.used = 0;
+            set.written = 0;
+            self.open = Some((set, index));
+            self.touched.clear();
+            self.touched.fresh = true;
+        }
+        let buffer = self.open.as_ref().expect("just opened").0.buffer;
+        let hazard = self.touched.fresh || self.touched.conflicts(reads, writes);
+        self.touched.fresh = false;
+        if !hazard {
+            self.touched.add(reads, writes);
+            self.open_timing(buffer)?;
+            return Ok(buffer);
+        }
+        self.touched.clear();
+        self.touched.add(reads, writes);
+        let stages = self.stages();
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
+        // SAFETY: the command buffer records.
+        unsafe {
+            device.cmd_pipeline_barrier(
+                buffer,
+                stages,
+                stages,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            );
+        }
+        self.open_timing(buffer)?;
+        Ok(buffer)
+    }
+}

@@ -1,0 +1,428 @@
+//! A Vulkan queue's recording thread: it settles each batch through the
+//! ledger, turning its commands into submissions (`flush`: one per stretch
+//! between `signal`s and waits, each signalling the queue's progress
+//! semaphore), holds a wait on the host until a submission that signals its
+//! value is on a `VkQueue`, and hands each batch to the retire thread.
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver};
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use super::commands::Touched;
+use super::context::Context;
+use super::engine::{CommandSet, Job, Shared};
+use super::memory::{VulkanBlock, free_buffer, make_buffer};
+use super::retire::{Retire, retire_all, retire_one};
+use super::timing::Clock;
+use super::{Vulkan, VulkanDevice};
+use crate::error::{Error, Result};
+use crate::profile::now_ns;
+use crate::queue::{Batch, Command, Ledger, QueueKind, queue_label, settled};
+use crate::signal::TimelineSignal;
+
+/// The recording thread's state.
+pub(super) struct Recorder {
+    /// The device: its pool gives the staging memory.
+    pub(super) device: VulkanDevice,
+    pub(super) context: Arc<Context>,
+    pub(super) kind: QueueKind,
+    pub(super) label: String,
+    pub(super) pool: vk::CommandPool,
+    /// The queue's own timeline: each submission signals the next value.
+    pub(super) progress: vk::Semaphore,
+    pub(super) next: u64,
+    pub(super) shared: Arc<Shared>,
+    /// The batch being recorded: what its submissions hold.
+    pub(super) current: Option<Retire>,
+    /// The command buffer being recorded, and the index of its first
+    /// command (what fails if it cannot be submitted).
+    pub(super) open: Option<(CommandSet, usize)>,
+    /// Waits of the next submission.
+    pub(super) waits: Vec<(vk::Semaphore, u64)>,
+    /// A 16-byte buffer bound for an empty view.
+    pub(super) dummy: VulkanBlock,
+    /// Device timestamps, where the queue's family has them.
+    pub(super) clock: Option<Clock>,
+    /// The query of the command being recorded, to close after it.
+    pub(super) timing: Option<(vk::QueryPool, u32)>,
+    /// What the open command buffer's commands touched since its last
+    /// barrier.
+    pub(super) touched: Touched,
+}
+
+// SAFETY: the handles are plain Vulkan handles, used only on the
+// recording thread (the pool and descriptor pools, which need external
+// synchronisation) or, for the semaphores and buffers, through calls
+// that are thread-safe.
+unsafe impl Send for Recorder {}
+
+impl Recorder {
+    pub(super) fn new(
+        owner: VulkanDevice,
+        family: u32,
+        kind: QueueKind,
+        shared: Arc<Shared>,
+        ledger: &Ledger,
+    ) -> Result<Self> {
+        let context = owner.context().clone();
+        let device = &context.device;
+        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        // SAFETY: create-infos live across the calls; what is made is
+        // destroyed when the recording thread ends.
+        let (pool, progress) = unsafe {
+            let pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .map_err(|e| context.error("vkCreateCommandPool", e))?;
+            let progress = match device.create_semaphore(
+                &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+                None,
+            ) {
+                Ok(semaphore) => semaphore,
+                Err(e) => {
+                    device.destroy_command_pool(pool, None);
+                    return Err(context.error("vkCreateSemaphore", e));
+                }
+            };
+            (pool, progress)
+        };
+        let dummy = make_buffer(&context, 16).map_err(|(call, e)| context.error(&call, e))?;
+        let mut recorder = Self {
+            label: queue_label(ledger.id(), kind),
+            device: owner,
+            context,
+            kind,
+            pool,
+            progress,
+            next: 0,
+            shared,
+            current: None,
+            open: None,
+            waits: Vec::new(),
+            dummy,
+            clock: None,
+            timing: None,
+            touched: Touched::default(),
+        };
+        let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
+        let period = f64::from(recorder.context.limits().timestamp_period);
+        if bits > 0 && period > 0.0 {
+            // Without a clock, profiles use the host's times.
+            recorder.clock = recorder.calibrate(period).ok();
+        }
+        Ok(recorder)
+    }
+
+    /// The `VkQueue` this queue submits to.
+    pub(super) fn queue(&self) -> &Mutex<vk::Queue> {
+        match self.kind {
+            QueueKind::Copy => self
+                .context
+                .transfer_queue
+                .as_ref()
+                .unwrap_or(&self.context.compute_queue),
+            QueueKind::Compute => &self.context.compute_queue,
+        }
+    }
+
+    /// Settles each batch in order until the engine is dropped; then
+    /// waits for the retire thread and frees what it made.
+    pub(super) fn run(mut self, ledger: &Ledger, jobs: Receiver<Job>) {
+        let (retire, retiring) = mpsc::channel::<Retire>();
+        let retirer = {
+            let context = self.context.clone();
+            let shared = self.shared.clone();
+            let progress = self.progress;
+            let label: crate::profile::Name = self.label.as_str().into();
+            let clock = self.clock;
+            std::thread::Builder::new()
+                .name(format!("hwqueue-vulkan-retire {}", self.label))
+                .spawn(move || retire_all(&context, progress, &shared, &label, clock, retiring))
+        };
+        for Job { batch, profile } in jobs {
+            self.current = Some(Retire {
+                batch: Batch::default(),
+                progress: None,
+                sets: Vec::new(),
+                staging: Vec::new(),
+                downloads: Vec::new(),
+                signals: Vec::new(),
+                submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
+                stamped: 0,
+                upto: 0,
+                timed: Vec::new(),
+                profile,
+            });
+            ledger.settle(&batch, |batch| self.run_batch(batch));
+            let mut done = self.current.take().expect("set above");
+            done.batch = batch;
+            match &retirer {
+                Ok(_) => {
+                    let _ = retire.send(done);
+                }
+                // No retire thread: wait here.
+                Err(_) => retire_one(&self.context, self.progress, &self.shared, None, done),
+            }
+        }
+        drop(retire);
+        if let Ok(thread) = retirer {
+            let _ = thread.join();
+        }
+        ledger.retire();
+        let device = &self.context.device;
+        // SAFETY: every submission completed (the retire thread waited for
+        // each), so nothing uses these objects any more.
+        unsafe {
+            for set in self.shared.free.lock().drain(..) {
+                for pool in set.pools {
+                    device.destroy_descriptor_pool(pool, None);
+                }
+                if set.queries != vk::QueryPool::null() {
+                    device.destroy_query_pool(set.queries, None);
+                }
+            }
+            device.destroy_command_pool(self.pool, None);
+            device.destroy_semaphore(self.progress, None);
+        }
+        free_buffer(&self.context, &self.dummy);
+    }
+
+    pub(super) fn run_batch(
+        &mut self,
+        batch: &Batch<Vulkan>,
+    ) -> std::result::Result<(), (usize, Error)> {
+        for (index, command) in batch.commands().iter().enumerate() {
+            self.current.as_mut().expect("a batch is recording").upto = index + 1;
+            let outcome = self.command(batch, index, command);
+            self.close_timing(index);
+            if let Err(error) = outcome {
+                // What was recorded before the failure still runs; where it
+                // cannot be submitted, it fails too.
+                let from = self.open.as_ref().map_or(index, |(_, first)| *first);
+                return Err(match self.flush(None) {
+                    Ok(()) => (index, error),
+                    Err(_) => (from, error),
+                });
+            }
+        }
+        if self.open.is_some() || !self.waits.is_empty() {
+            let from = self.open.as_ref().map_or(0, |(_, first)| *first);
+            self.flush(None).map_err(|error| (from, error))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn command(
+        &mut self,
+        batch: &Batch<Vulkan>,
+        index: usize,
+        command: &Command<Vulkan>,
+    ) -> Result<()> {
+        match command {
+            Command::Wait { signal, value } => self.wait(signal, *value, false),
+            Command::WaitSettled { signal, value } => self.wait(signal, *value, true),
+            Command::WaitForeign { signal, value } => {
+                self.flush(None)?;
+                signal.wait_forever(*value)
+            }
+            Command::Signal { signal, value } => {
+                if signal.is_submitted(*value) {
+                    // At or below what it holds or is promised: values only
+                    // rise (a timeline semaphore must not be signalled
+                    // lower), so this signal does nothing.
+                    return Ok(());
+                }
+                self.flush(Some((signal.semaphore(), *value)))?;
+                signal.note_submitted(*value);
+                self.current
+                    .as_mut()
+                    .expect("a batch is recording")
+                    .signals
+                    .push((signal.semaphore(), *value));
+                Ok(())
+            }
+            Command::Exec {
+                program,
+                buffers,
+                scalars,
+                params,
+            } => self.exec(
+                index,
+                program,
+                &batch.buffers()[buffers.clone()],
+                &batch.scalars()[scalars.clone()],
+                params,
+            ),
+            Command::Copy { dst, src } => {
+                let (from, to) = (self.device_range(src)?, self.device_range(dst)?);
+                self.copy(index, from, to, src.len())
+            }
+            Command::Fill {
+                dst,
+                pattern,
+                width,
+            } => self.fill(index, dst, pattern, *width),
+            Command::Upload { dst, data } => self.upload(index, dst, batch.host_bytes(data)),
+            Command::Download { src, .. } => {
+                let len = src.len();
+                let staging = self.staging(len.max(4))?;
+                let from = self.device_range(src)?;
+                self.copy(index, from, staging.0, len)?;
+                self.current
+                    .as_mut()
+                    .expect("a batch is recording")
+                    .downloads
+                    .push((index, staging.1));
+                Ok(())
+            }
+            // Every command is preceded by a full barrier already.
+            Command::Barrier | Command::Alloca { .. } => Ok(()),
+            // The buffer's range goes back once the batch retired: every
+            // command before this one completed by then.
+            Command::Dealloca { .. } => Ok(()),
+        }
+    }
+
+    /// A wait on a Vulkan signal: a semaphore wait of the next submission,
+    /// once a submission signalling the value is on a `VkQueue`.
+    pub(super) fn wait(
+        &mut self,
+        signal: &super::VulkanSignal,
+        value: u64,
+        is_settled: bool,
+    ) -> Result<()> {
+        if signal.is_reached(value) {
+            return Ok(());
+        }
+        // The work recorded so far must not wait.
+        self.flush(None)?;
+        if !signal.is_of(&self.context) {
+            // Another device's semaphore cannot be waited on here: the
+            // host waits for it, as for another backend's signal.
+            let waited = signal.wait(value, crate::signal::Timeout::Forever);
+            return if is_settled { settled(waited) } else { waited };
+        }
+        match signal.wait_submitted(value) {
+            Ok(()) => {
+                self.waits.push((signal.semaphore(), value));
+                Ok(())
+            }
+            Err(error) if is_settled => settled(Err(error)),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The stages a queue of this kind runs.
+    pub(super) fn stages(&self) -> vk::PipelineStageFlags {
+        match self.kind {
+            QueueKind::Compute => {
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
+            }
+            QueueKind::Copy => vk::PipelineStageFlags::TRANSFER,
+        }
+    }
+
+    /// Submits what is recorded and the waits gathered, signalling the
+    /// progress semaphore and, where given, a signal.
+    pub(super) fn flush(&mut self, signal: Option<(vk::Semaphore, u64)>) -> Result<()> {
+        if self.open.is_none() && self.waits.is_empty() && signal.is_none() {
+            return Ok(());
+        }
+        if let Err(lost) = self.context.health() {
+            // Nothing more runs on a lost device: the recorded buffer goes
+            // back unsubmitted.
+            self.waits.clear();
+            if let Some((set, _)) = self.open.take() {
+                // SAFETY: the command buffer records; ending it lets its
+                // next `begin` reset it.
+                let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
+                self.shared.free.lock().push(set);
+            }
+            return Err(lost);
+        }
+        let device = &self.context.device;
+        let open = self.open.take();
+        if let Some((set, _)) = &open {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            // SAFETY: the command buffer records; it ends here.
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    set.buffer,
+                    self.stages(),
+                    vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+                device
+                    .end_command_buffer(set.buffer)
+                    .map_err(|e| self.context.error("vkEndCommandBuffer", e))?;
+            }
+        }
+        let value = self.next + 1;
+        let waits: Vec<vk::Semaphore> = self.waits.iter().map(|w| w.0).collect();
+        let wait_values: Vec<u64> = self.waits.iter().map(|w| w.1).collect();
+        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
+        let mut signals = vec![self.progress];
+        let mut signal_values = vec![value];
+        if let Some((semaphore, at)) = signal {
+            signals.push(semaphore);
+            signal_values.push(at);
+        }
+        let buffers: Vec<vk::CommandBuffer> = open.iter().map(|(set, _)| set.buffer).collect();
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&waits)
+            .wait_dst_stage_mask(&wait_stages)
+            .command_buffers(&buffers)
+            .signal_semaphores(&signals)
+            .push_next(&mut timeline);
+        let outcome = {
+            let queue = self.queue().lock();
+            // SAFETY: the queue is locked (submits need external
+            // synchronisation); every semaphore and the command buffer
+            // live until the retire thread saw `value`.
+            unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
+        };
+        self.waits.clear();
+        let current = self.current.as_mut().expect("a batch is recording");
+        match outcome {
+            Ok(()) => {
+                self.next = value;
+                current.progress = Some(value);
+                if current.profile {
+                    let now = now_ns();
+                    let (from, to) = (current.stamped, current.upto);
+                    for stamp in current.submitted_ns.get_mut(from..to).unwrap_or_default() {
+                        *stamp = now;
+                    }
+                    current.stamped = to;
+                }
+                if let Some((set, _)) = open {
+                    current.sets.push(set);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some((set, _)) = open {
+                    // Never submitted: reusable at once.
+                    self.shared.free.lock().push(set);
+                }
+                Err(self.context.error("vkQueueSubmit", e))
+            }
+        }
+    }
+}

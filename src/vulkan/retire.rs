@@ -1,0 +1,179 @@
+//! The retire thread of a Vulkan queue: waits for each batch's
+//! submissions, then completes its downloads, gives its staging ranges and
+//! command buffers back, and files its profile events.
+
+use std::sync::mpsc::Receiver;
+
+use ash::vk;
+
+use super::Vulkan;
+use super::context::Context;
+use super::engine::{CommandSet, Shared};
+use super::memory::VulkanBuffer;
+use super::timing::Clock;
+use crate::buffer::Buffer;
+use crate::error::Result;
+use crate::profile::{EventNames, describe, now_ns};
+use crate::queue::{Batch, Command};
+
+/// What the retire thread waits for and then releases, for one batch.
+pub(super) struct Retire {
+    pub(super) batch: Batch<Vulkan>,
+    /// The progress value of the batch's last submission (`None`: it
+    /// submitted nothing).
+    pub(super) progress: Option<u64>,
+    pub(super) sets: Vec<CommandSet>,
+    /// Staging ranges of the device's own pool (no allocation of the
+    /// driver's a transfer), going back to it when the batch retired.
+    pub(super) staging: Vec<VulkanBuffer>,
+    /// Downloads: the command's index and the staging range (an index into
+    /// `staging`) holding its bytes.
+    pub(super) downloads: Vec<(usize, usize)>,
+    /// The signals its submissions set: the retire thread sees each reached
+    /// (a submission's semaphores are signalled in no set order, so the
+    /// progress value alone does not say the others are).
+    pub(super) signals: Vec<(vk::Semaphore, u64)>,
+    /// Per command, when its submission was handed to the `VkQueue`
+    /// (profiling only).
+    pub(super) submitted_ns: Vec<u64>,
+    /// Commands `stamped..upto` are recorded and not yet submitted.
+    pub(super) stamped: usize,
+    pub(super) upto: usize,
+    /// Commands timed on the device: index, query pool, first query.
+    pub(super) timed: Vec<(usize, vk::QueryPool, u32)>,
+    pub(super) profile: bool,
+}
+
+/// The retire thread: each batch in order, once its submissions completed.
+pub(super) fn retire_all(
+    context: &Context,
+    progress: vk::Semaphore,
+    shared: &Shared,
+    label: &crate::profile::Name,
+    clock: Option<Clock>,
+    batches: Receiver<Retire>,
+) {
+    let mut names = EventNames::new();
+    for batch in batches {
+        retire_one(
+            context,
+            progress,
+            shared,
+            Some((label, &mut names, clock)),
+            batch,
+        );
+    }
+}
+
+pub(super) fn retire_one(
+    context: &Context,
+    progress: vk::Semaphore,
+    shared: &Shared,
+    profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
+    mut done: Retire,
+) {
+    // The queue's progress, then every signal the batch set: a
+    // submission's semaphores are signalled in no set order.
+    let mut waits: Vec<(vk::Semaphore, u64)> = done
+        .progress
+        .map(|value| (progress, value))
+        .into_iter()
+        .collect();
+    waits.extend_from_slice(&done.signals);
+    let lost = wait_all_semaphores(context, &waits).err();
+    let finished = now_ns();
+    for &(index, at) in &done.downloads {
+        if let Some(Command::Download { src, sink }) = done.batch.commands().get(index) {
+            match &lost {
+                Some(error) => sink.fail(error),
+                None => {
+                    // The device wrote the range before the progress value.
+                    let staging = &done.staging[at];
+                    let _ = sink.complete(|out| staging.read_at(0, &mut out[..src.len()]));
+                }
+            }
+        }
+    }
+    for command in done.batch.commands() {
+        if let Command::Dealloca { buffer } = command {
+            crate::memory::dealloca_completed(buffer);
+        }
+    }
+    if let (true, Some((label, names, clock))) = (done.profile, profile) {
+        // Device times where the command was timed, else from its
+        // submission to the host seeing it complete.
+        let mut device_times = vec![None; done.batch.commands().len()];
+        if let (Some(clock), None) = (clock, &lost) {
+            for &(index, queries, first) in &done.timed {
+                let mut ticks = [0u64; 2];
+                // SAFETY: the pool lives (the batch's command set holds
+                // it) and both timestamps were written: the submission
+                // completed.
+                let read = unsafe {
+                    context.device.get_query_pool_results(
+                        queries,
+                        first,
+                        &mut ticks,
+                        vk::QueryResultFlags::TYPE_64,
+                    )
+                };
+                if read.is_ok() && ticks[1] >= ticks[0] {
+                    device_times[index] = Some((clock.host_ns(ticks[0]), clock.host_ns(ticks[1])));
+                }
+            }
+        }
+        let mut events = shared.events.lock();
+        // Events start in queue order: a command without device times (a
+        // wait, a signal) sits at the end of the one before it, and a
+        // calibration error never puts a command before the one ahead.
+        let mut last_end: Option<u64> = None;
+        for (index, command) in done.batch.commands().iter().enumerate() {
+            let host = || {
+                let start = done.submitted_ns.get(index).copied().unwrap_or(finished);
+                if start == 0 { finished } else { start }
+            };
+            let (start, end) = match (device_times[index], last_end) {
+                (Some((start, end)), Some(last)) => (start.max(last), end.max(start.max(last))),
+                (Some(times), None) => times,
+                (None, Some(last)) => (last, last),
+                (None, None) => (host(), host()),
+            };
+            last_end = Some(end);
+            events.push(describe(command, names).into_event(
+                label.clone(),
+                done.batch.sequence(),
+                index,
+                start,
+                end,
+            ));
+        }
+    }
+    done.staging.clear();
+    shared.free.lock().append(&mut done.sets);
+    done.batch.clear();
+    shared.recycled.lock().push(done.batch);
+    shared.progress.lock().1 += 1;
+    shared.retired.notify_all();
+}
+
+/// Blocks until every semaphore of `waits` reached its value; the error of
+/// a failed wait (a lost device). The semaphores must live across the call.
+pub(super) fn wait_all_semaphores(context: &Context, waits: &[(vk::Semaphore, u64)]) -> Result<()> {
+    if waits.is_empty() {
+        return Ok(());
+    }
+    let (semaphores, values): (Vec<vk::Semaphore>, Vec<u64>) = waits.iter().copied().unzip();
+    let info = vk::SemaphoreWaitInfo::default()
+        .semaphores(&semaphores)
+        .values(&values);
+    loop {
+        // SAFETY: the caller keeps the semaphores alive (the recording
+        // thread's progress semaphore outlives the retire thread; a batch
+        // holds its signals); the arrays live across the call.
+        match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
+            Ok(()) => return Ok(()),
+            Err(vk::Result::TIMEOUT) => {}
+            Err(e) => return Err(context.error("vkWaitSemaphores (a batch's completion)", e)),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Device timestamps for profiles: a query pool per command buffer, two
+//! timestamps around each device command, mapped onto the host's clock by
+//! one calibration per queue (`Clock`).
+
+use ash::vk;
+
+use super::engine::QUERIES;
+use super::recorder::Recorder;
+use crate::error::Result;
+use crate::profile::now_ns;
+
+/// How device timestamps map onto the host's clock (`now_ns`): nanoseconds
+/// per tick, and the host time of tick 0, measured once per queue by
+/// writing a timestamp between two host readings (their midpoint; the
+/// clocks' drift over a process's life is not corrected).
+#[derive(Clone, Copy)]
+pub(super) struct Clock {
+    pub(super) period: f64,
+    pub(super) zero_ns: f64,
+}
+
+impl Clock {
+    pub(super) fn host_ns(self, ticks: u64) -> u64 {
+        (self.zero_ns + ticks as f64 * self.period).max(0.0) as u64
+    }
+}
+
+impl Recorder {
+    /// Writes one timestamp between two readings of the host's clock: the
+    /// device's tick 0 on the host's clock.
+    pub(super) fn calibrate(&mut self, period: f64) -> Result<Clock> {
+        let queries = self.query_pool()?;
+        let info = vk::CommandBufferAllocateInfo::default()
+            .command_pool(self.pool)
+            .level(vk::CommandBufferLevel::PRIMARY)
+            .command_buffer_count(1);
+        let device = &self.context.device;
+        // SAFETY: the pool is this thread's; the command buffer records one
+        // timestamp, is submitted once, waited for, and freed; the query
+        // pool is destroyed after its result is read.
+        unsafe {
+            let buffer = device
+                .allocate_command_buffers(&info)
+                .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?[0];
+            let recorded = device
+                .begin_command_buffer(buffer, &vk::CommandBufferBeginInfo::default())
+                .and_then(|()| {
+                    device.cmd_reset_query_pool(buffer, queries, 0, 1);
+                    device.cmd_write_timestamp(
+                        buffer,
+                        vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                        queries,
+                        0,
+                    );
+                    device.end_command_buffer(buffer)
+                });
+            let value = self.next + 1;
+            let submitted = recorded.and_then(|()| {
+                let buffers = [buffer];
+                let signals = [self.progress];
+                let values = [value];
+                let mut timeline =
+                    vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+                let submit = vk::SubmitInfo::default()
+                    .command_buffers(&buffers)
+                    .signal_semaphores(&signals)
+                    .push_next(&mut timeline);
+                let queue = self.queue().lock();
+                device.queue_submit(*queue, &[submit], vk::Fence::null())
+            });
+            let before = now_ns();
+            let outcome = submitted.and_then(|()| {
+                let semaphores = [self.progress];
+                let values = [value];
+                device.wait_semaphores(
+                    &vk::SemaphoreWaitInfo::default()
+                        .semaphores(&semaphores)
+                        .values(&values),
+                    5_000_000_000,
+                )
+            });
+            let after = now_ns();
+            let mut ticks = [0u64; 1];
+            let read = outcome.and_then(|()| {
+                device.get_query_pool_results(
+                    queries,
+                    0,
+                    &mut ticks,
+                    vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
+                )
+            });
+            if outcome.is_ok() {
+                self.next = value;
+            }
+            device.free_command_buffers(self.pool, &[buffer]);
+            device.destroy_query_pool(queries, None);
+            read.map_err(|e| self.context.error("calibrating the queue's timestamps", e))?;
+            let midpoint = (before as f64 + after as f64) / 2.0;
+            Ok(Clock {
+                period,
+                zero_ns: midpoint - ticks[0] as f64 * period,
+            })
+        }
+    }
+
+    /// A pool of [`QUERIES`] timestamps.
+    pub(super) fn query_pool(&self) -> Result<vk::QueryPool> {
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(QUERIES);
+        // SAFETY: the create-info lives across the call.
+        unsafe { self.context.device.create_query_pool(&info, None) }
+            .map_err(|e| self.context.error("vkCreateQueryPool", e))
+    }
+
+    /// While profiling with a clock: a timestamp before the command about
+    /// to be recorded (its pair is written by `close_timing`).
+    pub(super) fn open_timing(&mut self, buffer: vk::CommandBuffer) -> Result<()> {
+        let profiling = self.current.as_ref().is_some_and(|c| c.profile);
+        if !profiling || self.clock.is_none() || self.timing.is_some() {
+            return Ok(());
+        }
+        let (set, _) = self.open.as_mut().expect("begun");
+        if set.queries == vk::QueryPool::null() {
+            let info = vk::QueryPoolCreateInfo::default()
+                .query_type(vk::QueryType::TIMESTAMP)
+                .query_count(QUERIES);
+            // SAFETY: the create-info lives across the call; the pool is
+            // destroyed with the command set.
+            set.queries = unsafe { self.context.device.create_query_pool(&info, None) }
+                .map_err(|e| self.context.error("vkCreateQueryPool", e))?;
+        }
+        if set.written + 2 > QUERIES {
+            // Full: later commands of this buffer keep the host's times.
+            return Ok(());
+        }
+        let device = &self.context.device;
+        // SAFETY: the command buffer records; the queries are in range.
+        unsafe {
+            if set.written == 0 {
+                device.cmd_reset_query_pool(buffer, set.queries, 0, QUERIES);
+            }
+            device.cmd_write_timestamp(
+                buffer,
+                vk::PipelineStageFlags::TOP_OF_PIPE,
+                set.queries,
+                set.written,
+            );
+        }
+        self.timing = Some((set.queries, set.written));
+        set.written += 2;
+        Ok(())
+    }
+
+    /// Ends the timing `open_timing` began for command `index`.
+    pub(super) fn close_timing(&mut self, index: usize) {
+        let Some((queries, first)) = self.timing.take() else {
+            return;
+        };
+        if let Some((set, _)) = &self.open {
+            // SAFETY: the command buffer records (the command just recorded
+            // into it); the query is in range.
+            unsafe {
+                self.context.device.cmd_write_timestamp(
+                    set.buffer,
+                    vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                    queries,
+                    first + 1,
+                );
+            }
+            if let Some(current) = self.current.as_mut() {
+                current.timed.push((index, queries, first));
+            }
+        }
+    }
+}
