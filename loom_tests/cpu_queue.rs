@@ -100,37 +100,18 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
     model(Some(3), || {
         let (failed, [a, b, c], mut queue) = failed_signal_and_queue();
         let mut reports = 0;
-        // Submits the recorded batch; a report keeps it, so send it again.
-        // Whether this submit reported the failure.
-        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| {
-            let mut reported = false;
-            loop {
-                match queue.submit() {
-                    Ok(()) => break reported,
-                    Err(Error::QueueFailed { .. }) => {
-                        reports += 1;
-                        reported = true;
-                    }
-                    Err(other) => panic!("unexpected {other}"),
-                }
-            }
-        };
         queue.wait(&failed, 1).signal(&a, 1);
-        submit(&mut queue);
+        submit(&mut queue, &mut reports);
         queue.signal(&b, 1);
         // B's submit either reports A's failure (B is kept and sent again,
         // stamped after the report) or does not (B was submitted before
         // the owner knew).
-        let b_after_report = submit(&mut queue);
+        let b_after_report = submit(&mut queue, &mut reports);
         assert!(a.wait(1, Timeout::Forever).is_err());
         queue.signal(&c, 1);
-        submit(&mut queue);
+        submit(&mut queue, &mut reports);
         c.wait(1, Timeout::Forever).unwrap();
-        match queue.synchronize() {
-            Ok(()) => {}
-            Err(Error::QueueFailed { .. }) => reports += 1,
-            Err(other) => panic!("unexpected {other}"),
-        }
+        reports += usize::from(reported(queue.synchronize()));
         assert_eq!(reports, 1, "one failure, reported {reports} times");
         assert_eq!(
             b.wait(1, Timeout::Forever).is_ok(),
@@ -139,6 +120,28 @@ fn one_failure_is_reported_once_whatever_the_owner_and_worker_race() {
         );
         drop(queue);
     });
+}
+
+/// Whether `outcome` (of `submit` or `synchronize`) reported a failure;
+/// any other error fails the model.
+fn reported(outcome: hwqueue::Result<()>) -> bool {
+    match outcome {
+        Ok(()) => false,
+        Err(Error::QueueFailed { .. }) => true,
+        Err(other) => panic!("unexpected {other}"),
+    }
+}
+
+/// Submits the recorded batch, again after each report of a failure (a
+/// report keeps the batch), counting the reports in `reports`; whether
+/// there was one.
+fn submit(queue: &mut hwqueue::cpu::CpuQueue, reports: &mut usize) -> bool {
+    let mut any = false;
+    while reported(queue.submit()) {
+        *reports += 1;
+        any = true;
+    }
+    any
 }
 
 /// A signal failed at 1, three fresh signals, and a queue of a
@@ -174,27 +177,16 @@ fn a_batch_scoped_failure_never_fails_the_batches_after_it() {
         let (failed, [a, b, c], mut queue) = failed_signal_and_queue();
         queue.set_failure_scope(FailureScope::Batch).unwrap();
         let mut reports = 0;
-        let mut submit = |queue: &mut hwqueue::cpu::CpuQueue| loop {
-            match queue.submit() {
-                Ok(()) => break,
-                Err(Error::QueueFailed { .. }) => reports += 1,
-                Err(other) => panic!("unexpected {other}"),
-            }
-        };
         queue.wait(&failed, 1).signal(&a, 1);
-        submit(&mut queue);
+        submit(&mut queue, &mut reports);
         queue.signal(&b, 1);
-        submit(&mut queue);
+        submit(&mut queue, &mut reports);
         queue.wait_settled(&failed, 1).signal(&c, 1);
-        submit(&mut queue);
+        submit(&mut queue, &mut reports);
         assert!(a.wait(1, Timeout::Forever).is_err());
         b.wait(1, Timeout::Forever).unwrap();
         c.wait(1, Timeout::Forever).unwrap();
-        match queue.synchronize() {
-            Ok(()) => {}
-            Err(Error::QueueFailed { .. }) => reports += 1,
-            Err(other) => panic!("unexpected {other}"),
-        }
+        reports += usize::from(reported(queue.synchronize()));
         assert_eq!(reports, 1, "one failure, reported {reports} times");
         drop(queue);
     });

@@ -25,8 +25,6 @@ pub(super) type Bytes = (vk::Buffer, u64, u64);
 pub(super) struct Touched {
     pub(super) reads: Vec<Bytes>,
     pub(super) writes: Vec<Bytes>,
-    /// The command buffer was just begun: its first command gets a barrier.
-    pub(super) fresh: bool,
 }
 
 impl Touched {
@@ -296,7 +294,10 @@ impl Recorder {
         writes: &[Bytes],
     ) -> Result<vk::CommandBuffer> {
         let device = &self.context.device;
-        if self.open.is_none() {
+        // A buffer's first command gets a barrier: it follows the
+        // `VkQueue`'s earlier submissions.
+        let opened = self.open.is_none();
+        if opened {
             let mut set = match self.shared.free.lock().pop() {
                 Some(set) => set,
                 None => {
@@ -336,12 +337,9 @@ impl Recorder {
             set.written = 0;
             self.open = Some((set, index));
             self.touched.clear();
-            self.touched.fresh = true;
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
-        let hazard = self.touched.fresh || self.touched.conflicts(reads, writes);
-        self.touched.fresh = false;
-        if !hazard {
+        if !opened && !self.touched.conflicts(reads, writes) {
             self.touched.add(reads, writes);
             self.open_timing(buffer)?;
             return Ok(buffer);
