@@ -16,18 +16,25 @@ use hwqueue::{
     Backend, Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal,
 };
 
-/// The first usable Vulkan device, or `None` (printing why the test skips).
+/// The first usable Vulkan device, or `None` (printing why the test skips;
+/// failing instead where `HWQUEUE_REQUIRE_VULKAN` is set, as CI sets it).
 fn device() -> Option<VulkanDevice> {
+    let skip = |why: String| {
+        assert!(
+            std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
+            "HWQUEUE_REQUIRE_VULKAN is set, and {why}"
+        );
+        println!("skipped: {why}");
+        None
+    };
     let devices = match hwqueue::vulkan::devices() {
         Ok(devices) => devices,
-        Err(error) => {
-            println!("skipped: no Vulkan driver ({error})");
-            return None;
-        }
+        Err(error) => return skip(format!("no Vulkan driver ({error})")),
     };
     let Some(usable) = devices.iter().find(|d| d.unusable.is_none()) else {
-        println!("skipped: no Vulkan driver with a usable device ({devices:?})");
-        return None;
+        return skip(format!(
+            "no Vulkan driver with a usable device ({devices:?})"
+        ));
     };
     Some(VulkanDevice::open(usable.spec.ordinal()).expect("a usable device opens"))
 }
