@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram, STAGING_CACHE};
-use hwqueue::{Backend, Buffer, Device, Error, HardwareQueue, QueueFactory};
+use hwqueue::{Backend, Buffer, Device, Error, HardwareQueue, QueueFactory, TimelineSignal};
 
 /// Set (to `1`) in the child process only.
 const CHILD: &str = "HWQUEUE_FAKE_CHILD";
@@ -250,6 +250,8 @@ fn describe<T>(result: Result<T, Error>, ok: impl FnOnce(T) -> String) -> String
                 Error::Driver { .. } => "Driver",
                 Error::InvalidProgram { .. } => "InvalidProgram",
                 Error::EntryPointNotFound { .. } => "EntryPointNotFound",
+                Error::SignalFailed { .. } => "SignalFailed",
+                Error::Timeout { .. } => "Timeout",
                 _ => "other",
             };
             format!("{variant} {error}")
@@ -527,6 +529,40 @@ fn run_child_scenario(scenario: &str) {
                 report("ends", &format!("{ends:?} of [0, {last}]"));
             }
         }
+        // The conformance case `failure_scoped_to_its_batch_drains_and_settles`
+        // without kernels: a batch of a `FailureScope::Batch` queue that
+        // fails at its first wait must still honour its later wait before
+        // failing the signal after it.
+        "failure_scope" => {
+            let signal = || device.new_signal(0).unwrap();
+            let (gate, later, done, drained) = (signal(), signal(), signal(), signal());
+            let second = device.alloc(16).unwrap();
+            let mut queue = device.compute_queue().unwrap();
+            queue.set_failure_scope(hwqueue::FailureScope::Batch).unwrap();
+            queue
+                .wait(&gate, 1)
+                .signal(&done, 1)
+                .wait(&later, 1)
+                .signal(&drained, 1)
+                .submit()
+                .unwrap();
+            queue.fill(&second, 6u32).signal(&done, 2).submit().unwrap();
+            gate.fail(
+                1,
+                Error::Abandoned {
+                    reason: "failed by the test",
+                },
+            );
+            let long = std::time::Duration::from_secs(10);
+            let short = std::time::Duration::from_millis(100);
+            let outcome = |r: Result<(), Error>| describe(r, |()| String::new());
+            report("done1", &outcome(done.wait(1, long).map(drop)));
+            report("drained_before", &outcome(drained.wait(1, short).map(drop)));
+            later.set(1);
+            report("drained_after", &outcome(drained.wait(1, long).map(drop)));
+            report("done2", &outcome(done.wait(2, long).map(drop)));
+            report("second", &format!("{:?}", second.to_vec::<u32>().unwrap()));
+        }
         other => panic!("no scenario `{other}`"),
     }
 }
@@ -700,4 +736,30 @@ fn after_a_sticky_fault_staging_is_never_freed() {
             "fault seen by {seen_by:?}: {health}"
         );
     }
+}
+
+/// Found on an H100 (the conformance case, which needs a GPU): a CUDA
+/// queue with `FailureScope::Batch` failed every signal of a batch that
+/// failed at a wait, at once, instead of honouring the batch's later waits
+/// first (the worker called `Ledger::fail`, not the drain).
+#[test]
+fn a_batch_scoped_failure_on_cuda_drains_its_later_waits_in_order() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_scope", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert!(
+        outcome.field("done1").starts_with("SignalFailed "),
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome.field("drained_before").starts_with("Timeout "),
+        "the value after the unset wait settled before it: {outcome:#?}"
+    );
+    assert!(
+        outcome.field("drained_after").starts_with("SignalFailed "),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("done2"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("second"), "[6, 6, 6, 6]", "{outcome:#?}");
 }

@@ -248,7 +248,7 @@ impl Engine for CudaEngine {
         let mut state = shared.state.lock();
         if state.worker_busy {
             // Behind a deferred wait: keep the order.
-            state.pending.push_back((batch, 0));
+            state.pending.push_back((batch, 0, None));
             shared.work.notify_one();
         } else {
             drop(state);

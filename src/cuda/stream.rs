@@ -68,8 +68,9 @@ pub(super) struct Shared {
 
 #[derive(Default)]
 pub(super) struct State {
-    /// Batches for the worker, and the command each resumes at.
-    pub(super) pending: VecDeque<(Batch<Cuda>, usize)>,
+    /// Batches for the worker, and the command each resumes at (or, with
+    /// an error, failed at: the worker drains it).
+    pub(super) pending: VecDeque<(Batch<Cuda>, usize, Option<Error>)>,
     /// The worker has batches, so later ones must go through it too (to
     /// stay in order). Set by the owner when it hands one over, cleared by
     /// the worker once `pending` is empty.
@@ -112,11 +113,19 @@ impl Shared {
             Outcome::Blocked(at) => {
                 let mut state = self.state.lock();
                 state.worker_busy = true;
-                state.pending.push_back((batch, at));
+                state.pending.push_back((batch, at, None));
                 self.work.notify_one();
             }
             // Reported by the next `submit` or `synchronize`, as for work
-            // that fails on the GPU.
+            // that fails on the GPU. A batch whose failure is its own
+            // (`FailureScope::Batch`) drains its later waits: on the
+            // worker, which may block, and which later batches follow.
+            Outcome::Failed(at, error) if self.ledger.independent() => {
+                let mut state = self.state.lock();
+                state.worker_busy = true;
+                state.pending.push_back((batch, at, Some(error)));
+                self.work.notify_one();
+            }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
                 self.finish(batch, at);
@@ -471,7 +480,7 @@ impl InFlight {
 /// for the waits that stopped them, until the queue is dropped and drained.
 pub(super) fn run_worker(shared: &Shared) {
     loop {
-        let (batch, mut from) = {
+        let (batch, mut from, failed) = {
             let mut state = shared.state.lock();
             loop {
                 if let Some(next) = state.pending.pop_front() {
@@ -493,7 +502,7 @@ pub(super) fn run_worker(shared: &Shared) {
         // A batch handed over part-enqueued (`from > 0`) was admitted when
         // its first command went on the stream: it must finish, so the
         // buffers it already uses stay alive until the stream passes it.
-        let batch = if from == 0 {
+        let batch = if from == 0 && failed.is_none() {
             match shared.admit(batch, 0) {
                 Some(batch) => batch,
                 None => continue,
@@ -501,30 +510,35 @@ pub(super) fn run_worker(shared: &Shared) {
         } else {
             batch
         };
-        let outcome = loop {
-            match shared.enqueue_caught(&batch, from) {
-                Outcome::Blocked(at) => {
-                    let command = &batch.commands()[at];
-                    let start = now_ns();
-                    let blocked = block_on(command);
-                    if shared.profiling.load(Ordering::Relaxed)
-                        && let Some(profiler) = shared.profiler.lock().as_mut()
-                    {
-                        profiler.push_host(command, batch.sequence(), at, start);
+        let outcome = match failed {
+            // Failed on the owner's thread, to drain here.
+            Some(error) => Outcome::Failed(from, error),
+            None => loop {
+                match shared.enqueue_caught(&batch, from) {
+                    Outcome::Blocked(at) => {
+                        let command = &batch.commands()[at];
+                        let start = now_ns();
+                        let blocked = block_on(command);
+                        if shared.profiling.load(Ordering::Relaxed)
+                            && let Some(profiler) = shared.profiler.lock().as_mut()
+                        {
+                            profiler.push_host(command, batch.sequence(), at, start);
+                        }
+                        match blocked {
+                            // The value is recorded, reached, or the foreign
+                            // signal is reached: the command now enqueues.
+                            Ok(()) => from = at,
+                            Err(error) => break Outcome::Failed(at, error),
+                        }
                     }
-                    match blocked {
-                        // The value is recorded, reached, or the foreign
-                        // signal is reached: the command now enqueues.
-                        Ok(()) => from = at,
-                        Err(error) => break Outcome::Failed(at, error),
-                    }
+                    other => break other,
                 }
-                other => break other,
-            }
+            },
         };
         let enqueued = match outcome {
+            // Its later waits honoured first under `FailureScope::Batch`.
             Outcome::Failed(at, error) => {
-                shared.ledger.fail(&batch, at, error);
+                shared.ledger.fail_draining(&batch, at, error);
                 at
             }
             _ => batch.commands().len(),

@@ -209,6 +209,21 @@ impl Ledger {
         cause
     }
 
+    /// [`fail`](Self::fail) for an engine's thread that may block: under
+    /// [`FailureScope::Batch`](super::FailureScope) the failed batch's
+    /// failure is its own, and it still honours its later waits, in order,
+    /// before failing the signals after each
+    /// ([`drain_failed`](Batch::drain_failed)); under `Queue` its signals
+    /// from `from` on fail at once.
+    pub fn fail_draining<B: Backend>(&self, batch: &Batch<B>, from: usize, error: Error) {
+        if self.independent() {
+            let cause = self.record(batch, error);
+            batch.drain_failed(from, &cause);
+        } else {
+            self.fail(batch, from, error);
+        }
+    }
+
     /// Records that `batch` failed with `error`, for the owner and for the
     /// cascade; returns the cause as its signals will carry it.
     fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
@@ -262,14 +277,8 @@ impl Ledger {
                             },
                         ))
                     });
-                match outcome {
-                    // Its failure is its own: it still honours its later
-                    // waits, in order (see `FailureScope::Batch`).
-                    Err((from, error)) if self.independent() => {
-                        let cause = self.record(batch, error);
-                        batch.drain_failed(from, &cause);
-                    }
-                    outcome => self.complete(batch, outcome),
+                if let Err((from, error)) = outcome {
+                    self.fail_draining(batch, from, error);
                 }
             }
         }
