@@ -716,14 +716,24 @@ fn dynamic_shared_memory_above_48_kib_is_opted_in_and_used() {
 #[test]
 fn kernel_parameters_are_checked_against_the_declared_abi() {
     let Some(device) = device() else { return };
-    // `add` takes three pointers and a count.
-    let error = CudaProgram::from_cuda_c(&device, TESTS, "add", 2, 1).unwrap_err();
+    // `add` takes three pointers and a count: the count is checked first,
+    // then each parameter's width (first run on an H100: this asked for
+    // "parameter 2" from a count mismatch, which the count check answers).
+    for (buffers, scalars) in [(2, 1), (3, 0)] {
+        let error = CudaProgram::from_cuda_c(&device, TESTS, "add", buffers, scalars).unwrap_err();
+        assert!(
+            matches!(&error, Error::InvalidProgram { .. })
+                && error.to_string().contains("takes 4 parameters"),
+            "{error}"
+        );
+    }
+    let error = CudaProgram::from_cuda_c(&device, TESTS, "add", 4, 0).unwrap_err();
     assert!(
-        matches!(&error, Error::InvalidProgram { .. }) && error.to_string().contains("parameter 2"),
+        error
+            .to_string()
+            .contains("parameter 3 is declared a buffer"),
         "{error}"
     );
-    let error = CudaProgram::from_cuda_c(&device, TESTS, "add", 3, 0).unwrap_err();
-    assert!(error.to_string().contains("takes 4 parameters"), "{error}");
     // A scalar of the wrong width is refused at submit.
     let add = kernel(&device, "add");
     let buffers: Vec<_> = (0..3).map(|_| u32_buffer(&device, 256)).collect();
@@ -1094,6 +1104,61 @@ fn a_batch_of_another_queue_recorded_before_a_dealloca_runs_on_its_bytes_on_cuda
     // fits best: `y` is still held).
     let z = a.alloca(4096).unwrap();
     assert_eq!(z.device_pointer(), x_at);
+    drop(y);
+}
+
+/// Issue 37's cross-stream reuse, with the order made certain by a gate:
+/// queue B writes an `alloca` range, spins, then waits on a host gate
+/// before reading it back; while B's work on the range is still pending,
+/// queue A `dealloca`s it, `alloca`s the same size and writes the new
+/// buffer, and runs to completion. Only then is the gate set. B must read
+/// its own bytes: the range went to no other buffer while B's stream held
+/// it (PyTorch's `record_stream` rule, here implied by the recorded use).
+#[test]
+fn a_range_deallocated_while_another_stream_s_kernel_runs_on_it_is_not_reused() {
+    let Some(device) = device() else { return };
+    let fill = kernel(&device, "fill");
+    let spin = kernel(&device, "spin");
+    let (mut a, mut b) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    let gate: CudaSignal = device.new_signal(0).unwrap();
+    let b_done: CudaSignal = device.new_signal(0).unwrap();
+    let x = a.alloca(1 << 20).unwrap();
+    let x_at = x.device_pointer();
+    let back = hwqueue::Download::<u32>::new(1 << 18);
+    b.exec(
+        &fill,
+        &[&x],
+        &[Scalar::U32(4)],
+        ExecParams::new_1d(1 << 18, 256),
+    )
+    .exec(
+        &spin,
+        &[],
+        &[Scalar::U64(cycles_for(&device, Duration::from_millis(50)))],
+        ExecParams::new_1d(1, 1),
+    )
+    .wait(&gate, 1)
+    .download(&x, &back)
+    .signal(&b_done, 1)
+    .submit()
+    .unwrap();
+    a.dealloca(&x).submit().unwrap();
+    let y = a.alloca(1 << 20).unwrap();
+    assert_ne!(y.device_pointer(), x_at, "B's stream still holds the range");
+    let y_back = hwqueue::Download::<u32>::new(1 << 18);
+    a.fill(&y, 0xffu8).download(&y, &y_back).submit().unwrap();
+    a.synchronize().unwrap();
+    assert_eq!(y_back.take(LONG).unwrap(), vec![u32::MAX; 1 << 18]);
+    // A ran to completion while B is held at its gate: B has not finished.
+    assert!(!b_done.is_reached(1));
+    gate.set(1);
+    assert_eq!(back.take(LONG).unwrap(), vec![4; 1 << 18]);
+    b_done.wait(1, LONG).unwrap();
+    b.synchronize().unwrap();
+    a.synchronize().unwrap();
     drop(y);
 }
 
