@@ -392,8 +392,10 @@ pub enum Phase {
 /// batch holds are folded into the `dealloca` when it is recorded: they are
 /// ordered before it in that batch, so a synchronous engine (the CPU's)
 /// returns the range the moment the `dealloca` runs, and an asynchronous
-/// one (CUDA's) once its batch completed on the device. Nothing on this
-/// path waits on the host.
+/// one (CUDA's, Vulkan's) once it sees its batch completed on the device
+/// (the queue's next `submit` or `synchronize` looks; a signal set after
+/// the `dealloca` may be reached a little before). Nothing on this path
+/// waits on the host.
 ///
 /// # The record
 ///
