@@ -1,5 +1,5 @@
 //! The demo's kernels, generated as a compiler would: C for the CPU backend,
-//! CUDA C for a GPU, the model's shapes baked in. A module of its own so
+//! CUDA C for a CUDA GPU, WGSL for Vulkan, the model's shapes baked in. A module of its own so
 //! that the NVRTC test (`tests/nvrtc.rs`, through testkit's
 //! `cuda_kernels`) compiles exactly these.
 
@@ -120,6 +120,77 @@ pub fn cuda_kernels() -> [(&'static str, String); 4] {
     float sum = 0.0f;
     for (unsigned j = 0; j < {OUTPUT}; j++) {{ p[j] = expf(p[j] - max); sum += p[j]; }}
     for (unsigned j = 0; j < {OUTPUT}; j++) p[j] /= sum;
+}}"#
+            ),
+        ),
+    ]
+}
+
+/// The same kernels as WGSL for the Vulkan backend (naga compiles them to
+/// SPIR-V): one invocation per output element (per row for the softmax),
+/// the work-group size taken from each exec (`override`s).
+pub fn wgsl_kernels() -> [(&'static str, String); 4] {
+    const HEADER: &str = "override local_x: u32 = 64;
+override local_y: u32 = 1;
+override local_z: u32 = 1;
+";
+    let matmul = |name: &str, k: usize, n: usize| {
+        format!(
+            r#"{HEADER}
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@compute @workgroup_size(local_x, local_y, local_z)
+fn {name}(@builtin(global_invocation_id) id: vec3<u32>) {{
+    let j = id.x;
+    let r = id.y;
+    var acc = 0.0;
+    for (var k = 0u; k < {k}u; k++) {{
+        acc += a[r * {k}u + k] * b[k * {n}u + j];
+    }}
+    c[r * {n}u + j] = acc;
+}}"#
+        )
+    };
+    [
+        ("matmul1", matmul("matmul1", INPUT, HIDDEN)),
+        (
+            "bias_relu",
+            format!(
+                r#"{HEADER}
+@group(0) @binding(0) var<storage, read_write> h: array<f32>;
+@group(0) @binding(1) var<storage, read> bias: array<f32>;
+@compute @workgroup_size(local_x, local_y, local_z)
+fn bias_relu(@builtin(global_invocation_id) id: vec3<u32>) {{
+    let i = id.y * {HIDDEN}u + id.x;
+    h[i] = max(h[i] + bias[id.x], 0.0);
+}}"#
+            ),
+        ),
+        ("matmul2", matmul("matmul2", HIDDEN, OUTPUT)),
+        (
+            "bias_softmax",
+            format!(
+                r#"{HEADER}
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> bias: array<f32>;
+@group(0) @binding(2) var<storage, read_write> probs: array<f32>;
+@compute @workgroup_size(local_x, local_y, local_z)
+fn bias_softmax(@builtin(global_invocation_id) id: vec3<u32>) {{
+    let row = id.x * {OUTPUT}u;
+    var top = bitcast<f32>(0xff800000u);
+    for (var j = 0u; j < {OUTPUT}u; j++) {{
+        probs[row + j] = logits[row + j] + bias[j];
+        top = max(top, probs[row + j]);
+    }}
+    var sum = 0.0;
+    for (var j = 0u; j < {OUTPUT}u; j++) {{
+        probs[row + j] = exp(probs[row + j] - top);
+        sum += probs[row + j];
+    }}
+    for (var j = 0u; j < {OUTPUT}u; j++) {{
+        probs[row + j] = probs[row + j] / sum;
+    }}
 }}"#
             ),
         ),

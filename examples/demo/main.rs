@@ -1,8 +1,8 @@
 //! The hwqueue demo: what a compiler's device layer does, end to end.
 //!
 //! A two-layer MLP forward pass over a batch (matmul, bias + ReLU, matmul,
-//! bias + softmax), with its kernels generated as C source (CUDA C on a GPU)
-//! with the shapes baked in, compiled at run time, planned once by the
+//! bias + softmax), with its kernels generated as C source (CUDA C on a CUDA GPU, WGSL on a
+//! Vulkan device) with the shapes baked in, compiled at run time, planned once by the
 //! executor (four kernels on the compute queue, a download on the copy
 //! queue, its intermediates placed in one arena by the memory planner,
 //! waits derived from the bytes they touch), then run for N iterations,
@@ -10,11 +10,12 @@
 //! output is checked against plain Rust.
 //!
 //! ```text
-//! cargo run --release --example demo -- [--device cpu|cuda:0] [--iterations N]
+//! cargo run --release --example demo -- [--device cpu|cuda:0|vulkan:0] [--iterations N]
 //! ```
 
-// `cuda_kernels` is unused without the `cuda` feature.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+// `cuda_kernels` is unused without the `cuda` feature, `wgsl_kernels`
+// without `vulkan`.
+#[cfg_attr(not(all(feature = "cuda", feature = "vulkan")), allow(dead_code))]
 mod kernels;
 mod model;
 
@@ -45,7 +46,7 @@ fn parse_options() -> Result<Options, String> {
             "--device" => {
                 options.device =
                     Some(args.next().ok_or(
-                        "--device needs a value, e.g. `--device cpu` or `--device cuda:0`",
+                        "--device needs a value, e.g. `--device cpu`, `--device cuda:0` or `--device vulkan:0`",
                     )?)
             }
             "--iterations" => {
@@ -61,7 +62,7 @@ fn parse_options() -> Result<Options, String> {
                 )?);
             }
             "--help" | "-h" => {
-                println!("usage: demo [--device cpu|cuda:0] [--iterations N] [--trace FILE.json]");
+                println!("usage: demo [--device cpu|cuda:0|vulkan:0] [--iterations N] [--trace FILE.json]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}`; try --help")),
@@ -115,6 +116,18 @@ fn compile(device: &AnyDevice) -> Result<(Vec<AnyProgram>, String), hwqueue::Err
         return Ok((
             programs,
             "generated as CUDA C, compiled with NVRTC".to_owned(),
+        ));
+    }
+    #[cfg(feature = "vulkan")]
+    if device.as_vulkan().is_some() {
+        let mut programs = Vec::new();
+        for (name, source) in kernels::wgsl_kernels() {
+            let program = hwqueue::vulkan::VulkanProgram::from_wgsl(name, &source, name)?;
+            programs.push(AnyProgram::from(program));
+        }
+        return Ok((
+            programs,
+            "generated as WGSL, compiled to SPIR-V by naga".to_owned(),
         ));
     }
     Err(hwqueue::Error::InvalidProgram {
