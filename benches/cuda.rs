@@ -4,6 +4,7 @@
 //! |-------|-----------|---------------------|
 //! | `cuda_launch` | 1,000 `exec`s of an empty kernel on a `CudaQueue`, then a signal waited for | 1,000 `launch_builder(..).launch(..)` on a cudarc stream, then `synchronize` |
 //! | `cuda_signal` | `signal(s, v)` + `submit`, then polling `is_reached(v)` until true | `CudaEvent::record` on the stream, then polling `try_is_complete` until true |
+//! | `cuda_alloc` | `alloc_uninit(1 MiB)` and drop: the caching pool | `cuMemAlloc_v2` + `cuMemFree_v2` of 1 MiB |
 //! | `cuda_signal_wait` | a 20 µs `spin` kernel + `signal` + `submit`, then `wait(v, Forever)` (a `CU_EVENT_BLOCKING_SYNC` event: the host thread sleeps) | the same launch, an event with timing off recorded, then `synchronize` (the host thread spins) |
 //!
 //! Built only with `--features cuda` (`required-features`); without a CUDA
@@ -14,7 +15,9 @@ mod support;
 use criterion::{Criterion, criterion_group, criterion_main};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
-use hwqueue::{Backend, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout};
+use hwqueue::{
+    Backend, Device, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout,
+};
 use hwqueue_testkit::cuda_kernels::{EMPTY, TESTS, test_signature};
 
 use support::Profile;
@@ -115,6 +118,32 @@ fn cuda_signal(c: &mut Criterion) {
     group.finish();
 }
 
+/// The pool against the driver's allocator: a buffer taken and given back
+/// (issue 37's target: the pool at most 0.2x of `cuMemAlloc`/`cuMemFree`).
+fn cuda_alloc(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("cuda_alloc");
+    support::configure(&mut group, Profile::Latency);
+    const SIZE: usize = 1 << 20;
+
+    group.bench_function("hwqueue_pool", |b| {
+        b.iter(|| drop(device.alloc_uninit(SIZE).expect("alloc")));
+    });
+
+    group.bench_function("cuMemAlloc_cuMemFree", |b| {
+        device.context().bind_to_thread().expect("context");
+        b.iter(|| {
+            // SAFETY: the context is current on this thread; the pointer
+            // is freed once, right after, and never used.
+            unsafe {
+                let pointer = cudarc::driver::result::malloc_sync(SIZE).expect("cuMemAlloc");
+                cudarc::driver::result::free_sync(pointer).expect("cuMemFree");
+            }
+        });
+    });
+    group.finish();
+}
+
 /// Cycles of the `spin` kernel the wait group waits for: about 20 µs.
 const SPIN_CYCLES: u64 = 35_000;
 
@@ -171,5 +200,11 @@ fn cuda_signal_wait(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, cuda_launch, cuda_signal, cuda_signal_wait);
+criterion_group!(
+    benches,
+    cuda_launch,
+    cuda_signal,
+    cuda_alloc,
+    cuda_signal_wait
+);
 criterion_main!(benches);

@@ -1,0 +1,528 @@
+//! The Vulkan backend against raw `ash` doing the same work on the same
+//! physical device, in the same run.
+//!
+//! | group | `hwqueue` | `raw_ash` (baseline) |
+//! |-------|-----------|----------------------|
+//! | `vulkan_roundtrip` | `signal(s, v)` + `submit`, then `wait(v)` | an empty command buffer submitted with a timeline signal, then `vkWaitSemaphores` |
+//! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
+//! | `vulkan_transfer` | a 16 MiB `upload` + `download` of one buffer, submitted, the download taken | 16 MiB copied into mapped, host-visible memory and back out |
+//!
+//! Built only with `--features vulkan` (`required-features`); without a
+//! Vulkan driver it prints `skipped: no Vulkan driver` and measures
+//! nothing. `HWQUEUE_VULKAN_DEVICE=N` picks `vulkan:N` (default 0, which
+//! is a GPU where one is present).
+
+mod support;
+
+use ash::vk;
+use criterion::{Criterion, criterion_group, criterion_main};
+use hwqueue::vulkan::{VulkanDevice, VulkanProgram};
+use hwqueue::{
+    Device, Download, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout,
+};
+
+use support::Profile;
+
+const DISPATCHES: usize = 1_000;
+const WORDS: usize = 64;
+const TRANSFER: usize = 16 << 20;
+
+/// The tiny kernel both sides dispatch: a fixed work-group size, so both
+/// run the same SPIR-V.
+const ADD: &str = "
+@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+var<immediate> n: u32;
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) id: vec3<u32>) {
+    data[id.x] = data[id.x] + n;
+}
+";
+
+fn device() -> Option<VulkanDevice> {
+    let ordinal = std::env::var("HWQUEUE_VULKAN_DEVICE")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    match VulkanDevice::open(ordinal) {
+        Ok(device) => {
+            println!("vulkan:{ordinal}: {} ({})", device.name(), device.driver());
+            Some(device)
+        }
+        Err(error) => {
+            println!("skipped: no Vulkan driver ({error})");
+            None
+        }
+    }
+}
+
+/// Raw `ash` on the physical device hwqueue opened (matched by name): one
+/// compute queue, one command buffer, one timeline semaphore.
+struct Raw {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    queue: vk::Queue,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    pool: vk::CommandPool,
+    command: vk::CommandBuffer,
+    semaphore: vk::Semaphore,
+    value: u64,
+}
+
+impl Raw {
+    fn new(name: &str) -> Self {
+        // SAFETY: the loader's initialisers run once; every handle made
+        // below is destroyed in `Drop`, children before parents, after the
+        // device is idle.
+        unsafe {
+            let entry = ash::Entry::load().expect("the Vulkan loader");
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+            let instance = entry
+                .create_instance(
+                    &vk::InstanceCreateInfo::default().application_info(&app),
+                    None,
+                )
+                .expect("vkCreateInstance");
+            let physical = instance
+                .enumerate_physical_devices()
+                .expect("vkEnumeratePhysicalDevices")
+                .into_iter()
+                .find(|&p| {
+                    instance
+                        .get_physical_device_properties(p)
+                        .device_name_as_c_str()
+                        .is_ok_and(|n| n.to_string_lossy() == name)
+                })
+                .expect("hwqueue's device is listed");
+            let family = instance
+                .get_physical_device_queue_family_properties(physical)
+                .iter()
+                .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+                .expect("a compute family") as u32;
+            let priorities = [1.0f32];
+            let queues = [vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities)];
+            let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+            let device = instance
+                .create_device(
+                    physical,
+                    &vk::DeviceCreateInfo::default()
+                        .queue_create_infos(&queues)
+                        .push_next(&mut v12),
+                    None,
+                )
+                .expect("vkCreateDevice");
+            let queue = device.get_device_queue(family, 0);
+            let pool = device
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default()
+                        .queue_family_index(family)
+                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
+                    None,
+                )
+                .expect("vkCreateCommandPool");
+            let command = device
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(pool)
+                        .command_buffer_count(1),
+                )
+                .expect("vkAllocateCommandBuffers")[0];
+            let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+                .semaphore_type(vk::SemaphoreType::TIMELINE)
+                .initial_value(0);
+            let semaphore = device
+                .create_semaphore(
+                    &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+                    None,
+                )
+                .expect("vkCreateSemaphore");
+            let memory = instance.get_physical_device_memory_properties(physical);
+            Self {
+                _entry: entry,
+                instance,
+                device,
+                queue,
+                memory,
+                pool,
+                command,
+                semaphore,
+                value: 0,
+            }
+        }
+    }
+
+    /// Records the command buffer afresh with `record`.
+    fn record(&self, record: impl FnOnce(&ash::Device, vk::CommandBuffer)) {
+        // SAFETY: the buffer is not pending (every submit is waited for).
+        unsafe {
+            self.device
+                .begin_command_buffer(
+                    self.command,
+                    &vk::CommandBufferBeginInfo::default()
+                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                )
+                .expect("vkBeginCommandBuffer");
+            record(&self.device, self.command);
+            self.device
+                .end_command_buffer(self.command)
+                .expect("vkEndCommandBuffer");
+        }
+    }
+
+    /// Submits the command buffer with the next timeline value and waits.
+    fn submit_and_wait(&mut self) {
+        self.value += 1;
+        let values = [self.value];
+        let semaphores = [self.semaphore];
+        let commands = [self.command];
+        let mut timeline =
+            vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+        let submit = vk::SubmitInfo::default()
+            .command_buffers(&commands)
+            .signal_semaphores(&semaphores)
+            .push_next(&mut timeline);
+        // SAFETY: the queue is used by this thread only; the command buffer
+        // is recorded and not pending.
+        unsafe {
+            self.device
+                .queue_submit(self.queue, &[submit], vk::Fence::null())
+                .expect("vkQueueSubmit");
+            self.device
+                .wait_semaphores(
+                    &vk::SemaphoreWaitInfo::default()
+                        .semaphores(&semaphores)
+                        .values(&values),
+                    u64::MAX,
+                )
+                .expect("vkWaitSemaphores");
+        }
+    }
+
+    /// A buffer of `size` bytes in host-visible, coherent memory (device
+    /// local too where a type is both), mapped.
+    fn mapped_buffer(&self, size: usize) -> (vk::Buffer, vk::DeviceMemory, *mut u8) {
+        // SAFETY: the buffer and memory are destroyed by `free` before the
+        // device.
+        unsafe {
+            let buffer = self
+                .device
+                .create_buffer(
+                    &vk::BufferCreateInfo::default().size(size as u64).usage(
+                        vk::BufferUsageFlags::STORAGE_BUFFER
+                            | vk::BufferUsageFlags::TRANSFER_SRC
+                            | vk::BufferUsageFlags::TRANSFER_DST,
+                    ),
+                    None,
+                )
+                .expect("vkCreateBuffer");
+            let needs = self.device.get_buffer_memory_requirements(buffer);
+            let wanted =
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+            let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
+            let fits = |i: usize, flags: vk::MemoryPropertyFlags| {
+                needs.memory_type_bits & (1 << i) != 0 && types[i].property_flags.contains(flags)
+            };
+            let index = (0..types.len())
+                .find(|&i| fits(i, wanted | vk::MemoryPropertyFlags::DEVICE_LOCAL))
+                .or_else(|| (0..types.len()).find(|&i| fits(i, wanted)))
+                .expect("a host-visible, coherent memory type");
+            let memory = self
+                .device
+                .allocate_memory(
+                    &vk::MemoryAllocateInfo::default()
+                        .allocation_size(needs.size)
+                        .memory_type_index(index as u32),
+                    None,
+                )
+                .expect("vkAllocateMemory");
+            self.device
+                .bind_buffer_memory(buffer, memory, 0)
+                .expect("vkBindBufferMemory");
+            let pointer = self
+                .device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                .expect("vkMapMemory")
+                .cast::<u8>();
+            (buffer, memory, pointer)
+        }
+    }
+
+    fn free(&self, buffer: vk::Buffer, memory: vk::DeviceMemory) {
+        // SAFETY: no submission that uses them is pending.
+        unsafe {
+            self.device.destroy_buffer(buffer, None);
+            self.device.free_memory(memory, None);
+        }
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // SAFETY: children before parents, after the device is idle.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_semaphore(self.semaphore, None);
+            self.device.destroy_command_pool(self.pool, None);
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// `ADD` as SPIR-V, with the options hwqueue compiles with.
+fn add_spirv() -> Vec<u32> {
+    let module = naga::front::wgsl::parse_str(ADD).expect("parses");
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::IMMEDIATES,
+    )
+    .validate(&module)
+    .expect("validates");
+    let policy = naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 3),
+        flags: naga::back::spv::WriterFlags::empty(),
+        bounds_check_policies: naga::proc::BoundsCheckPolicies {
+            index: policy,
+            buffer: policy,
+            image_load: policy,
+            binding_array: policy,
+        },
+        ..naga::back::spv::Options::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "add".into(),
+    };
+    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).expect("writes")
+}
+
+fn vulkan_roundtrip(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("vulkan_roundtrip");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let mut queue = device.compute_queue().expect("queue");
+        let signal = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        b.iter(|| {
+            value += 1;
+            queue.signal(&signal, value).submit().expect("submit");
+            signal.wait(value, Timeout::Forever).expect("reached");
+        });
+    });
+
+    group.bench_function("raw_ash", |b| {
+        let mut raw = Raw::new(&device.name());
+        b.iter(|| {
+            raw.record(|_, _| {});
+            raw.submit_and_wait();
+        });
+    });
+    group.finish();
+}
+
+fn vulkan_dispatch(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("vulkan_dispatch");
+    support::configure(&mut group, Profile::Latency);
+
+    group.bench_function("hwqueue", |b| {
+        let program = VulkanProgram::from_wgsl("add", ADD, "add").expect("compiles");
+        let buffer = device.alloc(WORDS * 4).expect("alloc");
+        let mut queue = device.compute_queue().expect("queue");
+        let signal = device.new_signal(0).expect("signal");
+        let mut value = 0;
+        b.iter(|| {
+            for _ in 0..DISPATCHES {
+                queue.exec(
+                    &program,
+                    &[&buffer],
+                    &[Scalar::U32(1)],
+                    ExecParams::new_1d(WORDS as u32, 64),
+                );
+            }
+            value += 1;
+            queue.signal(&signal, value).submit().expect("submit");
+            signal.wait(value, Timeout::Forever).expect("ran");
+        });
+    });
+
+    group.bench_function("raw_ash", |b| {
+        let mut raw = Raw::new(&device.name());
+        let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
+        let spirv = add_spirv();
+        // SAFETY: every object is made from `raw.device` and destroyed
+        // below, after the last submission was waited for.
+        let (shader, set_layout, layout, pipeline, descriptors, set) = unsafe {
+            let d = &raw.device;
+            let shader = d
+                .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&spirv), None)
+                .expect("vkCreateShaderModule");
+            let bindings = [vk::DescriptorSetLayoutBinding::default()
+                .binding(0)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(1)
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+            let set_layout = d
+                .create_descriptor_set_layout(
+                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
+                    None,
+                )
+                .expect("vkCreateDescriptorSetLayout");
+            let ranges = [vk::PushConstantRange::default()
+                .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                .size(4)];
+            let set_layouts = [set_layout];
+            let layout = d
+                .create_pipeline_layout(
+                    &vk::PipelineLayoutCreateInfo::default()
+                        .set_layouts(&set_layouts)
+                        .push_constant_ranges(&ranges),
+                    None,
+                )
+                .expect("vkCreatePipelineLayout");
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(shader)
+                .name(c"add");
+            let pipeline = d
+                .create_compute_pipelines(
+                    vk::PipelineCache::null(),
+                    &[vk::ComputePipelineCreateInfo::default()
+                        .stage(stage)
+                        .layout(layout)],
+                    None,
+                )
+                .expect("vkCreateComputePipelines")[0];
+            let sizes = [vk::DescriptorPoolSize::default()
+                .ty(vk::DescriptorType::STORAGE_BUFFER)
+                .descriptor_count(1)];
+            let descriptors = d
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(1)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+                .expect("vkCreateDescriptorPool");
+            let set = d
+                .allocate_descriptor_sets(
+                    &vk::DescriptorSetAllocateInfo::default()
+                        .descriptor_pool(descriptors)
+                        .set_layouts(&set_layouts),
+                )
+                .expect("vkAllocateDescriptorSets")[0];
+            let info = [vk::DescriptorBufferInfo::default()
+                .buffer(buffer)
+                .range(vk::WHOLE_SIZE)];
+            d.update_descriptor_sets(
+                &[vk::WriteDescriptorSet::default()
+                    .dst_set(set)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .buffer_info(&info)],
+                &[],
+            );
+            (shader, set_layout, layout, pipeline, descriptors, set)
+        };
+        b.iter(|| {
+            raw.record(|d, command| {
+                let barrier = [vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+                // SAFETY: the command buffer is recording; the pipeline,
+                // layout and set are alive.
+                unsafe {
+                    d.cmd_bind_pipeline(command, vk::PipelineBindPoint::COMPUTE, pipeline);
+                    d.cmd_bind_descriptor_sets(
+                        command,
+                        vk::PipelineBindPoint::COMPUTE,
+                        layout,
+                        0,
+                        &[set],
+                        &[],
+                    );
+                    for i in 0..DISPATCHES {
+                        if i > 0 {
+                            d.cmd_pipeline_barrier(
+                                command,
+                                vk::PipelineStageFlags::COMPUTE_SHADER,
+                                vk::PipelineStageFlags::COMPUTE_SHADER,
+                                vk::DependencyFlags::empty(),
+                                &barrier,
+                                &[],
+                                &[],
+                            );
+                        }
+                        d.cmd_push_constants(
+                            command,
+                            layout,
+                            vk::ShaderStageFlags::COMPUTE,
+                            0,
+                            &1u32.to_ne_bytes(),
+                        );
+                        d.cmd_dispatch(command, 1, 1, 1);
+                    }
+                }
+            });
+            raw.submit_and_wait();
+        });
+        // SAFETY: the last submission was waited for.
+        unsafe {
+            let d = &raw.device;
+            d.destroy_descriptor_pool(descriptors, None);
+            d.destroy_pipeline(pipeline, None);
+            d.destroy_pipeline_layout(layout, None);
+            d.destroy_descriptor_set_layout(set_layout, None);
+            d.destroy_shader_module(shader, None);
+        }
+        raw.free(buffer, memory);
+    });
+    group.finish();
+}
+
+fn vulkan_transfer(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("vulkan_transfer");
+    support::configure(&mut group, Profile::Bandwidth);
+    group.throughput(criterion::Throughput::Bytes(2 * TRANSFER as u64));
+    let data: Vec<u32> = (0..(TRANSFER / 4) as u32).collect();
+
+    group.bench_function("hwqueue", |b| {
+        let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
+        let mut queue = device.compute_queue().expect("queue");
+        b.iter(|| {
+            let back = Download::<u32>::new(TRANSFER / 4);
+            queue
+                .upload(&buffer, &data)
+                .download(&buffer, &back)
+                .submit()
+                .expect("submit");
+            let out = back.take(Timeout::Forever).expect("downloaded");
+            assert_eq!(out.len(), data.len());
+        });
+    });
+
+    group.bench_function("raw_ash", |b| {
+        let raw = Raw::new(&device.name());
+        let (buffer, memory, pointer) = raw.mapped_buffer(TRANSFER);
+        b.iter(|| {
+            let mut out = vec![0u32; TRANSFER / 4];
+            // SAFETY: `pointer` maps `TRANSFER` bytes, coherent, which no
+            // submission uses; `data` and `out` hold as many.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), pointer, TRANSFER);
+                std::ptr::copy_nonoverlapping(pointer, out.as_mut_ptr().cast::<u8>(), TRANSFER);
+            }
+            assert_eq!(out.len(), data.len());
+        });
+        raw.free(buffer, memory);
+    });
+    group.finish();
+}
+
+criterion_group!(benches, vulkan_roundtrip, vulkan_dispatch, vulkan_transfer);
+criterion_main!(benches);
