@@ -378,6 +378,25 @@ impl Shared {
     /// Keeps `batch` until the stream passed what was enqueued of it.
     fn finish(&self, batch: Batch<Cuda>, enqueued: usize) {
         let staging = mem::take(&mut *self.staging.lock());
+        // A batch of signals and waits only (a queue's `signal` + `submit`)
+        // holds nothing the stream uses: no buffer, program, staging or
+        // `dealloca`. Its signals' own events are kept by their rings, so
+        // it needs no completion event of its own: one event record per
+        // signal, as raw CUDA does (the cuda_signal bench).
+        if staging.is_empty()
+            && batch.commands()[..enqueued].iter().all(|command| {
+                matches!(
+                    command,
+                    Command::Signal { .. }
+                        | Command::Wait { .. }
+                        | Command::WaitSettled { .. }
+                        | Command::WaitForeign { .. }
+                )
+            })
+        {
+            self.recycle(batch, None);
+            return;
+        }
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
             Some(event) => Ok(event),
