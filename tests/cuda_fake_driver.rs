@@ -538,7 +538,9 @@ fn run_child_scenario(scenario: &str) {
             let (gate, later, done, drained) = (signal(), signal(), signal(), signal());
             let second = device.alloc(16).unwrap();
             let mut queue = device.compute_queue().unwrap();
-            queue.set_failure_scope(hwqueue::FailureScope::Batch).unwrap();
+            queue
+                .set_failure_scope(hwqueue::FailureScope::Batch)
+                .unwrap();
             queue
                 .wait(&gate, 1)
                 .signal(&done, 1)

@@ -13,7 +13,8 @@ use common::LONG;
 use hwqueue::cpu::{CpuDevice, CpuSignal};
 use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
 use hwqueue::{
-    Backend, Buffer, Device, Error, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal,
+    Backend, Buffer, Device, Download, Error, ExecParams, HardwareQueue, QueueFactory, Scalar,
+    TimelineSignal,
 };
 
 /// The first usable Vulkan device, or `None` (printing why the test skips;
@@ -387,4 +388,53 @@ fn wait_any_and_wait_all_over_vulkan_signals() {
     );
     let error = hwqueue::wait_all(&[(&a, 1), (&failed, 1)], LONG).unwrap_err();
     assert!(matches!(error, Error::SignalFailed { .. }), "{error}");
+}
+
+/// Where the pool's memory is host-cached (lavapipe's), uploads and
+/// downloads are host copies in queue order: an upload after a wait on an
+/// unset value lands only once the value is reached, the kernel of another
+/// queue waiting on it sees the upload, and a download after that kernel
+/// (on its queue) reads what the kernel wrote; a download before a later
+/// upload of the same queue reads the bytes before it.
+#[test]
+fn uploads_and_downloads_keep_queue_order_across_waits() {
+    let Some(device) = device() else { return };
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let data = device.alloc(16).unwrap();
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let (mut a, mut b) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    let (before, after, last) = (
+        Download::<u32>::new(4),
+        Download::<u32>::new(4),
+        Download::<u32>::new(4),
+    );
+    a.download(&data, &before)
+        .wait(&gate, 1)
+        .upload(&data, &[1u32, 2, 3, 4])
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    b.wait(&done, 1)
+        .exec(
+            &add,
+            &[&data],
+            &[Scalar::U32(10)],
+            ExecParams::new_1d(64, 64),
+        )
+        .download(&data, &after)
+        .upload(&data, &[7u32; 4])
+        .download(&data, &last)
+        .submit()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!after.is_ready(), "ran before the gate was set");
+    gate.set(1);
+    assert_eq!(before.take(LONG).unwrap(), [0; 4]);
+    assert_eq!(after.take(LONG).unwrap(), [11, 12, 13, 14]);
+    assert_eq!(last.take(LONG).unwrap(), [7; 4]);
+    b.synchronize().unwrap();
 }

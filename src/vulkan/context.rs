@@ -371,6 +371,18 @@ fn choose_memory_type(memory: &vk::PhysicalDeviceMemoryProperties) -> Option<u32
     with(vk::MemoryPropertyFlags::DEVICE_LOCAL).or_else(|| with(vk::MemoryPropertyFlags::empty()))
 }
 
+impl Context {
+    /// Whether the pool's memory is host-cached (lavapipe's, an integrated
+    /// GPU's, system memory): the host reads and writes it at memory
+    /// speed, so uploads and downloads copy on the host, in queue order,
+    /// instead of through staging and a device copy.
+    pub(super) fn host_cached(&self) -> bool {
+        self.physical.memory.memory_types[self.memory_type as usize]
+            .property_flags
+            .contains(vk::MemoryPropertyFlags::HOST_CACHED)
+    }
+}
+
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: the last handle of the device is going: every buffer,

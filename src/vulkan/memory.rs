@@ -215,6 +215,18 @@ impl VulkanBuffer {
         Ok(access.address())
     }
 
+    /// The mapped address of `len` bytes at `offset`, for a queue's host
+    /// copy in queue order (an upload or download where the memory is
+    /// host-cached): checked like a command's access, not the host's.
+    pub(super) fn queue_host_bytes(
+        &self,
+        offset: usize,
+        len: usize,
+        write: bool,
+    ) -> Result<*mut u8> {
+        self.host_bytes(Access::Queue, offset, len, write)
+    }
+
     fn host_bytes(&self, by: Access, offset: usize, len: usize, write: bool) -> Result<*mut u8> {
         check_host_access(offset, len, self.size())?;
         let address = if write {

@@ -21,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::profile::now_ns;
 use crate::queue::{Batch, Command, Ledger, QueueKind, queue_label, settled};
 use crate::signal::TimelineSignal;
+use crate::transfer::DownloadSink;
+use crate::view::View;
 
 /// The recording thread's state.
 pub(super) struct Recorder {
@@ -41,6 +43,8 @@ pub(super) struct Recorder {
     pub(super) open: Option<(CommandSet, usize)>,
     /// Waits of the next submission.
     pub(super) waits: Vec<(vk::Semaphore, u64)>,
+    /// Uploads and downloads copy on the host ([`Context::host_cached`]).
+    pub(super) host_cached: bool,
     /// A 16-byte buffer bound for an empty view.
     pub(super) dummy: VulkanBlock,
     /// Device timestamps, where the queue's family has them.
@@ -107,11 +111,13 @@ impl Recorder {
             current: None,
             open: None,
             waits: Vec::new(),
+            host_cached: false,
             dummy,
             clock: None,
             timing: None,
             touched: Touched::default(),
         };
+        recorder.host_cached = recorder.context.host_cached();
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
         if bits > 0 && period > 0.0 {
@@ -270,7 +276,13 @@ impl Recorder {
                 pattern,
                 width,
             } => self.fill(index, dst, pattern, *width),
+            Command::Upload { dst, data } if self.copies_on_host() => {
+                self.host_upload(dst, batch.host_bytes(data))
+            }
             Command::Upload { dst, data } => self.upload(index, dst, batch.host_bytes(data)),
+            Command::Download { src, sink } if self.copies_on_host() => {
+                self.host_download(src, sink)
+            }
             Command::Download { src, .. } => {
                 let len = src.len();
                 let staging = self.staging(len.max(4))?;
@@ -289,6 +301,61 @@ impl Recorder {
             // command before this one completed by then.
             Command::Dealloca { .. } => Ok(()),
         }
+    }
+
+    /// Whether uploads and downloads copy on the host, in queue order: the
+    /// pool's memory is host-cached (no staging, no device copy: what the
+    /// `vulkan_transfer` bench's raw baseline does), and no profile wants
+    /// device times for them.
+    fn copies_on_host(&self) -> bool {
+        self.host_cached && !self.current.as_ref().expect("a batch is recording").profile
+    }
+
+    /// Makes the host the next in queue order: submits what is recorded
+    /// and the waits gathered, then waits until every submission of this
+    /// queue completed (its last command buffer ends with a barrier making
+    /// its writes visible to the host).
+    fn host_turn(&mut self) -> Result<()> {
+        self.flush(None)?;
+        if self.next == 0 {
+            return Ok(());
+        }
+        super::retire::wait_all_semaphores(&self.context, &[(self.progress, self.next)])
+    }
+
+    /// An upload as a host copy into the mapped destination, once the work
+    /// before it completed (a later submission sees host writes made
+    /// before it).
+    fn host_upload(&mut self, dst: &View<Vulkan>, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.host_turn()?;
+        let to = dst
+            .buffer()
+            .queue_host_bytes(dst.offset(), bytes.len(), true)?;
+        // SAFETY: `to` maps `bytes.len()` bytes of the destination (checked
+        // against its size), which no submission uses now: every earlier
+        // one completed and no later one is submitted yet.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, bytes.len()) };
+        Ok(())
+    }
+
+    /// A download as a host copy out of the mapped source, once the work
+    /// before it completed; the sink is complete at once.
+    fn host_download(&mut self, src: &View<Vulkan>, sink: &DownloadSink) -> Result<()> {
+        self.host_turn()?;
+        let len = src.len();
+        let from = src.buffer().queue_host_bytes(src.offset(), len, false)?;
+        sink.complete(|out| {
+            if len > 0 {
+                // SAFETY: `from` maps `len` bytes of the source, which no
+                // submission writes now (as in `host_upload`); the sink
+                // holds `len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(from, out.as_mut_ptr(), len) };
+            }
+            Ok(())
+        })
     }
 
     /// A wait on a Vulkan signal: a semaphore wait of the next submission,
