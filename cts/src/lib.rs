@@ -159,6 +159,7 @@ macro_rules! cts_suite {
             signal_value_past_the_maximum_is_an_error
             queue_signal_comes_after_the_work_before_it
             queue_batches_run_in_submission_order
+            queue_dropped_while_its_batch_waits_returns_and_the_batch_runs
             queue_every_submitted_batch_settles
             queue_signal_never_lowers_a_value
             queue_submit_leaves_an_empty_batch_to_record_into

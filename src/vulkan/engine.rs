@@ -238,10 +238,22 @@ impl Engine for VulkanEngine {
 }
 
 impl Drop for VulkanEngine {
-    /// Lets the work already submitted finish, then the threads end.
+    /// Closes the queue: the recording thread ends once the work already
+    /// submitted retired. When all of it has, the drop waits for the
+    /// thread (dropping the last queue and device leaves no thread behind);
+    /// otherwise the work drains on its own, as the CPU and CUDA queues'
+    /// do: a batch may wait on a value its caller sets only after this
+    /// drop returns (the conformance case
+    /// `queue_dropped_while_its_batch_waits_returns_and_the_batch_runs`).
     fn drop(&mut self) {
         self.state.jobs = None;
-        if let Some(thread) = self.state.recorder.take() {
+        let idle = {
+            let progress = self.state.shared.progress.lock();
+            progress.1 >= progress.0
+        };
+        if let Some(thread) = self.state.recorder.take()
+            && idle
+        {
             let _ = thread.join();
         }
     }

@@ -35,6 +35,41 @@ pub fn queue_signal_comes_after_the_work_before_it<T: Target>(cx: &Cx<T>) {
     });
 }
 
+/// Dropping a queue whose batch waits on a value nobody set yet returns
+/// without waiting for it (the batch drains on its own, as the queue's
+/// docs say), and the batch still runs once the value comes: a drop must
+/// not block on a value only its caller can set.
+pub fn queue_dropped_while_its_batch_waits_returns_and_the_batch_runs<T: Target>(cx: &Cx<T>) {
+    let gate = cx.signal(0);
+    let done = cx.signal(0);
+    let data = cx.buffer(&[0; 4]);
+    let mut queue = cx.queue();
+    queue.wait(&gate, 1).fill(&data, 3u32).signal(&done, 1);
+    setup("submit", queue.submit());
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(queue);
+        let _ = sender.send(());
+    });
+    let returned = receiver.recv_timeout(LONG).is_ok();
+    // Opened either way, so a drop that waited for it ends too.
+    gate.set(1);
+    check(returned, SETTLED, || {
+        format!(
+            "dropping a queue whose batch waits on a value not yet set did not return in {LONG:?}"
+        )
+    });
+    if let Err(error) = done.wait(1, LONG) {
+        broke(
+            SETTLED,
+            format!("the dropped queue's batch, once its gate opened: {error}"),
+        );
+    }
+    check(cx.read(&data) == [3; 4], COMMANDS, || {
+        format!("the dropped queue's fill left {:?}", cx.read(&data))
+    });
+}
+
 /// Batches run in the order submitted: the second batch copies what the
 /// first wrote.
 pub fn queue_batches_run_in_submission_order<T: Target>(cx: &Cx<T>) {
