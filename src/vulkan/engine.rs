@@ -29,6 +29,7 @@
 //! `timing.rs` device timestamps, `retire.rs` the retire thread.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 
 use ash::vk;
@@ -58,7 +59,10 @@ pub(super) struct EngineState {
     pub(super) device: VulkanDevice,
     pub(super) jobs: Option<Sender<Job>>,
     pub(super) shared: Arc<Shared>,
-    pub(super) recorder: Option<std::thread::JoinHandle<()>>,
+    /// The recording state: the recording thread's, and the owner's for a
+    /// batch it settles itself.
+    pub(super) recorder: Arc<Mutex<Recorder>>,
+    pub(super) thread: Option<std::thread::JoinHandle<()>>,
 }
 
 pub(super) struct Job {
@@ -68,8 +72,11 @@ pub(super) struct Job {
 
 #[derive(Default)]
 pub(super) struct Shared {
-    /// Batches handed over, batches retired.
+    /// Batches submitted, batches retired.
     pub(super) progress: Mutex<(u64, u64)>,
+    /// Batches handed to the recording thread and not yet settled by it:
+    /// while any is, the owner hands it the next one too (queue order).
+    pub(super) queued: AtomicUsize,
     pub(super) retired: Condvar,
     pub(super) recycled: Mutex<Vec<Batch<Vulkan>>>,
     /// Command buffers whose work completed, for the recording thread.
@@ -89,6 +96,11 @@ pub(super) struct CommandSet {
     pub(super) written: u32,
 }
 
+/// Says the recording thread settled a batch handed to it.
+pub(super) fn release_queued(shared: &Shared) {
+    shared.queued.fetch_sub(1, Ordering::Release);
+}
+
 /// Timestamps a command buffer holds: two per timed command.
 pub(super) const QUERIES: u32 = 512;
 
@@ -101,13 +113,16 @@ impl VulkanEngine {
             QueueKind::Copy => context.transfer_family.unwrap_or(context.compute_family),
             QueueKind::Compute => context.compute_family,
         };
-        let recorder = Recorder::new(device.clone(), family, kind, shared.clone(), &ledger)?;
+        let mut recorder = Recorder::new(device.clone(), family, kind, shared.clone(), &ledger)?;
+        recorder.start_retiring();
+        let recorder = Arc::new(Mutex::new(recorder));
         let (jobs, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name(format!("hwqueue-vulkan {}", queue_label(ledger.id(), kind)))
             .spawn({
                 let ledger = ledger.clone();
-                move || recorder.run(&ledger, receiver)
+                let recorder = recorder.clone();
+                move || Recorder::run(&recorder, &ledger, receiver)
             })
             .map_err(|error| Error::System {
                 what: "spawning a Vulkan queue's recording thread",
@@ -121,7 +136,8 @@ impl VulkanEngine {
                 device,
                 jobs: Some(jobs),
                 shared,
-                recorder: Some(thread),
+                recorder,
+                thread: Some(thread),
             }),
         })
     }
@@ -209,15 +225,27 @@ impl Engine for VulkanEngine {
     }
 
     fn submit(&mut self, batch: Batch<Vulkan>) -> Batch<Vulkan> {
-        self.state.shared.progress.lock().0 += 1;
-        if let Some(jobs) = &self.state.jobs {
+        let state = &*self.state;
+        state.shared.progress.lock().0 += 1;
+        let job = Job {
+            batch,
+            profile: self.profiling,
+        };
+        // Nothing queued before it (only this thread queues, so none can
+        // be added meanwhile) and nothing in it blocks the host: settle it
+        // here, without waking the recording thread (what a raw `ash`
+        // submit costs, plus the recording).
+        if state.shared.queued.load(Ordering::Acquire) == 0
+            && let Some(mut recorder) = state.recorder.try_lock()
+            && recorder.can_settle_at_once(&job.batch, job.profile)
+        {
+            recorder.settle(&self.ledger, job);
+        } else if let Some(jobs) = &state.jobs {
+            state.shared.queued.fetch_add(1, Ordering::AcqRel);
             // The thread ends only once this sender is dropped.
-            let _ = jobs.send(Job {
-                batch,
-                profile: self.profiling,
-            });
+            let _ = jobs.send(job);
         }
-        self.state.shared.recycled.lock().pop().unwrap_or_default()
+        state.shared.recycled.lock().pop().unwrap_or_default()
     }
 
     fn synchronize(&mut self) {
@@ -251,7 +279,7 @@ impl Drop for VulkanEngine {
             let progress = self.state.shared.progress.lock();
             progress.1 >= progress.0
         };
-        if let Some(thread) = self.state.recorder.take()
+        if let Some(thread) = self.state.thread.take()
             && idle
         {
             let _ = thread.join();

@@ -5,14 +5,15 @@
 //! value is on a `VkQueue`, and hands each batch to the retire thread.
 
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
 
 use ash::vk;
 use parking_lot::Mutex;
 
 use super::commands::Touched;
 use super::context::Context;
-use super::engine::{CommandSet, Job, Shared};
+use super::engine::{CommandSet, Job, Shared, release_queued};
 use super::memory::{VulkanBlock, free_buffer, make_buffer};
 use super::retire::{Retire, retire_all, retire_one};
 use super::timing::Clock;
@@ -43,6 +44,8 @@ pub(super) struct Recorder {
     pub(super) open: Option<(CommandSet, usize)>,
     /// Waits of the next submission.
     pub(super) waits: Vec<(vk::Semaphore, u64)>,
+    /// The retire thread, and the channel that hands it batches.
+    pub(super) retire: Option<(Sender<Retire>, JoinHandle<()>)>,
     /// Uploads and downloads copy on the host ([`Context::host_cached`]).
     pub(super) host_cached: bool,
     /// A 16-byte buffer bound for an empty view.
@@ -111,6 +114,7 @@ impl Recorder {
             current: None,
             open: None,
             waits: Vec::new(),
+            retire: None,
             host_cached: false,
             dummy,
             clock: None,
@@ -139,55 +143,76 @@ impl Recorder {
         }
     }
 
-    /// Settles each batch in order until the engine is dropped; then
-    /// waits for the retire thread and frees what it made.
-    pub(super) fn run(mut self, ledger: &Ledger, jobs: Receiver<Job>) {
+    /// Starts the retire thread (without one, each batch is waited for
+    /// where it is settled).
+    pub(super) fn start_retiring(&mut self) {
         let (retire, retiring) = mpsc::channel::<Retire>();
-        let retirer = {
-            let context = self.context.clone();
-            let shared = self.shared.clone();
-            let progress = self.progress;
-            let label: crate::profile::Name = self.label.as_str().into();
-            let clock = self.clock;
-            std::thread::Builder::new()
-                .name(format!("hwqueue-vulkan-retire {}", self.label))
-                .spawn(move || retire_all(&context, progress, &shared, &label, clock, retiring))
-        };
-        for Job { batch, profile } in jobs {
-            self.current = Some(Retire {
-                batch: Batch::default(),
-                progress: None,
-                sets: Vec::new(),
-                staging: Vec::new(),
-                downloads: Vec::new(),
-                signals: Vec::new(),
-                submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
-                stamped: 0,
-                upto: 0,
-                timed: Vec::new(),
-                profile,
-            });
-            ledger.settle(&batch, |batch| self.run_batch(batch));
-            let mut done = self.current.take().expect("set above");
-            done.batch = batch;
-            match &retirer {
-                Ok(_) => {
-                    let _ = retire.send(done);
-                }
-                // No retire thread: wait here.
-                Err(_) => retire_one(&self.context, self.progress, &self.shared, None, done),
-            }
+        let context = self.context.clone();
+        let shared = self.shared.clone();
+        let progress = self.progress;
+        let label: crate::profile::Name = self.label.as_str().into();
+        let clock = self.clock;
+        if let Ok(thread) = std::thread::Builder::new()
+            .name(format!("hwqueue-vulkan-retire {}", self.label))
+            .spawn(move || retire_all(&context, progress, &shared, &label, clock, retiring))
+        {
+            self.retire = Some((retire, thread));
         }
-        drop(retire);
-        if let Ok(thread) = retirer {
+    }
+
+    /// Settles one batch through the ledger (records and submits it) and
+    /// hands it to the retire thread: on the recording thread, or on the
+    /// owner's when nothing is queued before it and it cannot block
+    /// ([`can_settle_at_once`]).
+    pub(super) fn settle(&mut self, ledger: &Ledger, Job { batch, profile }: Job) {
+        self.current = Some(Retire {
+            batch: Batch::default(),
+            progress: None,
+            sets: Vec::new(),
+            staging: Vec::new(),
+            downloads: Vec::new(),
+            signals: Vec::new(),
+            submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
+            stamped: 0,
+            upto: 0,
+            timed: Vec::new(),
+            profile,
+        });
+        ledger.settle(&batch, |batch| self.run_batch(batch));
+        let mut done = self.current.take().expect("set above");
+        done.batch = batch;
+        match &self.retire {
+            Some((retire, _)) => {
+                let _ = retire.send(done);
+            }
+            // No retire thread: wait here.
+            None => retire_one(&self.context, self.progress, &self.shared, None, done),
+        }
+    }
+
+    /// The recording thread: settles each batch handed over, in order,
+    /// until the engine is dropped; then waits for the retire thread and
+    /// frees what it made.
+    pub(super) fn run(this: &Mutex<Self>, ledger: &Ledger, jobs: Receiver<Job>) {
+        let shared = this.lock().shared.clone();
+        for job in jobs {
+            this.lock().settle(ledger, job);
+            // After the lock is let go: the owner, seeing none queued, may
+            // settle its next batch itself.
+            release_queued(&shared);
+        }
+        let mut this = this.lock();
+        if let Some((retire, thread)) = this.retire.take() {
+            drop(retire);
             let _ = thread.join();
         }
         ledger.retire();
-        let device = &self.context.device;
+        let device = &this.context.device;
         // SAFETY: every submission completed (the retire thread waited for
-        // each), so nothing uses these objects any more.
+        // each), so nothing uses these objects any more; the engine is
+        // gone, so no batch is settled after this.
         unsafe {
-            for set in self.shared.free.lock().drain(..) {
+            for set in this.shared.free.lock().drain(..) {
                 for pool in set.pools {
                     device.destroy_descriptor_pool(pool, None);
                 }
@@ -195,10 +220,26 @@ impl Recorder {
                     device.destroy_query_pool(set.queries, None);
                 }
             }
-            device.destroy_command_pool(self.pool, None);
-            device.destroy_semaphore(self.progress, None);
+            device.destroy_command_pool(this.pool, None);
+            device.destroy_semaphore(this.progress, None);
         }
-        free_buffer(&self.context, &self.dummy);
+        free_buffer(&this.context, &this.dummy);
+    }
+
+    /// Whether `batch` can be settled on the owner's thread: nothing in it
+    /// blocks the host (every wait's value is submitted on this device,
+    /// no wait on another backend's signal, and no host copy, which waits
+    /// for the queue's earlier work).
+    pub(super) fn can_settle_at_once(&self, batch: &Batch<Vulkan>, profile: bool) -> bool {
+        let host_copies = self.host_cached && !profile;
+        batch.commands().iter().all(|command| match command {
+            Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                signal.is_of(&self.context) && signal.is_submitted(*value)
+            }
+            Command::WaitForeign { .. } => false,
+            Command::Upload { .. } | Command::Download { .. } => !host_copies,
+            _ => true,
+        })
     }
 
     pub(super) fn run_batch(

@@ -164,7 +164,11 @@ impl TimelineSignal for VulkanSignal {
         check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
-        let mut slice = Duration::from_micros(20);
+        // A host `fail` cannot wake a thread inside `vkWaitSemaphores`, so
+        // the wait looks at the failures between slices of this length: a
+        // failure is seen within it, and a value reached ends the slice at
+        // once (shorter first slices cost a roundtrip a second wait).
+        let slice = Duration::from_millis(1);
         loop {
             let current = self.value();
             if current >= target {
@@ -183,7 +187,6 @@ impl TimelineSignal for VulkanSignal {
                 Some(deadline) => slice.min(deadline - now),
                 None => slice,
             };
-            slice = (slice * 2).min(Duration::from_millis(1));
             let semaphores = [self.inner.semaphore];
             let values = [target];
             let info = vk::SemaphoreWaitInfo::default()
