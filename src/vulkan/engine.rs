@@ -1,8 +1,11 @@
 //! [`VulkanEngine`]: a logical queue's batches as command buffers on a
 //! `VkQueue`, ordered by timeline semaphores.
 //!
-//! `submit` hands the batch to the queue's **recording thread**, which
-//! settles it through the [`Ledger`] as the CPU engine does: it records
+//! `submit` settles the batch on the owner's thread when nothing is queued
+//! before it and nothing in it blocks the host (its waits' values are
+//! submitted on this device, and it has no host copy); otherwise it hands
+//! it to the queue's **recording thread**. Either settles it through the
+//! [`Ledger`] as the CPU engine does: it records
 //! the commands into command buffers and submits them, one submission per
 //! stretch between `signal`s and waits (a timeline semaphore is signalled
 //! at the end of a submission). A same-backend `wait` becomes a semaphore
@@ -13,7 +16,8 @@
 //! it, the independent queue's too. Every submission also signals the
 //! queue's own **progress** semaphore; the **retire thread** waits on it,
 //! then completes the batch's downloads, gives its staging ranges back to
-//! the device's pool (uploads and downloads go through ranges of it), hands
+//! the device's pool (uploads and downloads go through ranges of it, or,
+//! where the memory is host-cached, are host copies in queue order), hands
 //! its command buffers back, records its profile events and lets its
 //! buffers go.
 //!
