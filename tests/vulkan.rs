@@ -348,6 +348,21 @@ fn a_lost_device_fails_every_later_submission() {
         );
         let _ = queue.synchronize();
     }
+    // Transfers too, however they run (host copies where the memory is
+    // host-cached, as on lavapipe; before the fix a download there still
+    // delivered bytes from the lost device).
+    let buffer = device.alloc(16).unwrap();
+    let back = Download::<u32>::new(4);
+    queue
+        .upload(&buffer, &[1u32; 4])
+        .download(&buffer, &back)
+        .submit()
+        .unwrap();
+    let error = back.take(LONG).unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::DeviceLost { .. }),
+        "{error}"
+    );
     let error = device.health().unwrap_err();
     assert!(
         error.to_string().contains("simulate_device_loss"),

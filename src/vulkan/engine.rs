@@ -78,6 +78,11 @@ pub(super) struct Job {
 pub(super) struct Shared {
     /// Batches submitted, batches retired.
     pub(super) progress: Mutex<(u64, u64)>,
+    /// Host waits in progress for a value that may come only from the
+    /// queue's caller (a `wait` held until its value is submitted, a wait
+    /// on another backend's signal): a dropped engine does not wait for
+    /// its work while there is one.
+    pub(super) holding: AtomicUsize,
     /// Batches handed to the recording thread and not yet settled by it:
     /// while any is, the owner hands it the next one too (queue order).
     pub(super) queued: AtomicUsize,
@@ -241,7 +246,7 @@ impl Engine for VulkanEngine {
         // submit costs, plus the recording).
         if state.shared.queued.load(Ordering::Acquire) == 0
             && let Some(mut recorder) = state.recorder.try_lock()
-            && recorder.can_settle_at_once(&job.batch, job.profile)
+            && recorder.can_settle_at_once(&self.ledger, &job.batch, job.profile)
         {
             recorder.settle(&self.ledger, job);
         } else if let Some(jobs) = &state.jobs {
@@ -271,20 +276,33 @@ impl Engine for VulkanEngine {
 
 impl Drop for VulkanEngine {
     /// Closes the queue: the recording thread ends once the work already
-    /// submitted retired. When all of it has, the drop waits for the
-    /// thread (dropping the last queue and device leaves no thread behind);
-    /// otherwise the work drains on its own, as the CPU and CUDA queues'
-    /// do: a batch may wait on a value its caller sets only after this
-    /// drop returns (the conformance case
+    /// submitted retired. The drop waits for that, and for the thread
+    /// (dropping the last queue and device leaves no thread in a driver
+    /// call behind), unless a batch is held on the host for a value that
+    /// may come only from the caller: then the work drains on its own, as
+    /// the CPU and CUDA queues' does, since the caller may set the value
+    /// only after this drop returns (the conformance case
     /// `queue_dropped_while_its_batch_waits_returns_and_the_batch_runs`).
     fn drop(&mut self) {
         self.state.jobs = None;
-        let idle = {
-            let progress = self.state.shared.progress.lock();
-            progress.1 >= progress.0
+        let shared = &self.state.shared;
+        let retired = {
+            let mut progress = shared.progress.lock();
+            loop {
+                if progress.1 >= progress.0 {
+                    break true;
+                }
+                if shared.holding.load(Ordering::Acquire) > 0 {
+                    break false;
+                }
+                // A hold begun after the look above is seen within this.
+                shared
+                    .retired
+                    .wait_for(&mut progress, std::time::Duration::from_millis(10));
+            }
         };
         if let Some(thread) = self.state.thread.take()
-            && idle
+            && retired
         {
             let _ = thread.join();
         }

@@ -5,6 +5,7 @@
 //! value is on a `VkQueue`, and hands each batch to the retire thread.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
@@ -178,7 +179,12 @@ impl Recorder {
             timed: Vec::new(),
             profile,
         });
-        ledger.settle(&batch, |batch| self.run_batch(batch));
+        {
+            // A batch-scoped failure drains the batch's later waits on the
+            // host, values only the caller may set among them.
+            let _held = ledger.independent().then(|| self.holding());
+            ledger.settle(&batch, |batch| self.run_batch(batch));
+        }
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
         match &self.retire {
@@ -230,16 +236,26 @@ impl Recorder {
     /// blocks the host (every wait's value is submitted on this device,
     /// no wait on another backend's signal, and no host copy, which waits
     /// for the queue's earlier work).
-    pub(super) fn can_settle_at_once(&self, batch: &Batch<Vulkan>, profile: bool) -> bool {
+    /// It also needs the retire thread (without it, `settle` waits for the
+    /// device), and a queue whose failures are not batch-scoped (a failed
+    /// batch of `FailureScope::Batch` drains its later waits on the host).
+    pub(super) fn can_settle_at_once(
+        &self,
+        ledger: &Ledger,
+        batch: &Batch<Vulkan>,
+        profile: bool,
+    ) -> bool {
         let host_copies = self.host_cached && !profile;
-        batch.commands().iter().all(|command| match command {
-            Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
-                signal.is_of(&self.context) && signal.is_submitted(*value)
-            }
-            Command::WaitForeign { .. } => false,
-            Command::Upload { .. } | Command::Download { .. } => !host_copies,
-            _ => true,
-        })
+        self.retire.is_some()
+            && !ledger.independent()
+            && batch.commands().iter().all(|command| match command {
+                Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                    signal.is_of(&self.context) && signal.is_submitted(*value)
+                }
+                Command::WaitForeign { .. } => false,
+                Command::Upload { .. } | Command::Download { .. } => !host_copies,
+                _ => true,
+            })
     }
 
     pub(super) fn run_batch(
@@ -278,6 +294,7 @@ impl Recorder {
             Command::WaitSettled { signal, value } => self.wait(signal, *value, true),
             Command::WaitForeign { signal, value } => {
                 self.flush(None)?;
+                let _held = self.holding();
                 signal.wait_forever(*value)
             }
             Command::Signal { signal, value } => {
@@ -344,6 +361,14 @@ impl Recorder {
         }
     }
 
+    /// Marks the queue as holding a batch on the host for a value that may
+    /// come only from its caller, until the guard drops: a dropped engine
+    /// does not wait for it then.
+    fn holding(&self) -> Holding {
+        self.shared.holding.fetch_add(1, Ordering::AcqRel);
+        Holding(self.shared.clone())
+    }
+
     /// Whether uploads and downloads copy on the host, in queue order: the
     /// pool's memory is host-cached (no staging, no device copy: what the
     /// `vulkan_transfer` bench's raw baseline does), and no profile wants
@@ -357,6 +382,9 @@ impl Recorder {
     /// queue completed (its last command buffer ends with a barrier making
     /// its writes visible to the host).
     fn host_turn(&mut self) -> Result<()> {
+        // Nothing more runs on a lost device, host copies included (the
+        // flush below looks only when it has something to submit).
+        self.context.health()?;
         self.flush(None)?;
         if self.next == 0 {
             return Ok(());
@@ -412,6 +440,7 @@ impl Recorder {
         }
         // The work recorded so far must not wait.
         self.flush(None)?;
+        let _held = self.holding();
         if !signal.is_of(&self.context) {
             // Another device's semaphore cannot be waited on here: the
             // host waits for it, as for another backend's signal.
@@ -532,5 +561,17 @@ impl Recorder {
                 Err(self.context.error("vkQueueSubmit", e))
             }
         }
+    }
+}
+
+/// See [`Recorder::holding`].
+struct Holding(Arc<Shared>);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.holding.fetch_sub(1, Ordering::AcqRel);
+        // A dropped engine waiting for the work to retire looks again.
+        let _progress = self.0.progress.lock();
+        self.0.retired.notify_all();
     }
 }
