@@ -110,27 +110,28 @@ impl Shared {
                 let all = batch.commands().len();
                 self.finish(batch, all);
             }
-            Outcome::Blocked(at) => {
-                let mut state = self.state.lock();
-                state.worker_busy = true;
-                state.pending.push_back((batch, at, None));
-                self.work.notify_one();
-            }
+            Outcome::Blocked(at) => self.hand_over(batch, at, None),
             // Reported by the next `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
             // worker, which may block, and which later batches follow.
             Outcome::Failed(at, error) if self.ledger.independent() => {
-                let mut state = self.state.lock();
-                state.worker_busy = true;
-                state.pending.push_back((batch, at, Some(error)));
-                self.work.notify_one();
+                self.hand_over(batch, at, Some(error));
             }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
                 self.finish(batch, at);
             }
         }
+    }
+
+    /// Hands `batch` to the worker, to resume at command `at` (or, with
+    /// `failed`, to drain from it); later batches follow it there.
+    fn hand_over(&self, batch: Batch<Cuda>, at: usize, failed: Option<Error>) {
+        let mut state = self.state.lock();
+        state.worker_busy = true;
+        state.pending.push_back((batch, at, failed));
+        self.work.notify_one();
     }
 
     /// `batch`, if the ledger says it runs; else its signals from `from` on
@@ -557,7 +558,7 @@ pub(super) fn run_worker(shared: &Shared) {
         let enqueued = match outcome {
             // Its later waits honoured first under `FailureScope::Batch`.
             Outcome::Failed(at, error) => {
-                shared.ledger.fail_draining(&batch, at, error);
+                shared.ledger.complete(&batch, Err((at, error)));
                 at
             }
             _ => batch.commands().len(),

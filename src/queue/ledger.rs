@@ -209,21 +209,6 @@ impl Ledger {
         cause
     }
 
-    /// [`fail`](Self::fail) for an engine's thread that may block: under
-    /// [`FailureScope::Batch`](super::FailureScope) the failed batch's
-    /// failure is its own, and it still honours its later waits, in order,
-    /// before failing the signals after each
-    /// ([`drain_failed`](Batch::drain_failed)); under `Queue` its signals
-    /// from `from` on fail at once.
-    pub fn fail_draining<B: Backend>(&self, batch: &Batch<B>, from: usize, error: Error) {
-        if self.independent() {
-            let cause = self.record(batch, error);
-            batch.drain_failed(from, &cause);
-        } else {
-            self.fail(batch, from, error);
-        }
-    }
-
     /// Records that `batch` failed with `error`, for the owner and for the
     /// cascade; returns the cause as its signals will carry it.
     fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
@@ -277,9 +262,7 @@ impl Ledger {
                             },
                         ))
                     });
-                if let Err((from, error)) = outcome {
-                    self.fail_draining(batch, from, error);
-                }
+                self.complete(batch, outcome);
             }
         }
     }
@@ -288,16 +271,26 @@ impl Ledger {
     /// to a device and learns of its end later): settles `batch`, which
     /// [`admit`](Self::admit) said to run, with how it ended. `Ok` needs
     /// nothing more (the engine set each signal as its command completed);
-    /// `Err((command index, error))` is [recorded](Self::fail), failing the
-    /// signals from that command on. The engine owns the batch (and so its
-    /// commands' buffers and programs) from `submit` until it calls this.
+    /// `Err((command index, error))` is [recorded](Self::fail). Under
+    /// [`FailureScope::Queue`](super::FailureScope) the signals from that
+    /// command on fail at once; under `Batch` the failure is the batch's
+    /// own, and it still honours its later waits, in order, before failing
+    /// the signals after each ([`drain_failed`](Batch::drain_failed)), so
+    /// call it where the engine may block (its own thread). The engine owns
+    /// the batch (and so its commands' buffers and programs) from `submit`
+    /// until it calls this.
     pub fn complete<B: Backend>(
         &self,
         batch: &Batch<B>,
         outcome: std::result::Result<(), (usize, Error)>,
     ) {
         if let Err((from, error)) = outcome {
-            self.fail(batch, from, error);
+            if self.independent() {
+                let cause = self.record(batch, error);
+                batch.drain_failed(from, &cause);
+            } else {
+                self.fail(batch, from, error);
+            }
         }
     }
 
