@@ -215,16 +215,40 @@ impl VulkanBuffer {
         Ok(access.address())
     }
 
-    /// The mapped address of `len` bytes at `offset`, for a queue's host
-    /// copy in queue order (an upload or download where the memory is
-    /// host-cached): checked like a command's access, not the host's.
-    pub(super) fn queue_host_bytes(
-        &self,
-        offset: usize,
-        len: usize,
-        write: bool,
-    ) -> Result<*mut u8> {
-        self.host_bytes(Access::Queue, offset, len, write)
+    /// Writes `bytes` at `offset` through the mapping, as a queue's host
+    /// copy in queue order (an upload where the memory is host-cached):
+    /// checked like a command's access, not the host's.
+    pub(super) fn queue_write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.write_bytes(Access::Queue, offset, bytes)
+    }
+
+    /// Reads into `out` from `offset` through the mapping, as a queue's
+    /// host copy in queue order (a download where the memory is
+    /// host-cached).
+    pub(super) fn queue_read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.read_bytes(Access::Queue, offset, out)
+    }
+
+    fn write_bytes(&self, by: Access, offset: usize, bytes: &[u8]) -> Result<()> {
+        if bytes.is_empty() {
+            return check_host_access(offset, 0, self.size());
+        }
+        let dst = self.host_bytes(by, offset, bytes.len(), true)?;
+        // SAFETY: `offset + len <= size` was checked and the range is held,
+        // so `dst` points at `len` mapped bytes of ours; caller memory
+        // cannot overlap the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        Ok(())
+    }
+
+    fn read_bytes(&self, by: Access, offset: usize, out: &mut [u8]) -> Result<()> {
+        if out.is_empty() {
+            return check_host_access(offset, 0, self.size());
+        }
+        let src = self.host_bytes(by, offset, out.len(), false)?;
+        // SAFETY: as in `write_bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
     }
 
     fn host_bytes(&self, by: Access, offset: usize, len: usize, write: bool) -> Result<*mut u8> {
@@ -254,27 +278,11 @@ impl Buffer for VulkanBuffer {
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
-        let bytes = bytes_of(data);
-        if bytes.is_empty() {
-            return check_host_access(offset, 0, self.size());
-        }
-        let dst = self.host_bytes(Access::Host, offset, bytes.len(), true)?;
-        // SAFETY: `offset + len <= size` was checked and the range is held,
-        // so `dst` points at `len` mapped bytes of ours; caller memory
-        // cannot overlap the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
-        Ok(())
+        self.write_bytes(Access::Host, offset, bytes_of(data))
     }
 
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
-        let bytes = bytes_of_mut(data);
-        if bytes.is_empty() {
-            return check_host_access(offset, 0, self.size());
-        }
-        let src = self.host_bytes(Access::Host, offset, bytes.len(), false)?;
-        // SAFETY: as in `write_at`.
-        unsafe { std::ptr::copy_nonoverlapping(src, bytes.as_mut_ptr(), bytes.len()) };
-        Ok(())
+        self.read_bytes(Access::Host, offset, bytes_of_mut(data))
     }
 
     fn queue_ordered(&self) -> Option<&QueueOrdered> {

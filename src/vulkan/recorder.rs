@@ -400,31 +400,14 @@ impl Recorder {
             return Ok(());
         }
         self.host_turn()?;
-        let to = dst
-            .buffer()
-            .queue_host_bytes(dst.offset(), bytes.len(), true)?;
-        // SAFETY: `to` maps `bytes.len()` bytes of the destination (checked
-        // against its size), which no submission uses now: every earlier
-        // one completed and no later one is submitted yet.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, bytes.len()) };
-        Ok(())
+        dst.buffer().queue_write(dst.offset(), bytes)
     }
 
     /// A download as a host copy out of the mapped source, once the work
     /// before it completed; the sink is complete at once.
     fn host_download(&mut self, src: &View<Vulkan>, sink: &DownloadSink) -> Result<()> {
         self.host_turn()?;
-        let len = src.len();
-        let from = src.buffer().queue_host_bytes(src.offset(), len, false)?;
-        sink.complete(|out| {
-            if len > 0 {
-                // SAFETY: `from` maps `len` bytes of the source, which no
-                // submission writes now (as in `host_upload`); the sink
-                // holds `len` bytes.
-                unsafe { std::ptr::copy_nonoverlapping(from, out.as_mut_ptr(), len) };
-            }
-            Ok(())
-        })
+        sink.complete(|out| src.buffer().queue_read(src.offset(), &mut out[..src.len()]))
     }
 
     /// A wait on a Vulkan signal: a semaphore wait of the next submission,
