@@ -47,8 +47,6 @@ pub(super) struct Recorder {
     pub(super) waits: Vec<(vk::Semaphore, u64)>,
     /// The retire thread, and the channel that hands it batches.
     pub(super) retire: Option<(Sender<Retire>, JoinHandle<()>)>,
-    /// Uploads and downloads copy on the host ([`Context::host_cached`]).
-    pub(super) host_cached: bool,
     /// A 16-byte buffer bound for an empty view.
     pub(super) dummy: VulkanBlock,
     /// Device timestamps, where the queue's family has them.
@@ -116,13 +114,11 @@ impl Recorder {
             open: None,
             waits: Vec::new(),
             retire: None,
-            host_cached: false,
             dummy,
             clock: None,
             timing: None,
             touched: Touched::default(),
         };
-        recorder.host_cached = recorder.context.host_cached();
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
         if bits > 0 && period > 0.0 {
@@ -245,7 +241,7 @@ impl Recorder {
         batch: &Batch<Vulkan>,
         profile: bool,
     ) -> bool {
-        let host_copies = self.host_cached && !profile;
+        let host_copies = self.copies_on_host(profile);
         self.retire.is_some()
             && !ledger.independent()
             && batch.commands().iter().all(|command| match command {
@@ -334,11 +330,11 @@ impl Recorder {
                 pattern,
                 width,
             } => self.fill(index, dst, pattern, *width),
-            Command::Upload { dst, data } if self.copies_on_host() => {
+            Command::Upload { dst, data } if self.copies_on_host(self.profiling()) => {
                 self.host_upload(dst, batch.host_bytes(data))
             }
             Command::Upload { dst, data } => self.upload(index, dst, batch.host_bytes(data)),
-            Command::Download { src, sink } if self.copies_on_host() => {
+            Command::Download { src, sink } if self.copies_on_host(self.profiling()) => {
                 self.host_download(src, sink)
             }
             Command::Download { src, .. } => {
@@ -371,10 +367,15 @@ impl Recorder {
 
     /// Whether uploads and downloads copy on the host, in queue order: the
     /// pool's memory is host-cached (no staging, no device copy: what the
-    /// `vulkan_transfer` bench's raw baseline does), and no profile wants
-    /// device times for them.
-    fn copies_on_host(&self) -> bool {
-        self.host_cached && !self.current.as_ref().expect("a batch is recording").profile
+    /// `vulkan_transfer` bench's raw baseline does), and no profile
+    /// (`profile`) wants device times for them.
+    fn copies_on_host(&self, profile: bool) -> bool {
+        self.context.host_cached() && !profile
+    }
+
+    /// Whether the batch being recorded is profiled.
+    fn profiling(&self) -> bool {
+        self.current.as_ref().expect("a batch is recording").profile
     }
 
     /// Makes the host the next in queue order: submits what is recorded
