@@ -44,7 +44,7 @@ pub(super) struct Recorder {
     /// command (what fails if it cannot be submitted).
     pub(super) open: Option<(CommandSet, usize)>,
     /// Waits of the next submission.
-    pub(super) waits: Vec<(vk::Semaphore, u64)>,
+    pub(super) waits: Waits,
     /// The retire thread, and the channel that hands it batches.
     pub(super) retire: Option<(Sender<Retire>, JoinHandle<()>)>,
     /// A 16-byte buffer bound for an empty view.
@@ -112,7 +112,7 @@ impl Recorder {
             shared,
             current: None,
             open: None,
-            waits: Vec::new(),
+            waits: Waits::default(),
             retire: None,
             dummy,
             clock: None,
@@ -433,7 +433,7 @@ impl Recorder {
         }
         match signal.wait_submitted(value) {
             Ok(()) => {
-                self.waits.push((signal.semaphore(), value));
+                self.waits.push(signal.semaphore(), value);
                 Ok(())
             }
             Err(error) if is_settled => settled(Err(error)),
@@ -492,24 +492,21 @@ impl Recorder {
             }
         }
         let value = self.next + 1;
-        let waits: Vec<vk::Semaphore> = self.waits.iter().map(|w| w.0).collect();
-        let wait_values: Vec<u64> = self.waits.iter().map(|w| w.1).collect();
-        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; waits.len()];
-        let mut signals = vec![self.progress];
-        let mut signal_values = vec![value];
-        if let Some((semaphore, at)) = signal {
-            signals.push(semaphore);
-            signal_values.push(at);
-        }
-        let buffers: Vec<vk::CommandBuffer> = open.iter().map(|(set, _)| set.buffer).collect();
+        // No allocation per submission: the waits are kept as Vulkan takes
+        // them, the signals are the progress semaphore and at most one more.
+        let (signal_semaphore, signal_value) = signal.unwrap_or((self.progress, value));
+        let signals = [self.progress, signal_semaphore];
+        let signal_values = [value, signal_value];
+        let signalled = if signal.is_some() { 2 } else { 1 };
+        let buffer = open.as_ref().map(|(set, _)| set.buffer);
         let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
-            .wait_semaphore_values(&wait_values)
-            .signal_semaphore_values(&signal_values);
+            .wait_semaphore_values(&self.waits.values)
+            .signal_semaphore_values(&signal_values[..signalled]);
         let submit = vk::SubmitInfo::default()
-            .wait_semaphores(&waits)
-            .wait_dst_stage_mask(&wait_stages)
-            .command_buffers(&buffers)
-            .signal_semaphores(&signals)
+            .wait_semaphores(&self.waits.semaphores)
+            .wait_dst_stage_mask(&self.waits.stages)
+            .command_buffers(buffer.as_slice())
+            .signal_semaphores(&signals[..signalled])
             .push_next(&mut timeline);
         let outcome = {
             let queue = self.queue().lock();
@@ -545,6 +542,33 @@ impl Recorder {
                 Err(self.context.error("vkQueueSubmit", e))
             }
         }
+    }
+}
+
+/// The waits of the next submission, in the three arrays `vkQueueSubmit`
+/// takes, kept between submissions.
+#[derive(Default)]
+pub(super) struct Waits {
+    semaphores: Vec<vk::Semaphore>,
+    values: Vec<u64>,
+    stages: Vec<vk::PipelineStageFlags>,
+}
+
+impl Waits {
+    fn push(&mut self, semaphore: vk::Semaphore, value: u64) {
+        self.semaphores.push(semaphore);
+        self.values.push(value);
+        self.stages.push(vk::PipelineStageFlags::ALL_COMMANDS);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.semaphores.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.semaphores.clear();
+        self.values.clear();
+        self.stages.clear();
     }
 }
 
