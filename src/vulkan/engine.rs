@@ -81,7 +81,7 @@ pub(super) struct Shared {
     /// Host waits in progress for a value that may come only from the
     /// queue's caller (a `wait` held until its value is submitted, a wait
     /// on another backend's signal): a dropped engine does not wait for
-    /// its work while there is one.
+    /// its work while there is one. Changed under `progress`'s lock.
     pub(super) holding: AtomicUsize,
     /// Batches handed to the recording thread and not yet settled by it:
     /// while any is, the owner hands it the next one too (queue order).
@@ -292,13 +292,11 @@ impl Drop for VulkanEngine {
                 if progress.1 >= progress.0 {
                     break true;
                 }
-                if shared.holding.load(Ordering::Acquire) > 0 {
+                // Changed under this lock, with a wake-up (`Holding`).
+                if shared.holding.load(Ordering::Relaxed) > 0 {
                     break false;
                 }
-                // A hold begun after the look above is seen within this.
-                shared
-                    .retired
-                    .wait_for(&mut progress, std::time::Duration::from_millis(10));
+                shared.retired.wait(&mut progress);
             }
         };
         if let Some(thread) = self.state.thread.take()

@@ -361,8 +361,7 @@ impl Recorder {
     /// come only from its caller, until the guard drops: a dropped engine
     /// does not wait for it then.
     fn holding(&self) -> Holding {
-        self.shared.holding.fetch_add(1, Ordering::AcqRel);
-        Holding(self.shared.clone())
+        Holding::begin(&self.shared)
     }
 
     /// Whether uploads and downloads copy on the host, in queue order: the
@@ -572,14 +571,24 @@ impl Waits {
     }
 }
 
-/// See [`Recorder::holding`].
+/// See [`Recorder::holding`]. Its start and end each wake a dropped
+/// engine waiting on `retired` (under the lock it looks under, so no
+/// change is missed).
 struct Holding(Arc<Shared>);
+
+impl Holding {
+    fn begin(shared: &Arc<Shared>) -> Self {
+        let _progress = shared.progress.lock();
+        shared.holding.fetch_add(1, Ordering::Relaxed);
+        shared.retired.notify_all();
+        Self(shared.clone())
+    }
+}
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        self.0.holding.fetch_sub(1, Ordering::AcqRel);
-        // A dropped engine waiting for the work to retire looks again.
         let _progress = self.0.progress.lock();
+        self.0.holding.fetch_sub(1, Ordering::Relaxed);
         self.0.retired.notify_all();
     }
 }
