@@ -271,34 +271,6 @@ impl Drop for Raw {
     }
 }
 
-/// `ADD` as SPIR-V, with the options hwqueue compiles with.
-fn add_spirv() -> Vec<u32> {
-    let module = naga::front::wgsl::parse_str(ADD).expect("parses");
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::IMMEDIATES,
-    )
-    .validate(&module)
-    .expect("validates");
-    let policy = naga::proc::BoundsCheckPolicy::ReadZeroSkipWrite;
-    let options = naga::back::spv::Options {
-        lang_version: (1, 3),
-        flags: naga::back::spv::WriterFlags::empty(),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: policy,
-            buffer: policy,
-            image_load: policy,
-            binding_array: policy,
-        },
-        ..naga::back::spv::Options::default()
-    };
-    let pipeline = naga::back::spv::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "add".into(),
-    };
-    naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).expect("writes")
-}
-
 fn vulkan_roundtrip(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_roundtrip");
@@ -354,7 +326,11 @@ fn vulkan_dispatch(c: &mut Criterion) {
     group.bench_function("raw_ash", |b| {
         let mut raw = Raw::new(&device.name());
         let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
-        let spirv = add_spirv();
+        // The SPIR-V hwqueue hands the driver: the same shader both sides.
+        let spirv = VulkanProgram::from_wgsl("add", ADD, "add")
+            .expect("compiles")
+            .spirv()
+            .to_vec();
         // SAFETY: every object is made from `raw.device` and destroyed
         // below, after the last submission was waited for.
         let (shader, set_layout, layout, pipeline, descriptors, set) = unsafe {
