@@ -423,13 +423,16 @@ impl Recorder {
         }
         // The work recorded so far must not wait.
         self.flush(None)?;
-        let _held = self.holding();
         if !signal.is_of(&self.context) {
             // Another device's semaphore cannot be waited on here: the
             // host waits for it, as for another backend's signal.
+            let _held = self.holding();
             let waited = signal.wait(value, crate::signal::Timeout::Forever);
             return if is_settled { settled(waited) } else { waited };
         }
+        // A hold only where the value is not submitted yet: the usual
+        // cross-queue wait (submitted, not reached) takes no lock here.
+        let _held = (!signal.is_submitted(value)).then(|| self.holding());
         match signal.wait_submitted(value) {
             Ok(()) => {
                 self.waits.push(signal.semaphore(), value);
