@@ -230,8 +230,9 @@ impl Recorder {
 
     /// Whether `batch` can be settled on the owner's thread: nothing in it
     /// blocks the host (every wait's value is submitted on this device,
-    /// no wait on another backend's signal, and no host copy, which waits
-    /// for the queue's earlier work).
+    /// no wait on another backend's signal, and no host copy that would
+    /// wait for device work: host copies only at the batch's start, on a
+    /// queue whose earlier submissions all completed).
     /// It also needs the retire thread (without it, `settle` waits for the
     /// device), and a queue whose failures are not batch-scoped (a failed
     /// batch of `FailureScope::Batch` drains its later waits on the host).
@@ -241,17 +242,48 @@ impl Recorder {
         batch: &Batch<Vulkan>,
         profile: bool,
     ) -> bool {
+        if self.retire.is_none() || ledger.independent() {
+            return false;
+        }
         let host_copies = self.copies_on_host(profile);
-        self.retire.is_some()
-            && !ledger.independent()
-            && batch.commands().iter().all(|command| match command {
-                Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
-                    signal.is_of(&self.context) && signal.is_submitted(*value)
+        // Whether a command before this one gives the device work, which a
+        // host copy after it would wait for.
+        let mut device_work = false;
+        let mut copies = false;
+        for command in batch.commands() {
+            match command {
+                Command::Upload { .. } | Command::Download { .. } if host_copies => {
+                    if device_work {
+                        return false;
+                    }
+                    copies = true;
                 }
-                Command::WaitForeign { .. } => false,
-                Command::Upload { .. } | Command::Download { .. } => !host_copies,
-                _ => true,
-            })
+                Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                    if !(signal.is_of(&self.context) && signal.is_submitted(*value)) {
+                        return false;
+                    }
+                    device_work = true;
+                }
+                Command::WaitForeign { .. } => return false,
+                _ => device_work = true,
+            }
+        }
+        !copies || self.is_idle()
+    }
+
+    /// Whether every submission of this queue completed (a host copy then
+    /// waits for nothing).
+    fn is_idle(&self) -> bool {
+        if self.next == 0 {
+            return true;
+        }
+        // SAFETY: the progress semaphore lives as long as the recorder.
+        let reached = unsafe {
+            self.context
+                .device
+                .get_semaphore_counter_value(self.progress)
+        };
+        reached.is_ok_and(|value| value >= self.next)
     }
 
     pub(super) fn run_batch(
