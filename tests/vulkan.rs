@@ -337,7 +337,14 @@ fn a_lost_device_fails_every_later_submission() {
     queue.submit().unwrap();
     done.wait(1, LONG).unwrap();
     device.health().unwrap();
+    // Made before the loss: with unmapped memory, zeroing it is a device
+    // command, which fails on a lost device too.
+    let buffer = device.alloc(16).unwrap();
     device.simulate_device_loss();
+    assert!(
+        device.host_mapped() || matches!(device.alloc(16).map(drop), Err(Error::DeviceLost { .. })),
+        "a zeroed allocation needs the device where the host cannot map it"
+    );
     for value in [2, 3] {
         queue.signal(&done, value);
         queue.submit().unwrap();
@@ -351,7 +358,6 @@ fn a_lost_device_fails_every_later_submission() {
     // Transfers too, however they run (host copies where the memory is
     // host-cached, as on lavapipe; before the fix a download there still
     // delivered bytes from the lost device).
-    let buffer = device.alloc(16).unwrap();
     let back = Download::<u32>::new(4);
     queue
         .upload(&buffer, &[1u32; 4])
@@ -452,4 +458,59 @@ fn uploads_and_downloads_keep_queue_order_across_waits() {
     assert_eq!(after.take(LONG).unwrap(), [11, 12, 13, 14]);
     assert_eq!(last.take(LONG).unwrap(), [7; 4]);
     b.synchronize().unwrap();
+}
+
+/// Where the host cannot map a device's memory (a discrete GPU without
+/// resizable BAR; here any device opened so), buffers are still zeroed,
+/// written and read by the host, and uploads, downloads and kernels see
+/// the same bytes: through staging ranges of host memory, a chunk (16 MiB)
+/// at a time, which the buffers' statistics do not count.
+#[test]
+fn unmapped_memory_is_reached_through_staging() {
+    let Some(mapped) = device() else { return };
+    let device = VulkanDevice::open_unmapped(mapped.spec().ordinal()).unwrap();
+    assert!(!device.host_mapped());
+    // More than one chunk, at an offset and of a length no multiple of 4.
+    let len = (16 << 20) + 4096 + 3;
+    let buffer = device.alloc(len + 5).unwrap();
+    let mut zeros = vec![1u8; len + 5];
+    buffer.read_at(0, &mut zeros).unwrap();
+    assert!(zeros.iter().all(|&b| b == 0), "a zeroed buffer reads zeros");
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    buffer.write_at(5, &data).unwrap();
+    let mut back = vec![0u8; len];
+    buffer.read_at(5, &mut back).unwrap();
+    assert!(back == data, "bytes written through staging read back");
+    let mut head = [9u8; 6];
+    buffer.read_at(0, &mut head).unwrap();
+    assert_eq!(head, [0, 0, 0, 0, 0, 0], "the bytes before the write");
+    let stats = device.memory_stats();
+    assert_eq!(
+        stats.requested,
+        len + 5,
+        "staging is not the buffers' memory: {stats:?}"
+    );
+
+    // In queue order: an upload, a kernel, a download, then the host.
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let words = device.alloc(256 * 4).unwrap();
+    let input: Vec<u32> = (0..256).collect();
+    let out = Download::<u32>::new(256);
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&words, &input)
+        .exec(
+            &add,
+            &[&words],
+            &[Scalar::U32(7)],
+            ExecParams::new_1d(256, 64),
+        )
+        .download(&words, &out)
+        .signal(&done, 1);
+    queue.submit().unwrap();
+    let want: Vec<u32> = (7..263).collect();
+    assert_eq!(out.take(LONG).unwrap(), want);
+    done.wait(1, LONG).unwrap();
+    assert_eq!(words.to_vec::<u32>().unwrap(), want);
 }

@@ -64,10 +64,10 @@ impl Recorder {
     }
 
     /// `len` bytes (more than 0) of staging memory, a range of the
-    /// device's pool held until the batch retires: where the device sees
+    /// device's staging pool held until the batch retires: where the device sees
     /// it, and its index in the batch's staging list.
     pub(super) fn staging(&mut self, len: usize) -> Result<((vk::Buffer, u64), usize)> {
-        let range = VulkanBuffer::allocate(self.device.pool(), len, false, false)?;
+        let range = VulkanBuffer::allocate(self.device.staging_pool(), len, false, false)?;
         let address = range
             .queue_address()?
             .expect("a range of more than 0 bytes has an address");

@@ -9,6 +9,7 @@ use std::sync::OnceLock;
 use ash::vk;
 use parking_lot::Mutex;
 
+use super::staged::{MemoryTypes, OneShot};
 use crate::error::{Error, Result};
 
 /// The backend id, as errors name it.
@@ -239,9 +240,11 @@ pub(crate) struct Context {
     /// need external synchronisation, and logical queues share them.
     pub(super) compute_queue: Mutex<vk::Queue>,
     pub(super) transfer_queue: Option<Mutex<vk::Queue>>,
-    /// The memory type buffers are made of: host-visible and coherent,
-    /// device-local too where the device has such a type.
-    pub(super) memory_type: u32,
+    /// The memory types of buffers and of staging ranges, and whether
+    /// buffers are mapped (`super::staged`).
+    pub(super) memory: MemoryTypes,
+    /// The command buffer of the host's staged copies, made at the first.
+    pub(super) once: Mutex<Option<OneShot>>,
     pub(super) spec: String,
     /// What lost the device, once a call returned `VK_ERROR_DEVICE_LOST`:
     /// sticky, every later submission fails with it.
@@ -256,8 +259,10 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 impl Context {
-    /// Opens the instance's physical device `index` as `vulkan:{ordinal}`.
-    pub(super) fn open(index: u32, ordinal: u32) -> Result<Self> {
+    /// Opens the instance's physical device `index` as `vulkan:{ordinal}`;
+    /// `unmapped` keeps buffers unmapped (`None`: as `HWQUEUE_VULKAN_MEMORY`
+    /// says).
+    pub(super) fn open(index: u32, ordinal: u32, unmapped: Option<bool>) -> Result<Self> {
         let instance = instance()?;
         let physical = &instance.physical[index as usize];
         let spec = format!("{ID}:{ordinal}");
@@ -302,18 +307,22 @@ impl Context {
                 transfer_family.map(|family| device.get_device_queue(family, 0)),
             )
         };
-        let memory_type = match choose_memory_type(&physical.memory) {
-            Some(index) => index,
-            None => {
+        let unmapped = unmapped.map_or_else(|| MemoryTypes::unmapped_from_env(&spec), Ok);
+        let memory = unmapped.and_then(|unmapped| {
+            MemoryTypes::choose(&physical.memory, unmapped).ok_or_else(|| Error::Driver {
+                backend: ID,
+                what: format!("opening `{spec}`"),
+                detail: "it has no host-visible, coherent memory type; hwqueue's Vulkan staging \
+                         needs one (every desktop and CPU driver has one)"
+                    .into(),
+            })
+        });
+        let memory = match memory {
+            Ok(memory) => memory,
+            Err(error) => {
                 // SAFETY: nothing was made from the device.
                 unsafe { device.destroy_device(None) };
-                return Err(Error::Driver {
-                    backend: ID,
-                    what: format!("opening `{spec}`"),
-                    detail: "it has no host-visible, coherent memory type; hwqueue's Vulkan \
-                             buffers need one (every desktop and CPU driver has one)"
-                        .into(),
-                });
+                return Err(error);
             }
         };
         Ok(Self {
@@ -324,7 +333,8 @@ impl Context {
             transfer_family,
             compute_queue: Mutex::new(compute_queue),
             transfer_queue: transfer_queue.map(Mutex::new),
-            memory_type,
+            memory,
+            once: Mutex::new(None),
             spec,
             lost: Mutex::new(None),
         })
@@ -357,29 +367,16 @@ impl Context {
     }
 }
 
-/// Host-visible and coherent memory, device-local too where there is such a
-/// type (integrated GPUs, resizable BAR), else the first host-visible one.
-fn choose_memory_type(memory: &vk::PhysicalDeviceMemoryProperties) -> Option<u32> {
-    let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
-    let types = &memory.memory_types[..memory.memory_type_count as usize];
-    let with = |extra: vk::MemoryPropertyFlags| {
-        types
-            .iter()
-            .position(|t| t.property_flags.contains(wanted | extra))
-            .map(|index| index as u32)
-    };
-    with(vk::MemoryPropertyFlags::DEVICE_LOCAL).or_else(|| with(vk::MemoryPropertyFlags::empty()))
-}
-
 impl Context {
     /// Whether the pool's memory is host-cached (lavapipe's, an integrated
     /// GPU's, system memory): the host reads and writes it at memory
     /// speed, so uploads and downloads copy on the host, in queue order,
     /// instead of through staging and a device copy.
     pub(super) fn host_cached(&self) -> bool {
-        self.physical.memory.memory_types[self.memory_type as usize]
-            .property_flags
-            .contains(vk::MemoryPropertyFlags::HOST_CACHED)
+        self.memory.mapped
+            && self.physical.memory.memory_types[self.memory.device as usize]
+                .property_flags
+                .contains(vk::MemoryPropertyFlags::HOST_CACHED)
     }
 }
 
@@ -390,6 +387,9 @@ impl Drop for Context {
         // their drops waited for the work that used them.
         unsafe {
             let _ = self.device.device_wait_idle();
+            if let Some(once) = self.once.get_mut().take() {
+                once.destroy(&self.device);
+            }
             self.device.destroy_device(None);
         }
     }

@@ -1,5 +1,5 @@
 //! A Vulkan device's memory: blocks of `VkDeviceMemory`, each with one
-//! `VkBuffer` over all of it and mapped for the host, for the core's
+//! `VkBuffer` over all of it, mapped for the host where it can be, for the core's
 //! caching [`MemoryPool`](crate::memory::MemoryPool); a
 //! [`VulkanBuffer`] is the core's [`Allocation`] of that pool.
 
@@ -9,6 +9,7 @@ use ash::vk;
 
 use super::Vulkan;
 use super::context::Context;
+use super::staged::STAGING_CHUNK;
 use crate::buffer::{Buffer, Pod, bytes_of, bytes_of_mut, check_host_access};
 use crate::error::{Error, Result};
 use crate::memory::{
@@ -19,26 +20,59 @@ use crate::memory::{
 /// storage-buffer offset alignment of every device seen (16 to 256).
 pub const VULKAN_ALIGNMENT: usize = 256;
 
-/// The blocks of one device.
+/// The blocks of one device's buffers, or of its staging ranges.
 pub struct VulkanBlocks {
     pub(super) context: Arc<Context>,
+    /// The memory type of the blocks, and whether they are mapped.
+    memory_type: u32,
+    mapped: bool,
+    /// The pool of staging ranges (host-visible, mapped), for the
+    /// buffers' blocks; `None` in the staging pool's own.
+    staging: Option<MemoryPool<VulkanBlocks>>,
 }
 
-/// A block: memory, the buffer over it, and where the host sees it.
+impl VulkanBlocks {
+    /// The blocks of `context`'s buffers, with a staging pool of their own.
+    pub(super) fn for_device(context: Arc<Context>) -> Self {
+        let types = context.memory;
+        let staging = MemoryPool::new(Self {
+            context: context.clone(),
+            memory_type: types.staging,
+            mapped: true,
+            staging: None,
+        });
+        Self {
+            context,
+            memory_type: types.device,
+            mapped: types.mapped,
+            staging: Some(staging),
+        }
+    }
+
+    /// The pool staging ranges come from.
+    pub(super) fn staging_pool(&self) -> &MemoryPool<VulkanBlocks> {
+        self.staging
+            .as_ref()
+            .expect("staging ranges come from a device's buffer pool")
+    }
+}
+
+/// A block: memory, the buffer over it, and where the host sees it (`None`
+/// where it is not mapped).
 #[derive(Debug)]
 pub struct VulkanBlock {
     memory: vk::DeviceMemory,
     buffer: vk::Buffer,
-    host: usize,
+    host: Option<usize>,
 }
 
 /// Where a range lies: the block's buffer, the offset in it, and the
-/// host's address of its first byte.
+/// host's address of its first byte (`None` where it is not mapped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VulkanAddress {
     pub(super) buffer: vk::Buffer,
     pub(super) offset: u64,
-    pub(super) host: usize,
+    pub(super) host: Option<usize>,
 }
 
 /// The usages every block's buffer has: a kernel's storage buffer, and
@@ -49,11 +83,13 @@ const USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
         | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
 );
 
-/// Makes a buffer of `size` bytes of `context`'s memory type, bound and
-/// mapped: a block, or a staging buffer.
+/// Makes a buffer of `size` bytes of memory type `memory_type`, bound,
+/// and mapped where `map` says.
 pub(super) fn make_buffer(
     context: &Context,
     size: usize,
+    memory_type: u32,
+    map: bool,
 ) -> std::result::Result<VulkanBlock, (String, vk::Result)> {
     let device = &context.device;
     let create = vk::BufferCreateInfo::default()
@@ -67,7 +103,7 @@ pub(super) fn make_buffer(
             .create_buffer(&create, None)
             .map_err(|e| ("vkCreateBuffer".into(), e))?;
         let needs = device.get_buffer_memory_requirements(buffer);
-        if needs.memory_type_bits & (1 << context.memory_type) == 0 {
+        if needs.memory_type_bits & (1 << memory_type) == 0 {
             device.destroy_buffer(buffer, None);
             return Err((
                 "vkGetBufferMemoryRequirements".into(),
@@ -76,7 +112,7 @@ pub(super) fn make_buffer(
         }
         let allocate = vk::MemoryAllocateInfo::default()
             .allocation_size(needs.size)
-            .memory_type_index(context.memory_type);
+            .memory_type_index(memory_type);
         let memory = match device.allocate_memory(&allocate, None) {
             Ok(memory) => memory,
             Err(e) => {
@@ -85,13 +121,18 @@ pub(super) fn make_buffer(
             }
         };
         let mapped = device.bind_buffer_memory(buffer, memory, 0).and_then(|()| {
-            device.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+            if !map {
+                return Ok(None);
+            }
+            device
+                .map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())
+                .map(|host| Some(host as usize))
         });
         match mapped {
             Ok(host) => Ok(VulkanBlock {
                 memory,
                 buffer,
-                host: host as usize,
+                host,
             }),
             Err(e) => {
                 device.destroy_buffer(buffer, None);
@@ -131,11 +172,13 @@ impl BlockSource for VulkanBlocks {
     }
 
     fn allocate(&self, size: usize) -> std::result::Result<VulkanBlock, BlockError> {
-        make_buffer(&self.context, size).map_err(|(call, result)| match result {
-            vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
-                BlockError::OutOfMemory(format!("{call} returned {result:?}"))
+        make_buffer(&self.context, size, self.memory_type, self.mapped).map_err(|(call, result)| {
+            match result {
+                vk::Result::ERROR_OUT_OF_DEVICE_MEMORY | vk::Result::ERROR_OUT_OF_HOST_MEMORY => {
+                    BlockError::OutOfMemory(format!("{call} returned {result:?}"))
+                }
+                other => BlockError::Other(self.context.error(&call, other)),
             }
-            other => BlockError::Other(self.context.error(&call, other)),
         })
     }
 
@@ -143,7 +186,7 @@ impl BlockSource for VulkanBlocks {
         VulkanAddress {
             buffer: block.buffer,
             offset: offset as u64,
-            host: block.host + offset,
+            host: block.host.map(|host| host + offset),
         }
     }
 
@@ -152,15 +195,28 @@ impl BlockSource for VulkanBlocks {
     }
 
     unsafe fn zero(&self, address: VulkanAddress, len: usize) -> Result<()> {
-        // SAFETY: the caller hands a range of a live block, mapped for the
-        // host, that nothing else touches now.
-        unsafe { std::ptr::write_bytes(address.host as *mut u8, 0, len) };
-        Ok(())
+        if let Some(host) = address.host {
+            // SAFETY: the caller hands a range of a live block, mapped for
+            // the host, that nothing else touches now.
+            unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
+            return Ok(());
+        }
+        // A range's bytes run to the next multiple of the alignment (256),
+        // so a fill rounded up to a word stays in it.
+        let size = len.next_multiple_of(4) as u64;
+        self.context.run_once(
+            "zeroing new memory the host cannot map",
+            |device, command| {
+                // SAFETY: the range lies in a live buffer; offset (a multiple
+                // of the alignment) and size are multiples of 4.
+                unsafe { device.cmd_fill_buffer(command, address.buffer, address.offset, size, 0) };
+            },
+        )
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         let memory = &self.context.physical.memory;
-        let kind = memory.memory_types[self.context.memory_type as usize];
+        let kind = memory.memory_types[self.memory_type as usize];
         let heap = memory.memory_heaps[kind.heap_index as usize];
         // Vulkan 1.2 core has no query of what is free (that is
         // VK_EXT_memory_budget): the heap's size stands for both.
@@ -177,8 +233,9 @@ impl BlockSource for VulkanBlocks {
 /// hold one for every batch that uses it until the batch completed), or
 /// when a `dealloca` of it ran and no batch still uses it.
 ///
-/// `read_at` and `write_at` go through the host mapping (the memory is
-/// host-visible and coherent): like any host access, they race with work
+/// `read_at` and `write_at` go through the host mapping where the memory
+/// is mapped, and otherwise through a staging range and a device copy,
+/// submitted and waited for (`super::staged`): like any host access, they race with work
 /// a queue runs on the same bytes unless ordered after it (wait for its
 /// signal first).
 #[derive(Clone, Debug)]
@@ -233,11 +290,16 @@ impl VulkanBuffer {
         if bytes.is_empty() {
             return check_host_access(offset, 0, self.size());
         }
-        let dst = self.host_bytes(by, offset, bytes.len(), true)?;
+        let address = self.host_address(by, offset, bytes.len(), true)?;
+        let Some(host) = address.host else {
+            return self.staged(address, offset, bytes.len(), Staged::Write(bytes));
+        };
         // SAFETY: `offset + len <= size` was checked and the range is held,
-        // so `dst` points at `len` mapped bytes of ours; caller memory
-        // cannot overlap the mapping.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        // so `host + offset` points at `len` mapped bytes of ours; caller
+        // memory cannot overlap the mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), (host + offset) as *mut u8, bytes.len())
+        };
         Ok(())
     }
 
@@ -245,13 +307,26 @@ impl VulkanBuffer {
         if out.is_empty() {
             return check_host_access(offset, 0, self.size());
         }
-        let src = self.host_bytes(by, offset, out.len(), false)?;
+        let address = self.host_address(by, offset, out.len(), false)?;
+        let Some(host) = address.host else {
+            return self.staged(address, offset, out.len(), Staged::Read(out));
+        };
         // SAFETY: as in `write_bytes`.
-        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping((host + offset) as *const u8, out.as_mut_ptr(), out.len())
+        };
         Ok(())
     }
 
-    fn host_bytes(&self, by: Access, offset: usize, len: usize, write: bool) -> Result<*mut u8> {
+    /// Where the range lies, once `len` bytes at `offset` are checked to
+    /// fit and the access (`write` or read) is allowed.
+    fn host_address(
+        &self,
+        by: Access,
+        offset: usize,
+        len: usize,
+        write: bool,
+    ) -> Result<VulkanAddress> {
         check_host_access(offset, len, self.size())?;
         let address = if write {
             self.allocation
@@ -262,8 +337,71 @@ impl VulkanBuffer {
                 .read(by, || "the buffer read".into())?
                 .address()
         };
-        Ok(address.map_or(std::ptr::null_mut(), |a| (a.host + offset) as *mut u8))
+        Ok(address.expect("a range of more than 0 bytes has an address"))
     }
+
+    /// A host read or write of memory the host cannot map: through a
+    /// staging range, a chunk at a time, each a device copy submitted and
+    /// waited for.
+    fn staged(
+        &self,
+        address: VulkanAddress,
+        offset: usize,
+        len: usize,
+        mut data: Staged<'_>,
+    ) -> Result<()> {
+        let blocks = self.allocation.pool().source();
+        let chunk = len.min(STAGING_CHUNK);
+        let staging = Self::allocate(blocks.staging_pool(), chunk, false, false)?;
+        let near = staging
+            .queue_address()?
+            .expect("a range of more than 0 bytes has an address");
+        for start in (0..len).step_by(chunk) {
+            let size = chunk.min(len - start);
+            let far = address.offset + (offset + start) as u64;
+            let (region, what) = match &data {
+                Staged::Write(bytes) => {
+                    staging.write_at(0, &bytes[start..start + size])?;
+                    let region = vk::BufferCopy {
+                        src_offset: near.offset,
+                        dst_offset: far,
+                        size: size as u64,
+                    };
+                    (
+                        (near.buffer, address.buffer, region),
+                        "a host write of memory the host cannot map",
+                    )
+                }
+                Staged::Read(_) => {
+                    let region = vk::BufferCopy {
+                        src_offset: far,
+                        dst_offset: near.offset,
+                        size: size as u64,
+                    };
+                    (
+                        (address.buffer, near.buffer, region),
+                        "a host read of memory the host cannot map",
+                    )
+                }
+            };
+            let (from, to, region) = region;
+            blocks.context.run_once(what, |device, command| {
+                // SAFETY: both ranges lie in live buffers held here (the
+                // checked range of this buffer, the staging range).
+                unsafe { device.cmd_copy_buffer(command, from, to, &[region]) };
+            })?;
+            if let Staged::Read(out) = &mut data {
+                staging.read_at(0, &mut out[start..start + size])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The host's side of a staged copy.
+enum Staged<'a> {
+    Write(&'a [u8]),
+    Read(&'a mut [u8]),
 }
 
 impl Buffer for VulkanBuffer {

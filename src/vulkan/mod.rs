@@ -22,10 +22,14 @@
 //!   `vkWaitSemaphores` with or without `VK_SEMAPHORE_WAIT_ANY_BIT`, in
 //!   slices that also look for failures recorded on the host.
 //! - **Memory** ([`VulkanBuffer`]): the core's caching pool over blocks of
-//!   host-visible, coherent `VkDeviceMemory` (device-local too where the
-//!   device has such a type), one `VkBuffer` per block; views are
-//!   descriptor offsets, aligned to `minStorageBufferOffsetAlignment`
-//!   ([`Limits::view_alignment`]).
+//!   `VkDeviceMemory` of the largest device-local heap, one `VkBuffer` per
+//!   block; views are descriptor offsets, aligned to
+//!   `minStorageBufferOffsetAlignment` ([`Limits::view_alignment`]). Where
+//!   that heap's memory can be mapped (lavapipe, integrated GPUs, resizable
+//!   BAR) the host reads and writes it directly; otherwise uploads,
+//!   downloads and host access go through staging ranges of host memory
+//!   ([`VulkanDevice::host_mapped`]; [`MEMORY_ENV`]`=unmapped` forces that
+//!   path anywhere).
 //! - **Kernels** ([`VulkanProgram`]): SPIR-V, or WGSL compiled by naga;
 //!   storage buffers of `@group(0)` in binding order, scalars as push
 //!   constants.
@@ -45,6 +49,7 @@ mod program;
 mod recorder;
 mod retire;
 mod signal;
+mod staged;
 mod timing;
 
 use std::sync::Arc;
@@ -55,6 +60,7 @@ pub use engine::VulkanEngine;
 pub use memory::{VULKAN_ALIGNMENT, VulkanAddress, VulkanBlock, VulkanBlocks, VulkanBuffer};
 pub use program::VulkanProgram;
 pub use signal::VulkanSignal;
+pub use staged::MEMORY_ENV;
 
 use crate::backend::{Backend, DeviceInfo};
 use crate::device::{Device, QueueFactory};
@@ -236,6 +242,21 @@ impl VulkanDevice {
     /// the devices present; [`Error::Driver`] for a device hwqueue cannot
     /// use (saying what it lacks) or a failed `vkCreateDevice`.
     pub fn open(ordinal: u32) -> Result<Self> {
+        Self::open_with(ordinal, None)
+    }
+
+    /// Opens device `ordinal` with its buffers unmapped, whatever the
+    /// device allows: host access through staging, as on a discrete GPU
+    /// without resizable BAR (tests of that path on any device).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    #[doc(hidden)]
+    pub fn open_unmapped(ordinal: u32) -> Result<Self> {
+        Self::open_with(ordinal, Some(true))
+    }
+
+    fn open_with(ordinal: u32, unmapped: Option<bool>) -> Result<Self> {
         let physical = ordered()?;
         let count = physical.len() as u32;
         let Some(chosen) = physical.get(ordinal as usize) else {
@@ -250,11 +271,11 @@ impl VulkanDevice {
             .iter()
             .position(|p| std::ptr::eq(p, *chosen))
             .expect("one of the instance's");
-        let context = Arc::new(Context::open(index as u32, ordinal)?);
+        let context = Arc::new(Context::open(index as u32, ordinal, unmapped)?);
         let limits = limits_of(&context);
         Ok(Self {
             inner: Arc::new(DeviceInner {
-                pool: MemoryPool::new(VulkanBlocks { context }),
+                pool: MemoryPool::new(VulkanBlocks::for_device(context)),
                 limits,
             }),
         })
@@ -268,6 +289,11 @@ impl VulkanDevice {
         &self.inner.pool
     }
 
+    /// The pool of staging ranges (host-visible memory).
+    pub(super) fn staging_pool(&self) -> &MemoryPool<VulkanBlocks> {
+        self.inner.pool.source().staging_pool()
+    }
+
     pub(super) fn limits_ref(&self) -> &Limits {
         &self.inner.limits
     }
@@ -277,6 +303,13 @@ impl VulkanDevice {
     pub fn driver(&self) -> String {
         let physical = self.context().physical;
         format!("{} ({:?})", physical.driver, physical.driver_id)
+    }
+
+    /// Whether buffers are mapped for the host: where they are not (a
+    /// discrete GPU without resizable BAR, or [`MEMORY_ENV`]`=unmapped`),
+    /// uploads, downloads and host reads and writes go through staging.
+    pub fn host_mapped(&self) -> bool {
+        self.context().memory.mapped
     }
 
     /// Whether the device is a software one on the CPU (lavapipe).
@@ -365,7 +398,30 @@ impl Device for VulkanDevice {
         VulkanBuffer::allocate(self.pool(), size, false, false)
     }
 
-    crate::pooled_device_memory!(self => self.pool());
+    fn memory_stats(&self) -> crate::memory::MemoryStats {
+        self.pool().stats()
+    }
+
+    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
+        crate::memory::BlockSource::device_memory(self.pool().source())
+    }
+
+    /// Trims the buffers' pool and the staging ranges' (host memory).
+    fn trim_memory(&self) -> usize {
+        self.pool().trim() + self.staging_pool().trim()
+    }
+
+    fn reset_peak_memory(&self) {
+        self.pool().reset_peak();
+    }
+
+    fn set_memory_release_threshold(&self, bytes: usize) {
+        self.pool().set_release_threshold(bytes);
+    }
+
+    fn set_memory_limit(&self, limit: Option<usize>) {
+        self.pool().set_limit(limit);
+    }
 
     /// [`Error::DeviceLost`] once a Vulkan call returned
     /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.

@@ -100,7 +100,8 @@ impl Recorder {
             };
             (pool, progress)
         };
-        let dummy = make_buffer(&context, 16).map_err(|(call, e)| context.error(&call, e))?;
+        let dummy = make_buffer(&context, 16, context.memory.device, false)
+            .map_err(|(call, e)| context.error(&call, e))?;
         let mut recorder = Self {
             label: queue_label(ledger.id(), kind),
             device: owner,

@@ -1,0 +1,379 @@
+//! Where a Vulkan device's buffers live, and the host's access to them
+//! where it cannot map them.
+//!
+//! Buffers take the device's largest device-local heap. Where a type of
+//! that heap is also host-visible and coherent (lavapipe, integrated GPUs,
+//! a discrete GPU with resizable BAR), they are mapped: host reads and
+//! writes are copies through the mapping, and a queue whose memory is
+//! host-cached copies uploads and downloads on the host in queue order.
+//! Otherwise (a discrete GPU without resizable BAR, whose only mappable
+//! device-local type is a 256 MiB window) they are not mapped: uploads
+//! and downloads go through staging ranges (a second pool, of
+//! host-visible memory) and a device copy, and a host read or write of a
+//! buffer is a staged copy submitted on its own and waited for, as
+//! `cuMemcpyHtoD` is on CUDA. `HWQUEUE_VULKAN_MEMORY=unmapped` takes the
+//! second way on any device, so that lavapipe runs it in CI.
+
+use ash::vk;
+
+use super::context::{Context, ID};
+use crate::error::{Error, Result};
+
+/// The environment variable that picks how buffers are reached from the
+/// host: `auto` (the default) or `unmapped`.
+pub const MEMORY_ENV: &str = "HWQUEUE_VULKAN_MEMORY";
+
+/// A staged host copy moves at most this many bytes per submission, so
+/// a host write of a large buffer needs no staging range as large.
+pub(super) const STAGING_CHUNK: usize = 16 << 20;
+
+/// The memory types a device's buffers and staging ranges are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MemoryTypes {
+    /// Buffers' type.
+    pub(super) device: u32,
+    /// Whether buffers are mapped for the host (their type is host-visible
+    /// and coherent, and mapping was not turned off).
+    pub(super) mapped: bool,
+    /// Staging ranges' type: host-visible and coherent, system memory
+    /// rather than a device-local window where there is such a type, and
+    /// host-cached where there is such a type (downloads read it).
+    pub(super) staging: u32,
+}
+
+impl MemoryTypes {
+    /// The types of `memory` (see the module docs); `unmapped` keeps
+    /// buffers unmapped even where their type is host-visible. `None`
+    /// where no type is host-visible and coherent.
+    pub(super) fn choose(
+        memory: &vk::PhysicalDeviceMemoryProperties,
+        unmapped: bool,
+    ) -> Option<Self> {
+        let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+        let types = &memory.memory_types[..memory.memory_type_count as usize];
+        let find_where = |want: vk::MemoryPropertyFlags, ok: &dyn Fn(&vk::MemoryType) -> bool| {
+            types
+                .iter()
+                .position(|t| t.property_flags.contains(want) && ok(t))
+                .map(|index| index as u32)
+        };
+        let find =
+            |want, heap: Option<u32>| find_where(want, &|t| heap.is_none_or(|h| t.heap_index == h));
+        // Staging: system memory (not a BAR window), cached where it can be.
+        let system = |t: &vk::MemoryType| !t.property_flags.contains(local);
+        let cached = host | vk::MemoryPropertyFlags::HOST_CACHED;
+        let staging = find_where(cached, &system)
+            .or_else(|| find_where(host, &system))
+            .or_else(|| find(cached, None))
+            .or_else(|| find(host, None))?;
+        // The largest heap that a device-local type lies in.
+        let heap = types
+            .iter()
+            .filter(|t| t.property_flags.contains(local))
+            .map(|t| t.heap_index)
+            .max_by_key(|&h| memory.memory_heaps[h as usize].size);
+        let (device, mappable) = match heap {
+            Some(heap) => match find(local | host, Some(heap)) {
+                Some(index) => (index, true),
+                None => (
+                    find(local, Some(heap)).expect("the heap has a device-local type"),
+                    false,
+                ),
+            },
+            None => (staging, true),
+        };
+        Some(Self {
+            device,
+            mapped: mappable && !unmapped,
+            staging,
+        })
+    }
+
+    /// Whether `HWQUEUE_VULKAN_MEMORY` asks for unmapped buffers.
+    ///
+    /// # Errors
+    /// [`Error::Driver`] for a value other than `auto` and `unmapped`.
+    pub(super) fn unmapped_from_env(spec: &str) -> Result<bool> {
+        match std::env::var(MEMORY_ENV) {
+            Err(_) => Ok(false),
+            Ok(value) => match value.as_str() {
+                "" | "auto" => Ok(false),
+                "unmapped" => Ok(true),
+                other => Err(Error::Driver {
+                    backend: ID,
+                    what: format!("opening `{spec}`"),
+                    detail: format!(
+                        "{MEMORY_ENV} is `{other}`; it takes `auto` (buffers mapped where the \
+                         device allows) or `unmapped` (host access through staging, as on a \
+                         discrete GPU): set one of them, or unset it"
+                    ),
+                }),
+            },
+        }
+    }
+}
+
+/// The command buffer and fence of the host's staged copies (one at a
+/// time, behind the context's lock).
+pub(super) struct OneShot {
+    pool: vk::CommandPool,
+    command: vk::CommandBuffer,
+    fence: vk::Fence,
+}
+
+impl OneShot {
+    fn new(context: &Context) -> Result<Self> {
+        let device = &context.device;
+        let info = vk::CommandPoolCreateInfo::default()
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER)
+            .queue_family_index(context.compute_family);
+        // SAFETY: the infos live across the calls; what is made is
+        // destroyed on failure here, or by `destroy`.
+        unsafe {
+            let pool = device
+                .create_command_pool(&info, None)
+                .map_err(|e| context.error("vkCreateCommandPool (host copies)", e))?;
+            let allocate = vk::CommandBufferAllocateInfo::default()
+                .command_pool(pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1);
+            let made = device
+                .allocate_command_buffers(&allocate)
+                .and_then(|command| {
+                    let fence = device.create_fence(&vk::FenceCreateInfo::default(), None)?;
+                    Ok((command[0], fence))
+                });
+            match made {
+                Ok((command, fence)) => Ok(Self {
+                    pool,
+                    command,
+                    fence,
+                }),
+                Err(e) => {
+                    device.destroy_command_pool(pool, None);
+                    Err(context.error("vkAllocateCommandBuffers / vkCreateFence (host copies)", e))
+                }
+            }
+        }
+    }
+
+    /// Frees what `new` made.
+    ///
+    /// # Safety
+    /// Nothing it recorded is pending (every `run_once` waited for its
+    /// submission, or the device is idle).
+    pub(super) unsafe fn destroy(&self, device: &ash::Device) {
+        // SAFETY: by the caller, nothing uses them.
+        unsafe {
+            device.destroy_fence(self.fence, None);
+            device.destroy_command_pool(self.pool, None);
+        }
+    }
+}
+
+impl Context {
+    /// Records `record` into a command buffer of its own, ending with a
+    /// barrier that makes its writes visible to later commands and to the
+    /// host; submits it on the compute queue and waits for it: the host's
+    /// access to memory it cannot map (`what` names it in errors).
+    pub(super) fn run_once(
+        &self,
+        what: &str,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+    ) -> Result<()> {
+        self.health()?;
+        let mut once = self.once.lock();
+        if once.is_none() {
+            *once = Some(OneShot::new(self)?);
+        }
+        let shot = once.as_ref().expect("made above");
+        let device = &self.device;
+        let call = |name: &str, e| self.error(&format!("{name} ({what})"), e);
+        let begin = vk::CommandBufferBeginInfo::default()
+            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+        // Before: earlier work's writes (which the host waited for) and
+        // reads, against the copy; after: the copy's writes, against later
+        // work and the host.
+        let before = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+            .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
+        let barrier = [vk::MemoryBarrier::default()
+            .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+            .dst_access_mask(
+                vk::AccessFlags::MEMORY_READ
+                    | vk::AccessFlags::MEMORY_WRITE
+                    | vk::AccessFlags::HOST_READ,
+            )];
+        // SAFETY: the command buffer and fence are this context's and idle
+        // (the last submission was waited for, under the lock held); the
+        // infos live across the calls; `record` records into it only.
+        unsafe {
+            device
+                .begin_command_buffer(shot.command, &begin)
+                .map_err(|e| call("vkBeginCommandBuffer", e))?;
+            device.cmd_pipeline_barrier(
+                shot.command,
+                vk::PipelineStageFlags::ALL_COMMANDS,
+                vk::PipelineStageFlags::TRANSFER,
+                vk::DependencyFlags::empty(),
+                &before,
+                &[],
+                &[],
+            );
+            record(device, shot.command);
+            device.cmd_pipeline_barrier(
+                shot.command,
+                vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::ALL_COMMANDS | vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &barrier,
+                &[],
+                &[],
+            );
+            device
+                .end_command_buffer(shot.command)
+                .map_err(|e| call("vkEndCommandBuffer", e))?;
+            device
+                .reset_fences(&[shot.fence])
+                .map_err(|e| call("vkResetFences", e))?;
+            let commands = [shot.command];
+            let submit = [vk::SubmitInfo::default().command_buffers(&commands)];
+            {
+                let queue = self.compute_queue.lock();
+                device
+                    .queue_submit(*queue, &submit, shot.fence)
+                    .map_err(|e| call("vkQueueSubmit", e))?;
+            }
+            loop {
+                match device.wait_for_fences(&[shot.fence], true, 1_000_000_000) {
+                    Ok(()) => return Ok(()),
+                    Err(vk::Result::TIMEOUT) => {}
+                    Err(e) => return Err(call("vkWaitForFences", e)),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOCAL: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::DEVICE_LOCAL;
+    const VISIBLE: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::HOST_VISIBLE;
+    const COHERENT: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::HOST_COHERENT;
+    const CACHED: vk::MemoryPropertyFlags = vk::MemoryPropertyFlags::HOST_CACHED;
+
+    /// Memory properties of `heaps` (size, device-local) and `types`
+    /// (flags, heap).
+    fn memory(
+        heaps: &[(u64, bool)],
+        types: &[(vk::MemoryPropertyFlags, u32)],
+    ) -> vk::PhysicalDeviceMemoryProperties {
+        let mut memory = vk::PhysicalDeviceMemoryProperties {
+            memory_heap_count: heaps.len() as u32,
+            memory_type_count: types.len() as u32,
+            ..Default::default()
+        };
+        for (at, &(size, local)) in heaps.iter().enumerate() {
+            memory.memory_heaps[at] = vk::MemoryHeap {
+                size,
+                flags: if local {
+                    vk::MemoryHeapFlags::DEVICE_LOCAL
+                } else {
+                    vk::MemoryHeapFlags::empty()
+                },
+            };
+        }
+        for (at, &(property_flags, heap_index)) in types.iter().enumerate() {
+            memory.memory_types[at] = vk::MemoryType {
+                property_flags,
+                heap_index,
+            };
+        }
+        memory
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_cpu_driver_s_one_type_is_mapped_unless_asked_not_to_be() {
+        // lavapipe: one heap, one type that is everything.
+        let lavapipe = memory(
+            &[(8 * GIB, true)],
+            &[(LOCAL | VISIBLE | COHERENT | CACHED, 0)],
+        );
+        let want = MemoryTypes {
+            device: 0,
+            mapped: true,
+            staging: 0,
+        };
+        assert_eq!(MemoryTypes::choose(&lavapipe, false), Some(want));
+        assert_eq!(
+            MemoryTypes::choose(&lavapipe, true),
+            Some(MemoryTypes {
+                mapped: false,
+                ..want
+            })
+        );
+    }
+
+    #[test]
+    fn a_discrete_gpu_without_resizable_bar_keeps_buffers_in_vram_unmapped() {
+        // VRAM (heap 0), system memory (heap 1), the 256 MiB BAR window
+        // (heap 2), as NVIDIA and AMD drivers report them.
+        let discrete = memory(
+            &[(24 * GIB, true), (64 * GIB, false), (256 << 20, true)],
+            &[
+                (VISIBLE | COHERENT, 1),
+                (LOCAL, 0),
+                (VISIBLE | COHERENT | CACHED, 1),
+                (LOCAL | VISIBLE | COHERENT, 2),
+            ],
+        );
+        assert_eq!(
+            MemoryTypes::choose(&discrete, false),
+            Some(MemoryTypes {
+                device: 1,
+                mapped: false,
+                staging: 2
+            })
+        );
+    }
+
+    #[test]
+    fn resizable_bar_maps_vram() {
+        let rebar = memory(
+            &[(80 * GIB, true), (64 * GIB, false)],
+            &[
+                (LOCAL, 0),
+                (LOCAL | VISIBLE | COHERENT, 0),
+                (VISIBLE | COHERENT, 1),
+            ],
+        );
+        assert_eq!(
+            MemoryTypes::choose(&rebar, false),
+            Some(MemoryTypes {
+                device: 1,
+                mapped: true,
+                staging: 2
+            })
+        );
+    }
+
+    #[test]
+    fn without_device_local_memory_buffers_are_host_memory_and_without_coherent_memory_none() {
+        let host_only = memory(&[(16 * GIB, false)], &[(VISIBLE | COHERENT, 0)]);
+        assert_eq!(
+            MemoryTypes::choose(&host_only, false),
+            Some(MemoryTypes {
+                device: 0,
+                mapped: true,
+                staging: 0
+            })
+        );
+        let incoherent = memory(&[(16 * GIB, true)], &[(LOCAL, 0), (LOCAL | VISIBLE, 0)]);
+        assert_eq!(MemoryTypes::choose(&incoherent, false), None);
+    }
+}
