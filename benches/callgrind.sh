@@ -6,7 +6,8 @@
 # pairs), and for 64 `exec`s on whole buffers (`exec`) against the same
 # `exec`s through `exec_views` on whole-buffer views made once (`views`);
 # `exec_swapped` and `views_swapped` swap the two arguments every `exec`, so
-# none shares the last one's stored arguments.
+# none shares the last one's stored arguments; `vulkan_direct` and
+# `vulkan_enum` are the signal + memory_barrier pairs on a Vulkan queue.
 # Instruction counts do not depend on what else the machine is doing.
 #
 #   bash benches/callgrind.sh        # needs valgrind; uses $CARGO_TARGET_DIR
@@ -19,8 +20,10 @@
 # pre-pool path (`device_alloc`), divided by 10,000 for a cycle.
 #
 # Built with the `cuda` feature by default (FEATURES=cuda), so that the
-# `AnyQueue` enum has two variants, as in a real heterogeneous build; it
-# records on CPU queues either way. FEATURES= builds without it.
+# `AnyQueue` enum has three variants (Cpu, Cuda and the default Vulkan), as
+# in a real heterogeneous build; the first cases record on CPU queues,
+# `vulkan_direct` and `vulkan_enum` on a Vulkan queue (lavapipe here; left
+# out without a Vulkan driver). FEATURES= builds without CUDA.
 #
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
@@ -41,7 +44,7 @@ if [ "$BENCH" = memory ]; then
 else
     LOW=${LOW:-1000}
     HIGH=${HIGH:-11000}
-    CASES=${CASES:-direct generic dyn enum exec views exec_swapped views_swapped}
+    CASES=${CASES:-direct generic dyn enum exec views exec_swapped views_swapped vulkan_direct vulkan_enum}
     PER=1
 fi
 VAR=HWQUEUE_$(echo "$BENCH" | tr '[:lower:]' '[:upper:]')

@@ -13,6 +13,9 @@
 //! Each case is one function listed in [`CASES`]: `direct`, `generic`, `dyn`
 //! and `enum` (the crate's `AnyQueue`, recorded through the same generic
 //! function). Another case is one more function and one more entry.
+//! `vulkan_direct` and `vulkan_enum` (with the `vulkan` feature and a
+//! Vulkan driver) record the same batch on a Vulkan queue, the last
+//! variant of the default set, directly and through `AnyQueue`.
 //!
 //! Two more cases record 64 `exec`s instead (the same program, scalars and
 //! parameters each time, two buffer arguments), then discard: `exec` on the
@@ -167,6 +170,10 @@ struct Fixture {
     /// The `exec` cases' program (two buffers, one scalar) and buffers.
     program: CpuProgram,
     buffers: [CpuBuffer; 2],
+    /// The Vulkan cases' device and signal (`None`: no Vulkan driver, and
+    /// the two cases are left out).
+    #[cfg(feature = "vulkan")]
+    vulkan: Option<(hwqueue::vulkan::VulkanDevice, hwqueue::vulkan::VulkanSignal)>,
 }
 
 impl Fixture {
@@ -178,6 +185,17 @@ impl Fixture {
             signal: CpuSignal::new(VALUE),
             program: CpuProgram::from_fn("never_runs", 2, SCALARS.len(), never_runs),
             buffers,
+            #[cfg(feature = "vulkan")]
+            vulkan: match hwqueue::vulkan::VulkanDevice::open(0) {
+                Ok(device) => {
+                    let signal = device.new_signal(VALUE).expect("signal");
+                    Some((device, signal))
+                }
+                Err(error) => {
+                    println!("vulkan_direct, vulkan_enum: skipped: no Vulkan driver ({error})");
+                    None
+                }
+            },
         }
     }
 
@@ -251,6 +269,35 @@ fn any_enum(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
     });
 }
 
+/// The `signal` + `memory_barrier` batch on a Vulkan queue (recorded,
+/// never submitted), through the concrete type: the last variant of the
+/// default set, against `vulkan_enum`.
+#[cfg(feature = "vulkan")]
+fn vulkan_direct(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let Some((device, signal)) = &fixture.vulkan else {
+        return;
+    };
+    let mut queue = device.compute_queue().expect("queue");
+    runner.run("vulkan_direct", || {
+        record_generic(&mut queue, signal);
+        queue.discard();
+    });
+}
+
+/// The same batch through `AnyQueue`.
+#[cfg(feature = "vulkan")]
+fn vulkan_enum(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
+    let Some((device, signal)) = &fixture.vulkan else {
+        return;
+    };
+    let mut queue = AnyQueue::from(device.compute_queue().expect("queue"));
+    let signal = AnySignal::from(signal.clone());
+    runner.run("vulkan_enum", || {
+        record_generic(&mut queue, &signal);
+        queue.discard();
+    });
+}
+
 fn exec_whole(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
     let mut queue = fixture.queue();
     let [a, b] = &fixture.buffers;
@@ -292,7 +339,7 @@ fn views_swapped(runner: &mut Runner<'_, '_>, fixture: &Fixture) {
 type Case = fn(&mut Runner<'_, '_>, &Fixture);
 
 /// Every case, in the order criterion runs them.
-const CASES: [Case; 8] = [
+const CASES: &[Case] = &[
     direct,
     generic,
     dyn_object,
@@ -301,6 +348,10 @@ const CASES: [Case; 8] = [
     exec_views,
     exec_swapped,
     views_swapped,
+    #[cfg(feature = "vulkan")]
+    vulkan_direct,
+    #[cfg(feature = "vulkan")]
+    vulkan_enum,
 ];
 
 fn dispatch(c: &mut Criterion) {
@@ -308,7 +359,7 @@ fn dispatch(c: &mut Criterion) {
     let mut group = c.benchmark_group("dispatch");
     support::configure(&mut group, Profile::Latency);
     let mut runner = Runner::Criterion(&mut group);
-    for case in CASES {
+    for case in CASES.iter().copied() {
         case(&mut runner, &fixture);
     }
     group.finish();
@@ -323,7 +374,7 @@ fn count(case: String) {
         .unwrap_or(10_000);
     let fixture = Fixture::new();
     let mut runner = Runner::Count { case, iters };
-    for case in CASES {
+    for case in CASES.iter().copied() {
         case(&mut runner, &fixture);
     }
 }

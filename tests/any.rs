@@ -142,7 +142,7 @@ fn programs_copies_and_signals_of_another_backend_are_rejected() {
     let mut queue = cpu.compute_queue().unwrap();
     let (a, b) = (cpu.alloc(8).unwrap(), mock.alloc(8).unwrap());
     let program = MixedProgram::from(MockProgram::new("mock_middle", 0, mock_middle));
-    let cases: [(&str, Recorder); 4] = [
+    let cases: [(&str, Recorder); 5] = [
         (
             "program `mock_middle`",
             Box::new(|q| {
@@ -162,9 +162,15 @@ fn programs_copies_and_signals_of_another_backend_are_rejected() {
             }),
         ),
         (
-            "signal",
+            "the signal of `signal(_, 1)`; signal one of the queue's own backend",
             Box::new(|q| {
                 q.signal(&mock.new_signal(0).unwrap(), 1);
+            }),
+        ),
+        (
+            "the signal of `wait_settled(_, 2)`; a settled wait takes the queue's own backend's",
+            Box::new(|q| {
+                q.wait_settled(&mock.new_signal(0).unwrap(), 2);
             }),
         ),
     ];

@@ -251,6 +251,26 @@ pub fn mismatch(queue: &'static str, resource: &'static str, what: String) -> Er
     }
 }
 
+/// Rejects `queue`'s batch for the signal of `call(_, value)`, of backend
+/// `other`: out of line and cold, so that an enum's match keeps nothing
+/// for the error on its hot path (the value stays in a register).
+#[doc(hidden)]
+#[cold]
+#[inline(never)]
+pub fn reject_signal<Q: crate::HardwareQueue>(
+    queue: &mut Q,
+    other: &'static str,
+    call: &'static str,
+    value: u64,
+    hint: &'static str,
+) {
+    queue.reject(mismatch(
+        <Q::Backend as crate::Backend>::ID,
+        other,
+        format!("the signal of `{call}(_, {value})`; {hint}"),
+    ));
+}
+
 crate::backend_set! {
     /// The crate's default backend set: the CPU, plus CUDA with the `cuda`
     /// feature and Vulkan with the `vulkan` feature. Its associated types are [`AnyDevice`], [`AnyQueue`],

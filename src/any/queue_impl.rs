@@ -40,11 +40,8 @@ macro_rules! __backend_set_queue {
                         if let $Signal::$V(s) = signal {
                             $crate::HardwareQueue::wait_settled(q, s, value);
                         } else {
-                            $crate::HardwareQueue::reject(q, $crate::any::mismatch(
-                                <$B as $crate::Backend>::ID,
-                                signal.backend_id(),
-                                ::std::format!("the signal of `wait_settled(_, {value})`; a settled wait takes the queue's own backend's signal (order across backends with `wait`)"),
-                            ));
+                            $crate::any::reject_signal(q, signal.backend_id(), "wait_settled", value,
+                                "a settled wait takes the queue's own backend's signal (order across backends with `wait`)");
                         }
                     } )+
                 }
@@ -64,11 +61,8 @@ macro_rules! __backend_set_queue {
                         if let $Signal::$V(s) = signal {
                             $crate::HardwareQueue::signal(q, s, value);
                         } else {
-                            $crate::HardwareQueue::reject(q, $crate::any::mismatch(
-                                <$B as $crate::Backend>::ID,
-                                signal.backend_id(),
-                                ::std::format!("the signal of `signal(_, {value})`; signal one of the queue's own backend and let the other queue wait on it"),
-                            ));
+                            $crate::any::reject_signal(q, signal.backend_id(), "signal", value,
+                                "signal one of the queue's own backend and let the other queue wait on it");
                         }
                     } )+
                 }
@@ -242,8 +236,19 @@ macro_rules! __backend_set_queue {
 
             #[inline]
             fn memory_barrier(&mut self) -> &mut Self {
-                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::memory_barrier(q); } )+ }
-                self
+                // Tested in the variants' order (a `match` of three arms
+                // was lowered testing the first variant last).
+                $( $(#[$meta])* {
+                    #[allow(irrefutable_let_patterns)]
+                    if let Self::$V(q) = self {
+                        $crate::HardwareQueue::memory_barrier(q);
+                        return self;
+                    }
+                } )+
+                #[allow(unreachable_code)]
+                {
+                    unreachable!("every variant is tested above")
+                }
             }
 
             fn alloca(&mut self, size: usize) -> $crate::Result<$Buffer> {
