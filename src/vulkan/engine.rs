@@ -258,6 +258,8 @@ impl Engine for VulkanEngine {
     }
 
     fn synchronize(&mut self) {
+        // Batches kept from the retire thread retire now too.
+        self.state.recorder.lock().retire_deferred();
         let shared = &self.state.shared;
         let mut progress = shared.progress.lock();
         while progress.1 < progress.0 {

@@ -26,6 +26,9 @@ use crate::signal::TimelineSignal;
 use crate::transfer::DownloadSink;
 use crate::view::View;
 
+/// At most this many batches wait in [`Recorder::deferred`].
+const DEFERRED: usize = 32;
+
 /// The recording thread's state.
 pub(super) struct Recorder {
     /// The device: its pool gives the staging memory.
@@ -47,6 +50,12 @@ pub(super) struct Recorder {
     pub(super) waits: Waits,
     /// The retire thread, and the channel that hands it batches.
     pub(super) retire: Option<(Sender<Retire>, JoinHandle<()>)>,
+    /// Batches that hold nothing to release (signals and waits only), kept
+    /// from the retire thread until a batch that does, a `synchronize`,
+    /// the queue's end, or [`DEFERRED`] of them: a batch of signals
+    /// only then wakes no thread but the driver's (what a raw submit and
+    /// wait costs).
+    pub(super) deferred: Vec<Retire>,
     /// A 16-byte buffer bound for an empty view.
     pub(super) dummy: VulkanBlock,
     /// Device timestamps, where the queue's family has them.
@@ -115,6 +124,7 @@ impl Recorder {
             open: None,
             waits: Waits::default(),
             retire: None,
+            deferred: Vec::new(),
             dummy,
             clock: None,
             timing: None,
@@ -185,11 +195,27 @@ impl Recorder {
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
         match &self.retire {
+            Some(_) if done.holds_nothing() && self.deferred.len() < DEFERRED => {
+                self.deferred.push(done);
+            }
             Some((retire, _)) => {
+                for earlier in self.deferred.drain(..) {
+                    let _ = retire.send(earlier);
+                }
                 let _ = retire.send(done);
             }
             // No retire thread: wait here.
             None => retire_one(&self.context, self.progress, &self.shared, None, done),
+        }
+    }
+
+    /// Hands the deferred batches to the retire thread (a `synchronize`
+    /// waits for them to retire).
+    pub(super) fn retire_deferred(&mut self) {
+        if let Some((retire, _)) = &self.retire {
+            for earlier in self.deferred.drain(..) {
+                let _ = retire.send(earlier);
+            }
         }
     }
 
@@ -205,6 +231,7 @@ impl Recorder {
             release_queued(&shared);
         }
         let mut this = this.lock();
+        this.retire_deferred();
         if let Some((retire, thread)) = this.retire.take() {
             drop(retire);
             let _ = thread.join();

@@ -44,6 +44,24 @@ pub(super) struct Retire {
     pub(super) profile: bool,
 }
 
+impl Retire {
+    /// Whether retiring the batch releases nothing but its signals: no
+    /// command buffer, staging, download, profile or queue-ordered range;
+    /// only signals and waits.
+    pub(super) fn holds_nothing(&self) -> bool {
+        !self.profile
+            && self.sets.is_empty()
+            && self.staging.is_empty()
+            && self.downloads.is_empty()
+            && self.batch.commands().iter().all(|command| {
+                matches!(
+                    command,
+                    Command::Signal { .. } | Command::Wait { .. } | Command::WaitSettled { .. }
+                )
+            })
+    }
+}
+
 /// The retire thread: each batch in order, once its submissions completed.
 pub(super) fn retire_all(
     context: &Context,

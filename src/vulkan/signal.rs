@@ -199,7 +199,10 @@ impl TimelineSignal for VulkanSignal {
                     .device
                     .wait_semaphores(&info, step.as_nanos() as u64)
             } {
-                Ok(()) | Err(vk::Result::TIMEOUT) => {}
+                // Reached: no second look at the counter (each is a lock
+                // the driver's queue thread may hold).
+                Ok(()) => return Ok(()),
+                Err(vk::Result::TIMEOUT) => {}
                 Err(e) => return Err(self.inner.context.error("vkWaitSemaphores", e)),
             }
         }
