@@ -248,7 +248,7 @@ impl Engine for VulkanEngine {
             && let Some(mut recorder) = state.recorder.try_lock()
             && recorder.can_settle_at_once(&self.ledger, &job.batch, job.profile)
         {
-            recorder.settle(&self.ledger, job);
+            recorder.settle(&self.ledger, job, true);
         } else if let Some(jobs) = &state.jobs {
             state.shared.queued.fetch_add(1, Ordering::AcqRel);
             // The thread ends only once this sender is dropped.

@@ -50,11 +50,11 @@ pub(super) struct Recorder {
     pub(super) waits: Waits,
     /// The retire thread, and the channel that hands it batches.
     pub(super) retire: Option<(Sender<Retire>, JoinHandle<()>)>,
-    /// Batches that hold nothing to release (signals and waits only), kept
-    /// from the retire thread until a batch that does, a `synchronize`,
-    /// the queue's end, or [`DEFERRED`] of them: a batch of signals
-    /// only then wakes no thread but the driver's (what a raw submit and
-    /// wait costs).
+    /// Batches settled on the owner's thread that hold nothing to release
+    /// (signals and waits only), kept from the retire thread until a
+    /// batch that does, a `synchronize`, the queue's end, or [`DEFERRED`]
+    /// of them: a batch of signals only then wakes no thread but the
+    /// driver's (what a raw submit and wait costs).
     pub(super) deferred: Vec<Retire>,
     /// A 16-byte buffer bound for an empty view.
     pub(super) dummy: VulkanBlock,
@@ -172,7 +172,12 @@ impl Recorder {
     /// hands it to the retire thread: on the recording thread, or on the
     /// owner's when nothing is queued before it and it cannot block
     /// ([`can_settle_at_once`]).
-    pub(super) fn settle(&mut self, ledger: &Ledger, Job { batch, profile }: Job) {
+    /// Settles one batch: records and submits it, then hands it to the
+    /// retire thread. `on_owner`: it is settled on the owner's thread,
+    /// and may be kept back if it holds nothing (see `deferred`); the
+    /// recording thread never keeps one back, since the owner may be in
+    /// `synchronize` already, past its hand-over.
+    pub(super) fn settle(&mut self, ledger: &Ledger, Job { batch, profile }: Job, on_owner: bool) {
         self.current = Some(Retire {
             batch: Batch::default(),
             progress: None,
@@ -195,7 +200,7 @@ impl Recorder {
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
         match &self.retire {
-            Some(_) if done.holds_nothing() && self.deferred.len() < DEFERRED => {
+            Some(_) if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED => {
                 self.deferred.push(done);
             }
             Some((retire, _)) => {
@@ -225,7 +230,7 @@ impl Recorder {
     pub(super) fn run(this: &Mutex<Self>, ledger: &Ledger, jobs: Receiver<Job>) {
         let shared = this.lock().shared.clone();
         for job in jobs {
-            this.lock().settle(ledger, job);
+            this.lock().settle(ledger, job, false);
             // After the lock is let go: the owner, seeing none queued, may
             // settle its next batch itself.
             release_queued(&shared);
