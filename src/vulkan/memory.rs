@@ -228,7 +228,7 @@ impl BlockSource for VulkanBlocks {
 }
 
 /// Memory of a Vulkan device: an [`Allocation`] of its pool, a range of a
-/// block's `VkBuffer`, mapped for the host. Clones name the same memory;
+/// block's `VkBuffer`, mapped for the host where the device allows. Clones name the same memory;
 /// the range goes back to the pool when the last clone is dropped (queues
 /// hold one for every batch that uses it until the batch completed), or
 /// when a `dealloca` of it ran and no batch still uses it.
@@ -287,10 +287,16 @@ impl VulkanBuffer {
     }
 
     fn write_bytes(&self, by: Access, offset: usize, bytes: &[u8]) -> Result<()> {
+        check_host_access(offset, bytes.len(), self.size())?;
         if bytes.is_empty() {
-            return check_host_access(offset, 0, self.size());
+            return Ok(());
         }
-        let address = self.host_address(by, offset, bytes.len(), true)?;
+        // Held until the copy is done: no `dealloca` returns the range
+        // under it (a staged copy waits for the device).
+        let access = self.allocation.write(by, || "the buffer written".into())?;
+        let address = access
+            .address()
+            .expect("a range of more than 0 bytes has an address");
         let Some(host) = address.host else {
             return self.staged(address, offset, bytes.len(), Staged::Write(bytes));
         };
@@ -304,10 +310,15 @@ impl VulkanBuffer {
     }
 
     fn read_bytes(&self, by: Access, offset: usize, out: &mut [u8]) -> Result<()> {
+        check_host_access(offset, out.len(), self.size())?;
         if out.is_empty() {
-            return check_host_access(offset, 0, self.size());
+            return Ok(());
         }
-        let address = self.host_address(by, offset, out.len(), false)?;
+        // Held until the copy is done, as in `write_bytes`.
+        let access = self.allocation.read(by, || "the buffer read".into())?;
+        let address = access
+            .address()
+            .expect("a range of more than 0 bytes has an address");
         let Some(host) = address.host else {
             return self.staged(address, offset, out.len(), Staged::Read(out));
         };
@@ -316,28 +327,6 @@ impl VulkanBuffer {
             std::ptr::copy_nonoverlapping((host + offset) as *const u8, out.as_mut_ptr(), out.len())
         };
         Ok(())
-    }
-
-    /// Where the range lies, once `len` bytes at `offset` are checked to
-    /// fit and the access (`write` or read) is allowed.
-    fn host_address(
-        &self,
-        by: Access,
-        offset: usize,
-        len: usize,
-        write: bool,
-    ) -> Result<VulkanAddress> {
-        check_host_access(offset, len, self.size())?;
-        let address = if write {
-            self.allocation
-                .write(by, || "the buffer written".into())?
-                .address()
-        } else {
-            self.allocation
-                .read(by, || "the buffer read".into())?
-                .address()
-        };
-        Ok(address.expect("a range of more than 0 bytes has an address"))
     }
 
     /// A host read or write of memory the host cannot map: through a
@@ -385,11 +374,16 @@ impl VulkanBuffer {
                 }
             };
             let (from, to, region) = region;
-            blocks.context.run_once(what, |device, command| {
+            let copied = blocks.context.run_once(what, |device, command| {
                 // SAFETY: both ranges lie in live buffers held here (the
                 // checked range of this buffer, the staging range).
                 unsafe { device.cmd_copy_buffer(command, from, to, &[region]) };
-            })?;
+            });
+            if let Err(error) = copied {
+                // The copy may still run: its staging range never returns.
+                std::mem::forget(staging);
+                return Err(error);
+            }
             if let Staged::Read(out) = &mut data {
                 staging.read_at(0, &mut out[start..start + size])?;
             }

@@ -192,9 +192,12 @@ impl Context {
         let call = |name: &str, e| self.error(&format!("{name} ({what})"), e);
         let begin = vk::CommandBufferBeginInfo::default()
             .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
-        // Before: earlier work's writes (which the host waited for) and
-        // reads, against the copy; after: the copy's writes, against later
-        // work and the host.
+        // Before: the writes and reads of work submitted earlier to the
+        // compute `VkQueue`, against the copy (a host access to unmapped
+        // memory so waits for that work, any queue's); after: the copy's
+        // writes, against later work and the host. Work of a copy queue on
+        // a transfer-only family is ordered by the caller's signals, as
+        // any host access is.
         let before = [vk::MemoryBarrier::default()
             .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
             .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE)];
@@ -245,13 +248,20 @@ impl Context {
                     .queue_submit(*queue, &submit, shot.fence)
                     .map_err(|e| call("vkQueueSubmit", e))?;
             }
-            loop {
+            let waited = loop {
                 match device.wait_for_fences(&[shot.fence], true, 1_000_000_000) {
-                    Ok(()) => return Ok(()),
+                    Ok(()) => break Ok(()),
                     Err(vk::Result::TIMEOUT) => {}
-                    Err(e) => return Err(call("vkWaitForFences", e)),
+                    Err(e) => break Err(call("vkWaitForFences", e)),
                 }
+            };
+            if waited.is_err() {
+                // The submission may still be pending: its command buffer
+                // and fence are never reused, nor destroyed (the context's
+                // drop destroys only the one it holds), after this.
+                *once = None;
             }
+            waited
         }
     }
 }
