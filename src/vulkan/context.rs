@@ -312,8 +312,9 @@ impl Context {
             MemoryTypes::choose(&physical.memory, unmapped).ok_or_else(|| Error::Driver {
                 backend: ID,
                 what: format!("opening `{spec}`"),
-                detail: "it has no host-visible, coherent memory type; hwqueue's Vulkan staging \
-                         needs one (every desktop and CPU driver has one)"
+                detail: "it has no host-visible, coherent memory type, which hwqueue's Vulkan \
+                         staging needs (every desktop and CPU driver has one): update the \
+                         driver, or open another device (`examples/info` lists them)"
                     .into(),
             })
         });

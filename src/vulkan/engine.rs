@@ -3,7 +3,8 @@
 //!
 //! `submit` settles the batch on the owner's thread when nothing is queued
 //! before it and nothing in it blocks the host (its waits' values are
-//! submitted on this device, and it has no host copy); otherwise it hands
+//! submitted on this device, and its host copies, if any, come first on a
+//! queue whose earlier submissions completed); otherwise it hands
 //! it to the queue's **recording thread**. Either settles it through the
 //! [`Ledger`] as the CPU engine does: it records
 //! the commands into command buffers and submits them, one submission per
@@ -16,10 +17,13 @@
 //! it, the independent queue's too. Every submission also signals the
 //! queue's own **progress** semaphore; the **retire thread** waits on it,
 //! then completes the batch's downloads, gives its staging ranges back to
-//! the device's pool (uploads and downloads go through ranges of it, or,
-//! where the memory is host-cached, are host copies in queue order), hands
-//! its command buffers back, records its profile events and lets its
-//! buffers go.
+//! the device's staging pool (uploads and downloads go through ranges of
+//! it, or, where the memory is mapped and host-cached, are host copies in
+//! queue order), hands its command buffers back, records its profile
+//! events and lets its buffers go. A batch settled on the owner's thread
+//! that holds nothing to release (signals and waits only) is handed over
+//! later: with the next batch that does, at `synchronize`, at the queue's
+//! end, or 32 at a time.
 //!
 //! Barriers: a global memory barrier (compute and transfer, writes to
 //! reads and writes) before each command, which also orders it after the

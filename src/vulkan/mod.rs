@@ -398,6 +398,10 @@ impl Device for VulkanDevice {
         VulkanBuffer::allocate(self.pool(), size, false, false)
     }
 
+    /// The buffers' pool. Staging ranges (host memory, for uploads,
+    /// downloads and host access where buffers are not mapped) are a pool
+    /// of their own: not counted here nor held to `set_memory_limit`, and
+    /// trimmed with `trim_memory`.
     fn memory_stats(&self) -> crate::memory::MemoryStats {
         self.pool().stats()
     }

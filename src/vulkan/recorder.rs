@@ -67,10 +67,11 @@ pub(super) struct Recorder {
     pub(super) touched: Touched,
 }
 
-// SAFETY: the handles are plain Vulkan handles, used only on the
-// recording thread (the pool and descriptor pools, which need external
-// synchronisation) or, for the semaphores and buffers, through calls
-// that are thread-safe.
+// SAFETY: the handles are plain Vulkan handles. Those that need external
+// synchronisation (the command pool, descriptor pools) are used only by
+// whoever holds the `Mutex<Recorder>` (the recording thread, or the owner
+// settling a batch at once or handing over kept batches), one at a time;
+// the semaphores and buffers go through calls that are thread-safe.
 unsafe impl Send for Recorder {}
 
 impl Recorder {
@@ -171,9 +172,7 @@ impl Recorder {
     /// Settles one batch through the ledger (records and submits it) and
     /// hands it to the retire thread: on the recording thread, or on the
     /// owner's when nothing is queued before it and it cannot block
-    /// ([`can_settle_at_once`]).
-    /// Settles one batch: records and submits it, then hands it to the
-    /// retire thread. `on_owner`: it is settled on the owner's thread,
+    /// ([`can_settle_at_once`]). `on_owner`: it is settled on the owner's thread,
     /// and may be kept back if it holds nothing (see `deferred`); the
     /// recording thread never keeps one back, since the owner may be in
     /// `synchronize` already, past its hand-over.
