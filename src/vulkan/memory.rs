@@ -294,19 +294,7 @@ impl VulkanBuffer {
         // Held until the copy is done: no `dealloca` returns the range
         // under it (a staged copy waits for the device).
         let access = self.allocation.write(by, || "the buffer written".into())?;
-        let address = access
-            .address()
-            .expect("a range of more than 0 bytes has an address");
-        let Some(host) = address.host else {
-            return self.staged(address, offset, bytes.len(), Staged::Write(bytes));
-        };
-        // SAFETY: `offset + len <= size` was checked and the range is held,
-        // so `host + offset` points at `len` mapped bytes of ours; caller
-        // memory cannot overlap the mapping.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), (host + offset) as *mut u8, bytes.len())
-        };
-        Ok(())
+        self.host_copy(access.address(), offset, Staged::Write(bytes))
     }
 
     fn read_bytes(&self, by: Access, offset: usize, out: &mut [u8]) -> Result<()> {
@@ -316,64 +304,63 @@ impl VulkanBuffer {
         }
         // Held until the copy is done, as in `write_bytes`.
         let access = self.allocation.read(by, || "the buffer read".into())?;
-        let address = access
-            .address()
-            .expect("a range of more than 0 bytes has an address");
+        self.host_copy(access.address(), offset, Staged::Read(out))
+    }
+
+    /// The host's copy of `data` at `offset` of the range at `address`
+    /// (checked to fit, and held): through the mapping, or staged.
+    fn host_copy(
+        &self,
+        address: Option<VulkanAddress>,
+        offset: usize,
+        data: Staged<'_>,
+    ) -> Result<()> {
+        let address = address.expect("a range of more than 0 bytes has an address");
         let Some(host) = address.host else {
-            return self.staged(address, offset, out.len(), Staged::Read(out));
+            return self.staged(address, offset, data);
         };
-        // SAFETY: as in `write_bytes`.
+        let at = (host + offset) as *mut u8;
+        // SAFETY: `offset + len <= size` was checked and the range is held,
+        // so `at` points at `len` mapped bytes of ours; caller memory
+        // cannot overlap the mapping.
         unsafe {
-            std::ptr::copy_nonoverlapping((host + offset) as *const u8, out.as_mut_ptr(), out.len())
-        };
+            match data {
+                Staged::Write(bytes) => {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len())
+                }
+                Staged::Read(out) => std::ptr::copy_nonoverlapping(at, out.as_mut_ptr(), out.len()),
+            }
+        }
         Ok(())
     }
 
     /// A host read or write of memory the host cannot map: through a
     /// staging range, a chunk at a time, each a device copy submitted and
     /// waited for.
-    fn staged(
-        &self,
-        address: VulkanAddress,
-        offset: usize,
-        len: usize,
-        mut data: Staged<'_>,
-    ) -> Result<()> {
+    fn staged(&self, address: VulkanAddress, offset: usize, mut data: Staged<'_>) -> Result<()> {
         let blocks = self.allocation.pool().source();
+        let len = data.len();
         let chunk = len.min(STAGING_CHUNK);
         let staging = Self::allocate(blocks.staging_pool(), chunk, false, false)?;
         let near = staging
             .queue_address()?
             .expect("a range of more than 0 bytes has an address");
+        let near = (near.buffer, near.offset);
         for start in (0..len).step_by(chunk) {
             let size = chunk.min(len - start);
-            let far = address.offset + (offset + start) as u64;
-            let (region, what) = match &data {
+            let far = (address.buffer, address.offset + (offset + start) as u64);
+            let ((from, src_offset), (to, dst_offset), what) = match &data {
                 Staged::Write(bytes) => {
                     staging.write_at(0, &bytes[start..start + size])?;
-                    let region = vk::BufferCopy {
-                        src_offset: near.offset,
-                        dst_offset: far,
-                        size: size as u64,
-                    };
-                    (
-                        (near.buffer, address.buffer, region),
-                        "a host write of memory the host cannot map",
-                    )
+                    (near, far, "a host write of memory the host cannot map")
                 }
-                Staged::Read(_) => {
-                    let region = vk::BufferCopy {
-                        src_offset: far,
-                        dst_offset: near.offset,
-                        size: size as u64,
-                    };
-                    (
-                        (address.buffer, near.buffer, region),
-                        "a host read of memory the host cannot map",
-                    )
-                }
+                Staged::Read(_) => (far, near, "a host read of memory the host cannot map"),
             };
-            let (from, to, region) = region;
+            let region = vk::BufferCopy {
+                src_offset,
+                dst_offset,
+                size: size as u64,
+            };
             let copied = blocks.context.run_once(what, |device, command| {
                 // SAFETY: both ranges lie in live buffers held here (the
                 // checked range of this buffer, the staging range).
@@ -392,10 +379,19 @@ impl VulkanBuffer {
     }
 }
 
-/// The host's side of a staged copy.
+/// The host's side of a host copy.
 enum Staged<'a> {
     Write(&'a [u8]),
     Read(&'a mut [u8]),
+}
+
+impl Staged<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Staged::Write(bytes) => bytes.len(),
+            Staged::Read(out) => out.len(),
+        }
+    }
 }
 
 impl Buffer for VulkanBuffer {
