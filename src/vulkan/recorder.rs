@@ -198,18 +198,16 @@ impl Recorder {
         }
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
-        match &self.retire {
-            Some(_) if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED => {
-                self.deferred.push(done);
-            }
-            Some((retire, _)) => {
-                for earlier in self.deferred.drain(..) {
-                    let _ = retire.send(earlier);
-                }
+        if self.retire.is_none() {
+            // No retire thread: wait here.
+            retire_one(&self.context, self.progress, &self.shared, None, done);
+        } else if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED {
+            self.deferred.push(done);
+        } else {
+            self.retire_deferred();
+            if let Some((retire, _)) = &self.retire {
                 let _ = retire.send(done);
             }
-            // No retire thread: wait here.
-            None => retire_one(&self.context, self.progress, &self.shared, None, done),
         }
     }
 

@@ -45,14 +45,11 @@ pub(super) struct Retire {
 }
 
 impl Retire {
-    /// Whether retiring the batch releases nothing but its signals: no
-    /// command buffer, staging, download, profile or queue-ordered range;
-    /// only signals and waits.
+    /// Whether retiring the batch releases nothing but its signals: it
+    /// has only signals and waits (so no command buffer, staging, download
+    /// or queue-ordered range), and no profile events.
     pub(super) fn holds_nothing(&self) -> bool {
         !self.profile
-            && self.sets.is_empty()
-            && self.staging.is_empty()
-            && self.downloads.is_empty()
             && self.batch.commands().iter().all(|command| {
                 matches!(
                     command,
