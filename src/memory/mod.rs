@@ -243,10 +243,18 @@ pub(crate) fn out_of_memory(
 /// memory is a [`MemoryPool`]: each asks the pool `$pool` names (an
 /// expression of `self`), and `memory_info` its block source. Written
 /// inside the `impl Device for …` block:
-/// `hwqueue::pooled_device_memory!(self => self.pool());`.
+/// `hwqueue::pooled_device_memory!(self => self.pool());`, or, for a
+/// device that keeps another pool beside it (Vulkan's staging ranges),
+/// `pooled_device_memory!(self => self.pool(), trim EXPR)` with what
+/// `trim_memory` returns.
 #[macro_export]
 macro_rules! pooled_device_memory {
     ($this:ident => $pool:expr) => {
+        $crate::pooled_device_memory!($this => $pool, trim $pool.trim());
+    };
+    // `$trim` is what `trim_memory` does: the pool's trim, and that of
+    // any pool of its own the device keeps beside it.
+    ($this:ident => $pool:expr, trim $trim:expr) => {
         fn memory_stats(&$this) -> $crate::memory::MemoryStats {
             $pool.stats()
         }
@@ -256,7 +264,7 @@ macro_rules! pooled_device_memory {
         }
 
         fn trim_memory(&$this) -> usize {
-            $pool.trim()
+            $trim
         }
 
         fn reset_peak_memory(&$this) {

@@ -398,34 +398,11 @@ impl Device for VulkanDevice {
         VulkanBuffer::allocate(self.pool(), size, false, false)
     }
 
-    /// The buffers' pool. Staging ranges (host memory, for uploads,
-    /// downloads and host access where buffers are not mapped) are a pool
-    /// of their own: not counted here nor held to `set_memory_limit`, and
-    /// trimmed with `trim_memory`.
-    fn memory_stats(&self) -> crate::memory::MemoryStats {
-        self.pool().stats()
-    }
-
-    fn memory_info(&self) -> Option<crate::memory::DeviceMemory> {
-        crate::memory::BlockSource::device_memory(self.pool().source())
-    }
-
-    /// Trims the buffers' pool and the staging ranges' (host memory).
-    fn trim_memory(&self) -> usize {
-        self.pool().trim() + self.staging_pool().trim()
-    }
-
-    fn reset_peak_memory(&self) {
-        self.pool().reset_peak();
-    }
-
-    fn set_memory_release_threshold(&self, bytes: usize) {
-        self.pool().set_release_threshold(bytes);
-    }
-
-    fn set_memory_limit(&self, limit: Option<usize>) {
-        self.pool().set_limit(limit);
-    }
+    // The buffers' pool. Staging ranges (host memory, for uploads,
+    // downloads and host access where buffers are not mapped) are a pool
+    // of their own: not counted in `memory_stats` nor held to
+    // `set_memory_limit`, and trimmed with `trim_memory`.
+    crate::pooled_device_memory!(self => self.pool(), trim self.pool().trim() + self.staging_pool().trim());
 
     /// [`Error::DeviceLost`] once a Vulkan call returned
     /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.
