@@ -521,35 +521,32 @@ fn unmapped_memory_is_reached_through_staging() {
 #[test]
 fn signal_only_batches_retire_by_synchronize_and_drop() {
     let Some(device) = device() else { return };
-    let (done, finished) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let signal = device.new_signal(0).unwrap();
-        let mut queue = device.compute_queue().unwrap();
-        // More than the queue keeps back at once.
-        for value in 1..=100 {
-            queue.signal(&signal, value).submit().unwrap();
-        }
-        queue.synchronize().unwrap();
-        assert_eq!(signal.value(), 100);
-        let buffer = device.alloc(64).unwrap();
-        let back = Download::<u32>::new(16);
-        for value in 101..=110 {
-            queue.signal(&signal, value).submit().unwrap();
-        }
-        queue
-            .upload(&buffer, &[7u32; 16])
-            .download(&buffer, &back)
-            .signal(&signal, 111)
-            .submit()
-            .unwrap();
-        queue.signal(&signal, 112).submit().unwrap();
-        assert_eq!(back.take(LONG).unwrap(), vec![7u32; 16]);
-        drop(queue);
-        assert_eq!(signal.value(), 112);
-        done.send(()).unwrap();
-    });
-    finished
-        .recv_timeout(LONG)
-        .expect("synchronize and drop return once the signal-only batches completed");
-    worker.join().unwrap();
+    common::no_hang(
+        "synchronize and drop after signal-only batches",
+        move || {
+            let signal = device.new_signal(0).unwrap();
+            let mut queue = device.compute_queue().unwrap();
+            // More than the queue keeps back at once.
+            for value in 1..=100 {
+                queue.signal(&signal, value).submit().unwrap();
+            }
+            queue.synchronize().unwrap();
+            assert_eq!(signal.value(), 100);
+            let buffer = device.alloc(64).unwrap();
+            let back = Download::<u32>::new(16);
+            for value in 101..=110 {
+                queue.signal(&signal, value).submit().unwrap();
+            }
+            queue
+                .upload(&buffer, &[7u32; 16])
+                .download(&buffer, &back)
+                .signal(&signal, 111)
+                .submit()
+                .unwrap();
+            queue.signal(&signal, 112).submit().unwrap();
+            assert_eq!(back.take(LONG).unwrap(), vec![7u32; 16]);
+            drop(queue);
+            assert_eq!(signal.value(), 112);
+        },
+    );
 }
