@@ -52,21 +52,24 @@ impl MemoryTypes {
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
         let types = &memory.memory_types[..memory.memory_type_count as usize];
-        let find_where = |want: vk::MemoryPropertyFlags, ok: &dyn Fn(&vk::MemoryType) -> bool| {
+        // The first type with `want`, on `heap` if given, and not
+        // device-local if `system` (a BAR window is no staging memory).
+        let find = |want: vk::MemoryPropertyFlags, heap: Option<u32>, system: bool| {
             types
                 .iter()
-                .position(|t| t.property_flags.contains(want) && ok(t))
+                .position(|t| {
+                    t.property_flags.contains(want)
+                        && heap.is_none_or(|h| t.heap_index == h)
+                        && !(system && t.property_flags.contains(local))
+                })
                 .map(|index| index as u32)
         };
-        let find =
-            |want, heap: Option<u32>| find_where(want, &|t| heap.is_none_or(|h| t.heap_index == h));
-        // Staging: system memory (not a BAR window), cached where it can be.
-        let system = |t: &vk::MemoryType| !t.property_flags.contains(local);
+        // Staging: system memory, cached where it can be.
         let cached = host | vk::MemoryPropertyFlags::HOST_CACHED;
-        let staging = find_where(cached, &system)
-            .or_else(|| find_where(host, &system))
-            .or_else(|| find(cached, None))
-            .or_else(|| find(host, None))?;
+        let staging = find(cached, None, true)
+            .or_else(|| find(host, None, true))
+            .or_else(|| find(cached, None, false))
+            .or_else(|| find(host, None, false))?;
         // The largest heap that a device-local type lies in.
         let heap = types
             .iter()
@@ -74,10 +77,10 @@ impl MemoryTypes {
             .map(|t| t.heap_index)
             .max_by_key(|&h| memory.memory_heaps[h as usize].size);
         let (device, mappable) = match heap {
-            Some(heap) => match find(local | host, Some(heap)) {
+            Some(heap) => match find(local | host, Some(heap), false) {
                 Some(index) => (index, true),
                 None => (
-                    find(local, Some(heap)).expect("the heap has a device-local type"),
+                    find(local, Some(heap), false).expect("the heap has a device-local type"),
                     false,
                 ),
             },
