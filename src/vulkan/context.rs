@@ -369,6 +369,16 @@ impl Context {
 }
 
 impl Context {
+    /// The queue families that use buffers, and how many of them there
+    /// are: the compute family, and the transfer-only family where the
+    /// device has one.
+    pub(super) fn families(&self) -> ([u32; 2], usize) {
+        match self.transfer_family {
+            Some(transfer) => ([self.compute_family, transfer], 2),
+            None => ([self.compute_family; 2], 1),
+        }
+    }
+
     /// Whether the pool's memory is host-cached (lavapipe's, an integrated
     /// GPU's, system memory): the host reads and writes it at memory
     /// speed, so uploads and downloads copy on the host, in queue order,

@@ -83,6 +83,27 @@ const USAGE: vk::BufferUsageFlags = vk::BufferUsageFlags::from_raw(
         | vk::BufferUsageFlags::TRANSFER_DST.as_raw(),
 );
 
+/// `create` shared by the queue `families` that use it.
+///
+/// A block's ranges go to whichever queue a program asks for, compute or
+/// copy, and hwqueue records no queue-family ownership transfers (a
+/// release on one queue and an acquire on the other, for every use that
+/// changes family). Where the two are one family, `EXCLUSIVE` is
+/// exact; where a device has a transfer-only family (NVIDIA, AMD), an
+/// `EXCLUSIVE` buffer written by one family and read by the other would
+/// hold undefined contents, so the buffer is `CONCURRENT` over both, as
+/// the spec allows for buffers used by several families without
+/// transfers.
+fn sharing<'a>(create: vk::BufferCreateInfo<'a>, families: &'a [u32]) -> vk::BufferCreateInfo<'a> {
+    if families.len() > 1 {
+        create
+            .sharing_mode(vk::SharingMode::CONCURRENT)
+            .queue_family_indices(families)
+    } else {
+        create.sharing_mode(vk::SharingMode::EXCLUSIVE)
+    }
+}
+
 /// Makes a buffer of `size` bytes of memory type `memory_type`, bound,
 /// and mapped where `map` says.
 pub(super) fn make_buffer(
@@ -92,10 +113,13 @@ pub(super) fn make_buffer(
     map: bool,
 ) -> std::result::Result<VulkanBlock, (String, vk::Result)> {
     let device = &context.device;
-    let create = vk::BufferCreateInfo::default()
-        .size(size as u64)
-        .usage(USAGE)
-        .sharing_mode(vk::SharingMode::EXCLUSIVE);
+    let (families, used) = context.families();
+    let create = sharing(
+        vk::BufferCreateInfo::default()
+            .size(size as u64)
+            .usage(USAGE),
+        &families[..used],
+    );
     // SAFETY: `create` lives across the call; what is made here is
     // destroyed below on failure or by `free_buffer`.
     unsafe {
@@ -428,5 +452,25 @@ pub(super) fn mismatch(what: &'static str, buffer: &VulkanBuffer, queue: &str) -
         what: what.into(),
         resource: format!("{} (another Vulkan device)", buffer.device()),
         queue: queue.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_concurrent_over_two_families_and_exclusive_in_one() {
+        let one = [0];
+        let create = sharing(vk::BufferCreateInfo::default(), &one);
+        assert_eq!(create.sharing_mode, vk::SharingMode::EXCLUSIVE);
+        assert_eq!(create.queue_family_index_count, 0);
+        let two = [0, 2];
+        let create = sharing(vk::BufferCreateInfo::default(), &two);
+        assert_eq!(create.sharing_mode, vk::SharingMode::CONCURRENT);
+        assert_eq!(create.queue_family_index_count, 2);
+        // SAFETY: the pointer is `two`'s, which lives here.
+        let indices = unsafe { std::slice::from_raw_parts(create.p_queue_family_indices, 2) };
+        assert_eq!(indices, two);
     }
 }
