@@ -309,14 +309,15 @@ impl Context {
         };
         let unmapped = unmapped.map_or_else(|| MemoryTypes::unmapped_from_env(&spec), Ok);
         let memory = unmapped.and_then(|unmapped| {
-            MemoryTypes::choose(&physical.memory, unmapped).ok_or_else(|| Error::Driver {
-                backend: ID,
-                what: format!("opening `{spec}`"),
-                detail: "it has no host-visible, coherent memory type, which hwqueue's Vulkan \
+            MemoryTypes::choose(&physical.memory, physical.properties.device_type, unmapped)
+                .ok_or_else(|| Error::Driver {
+                    backend: ID,
+                    what: format!("opening `{spec}`"),
+                    detail: "it has no host-visible, coherent memory type, which hwqueue's Vulkan \
                          staging needs (every desktop and CPU driver has one): update the \
                          driver, or open another device (`examples/info` lists them)"
-                    .into(),
-            })
+                        .into(),
+                })
         });
         let memory = match memory {
             Ok(memory) => memory,

@@ -22,8 +22,11 @@
 //!   `vkWaitSemaphores` with or without `VK_SEMAPHORE_WAIT_ANY_BIT`, in
 //!   slices that also look for failures recorded on the host.
 //! - **Memory** ([`VulkanBuffer`]): the core's caching pool over blocks of
-//!   `VkDeviceMemory` of the largest device-local heap, one `VkBuffer` per
-//!   block; views are descriptor offsets, aligned to
+//!   `VkDeviceMemory` of the largest device-local heap (on a device that
+//!   shares system memory, an integrated GPU or lavapipe, the largest heap
+//!   the host can map: an APU's device-local heap is a small carve-out),
+//!   one `VkBuffer` per block, shared by the compute and transfer-only
+//!   families where the device has both (`CONCURRENT`); views are descriptor offsets, aligned to
 //!   `minStorageBufferOffsetAlignment` ([`Limits::view_alignment`]). Where
 //!   that heap's memory can be mapped (lavapipe, integrated GPUs, resizable
 //!   BAR) the host reads and writes it directly; otherwise uploads,

@@ -1,9 +1,15 @@
 //! Where a Vulkan device's buffers live, and the host's access to them
 //! where it cannot map them.
 //!
-//! Buffers take the device's largest device-local heap. Where a type of
-//! that heap is also host-visible and coherent (lavapipe, integrated GPUs,
-//! a discrete GPU with resizable BAR), they are mapped: host reads and
+//! Buffers take the device's largest device-local heap, except on a
+//! device that shares system memory (an integrated GPU, a CPU driver such
+//! as lavapipe): all its heaps are system memory, and the device-local one
+//! may be a small carve-out (an AMD APU reports its 512 MiB or so of
+//! "VRAM" as the device-local heap, beside a host-visible heap of most of
+//! the machine's memory), so buffers take the largest heap the host can
+//! map. Where a
+//! type of the chosen heap is also host-visible and coherent (lavapipe,
+//! integrated GPUs, a discrete GPU with resizable BAR), they are mapped: host reads and
 //! writes are copies through the mapping, and a queue whose memory is
 //! host-cached copies uploads and downloads on the host in queue order.
 //! Otherwise (a discrete GPU without resizable BAR, whose only mappable
@@ -42,13 +48,18 @@ pub(crate) struct MemoryTypes {
 }
 
 impl MemoryTypes {
-    /// The types of `memory` (see the module docs); `unmapped` keeps
-    /// buffers unmapped even where their type is host-visible. `None`
-    /// where no type is host-visible and coherent.
+    /// The types of `memory` (see the module docs) of a device of type
+    /// `kind`; `unmapped` keeps buffers unmapped even where their type is
+    /// host-visible. `None` where no type is host-visible and coherent.
     pub(super) fn choose(
         memory: &vk::PhysicalDeviceMemoryProperties,
+        kind: vk::PhysicalDeviceType,
         unmapped: bool,
     ) -> Option<Self> {
+        let shares_system = matches!(
+            kind,
+            vk::PhysicalDeviceType::INTEGRATED_GPU | vk::PhysicalDeviceType::CPU
+        );
         let host = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let local = vk::MemoryPropertyFlags::DEVICE_LOCAL;
         let types = &memory.memory_types[..memory.memory_type_count as usize];
@@ -70,21 +81,42 @@ impl MemoryTypes {
             .or_else(|| find(host, None, true))
             .or_else(|| find(cached, None, false))
             .or_else(|| find(host, None, false))?;
-        // The largest heap that a device-local type lies in.
-        let heap = types
-            .iter()
-            .filter(|t| t.property_flags.contains(local))
-            .map(|t| t.heap_index)
-            .max_by_key(|&h| memory.memory_heaps[h as usize].size);
-        let (device, mappable) = match heap {
-            Some(heap) => match find(local | host, Some(heap), false) {
-                Some(index) => (index, true),
-                None => (
-                    find(local, Some(heap), false).expect("the heap has a device-local type"),
-                    false,
-                ),
-            },
-            None => (staging, true),
+        let (device, mappable) = if shares_system {
+            // All of it is system memory: the largest heap the host can
+            // map, device-local preferred between equals.
+            let heap = types
+                .iter()
+                .filter(|t| t.property_flags.contains(host))
+                .map(|t| t.heap_index)
+                .max_by_key(|&h| {
+                    let heap = &memory.memory_heaps[h as usize];
+                    (
+                        heap.size,
+                        heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL),
+                    )
+                })
+                .expect("staging found a host-visible, coherent type");
+            let index = find(local | host, Some(heap), false)
+                .or_else(|| find(host, Some(heap), false))
+                .expect("the heap has a host-visible, coherent type");
+            (index, true)
+        } else {
+            // The largest heap that a device-local type lies in.
+            let heap = types
+                .iter()
+                .filter(|t| t.property_flags.contains(local))
+                .map(|t| t.heap_index)
+                .max_by_key(|&h| memory.memory_heaps[h as usize].size);
+            match heap {
+                Some(heap) => match find(local | host, Some(heap), false) {
+                    Some(index) => (index, true),
+                    None => (
+                        find(local, Some(heap), false).expect("the heap has a device-local type"),
+                        false,
+                    ),
+                },
+                None => (staging, true),
+            }
         };
         Some(Self {
             device,
@@ -309,6 +341,9 @@ mod tests {
     }
 
     const GIB: u64 = 1 << 30;
+    const CPU: vk::PhysicalDeviceType = vk::PhysicalDeviceType::CPU;
+    const DISCRETE: vk::PhysicalDeviceType = vk::PhysicalDeviceType::DISCRETE_GPU;
+    const INTEGRATED: vk::PhysicalDeviceType = vk::PhysicalDeviceType::INTEGRATED_GPU;
 
     #[test]
     fn a_cpu_driver_s_one_type_is_mapped_unless_asked_not_to_be() {
@@ -322,9 +357,9 @@ mod tests {
             mapped: true,
             staging: 0,
         };
-        assert_eq!(MemoryTypes::choose(&lavapipe, false), Some(want));
+        assert_eq!(MemoryTypes::choose(&lavapipe, CPU, false), Some(want));
         assert_eq!(
-            MemoryTypes::choose(&lavapipe, true),
+            MemoryTypes::choose(&lavapipe, CPU, true),
             Some(MemoryTypes {
                 mapped: false,
                 ..want
@@ -346,7 +381,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            MemoryTypes::choose(&discrete, false),
+            MemoryTypes::choose(&discrete, DISCRETE, false),
             Some(MemoryTypes {
                 device: 1,
                 mapped: false,
@@ -366,7 +401,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            MemoryTypes::choose(&rebar, false),
+            MemoryTypes::choose(&rebar, DISCRETE, false),
             Some(MemoryTypes {
                 device: 1,
                 mapped: true,
@@ -379,7 +414,7 @@ mod tests {
     fn without_device_local_memory_buffers_are_host_memory_and_without_coherent_memory_none() {
         let host_only = memory(&[(16 * GIB, false)], &[(VISIBLE | COHERENT, 0)]);
         assert_eq!(
-            MemoryTypes::choose(&host_only, false),
+            MemoryTypes::choose(&host_only, DISCRETE, false),
             Some(MemoryTypes {
                 device: 0,
                 mapped: true,
@@ -387,6 +422,47 @@ mod tests {
             })
         );
         let incoherent = memory(&[(16 * GIB, true)], &[(LOCAL, 0), (LOCAL | VISIBLE, 0)]);
-        assert_eq!(MemoryTypes::choose(&incoherent, false), None);
+        assert_eq!(MemoryTypes::choose(&incoherent, DISCRETE, false), None);
+    }
+
+    #[test]
+    fn an_integrated_gpu_takes_its_largest_mappable_heap_not_a_small_carve_out() {
+        // An AMD APU: 512 MiB of carve-out "VRAM" (heap 0, device-local)
+        // beside 30 GiB of system memory (heap 1).
+        let apu = memory(
+            &[(512 << 20, true), (30 * GIB, false)],
+            &[
+                (LOCAL, 0),
+                (VISIBLE | COHERENT, 1),
+                (LOCAL | VISIBLE | COHERENT, 0),
+                (VISIBLE | COHERENT | CACHED, 1),
+            ],
+        );
+        let want = MemoryTypes {
+            device: 1,
+            mapped: true,
+            staging: 3,
+        };
+        assert_eq!(MemoryTypes::choose(&apu, INTEGRATED, false), Some(want));
+        // The same heaps on a discrete GPU are VRAM and system memory:
+        // buffers stay in VRAM.
+        assert_eq!(
+            MemoryTypes::choose(&apu, DISCRETE, false),
+            Some(MemoryTypes { device: 2, ..want })
+        );
+        // An Intel GPU: one device-local heap of system memory, which
+        // the host maps.
+        let intel = memory(
+            &[(30 * GIB, true)],
+            &[(LOCAL, 0), (LOCAL | VISIBLE | COHERENT | CACHED, 0)],
+        );
+        assert_eq!(
+            MemoryTypes::choose(&intel, INTEGRATED, true),
+            Some(MemoryTypes {
+                device: 1,
+                mapped: false,
+                staging: 1
+            })
+        );
     }
 }
