@@ -106,6 +106,12 @@ pub trait Device:
 
     /// Limits the bytes the pool may reserve (see
     /// [`MemoryPool::set_limit`](crate::memory::MemoryPool::set_limit)).
+    ///
+    /// The limit, like [`memory_stats`](Self::memory_stats), is of the
+    /// device's buffers. Host memory a backend keeps for transfers
+    /// (CUDA's page-locked staging, Vulkan's staging ranges where buffers
+    /// are not mapped) is outside it: it is held while a transfer is
+    /// queued, and at most 64 MiB of it stays cached for the next ones.
     fn set_memory_limit(&self, limit: Option<usize>) {
         let _ = limit;
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::LONG;
 use hwqueue::cpu::{CpuDevice, CpuSignal};
-use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
+use hwqueue::vulkan::{STAGING_KEEP, Vulkan, VulkanDevice, VulkanProgram};
 use hwqueue::{
     Backend, Buffer, Device, Download, Error, ExecParams, HardwareQueue, QueueFactory, Scalar,
     TimelineSignal,
@@ -513,6 +513,47 @@ fn unmapped_memory_is_reached_through_staging() {
     assert_eq!(out.take(LONG).unwrap(), want);
     done.wait(1, LONG).unwrap();
     assert_eq!(words.to_vec::<u32>().unwrap(), want);
+}
+
+/// Staging held by queued uploads goes back once they complete, and no
+/// more than `STAGING_KEEP` of it stays cached for the next.
+#[test]
+fn staging_beyond_what_is_kept_goes_back_when_transfers_complete() {
+    let Some(mapped) = device() else { return };
+    let device = VulkanDevice::open_unmapped(mapped.spec().ordinal()).unwrap();
+    let len = 24 << 20;
+    let buffers: Vec<_> = (0..6).map(|_| device.alloc_uninit(len).unwrap()).collect();
+    let data = vec![7u8; len];
+    let mut queue = device
+        .copy_queue()
+        .unwrap()
+        .expect("Vulkan has copy queues");
+    for buffer in &buffers {
+        queue.upload(buffer, &data);
+    }
+    queue.submit().unwrap();
+    let held = device.staging_stats();
+    queue.synchronize().unwrap();
+    let after = device.staging_stats();
+    assert!(
+        held.reserved >= 6 * len,
+        "each queued upload holds its staging: {held:?}"
+    );
+    assert_eq!(
+        after.in_use, 0,
+        "completed uploads hold no staging: {after:?}"
+    );
+    assert!(
+        after.reserved <= STAGING_KEEP,
+        "at most {STAGING_KEEP} bytes of staging stay cached: {after:?}"
+    );
+    assert!(buffers[5].to_vec::<u8>().unwrap() == data);
+    device.trim_memory();
+    assert_eq!(
+        device.staging_stats().reserved,
+        0,
+        "trim gives staging back"
+    );
 }
 
 /// Batches of signals only are retired lazily (they hold nothing to

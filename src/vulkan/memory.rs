@@ -41,6 +41,7 @@ impl VulkanBlocks {
             mapped: true,
             staging: None,
         });
+        staging.set_release_threshold(super::STAGING_KEEP);
         Self {
             context,
             memory_type: types.device,

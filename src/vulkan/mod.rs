@@ -63,7 +63,7 @@ pub use engine::VulkanEngine;
 pub use memory::{VULKAN_ALIGNMENT, VulkanAddress, VulkanBlock, VulkanBlocks, VulkanBuffer};
 pub use program::VulkanProgram;
 pub use signal::VulkanSignal;
-pub use staged::MEMORY_ENV;
+pub use staged::{MEMORY_ENV, STAGING_KEEP};
 
 use crate::backend::{Backend, DeviceInfo};
 use crate::device::{Device, QueueFactory};
@@ -313,6 +313,18 @@ impl VulkanDevice {
     /// uploads, downloads and host reads and writes go through staging.
     pub fn host_mapped(&self) -> bool {
         self.context().memory.mapped
+    }
+
+    /// The figures of the device's staging pool: host-visible memory for
+    /// uploads, downloads and host access where buffers are not mapped
+    /// ([`host_mapped`](Self::host_mapped)). It is not the buffers'
+    /// memory: outside [`memory_stats`](crate::Device::memory_stats) and
+    /// [`set_memory_limit`](crate::Device::set_memory_limit). A range is
+    /// held while its transfer is queued; once they all returned, at
+    /// most [`STAGING_KEEP`] bytes stay cached, and
+    /// [`trim_memory`](crate::Device::trim_memory) gives those back too.
+    pub fn staging_stats(&self) -> crate::memory::MemoryStats {
+        self.staging_pool().stats()
     }
 
     /// Whether the device is a software one on the CPU (lavapipe).

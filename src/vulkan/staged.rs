@@ -33,6 +33,11 @@ pub const MEMORY_ENV: &str = "HWQUEUE_VULKAN_MEMORY";
 /// a host write of a large buffer needs no staging range as large.
 pub(super) const STAGING_CHUNK: usize = 16 << 20;
 
+/// The bytes of staging a device keeps cached once no transfer holds
+/// them (CUDA's page-locked staging cache keeps as much): more goes back
+/// to the driver as the transfers holding it complete.
+pub const STAGING_KEEP: usize = 64 << 20;
+
 /// The memory types a device's buffers and staging ranges are made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MemoryTypes {
