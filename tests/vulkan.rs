@@ -14,7 +14,7 @@ use hwqueue::cpu::{CpuDevice, CpuSignal};
 use hwqueue::vulkan::{STAGING_KEEP, Vulkan, VulkanDevice, VulkanProgram};
 use hwqueue::{
     Backend, Buffer, Device, Download, Error, ExecParams, HardwareQueue, QueueFactory, Scalar,
-    TimelineSignal,
+    TimelineSignal, View,
 };
 
 /// The first usable Vulkan device, or `None` (printing why the test skips;
@@ -90,6 +90,49 @@ fn a_wgsl_kernel_runs_with_buffers_and_push_constant_scalars() {
     let got = y.to_vec::<f32>().unwrap();
     let want: Vec<f32> = (0..64).map(|i| 2.0 * i as f32 + 1.0).collect();
     assert_eq!(got, want);
+}
+
+/// An exec of the pipeline and bytes the command buffer has bound binds
+/// nothing again; one of another pipeline (work-group size), buffer or
+/// view, or after a fill, binds its own: every step's result is the one
+/// a kernel-by-kernel replay in Rust gives.
+#[test]
+fn consecutive_execs_rebind_only_what_changed() {
+    let Some(device) = device() else { return };
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let a = device.alloc(256 * 4).unwrap();
+    let b = device.alloc(256 * 4).unwrap();
+    let a_tail = View::whole(&a).view(128 * 4, 128 * 4).unwrap();
+    let mut want_a = vec![0u32; 256];
+    let mut want_b = vec![0u32; 256];
+    let mut queue = device.compute_queue().unwrap();
+    for step in 1..=24u32 {
+        // (what, local size): a and b whole, a's upper half, and a fill.
+        let local = if step % 5 == 0 { 32 } else { 64 };
+        let params = ExecParams::new_1d(256, local);
+        match step % 4 {
+            0 | 1 => {
+                queue.exec(&add, &[&a], &[Scalar::U32(step)], params);
+                want_a.iter_mut().for_each(|x| *x += step);
+            }
+            2 => {
+                queue.exec(&add, &[&b], &[Scalar::U32(step)], params);
+                want_b.iter_mut().for_each(|x| *x += step);
+            }
+            _ => {
+                queue.exec_views(&add, &[&a_tail], &[Scalar::U32(step)], params);
+                want_a[128..].iter_mut().for_each(|x| *x += step);
+                if step % 8 == 7 {
+                    queue.fill(&b, step);
+                    want_b.iter_mut().for_each(|x| *x = step);
+                }
+            }
+        }
+    }
+    queue.submit().unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(a.to_vec::<u32>().unwrap(), want_a);
+    assert_eq!(b.to_vec::<u32>().unwrap(), want_b);
 }
 
 #[test]

@@ -53,6 +53,27 @@ impl Touched {
     }
 }
 
+/// What the open command buffer has bound: an exec of the same pipeline
+/// over the same bytes records only its push constants and its dispatch.
+/// Bindings are a command buffer's state, kept across barriers, copies
+/// and fills, so a run of execs of one kernel (a loop's body, a benchmark's
+/// 1,000) allocates, writes and binds one descriptor set, not one each;
+/// `begin` forgets it when it opens a command buffer.
+pub(super) struct Bound {
+    pipeline: vk::Pipeline,
+    infos: Vec<vk::DescriptorBufferInfo>,
+}
+
+impl Bound {
+    /// Whether `pipeline` is bound with a set of exactly `infos`.
+    fn holds(&self, pipeline: vk::Pipeline, infos: &[vk::DescriptorBufferInfo]) -> bool {
+        let key = |i: &vk::DescriptorBufferInfo| (i.buffer, i.offset, i.range);
+        self.pipeline == pipeline
+            && self.infos.len() == infos.len()
+            && self.infos.iter().zip(infos).all(|(a, b)| key(a) == key(b))
+    }
+}
+
 impl Recorder {
     /// The `VkBuffer` and offset of `view`: a block's buffer, or the dummy
     /// for an empty buffer.
@@ -198,34 +219,50 @@ impl Recorder {
             .map(|(_, info)| whole(info))
             .collect();
         let cb = self.begin(index, &reads, &writes)?;
-        let set = self.descriptor_set(&pipeline, views.len())?;
-        let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
-            .iter()
-            .enumerate()
-            .map(|(binding, info)| {
-                vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .dst_binding(binding as u32)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(std::slice::from_ref(info))
-            })
-            .collect();
+        let rebind = self
+            .bound
+            .as_ref()
+            .is_none_or(|bound| !bound.holds(pipeline.pipeline, &infos));
+        if rebind {
+            let set = self.descriptor_set(&pipeline, views.len())?;
+            let device = &self.context.device;
+            let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
+                .iter()
+                .enumerate()
+                .map(|(binding, info)| {
+                    vk::WriteDescriptorSet::default()
+                        .dst_set(set)
+                        .dst_binding(binding as u32)
+                        .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                        .buffer_info(std::slice::from_ref(info))
+                })
+                .collect();
+            // SAFETY: the set is fresh from a pool of this thread's, the
+            // buffers live (the batch holds them), the command buffer
+            // records; the pipeline is held by the program, which the
+            // batch holds.
+            unsafe {
+                device.update_descriptor_sets(&writes, &[]);
+                device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
+                device.cmd_bind_descriptor_sets(
+                    cb,
+                    vk::PipelineBindPoint::COMPUTE,
+                    pipeline.layout,
+                    0,
+                    &[set],
+                    &[],
+                );
+            }
+            self.bound = Some(Bound {
+                pipeline: pipeline.pipeline,
+                infos,
+            });
+        }
         let groups = params.groups();
         let device = &self.context.device;
-        // SAFETY: the set is fresh from a pool of this thread's, the
-        // buffers live (the batch holds them), the command buffer records;
-        // the pipeline is held by the program, which the batch holds.
+        // SAFETY: the command buffer records, with the pipeline and a set
+        // of these buffers bound (above, or by an earlier exec of it).
         unsafe {
-            device.update_descriptor_sets(&writes, &[]);
-            device.cmd_bind_pipeline(cb, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline);
-            device.cmd_bind_descriptor_sets(
-                cb,
-                vk::PipelineBindPoint::COMPUTE,
-                pipeline.layout,
-                0,
-                &[set],
-                &[],
-            );
             if !push.is_empty() {
                 device.cmd_push_constants(
                     cb,
@@ -337,6 +374,7 @@ impl Recorder {
             set.written = 0;
             self.open = Some((set, index));
             self.touched.clear();
+            self.bound = None;
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
         if !opened && !self.touched.conflicts(reads, writes) {

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::commands::Touched;
+use super::commands::{Bound, Touched};
 use super::context::Context;
 use super::engine::{CommandSet, Job, Shared, release_queued};
 use super::memory::{VulkanBlock, free_buffer, make_buffer};
@@ -65,6 +65,8 @@ pub(super) struct Recorder {
     /// What the open command buffer's commands touched since its last
     /// barrier.
     pub(super) touched: Touched,
+    /// The pipeline and descriptor set the open command buffer has bound.
+    pub(super) bound: Option<Bound>,
 }
 
 // SAFETY: the handles are plain Vulkan handles. Those that need external
@@ -130,6 +132,7 @@ impl Recorder {
             clock: None,
             timing: None,
             touched: Touched::default(),
+            bound: None,
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
