@@ -7,12 +7,16 @@
 //! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
 //!
+//! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | each group's hwqueue case, each iteration timed next to one of its baseline: criterion reports the ratio of the two (`x`), not a time | (in the ratio) |
+//!
 //! Built only with `--features vulkan` (`required-features`); without a
 //! Vulkan driver it prints `skipped: no Vulkan driver` and measures
 //! nothing. `HWQUEUE_VULKAN_DEVICE=N` picks `vulkan:N` (default 0, which
 //! is a GPU where one is present).
 
 mod support;
+
+use std::sync::Arc;
 
 use ash::vk;
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -21,7 +25,7 @@ use hwqueue::{
     Device, Download, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout,
 };
 
-use support::Profile;
+use support::{Profile, Ratio};
 
 const DISPATCHES: usize = 1_000;
 const WORDS: usize = 64;
@@ -271,193 +275,302 @@ impl Drop for Raw {
     }
 }
 
+/// hwqueue's roundtrip: a signal submitted, then waited for.
+fn roundtrip_hwqueue(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let mut queue = device.compute_queue().expect("queue");
+    let signal = device.new_signal(0).expect("signal");
+    let mut value = 0;
+    move || {
+        value += 1;
+        queue.signal(&signal, value).submit().expect("submit");
+        signal.wait(value, Timeout::Forever).expect("reached");
+    }
+}
+
+/// The baseline's: an empty command buffer submitted with a timeline
+/// signal, then `vkWaitSemaphores`.
+fn roundtrip_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let mut raw = Raw::new(&device.name());
+    move || {
+        raw.record(|_, _| {});
+        raw.submit_and_wait();
+    }
+}
+
 fn vulkan_roundtrip(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_roundtrip");
     support::configure(&mut group, Profile::Latency);
-
-    group.bench_function("hwqueue", |b| {
-        let mut queue = device.compute_queue().expect("queue");
-        let signal = device.new_signal(0).expect("signal");
-        let mut value = 0;
-        b.iter(|| {
-            value += 1;
-            queue.signal(&signal, value).submit().expect("submit");
-            signal.wait(value, Timeout::Forever).expect("reached");
-        });
-    });
-
-    group.bench_function("raw_ash", |b| {
-        let mut raw = Raw::new(&device.name());
-        b.iter(|| {
-            raw.record(|_, _| {});
-            raw.submit_and_wait();
-        });
-    });
+    group.bench_function("hwqueue", |b| b.iter(roundtrip_hwqueue(&device)));
+    group.bench_function("raw_ash", |b| b.iter(roundtrip_raw(&device)));
     group.finish();
+}
+
+/// hwqueue's dispatches: 1,000 `exec`s in one batch, a signal, submit,
+/// wait.
+fn dispatch_hwqueue(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let program = VulkanProgram::from_wgsl("add", ADD, "add").expect("compiles");
+    let buffer = device.alloc(WORDS * 4).expect("alloc");
+    let mut queue = device.compute_queue().expect("queue");
+    let signal = device.new_signal(0).expect("signal");
+    let mut value = 0;
+    move || {
+        for _ in 0..DISPATCHES {
+            queue.exec(
+                &program,
+                &[&buffer],
+                &[Scalar::U32(1)],
+                ExecParams::new_1d(WORDS as u32, 64),
+            );
+        }
+        value += 1;
+        queue.signal(&signal, value).submit().expect("submit");
+        signal.wait(value, Timeout::Forever).expect("ran");
+    }
+}
+
+/// The baseline's pipeline and the objects it needs, destroyed before
+/// their device.
+struct RawPipeline {
+    raw: Raw,
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    shader: vk::ShaderModule,
+    set_layout: vk::DescriptorSetLayout,
+    layout: vk::PipelineLayout,
+    pipeline: vk::Pipeline,
+    descriptors: vk::DescriptorPool,
+    set: vk::DescriptorSet,
+}
+
+impl Drop for RawPipeline {
+    fn drop(&mut self) {
+        // SAFETY: every submission was waited for.
+        unsafe {
+            let d = &self.raw.device;
+            d.destroy_descriptor_pool(self.descriptors, None);
+            d.destroy_pipeline(self.pipeline, None);
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+            d.destroy_shader_module(self.shader, None);
+        }
+        self.raw.free(self.buffer, self.memory);
+    }
+}
+
+/// The baseline's dispatches: the same 1,000 recorded into one command
+/// buffer, submitted with a timeline signal, `vkWaitSemaphores`.
+fn dispatch_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let raw = Raw::new(&device.name());
+    let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
+    // The SPIR-V hwqueue hands the driver: the same shader both sides.
+    let spirv = VulkanProgram::from_wgsl("add", ADD, "add")
+        .expect("compiles")
+        .spirv()
+        .to_vec();
+    // SAFETY: every object is made from `raw.device` and destroyed
+    // below, after the last submission was waited for.
+    let (shader, set_layout, layout, pipeline, descriptors, set) = unsafe {
+        let d = &raw.device;
+        let shader = d
+            .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&spirv), None)
+            .expect("vkCreateShaderModule");
+        let bindings = [vk::DescriptorSetLayoutBinding::default()
+            .binding(0)
+            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(1)
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)];
+        let set_layout = d
+            .create_descriptor_set_layout(
+                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
+                None,
+            )
+            .expect("vkCreateDescriptorSetLayout");
+        let ranges = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .size(4)];
+        let set_layouts = [set_layout];
+        let layout = d
+            .create_pipeline_layout(
+                &vk::PipelineLayoutCreateInfo::default()
+                    .set_layouts(&set_layouts)
+                    .push_constant_ranges(&ranges),
+                None,
+            )
+            .expect("vkCreatePipelineLayout");
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(shader)
+            .name(c"add");
+        let pipeline = d
+            .create_compute_pipelines(
+                vk::PipelineCache::null(),
+                &[vk::ComputePipelineCreateInfo::default()
+                    .stage(stage)
+                    .layout(layout)],
+                None,
+            )
+            .expect("vkCreateComputePipelines")[0];
+        let sizes = [vk::DescriptorPoolSize::default()
+            .ty(vk::DescriptorType::STORAGE_BUFFER)
+            .descriptor_count(1)];
+        let descriptors = d
+            .create_descriptor_pool(
+                &vk::DescriptorPoolCreateInfo::default()
+                    .max_sets(1)
+                    .pool_sizes(&sizes),
+                None,
+            )
+            .expect("vkCreateDescriptorPool");
+        let set = d
+            .allocate_descriptor_sets(
+                &vk::DescriptorSetAllocateInfo::default()
+                    .descriptor_pool(descriptors)
+                    .set_layouts(&set_layouts),
+            )
+            .expect("vkAllocateDescriptorSets")[0];
+        let info = [vk::DescriptorBufferInfo::default()
+            .buffer(buffer)
+            .range(vk::WHOLE_SIZE)];
+        d.update_descriptor_sets(
+            &[vk::WriteDescriptorSet::default()
+                .dst_set(set)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(&info)],
+            &[],
+        );
+        (shader, set_layout, layout, pipeline, descriptors, set)
+    };
+    let mut state = RawPipeline {
+        raw,
+        buffer,
+        memory,
+        shader,
+        set_layout,
+        layout,
+        pipeline,
+        descriptors,
+        set,
+    };
+    move || {
+        let RawPipeline {
+            raw,
+            layout,
+            pipeline,
+            set,
+            ..
+        } = &mut state;
+        let (layout, pipeline, set) = (*layout, *pipeline, *set);
+        raw.record(|d, command| {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+            // SAFETY: the command buffer is recording; the pipeline,
+            // layout and set are alive.
+            unsafe {
+                d.cmd_bind_pipeline(command, vk::PipelineBindPoint::COMPUTE, pipeline);
+                d.cmd_bind_descriptor_sets(
+                    command,
+                    vk::PipelineBindPoint::COMPUTE,
+                    layout,
+                    0,
+                    &[set],
+                    &[],
+                );
+                for i in 0..DISPATCHES {
+                    if i > 0 {
+                        d.cmd_pipeline_barrier(
+                            command,
+                            vk::PipelineStageFlags::COMPUTE_SHADER,
+                            vk::PipelineStageFlags::COMPUTE_SHADER,
+                            vk::DependencyFlags::empty(),
+                            &barrier,
+                            &[],
+                            &[],
+                        );
+                    }
+                    d.cmd_push_constants(
+                        command,
+                        layout,
+                        vk::ShaderStageFlags::COMPUTE,
+                        0,
+                        &1u32.to_ne_bytes(),
+                    );
+                    d.cmd_dispatch(command, 1, 1, 1);
+                }
+            }
+        });
+        raw.submit_and_wait();
+    }
 }
 
 fn vulkan_dispatch(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_dispatch");
     support::configure(&mut group, Profile::Latency);
-
-    group.bench_function("hwqueue", |b| {
-        let program = VulkanProgram::from_wgsl("add", ADD, "add").expect("compiles");
-        let buffer = device.alloc(WORDS * 4).expect("alloc");
-        let mut queue = device.compute_queue().expect("queue");
-        let signal = device.new_signal(0).expect("signal");
-        let mut value = 0;
-        b.iter(|| {
-            for _ in 0..DISPATCHES {
-                queue.exec(
-                    &program,
-                    &[&buffer],
-                    &[Scalar::U32(1)],
-                    ExecParams::new_1d(WORDS as u32, 64),
-                );
-            }
-            value += 1;
-            queue.signal(&signal, value).submit().expect("submit");
-            signal.wait(value, Timeout::Forever).expect("ran");
-        });
-    });
-
-    group.bench_function("raw_ash", |b| {
-        let mut raw = Raw::new(&device.name());
-        let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
-        // The SPIR-V hwqueue hands the driver: the same shader both sides.
-        let spirv = VulkanProgram::from_wgsl("add", ADD, "add")
-            .expect("compiles")
-            .spirv()
-            .to_vec();
-        // SAFETY: every object is made from `raw.device` and destroyed
-        // below, after the last submission was waited for.
-        let (shader, set_layout, layout, pipeline, descriptors, set) = unsafe {
-            let d = &raw.device;
-            let shader = d
-                .create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&spirv), None)
-                .expect("vkCreateShaderModule");
-            let bindings = [vk::DescriptorSetLayoutBinding::default()
-                .binding(0)
-                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(1)
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)];
-            let set_layout = d
-                .create_descriptor_set_layout(
-                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
-                    None,
-                )
-                .expect("vkCreateDescriptorSetLayout");
-            let ranges = [vk::PushConstantRange::default()
-                .stage_flags(vk::ShaderStageFlags::COMPUTE)
-                .size(4)];
-            let set_layouts = [set_layout];
-            let layout = d
-                .create_pipeline_layout(
-                    &vk::PipelineLayoutCreateInfo::default()
-                        .set_layouts(&set_layouts)
-                        .push_constant_ranges(&ranges),
-                    None,
-                )
-                .expect("vkCreatePipelineLayout");
-            let stage = vk::PipelineShaderStageCreateInfo::default()
-                .stage(vk::ShaderStageFlags::COMPUTE)
-                .module(shader)
-                .name(c"add");
-            let pipeline = d
-                .create_compute_pipelines(
-                    vk::PipelineCache::null(),
-                    &[vk::ComputePipelineCreateInfo::default()
-                        .stage(stage)
-                        .layout(layout)],
-                    None,
-                )
-                .expect("vkCreateComputePipelines")[0];
-            let sizes = [vk::DescriptorPoolSize::default()
-                .ty(vk::DescriptorType::STORAGE_BUFFER)
-                .descriptor_count(1)];
-            let descriptors = d
-                .create_descriptor_pool(
-                    &vk::DescriptorPoolCreateInfo::default()
-                        .max_sets(1)
-                        .pool_sizes(&sizes),
-                    None,
-                )
-                .expect("vkCreateDescriptorPool");
-            let set = d
-                .allocate_descriptor_sets(
-                    &vk::DescriptorSetAllocateInfo::default()
-                        .descriptor_pool(descriptors)
-                        .set_layouts(&set_layouts),
-                )
-                .expect("vkAllocateDescriptorSets")[0];
-            let info = [vk::DescriptorBufferInfo::default()
-                .buffer(buffer)
-                .range(vk::WHOLE_SIZE)];
-            d.update_descriptor_sets(
-                &[vk::WriteDescriptorSet::default()
-                    .dst_set(set)
-                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
-                    .buffer_info(&info)],
-                &[],
-            );
-            (shader, set_layout, layout, pipeline, descriptors, set)
-        };
-        b.iter(|| {
-            raw.record(|d, command| {
-                let barrier = [vk::MemoryBarrier::default()
-                    .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                    .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
-                // SAFETY: the command buffer is recording; the pipeline,
-                // layout and set are alive.
-                unsafe {
-                    d.cmd_bind_pipeline(command, vk::PipelineBindPoint::COMPUTE, pipeline);
-                    d.cmd_bind_descriptor_sets(
-                        command,
-                        vk::PipelineBindPoint::COMPUTE,
-                        layout,
-                        0,
-                        &[set],
-                        &[],
-                    );
-                    for i in 0..DISPATCHES {
-                        if i > 0 {
-                            d.cmd_pipeline_barrier(
-                                command,
-                                vk::PipelineStageFlags::COMPUTE_SHADER,
-                                vk::PipelineStageFlags::COMPUTE_SHADER,
-                                vk::DependencyFlags::empty(),
-                                &barrier,
-                                &[],
-                                &[],
-                            );
-                        }
-                        d.cmd_push_constants(
-                            command,
-                            layout,
-                            vk::ShaderStageFlags::COMPUTE,
-                            0,
-                            &1u32.to_ne_bytes(),
-                        );
-                        d.cmd_dispatch(command, 1, 1, 1);
-                    }
-                }
-            });
-            raw.submit_and_wait();
-        });
-        // SAFETY: the last submission was waited for.
-        unsafe {
-            let d = &raw.device;
-            d.destroy_descriptor_pool(descriptors, None);
-            d.destroy_pipeline(pipeline, None);
-            d.destroy_pipeline_layout(layout, None);
-            d.destroy_descriptor_set_layout(set_layout, None);
-            d.destroy_shader_module(shader, None);
-        }
-        raw.free(buffer, memory);
-    });
+    group.bench_function("hwqueue", |b| b.iter(dispatch_hwqueue(&device)));
+    group.bench_function("raw_ash", |b| b.iter(dispatch_raw(&device)));
     group.finish();
+}
+
+/// hwqueue's transfer, the same two copies as the baseline: the input
+/// handed over without a copy (an `Arc` the host keeps, `upload_vec`) and
+/// the output landing in the previous iteration's vector
+/// (`Download::from_vec`).
+fn transfer_hwqueue(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<> {
+    let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
+    let mut queue = device.compute_queue().expect("queue");
+    let input = data.clone();
+    let mut out = vec![0u32; TRANSFER / 4];
+    move || {
+        let back = Download::from_vec(std::mem::take(&mut out));
+        queue
+            .upload_vec(&buffer, input.clone())
+            .download(&buffer, &back)
+            .submit()
+            .expect("submit");
+        out = back.take(Timeout::Forever).expect("downloaded");
+        assert_eq!(out.len(), input.len());
+    }
+}
+
+/// The baseline's: 16 MiB copied into mapped, host-visible memory and
+/// back out into one vector.
+fn transfer_raw(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<> {
+    /// The mapped buffer, freed before its device.
+    struct Mapped {
+        raw: Raw,
+        buffer: vk::Buffer,
+        memory: vk::DeviceMemory,
+        pointer: *mut u8,
+    }
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            self.raw.free(self.buffer, self.memory);
+        }
+    }
+    let raw = Raw::new(&device.name());
+    let (buffer, memory, pointer) = raw.mapped_buffer(TRANSFER);
+    let mapped = Mapped {
+        raw,
+        buffer,
+        memory,
+        pointer,
+    };
+    let input = data.clone();
+    let mut out = vec![0u32; TRANSFER / 4];
+    move || {
+        // The whole of `mapped`, not only its pointer, goes into the
+        // closure (a closure captures only the fields it names).
+        let mapped = &mapped;
+        // SAFETY: `pointer` maps `TRANSFER` bytes, coherent, which no
+        // submission uses; `input` and `out` hold as many.
+        unsafe {
+            std::ptr::copy_nonoverlapping(input.as_ptr().cast::<u8>(), mapped.pointer, TRANSFER);
+            std::ptr::copy_nonoverlapping(mapped.pointer, out.as_mut_ptr().cast::<u8>(), TRANSFER);
+        }
+        assert_eq!(out.len(), input.len());
+    }
 }
 
 fn vulkan_transfer(c: &mut Criterion) {
@@ -465,27 +578,9 @@ fn vulkan_transfer(c: &mut Criterion) {
     let mut group = c.benchmark_group("vulkan_transfer");
     support::configure(&mut group, Profile::Bandwidth);
     group.throughput(criterion::Throughput::Bytes(2 * TRANSFER as u64));
-    let data: Vec<u32> = (0..(TRANSFER / 4) as u32).collect();
+    let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
 
-    // The same two copies as the baseline: the input handed over without
-    // a copy (an `Arc` the host keeps, `upload_vec`) and the output landing
-    // in the previous iteration's vector (`Download::from_vec`).
-    group.bench_function("hwqueue", |b| {
-        let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
-        let mut queue = device.compute_queue().expect("queue");
-        let input: std::sync::Arc<[u32]> = data.as_slice().into();
-        let mut out = vec![0u32; TRANSFER / 4];
-        b.iter(|| {
-            let back = Download::from_vec(std::mem::take(&mut out));
-            queue
-                .upload_vec(&buffer, input.clone())
-                .download(&buffer, &back)
-                .submit()
-                .expect("submit");
-            out = back.take(Timeout::Forever).expect("downloaded");
-            assert_eq!(out.len(), data.len());
-        });
-    });
+    group.bench_function("hwqueue", |b| b.iter(transfer_hwqueue(&device, &data)));
 
     // For information (no target): the borrowing calls, which copy the
     // input into the batch when recorded and land the output in a new,
@@ -505,23 +600,46 @@ fn vulkan_transfer(c: &mut Criterion) {
         });
     });
 
-    group.bench_function("raw_ash", |b| {
-        let raw = Raw::new(&device.name());
-        let (buffer, memory, pointer) = raw.mapped_buffer(TRANSFER);
-        let mut out = vec![0u32; TRANSFER / 4];
-        b.iter(|| {
-            // SAFETY: `pointer` maps `TRANSFER` bytes, coherent, which no
-            // submission uses; `data` and `out` hold as many.
-            unsafe {
-                std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), pointer, TRANSFER);
-                std::ptr::copy_nonoverlapping(pointer, out.as_mut_ptr().cast::<u8>(), TRANSFER);
-            }
-            assert_eq!(out.len(), data.len());
-        });
-        raw.free(buffer, memory);
+    group.bench_function("raw_ash", |b| b.iter(transfer_raw(&device, &data)));
+    group.finish();
+}
+
+/// The three groups again, each iteration of hwqueue timed next
+/// to one of the baseline ([`support::paired`]): criterion reports the
+/// ratio (`x`), not a time.
+fn vulkan_paired(c: &mut Criterion<Ratio>) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("vulkan_dispatch_paired");
+    support::configure(&mut group, Profile::Latency);
+    group.bench_function("hwqueue_over_raw_ash", |b| {
+        let (mut ours, mut raw) = (dispatch_hwqueue(&device), dispatch_raw(&device));
+        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("vulkan_roundtrip_paired");
+    support::configure(&mut group, Profile::Latency);
+    group.bench_function("hwqueue_over_raw_ash", |b| {
+        let (mut ours, mut raw) = (roundtrip_hwqueue(&device), roundtrip_raw(&device));
+        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("vulkan_transfer_paired");
+    support::configure(&mut group, Profile::Bandwidth);
+    let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
+    group.bench_function("hwqueue_over_raw_ash", |b| {
+        let mut ours = transfer_hwqueue(&device, &data);
+        let mut raw = transfer_raw(&device, &data);
+        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     group.finish();
 }
 
 criterion_group!(benches, vulkan_roundtrip, vulkan_dispatch, vulkan_transfer);
-criterion_main!(benches);
+criterion_group! {
+    name = paired;
+    config = Criterion::default().with_measurement(Ratio);
+    targets = vulkan_paired
+}
+criterion_main!(benches, paired);
