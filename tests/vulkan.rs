@@ -599,6 +599,65 @@ fn staging_beyond_what_is_kept_goes_back_when_transfers_complete() {
     );
 }
 
+/// The raw handles are the device's own: a timeline semaphore made from
+/// `raw_device` is signalled by a submit through `with_compute_queue`,
+/// between two of hwqueue's batches on the same queue.
+#[test]
+fn raw_handles_submit_beside_hwqueue_s_own_work() {
+    use hwqueue::vulkan::ash::vk;
+    let Some(device) = device() else { return };
+    let raw = device.raw_device();
+    // SAFETY: a plain query of the instance's physical device.
+    let families = unsafe {
+        device
+            .raw_instance()
+            .get_physical_device_queue_family_properties(device.raw_physical_device())
+    };
+    assert!(
+        families[device.compute_family() as usize]
+            .queue_flags
+            .contains(vk::QueueFlags::COMPUTE)
+    );
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.signal(&done, 1).submit().unwrap();
+    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    // SAFETY: the semaphore is destroyed below, after its wait.
+    let semaphore = unsafe {
+        raw.create_semaphore(
+            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+            None,
+        )
+    }
+    .unwrap();
+    let semaphores = [semaphore];
+    let values = [5u64];
+    let mut signal = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+    let submit = vk::SubmitInfo::default()
+        .signal_semaphores(&semaphores)
+        .push_next(&mut signal);
+    device.with_compute_queue(|queue| {
+        // SAFETY: the queue's lock is held; the infos live across the call.
+        unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
+    });
+    queue.signal(&done, 2).submit().unwrap();
+    // SAFETY: the semaphore is alive; the arrays live across the call.
+    unsafe {
+        raw.wait_semaphores(
+            &vk::SemaphoreWaitInfo::default()
+                .semaphores(&semaphores)
+                .values(&values),
+            LONG.as_nanos() as u64,
+        )
+    }
+    .unwrap();
+    done.wait(2, LONG).unwrap();
+    // SAFETY: its only submission completed (waited for above).
+    unsafe { raw.destroy_semaphore(semaphore, None) };
+}
+
 /// Batches of signals only are retired lazily (they hold nothing to
 /// release): `synchronize` and the queue's drop still wait for every one,
 /// and a later batch that holds memory retires after them, in order.

@@ -47,6 +47,7 @@
 mod commands;
 mod context;
 mod engine;
+mod interop;
 mod memory;
 mod program;
 mod recorder;
@@ -58,6 +59,10 @@ mod timing;
 use std::sync::Arc;
 
 use ash::vk;
+
+/// The `ash` hwqueue is built on, for the handles
+/// [`VulkanDevice::raw_device`] and its siblings hand out.
+pub use ash;
 
 pub use engine::VulkanEngine;
 pub use memory::{VULKAN_ALIGNMENT, VulkanAddress, VulkanBlock, VulkanBlocks, VulkanBuffer};
