@@ -1,13 +1,15 @@
 //! The Vulkan backend against raw `ash` doing the same work on the same
-//! physical device, in the same run.
+//! `VkDevice` and `VkQueue`, in the same run.
 //!
 //! | group | `hwqueue` | `raw_ash` (baseline) |
 //! |-------|-----------|----------------------|
 //! | `vulkan_roundtrip` | `signal(s, v)` + `submit`, then `wait(v)` | an empty command buffer submitted with a timeline signal, then `vkWaitSemaphores` |
 //! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
+//! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `vulkan_dispatch_paired/raw_ash_over_raw_ash` is the method's control, the baseline against itself |
 //!
-//! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | each group's hwqueue case, each iteration timed next to one of its baseline: criterion reports the ratio of the two (`x`), not a time | (in the ratio) |
+//! The baseline runs on hwqueue's own `VkDevice` and compute `VkQueue`
+//! (`VulkanDevice::raw_device`, `with_compute_queue`): see `Raw`.
 //!
 //! Built only with `--features vulkan` (`required-features`); without a
 //! Vulkan driver it prints `skipped: no Vulkan driver` and measures
@@ -59,13 +61,16 @@ fn device() -> Option<VulkanDevice> {
     }
 }
 
-/// Raw `ash` on the physical device hwqueue opened (matched by name): one
-/// compute queue, one command buffer, one timeline semaphore.
+/// Raw `ash` on the `VkDevice` and compute `VkQueue` hwqueue opened
+/// (`VulkanDevice::raw_device`, `with_compute_queue`): one command pool
+/// and buffer, one timeline semaphore. Both sides run on the same driver
+/// objects and its threads: on lavapipe, two `VkDevice`s in one process
+/// run the same work at speeds 1.2–1.35x apart (the one made first is
+/// slower; measured with this group's paired form, raw against raw), which
+/// a baseline on a device of its own would count as hwqueue's.
 struct Raw {
-    _entry: ash::Entry,
-    instance: ash::Instance,
+    owner: VulkanDevice,
     device: ash::Device,
-    queue: vk::Queue,
     memory: vk::PhysicalDeviceMemoryProperties,
     pool: vk::CommandPool,
     command: vk::CommandBuffer,
@@ -74,54 +79,15 @@ struct Raw {
 }
 
 impl Raw {
-    fn new(name: &str) -> Self {
-        // SAFETY: the loader's initialisers run once; every handle made
-        // below is destroyed in `Drop`, children before parents, after the
-        // device is idle.
+    fn on(owner: &VulkanDevice) -> Self {
+        let device = owner.raw_device().clone();
+        // SAFETY: every handle made below is destroyed in `Drop`, after
+        // the device is idle; `owner` keeps the device alive until then.
         unsafe {
-            let entry = ash::Entry::load().expect("the Vulkan loader");
-            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
-            let instance = entry
-                .create_instance(
-                    &vk::InstanceCreateInfo::default().application_info(&app),
-                    None,
-                )
-                .expect("vkCreateInstance");
-            let physical = instance
-                .enumerate_physical_devices()
-                .expect("vkEnumeratePhysicalDevices")
-                .into_iter()
-                .find(|&p| {
-                    instance
-                        .get_physical_device_properties(p)
-                        .device_name_as_c_str()
-                        .is_ok_and(|n| n.to_string_lossy() == name)
-                })
-                .expect("hwqueue's device is listed");
-            let family = instance
-                .get_physical_device_queue_family_properties(physical)
-                .iter()
-                .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-                .expect("a compute family") as u32;
-            let priorities = [1.0f32];
-            let queues = [vk::DeviceQueueCreateInfo::default()
-                .queue_family_index(family)
-                .queue_priorities(&priorities)];
-            let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-            let device = instance
-                .create_device(
-                    physical,
-                    &vk::DeviceCreateInfo::default()
-                        .queue_create_infos(&queues)
-                        .push_next(&mut v12),
-                    None,
-                )
-                .expect("vkCreateDevice");
-            let queue = device.get_device_queue(family, 0);
             let pool = device
                 .create_command_pool(
                     &vk::CommandPoolCreateInfo::default()
-                        .queue_family_index(family)
+                        .queue_family_index(owner.compute_family())
                         .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
                     None,
                 )
@@ -142,12 +108,12 @@ impl Raw {
                     None,
                 )
                 .expect("vkCreateSemaphore");
-            let memory = instance.get_physical_device_memory_properties(physical);
+            let memory = owner
+                .raw_instance()
+                .get_physical_device_memory_properties(owner.raw_physical_device());
             Self {
-                _entry: entry,
-                instance,
+                owner: owner.clone(),
                 device,
-                queue,
                 memory,
                 pool,
                 command,
@@ -187,12 +153,14 @@ impl Raw {
             .command_buffers(&commands)
             .signal_semaphores(&semaphores)
             .push_next(&mut timeline);
-        // SAFETY: the queue is used by this thread only; the command buffer
-        // is recorded and not pending.
+        // SAFETY: the queue's lock is held; the command buffer is recorded
+        // and not pending.
         unsafe {
-            self.device
-                .queue_submit(self.queue, &[submit], vk::Fence::null())
-                .expect("vkQueueSubmit");
+            self.owner.with_compute_queue(|queue| {
+                self.device
+                    .queue_submit(queue, &[submit], vk::Fence::null())
+                    .expect("vkQueueSubmit")
+            });
             self.device
                 .wait_semaphores(
                     &vk::SemaphoreWaitInfo::default()
@@ -264,13 +232,11 @@ impl Raw {
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        // SAFETY: children before parents, after the device is idle.
+        // SAFETY: every submission was waited for (`submit_and_wait`);
+        // the device is hwqueue's, alive while `owner` is.
         unsafe {
-            let _ = self.device.device_wait_idle();
             self.device.destroy_semaphore(self.semaphore, None);
             self.device.destroy_command_pool(self.pool, None);
-            self.device.destroy_device(None);
-            self.instance.destroy_instance(None);
         }
     }
 }
@@ -290,7 +256,7 @@ fn roundtrip_hwqueue(device: &VulkanDevice) -> impl FnMut() + use<> {
 /// The baseline's: an empty command buffer submitted with a timeline
 /// signal, then `vkWaitSemaphores`.
 fn roundtrip_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
-    let mut raw = Raw::new(&device.name());
+    let mut raw = Raw::on(device);
     move || {
         raw.record(|_, _| {});
         raw.submit_and_wait();
@@ -361,7 +327,7 @@ impl Drop for RawPipeline {
 /// The baseline's dispatches: the same 1,000 recorded into one command
 /// buffer, submitted with a timeline signal, `vkWaitSemaphores`.
 fn dispatch_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
-    let raw = Raw::new(&device.name());
+    let raw = Raw::on(device);
     let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
     // The SPIR-V hwqueue hands the driver: the same shader both sides.
     let spirv = VulkanProgram::from_wgsl("add", ADD, "add")
@@ -549,7 +515,7 @@ fn transfer_raw(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<
             self.raw.free(self.buffer, self.memory);
         }
     }
-    let raw = Raw::new(&device.name());
+    let raw = Raw::on(device);
     let (buffer, memory, pointer) = raw.mapped_buffer(TRANSFER);
     let mapped = Mapped {
         raw,
@@ -613,6 +579,12 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     support::configure(&mut group, Profile::Latency);
     group.bench_function("hwqueue_over_raw_ash", |b| {
         let (mut ours, mut raw) = (dispatch_hwqueue(&device), dispatch_raw(&device));
+        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
+    });
+    // The method's control (no target): the baseline against itself, two
+    // command buffers on the one device, reads 1.00 x within its spread.
+    group.bench_function("raw_ash_over_raw_ash", |b| {
+        let (mut ours, mut raw) = (dispatch_raw(&device), dispatch_raw(&device));
         b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     group.finish();
