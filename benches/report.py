@@ -48,6 +48,20 @@ ROWS = [
     ("alloca_cycle", "alloca", "alloc_drop", 1.0),
     ("executor_replay", "hwqueue", "manual", 1.1),
     ("rebind_run", "rebound", "unchanged", 1.05),
+    ("vulkan_roundtrip", "hwqueue", "raw_ash", 1.1),
+    ("vulkan_dispatch", "hwqueue", "raw_ash", 1.1),
+    ("vulkan_transfer", "hwqueue", "raw_ash", 1.1),
+    ("vulkan_transfer", "hwqueue_borrowed", "raw_ash", None),
+]
+
+# Paired groups (benches/support: `Ratio`): criterion's estimate is the
+# ratio itself, each iteration timed next to one of the baseline.
+# (group, case, target ratio or None)
+PAIRED = [
+    ("vulkan_roundtrip_paired", "hwqueue_over_raw_ash", 1.1),
+    ("vulkan_dispatch_paired", "hwqueue_over_raw_ash", 1.1),
+    ("vulkan_dispatch_paired", "raw_ash_over_raw_ash", None),
+    ("vulkan_transfer_paired", "hwqueue_over_raw_ash", 1.1),
 ]
 
 # Rows that need a GPU: reported, never measured here.
@@ -107,6 +121,22 @@ def main():
         print(
             f"| {group} | {case} | {fmt_time(ours[0])} | {base} | {fmt_time(theirs[0])} "
             f"| {ratio:.3f} ({low:.2f}–{high:.2f}) | {target_text} | {met} |"
+        )
+    for group, case, target in PAIRED:
+        ratio = median(root, group, case)
+        if ratio is None:
+            if target is not None:
+                print(f"| {group} | {case} | paired | – | – | – | ≤ {target} | not run |")
+            continue
+        if target is None:
+            met, target_text = "", "–"
+        else:
+            ok = ratio[0] <= target
+            missed += not ok
+            met, target_text = ("yes" if ok else "**no**"), f"≤ {target}"
+        print(
+            f"| {group} | {case} | paired | – | – "
+            f"| {ratio[0]:.3f} ({ratio[1]:.2f}–{ratio[2]:.2f}) | {target_text} | {met} |"
         )
     for name in GPU_ROWS:
         print(f"| {name} | hwqueue | not measured (no GPU) | – | – | – | – | – |")

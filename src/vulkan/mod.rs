@@ -33,6 +33,10 @@
 //!   downloads and host access go through staging ranges of host memory
 //!   ([`VulkanDevice::host_mapped`]; [`MEMORY_ENV`]`=unmapped` forces that
 //!   path anywhere).
+//! - **Interop**: [`VulkanDevice::raw_device`] and its siblings hand out
+//!   the instance, physical device, device and compute family, and
+//!   [`VulkanDevice::with_compute_queue`] the `VkQueue` under the lock
+//!   hwqueue's submits take, for Vulkan work of the caller's own.
 //! - **Kernels** ([`VulkanProgram`]): SPIR-V, or WGSL compiled by naga;
 //!   storage buffers of `@group(0)` in binding order, scalars as push
 //!   constants.
