@@ -7,9 +7,22 @@
 //! The handles are hwqueue's: objects made from them are the caller's to
 //! destroy before the [`VulkanDevice`] (and its last clone, buffer,
 //! signal, program and queue) goes. Every `ash` call on them is `unsafe`,
-//! with Vulkan's own rules; the one rule hwqueue adds is that submits to
-//! its queue go through [`VulkanDevice::with_compute_queue`], which holds
-//! the lock hwqueue's own submits take.
+//! with Vulkan's own rules, and hwqueue adds three:
+//!
+//! - Submits to its compute `VkQueue` go through
+//!   [`VulkanDevice::with_compute_queue`], which holds the lock hwqueue's
+//!   own submits take. Never call `vkDeviceWaitIdle` on
+//!   [`raw_device`](VulkanDevice::raw_device): it needs every queue of the
+//!   device held, and hwqueue's transfer queue is not handed out.
+//! - hwqueue orders its command buffers after earlier submissions to the
+//!   queue by their compute and transfer work only (a barrier of those
+//!   stages opens each). Raw work of other stages (a renderer's draws)
+//!   that hwqueue's must follow ends with a barrier of its own from those
+//!   stages to the compute and transfer stages, or is waited for on the
+//!   host before the hwqueue batch is submitted.
+//! - hwqueue's host copies (mapped uploads and downloads) follow only its
+//!   own submissions: raw work that writes memory hwqueue reads must be
+//!   complete before the hwqueue batch that reads it is submitted.
 
 use ash::vk;
 
@@ -42,9 +55,12 @@ impl VulkanDevice {
     /// Runs `f` with the compute `VkQueue` (index 0 of
     /// [`compute_family`](Self::compute_family)), which hwqueue's compute
     /// queues submit to, holding the lock their submits take:
-    /// `vkQueueSubmit*` needs external synchronisation. `f` must not use
-    /// an hwqueue queue of this device (its submit would wait for the lock
-    /// `f` holds) and should return soon: hwqueue's submits wait for it.
+    /// `vkQueueSubmit*` needs external synchronisation. `f` must not call
+    /// into hwqueue for this device at all, nor wait for anything hwqueue
+    /// has yet to submit: submits, queue creation, host reads and writes of
+    /// unmapped buffers, zeroed allocations of unmapped memory and waits
+    /// for a queue's work can each need the lock `f` holds, and would hang.
+    /// It should return soon: hwqueue's submits wait for it.
     pub fn with_compute_queue<R>(&self, f: impl FnOnce(vk::Queue) -> R) -> R {
         let queue = self.context().compute_queue.lock();
         f(*queue)

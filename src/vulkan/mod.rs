@@ -201,7 +201,7 @@ impl Backend for Vulkan {
             .map(|(ordinal, physical)| DeviceInfo {
                 spec: DeviceSpec::new(Self::ID, ordinal as u32),
                 name: physical.name(),
-                memory: Some(device_local_bytes(physical)),
+                memory: Some(buffer_heap_bytes(physical)),
                 compute_units: None,
             })
             .collect();
@@ -225,14 +225,13 @@ impl Backend for Vulkan {
     }
 }
 
-fn device_local_bytes(physical: &Physical) -> u64 {
+/// The size of the heap the device's buffers would take
+/// (`MemoryTypes::choose`: on an APU not its device-local carve-out).
+fn buffer_heap_bytes(physical: &Physical) -> u64 {
     let memory = &physical.memory;
-    memory.memory_heaps[..memory.memory_heap_count as usize]
-        .iter()
-        .filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL))
-        .map(|h| h.size)
-        .max()
-        .unwrap_or(0)
+    staged::MemoryTypes::choose(memory, physical.properties.device_type, false).map_or(0, |t| {
+        memory.memory_heaps[memory.memory_types[t.device as usize].heap_index as usize].size
+    })
 }
 
 /// An opened Vulkan device. Cheap to clone; clones share one device.
