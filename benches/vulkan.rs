@@ -241,6 +241,16 @@ impl Drop for Raw {
     }
 }
 
+/// `step` once run: criterion calls a case's setup for every sample and
+/// times all of its first iteration, and hwqueue makes some objects at
+/// their first use (a pipeline at a program's first exec, a queue's first
+/// command buffer and descriptor pool), which the baseline makes in its
+/// setup.
+fn warmed(mut step: impl FnMut()) -> impl FnMut() {
+    step();
+    step
+}
+
 /// hwqueue's roundtrip: a signal submitted, then waited for.
 fn roundtrip_hwqueue(device: &VulkanDevice) -> impl FnMut() + use<> {
     let mut queue = device.compute_queue().expect("queue");
@@ -267,8 +277,8 @@ fn vulkan_roundtrip(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_roundtrip");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue", |b| b.iter(roundtrip_hwqueue(&device)));
-    group.bench_function("raw_ash", |b| b.iter(roundtrip_raw(&device)));
+    group.bench_function("hwqueue", |b| b.iter(warmed(roundtrip_hwqueue(&device))));
+    group.bench_function("raw_ash", |b| b.iter(warmed(roundtrip_raw(&device))));
     group.finish();
 }
 
@@ -474,8 +484,8 @@ fn vulkan_dispatch(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_dispatch");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue", |b| b.iter(dispatch_hwqueue(&device)));
-    group.bench_function("raw_ash", |b| b.iter(dispatch_raw(&device)));
+    group.bench_function("hwqueue", |b| b.iter(warmed(dispatch_hwqueue(&device))));
+    group.bench_function("raw_ash", |b| b.iter(warmed(dispatch_raw(&device))));
     group.finish();
 }
 
@@ -546,7 +556,9 @@ fn vulkan_transfer(c: &mut Criterion) {
     group.throughput(criterion::Throughput::Bytes(2 * TRANSFER as u64));
     let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
 
-    group.bench_function("hwqueue", |b| b.iter(transfer_hwqueue(&device, &data)));
+    group.bench_function("hwqueue", |b| {
+        b.iter(warmed(transfer_hwqueue(&device, &data)))
+    });
 
     // For information (no target): the borrowing calls, which copy the
     // input into the batch when recorded and land the output in a new,
@@ -566,7 +578,7 @@ fn vulkan_transfer(c: &mut Criterion) {
         });
     });
 
-    group.bench_function("raw_ash", |b| b.iter(transfer_raw(&device, &data)));
+    group.bench_function("raw_ash", |b| b.iter(warmed(transfer_raw(&device, &data))));
     group.finish();
 }
 
@@ -578,13 +590,16 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     let mut group = c.benchmark_group("vulkan_dispatch_paired");
     support::configure(&mut group, Profile::Latency);
     group.bench_function("hwqueue_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (dispatch_hwqueue(&device), dispatch_raw(&device));
+        let (mut ours, mut raw) = (
+            warmed(dispatch_hwqueue(&device)),
+            warmed(dispatch_raw(&device)),
+        );
         b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     // The method's control (no target): the baseline against itself, two
     // command buffers on the one device, reads 1.00 x within its spread.
     group.bench_function("raw_ash_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (dispatch_raw(&device), dispatch_raw(&device));
+        let (mut ours, mut raw) = (warmed(dispatch_raw(&device)), warmed(dispatch_raw(&device)));
         b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     group.finish();
@@ -592,7 +607,10 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     let mut group = c.benchmark_group("vulkan_roundtrip_paired");
     support::configure(&mut group, Profile::Latency);
     group.bench_function("hwqueue_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (roundtrip_hwqueue(&device), roundtrip_raw(&device));
+        let (mut ours, mut raw) = (
+            warmed(roundtrip_hwqueue(&device)),
+            warmed(roundtrip_raw(&device)),
+        );
         b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     group.finish();
@@ -601,8 +619,8 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     support::configure(&mut group, Profile::Bandwidth);
     let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
     group.bench_function("hwqueue_over_raw_ash", |b| {
-        let mut ours = transfer_hwqueue(&device, &data);
-        let mut raw = transfer_raw(&device, &data);
+        let mut ours = warmed(transfer_hwqueue(&device, &data));
+        let mut raw = warmed(transfer_raw(&device, &data));
         b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
     });
     group.finish();
