@@ -62,6 +62,7 @@ PAIRED = [
     ("vulkan_dispatch_paired", "hwqueue_over_raw_ash", 1.1),
     ("vulkan_dispatch_paired", "raw_ash_over_raw_ash", None),
     ("vulkan_transfer_paired", "hwqueue_over_raw_ash", 1.1),
+    ("vulkan_transfer_paired", "raw_ash_over_raw_ash", None),
 ]
 
 # Rows that need a GPU: reported, never measured here.
