@@ -52,6 +52,7 @@ ROWS = [
     ("vulkan_dispatch", "hwqueue", "raw_ash", 1.1),
     ("vulkan_transfer", "hwqueue", "raw_ash", 1.1),
     ("vulkan_transfer", "hwqueue_borrowed", "raw_ash", None),
+    ("vulkan_transfer_small", "hwqueue", "raw_ash", None),
 ]
 
 # Paired groups (benches/support: `Ratio`): criterion's estimate is the

@@ -6,6 +6,7 @@
 //! | `vulkan_roundtrip` | `signal(s, v)` + `submit`, then `wait(v)` | an empty command buffer submitted with a timeline signal, then `vkWaitSemaphores` |
 //! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
+//! | `vulkan_transfer_small` (no target) | the transfer's hwqueue case at 4 KiB: what a batch costs besides its copies | the baseline's copies at 4 KiB |
 //! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `raw_ash_over_raw_ash` (dispatch and transfer) is the method's control, the baseline against itself |
 //!
 //! The baseline runs on hwqueue's own `VkDevice` and compute `VkQueue`
@@ -32,6 +33,7 @@ use support::{Profile, Ratio};
 const DISPATCHES: usize = 1_000;
 const WORDS: usize = 64;
 const TRANSFER: usize = 16 << 20;
+const SMALL_TRANSFER: usize = 4 << 10;
 
 /// The tiny kernel both sides dispatch: a fixed work-group size, so both
 /// run the same SPIR-V.
@@ -494,10 +496,11 @@ fn vulkan_dispatch(c: &mut Criterion) {
 /// the output landing in the previous iteration's vector
 /// (`Download::from_vec`).
 fn transfer_hwqueue(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<> {
-    let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
+    let len = data.len();
+    let buffer = device.alloc_uninit(4 * len).expect("alloc");
     let mut queue = device.compute_queue().expect("queue");
     let input = data.clone();
-    let mut out = vec![0u32; TRANSFER / 4];
+    let mut out = vec![0u32; len];
     move || {
         let back = Download::from_vec(std::mem::take(&mut out));
         queue
@@ -526,7 +529,8 @@ fn transfer_raw(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<
         }
     }
     let raw = Raw::on(device);
-    let (buffer, memory, pointer) = raw.mapped_buffer(TRANSFER);
+    let bytes = 4 * data.len();
+    let (buffer, memory, pointer) = raw.mapped_buffer(bytes);
     let mapped = Mapped {
         raw,
         buffer,
@@ -534,16 +538,16 @@ fn transfer_raw(device: &VulkanDevice, data: &Arc<[u32]>) -> impl FnMut() + use<
         pointer,
     };
     let input = data.clone();
-    let mut out = vec![0u32; TRANSFER / 4];
+    let mut out = vec![0u32; data.len()];
     move || {
         // The whole of `mapped`, not only its pointer, goes into the
         // closure (a closure captures only the fields it names).
         let mapped = &mapped;
-        // SAFETY: `pointer` maps `TRANSFER` bytes, coherent, which no
+        // SAFETY: `pointer` maps `bytes` bytes, coherent, which no
         // submission uses; `input` and `out` hold as many.
         unsafe {
-            std::ptr::copy_nonoverlapping(input.as_ptr().cast::<u8>(), mapped.pointer, TRANSFER);
-            std::ptr::copy_nonoverlapping(mapped.pointer, out.as_mut_ptr().cast::<u8>(), TRANSFER);
+            std::ptr::copy_nonoverlapping(input.as_ptr().cast::<u8>(), mapped.pointer, bytes);
+            std::ptr::copy_nonoverlapping(mapped.pointer, out.as_mut_ptr().cast::<u8>(), bytes);
         }
         assert_eq!(out.len(), input.len());
     }
@@ -578,6 +582,20 @@ fn vulkan_transfer(c: &mut Criterion) {
         });
     });
 
+    group.bench_function("raw_ash", |b| b.iter(warmed(transfer_raw(&device, &data))));
+    group.finish();
+}
+
+/// The transfer at 4 KiB: what an upload + download batch costs besides
+/// its copies (no target; at 16 MiB the copies take milliseconds).
+fn vulkan_transfer_small(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("vulkan_transfer_small");
+    support::configure(&mut group, Profile::Latency);
+    let data: Arc<[u32]> = (0..(SMALL_TRANSFER / 4) as u32).collect();
+    group.bench_function("hwqueue", |b| {
+        b.iter(warmed(transfer_hwqueue(&device, &data)))
+    });
     group.bench_function("raw_ash", |b| b.iter(warmed(transfer_raw(&device, &data))));
     group.finish();
 }
@@ -633,7 +651,13 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     group.finish();
 }
 
-criterion_group!(benches, vulkan_roundtrip, vulkan_dispatch, vulkan_transfer);
+criterion_group!(
+    benches,
+    vulkan_roundtrip,
+    vulkan_dispatch,
+    vulkan_transfer,
+    vulkan_transfer_small
+);
 criterion_group! {
     name = paired;
     config = Criterion::default().with_measurement(Ratio);
