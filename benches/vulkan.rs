@@ -22,7 +22,8 @@ mod support;
 use std::sync::Arc;
 
 use ash::vk;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use hwqueue::vulkan::{VulkanDevice, VulkanProgram};
 use hwqueue::{
     Device, Download, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout,
@@ -243,14 +244,34 @@ impl Drop for Raw {
     }
 }
 
-/// `step` once run: criterion calls a case's setup for every sample and
-/// times all of its first iteration, and hwqueue makes some objects at
-/// their first use (a pipeline at a program's first exec, a queue's first
-/// command buffer and descriptor pool), which the baseline makes in its
-/// setup.
+/// `step` once run: hwqueue makes some objects at their first use (a
+/// pipeline at a program's first exec, a queue's first command buffer and
+/// descriptor pool), which the baseline makes in its setup, and a fresh
+/// mapping takes its page faults at its first copy.
 fn warmed(mut step: impl FnMut()) -> impl FnMut() {
     step();
     step
+}
+
+/// Case `name` of `group`: `step`, set up once for all of criterion's
+/// samples (it calls a case's function for each) and warmed.
+fn case(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, step: impl FnMut()) {
+    let mut step = warmed(step);
+    group.bench_function(name, |b| b.iter(&mut step));
+}
+
+/// Paired case `name` of `group`: `ours` timed next to `baseline`
+/// ([`support::paired`]), both set up once and warmed.
+fn pair(
+    group: &mut BenchmarkGroup<'_, Ratio>,
+    name: &str,
+    ours: impl FnMut(),
+    baseline: impl FnMut(),
+) {
+    let (mut ours, mut baseline) = (warmed(ours), warmed(baseline));
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut baseline))
+    });
 }
 
 /// hwqueue's roundtrip: a signal submitted, then waited for.
@@ -279,8 +300,8 @@ fn vulkan_roundtrip(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_roundtrip");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue", |b| b.iter(warmed(roundtrip_hwqueue(&device))));
-    group.bench_function("raw_ash", |b| b.iter(warmed(roundtrip_raw(&device))));
+    case(&mut group, "hwqueue", roundtrip_hwqueue(&device));
+    case(&mut group, "raw_ash", roundtrip_raw(&device));
     group.finish();
 }
 
@@ -486,8 +507,8 @@ fn vulkan_dispatch(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_dispatch");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue", |b| b.iter(warmed(dispatch_hwqueue(&device))));
-    group.bench_function("raw_ash", |b| b.iter(warmed(dispatch_raw(&device))));
+    case(&mut group, "hwqueue", dispatch_hwqueue(&device));
+    case(&mut group, "raw_ash", dispatch_raw(&device));
     group.finish();
 }
 
@@ -560,29 +581,25 @@ fn vulkan_transfer(c: &mut Criterion) {
     group.throughput(criterion::Throughput::Bytes(2 * TRANSFER as u64));
     let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
 
-    group.bench_function("hwqueue", |b| {
-        b.iter(warmed(transfer_hwqueue(&device, &data)))
-    });
+    case(&mut group, "hwqueue", transfer_hwqueue(&device, &data));
 
     // For information (no target): the borrowing calls, which copy the
     // input into the batch when recorded and land the output in a new,
     // zeroed vector: two more passes over 16 MiB than the baseline.
-    group.bench_function("hwqueue_borrowed", |b| {
-        let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
-        let mut queue = device.compute_queue().expect("queue");
-        b.iter(|| {
-            let back = Download::<u32>::new(TRANSFER / 4);
-            queue
-                .upload(&buffer, &data)
-                .download(&buffer, &back)
-                .submit()
-                .expect("submit");
-            let out = back.take(Timeout::Forever).expect("downloaded");
-            assert_eq!(out.len(), data.len());
-        });
+    let buffer = device.alloc_uninit(TRANSFER).expect("alloc");
+    let mut queue = device.compute_queue().expect("queue");
+    case(&mut group, "hwqueue_borrowed", || {
+        let back = Download::<u32>::new(TRANSFER / 4);
+        queue
+            .upload(&buffer, &data)
+            .download(&buffer, &back)
+            .submit()
+            .expect("submit");
+        let out = back.take(Timeout::Forever).expect("downloaded");
+        assert_eq!(out.len(), data.len());
     });
 
-    group.bench_function("raw_ash", |b| b.iter(warmed(transfer_raw(&device, &data))));
+    case(&mut group, "raw_ash", transfer_raw(&device, &data));
     group.finish();
 }
 
@@ -593,10 +610,8 @@ fn vulkan_transfer_small(c: &mut Criterion) {
     let mut group = c.benchmark_group("vulkan_transfer_small");
     support::configure(&mut group, Profile::Latency);
     let data: Arc<[u32]> = (0..(SMALL_TRANSFER / 4) as u32).collect();
-    group.bench_function("hwqueue", |b| {
-        b.iter(warmed(transfer_hwqueue(&device, &data)))
-    });
-    group.bench_function("raw_ash", |b| b.iter(warmed(transfer_raw(&device, &data))));
+    case(&mut group, "hwqueue", transfer_hwqueue(&device, &data));
+    case(&mut group, "raw_ash", transfer_raw(&device, &data));
     group.finish();
 }
 
@@ -607,47 +622,49 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("vulkan_dispatch_paired");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (
-            warmed(dispatch_hwqueue(&device)),
-            warmed(dispatch_raw(&device)),
-        );
-        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
-    });
+    pair(
+        &mut group,
+        "hwqueue_over_raw_ash",
+        dispatch_hwqueue(&device),
+        dispatch_raw(&device),
+    );
     // The method's control (no target): the baseline against itself, two
     // command buffers on the one device, reads 1.00 x within its spread.
-    group.bench_function("raw_ash_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (warmed(dispatch_raw(&device)), warmed(dispatch_raw(&device)));
-        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
-    });
+    pair(
+        &mut group,
+        "raw_ash_over_raw_ash",
+        dispatch_raw(&device),
+        dispatch_raw(&device),
+    );
     group.finish();
 
     let mut group = c.benchmark_group("vulkan_roundtrip_paired");
     support::configure(&mut group, Profile::Latency);
-    group.bench_function("hwqueue_over_raw_ash", |b| {
-        let (mut ours, mut raw) = (
-            warmed(roundtrip_hwqueue(&device)),
-            warmed(roundtrip_raw(&device)),
-        );
-        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
-    });
+    pair(
+        &mut group,
+        "hwqueue_over_raw_ash",
+        roundtrip_hwqueue(&device),
+        roundtrip_raw(&device),
+    );
     group.finish();
 
     let mut group = c.benchmark_group("vulkan_transfer_paired");
     support::configure(&mut group, Profile::Bandwidth);
     let data: Arc<[u32]> = (0..(TRANSFER / 4) as u32).collect();
-    group.bench_function("hwqueue_over_raw_ash", |b| {
-        let mut ours = warmed(transfer_hwqueue(&device, &data));
-        let mut raw = warmed(transfer_raw(&device, &data));
-        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
-    });
+    pair(
+        &mut group,
+        "hwqueue_over_raw_ash",
+        transfer_hwqueue(&device, &data),
+        transfer_raw(&device, &data),
+    );
     // The control again: memory bandwidth moves with where each side's
     // pages lie, which differs from run to run.
-    group.bench_function("raw_ash_over_raw_ash", |b| {
-        let mut ours = warmed(transfer_raw(&device, &data));
-        let mut raw = warmed(transfer_raw(&device, &data));
-        b.iter_custom(|iters| support::paired(iters, &mut ours, &mut raw));
-    });
+    pair(
+        &mut group,
+        "raw_ash_over_raw_ash",
+        transfer_raw(&device, &data),
+        transfer_raw(&device, &data),
+    );
     group.finish();
 }
 
