@@ -240,9 +240,7 @@ impl BlockSource for VulkanBlocks {
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {
-        let memory = &self.context.physical.memory;
-        let kind = memory.memory_types[self.memory_type as usize];
-        let heap = memory.memory_heaps[kind.heap_index as usize];
+        let heap = super::staged::heap_of(&self.context.physical.memory, self.memory_type);
         // Vulkan 1.2 core has no query of what is free (that is
         // VK_EXT_memory_budget): the heap's size stands for both.
         Some(DeviceMemory {

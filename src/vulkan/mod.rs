@@ -229,9 +229,8 @@ impl Backend for Vulkan {
 /// (`MemoryTypes::choose`: on an APU not its device-local carve-out).
 fn buffer_heap_bytes(physical: &Physical) -> u64 {
     let memory = &physical.memory;
-    staged::MemoryTypes::choose(memory, physical.properties.device_type, false).map_or(0, |t| {
-        memory.memory_heaps[memory.memory_types[t.device as usize].heap_index as usize].size
-    })
+    staged::MemoryTypes::choose(memory, physical.properties.device_type, false)
+        .map_or(0, |types| staged::heap_of(memory, types.device).size)
 }
 
 /// An opened Vulkan device. Cheap to clone; clones share one device.

@@ -38,6 +38,11 @@ pub(super) const STAGING_CHUNK: usize = 16 << 20;
 /// to the driver as the transfers holding it complete.
 pub const STAGING_KEEP: usize = 64 << 20;
 
+/// The heap memory type `index` of `memory` lies in.
+pub(super) fn heap_of(memory: &vk::PhysicalDeviceMemoryProperties, index: u32) -> vk::MemoryHeap {
+    memory.memory_heaps[memory.memory_types[index as usize].heap_index as usize]
+}
+
 /// The memory types a device's buffers and staging ranges are made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MemoryTypes {
@@ -86,42 +91,32 @@ impl MemoryTypes {
             .or_else(|| find(host, None, true))
             .or_else(|| find(cached, None, false))
             .or_else(|| find(host, None, false))?;
-        let (device, mappable) = if shares_system {
-            // All of it is system memory: the largest heap the host can
-            // map, device-local preferred between equals.
-            let heap = types
-                .iter()
-                .filter(|t| t.property_flags.contains(host))
-                .map(|t| t.heap_index)
-                .max_by_key(|&h| {
-                    let heap = &memory.memory_heaps[h as usize];
-                    (
-                        heap.size,
-                        heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL),
-                    )
-                })
-                .expect("staging found a host-visible, coherent type");
-            let index = find(local | host, Some(heap), false)
-                .or_else(|| find(host, Some(heap), false))
-                .expect("the heap has a host-visible, coherent type");
-            (index, true)
-        } else {
-            // The largest heap that a device-local type lies in.
-            let heap = types
-                .iter()
-                .filter(|t| t.property_flags.contains(local))
-                .map(|t| t.heap_index)
-                .max_by_key(|&h| memory.memory_heaps[h as usize].size);
-            match heap {
-                Some(heap) => match find(local | host, Some(heap), false) {
-                    Some(index) => (index, true),
-                    None => (
-                        find(local, Some(heap), false).expect("the heap has a device-local type"),
-                        false,
-                    ),
-                },
-                None => (staging, true),
-            }
+        // The heap buffers take: the largest a device-local type lies in,
+        // or, where all memory is system memory, the largest the host can
+        // map (device-local preferred between equals).
+        let on = if shares_system { host } else { local };
+        let heap = types
+            .iter()
+            .filter(|t| t.property_flags.contains(on))
+            .map(|t| t.heap_index)
+            .max_by_key(|&h| {
+                let heap = &memory.memory_heaps[h as usize];
+                let local_heap = heap.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL);
+                (heap.size, local_heap)
+            });
+        // Its type: mapped where one is host-visible and coherent (and
+        // device-local, unless all memory is the system's).
+        let (device, mappable) = match heap {
+            Some(heap) => match find(local | host, Some(heap), false)
+                .or_else(|| find(on | host, Some(heap), false))
+            {
+                Some(index) => (index, true),
+                None => (
+                    find(local, Some(heap), false).expect("the heap has a device-local type"),
+                    false,
+                ),
+            },
+            None => (staging, true),
         };
         Some(Self {
             device,
