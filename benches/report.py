@@ -96,6 +96,13 @@ def fmt_time(ns):
     return f"{ns * 1e3:.3g} ps"
 
 
+def verdict(ratio, target):
+    """The table's "met" and "target" cells for `ratio` against `target`."""
+    if target is None:
+        return "", "–"
+    return ("yes" if ratio <= target else "**no**"), f"≤ {target}"
+
+
 def main():
     root = criterion_dir()
     if not os.path.isdir(root):
@@ -114,12 +121,8 @@ def main():
         # The ratio's range if both medians sat at opposite ends of their
         # 95% intervals: a rough noise band, not a statistical interval.
         low, high = ours[1] / theirs[2], ours[2] / theirs[1]
-        if target is None:
-            met, target_text = "", "–"
-        else:
-            ok = ratio <= target
-            missed += not ok
-            met, target_text = ("yes" if ok else "**no**"), f"≤ {target}"
+        met, target_text = verdict(ratio, target)
+        missed += met == "**no**"
         print(
             f"| {group} | {case} | {fmt_time(ours[0])} | {base} | {fmt_time(theirs[0])} "
             f"| {ratio:.3f} ({low:.2f}–{high:.2f}) | {target_text} | {met} |"
@@ -130,12 +133,8 @@ def main():
             if target is not None:
                 print(f"| {group} | {case} | paired | – | – | – | ≤ {target} | not run |")
             continue
-        if target is None:
-            met, target_text = "", "–"
-        else:
-            ok = ratio[0] <= target
-            missed += not ok
-            met, target_text = ("yes" if ok else "**no**"), f"≤ {target}"
+        met, target_text = verdict(ratio[0], target)
+        missed += met == "**no**"
         print(
             f"| {group} | {case} | paired | – | – "
             f"| {ratio[0]:.3f} ({ratio[1]:.2f}–{ratio[2]:.2f}) | {target_text} | {met} |"
