@@ -385,15 +385,9 @@ impl Shared {
         // it needs no completion event of its own: one event record per
         // signal, as raw CUDA does (the cuda_signal bench).
         if staging.is_empty()
-            && batch.commands()[..enqueued].iter().all(|command| {
-                matches!(
-                    command,
-                    Command::Signal { .. }
-                        | Command::Wait { .. }
-                        | Command::WaitSettled { .. }
-                        | Command::WaitForeign { .. }
-                )
-            })
+            && batch.commands()[..enqueued]
+                .iter()
+                .all(Command::only_synchronises)
         {
             self.recycle(batch, None);
             return;

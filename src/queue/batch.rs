@@ -119,6 +119,21 @@ pub enum Command<B: Backend> {
     },
 }
 
+impl<B: Backend> Command<B> {
+    /// Whether the command only synchronises (a signal or a wait): it
+    /// names no buffer, program or host data, so a batch of such commands
+    /// holds nothing an engine must keep until the device passed it.
+    pub fn only_synchronises(&self) -> bool {
+        matches!(
+            self,
+            Command::Signal { .. }
+                | Command::Wait { .. }
+                | Command::WaitSettled { .. }
+                | Command::WaitForeign { .. }
+        )
+    }
+}
+
 /// A signal of another backend, as a queue's worker waits on it.
 ///
 /// The one `dyn` of a queue: `wait_foreign` takes a signal of *any* type

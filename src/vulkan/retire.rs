@@ -49,13 +49,7 @@ impl Retire {
     /// has only signals and waits (so no command buffer, staging, download
     /// or queue-ordered range), and no profile events.
     pub(super) fn holds_nothing(&self) -> bool {
-        !self.profile
-            && self.batch.commands().iter().all(|command| {
-                matches!(
-                    command,
-                    Command::Signal { .. } | Command::Wait { .. } | Command::WaitSettled { .. }
-                )
-            })
+        !self.profile && self.batch.commands().iter().all(Command::only_synchronises)
     }
 }
 
