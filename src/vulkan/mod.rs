@@ -424,7 +424,10 @@ impl Device for VulkanDevice {
     // downloads and host access where buffers are not mapped) are a pool
     // of their own: not counted in `memory_stats` nor held to
     // `set_memory_limit`, and trimmed with `trim_memory`.
-    crate::pooled_device_memory!(self => self.pool(), trim self.pool().trim() + self.staging_pool().trim());
+    crate::pooled_device_memory!(
+        self => self.pool(),
+        trim self.pool().trim() + self.staging_pool().trim()
+    );
 
     /// [`Error::DeviceLost`] once a Vulkan call returned
     /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.
