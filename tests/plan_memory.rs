@@ -530,3 +530,62 @@ fn worst_placement_ratio_over_random_schedules() {
     // was written (BENCHMARKS.md). A worse placement fails here.
     assert!(worst <= 1.185, "worst arena / lower bound {worst:.3}");
 }
+
+/// Plans tensors of `sizes` bytes (per device, one list each), all live
+/// together (one kernel writes every tensor of its device), and returns
+/// what `plan` says.
+fn plan_huge(per_device: &[&[usize]]) -> hwqueue::Result<hwqueue::Plan<Cpu>> {
+    fn nothing(_: &WorkGroup, _: &KernelArgs<'_>) {}
+    let mut s = Schedule::<Cpu>::new();
+    for (d, sizes) in per_device.iter().enumerate() {
+        let device = s.add_device(device());
+        let tensors: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(t, &bytes)| s.add_tensor(device, format!("huge{d}_{t}"), bytes))
+            .collect();
+        let program = CpuProgram::from_fn("nothing", tensors.len(), 0, nothing);
+        s.exec(
+            "write",
+            device,
+            &program,
+            &tensors,
+            &[],
+            ExecParams::new_1d(1, 1),
+        );
+    }
+    s.plan()
+}
+
+/// Failed on 05d7d31: "attempt to add with overflow" in the planner's
+/// naive, lower-bound and arena sums (a panic, not an error).
+#[test]
+fn tensors_whose_sizes_sum_past_usize_max_are_an_error_naming_them() {
+    let cases: [&[&[usize]]; 4] = [
+        // Two tensors of 2^63 bytes, live together, on one device.
+        &[&[1 << 63, 1 << 63]],
+        // One tensor of 2^63 - 8 bytes on each of two devices.
+        &[&[(1 << 63) - 8], &[(1 << 63) - 8]],
+        // Three that sum past it though no two do.
+        &[&[usize::MAX / 3, usize::MAX / 3, usize::MAX / 3 + 64]],
+        // One tensor at the edge, and a small one beside it.
+        &[&[usize::MAX - 63, 64]],
+    ];
+    for case in cases {
+        match plan_huge(case) {
+            Err(Error::InvalidSchedule { reason }) => {
+                assert!(
+                    reason.contains("`huge") && reason.contains("overflow"),
+                    "{case:?}: {reason}"
+                );
+            }
+            Err(other) => panic!("{case:?}: not an invalid schedule: {other}"),
+            Ok(plan) => panic!("{case:?}: planned {}", plan.memory()),
+        }
+    }
+    // One tensor up to `usize::MAX` is an error too (the alignment's).
+    assert!(matches!(
+        plan_huge(&[&[usize::MAX]]),
+        Err(Error::InvalidSchedule { .. })
+    ));
+}

@@ -125,8 +125,9 @@ pub(super) fn place<B: Backend>(
 
     let mut tensors = Vec::new();
     let mut arenas = vec![None; schedule.devices.len()];
-    let mut lower_bound_bytes = 0;
-    let mut naive_bytes = 0;
+    let mut lower_bound_bytes = 0usize;
+    let mut naive_bytes = 0usize;
+    let mut arena_bytes = 0usize;
     for (device, arena) in arenas.iter_mut().enumerate() {
         let align = schedule.devices[device].limits().view_alignment.max(1);
         let mine: Vec<(BufferId, usize, (usize, usize))> = live
@@ -141,17 +142,28 @@ pub(super) fn place<B: Backend>(
         if mine.is_empty() {
             continue;
         }
-        naive_bytes += mine.iter().map(|t| t.1).sum::<usize>();
-        lower_bound_bytes += (0..schedule.ops.len())
-            .map(|step| {
-                mine.iter()
-                    .filter(|(_, _, (first, last))| (*first..=*last).contains(&step))
-                    .map(|t| t.1)
-                    .sum::<usize>()
-            })
-            .max()
-            .unwrap_or(0);
-        let (offsets, end) = greedy_by_size(&mine, align)?;
+        // Every sum is checked: tensors near `usize::MAX` bytes are an
+        // error naming them, never an overflow.
+        let device_naive = sum_bytes(schedule, mine.iter().map(|t| (t.0, t.1)), "naive")?;
+        naive_bytes = add_bytes(schedule, naive_bytes, device_naive, &mine, "naive")?;
+        let mut device_lower = 0;
+        for step in 0..schedule.ops.len() {
+            let live = mine
+                .iter()
+                .filter(|(_, _, (first, last))| (*first..=*last).contains(&step))
+                .map(|t| (t.0, t.1));
+            device_lower = device_lower.max(sum_bytes(schedule, live, "lower-bound")?);
+        }
+        lower_bound_bytes = add_bytes(
+            schedule,
+            lower_bound_bytes,
+            device_lower,
+            &mine,
+            "lower-bound",
+        )?;
+        let (offsets, end) = greedy_by_size(&mine, align)
+            .map_err(|_| overflow(schedule, mine.iter().map(|t| (t.0, t.1)), "arena"))?;
+        arena_bytes = add_bytes(schedule, arena_bytes, end, &mine, "arena")?;
         *arena = Some(end);
         for ((id, bytes, (first, last)), offset) in mine.into_iter().zip(offsets) {
             tensors.push(TensorPlacement {
@@ -167,7 +179,7 @@ pub(super) fn place<B: Backend>(
     tensors.sort_by_key(|t| t.tensor.0);
     Ok(Placement {
         memory: PlanMemory {
-            arena_bytes: arenas.iter().flatten().sum(),
+            arena_bytes,
             lower_bound_bytes,
             naive_bytes,
             tensors,
@@ -235,6 +247,69 @@ fn greedy_by_size(
         placed.push(i);
     }
     Ok((offsets, arena))
+}
+
+/// The sum of `tensors`' bytes, or the error naming them.
+fn sum_bytes<B: Backend>(
+    schedule: &Schedule<B>,
+    tensors: impl Iterator<Item = (BufferId, usize)> + Clone,
+    sum: &str,
+) -> Result<usize> {
+    tensors
+        .clone()
+        .try_fold(0usize, |total, (_, bytes)| total.checked_add(bytes))
+        .ok_or_else(|| overflow(schedule, tensors, sum))
+}
+
+/// `total + more`, the bytes of the devices so far and of one more whose
+/// tensors are `mine`, or the error naming those.
+fn add_bytes<B: Backend>(
+    schedule: &Schedule<B>,
+    total: usize,
+    more: usize,
+    mine: &[(BufferId, usize, (usize, usize))],
+    sum: &str,
+) -> Result<usize> {
+    total.checked_add(more).ok_or_else(|| {
+        let others = (0..schedule.buffers.len())
+            .map(BufferId)
+            .filter(|id| !mine.iter().any(|t| t.0 == *id))
+            .filter(|id| {
+                let slot = &schedule.buffers[id.0];
+                slot.origin == Origin::Tensor && slot.root == *id
+            })
+            .map(|id| (id, schedule.buffers[id.0].len));
+        overflow(schedule, mine.iter().map(|t| (t.0, t.1)).chain(others), sum)
+    })
+}
+
+/// The error for a sum of tensors' bytes past `usize::MAX`, naming them
+/// (the largest first, at most eight).
+#[cold]
+fn overflow<B: Backend>(
+    schedule: &Schedule<B>,
+    tensors: impl Iterator<Item = (BufferId, usize)>,
+    sum: &str,
+) -> Error {
+    let mut tensors: Vec<(BufferId, usize)> = tensors.collect();
+    tensors.sort_by_key(|&(id, bytes)| (std::cmp::Reverse(bytes), id.0));
+    let count = tensors.len();
+    let mut named: Vec<String> = tensors
+        .iter()
+        .take(8)
+        .map(|(id, bytes)| format!("`{}` ({bytes} bytes)", schedule.buffers[id.0].name))
+        .collect();
+    if count > 8 {
+        named.push(format!("and {} more", count - 8));
+    }
+    Error::InvalidSchedule {
+        reason: format!(
+            "the {sum} bytes of tensors {} overflow the address space ({} bytes at most); \
+             declare smaller tensors, or split the schedule",
+            named.join(", "),
+            usize::MAX
+        ),
+    }
 }
 
 fn too_large(bytes: usize) -> Error {
