@@ -11,6 +11,7 @@
 //! | command on a queue of backend Q | argument of backend Q | argument of another backend R |
 //! |---|---|---|
 //! | `wait(signal, v)` | native wait | `Q::wait_foreign`: see below |
+//! | `wait_settled(signal, v)` | native settled wait | `Q::wait_foreign_settled`: a foreign wait that a failure settles |
 //! | `signal(signal, v)` | native signal | rejected at `submit` ([`Error::BackendMismatch`]) |
 //! | `exec(program, buffers, ..)` | native exec | rejected at `submit`, naming both backends |
 //! | `copy(dst, src)` | native copy | rejected at `submit`, naming both backends |

@@ -40,8 +40,7 @@ macro_rules! __backend_set_queue {
                         if let $Signal::$V(s) = signal {
                             $crate::HardwareQueue::wait_settled(q, s, value);
                         } else {
-                            $crate::any::reject_signal(q, signal.backend_id(), "wait_settled", value,
-                                "a settled wait takes the queue's own backend's signal (order across backends with `wait`)");
+                            $crate::HardwareQueue::wait_foreign_settled(q, signal, value);
                         }
                     } )+
                 }
@@ -278,6 +277,12 @@ macro_rules! __backend_set_queue {
             #[inline]
             fn wait_foreign<S: $crate::TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
                 match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::wait_foreign(q, signal, value); } )+ }
+                self
+            }
+
+            #[inline]
+            fn wait_foreign_settled<S: $crate::TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::wait_foreign_settled(q, signal, value); } )+ }
                 self
             }
 

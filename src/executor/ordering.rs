@@ -23,6 +23,19 @@
 //!   through another queue's wait then holds whether that run failed or
 //!   not: its surviving operations are waited for before a later run
 //!   touches their bytes.
+//! - **Across backends.** A plan over two backends (a CPU and a GPU, or
+//!   the host stage between them) waits on another backend's signal
+//!   wherever the planner put a wait between their queues. Within a run
+//!   that is [`wait`](crate::HardwareQueue::wait), which a backend set's
+//!   queue turns into `wait_foreign`. On the run before it must stay
+//!   settled, so it is [`wait_foreign_settled`](crate::HardwareQueue::wait_foreign_settled):
+//!   a foreign wait whose awaited value's failure settles it, run by each
+//!   engine as any foreign wait (the CPU's worker blocks on the signal, a
+//!   GPU queue hands the rest of its batch to a host thread). A failed
+//!   value still settles only after what its batch waited for before it
+//!   (the drain above), so the order holds across backends too, whether
+//!   that run failed or not. The host stage waits on any backend's
+//!   signals from its own thread, settled the same way.
 //! - **Runs ordered by the bytes they touch.** A binding that takes bytes an
 //!   earlier binding of any slot used in a run still in flight (another
 //!   slot's, or the same slot's at other offsets), and a run a queue

@@ -142,14 +142,16 @@ impl<B: Backend> Command<B> {
 /// never on a same-backend path: the `Any*` enums send a signal of the
 /// queue's own backend to the native [`Command::Wait`].
 pub trait ForeignWait: Send + Sync {
-    /// Whether the signal reached `value`. Never blocks.
+    /// Whether the wait is over: the signal reached `value` (or, for a
+    /// settled wait, [`wait_foreign_settled`](crate::HardwareQueue::wait_foreign_settled),
+    /// the work that would set it failed). Never blocks.
     fn is_reached(&self, value: u64) -> bool;
 
-    /// Blocks until the signal reaches `value`, or fails.
+    /// Blocks until the wait is over.
     ///
     /// # Errors
     /// The signal's own: [`Error::SignalFailed`] when the work that would
-    /// set `value` failed.
+    /// set `value` failed (never for a settled wait).
     fn wait_forever(&self, value: u64) -> Result<()>;
 }
 
@@ -160,6 +162,27 @@ impl<S: TimelineSignal> ForeignWait for S {
 
     fn wait_forever(&self, value: u64) -> Result<()> {
         self.wait(value, Timeout::Forever)
+    }
+}
+
+/// A signal of another backend whose wait a failure *settles*, as
+/// [`Command::WaitSettled`] does for the queue's own backend: what
+/// [`wait_foreign_settled`](crate::HardwareQueue::wait_foreign_settled)
+/// boxes into a [`Command::WaitForeign`], so every engine runs it as it
+/// runs any foreign wait.
+pub(crate) struct SettledForeign<S>(pub(crate) S);
+
+impl<S: TimelineSignal> ForeignWait for SettledForeign<S> {
+    fn is_reached(&self, value: u64) -> bool {
+        // A zero timeout never blocks: reached, failed, or not yet.
+        !matches!(
+            self.0.wait(value, std::time::Duration::ZERO),
+            Err(Error::Timeout { .. })
+        )
+    }
+
+    fn wait_forever(&self, value: u64) -> Result<()> {
+        super::settled(self.0.wait(value, Timeout::Forever))
     }
 }
 

@@ -302,6 +302,21 @@ pub trait HardwareQueue: Send + Sized {
     /// Same-backend signals take [`wait`](Self::wait), which is native.
     fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self;
 
+    /// Records: block later commands until a signal of *another* backend
+    /// reaches `value`, or the work that would set it failed: a failure
+    /// settles the wait, as [`wait_settled`](Self::wait_settled) does for
+    /// the queue's own backend's signals (a plan orders a run after the
+    /// run before it on another backend with it). Runs as
+    /// [`wait_foreign`](Self::wait_foreign) does, at its cost. The
+    /// default, for a queue type without it, rejects the batch.
+    fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+        let _ = (signal, value);
+        self.reject(Error::UnsupportedCommand {
+            kind: self.kind(),
+            command: "wait_foreign_settled",
+        })
+    }
+
     /// Records a failure: the batch is rejected at `submit` with `error`.
     /// For callers (like the Any* enums) that find a problem while recording.
     fn reject(&mut self, error: Error) -> &mut Self;

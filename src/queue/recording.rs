@@ -460,6 +460,17 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self
     }
 
+    fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitForeign {
+            signal: Box::new(super::batch::SettledForeign(signal.clone())),
+            value,
+        });
+        self
+    }
+
     #[inline]
     fn reject(&mut self, error: Error) -> &mut Self {
         if self.rejected.is_none() {

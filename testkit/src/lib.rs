@@ -53,6 +53,8 @@ mod signal;
 mod sizes;
 #[cfg(not(loom))]
 mod spec;
+#[cfg(not(loom))]
+pub mod two_backends;
 
 #[cfg(not(loom))]
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
@@ -74,6 +76,8 @@ pub use signal::{SignalOp, check_signal_ops, cpu_signal};
 pub use sizes::log_uniform_sizes;
 #[cfg(not(loom))]
 pub use spec::{ALL_COMPILED, device_spec};
+#[cfg(not(loom))]
+pub use two_backends::check_plan_over_two_backends;
 
 /// How long a wait that the model says must finish may block before the
 /// harness calls it a mismatch (a hang would otherwise stall the fuzzer).
