@@ -8,9 +8,11 @@ use std::sync::Arc;
 
 use common::mock::*;
 use common::{LONG, fill_program};
+use hwqueue::cpu::CpuSignal;
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::{
     Backend, Buffer, Device, Error, ExecParams, Hazard, OpId, Plan, QueueKind, Schedule,
+    TimelineSignal,
 };
 use proptest::prelude::*;
 
@@ -1147,4 +1149,178 @@ fn uploads_and_downloads_run_on_the_mock_backend_beside_the_cpu() {
             [run + 10, run + 11, run + 12, run + 13]
         );
     }
+}
+
+// ---- Issue 44: a submit reporting earlier failures, and the host stage's uses.
+
+/// A one-op plan on a gated mock device whose kernel always fails.
+fn failing_plan_on_a_gated_mock(device: MockDevice) -> Plan<Mixed> {
+    let mock = Arc::new(MixedDevice::from(device));
+    let mut schedule = Schedule::<Mixed>::new();
+    let d = schedule.add_device(mock.clone());
+    let x = schedule.add_buffer(d, "x", mock.alloc(16).unwrap());
+    let boom = MixedProgram::from(MockProgram::new("fail", 1, |_| {}));
+    schedule.exec("boom", d, &boom, &[x], &[], ExecParams::new_1d(1, 1));
+    schedule.plan().unwrap()
+}
+
+/// Failed on 05d7d31: `Plan::run` retried a submit that reported an
+/// earlier failure once, and took a second report (another run's failure,
+/// recorded between the two calls) for a refusal of its own run. Here the
+/// second failure lands exactly between them: the mock's ledger hook
+/// releases run 1's batch, and waits until it failed, on the first call
+/// after run 0's failure was reported.
+#[test]
+fn a_run_whose_submit_reports_two_earlier_failures_still_records() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let gate = CpuSignal::new(0);
+    let armed = Arc::new(AtomicBool::new(false));
+    let (hook_gate, hook_armed) = (gate.clone(), armed.clone());
+    let mut device = MockDevice::gated(gate.clone());
+    device.on_ledger = Some(LedgerHook(Arc::new(move |ledger| {
+        // Run 0's failure was reported (by the first submit of run 2):
+        // fail run 1 now, before the retry reports.
+        if !ledger.has_unreported() && hook_armed.swap(false, Ordering::SeqCst) {
+            hook_gate.set(2);
+            let deadline = std::time::Instant::now() + LONG;
+            while !ledger.has_unreported() {
+                assert!(std::time::Instant::now() < deadline, "run 1 never failed");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    })));
+    let mut plan = failing_plan_on_a_gated_mock(device);
+    let run0 = plan.run().unwrap();
+    let run1 = plan.run().unwrap();
+    gate.set(1);
+    assert!(run0.wait(LONG).is_err());
+    armed.store(true, Ordering::SeqCst);
+    let run2 = plan
+        .run()
+        .expect("a submit reporting earlier runs' failures is retried until it records");
+    assert!(
+        !armed.load(Ordering::SeqCst),
+        "the hook ran between the submits"
+    );
+    gate.set(3);
+    for (number, run) in [(1, run1), (2, run2)] {
+        match run.wait(LONG) {
+            Err(Error::OperationFailed { operation, .. }) if operation == "boom" => {}
+            other => panic!("run {number}: {other:?}"),
+        }
+    }
+    // The queue goes on: run 3 records and fails on its own account.
+    gate.set(4);
+    match plan.run().unwrap().wait(LONG) {
+        Err(Error::OperationFailed { operation, .. }) if operation == "boom" => {}
+        other => panic!("run 3: {other:?}"),
+    }
+}
+
+/// `buf[0] = scalar`, or a panic naming the run when the scalar is odd.
+fn stamp_or_fail(_: &WorkGroup, args: &KernelArgs<'_>) {
+    let run: u32 = args.scalar(0);
+    if run % 2 == 1 {
+        panic!("injected failure of run {run}");
+    }
+    // SAFETY: one work-group.
+    let out = unsafe { args.buffer(0).slice_mut::<u32>(0..1) };
+    out[0] = run;
+}
+
+/// Failing runs back to back, up to 64 in flight, for two seconds: each
+/// run is recorded (none refused), a failing run reports its own kernel's
+/// failure, and every other run completes with its own output. On
+/// 05d7d31 the window between the two submits was hit within seconds.
+#[test]
+fn failing_runs_back_to_back_are_never_refused_and_report_only_their_own() {
+    quiet_injected_failures();
+    no_hang_long("failing runs back to back", || {
+        let device = Arc::new(CpuDevice::new());
+        let mut schedule = Schedule::<Cpu>::new();
+        let d = schedule.add_device(device.clone());
+        let t = schedule.add_tensor(d, "t", 16);
+        let step = schedule.add_scalar("run", 0u32);
+        let program = CpuProgram::from_fn("stamp_or_fail", 1, 1, stamp_or_fail);
+        schedule
+            .exec(
+                "stamp",
+                d,
+                &program,
+                &[t],
+                &[0u32.into()],
+                ExecParams::new_1d(1, 1),
+            )
+            .scalar(0, step);
+        let down = schedule.download("out", t).id();
+        let mut plan = schedule.plan().unwrap();
+        let check = |run: u32, handle: hwqueue::Run<Cpu>, out: hwqueue::Download<u32>| {
+            let outcome = handle.wait(LONG);
+            if run % 2 == 1 {
+                let own = format!("injected failure of run {run}");
+                match &outcome {
+                    Err(error)
+                        if matches!(error.root_cause(),
+                        Error::KernelFailed { message, .. } if *message == own) => {}
+                    other => panic!("run {run}: {other:?}"),
+                }
+                assert!(out.take(LONG).is_err(), "run {run}: its download must fail");
+            } else {
+                outcome.unwrap_or_else(|e| panic!("run {run}: {e}"));
+                assert_eq!(out.take(LONG).unwrap()[0], run, "run {run}");
+            }
+        };
+        let mut in_flight = std::collections::VecDeque::new();
+        let start = std::time::Instant::now();
+        let mut run = 0u32;
+        while start.elapsed() < std::time::Duration::from_secs(2) {
+            plan.set_scalar(step, run).unwrap();
+            let out = hwqueue::Download::<u32>::new(4);
+            plan.download(down, &out).unwrap();
+            let handle = plan
+                .run()
+                .unwrap_or_else(|e| panic!("run {run} refused: {e}"));
+            in_flight.push_back((run, handle, out));
+            if in_flight.len() == 64 {
+                let (run, handle, out) = in_flight.pop_front().unwrap();
+                check(run, handle, out);
+            }
+            run += 1;
+        }
+        for (run, handle, out) in in_flight {
+            check(run, handle, out);
+        }
+        assert!(run > 100, "only {run} runs in two seconds");
+    });
+}
+
+/// As `common::no_hang`, with a minute to go.
+fn no_hang_long(what: &str, f: impl FnOnce() + Send + 'static) {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = sender.send(());
+    });
+    match receiver.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no progress in 60 s"),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed"),
+    }
+}
+
+/// Keeps the kernels failed on purpose from printing a panic message each.
+fn quiet_injected_failures() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<String>()
+                .map_or("", String::as_str);
+            if !message.starts_with("injected failure") {
+                default(info);
+            }
+        }));
+    });
 }

@@ -44,7 +44,12 @@
 //! - **Refusal and failure fail only the run's own values,** in each
 //!   queue's order (the queue core's abandoned batches; the host stage's
 //!   in-order failure), never a run in flight before it
-//!   (`Plan::fail_in_order`).
+//!   (`Plan::fail_in_order`). A `submit` that reports an earlier run's
+//!   failure (`QueueFailed`, once per failure) keeps the batch, and is
+//!   called again until the batch records or the queue refuses it: one
+//!   run's failure is never taken for another's refusal. A refused run's
+//!   batch on the refusing queue is discarded, never sent with the next
+//!   run's.
 
 use std::collections::VecDeque;
 

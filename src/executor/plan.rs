@@ -250,10 +250,15 @@ impl<B: Backend> Plan<B> {
                     culprit = Some(op);
                 }
             }
-            let submitted = match queue.submit() {
-                // An earlier run failed on this queue; the batch was kept.
-                Err(Error::QueueFailed { .. }) => queue.submit(),
-                other => other,
+            // An earlier run's failure is reported once per call, and the
+            // batch is kept: submit again until it records (each report is
+            // a failure of a batch submitted before, so this ends), or the
+            // queue really refuses this batch.
+            let submitted = loop {
+                match queue.submit() {
+                    Err(Error::QueueFailed { .. }) => {}
+                    other => break other,
+                }
             };
             if let Err(error) = submitted {
                 refused = Some((index, error, culprit));
@@ -263,7 +268,9 @@ impl<B: Backend> Plan<B> {
         if let Some((index, error, culprit)) = refused {
             self.scratch = scratch;
             let error = self.refused(run, index, culprit, error);
-            return Err(self.fail_in_order(timelines, index + 1, error));
+            // From the refusing queue on: where its batch was not abandoned
+            // by the core, it is discarded, never sent with the next run's.
+            return Err(self.fail_in_order(timelines, index, error));
         }
         self.scratch = scratch;
         if !host_jobs.is_empty()
@@ -337,8 +344,10 @@ impl<B: Backend> Plan<B> {
     /// host stage fails after its earlier jobs): a run still in flight is
     /// never failed by this one, and a queue already submitted that waits
     /// on these values wakes with the error instead of hanging. The
-    /// refusing queue's own batch was abandoned by the core, its values
-    /// with it. The waits of the operations not submitted are gone, so the
+    /// refusing queue is among them: the core abandoned a rejected batch
+    /// already (its values fail twice, in order, harmlessly), and any
+    /// batch it kept is discarded here rather than sent with the next
+    /// run's. The waits of the operations not submitted are gone, so the
     /// next run waits for this one whole (`refused`). Returns `error`.
     fn fail_in_order(&mut self, timelines: &Timelines<B>, first: usize, error: Error) -> Error {
         self.refused = Some(timelines.run);

@@ -176,6 +176,12 @@ impl Ledger {
         self.inner.independent.load(Ordering::Relaxed)
     }
 
+    /// Whether a failure waits to be reported to the owner (by its next
+    /// `submit` or `synchronize`). One atomic load; never blocks.
+    pub fn has_unreported(&self) -> bool {
+        self.inner.unreported.load(Ordering::Acquire)
+    }
+
     /// Whether an engine should run `batch`, which it reached in queue
     /// order. One atomic load when nothing failed.
     pub fn admit<B: Backend>(&self, batch: &Batch<B>) -> Admission {

@@ -48,6 +48,16 @@ pub static OPENS: [AtomicUsize; MOCK_DEVICES as usize] =
 pub static SLOW_OPENING: AtomicBool = AtomicBool::new(false);
 pub static FLAKY_FAILED: AtomicBool = AtomicBool::new(false);
 
+/// A mock device's [`on_ledger`](MockDevice::on_ledger) hook.
+#[derive(Clone)]
+pub struct LedgerHook(pub Arc<dyn Fn(&Ledger) + Send + Sync>);
+
+impl fmt::Debug for LedgerHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LedgerHook")
+    }
+}
+
 pub fn slow_gate() -> &'static CpuSignal {
     static GATE: OnceLock<CpuSignal> = OnceLock::new();
     GATE.get_or_init(CpuSignal::default)
@@ -120,6 +130,7 @@ impl Backend for Mock {
         Ok(MockDevice {
             ordinal,
             gate: None,
+            on_ledger: None,
         })
     }
 }
@@ -218,6 +229,11 @@ macro_rules! mock_types {
             /// run or failed) before this signal reaches `n`: tests order
             /// the engine against the owner with it.
             pub gate: Option<CpuSignal>,
+            /// When set, called with the queue's ledger each time the
+            /// queue core asks for it (as `submit` does before it reports
+            /// an earlier failure): tests put engine events between two
+            /// calls of the owner with it.
+            pub on_ledger: Option<LedgerHook>,
         }
 
         impl $Device {
@@ -226,6 +242,7 @@ macro_rules! mock_types {
                 Self {
                     ordinal: 0,
                     gate: Some(gate),
+                    on_ledger: None,
                 }
             }
         }
@@ -237,6 +254,7 @@ macro_rules! mock_types {
             fn compute_queue(&self) -> Result<$Queue> {
                 Ok(Queue::new($Engine {
                     gate: self.gate.clone(),
+                    on_ledger: self.on_ledger.clone(),
                     ..$Engine::default()
                 }))
             }
@@ -386,6 +404,7 @@ macro_rules! mock_types {
             ledger: Ledger,
             last: Option<JoinHandle<()>>,
             gate: Option<CpuSignal>,
+            on_ledger: Option<LedgerHook>,
             submitted: u64,
         }
 
@@ -401,6 +420,9 @@ macro_rules! mock_types {
             }
 
             fn ledger(&self) -> &Ledger {
+                if let Some(hook) = &self.on_ledger {
+                    (hook.0)(&self.ledger);
+                }
                 &self.ledger
             }
 
@@ -432,6 +454,15 @@ macro_rules! mock_types {
                                 Command::Signal { signal, value } => {
                                     signal.set(*value);
                                     Ok(())
+                                }
+                                Command::Exec {
+                                    program, buffers, ..
+                                } if program.signature.name.starts_with("fail") => {
+                                    let _ = buffers;
+                                    Err(Error::KernelFailed {
+                                        program: program.signature.name.clone(),
+                                        message: "a mock kernel named `fail…` fails".into(),
+                                    })
                                 }
                                 Command::Exec {
                                     program, buffers, ..
