@@ -79,6 +79,31 @@ pub trait Buffer: Clone + Send + Sync + 'static {
     /// when it does not fit (nothing is read then).
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()>;
 
+    /// Copies `bytes` into the buffer at byte `offset` as *queue work*
+    /// that holds a use of it ([`QueueOrdered`](crate::memory::QueueOrdered)):
+    /// the executor's host stage, which copies between devices on the
+    /// host for a run recorded before a `dealloca` of the buffer. Unlike
+    /// [`write_at`](Self::write_at), it is not refused once that
+    /// `dealloca` ran, since the use it holds keeps the range. A backend
+    /// over [`Allocation`](crate::memory::Allocation) writes with
+    /// [`Access::Queue`](crate::memory::Access::Queue); the default, for a
+    /// backend without queue-ordered allocation, is `write_at`.
+    ///
+    /// # Errors
+    /// As [`write_at`](Self::write_at).
+    fn queue_write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.write_at(offset, bytes)
+    }
+
+    /// Copies from byte `offset` of the buffer into `bytes`, as queue work
+    /// holding a use of it: as [`queue_write_at`](Self::queue_write_at).
+    ///
+    /// # Errors
+    /// As [`read_at`](Self::read_at).
+    fn queue_read_at(&self, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        self.read_at(offset, bytes)
+    }
+
     /// Copies `data` to the start of the buffer.
     ///
     /// # Errors

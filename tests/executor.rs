@@ -7,12 +7,12 @@ mod common;
 use std::sync::Arc;
 
 use common::mock::*;
-use common::{LONG, fill_program};
+use common::{LONG, fill_program, no_hang};
 use hwqueue::cpu::CpuSignal;
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::{
-    Backend, Buffer, Device, Error, ExecParams, Hazard, OpId, Plan, QueueKind, Schedule,
-    TimelineSignal,
+    Backend, Buffer, Device, Error, ExecParams, HardwareQueue, Hazard, OpId, Plan, QueueFactory,
+    QueueKind, Schedule, TimelineSignal,
 };
 use proptest::prelude::*;
 
@@ -1322,5 +1322,92 @@ fn quiet_injected_failures() {
                 default(info);
             }
         }));
+    });
+}
+
+/// A plan copying between the CPU and a gated mock device (so through the
+/// host stage), its CPU side a slot bound to a buffer from `alloca` on a
+/// queue of its own; that queue's `dealloca` is recorded, and runs, after
+/// `run()` and before the host stage's copy. Failed on 05d7d31: the
+/// host stage held no use, so the range went back to the pool (phase
+/// `Returned`) under the copy still to run, which the host then refuses
+/// (`UseAfterDealloca`, as the issue saw).
+fn host_stage_after_a_dealloca(cpu_is_source: bool) {
+    let cpu = CpuDevice::new();
+    let gate = CpuSignal::new(0);
+    let mock = Arc::new(MixedDevice::from(MockDevice::gated(gate.clone())));
+    let on_cpu = Arc::new(MixedDevice::from(cpu.clone()));
+    let mut alloca_queue = cpu.compute_queue().unwrap();
+    let ordered = alloca_queue.alloca(16).unwrap();
+    let done = cpu.new_signal(0).unwrap();
+    alloca_queue
+        .upload(&ordered, &[1u32, 2, 3, 4])
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    done.wait(1, LONG).unwrap();
+
+    let mut schedule = Schedule::<Mixed>::new();
+    let (dm, dc) = (
+        schedule.add_device(mock.clone()),
+        schedule.add_device(on_cpu.clone()),
+    );
+    let on_mock = mock.alloc(16).unwrap();
+    on_mock.write_from(&[5u32, 6, 7, 8]).unwrap();
+    let m = schedule.add_buffer(dm, "on mock", on_mock.clone());
+    let slot = schedule.add_slot(dc, "ordered", 16);
+    // The mock's fill comes first; the host stage's copy waits for it, so
+    // for the gate.
+    let nothing = MixedProgram::from(MockProgram::new("touch", 1, |_| {}));
+    schedule.exec("touch", dm, &nothing, &[m], &[], ExecParams::new_1d(1, 1));
+    if cpu_is_source {
+        schedule.copy("cpu to mock", m, slot);
+    } else {
+        schedule.copy("mock to cpu", slot, m);
+    }
+    let mut plan = schedule.plan().unwrap();
+    assert!(plan.queue_labels().contains(&"host"), "{plan}");
+    plan.bind(slot, &MixedBuffer::from(ordered.clone()))
+        .unwrap();
+    let run = plan.run().unwrap();
+    // The dealloca runs while the host stage's copy waits at the gate.
+    alloca_queue
+        .dealloca(&ordered)
+        .signal(&done, 2)
+        .submit()
+        .unwrap();
+    done.wait(2, LONG).unwrap();
+    let phase = hwqueue::Buffer::queue_ordered(&ordered).unwrap().phase();
+    assert_eq!(
+        phase,
+        hwqueue::memory::Phase::Ran,
+        "the range stays while the recorded copy holds a use"
+    );
+    gate.set(1);
+    run.wait(LONG)
+        .expect("a run recorded before the dealloca works on the buffer's bytes");
+    if cpu_is_source {
+        assert_eq!(on_mock.to_vec::<u32>().unwrap(), [1, 2, 3, 4]);
+    }
+    drop(plan);
+    let returned = hwqueue::Buffer::queue_ordered(&ordered).unwrap().phase();
+    assert_eq!(
+        returned,
+        hwqueue::memory::Phase::Returned,
+        "the range went back"
+    );
+}
+
+#[test]
+fn the_host_stage_reads_a_source_deallocated_after_run_as_it_was() {
+    no_hang("the host stage and a dealloca on the source", || {
+        host_stage_after_a_dealloca(true)
+    });
+}
+
+#[test]
+fn the_host_stage_writes_a_destination_deallocated_after_run() {
+    no_hang("the host stage and a dealloca on the destination", || {
+        host_stage_after_a_dealloca(false)
     });
 }

@@ -108,6 +108,18 @@ impl Buffer for SimBuffer {
         })
     }
 
+    fn queue_write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.with_range(Access::Queue, offset, data.len(), |bytes| {
+            bytes.copy_from_slice(data)
+        })
+    }
+
+    fn queue_read_at(&self, offset: usize, data: &mut [u8]) -> Result<()> {
+        self.with_range(Access::Queue, offset, data.len(), |bytes| {
+            data.copy_from_slice(bytes)
+        })
+    }
+
     fn queue_ordered(&self) -> Option<&QueueOrdered> {
         self.allocation.queue_ordered()
     }

@@ -330,6 +330,14 @@ macro_rules! backend_set {
                 match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::read_at(b, offset, data), )+ }
             }
 
+            fn queue_write_at(&self, offset: usize, bytes: &[u8]) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::queue_write_at(b, offset, bytes), )+ }
+            }
+
+            fn queue_read_at(&self, offset: usize, bytes: &mut [u8]) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::queue_read_at(b, offset, bytes), )+ }
+            }
+
             #[inline]
             fn queue_ordered(&self) -> ::std::option::Option<&$crate::memory::QueueOrdered> {
                 match self { $( $(#[$meta])* Self::$V(b) => $crate::Buffer::queue_ordered(b), )+ }

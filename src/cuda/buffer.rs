@@ -66,9 +66,51 @@ impl CudaBuffer {
         self.allocation.address().unwrap_or(0)
     }
 
-    /// Runs a host copy with the memory held; refuses after a `dealloca`.
+    /// Copies `bytes` in at `offset`, for `by` (the host, or queue work
+    /// holding a use).
+    fn write_bytes(&self, by: Access, offset: usize, bytes: &[u8]) -> Result<()> {
+        check_host_access(offset, bytes.len(), self.size())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let dst = self.device_pointer() + offset as u64;
+        self.host_copy(by, false, "a host write", |stream| {
+            let fail = |e| driver_error("uploading to a buffer", e);
+            stream.context().bind_to_thread().map_err(fail)?;
+            // SAFETY: `dst..dst + bytes.len()` lies in this live buffer
+            // (checked above; held by the lock `host_copy` takes), and the
+            // stream is synchronised before `bytes` goes away.
+            unsafe { result::memcpy_htod_async(dst, bytes, stream.cu_stream()) }.map_err(fail)?;
+            // `bytes` is pageable memory the driver may still read: wait.
+            stream.synchronize().map_err(fail)
+        })
+    }
+
+    /// Copies out from `offset` into `bytes`, for `by`.
+    fn read_bytes(&self, by: Access, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        check_host_access(offset, bytes.len(), self.size())?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let src = self.device_pointer() + offset as u64;
+        self.host_copy(by, true, "a host read", |stream| {
+            let fail = |e| driver_error("downloading from a buffer", e);
+            stream.context().bind_to_thread().map_err(fail)?;
+            // SAFETY: `src..src + bytes.len()` lies in this live buffer
+            // (checked above; held by the lock `host_copy` takes), `bytes`
+            // is initialised memory the copy overwrites, and the stream is
+            // synchronised before this returns.
+            unsafe { result::memcpy_dtoh_async(bytes, src, stream.cu_stream()) }.map_err(fail)?;
+            // The driver writes into `bytes` asynchronously: wait.
+            stream.synchronize().map_err(fail)
+        })
+    }
+
+    /// Runs a host copy with the memory held for `by`; refuses the host
+    /// after a `dealloca` ran.
     fn host_copy(
         &self,
+        by: Access,
         read: bool,
         what: &str,
         copy: impl FnOnce(&CudaStream) -> Result<()>,
@@ -76,10 +118,10 @@ impl CudaBuffer {
         let what = || format!("{what} (a buffer of {} bytes)", self.size());
         let stream = self.device().host_stream();
         if read {
-            let _held = self.allocation.read(Access::Host, what)?;
+            let _held = self.allocation.read(by, what)?;
             copy(stream)
         } else {
-            let _held = self.allocation.write(Access::Host, what)?;
+            let _held = self.allocation.write(by, what)?;
             copy(stream)
         }
     }
@@ -97,42 +139,19 @@ impl Buffer for CudaBuffer {
     }
 
     fn write_at<T: Pod>(&self, offset: usize, data: &[T]) -> Result<()> {
-        let bytes = bytes_of(data);
-        check_host_access(offset, bytes.len(), self.size())?;
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        let dst = self.device_pointer() + offset as u64;
-        self.host_copy(false, "a host write", |stream| {
-            let fail = |e| driver_error("uploading to a buffer", e);
-            stream.context().bind_to_thread().map_err(fail)?;
-            // SAFETY: `dst..dst + bytes.len()` lies in this live buffer
-            // (checked above; held by the lock `host_copy` takes), and the
-            // stream is synchronised before `bytes` goes away.
-            unsafe { result::memcpy_htod_async(dst, bytes, stream.cu_stream()) }.map_err(fail)?;
-            // `bytes` is pageable memory the driver may still read: wait.
-            stream.synchronize().map_err(fail)
-        })
+        self.write_bytes(Access::Host, offset, bytes_of(data))
     }
 
     fn read_at<T: Pod>(&self, offset: usize, data: &mut [T]) -> Result<()> {
-        let bytes = bytes_of_mut(data);
-        check_host_access(offset, bytes.len(), self.size())?;
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        let src = self.device_pointer() + offset as u64;
-        self.host_copy(true, "a host read", |stream| {
-            let fail = |e| driver_error("downloading from a buffer", e);
-            stream.context().bind_to_thread().map_err(fail)?;
-            // SAFETY: `src..src + bytes.len()` lies in this live buffer
-            // (checked above; held by the lock `host_copy` takes), `bytes`
-            // is initialised memory the copy overwrites, and the stream is
-            // synchronised before this returns.
-            unsafe { result::memcpy_dtoh_async(bytes, src, stream.cu_stream()) }.map_err(fail)?;
-            // The driver writes into `bytes` asynchronously: wait.
-            stream.synchronize().map_err(fail)
-        })
+        self.read_bytes(Access::Host, offset, bytes_of_mut(data))
+    }
+
+    fn queue_write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.write_bytes(Access::Queue, offset, bytes)
+    }
+
+    fn queue_read_at(&self, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        self.read_bytes(Access::Queue, offset, bytes)
     }
 
     #[inline]

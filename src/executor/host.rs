@@ -1,6 +1,7 @@
 //! The host stage: copies between devices that cannot see each other's
 //! memory, staged through host memory on a thread of the plan's own.
 
+use crate::buffer::Buffer;
 use crate::sync::mpsc;
 
 use super::*;
@@ -21,6 +22,51 @@ pub(super) struct HostJob<B: Backend> {
     pub(super) src: View<B>,
     pub(super) signal: B::Signal,
     pub(super) value: u64,
+    /// The uses the job holds of `dst` and `src` where `alloca` made them,
+    /// from when the run was recorded until the job settled, as a device
+    /// queue's batch holds them.
+    pub(super) _uses: [Option<HeldUse<B>>; 2],
+}
+
+impl<B: Backend> HostJob<B> {
+    /// The uses a copy from `src` into `dst` holds, taken now.
+    ///
+    /// # Errors
+    /// [`Error::UseAfterDealloca`] once a `dealloca` of either is recorded.
+    pub(super) fn take_uses(dst: &View<B>, src: &View<B>) -> Result<[Option<HeldUse<B>>; 2]> {
+        Ok([
+            HeldUse::take(dst, "the host stage's copy destination")?,
+            HeldUse::take(src, "the host stage's copy source")?,
+        ])
+    }
+}
+
+/// A use of a buffer made by `alloca` ([`QueueOrdered`](crate::memory::QueueOrdered)),
+/// let go when dropped: its range goes back to the pool then if its
+/// `dealloca` ran and this was the last use.
+pub(super) struct HeldUse<B: Backend>(B::Buffer);
+
+impl<B: Backend> HeldUse<B> {
+    fn take(view: &View<B>, what: &'static str) -> Result<Option<Self>> {
+        let buffer = view.buffer();
+        match buffer.queue_ordered() {
+            None => Ok(None),
+            Some(ordered) => {
+                ordered.begin_use(|| what.into())?;
+                Ok(Some(Self(buffer.clone())))
+            }
+        }
+    }
+}
+
+impl<B: Backend> Drop for HeldUse<B> {
+    fn drop(&mut self) {
+        if let Some(ordered) = self.0.queue_ordered()
+            && ordered.end_uses(1)
+        {
+            self.0.give_back();
+        }
+    }
 }
 
 /// The host stage's thread: runs each batch's copies in order. A copy
@@ -35,7 +81,8 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
             signal.fail(*last, error.clone());
         }
         let mut failed: Option<std::sync::Arc<Error>> = None;
-        for job in &batch.jobs {
+        // By value: each job lets its uses go once it settled.
+        for job in batch.jobs {
             let waited = job.waits.iter().try_for_each(|(signal, value, settled)| {
                 let outcome = signal.wait(*value, Timeout::Forever);
                 if *settled || failed.is_some() {
@@ -54,10 +101,13 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
                 );
                 continue;
             }
+            // As queue work: the job holds a use of each buffer, so a
+            // `dealloca` recorded after the run does not refuse it.
             let outcome = waited.and_then(|()| {
                 staging.resize(job.src.len(), 0);
-                job.src.read_into(&mut staging)?;
-                job.dst.write_from(&staging)
+                let (src, dst) = (&job.src, &job.dst);
+                src.buffer().queue_read_at(src.offset(), &mut staging)?;
+                dst.buffer().queue_write_at(dst.offset(), &staging)
             });
             match outcome {
                 Ok(()) => job.signal.set(job.value),

@@ -50,6 +50,11 @@
 //!   run's failure is never taken for another's refusal. A refused run's
 //!   batch on the refusing queue is discarded, never sent with the next
 //!   run's.
+//! - **The host stage holds uses** of every buffer made by `alloca` that
+//!   its copies read or write, from when the run is recorded until the
+//!   copy settled, as a device queue's batch does: a `dealloca` recorded
+//!   after `run` does not take the bytes from under it (it reads and
+//!   writes them with `Buffer::queue_read_at` and `queue_write_at`).
 
 use std::collections::VecDeque;
 

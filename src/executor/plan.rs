@@ -131,6 +131,18 @@ impl<B: Backend> Plan<B> {
                 let barrier = barrier_waits(index)
                     .filter(|_| position == 0)
                     .map(|(signal, value)| (signal.clone(), value, true));
+                let (dst, src) = match view(dst).and_then(|dst| Ok((dst, view(src)?))) {
+                    Ok(views) => views,
+                    Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
+                };
+                // Held from now until the job settled, as a batch holds them.
+                let uses = match HostJob::take_uses(&dst, &src) {
+                    Ok(uses) => uses,
+                    Err(error) => {
+                        let error = self.refused(run, index, Some(op), error);
+                        return Err(self.fail_in_order(timelines, 0, error));
+                    }
+                };
                 host_jobs.push(HostJob {
                     waits: op_plan
                         .waits
@@ -139,16 +151,11 @@ impl<B: Backend> Plan<B> {
                         .map(|(signal, value, settled)| (signal.clone(), value, settled))
                         .chain(barrier)
                         .collect(),
-                    dst: match view(dst) {
-                        Ok(view) => view,
-                        Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
-                    },
-                    src: match view(src) {
-                        Ok(view) => view,
-                        Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
-                    },
+                    dst,
+                    src,
                     signal: timelines.signals[index].clone(),
                     value: own_value(index, op_plan.value),
+                    _uses: uses,
                 });
             }
         }

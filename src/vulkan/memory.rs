@@ -436,6 +436,14 @@ impl Buffer for VulkanBuffer {
         self.read_bytes(Access::Host, offset, bytes_of_mut(data))
     }
 
+    fn queue_write_at(&self, offset: usize, bytes: &[u8]) -> Result<()> {
+        self.write_bytes(Access::Queue, offset, bytes)
+    }
+
+    fn queue_read_at(&self, offset: usize, bytes: &mut [u8]) -> Result<()> {
+        self.read_bytes(Access::Queue, offset, bytes)
+    }
+
     fn queue_ordered(&self) -> Option<&QueueOrdered> {
         self.allocation.queue_ordered()
     }
