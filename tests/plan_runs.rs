@@ -8,12 +8,15 @@
 //! run naming its misaligned binding), no run reports another's failure,
 //! and nothing hangs. The harness is `hwqueue_testkit::check_plan_runs`
 //! (`check_plan_schedule`, the `plan_schedule` fuzz target, with fewer
-//! operations); see `testkit/src/plan_runs.rs`.
+//! operations); see `testkit/src/plan_runs.rs`. The same model draws
+//! plans over two backends too (issue 44): device id 0 the CPU, id 1 the
+//! simulator, so copies between them run on the host stage and each
+//! run's waits on the run before it cross backends.
 
 mod common;
 
 use common::no_hang;
-use hwqueue_testkit::check_plan_runs;
+use hwqueue_testkit::{check_plan_runs, check_plan_runs_over_two_backends};
 use proptest::prelude::*;
 
 proptest! {
@@ -31,6 +34,24 @@ proptest! {
         data.extend(runs);
         no_hang("four back-to-back runs of a random plan", move || {
             check_plan_runs(&data, 4);
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// As above, over the CPU and the simulator.
+    #[test]
+    fn runs_over_two_backends_match_the_sequential_model(
+        schedule in proptest::collection::vec(any::<u8>(), 0..96),
+        runs in proptest::collection::vec(any::<u8>(), 96),
+    ) {
+        quiet_injected_failures();
+        let mut data = schedule;
+        data.extend(runs);
+        no_hang("four back-to-back runs of a random plan over two backends", move || {
+            check_plan_runs_over_two_backends(&data, 4);
         });
     }
 }

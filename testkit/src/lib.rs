@@ -60,7 +60,8 @@ pub mod two_backends;
 pub use memory::{PoolOp, check_pool_ops, decode_pool_ops, memory_pool};
 #[cfg(not(loom))]
 pub use plans::{
-    check_plan_runs, check_plan_schedule, mlp_schedule, plan_schedule, transformer_block_schedule,
+    check_plan_runs, check_plan_runs_over_two_backends, check_plan_schedule, mlp_schedule,
+    plan_schedule, transformer_block_schedule,
 };
 #[cfg(not(loom))]
 pub use ptx::ptx_params;

@@ -27,8 +27,12 @@
 //! kernel fails by panicking, which would end the fuzzer. `cargo test`
 //! replays the corpus with them.
 
-use hwqueue::cpu::{Cpu, CpuBuffer};
-use hwqueue::{Buffer, BufferId, Device, Error, OpId, Plan, ScalarId, Timeout, View};
+use std::sync::Arc;
+
+use hwqueue::{
+    Backend, Buffer, BufferId, BufferOf, Device, DeviceOf, Error, OpId, Plan, ScalarId, Timeout,
+    View,
+};
 
 use crate::plans::{Holds, injected_failure};
 use crate::reader::Reader;
@@ -37,6 +41,8 @@ use crate::reader::Reader;
 pub(crate) struct RunSlot {
     pub(crate) id: BufferId,
     pub(crate) name: String,
+    /// Its device id (0 or 1).
+    pub(crate) device: usize,
     pub(crate) words: usize,
     /// What a run leaves in it.
     pub(crate) holds: Holds,
@@ -80,18 +86,22 @@ impl Place {
 /// Room past a slot's bytes in each buffer, for shifted bindings.
 const SLACK: usize = 64;
 
-/// The buffers slots are bound to, and what the model says each word holds
-/// (`None`: unknown, or never written).
-struct Pool {
-    buffers: Vec<CpuBuffer>,
+/// The buffers slots are bound to, each of the device of its slot, and
+/// what the model says each word holds (`None`: unknown, or never
+/// written).
+struct Pool<'a, S: Backend> {
+    devices: &'a [Arc<DeviceOf<S>>; 2],
+    buffers: Vec<BufferOf<S>>,
     model: Vec<Vec<Option<u32>>>,
 }
 
-impl Pool {
-    fn fresh(&mut self, words: usize, offset: usize) -> Place {
-        let device = crate::plans::device();
-        self.buffers
-            .push(device.alloc(words * 4 + SLACK).expect("a slot's buffer"));
+impl<S: Backend> Pool<'_, S> {
+    fn fresh(&mut self, device: usize, words: usize, offset: usize) -> Place {
+        self.buffers.push(
+            self.devices[device]
+                .alloc(words * 4 + SLACK)
+                .expect("a slot's buffer"),
+        );
         self.model.push(vec![None; words + SLACK / 4]);
         Place {
             buffer: self.buffers.len() - 1,
@@ -105,6 +115,7 @@ impl Pool {
     /// other bindings), never misaligned unless `may_misalign`.
     fn choose(
         &mut self,
+        device: usize,
         choice: u8,
         previous: Option<Place>,
         words: usize,
@@ -130,17 +141,17 @@ impl Pool {
                     ..previous
                 }
             }
-            (6, _) if may_misalign => return self.fresh(words, 4),
-            _ => return self.fresh(words, 0),
+            (6, _) if may_misalign => return self.fresh(device, words, 4),
+            _ => return self.fresh(device, words, 0),
         };
         if taken.iter().any(|other| other.overlaps(&place)) {
-            self.fresh(words, 0)
+            self.fresh(device, words, 0)
         } else {
             place
         }
     }
 
-    fn view(&self, place: Place) -> View<Cpu> {
+    fn view(&self, place: Place) -> View<S> {
         View::new(&self.buffers[place.buffer], place.offset, place.words * 4).expect("a view")
     }
 
@@ -164,8 +175,9 @@ enum Expected {
 /// Runs `plan` `runs` times back to back, the data in `r` choosing each
 /// run's bindings and failed kernel, and checks every run and the slots'
 /// bytes against the model (see the module docs).
-pub(crate) fn run_and_check(
-    plan: &mut Plan<Cpu>,
+pub(crate) fn run_and_check<S: Backend>(
+    plan: &mut Plan<S>,
+    devices: &[Arc<DeviceOf<S>>; 2],
     scalars: Scalars,
     slots: &[RunSlot],
     kernels: &[(u32, String)],
@@ -173,6 +185,7 @@ pub(crate) fn run_and_check(
     r: &mut Reader<'_>,
 ) {
     let mut pool = Pool {
+        devices,
         buffers: Vec::new(),
         model: Vec::new(),
     };
@@ -186,6 +199,7 @@ pub(crate) fn run_and_check(
         for (index, slot) in slots.iter().enumerate() {
             let choice = r.byte();
             let place = pool.choose(
+                slot.device,
                 choice,
                 previous[index],
                 slot.words,

@@ -8,7 +8,10 @@
 use std::sync::{Arc, OnceLock};
 
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
-use hwqueue::{BufferId, Device, DeviceId, ExecParams, Scalar, Schedule};
+use hwqueue::{
+    Backend, BufferId, Device, DeviceId, DeviceOf, ExecParams, ProgramOf, Scalar, Schedule,
+};
+use hwqueue_sim::{SimConfig, SimDevice, SimProgram, SimSet, SimSetDevice, SimSetProgram};
 
 use crate::plan_runs::{RunSlot, Scalars, run_and_check};
 
@@ -227,11 +230,110 @@ fn canary_program(reads: usize) -> CpuProgram {
 
 const MAX_READS: usize = 3;
 
-/// The device every random schedule runs on (twice: two device ids, so
-/// two compute queues, two copy queues and the host stage).
+/// The device random schedules run on (twice: two device ids, so two
+/// compute queues, two copy queues and the host stage).
 pub(crate) fn device() -> Arc<CpuDevice> {
     static DEVICE: OnceLock<Arc<CpuDevice>> = OnceLock::new();
     DEVICE.get_or_init(|| Arc::new(CpuDevice::new())).clone()
+}
+
+/// The two device ids of a random schedule: their devices (of one
+/// backend set) and the canary kernel for each.
+pub(crate) trait PlanDevices {
+    /// The backend set.
+    type Set: Backend;
+    /// Device ids 0 and 1.
+    fn devices(&self) -> [Arc<DeviceOf<Self::Set>>; 2];
+    /// The canary kernel reading `reads` buffers, for device id `device`.
+    fn canary(&self, device: usize, reads: usize) -> ProgramOf<Self::Set>;
+}
+
+/// One CPU device under both ids.
+pub(crate) struct OneCpu;
+
+impl PlanDevices for OneCpu {
+    type Set = Cpu;
+
+    fn devices(&self) -> [Arc<CpuDevice>; 2] {
+        [device(), device()]
+    }
+
+    fn canary(&self, _device: usize, reads: usize) -> CpuProgram {
+        canary_program(reads)
+    }
+}
+
+/// Two backends: the CPU (id 0) and the simulator (id 1), whose memory
+/// the CPU cannot see, so every copy between them runs on the host stage
+/// and each queue waits on the other backend's signals.
+pub(crate) struct CpuAndSim;
+
+impl PlanDevices for CpuAndSim {
+    type Set = SimSet;
+
+    fn devices(&self) -> [Arc<SimSetDevice>; 2] {
+        static DEVICES: OnceLock<[Arc<SimSetDevice>; 2]> = OnceLock::new();
+        DEVICES
+            .get_or_init(|| {
+                [
+                    Arc::new(SimSetDevice::from(CpuDevice::new())),
+                    Arc::new(SimSetDevice::from(SimDevice::new(0, SimConfig::default()))),
+                ]
+            })
+            .clone()
+    }
+
+    fn canary(&self, device: usize, reads: usize) -> SimSetProgram {
+        if device == 0 {
+            return canary_program(reads).into();
+        }
+        static PROGRAMS: OnceLock<Vec<SimProgram>> = OnceLock::new();
+        PROGRAMS.get_or_init(|| {
+            (0..=MAX_READS)
+                .map(|reads| {
+                    SimProgram::new(
+                        format!("canary{reads}"),
+                        1 + reads,
+                        3 + 2 * reads,
+                        sim_canary_kernel,
+                    )
+                })
+                .collect()
+        })[reads]
+            .clone()
+            .into()
+    }
+}
+
+/// [`canary_kernel`] for the simulator: the same checks, a failure
+/// returned instead of panicked.
+fn sim_canary_kernel(args: &mut hwqueue_sim::KernelArgs<'_>) -> Result<(), String> {
+    let scalars: Vec<u32> = args
+        .scalars()
+        .iter()
+        .map(|scalar| match scalar {
+            Scalar::U32(value) => Ok(*value),
+            other => Err(format!("the canary takes u32 scalars, not {other:?}")),
+        })
+        .collect::<Result<_, _>>()?;
+    let (run, id) = (scalars[0], scalars[1]);
+    if scalars[2] == id {
+        return Err(injected_failure(id, run));
+    }
+    for read in 1..args.buffer_count() {
+        let (tag, value) = (scalars[1 + 2 * read], scalars[2 + 2 * read]);
+        let expected = if tag == 0 { canary(value, run) } else { value };
+        let words: Vec<u32> = args.read(read);
+        if let Some(at) = words.iter().position(|w| *w != expected) {
+            return Err(format!(
+                "run {run}: read {read} saw {:#x} at word {at}, expected {expected:#x}",
+                words[at]
+            ));
+        }
+    }
+    let words = args.bytes(0).len() / 4;
+    args.write(0, &vec![canary(id, run); words]);
+    Ok(())
 }
 
 /// One value of a random schedule.
@@ -259,7 +361,7 @@ struct Value {
 /// # Panics
 /// On any violation, or when planning or running fails.
 pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
-    check_random_plan(data, runs, 56)
+    check_random_plan(&OneCpu, data, runs, 56)
 }
 
 /// [`check_plan_schedule`] with 5–16 operations, so that more of `data`
@@ -269,15 +371,27 @@ pub fn check_plan_schedule(data: &[u8], runs: u32) -> f64 {
 /// # Panics
 /// As [`check_plan_schedule`].
 pub fn check_plan_runs(data: &[u8], runs: u32) {
-    check_random_plan(data, runs, 12);
+    check_random_plan(&OneCpu, data, runs, 12);
 }
 
-/// [`check_plan_schedule`] with `5 + data % ops_range` operations.
-fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
+/// [`check_plan_runs`] over two backends: device id 0 the CPU, id 1 the
+/// simulator (`hwqueue-sim`), in one `SimSet` plan; every copy between
+/// them runs on the host stage, and each run's waits on the run before
+/// it cross backends.
+///
+/// # Panics
+/// As [`check_plan_schedule`].
+pub fn check_plan_runs_over_two_backends(data: &[u8], runs: u32) {
+    check_random_plan(&CpuAndSim, data, runs, 12);
+}
+
+/// [`check_plan_schedule`] with `5 + data % ops_range` operations, over
+/// the device ids of `on`.
+fn check_random_plan<D: PlanDevices>(on: &D, data: &[u8], runs: u32, ops_range: u8) -> f64 {
     let mut r = Reader { data };
-    let device = device();
-    let mut s = Schedule::<Cpu>::new();
-    let devices = [s.add_device(device.clone()), s.add_device(device.clone())];
+    let mut s = Schedule::<D::Set>::new();
+    let [first, second] = on.devices();
+    let devices = [s.add_device(first), s.add_device(second)];
     let run_scalars = Scalars {
         step: s.add_scalar("run", 0u32),
         fail: s.add_scalar("fail", 0u32),
@@ -296,6 +410,7 @@ fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
         slots.push(RunSlot {
             id,
             name,
+            device,
             words,
             holds,
             upload: Some(upload),
@@ -331,6 +446,7 @@ fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
                 slots.push(RunSlot {
                     id,
                     name,
+                    device,
                     words,
                     holds: Holds::Canary(next_id),
                     upload: None,
@@ -358,7 +474,7 @@ fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
                 .exec(
                     name.clone(),
                     devices[device],
-                    &canary_program(reads.len()),
+                    &on.canary(device, reads.len()),
                     &buffers,
                     &scalars,
                     ExecParams::new_1d(1, 1),
@@ -424,7 +540,16 @@ fn check_random_plan(data: &[u8], runs: u32, ops_range: u8) -> f64 {
     } else {
         memory.arena_bytes as f64 / memory.lower_bound_bytes as f64
     };
-    run_and_check(&mut plan, run_scalars, &slots, &kernels, runs, &mut r);
+    let devices = on.devices();
+    run_and_check(
+        &mut plan,
+        &devices,
+        run_scalars,
+        &slots,
+        &kernels,
+        runs,
+        &mut r,
+    );
     ratio
 }
 
