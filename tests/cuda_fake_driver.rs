@@ -565,6 +565,26 @@ fn run_child_scenario(scenario: &str) {
             report("done2", &outcome(done.wait(2, long).map(drop)));
             report("second", &format!("{:?}", second.to_vec::<u32>().unwrap()));
         }
+        // A plan over the CPU and CUDA (issue 44): runs back to back, a
+        // failing and a refused one among them, each run's waits on the
+        // run before crossing backends both ways. The fake's kernels do
+        // nothing, so the CUDA side copies instead of adding.
+        "plan_two_backends" => {
+            use hwqueue::{AnyBackend, AnyDevice};
+            let cpu = std::sync::Arc::new(AnyDevice::from(hwqueue::cpu::CpuDevice::new()));
+            let cuda = std::sync::Arc::new(AnyDevice::from(device));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                hwqueue_testkit::check_plan_over_two_backends::<AnyBackend>(cpu, cuda, None);
+            }));
+            let outcome = outcome.map_err(hwqueue::error::panic_message);
+            report(
+                "plan",
+                &match outcome {
+                    Ok(()) => "ok".to_owned(),
+                    Err(message) => format!("failed: {message}"),
+                },
+            );
+        }
         other => panic!("no scenario `{other}`"),
     }
 }
@@ -764,4 +784,17 @@ fn a_batch_scoped_failure_on_cuda_drains_its_later_waits_in_order() {
     );
     assert_eq!(outcome.field("done2"), "ok ", "{outcome:#?}");
     assert_eq!(outcome.field("second"), "[6, 6, 6, 6]", "{outcome:#?}");
+}
+
+/// A plan over the CPU and CUDA on the fake driver (issue 44): each run's
+/// settled waits on the run before cross backends (the CUDA queues wait on
+/// the host stage's signals, the host stage on CUDA's), with a failing
+/// and a refused run among ten back to back.
+#[test]
+fn a_plan_over_the_cpu_and_cuda_runs_back_to_back_on_the_fake_driver() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_two_backends", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("plan"), "ok", "{outcome:#?}");
 }

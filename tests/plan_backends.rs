@@ -38,7 +38,7 @@ fn a_plan_over_the_cpu_and_a_user_backend_runs_back_to_back() {
             signature: hwqueue::KernelSignature::new("add", 1, 1),
             kernel: add_one,
         });
-        check_plan_over_two_backends::<Mixed>(cpu, mock, add);
+        check_plan_over_two_backends::<Mixed>(cpu, mock, Some(add));
     });
 }
 
@@ -73,6 +73,6 @@ fn a_plan_over_the_cpu_and_vulkan_runs_back_to_back() {
         let cpu = Arc::new(AnyDevice::from(CpuDevice::new()));
         let other = Arc::new(AnyDevice::from(vulkan));
         assert_eq!(<AnyBackend as Backend>::ID, "any");
-        check_plan_over_two_backends::<AnyBackend>(cpu, other, AnyProgram::from(add));
+        check_plan_over_two_backends::<AnyBackend>(cpu, other, Some(AnyProgram::from(add)));
     });
 }

@@ -33,5 +33,5 @@ fn a_plan_over_the_cpu_and_the_simulator_runs_back_to_back() {
     let cpu = Arc::new(SimSetDevice::from(CpuDevice::new()));
     let sim = Arc::new(SimSetDevice::from(SimDevice::new(0, config)));
     let program = SimProgram::new("add", 1, 1, add);
-    check_plan_over_two_backends::<SimSet>(cpu, sim, program.into());
+    check_plan_over_two_backends::<SimSet>(cpu, sim, Some(program.into()));
 }
