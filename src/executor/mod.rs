@@ -10,6 +10,13 @@
 //!   and one host stage for copies between devices that cannot see each
 //!   other's memory: it reads the source to host memory and writes the
 //!   destination, in order, on a thread of the plan's own.
+//! - **Several backends.** A schedule over a backend set ([`AnyBackend`](crate::AnyBackend),
+//!   or a [`backend_set!`](crate::backend_set) of your own) spans devices
+//!   of different backends, a CPU beside a GPU: copies between them run on
+//!   the host stage, and a queue waits on another backend's signal with
+//!   `wait_foreign` within a run and `wait_foreign_settled` on the run
+//!   before it (`ordering.rs` says why the latter is settled). Runs
+//!   started back to back stay correct across backends as within one.
 //! - **Dependencies** come from hazards between an operation and every
 //!   earlier one: read-after-write, write-after-read and write-after-write on
 //!   overlapping byte ranges of one buffer. Disjoint ranges do not depend.
