@@ -265,7 +265,18 @@ fn place_tensors<B: Backend>(
             continue;
         };
         slot.root = *arena;
-        slot.offset += place;
+        // Within the arena (the placement checked every tensor's end), so
+        // this never overflows; checked all the same.
+        slot.offset = slot
+            .offset
+            .checked_add(place)
+            .ok_or_else(|| Error::InvalidSchedule {
+                reason: format!(
+                    "view `{}` at byte {} of a tensor placed at byte {place} overflows the \
+                     address space; declare smaller tensors",
+                    slot.name, slot.offset
+                ),
+            })?;
         slot.buffer = Some(view.view(slot.offset, slot.len)?);
     }
     Ok(())
