@@ -9,8 +9,16 @@
 //! each with its input bound from a caller's buffer. Every iteration's
 //! output is checked against plain Rust.
 //!
+//! With two devices (`--device cpu,vulkan:0`), the plan is heterogeneous:
+//! layer 1 (matmul1, bias_relu) runs on the first device, layer 2 (matmul2,
+//! bias_softmax) on the second, each with its own weights and kernels, and
+//! the hidden activations are copied from the first to the second (on the
+//! executor's host stage when neither can see the other's memory). The
+//! input is bound on the first, the output downloaded from the second.
+//!
 //! ```text
 //! cargo run --release --example demo -- [--device cpu|cuda:0|vulkan:0] [--iterations N]
+//! cargo run --release --example demo -- --device cpu,vulkan:0 [--iterations N]
 //! ```
 
 // `cuda_kernels` is unused without the `cuda` feature, `wgsl_kernels`
@@ -20,6 +28,7 @@ mod kernels;
 mod model;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hwqueue::cpu::{CompileOptions, CpuProgram};
@@ -27,7 +36,15 @@ use hwqueue::{AnyBackend, AnyDevice, AnyProgram, Device, Policy, registry};
 use kernels::{HIDDEN, INPUT, OUTPUT};
 use model::{BATCH, TOLERANCE};
 
+/// What `--help` prints.
+const USAGE: &str =
+    "usage: demo [--device DEVICE | --device DEVICE,DEVICE] [--iterations N] [--trace FILE.json]
+  DEVICE is cpu, cuda:0 or vulkan:0 (another ordinal for another device);
+  two different devices split the model: layer 1 on the first, layer 2 on
+  the second, e.g. `--device cpu,vulkan:0`";
+
 struct Options {
+    /// `--device`'s value: one spec, or two separated by a comma.
     device: Option<String>,
     iterations: usize,
     /// Write the runs' timeline here (Chrome trace JSON).
@@ -44,10 +61,10 @@ fn parse_options() -> Result<Options, String> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--device" => {
-                options.device =
-                    Some(args.next().ok_or(
-                        "--device needs a value, e.g. `--device cpu`, `--device cuda:0` or `--device vulkan:0`",
-                    )?)
+                options.device = Some(args.next().ok_or(
+                    "--device needs a value, e.g. `--device cpu`, `--device cuda:0`, \
+                     `--device vulkan:0`, or two to split the model, `--device cpu,vulkan:0`",
+                )?)
             }
             "--iterations" => {
                 let value = args.next().ok_or("--iterations needs a number")?;
@@ -62,7 +79,7 @@ fn parse_options() -> Result<Options, String> {
                 )?);
             }
             "--help" | "-h" => {
-                println!("usage: demo [--device cpu|cuda:0|vulkan:0] [--iterations N] [--trace FILE.json]");
+                println!("{USAGE}");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}`; try --help")),
@@ -149,37 +166,104 @@ fn main() -> ExitCode {
     }
 }
 
+/// The devices `--device`'s value names: one spec, acquired as given, or
+/// two different ones separated by a comma (layer 1's, then layer 2's).
+fn acquire_devices(value: &str) -> Result<Vec<Arc<AnyDevice>>, String> {
+    let specs: Vec<&str> = value.split(',').collect();
+    match specs[..] {
+        [spec] => Ok(vec![registry().acquire(spec).map_err(|e| e.to_string())?]),
+        [first, second] => {
+            let parse = |which: &str, spec: &str| {
+                registry()
+                    .parse(spec)
+                    .map_err(|e| format!("--device `{value}`: {which} device: {e}"))
+            };
+            let (first, second) = (parse("layer 1's", first)?, parse("layer 2's", second)?);
+            if first == second {
+                return Err(format!(
+                    "--device `{value}` names {first} twice: splitting the model needs two \
+                     different devices, e.g. `--device cpu,vulkan:0`; for one device, give \
+                     it alone: `--device {first}`"
+                ));
+            }
+            [("layer 1's", first), ("layer 2's", second)]
+                .into_iter()
+                .map(|(which, spec)| {
+                    registry()
+                        .open(spec)
+                        .map_err(|e| format!("--device `{value}`: {which} device: {e}"))
+                })
+                .collect()
+        }
+        _ => Err(format!(
+            "--device `{value}` names {} devices; give one (`--device cpu`) or two to split \
+             the model over (`--device cpu,vulkan:0`)",
+            specs.len()
+        )),
+    }
+}
+
 fn run() -> Result<(), String> {
     let options = parse_options()?;
     let err = |e: hwqueue::Error| e.to_string();
 
-    let (device, why) = match &options.device {
-        Some(spec) => (
-            registry().acquire(spec).map_err(err)?,
+    let (devices, why) = match &options.device {
+        Some(value) => (
+            acquire_devices(value)?,
             "asked for with --device".to_owned(),
         ),
         None => {
             let selection = registry().select(Policy::default()).map_err(err)?;
-            (selection.device, selection.reason)
+            (vec![selection.device], selection.reason)
         }
     };
     println!(
         "hwqueue demo: a 2-layer MLP forward pass (batch {BATCH}, {INPUT} -> {HIDDEN} -> ReLU -> {OUTPUT} -> softmax), {} iterations",
         options.iterations
     );
-    println!("device: {} ({}): {why}", device.spec(), device.name());
-    if device.as_cpu().is_some() && options.device.is_none() {
-        println!(
-            "  (no GPU in use: this runs on the CPU backend; see `cargo run --release --example info`)"
-        );
-    }
-
-    let compile_start = Instant::now();
-    let (programs, how) = compile(&device).map_err(err)?;
-    println!("kernels: 4 {how}, in {:.1?}", compile_start.elapsed());
-
     let weights = model::Weights::new();
-    let mut mlp = model::plan::<AnyBackend>(&device, &programs, &weights)?;
+    let mut mlp = match &devices[..] {
+        [device] => {
+            println!("device: {} ({}): {why}", device.spec(), device.name());
+            if device.as_cpu().is_some() && options.device.is_none() {
+                println!(
+                    "  (no GPU in use: this runs on the CPU backend; see `cargo run --release --example info`)"
+                );
+            }
+
+            let compile_start = Instant::now();
+            let (programs, how) = compile(device).map_err(err)?;
+            println!("kernels: 4 {how}, in {:.1?}", compile_start.elapsed());
+
+            model::plan::<AnyBackend>(device, &programs, &weights)?
+        }
+        [first, second] => {
+            println!(
+                "devices: layer 1 on {} ({}), layer 2 on {} ({}): {why}",
+                first.spec(),
+                first.name(),
+                second.spec(),
+                second.name()
+            );
+            let mut programs = Vec::new();
+            for (layer, device) in [first, second].into_iter().enumerate() {
+                let compile_start = Instant::now();
+                let (compiled, how) = compile(device).map_err(err)?;
+                println!(
+                    "kernels on {} (layer {}): 4 {how}, in {:.1?}",
+                    device.spec(),
+                    layer + 1,
+                    compile_start.elapsed()
+                );
+                programs.push(compiled);
+            }
+            model::plan_layers::<AnyBackend>(
+                [(first, &programs[0]), (second, &programs[1])],
+                &weights,
+            )?
+        }
+        _ => unreachable!("acquire_devices gives one device or two"),
+    };
     println!("{}", mlp.plan);
     println!("{}", mlp.plan.memory());
     if options.trace.is_some() {
@@ -193,7 +277,12 @@ fn run() -> Result<(), String> {
     let median = sorted[sorted.len() / 2];
     let total: Duration = times.iter().sum();
     let flops = 2.0 * (BATCH * INPUT * HIDDEN + BATCH * HIDDEN * OUTPUT) as f64;
-    println!("per iteration (input write and bind, 4 kernels, download, host wait):");
+    let copy = if devices.len() == 2 {
+        " and a copy between the devices"
+    } else {
+        ""
+    };
+    println!("per iteration (input write and bind, 4 kernels{copy}, download, host wait):");
     for (i, t) in times.iter().enumerate().take(5) {
         println!("  iteration {:>3}: {t:.2?}", i + 1);
     }

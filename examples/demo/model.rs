@@ -1,7 +1,9 @@
 //! The demo's model, generic over the backend: its weights, a reference in
 //! plain Rust, the schedule a compiler would hand over, and the verified
-//! run loop. `examples/demo/main.rs` runs it on the CPU or CUDA;
-//! `sim/examples/mlp.rs` runs the same plan on the simulated accelerator.
+//! run loop. `examples/demo/main.rs` runs it on one device (the CPU, CUDA
+//! or Vulkan) or split over two ([`plan_layers`]: layer 1 on one, layer 2
+//! on the other); `sim/examples/mlp.rs` runs the same plan on the simulated
+//! accelerator.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,36 +123,70 @@ pub fn plan<B: Backend>(
     programs: &[ProgramOf<B>],
     weights: &Weights,
 ) -> Result<Mlp<B>, String> {
+    plan_layers([(device, programs), (device, programs)], weights)
+}
+
+/// Where a layer runs: its device, and that device's programs (matmul1,
+/// bias_relu, matmul2, bias_softmax, in that order).
+pub type Layer<'a, B> = (&'a Arc<DeviceOf<B>>, &'a [ProgramOf<B>]);
+
+/// Plans the model with layer 1 (matmul1, bias_relu) on the first device
+/// and layer 2 (matmul2, bias_softmax) on the second, each with that
+/// device's `programs` (matmul1, bias_relu, matmul2, bias_softmax, in that
+/// order; a layer uses its own two). Each layer's weights live on its
+/// device, the input slot on the first, the output's download on the
+/// second. On two devices, the hidden activations `h` are copied from the
+/// first device to a tensor of the same size on the second (a copy the
+/// planner runs on its host stage when neither device can see the other's
+/// memory); on one (the same `Arc` twice), this is [`plan`]'s schedule.
+pub fn plan_layers<B: Backend>(
+    layers: [Layer<'_, B>; 2],
+    weights: &Weights,
+) -> Result<Mlp<B>, String> {
     let err = |e: hwqueue::Error| e.to_string();
+    let [(device1, programs1), (device2, programs2)] = layers;
+    let split = !Arc::ptr_eq(device1, device2);
     // The schedule, as the compiler hands it over: operations in program
     // order, each with the tensors it touches. The weights are the
     // caller's buffers; the input is a slot, bound to a caller's buffer
     // per run; the intermediates are tensors whose bytes the planner
-    // places in one arena, `probs` reusing `h`'s once `h` is dead.
+    // places in one arena per device, `probs` reusing the bytes of layer
+    // 2's input (`h`, or its copy on the second device) once that is dead.
     let mut schedule = Schedule::<B>::new();
-    let d = schedule.add_device(Arc::clone(device));
-    let mut weight = |name: &str, data: &[f32]| -> Result<_, String> {
+    let d1 = schedule.add_device(Arc::clone(device1));
+    let d2 = if split {
+        schedule.add_device(Arc::clone(device2))
+    } else {
+        d1
+    };
+    let mut weight = |d, device: &DeviceOf<B>, name: &str, data: &[f32]| -> Result<_, String> {
         let buffer = device.alloc(size_of_val(data)).map_err(err)?;
         buffer.write_at(0, data).map_err(err)?;
         Ok(schedule.add_buffer(d, name, buffer))
     };
-    let bw1 = weight("w1", &weights.w1)?;
-    let bb1 = weight("b1", &weights.b1)?;
-    let bw2 = weight("w2", &weights.w2)?;
-    let bb2 = weight("b2", &weights.b2)?;
+    let bw1 = weight(d1, device1, "w1", &weights.w1)?;
+    let bb1 = weight(d1, device1, "b1", &weights.b1)?;
+    let bw2 = weight(d2, device2, "w2", &weights.w2)?;
+    let bb2 = weight(d2, device2, "b2", &weights.b2)?;
     let f32s = |n: usize| n * size_of::<f32>();
-    let bx = schedule.add_slot(d, "x", f32s(BATCH * INPUT));
-    let bh = schedule.add_tensor(d, "h", f32s(BATCH * HIDDEN));
-    let blogits = schedule.add_tensor(d, "logits", f32s(BATCH * OUTPUT));
-    let bprobs = schedule.add_tensor(d, "probs", f32s(BATCH * OUTPUT));
+    let bx = schedule.add_slot(d1, "x", f32s(BATCH * INPUT));
+    let bh = schedule.add_tensor(d1, "h", f32s(BATCH * HIDDEN));
+    // Layer 2's input: `h` itself on one device, a copy of it on two.
+    let bh2 = if split {
+        schedule.add_tensor(d2, format!("h on {}", device2.spec()), f32s(BATCH * HIDDEN))
+    } else {
+        bh
+    };
+    let blogits = schedule.add_tensor(d2, "logits", f32s(BATCH * OUTPUT));
+    let bprobs = schedule.add_tensor(d2, "probs", f32s(BATCH * OUTPUT));
     let tile = |cols: usize, rows: usize, local: [u32; 2]| {
         ExecParams::new_2d([cols as u32, rows as u32], local)
     };
     schedule
         .exec(
             "matmul1",
-            d,
-            &programs[0],
+            d1,
+            &programs1[0],
             &[bx, bw1, bh],
             &[],
             tile(HIDDEN, BATCH, [64, 4]),
@@ -161,8 +197,8 @@ pub fn plan<B: Backend>(
     schedule
         .exec(
             "bias_relu",
-            d,
-            &programs[1],
+            d1,
+            &programs1[1],
             &[bh, bb1],
             &[],
             tile(HIDDEN, BATCH, [64, 4]),
@@ -170,23 +206,26 @@ pub fn plan<B: Backend>(
         .reads(bh, ..)
         .reads(bb1, ..)
         .writes(bh, ..);
+    if split {
+        schedule.copy(format!("copy h to {}", device2.spec()), bh2, bh);
+    }
     schedule
         .exec(
             "matmul2",
-            d,
-            &programs[2],
-            &[bh, bw2, blogits],
+            d2,
+            &programs2[2],
+            &[bh2, bw2, blogits],
             &[],
             tile(OUTPUT, BATCH, [16, 4]),
         )
-        .reads(bh, ..)
+        .reads(bh2, ..)
         .reads(bw2, ..)
         .writes(blogits, ..);
     schedule
         .exec(
             "bias_softmax",
-            d,
-            &programs[3],
+            d2,
+            &programs2[3],
             &[blogits, bb2, bprobs],
             &[],
             ExecParams::new_1d(BATCH as u32, 4),
@@ -196,10 +235,9 @@ pub fn plan<B: Backend>(
         .writes(bprobs, ..);
     let download_probs = schedule.download("download probs", bprobs).id();
     let plan = schedule.plan().map_err(err)?;
-    let f32s = |n: usize| n * size_of::<f32>();
     let inputs = [
-        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
-        device.alloc(f32s(BATCH * INPUT)).map_err(err)?,
+        device1.alloc(f32s(BATCH * INPUT)).map_err(err)?,
+        device1.alloc(f32s(BATCH * INPUT)).map_err(err)?,
     ];
     Ok(Mlp {
         plan,
