@@ -692,3 +692,115 @@ fn signal_only_batches_retire_by_synchronize_and_drop() {
         },
     );
 }
+
+/// Issue 46: one `VkDevice` per physical device per process, shared by
+/// every handle, as CUDA's primary context is: opening and dropping
+/// handles never creates or destroys a `VkDevice` while another thread
+/// drives one (NVIDIA's driver hung on that). Failed on 05d7d31: each open
+/// made a `VkDevice` of its own.
+#[test]
+fn every_handle_of_a_physical_device_shares_one_vkdevice() {
+    use hwqueue::vulkan::ash::vk::Handle;
+    let Some(first) = device() else { return };
+    let ordinal = first.spec().ordinal();
+    let raw = first.raw_device().handle().as_raw();
+    let second = VulkanDevice::open(ordinal).unwrap();
+    assert_eq!(second.raw_device().handle().as_raw(), raw);
+    let unmapped = VulkanDevice::open_unmapped(ordinal).unwrap();
+    assert_eq!(unmapped.raw_device().handle().as_raw(), raw);
+    assert!(!unmapped.host_mapped(), "the memory mode stays per handle");
+    drop((first, second, unmapped));
+    let later = std::thread::spawn(move || {
+        VulkanDevice::open(ordinal)
+            .unwrap()
+            .raw_device()
+            .handle()
+            .as_raw()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(later, raw, "the device outlives its handles");
+}
+
+/// One round of the stress test: open a handle (mapped or not), run a
+/// kernel between an upload and a download on a queue of its own, check
+/// the bytes, drop it all.
+fn open_use_and_drop(ordinal: u32, thread: u32, round: u32) {
+    let device = if (thread + round).is_multiple_of(3) {
+        VulkanDevice::open_unmapped(ordinal)
+    } else {
+        VulkanDevice::open(ordinal)
+    }
+    .unwrap_or_else(|e| panic!("thread {thread} round {round}: open: {e}"));
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let buffer = device.alloc(64 * 4).unwrap();
+    let input: Vec<u32> = (0..64).map(|i| thread * 1000 + round + i).collect();
+    let back = Download::<u32>::new(64);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&buffer, &input)
+        .exec(
+            &add,
+            &[&buffer],
+            &[Scalar::U32(7)],
+            ExecParams::new_1d(64, 64),
+        )
+        .download(&buffer, &back)
+        .submit()
+        .unwrap();
+    let got = back
+        .take(LONG)
+        .unwrap_or_else(|e| panic!("thread {thread} round {round}: {e}"));
+    let want: Vec<u32> = input.iter().map(|v| v + 7).collect();
+    assert_eq!(got, want, "thread {thread} round {round}");
+    if round.is_multiple_of(2) {
+        // Dropped with work just submitted, while other threads work.
+        let done = device.new_signal(0).unwrap();
+        queue
+            .exec(
+                &add,
+                &[&buffer],
+                &[Scalar::U32(1)],
+                ExecParams::new_1d(64, 64),
+            )
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+    }
+}
+
+/// Issue 46: sixteen threads opening, using and dropping handles of one
+/// physical device for three seconds, every result checked, nothing hung.
+#[test]
+fn sixteen_threads_open_use_and_drop_devices_without_a_hang() {
+    let Some(device) = device() else { return };
+    let ordinal = device.spec().ordinal();
+    drop(device);
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let threads: Vec<_> = (0..16)
+        .map(|thread| {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                let mut round = 0;
+                while round == 0 || std::time::Instant::now() < deadline {
+                    open_use_and_drop(ordinal, thread, round);
+                    round += 1;
+                }
+                let _ = sender.send(round);
+            })
+        })
+        .collect();
+    drop(sender);
+    let mut rounds = 0;
+    for _ in 0..16 {
+        rounds += receiver
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread hung, or failed (see above)");
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(rounds >= 16, "{rounds} rounds");
+    println!("{rounds} rounds of open, use and drop in 16 threads");
+}

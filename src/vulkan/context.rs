@@ -226,9 +226,101 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
     }
 }
 
-/// One opened device: the logical device and its queues, shared by every
-/// buffer, signal, program and queue made of it, and destroyed after the
-/// last of them.
+/// The process's one logical device per physical device: the `VkDevice`
+/// and its `VkQueue`s, made at the first [`Context::open`] of that
+/// physical device and kept for the process, as CUDA's primary context is
+/// one per GPU. Every [`VulkanDevice`](super::VulkanDevice) handle of the
+/// physical device, in any thread, runs on it:
+///
+/// - no `vkCreateDevice` or `vkDestroyDevice` ever runs while another
+///   thread drives the device (NVIDIA's driver hung when handles were
+///   opened and dropped in several threads, each with a `VkDevice` of its
+///   own: one thread in `vkDestroyDevice` held the loader's lock that
+///   others' `vkCreateDevice` and submits waited on);
+/// - every handle's queues submit to the same `VkQueue`s, under the same
+///   locks (`vkQueueSubmit` needs external synchronisation);
+/// - what belongs to a handle stays per handle ([`Context`]): its memory
+///   pool and mode (mapped or staged), its one-shot command buffer, its
+///   spec and its record of a lost device. A handle's objects (buffers,
+///   signals, queues) are its own: another handle's queue refuses them as
+///   another device's.
+pub(super) struct SharedDevice {
+    device: ash::Device,
+    compute_family: u32,
+    transfer_family: Option<u32>,
+    compute_queue: Mutex<vk::Queue>,
+    transfer_queue: Option<Mutex<vk::Queue>>,
+}
+
+// SAFETY: `ash::Device` is a table of function pointers and a handle;
+// Vulkan devices may be used from any thread, and every call needing
+// external synchronisation (queue submits) goes through the locks above.
+unsafe impl Send for SharedDevice {}
+// SAFETY: as above.
+unsafe impl Sync for SharedDevice {}
+
+/// The shared devices, by the instance's physical device index: each
+/// made under its own lock, once (a failed creation is retried by the
+/// next open), and never destroyed.
+fn shared_device(index: u32, spec: &str) -> Result<&'static SharedDevice> {
+    static SHARED: OnceLock<Vec<Mutex<Option<&'static SharedDevice>>>> = OnceLock::new();
+    let instance = instance()?;
+    let slots = SHARED.get_or_init(|| instance.physical.iter().map(|_| Mutex::new(None)).collect());
+    let mut slot = slots[index as usize].lock();
+    if let Some(shared) = *slot {
+        return Ok(shared);
+    }
+    let physical = &instance.physical[index as usize];
+    let compute_family = physical.compute_family().expect("checked by `missing`");
+    let transfer_family = physical.transfer_family();
+    let priorities = [1.0f32];
+    let mut families = vec![
+        vk::DeviceQueueCreateInfo::default()
+            .queue_family_index(compute_family)
+            .queue_priorities(&priorities),
+    ];
+    if let Some(family) = transfer_family {
+        families.push(
+            vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities),
+        );
+    }
+    let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+    let create = vk::DeviceCreateInfo::default()
+        .queue_create_infos(&families)
+        .push_next(&mut v12);
+    // SAFETY: `physical` is the instance's; `create` and its chain live
+    // across the call; no other thread creates a device of this physical
+    // device meanwhile (the slot's lock is held).
+    let device = unsafe {
+        instance
+            .instance
+            .create_device(physical.handle, &create, None)
+    }
+    .map_err(|e| vk_error(spec, "vkCreateDevice", e))?;
+    // SAFETY: each family was asked for with one queue, index 0.
+    let (compute_queue, transfer_queue) = unsafe {
+        (
+            device.get_device_queue(compute_family, 0),
+            transfer_family.map(|family| device.get_device_queue(family, 0)),
+        )
+    };
+    let shared: &'static SharedDevice = Box::leak(Box::new(SharedDevice {
+        device,
+        compute_family,
+        transfer_family,
+        compute_queue: Mutex::new(compute_queue),
+        transfer_queue: transfer_queue.map(Mutex::new),
+    }));
+    *slot = Some(shared);
+    Ok(shared)
+}
+
+/// One opened device handle's view of its physical device: the shared
+/// logical device and queues ([`SharedDevice`]), and what is the handle's
+/// own; shared by every buffer, signal, program and queue made of the
+/// handle.
 pub(crate) struct Context {
     pub(super) device: ash::Device,
     pub(super) physical: &'static Physical,
@@ -236,10 +328,11 @@ pub(crate) struct Context {
     /// The compute family, and the transfer-only family where there is one.
     pub(super) compute_family: u32,
     pub(super) transfer_family: Option<u32>,
-    /// The `VkQueue`s, one per family used, each behind a lock: submits
-    /// need external synchronisation, and logical queues share them.
-    pub(super) compute_queue: Mutex<vk::Queue>,
-    pub(super) transfer_queue: Option<Mutex<vk::Queue>>,
+    /// The shared `VkQueue`s, one per family used, each behind a lock:
+    /// submits need external synchronisation, and logical queues (of
+    /// every handle of the device) share them.
+    pub(super) compute_queue: &'static Mutex<vk::Queue>,
+    pub(super) transfer_queue: Option<&'static Mutex<vk::Queue>>,
     /// The memory types of buffers and of staging ranges, and whether
     /// buffers are mapped (`super::staged`).
     pub(super) memory: MemoryTypes,
@@ -273,40 +366,7 @@ impl Context {
                 detail: missing,
             });
         }
-        let compute_family = physical.compute_family().expect("checked by `missing`");
-        let transfer_family = physical.transfer_family();
-        let priorities = [1.0f32];
-        let mut families = vec![
-            vk::DeviceQueueCreateInfo::default()
-                .queue_family_index(compute_family)
-                .queue_priorities(&priorities),
-        ];
-        if let Some(family) = transfer_family {
-            families.push(
-                vk::DeviceQueueCreateInfo::default()
-                    .queue_family_index(family)
-                    .queue_priorities(&priorities),
-            );
-        }
-        let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
-        let create = vk::DeviceCreateInfo::default()
-            .queue_create_infos(&families)
-            .push_next(&mut v12);
-        // SAFETY: `physical` is the instance's; `create` and its chain live
-        // across the call.
-        let device = unsafe {
-            instance
-                .instance
-                .create_device(physical.handle, &create, None)
-        }
-        .map_err(|e| vk_error(&spec, "vkCreateDevice", e))?;
-        // SAFETY: each family was asked for with one queue, index 0.
-        let (compute_queue, transfer_queue) = unsafe {
-            (
-                device.get_device_queue(compute_family, 0),
-                transfer_family.map(|family| device.get_device_queue(family, 0)),
-            )
-        };
+        let shared = shared_device(index, &spec)?;
         let unmapped = unmapped.map_or_else(|| MemoryTypes::unmapped_from_env(&spec), Ok);
         let memory = unmapped.and_then(|unmapped| {
             MemoryTypes::choose(&physical.memory, physical.properties.device_type, unmapped)
@@ -319,23 +379,15 @@ impl Context {
                         .into(),
                 })
         });
-        let memory = match memory {
-            Ok(memory) => memory,
-            Err(error) => {
-                // SAFETY: nothing was made from the device.
-                unsafe { device.destroy_device(None) };
-                return Err(error);
-            }
-        };
         Ok(Self {
-            device,
+            device: shared.device.clone(),
             physical,
             ordinal,
-            compute_family,
-            transfer_family,
-            compute_queue: Mutex::new(compute_queue),
-            transfer_queue: transfer_queue.map(Mutex::new),
-            memory,
+            compute_family: shared.compute_family,
+            transfer_family: shared.transfer_family,
+            compute_queue: &shared.compute_queue,
+            transfer_queue: shared.transfer_queue.as_ref(),
+            memory: memory?,
             once: Mutex::new(None),
             spec,
             lost: Mutex::new(None),
@@ -394,15 +446,15 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: the last handle of the device is going: every buffer,
-        // signal, program and queue holds the context, so none is left, and
-        // their drops waited for the work that used them.
+        // SAFETY: the last handle of this context is going: every buffer,
+        // signal, program and queue made of it holds the context, so none
+        // is left, and their drops waited for the work that used them; the
+        // one-shot command buffer's copies each waited for their fence.
+        // The shared device stays (see `SharedDevice`).
         unsafe {
-            let _ = self.device.device_wait_idle();
             if let Some(once) = self.once.get_mut().take() {
                 once.destroy(&self.device);
             }
-            self.device.destroy_device(None);
         }
     }
 }

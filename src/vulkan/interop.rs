@@ -4,9 +4,10 @@
 //! (`Device::raw_device`) and cudarc (`CudaContext::cu_ctx`) hand out
 //! theirs the same way.
 //!
-//! The handles are hwqueue's: objects made from them are the caller's to
-//! destroy before the [`VulkanDevice`] (and its last clone, buffer,
-//! signal, program and queue) goes. Every `ash` call on them is `unsafe`,
+//! The handles are hwqueue's, and the `VkDevice` and `VkQueue`s are the
+//! process's one per physical device, shared by every [`VulkanDevice`]
+//! handle of it and never destroyed (see the module docs): objects made
+//! from them are the caller's to destroy, and never the device itself. Every `ash` call on them is `unsafe`,
 //! with Vulkan's own rules, and hwqueue adds three:
 //!
 //! - Submits to its compute `VkQueue` go through
@@ -41,7 +42,8 @@ impl VulkanDevice {
         self.context().physical.handle
     }
 
-    /// The `VkDevice`, with its function table.
+    /// The `VkDevice`, with its function table: the same for every handle
+    /// of this physical device, and kept for the process.
     pub fn raw_device(&self) -> &ash::Device {
         &self.context().device
     }

@@ -13,6 +13,18 @@
 //!   selection prefers the native CPU backend to lavapipe, and CUDA (higher
 //!   precedence) to Vulkan on an NVIDIA GPU; open a software device by its
 //!   spec (`vulkan:0` on a machine with lavapipe only).
+//! - **One `VkDevice` per physical device per process**, made at the
+//!   first [`VulkanDevice::open`] of it and kept until the process ends,
+//!   as CUDA's primary context is one per GPU: every handle of that
+//!   device, in every thread, submits to its `VkQueue`s under the same
+//!   locks, and no `vkCreateDevice` or `vkDestroyDevice` ever runs while
+//!   another thread drives the device (NVIDIA's driver hung when handles
+//!   each made and destroyed a `VkDevice` of their own in several
+//!   threads). What is a handle's own stays per handle: its memory pool
+//!   and mode (mapped or staged), its one-shot command buffer, its record
+//!   of a lost device, and the objects made of it (another handle's queue
+//!   refuses them as another device's). Dropping a handle frees its
+//!   memory and objects; the `VkDevice` stays.
 //! - **Queues** ([`VulkanQueue`]): the queue core over [`VulkanEngine`]:
 //!   batches become command buffers submitted with timeline semaphores; a
 //!   copy queue uses a transfer-only family where the device has one.
@@ -233,7 +245,9 @@ fn buffer_heap_bytes(physical: &Physical) -> u64 {
         .map_or(0, |types| staged::heap_of(memory, types.device).size)
 }
 
-/// An opened Vulkan device. Cheap to clone; clones share one device.
+/// An opened Vulkan device. Cheap to clone; clones share one device. Every
+/// handle of one physical device runs on the process's one `VkDevice` for
+/// it (see the module docs), with its own memory pool and objects.
 #[derive(Clone)]
 pub struct VulkanDevice {
     inner: Arc<DeviceInner>,

@@ -149,9 +149,8 @@ impl Recorder {
             QueueKind::Copy => self
                 .context
                 .transfer_queue
-                .as_ref()
-                .unwrap_or(&self.context.compute_queue),
-            QueueKind::Compute => &self.context.compute_queue,
+                .unwrap_or(self.context.compute_queue),
+            QueueKind::Compute => self.context.compute_queue,
         }
     }
 
