@@ -804,3 +804,32 @@ fn sixteen_threads_open_use_and_drop_devices_without_a_hang() {
     assert!(rounds >= 16, "{rounds} rounds");
     println!("{rounds} rounds of open, use and drop in 16 threads");
 }
+
+/// Issue 46, defect 3: a queue's `signal` of another device handle's
+/// signal is refused at `submit` with a typed error, and the value fails
+/// (its waiters learn why); a `wait` on it works. On 05d7d31 the foreign
+/// semaphore reached `vkQueueSubmit` (VUID-VkSubmitInfo-commonparent under
+/// the validation layer, then a fault inside the driver).
+#[test]
+fn a_queue_refuses_to_signal_another_device_s_signal_and_may_wait_on_it() {
+    let Some(a) = device() else { return };
+    let b = VulkanDevice::open(a.spec().ordinal()).unwrap();
+    let foreign = b.new_signal(0).unwrap();
+    let mut queue = a.compute_queue().unwrap();
+    let error = queue.signal(&foreign, 1).submit().unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::DeviceMismatch { .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("new_signal"), "{error}");
+    assert!(matches!(
+        foreign.wait(1, LONG),
+        Err(Error::SignalFailed { .. })
+    ));
+    // Waiting on another device's signal works: the host waits for it.
+    let (theirs, mine) = (b.new_signal(0).unwrap(), a.new_signal(0).unwrap());
+    queue.wait(&theirs, 1).signal(&mine, 1).submit().unwrap();
+    let mut other = b.compute_queue().unwrap();
+    other.signal(&theirs, 1).submit().unwrap();
+    mine.wait(1, LONG).unwrap();
+}

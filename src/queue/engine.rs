@@ -1,7 +1,7 @@
 //! [`Engine`]: what a backend supplies to run the batches a
 //! [`Queue`](super::Queue) records; everything else of a queue is the core's.
 
-use crate::backend::{Backend, BufferOf, ProgramOf};
+use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::ProfileEvent;
@@ -69,6 +69,20 @@ pub trait Engine: Send + Sized + 'static {
     /// Why the command cannot run; it rejects the batch.
     fn check_buffer(&self, what: &'static str, buffer: &BufferOf<Self::Backend>) -> Result<()> {
         let _ = (what, buffer);
+        Ok(())
+    }
+
+    /// Checks, when a `signal` of `signal` to `value` is recorded, that
+    /// this queue can signal it: that it was made by this queue's device
+    /// (a queue signals its own device's signals; other devices' queues,
+    /// and other backends', may wait on them). The core checked the value
+    /// and the producer.
+    ///
+    /// # Errors
+    /// Why the queue cannot signal it; it rejects the batch (and the
+    /// value fails, as every signal of a rejected batch does).
+    fn check_signal(&self, signal: &SignalOf<Self::Backend>, value: u64) -> Result<()> {
+        let _ = (signal, value);
         Ok(())
     }
 

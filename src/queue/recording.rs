@@ -232,6 +232,15 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         if let Err(e) = check_value(value) {
             return self.reject(e);
         }
+        if let Err(e) = self.engine.check_signal(signal, value) {
+            // Recorded all the same (unclaimed), so that the rejected
+            // batch fails the value and its waiters learn why.
+            self.batch.commands.push(Command::Signal {
+                signal: signal.clone(),
+                value,
+            });
+            return self.reject(e);
+        }
         let queue = self.id();
         if let Err(producer) = signal.producer().claim(queue) {
             // Not recorded: a batch this queue abandons must not fail the

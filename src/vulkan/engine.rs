@@ -46,7 +46,7 @@ use parking_lot::{Condvar, Mutex};
 use super::memory::{VulkanBuffer, mismatch};
 use super::program::VulkanProgram;
 use super::recorder::Recorder;
-use super::{Vulkan, VulkanDevice};
+use super::{Vulkan, VulkanDevice, VulkanSignal};
 use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::ProfileEvent;
@@ -218,6 +218,23 @@ impl Engine for VulkanEngine {
             Ok(())
         } else {
             Err(mismatch(what, buffer, &self.state.device.context().spec))
+        }
+    }
+
+    /// Another device's semaphore would reach `vkQueueSubmit` of this one
+    /// (a Vulkan error, then a fault in the driver): refused. Waits on
+    /// another device's signals work (the host waits for them).
+    fn check_signal(&self, signal: &VulkanSignal, value: u64) -> Result<()> {
+        if signal.is_of(self.state.device.context()) {
+            Ok(())
+        } else {
+            Err(Error::DeviceMismatch {
+                what: format!(
+                    "the signal of `signal(_, {value})` (a queue signals only its own device's                      signals; make it with this device's `new_signal`, and let the other                      device's queues `wait` on it)"
+                ),
+                resource: format!("{} (another Vulkan device handle)", signal.device_spec()),
+                queue: self.state.device.context().spec.clone(),
+            })
         }
     }
 

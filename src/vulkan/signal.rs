@@ -26,6 +26,11 @@ use crate::signal::{Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeou
 ///   submitted for would stall every later submission of a shared
 ///   `VkQueue`).
 ///
+/// Only a queue of the device handle that made it may `signal` it
+/// (another's refuses the batch with [`Error::DeviceMismatch`]); a queue
+/// of another device handle, or of another backend, may `wait` on it (the
+/// host waits for it there).
+///
 /// The semaphore is destroyed with the last clone; queues hold a clone
 /// for every batch that waits on or signals it until the batch completed.
 #[derive(Clone)]
@@ -71,6 +76,11 @@ impl VulkanSignal {
     /// The semaphore, for a submission of the same device.
     pub(super) fn semaphore(&self) -> vk::Semaphore {
         self.inner.semaphore
+    }
+
+    /// The spec of the device that made it, for messages.
+    pub(super) fn device_spec(&self) -> &str {
+        &self.inner.context.spec
     }
 
     /// Whether the signal is of `context`'s device.
