@@ -833,3 +833,68 @@ fn a_queue_refuses_to_signal_another_device_s_signal_and_may_wait_on_it() {
     other.signal(&theirs, 1).submit().unwrap();
     mine.wait(1, LONG).unwrap();
 }
+
+/// A CPU signal that says when a thread starts waiting on it: the test
+/// below sets its gate only once the queue's thread is inside the wait.
+#[derive(Clone)]
+struct Announcing {
+    inner: CpuSignal,
+    entered: CpuSignal,
+}
+
+impl TimelineSignal for Announcing {
+    fn value(&self) -> u64 {
+        self.inner.value()
+    }
+    fn set(&self, value: u64) {
+        self.inner.set(value)
+    }
+    fn wait(&self, target: u64, timeout: impl Into<hwqueue::Timeout>) -> hwqueue::Result<()> {
+        self.entered.set(1);
+        self.inner.wait(target, timeout)
+    }
+    fn fail(&self, upto: u64, cause: Error) {
+        self.inner.fail(upto, cause)
+    }
+    fn producer(&self) -> &hwqueue::Producer {
+        self.inner.producer()
+    }
+}
+
+/// Issue 46, defect 11: a profiled wait that held a Vulkan queue spans
+/// what it held, as on the CPU: it starts no later than the moment its
+/// gate was set (the queue's thread was inside the wait by then) and ends
+/// no earlier. On 05d7d31 the event lasted 0 ns, stamped at the
+/// submission after the wait.
+#[test]
+fn a_profiled_wait_spans_what_it_held_the_queue() {
+    let Some(device) = device() else { return };
+    let gate = Announcing {
+        inner: CpuSignal::new(0),
+        entered: CpuSignal::new(0),
+    };
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_profiling(true);
+    queue
+        .wait_foreign(&gate, 1)
+        .signal(&done, 1)
+        .submit()
+        .unwrap();
+    gate.entered.wait(1, LONG).unwrap();
+    let set_at = hwqueue::profile::now_ns();
+    gate.set(1);
+    done.wait(1, LONG).unwrap();
+    queue.synchronize().unwrap();
+    let events = queue.take_profile();
+    let wait = events
+        .iter()
+        .find(|e| e.name.starts_with("wait"))
+        .unwrap_or_else(|| panic!("no wait event: {events:?}"));
+    assert!(
+        wait.start_ns <= set_at && wait.end_ns >= set_at,
+        "the wait [{}, {}] does not span the moment its gate was set ({set_at}): {wait:?}",
+        wait.start_ns,
+        wait.end_ns
+    );
+}

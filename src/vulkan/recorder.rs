@@ -187,6 +187,7 @@ impl Recorder {
             downloads: Vec::new(),
             signals: Vec::new(),
             submitted_ns: vec![0; if profile { batch.commands().len() } else { 0 }],
+            held_ns: vec![(0, 0); if profile { batch.commands().len() } else { 0 }],
             stamped: 0,
             upto: 0,
             timed: Vec::new(),
@@ -349,13 +350,43 @@ impl Recorder {
         index: usize,
         command: &Command<Vulkan>,
     ) -> Result<()> {
-        match command {
+        if !matches!(
+            command,
+            Command::Wait { .. } | Command::WaitSettled { .. } | Command::WaitForeign { .. }
+        ) {
+            return self.device_command(batch, index, command);
+        }
+        // A wait's profile event spans what it held this thread (and so
+        // the queue) on the host.
+        let held_from = self.profiling().then(now_ns);
+        let outcome = match command {
             Command::Wait { signal, value } => self.wait(signal, *value, false),
             Command::WaitSettled { signal, value } => self.wait(signal, *value, true),
-            Command::WaitForeign { signal, value } => {
-                self.flush(None)?;
+            Command::WaitForeign { signal, value } => self.flush(None).and_then(|()| {
                 let _held = self.holding();
                 signal.wait_forever(*value)
+            }),
+            _ => unreachable!("matched above"),
+        };
+        if let Some(from) = held_from {
+            let current = self.current.as_mut().expect("a batch is recording");
+            if let Some(held) = current.held_ns.get_mut(index) {
+                *held = (from, now_ns());
+            }
+        }
+        outcome
+    }
+
+    /// Records `command`, neither a wait nor a foreign wait.
+    fn device_command(
+        &mut self,
+        batch: &Batch<Vulkan>,
+        index: usize,
+        command: &Command<Vulkan>,
+    ) -> Result<()> {
+        match command {
+            Command::Wait { .. } | Command::WaitSettled { .. } | Command::WaitForeign { .. } => {
+                unreachable!("waits are recorded by `command`")
             }
             Command::Signal { signal, value } => {
                 if signal.is_submitted(*value) {

@@ -36,6 +36,10 @@ pub(super) struct Retire {
     /// Per command, when its submission was handed to the `VkQueue`
     /// (profiling only).
     pub(super) submitted_ns: Vec<u64>,
+    /// Per command, for a wait that the recording thread held on the host
+    /// (profiling only): when it reached the wait and when the wait let
+    /// it go; `(0, 0)` for every other command.
+    pub(super) held_ns: Vec<(u64, u64)>,
     /// Commands `stamped..upto` are recorded and not yet submitted.
     pub(super) stamped: usize,
     pub(super) upto: usize,
@@ -141,9 +145,20 @@ pub(super) fn retire_one(
                 let start = done.submitted_ns.get(index).copied().unwrap_or(finished);
                 if start == 0 { finished } else { start }
             };
+            let held = done
+                .held_ns
+                .get(index)
+                .copied()
+                .filter(|&(start, _)| start != 0);
             let (start, end) = match (device_times[index], last_end) {
                 (Some((start, end)), Some(last)) => (start.max(last), end.max(start.max(last))),
                 (Some(times), None) => times,
+                // A wait the host held spans what it held, in queue order.
+                (None, last) if held.is_some() => {
+                    let (from, to) = held.expect("matched");
+                    let start = from.max(last.unwrap_or(0));
+                    (start, to.max(start))
+                }
                 (None, Some(last)) => (last, last),
                 (None, None) => (host(), host()),
             };
