@@ -898,3 +898,40 @@ fn a_profiled_wait_spans_what_it_held_the_queue() {
         wait.end_ns
     );
 }
+
+/// Issue 46, defect 6: a device lost while a batch is held on the host
+/// (its wait's value not submitted yet): `synchronize` returns with the
+/// loss, the batch's signal and download fail with it, and a host wait on
+/// a value that will never come ends with the loss, not a timeout. On
+/// 05d7d31 `synchronize` never returned and the waits timed out.
+#[test]
+fn a_device_lost_while_a_batch_is_held_fails_it_with_the_loss() {
+    let Some(device) = device() else { return };
+    let (gate, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let buffer = device.alloc(16).unwrap();
+    let back = Download::<u32>::new(4);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .wait(&gate, 1)
+        .signal(&done, 1)
+        .download(&buffer, &back)
+        .submit()
+        .unwrap();
+    device.simulate_device_loss();
+    let lost = |error: &Error| matches!(error.root_cause(), Error::DeviceLost { .. });
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let synchronized = queue.synchronize();
+        let _ = sender.send(synchronized);
+    });
+    let synchronized = receiver
+        .recv_timeout(LONG)
+        .expect("synchronize returns once the device is lost");
+    assert!(synchronized.as_ref().is_err_and(lost), "{synchronized:?}");
+    let error = done.wait(1, LONG).unwrap_err();
+    assert!(lost(&error), "{error}");
+    let error = back.take(LONG).unwrap_err();
+    assert!(lost(&error), "{error}");
+    let error = gate.wait(1, LONG).unwrap_err();
+    assert!(lost(&error), "{error}");
+}

@@ -196,7 +196,8 @@ pub(super) fn wait_all_semaphores(context: &Context, waits: &[(vk::Semaphore, u6
         // holds its signals); the arrays live across the call.
         match unsafe { context.device.wait_semaphores(&info, 1_000_000_000) } {
             Ok(()) => return Ok(()),
-            Err(vk::Result::TIMEOUT) => {}
+            // A device lost elsewhere (another call saw it) never gets here.
+            Err(vk::Result::TIMEOUT) => context.health()?,
             Err(e) => return Err(context.error("vkWaitSemaphores (a batch's completion)", e)),
         }
     }

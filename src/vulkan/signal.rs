@@ -114,6 +114,8 @@ impl VulkanSignal {
                 return Ok(());
             }
             failures.check(value, self.value())?;
+            // Nothing more is submitted on a lost device.
+            self.inner.context.health()?;
             // A host `set` or a failure notifies; the timeout catches a
             // value reached by another process's work.
             self.inner
@@ -185,6 +187,8 @@ impl TimelineSignal for VulkanSignal {
                 return Ok(());
             }
             self.inner.state.lock().check(target, current)?;
+            // A lost device reaches nothing more: its loss, not a timeout.
+            self.inner.context.health()?;
             let now = Instant::now();
             let step = match deadline {
                 Some(deadline) if now >= deadline => {

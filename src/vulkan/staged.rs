@@ -286,7 +286,12 @@ impl Context {
             let waited = loop {
                 match device.wait_for_fences(&[shot.fence], true, 1_000_000_000) {
                     Ok(()) => break Ok(()),
-                    Err(vk::Result::TIMEOUT) => {}
+                    // A device lost elsewhere never signals the fence.
+                    Err(vk::Result::TIMEOUT) => {
+                        if let Err(lost) = self.health() {
+                            break Err(lost);
+                        }
+                    }
                     Err(e) => break Err(call("vkWaitForFences", e)),
                 }
             };
