@@ -935,3 +935,51 @@ fn a_device_lost_while_a_batch_is_held_fails_it_with_the_loss() {
     let error = gate.wait(1, LONG).unwrap_err();
     assert!(lost(&error), "{error}");
 }
+
+/// An upload's owner whose `Drop` panics: the queue drops it on its
+/// retire thread, once the batch completed.
+struct PanicsOnDrop(Vec<u32>);
+
+impl AsRef<[u32]> for PanicsOnDrop {
+    fn as_ref(&self) -> &[u32] {
+        &self.0
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("the upload's owner panics when dropped");
+    }
+}
+
+/// Issue 46, defect 10: a panic on a queue's worker thread (here the
+/// retire thread, dropping an upload's owner whose `Drop` panics) leaves
+/// neither `synchronize` nor the queue's drop waiting forever: they
+/// return, and `synchronize` reports the panic. On 05d7d31 both hung.
+#[test]
+fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
+    let Some(device) = device() else { return };
+    let buffer = device.alloc(16).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut queue = device.compute_queue().unwrap();
+        queue
+            .upload_vec(&buffer, PanicsOnDrop(vec![1, 2, 3, 4]))
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        let synchronized = queue.synchronize();
+        drop(queue);
+        let _ = sender.send((synchronized, buffer.to_vec::<u32>()));
+    });
+    let (synchronized, data) = receiver
+        .recv_timeout(LONG)
+        .expect("synchronize and the queue's drop return");
+    let error = synchronized.unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::EnginePanicked { message } if message.contains("owner panics")),
+        "{error}"
+    );
+    assert_eq!(data.unwrap(), [1, 2, 3, 4], "the batch itself completed");
+}

@@ -127,7 +127,7 @@ impl VulkanEngine {
             QueueKind::Compute => context.compute_family,
         };
         let mut recorder = Recorder::new(device.clone(), family, kind, shared.clone(), &ledger)?;
-        recorder.start_retiring();
+        recorder.start_retiring(&ledger);
         let recorder = Arc::new(Mutex::new(recorder));
         let (jobs, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()

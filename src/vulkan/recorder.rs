@@ -156,8 +156,9 @@ impl Recorder {
 
     /// Starts the retire thread (without one, each batch is waited for
     /// where it is settled).
-    pub(super) fn start_retiring(&mut self) {
+    pub(super) fn start_retiring(&mut self, ledger: &Ledger) {
         let (retire, retiring) = mpsc::channel::<Retire>();
+        let ledger = ledger.clone();
         let context = self.context.clone();
         let shared = self.shared.clone();
         let progress = self.progress;
@@ -165,7 +166,11 @@ impl Recorder {
         let clock = self.clock;
         if let Ok(thread) = std::thread::Builder::new()
             .name(format!("hwqueue-vulkan-retire {}", self.label))
-            .spawn(move || retire_all(&context, progress, &shared, &label, clock, retiring))
+            .spawn(move || {
+                retire_all(
+                    &context, progress, &shared, &label, clock, &ledger, retiring,
+                );
+            })
         {
             self.retire = Some((retire, thread));
         }

@@ -2,6 +2,7 @@
 //! submissions, then completes its downloads, gives its staging ranges and
 //! command buffers back, and files its profile events.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::Receiver;
 
 use ash::vk;
@@ -12,9 +13,9 @@ use super::engine::{CommandSet, Shared};
 use super::memory::VulkanBuffer;
 use super::timing::Clock;
 use crate::buffer::Buffer;
-use crate::error::Result;
+use crate::error::{Error, Result, panic_message};
 use crate::profile::{EventNames, describe, now_ns};
-use crate::queue::{Batch, Command};
+use crate::queue::{Batch, Command, Ledger};
 
 /// What the retire thread waits for and then releases, for one batch.
 pub(super) struct Retire {
@@ -64,17 +65,44 @@ pub(super) fn retire_all(
     shared: &Shared,
     label: &crate::profile::Name,
     clock: Option<Clock>,
+    ledger: &Ledger,
     batches: Receiver<Retire>,
 ) {
     let mut names = EventNames::new();
     for batch in batches {
-        retire_one(
-            context,
-            progress,
-            shared,
-            Some((label, &mut names, clock)),
-            batch,
-        );
+        // A panic here (a bug, or the `Drop` of an owner `upload_vec`
+        // took) must not end the thread: `synchronize` and the queue's drop
+        // wait for every batch to retire. The batch counts as retired (see
+        // `Retired`), what it held is let go, and the owner hears of it.
+        let retired = catch_unwind(AssertUnwindSafe(|| {
+            retire_one(
+                context,
+                progress,
+                shared,
+                Some((label, &mut names, clock)),
+                batch,
+            );
+        }));
+        if let Err(payload) = retired {
+            ledger.fail_unbatched(Error::EnginePanicked {
+                message: format!(
+                    "the retire thread of Vulkan queue {label}, retiring a batch that completed: \
+                     {}",
+                    panic_message(payload)
+                ),
+            });
+        }
+    }
+}
+
+/// Counts a batch retired, and wakes `synchronize` and the queue's drop,
+/// when dropped: at the end of [`retire_one`], or when it unwinds.
+struct Retired<'a>(&'a Shared);
+
+impl Drop for Retired<'_> {
+    fn drop(&mut self) {
+        self.0.progress.lock().1 += 1;
+        self.0.retired.notify_all();
     }
 }
 
@@ -85,6 +113,7 @@ pub(super) fn retire_one(
     profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
     mut done: Retire,
 ) {
+    let _retired = Retired(shared);
     // The queue's progress, then every signal the batch set: a
     // submission's semaphores are signalled in no set order.
     let mut waits: Vec<(vk::Semaphore, u64)> = done
@@ -176,8 +205,6 @@ pub(super) fn retire_one(
     shared.free.lock().append(&mut done.sets);
     done.batch.clear();
     shared.recycled.lock().push(done.batch);
-    shared.progress.lock().1 += 1;
-    shared.retired.notify_all();
 }
 
 /// Blocks until every semaphore of `waits` reached its value; the error of
