@@ -983,3 +983,66 @@ fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
     );
     assert_eq!(data.unwrap(), [1, 2, 3, 4], "the batch itself completed");
 }
+
+/// Issue 46, defect 4: the host's `set` of a value above a queue's
+/// signal of the same signal that is still pending (here the shared
+/// `VkQueue` is held by a raw wait until the test lets it go) does not
+/// lower the value when the queue's signal lands: it is seen at once and
+/// signalled once the pending signal completed. On 05d7d31 the value read
+/// 7, then 5 (and the layer reports VUID-VkSemaphoreSignalInfo-value-03259).
+#[test]
+fn a_host_set_above_a_pending_queue_signal_is_never_lowered_by_it() {
+    use hwqueue::vulkan::ash::vk;
+    let Some(device) = device() else { return };
+    let raw = device.raw_device();
+    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    // SAFETY: the semaphore is destroyed below, after its wait completed.
+    let hold = unsafe {
+        raw.create_semaphore(
+            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+            None,
+        )
+    }
+    .unwrap();
+    let semaphores = [hold];
+    let values = [1u64];
+    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
+    let mut wait = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
+    let submit = vk::SubmitInfo::default()
+        .wait_semaphores(&semaphores)
+        .wait_dst_stage_mask(&stages)
+        .push_next(&mut wait);
+    let signal = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    // The queue's signal of 5 goes to the VkQueue behind the raw wait.
+    device.with_compute_queue(|queue| {
+        // SAFETY: the queue's lock is held; the infos live across the call;
+        // the test signals the semaphore below.
+        unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
+    });
+    queue.signal(&signal, 5).submit().unwrap();
+    signal.set(7);
+    assert_eq!(signal.value(), 7, "a set is seen at once");
+    // Let the VkQueue go: the pending signal of 5 lands, then the set's 7.
+    // SAFETY: a host signal of the raw semaphore, above its counter.
+    unsafe { raw.signal_semaphore(&vk::SemaphoreSignalInfo::default().semaphore(hold).value(1)) }
+        .unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(
+        signal.value(),
+        7,
+        "the queue's signal of 5 lowered the value"
+    );
+    signal.wait(7, LONG).unwrap();
+    // A queue waiting on 7 on the device gets it too.
+    let (after, mut other) = (
+        device.new_signal(0).unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    other.wait(&signal, 7).signal(&after, 1).submit().unwrap();
+    after.wait(1, LONG).unwrap();
+    // SAFETY: its wait completed (the queue synchronised past it).
+    unsafe { raw.destroy_semaphore(hold, None) };
+}

@@ -16,7 +16,7 @@ use super::commands::{Bound, Touched};
 use super::context::Context;
 use super::engine::{CommandSet, Job, Shared, release_queued};
 use super::memory::{VulkanBlock, free_buffer, make_buffer};
-use super::retire::{Retire, retire_all, retire_one};
+use super::retire::{Retire, count_retired, retire_all, retire_one};
 use super::timing::Clock;
 use super::{Vulkan, VulkanDevice};
 use crate::error::{Error, Result};
@@ -209,6 +209,7 @@ impl Recorder {
         if self.retire.is_none() {
             // No retire thread: wait here.
             retire_one(&self.context, self.progress, &self.shared, None, done);
+            count_retired(&self.shared);
         } else if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED {
             self.deferred.push(done);
         } else {
@@ -398,6 +399,10 @@ impl Recorder {
                     // At or below what it holds or is promised: values only
                     // rise (a timeline semaphore must not be signalled
                     // lower), so this signal does nothing.
+                    return Ok(());
+                }
+                if !signal.note_queued(*value) {
+                    // A host `set` reached or promised it meanwhile.
                     return Ok(());
                 }
                 self.flush(Some((signal.semaphore(), *value)))?;

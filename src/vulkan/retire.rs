@@ -84,6 +84,8 @@ pub(super) fn retire_all(
             );
         }));
         if let Err(payload) = retired {
+            // Told before the batch counts as retired: a `synchronize`
+            // that sees it retired reports the panic.
             ledger.fail_unbatched(Error::EnginePanicked {
                 message: format!(
                     "the retire thread of Vulkan queue {label}, retiring a batch that completed: \
@@ -92,18 +94,14 @@ pub(super) fn retire_all(
                 ),
             });
         }
+        count_retired(shared);
     }
 }
 
-/// Counts a batch retired, and wakes `synchronize` and the queue's drop,
-/// when dropped: at the end of [`retire_one`], or when it unwinds.
-struct Retired<'a>(&'a Shared);
-
-impl Drop for Retired<'_> {
-    fn drop(&mut self) {
-        self.0.progress.lock().1 += 1;
-        self.0.retired.notify_all();
-    }
+/// Counts a batch retired, and wakes `synchronize` and the queue's drop.
+pub(super) fn count_retired(shared: &Shared) {
+    shared.progress.lock().1 += 1;
+    shared.retired.notify_all();
 }
 
 pub(super) fn retire_one(
@@ -113,7 +111,6 @@ pub(super) fn retire_one(
     profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
     mut done: Retire,
 ) {
-    let _retired = Retired(shared);
     // The queue's progress, then every signal the batch set: a
     // submission's semaphores are signalled in no set order.
     let mut waits: Vec<(vk::Semaphore, u64)> = done
@@ -123,6 +120,12 @@ pub(super) fn retire_one(
         .collect();
     waits.extend_from_slice(&done.signals);
     let lost = wait_all_semaphores(context, &waits).err();
+    // A host `set` deferred behind these signals is signalled now.
+    for command in done.batch.commands() {
+        if let Command::Signal { signal, .. } = command {
+            signal.apply_deferred();
+        }
+    }
     let finished = now_ns();
     for &(index, at) in &done.downloads {
         if let Some(Command::Download { src, sink }) = done.batch.commands().get(index) {

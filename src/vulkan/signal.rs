@@ -38,11 +38,23 @@ pub struct VulkanSignal {
     inner: Arc<Inner>,
 }
 
+/// The counters beside the semaphore's own, which together keep values
+/// rising when the host `set`s a value while a queue's signal of the
+/// semaphore is pending (Vulkan forbids a host signal at or above a
+/// pending signal's value, VUID-VkSemaphoreSignalInfo-value-03259, and the
+/// pending signal would then lower the counter):
+///
+/// | field | meaning | written | ordering |
+/// |-------|---------|---------|----------|
+/// | `submitted` | the highest value the semaphore will reach: some submission on a `VkQueue` signals it, or the host set it | `note_submitted`, `set` | `AcqRel` `fetch_max`; read `Acquire` by `is_submitted` |
+/// | `queued` | the highest value a queue's submission signals, raised *before* the submission | `note_queued`, under `state`'s lock | `AcqRel`; read under the lock where it decides |
+/// | `deferred` | a host `set` not yet signalled (0: none), because a queue's signal was pending; signalled once every queue signal completed and none reaches it (`apply_deferred`) | `set`, `apply_deferred`, under the lock | `AcqRel`; `value()` reads it `Acquire` (values seen only rise) |
 struct Inner {
     context: Arc<Context>,
     semaphore: vk::Semaphore,
-    /// The highest value some submission on a `VkQueue` signals.
     submitted: AtomicU64,
+    queued: AtomicU64,
+    deferred: AtomicU64,
     /// The failures, and host `set`s serialised (a signal operation must
     /// raise the counter).
     state: Mutex<Failures>,
@@ -66,6 +78,8 @@ impl VulkanSignal {
                 context,
                 semaphore,
                 submitted: AtomicU64::new(initial),
+                queued: AtomicU64::new(0),
+                deferred: AtomicU64::new(0),
                 state: Mutex::new(Failures::default()),
                 changed: Condvar::new(),
                 producer: Producer::new(),
@@ -92,6 +106,63 @@ impl VulkanSignal {
     /// signals it or more.
     pub(super) fn is_submitted(&self, value: u64) -> bool {
         self.inner.submitted.load(Ordering::Acquire) >= value || self.is_reached(value)
+    }
+
+    /// Says that a submission on a `VkQueue` is about to signal `value`,
+    /// before it is made, so that a host `set` from then on defers rather
+    /// than signal below it; `false` (submit no signal) where the value is
+    /// reached or promised already, by a host `set` too: values only rise.
+    pub(super) fn note_queued(&self, value: u64) -> bool {
+        let _state = self.inner.state.lock();
+        if self.is_submitted(value) {
+            return false;
+        }
+        self.inner.queued.fetch_max(value, Ordering::AcqRel);
+        true
+    }
+
+    /// The semaphore's own counter (`vkGetSemaphoreCounterValue`); 0 on a
+    /// lost device.
+    fn counter(&self) -> u64 {
+        // SAFETY: the semaphore is alive (we hold it) and a timeline one.
+        unsafe {
+            self.inner
+                .context
+                .device
+                .get_semaphore_counter_value(self.inner.semaphore)
+        }
+        .unwrap_or(0)
+    }
+
+    /// Signals a host `set` deferred while a queue's signal was pending,
+    /// once every queue signal of the semaphore completed and none will
+    /// reach it; forgets it once the counter reached it. The retire
+    /// thread calls it for each signal of a batch that retired.
+    pub(super) fn apply_deferred(&self) {
+        let _state = self.inner.state.lock();
+        let deferred = self.inner.deferred.load(Ordering::Acquire);
+        if deferred == 0 {
+            return;
+        }
+        let counter = self.counter();
+        if counter >= deferred {
+            self.inner.deferred.store(0, Ordering::Release);
+            return;
+        }
+        // A queue's signal at or past it will raise the counter there.
+        let queued = self.inner.queued.load(Ordering::Acquire);
+        if queued >= deferred || counter < queued {
+            return;
+        }
+        let info = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.inner.semaphore)
+            .value(deferred);
+        // SAFETY: the semaphore is alive; `deferred` is above its counter
+        // and no queue signal is pending (every one queued completed), and
+        // none can be queued meanwhile (`note_queued` takes the lock held).
+        if unsafe { self.inner.context.device.signal_semaphore(&info) }.is_ok() {
+            self.inner.deferred.store(0, Ordering::Release);
+        }
     }
 
     /// Says that a submission on a `VkQueue` signals `value`.
@@ -136,16 +207,12 @@ impl std::fmt::Debug for VulkanSignal {
 }
 
 impl TimelineSignal for VulkanSignal {
+    /// The semaphore's counter, or a host `set` above it that waits for
+    /// a pending queue signal to complete first (see `Inner`): values
+    /// seen only rise.
     fn value(&self) -> u64 {
-        // SAFETY: the semaphore is alive (we hold it) and a timeline one.
-        unsafe {
-            self.inner
-                .context
-                .device
-                .get_semaphore_counter_value(self.inner.semaphore)
-        }
-        // A lost device reports nothing more: what it reached stays.
-        .unwrap_or(0)
+        let deferred = self.inner.deferred.load(Ordering::Acquire);
+        self.counter().max(deferred)
     }
 
     fn set(&self, value: u64) {
@@ -157,14 +224,25 @@ impl TimelineSignal for VulkanSignal {
         if value <= self.value() {
             return;
         }
+        if self.inner.queued.load(Ordering::Acquire) > self.counter() {
+            // A queue's signal is pending: Vulkan forbids a host signal at
+            // or above it, and it would lower the counter after this one.
+            // Seen at once (`value`), signalled once the pending signals
+            // completed (`apply_deferred`).
+            self.inner.deferred.fetch_max(value, Ordering::AcqRel);
+            failures.forget_reached(value);
+            self.inner.submitted.fetch_max(value, Ordering::AcqRel);
+            self.inner.changed.notify_all();
+            return;
+        }
         let info = vk::SemaphoreSignalInfo::default()
             .semaphore(self.inner.semaphore)
             .value(value);
         // SAFETY: the semaphore is alive; the value is above its counter,
-        // checked under the lock every host `set` takes. (A queue's
-        // submission signalling a lower value after this would break the
-        // rule that values only rise: the signal's one producer and the
-        // host must not both drive it.)
+        // checked under the lock every host `set` takes, and no queue
+        // signal is pending (one queued from now on is noted under the
+        // same lock first, and the recorder does not queue a value at or
+        // below `submitted`).
         if unsafe { self.inner.context.device.signal_semaphore(&info) }.is_ok() {
             failures.forget_reached(value);
             self.inner.submitted.fetch_max(value, Ordering::AcqRel);
