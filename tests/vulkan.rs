@@ -1046,3 +1046,39 @@ fn a_host_set_above_a_pending_queue_signal_is_never_lowered_by_it() {
     // SAFETY: its wait completed (the queue synchronised past it).
     unsafe { raw.destroy_semaphore(hold, None) };
 }
+
+/// Issue 46, defect 8: a program's pipelines are cached per `VkDevice`
+/// (one per physical device), not per handle: two handles, and a third
+/// opened after both dropped, share one pipeline, and the cache holds no
+/// handle alive. On 05d7d31 each handle compiled its own, and the cache
+/// held every handle's context for as long as the program lived.
+#[test]
+fn a_program_s_pipeline_is_made_once_per_physical_device() {
+    let Some(first) = device() else { return };
+    let ordinal = first.spec().ordinal();
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let run = |device: &VulkanDevice| {
+        let buffer = device.alloc(64 * 4).unwrap();
+        let done = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        queue
+            .exec(
+                &add,
+                &[&buffer],
+                &[Scalar::U32(3)],
+                ExecParams::new_1d(64, 64),
+            )
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        done.wait(1, LONG).unwrap();
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), vec![3; 64]);
+    };
+    run(&first);
+    let second = VulkanDevice::open(ordinal).unwrap();
+    run(&second);
+    assert_eq!(add.cached_pipelines(), 1);
+    drop((first, second));
+    run(&VulkanDevice::open_unmapped(ordinal).unwrap());
+    assert_eq!(add.cached_pipelines(), 1);
+}

@@ -72,13 +72,17 @@ struct ProgramInner {
     /// Per buffer argument, whether the shader may write it.
     writes: Vec<bool>,
     push_size: u32,
-    /// The pipeline, per device and local size it was used with.
+    /// The pipeline, per `VkDevice` (one per physical device, shared by
+    /// its handles, kept for the process: the cache holds no handle) and
+    /// local size it was used with.
     pipelines: Mutex<Vec<([u32; 3], Arc<Pipeline>)>>,
 }
 
-/// A program's pipeline on one device.
+/// A program's pipeline on one `VkDevice`.
 pub(super) struct Pipeline {
-    context: Arc<Context>,
+    /// The device's function table; the `VkDevice` outlives every
+    /// pipeline (it is kept for the process).
+    device: ash::Device,
     pub(super) set_layout: vk::DescriptorSetLayout,
     pub(super) layout: vk::PipelineLayout,
     pub(super) pipeline: vk::Pipeline,
@@ -274,13 +278,18 @@ impl VulkanProgram {
         } else {
             self.inner.workgroup_size
         };
-        let mut pipelines = self.inner.pipelines.lock();
-        if let Some((_, found)) = pipelines
-            .iter()
-            .find(|(size, p)| *size == local && Arc::ptr_eq(&p.context, context))
-        {
-            return Ok(found.clone());
+        let device = context.device.handle();
+        let cached = |pipelines: &[([u32; 3], Arc<Pipeline>)]| {
+            pipelines
+                .iter()
+                .find(|(size, p)| *size == local && p.device.handle() == device)
+                .map(|(_, found)| found.clone())
+        };
+        if let Some(found) = cached(&self.inner.pipelines.lock()) {
+            return Ok(found);
         }
+        // Compiled without the lock: another device, or another size,
+        // does not wait for this one.
         let spirv = match &self.inner.overridable {
             None => None,
             Some((module, info, names)) => {
@@ -307,6 +316,12 @@ impl VulkanProgram {
         };
         let spirv = spirv.as_deref().unwrap_or(&self.inner.spirv);
         let made = Arc::new(self.make_pipeline(context, spirv)?);
+        let mut pipelines = self.inner.pipelines.lock();
+        // Made meanwhile by another thread: that one is kept, and this
+        // one, used by nothing, destroyed.
+        if let Some(found) = cached(&pipelines) {
+            return Ok(found);
+        }
         pipelines.push((local, made.clone()));
         Ok(made)
     }
@@ -370,7 +385,7 @@ impl VulkanProgram {
             device.destroy_shader_module(module, None);
             match made {
                 Ok(pipelines) => Ok(Pipeline {
-                    context: context.clone(),
+                    device: device.clone(),
                     set_layout,
                     layout,
                     pipeline: pipelines[0],
@@ -393,11 +408,20 @@ impl Drop for Pipeline {
         // SAFETY: the last handle is going: batches hold the pipeline until
         // they completed, so no pending work names these objects.
         unsafe {
-            let device = &self.context.device;
+            let device = &self.device;
             device.destroy_pipeline(self.pipeline, None);
             device.destroy_pipeline_layout(self.layout, None);
             device.destroy_descriptor_set_layout(self.set_layout, None);
         }
+    }
+}
+
+impl VulkanProgram {
+    /// How many pipelines the program holds: one per `VkDevice` and local
+    /// size it ran with (for tests).
+    #[doc(hidden)]
+    pub fn cached_pipelines(&self) -> usize {
+        self.inner.pipelines.lock().len()
     }
 }
 
