@@ -1082,3 +1082,38 @@ fn a_program_s_pipeline_is_made_once_per_physical_device() {
     run(&VulkanDevice::open_unmapped(ordinal).unwrap());
     assert_eq!(add.cached_pipelines(), 1);
 }
+
+/// Issue 46, defect 5: values of one timeline semaphore further apart
+/// than the device's `maxTimelineSemaphoreValueDifference` (lowered here:
+/// lavapipe's is too large to reach) are refused at `submit` with a typed
+/// error naming the limit; a host `set` that far gets there in steps. On
+/// 05d7d31 the limit was never read, and such values reached the driver.
+#[test]
+fn values_further_apart_than_the_device_allows_are_refused_or_stepped() {
+    let Some(device) = device() else { return };
+    assert!(device.max_value_difference() >= (1 << 31) - 1);
+    device.limit_value_difference(100);
+    let signal = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let error = queue.signal(&signal, 1000).submit().unwrap_err();
+    assert!(
+        matches!(
+            error.root_cause(),
+            Error::SignalValueTooFarApart {
+                value: 1000,
+                current: 0,
+                max: 100,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.to_string().contains("smaller steps"), "{error}");
+    let stepped = device.new_signal(0).unwrap();
+    queue.signal(&stepped, 100).submit().unwrap();
+    stepped.wait(100, LONG).unwrap();
+    stepped.set(1050);
+    assert_eq!(stepped.value(), 1050);
+    queue.signal(&stepped, 1150).submit().unwrap();
+    stepped.wait(1150, LONG).unwrap();
+}

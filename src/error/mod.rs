@@ -60,6 +60,27 @@ pub enum Error {
         max: u64,
     },
 
+    /// A signal value further from the value its timeline semaphore holds
+    /// than the device allows between values of one semaphore (Vulkan's
+    /// `maxTimelineSemaphoreValueDifference`, at least 2^31 - 1).
+    #[error(
+        "signal value {value} is {} past the value the signal holds ({current}), more than \
+         device `{device}` allows between values of one timeline semaphore ({max}, its \
+         maxTimelineSemaphoreValueDifference); count up in smaller steps (signal or set values \
+         in between first)",
+        value - current
+    )]
+    SignalValueTooFarApart {
+        /// The value that was given.
+        value: u64,
+        /// The value the signal held.
+        current: u64,
+        /// The device's largest difference.
+        max: u64,
+        /// The device.
+        device: String,
+    },
+
     /// [`wait_any`](crate::wait_any) on an empty list of signals.
     #[error(
         "`wait_any` got no signals to wait for, so there is no index to return; pass at least one \

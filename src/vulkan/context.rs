@@ -65,6 +65,8 @@ pub(super) struct Physical {
     pub(super) memory: vk::PhysicalDeviceMemoryProperties,
     pub(super) families: Vec<vk::QueueFamilyProperties>,
     pub(super) timeline_semaphores: bool,
+    /// `maxTimelineSemaphoreValueDifference`.
+    pub(super) max_value_difference: u64,
 }
 
 impl Physical {
@@ -199,8 +201,13 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
     unsafe {
         let properties = instance.get_physical_device_properties(handle);
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
-        let mut chained = vk::PhysicalDeviceProperties2::default().push_next(&mut driver);
+        let mut timeline = vk::PhysicalDeviceTimelineSemaphoreProperties::default();
+        let mut chained = vk::PhysicalDeviceProperties2::default()
+            .push_next(&mut driver)
+            .push_next(&mut timeline);
         instance.get_physical_device_properties2(handle, &mut chained);
+        // Read before `chained`'s borrow of it ends below.
+        let max_value_difference = timeline.max_timeline_semaphore_value_difference;
         let driver_name = driver
             .driver_name_as_c_str()
             .map(CStr::to_string_lossy)
@@ -222,6 +229,12 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
             memory: instance.get_physical_device_memory_properties(handle),
             families: instance.get_physical_device_queue_family_properties(handle),
             timeline_semaphores: v12.timeline_semaphore == vk::TRUE,
+            // 0 from a driver that did not fill it in: the spec's least.
+            max_value_difference: if max_value_difference == 0 {
+                (1 << 31) - 1
+            } else {
+                max_value_difference
+            },
         }
     }
 }
@@ -342,6 +355,10 @@ pub(crate) struct Context {
     /// What lost the device, once a call returned `VK_ERROR_DEVICE_LOST`:
     /// sticky, every later submission fails with it.
     pub(super) lost: Mutex<Option<String>>,
+    /// The largest difference between values of one timeline semaphore:
+    /// the device's `maxTimelineSemaphoreValueDifference`, or less, for
+    /// tests (`VulkanDevice::limit_value_difference`).
+    pub(super) max_value_difference: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: `ash::Device` is a table of function pointers and a handle;
@@ -391,7 +408,25 @@ impl Context {
             once: Mutex::new(None),
             spec,
             lost: Mutex::new(None),
+            max_value_difference: std::sync::atomic::AtomicU64::new(physical.max_value_difference),
         })
+    }
+
+    /// `Err` where `value` is further above `current` than the device
+    /// allows between values of one timeline semaphore.
+    pub(super) fn check_value_difference(&self, value: u64, current: u64) -> Result<()> {
+        let max = self
+            .max_value_difference
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if value > current && value - current > max {
+            return Err(Error::SignalValueTooFarApart {
+                value,
+                current,
+                max,
+                device: self.spec.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// `VkPhysicalDeviceLimits` of the device.

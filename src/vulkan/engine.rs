@@ -223,10 +223,15 @@ impl Engine for VulkanEngine {
 
     /// Another device's semaphore would reach `vkQueueSubmit` of this one
     /// (a Vulkan error, then a fault in the driver): refused. Waits on
-    /// another device's signals work (the host waits for them).
+    /// another device's signals work (the host waits for them). A value
+    /// further from the signal's than the device allows
+    /// (`maxTimelineSemaphoreValueDifference`) is refused too.
     fn check_signal(&self, signal: &VulkanSignal, value: u64) -> Result<()> {
-        if signal.is_of(self.state.device.context()) {
-            Ok(())
+        let context = self.state.device.context();
+        if signal.is_of(context) {
+            // Its value only rises from here, so a value within the
+            // device's difference now stays within it at submission.
+            context.check_value_difference(value, signal.counter())
         } else {
             Err(Error::DeviceMismatch {
                 what: format!(

@@ -353,6 +353,24 @@ impl VulkanDevice {
         self.context().physical.is_cpu()
     }
 
+    /// The largest difference between values of one timeline semaphore
+    /// the device allows (its `maxTimelineSemaphoreValueDifference`).
+    pub fn max_value_difference(&self) -> u64 {
+        self.context()
+            .max_value_difference
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lowers [`max_value_difference`](Self::max_value_difference) for
+    /// this handle, as a driver with a small limit has it: for tests of
+    /// what follows, on drivers whose limit is too large to reach.
+    #[doc(hidden)]
+    pub fn limit_value_difference(&self, max: u64) {
+        self.context()
+            .max_value_difference
+            .fetch_min(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Marks the device lost, as a `VK_ERROR_DEVICE_LOST` would: for tests
     /// of what follows a loss, which no driver produces on demand.
     #[doc(hidden)]

@@ -538,7 +538,10 @@ impl Recorder {
         // A hold only where the value is not submitted yet: the usual
         // cross-queue wait (submitted, not reached) takes no lock here.
         let _held = (!signal.is_submitted(value)).then(|| self.holding());
-        match signal.wait_submitted(value) {
+        match signal
+            .wait_submitted(value)
+            .and_then(|()| self.context.check_value_difference(value, signal.counter()))
+        {
             Ok(()) => {
                 self.waits.push(signal.semaphore(), value);
                 Ok(())

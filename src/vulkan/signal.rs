@@ -123,7 +123,7 @@ impl VulkanSignal {
 
     /// The semaphore's own counter (`vkGetSemaphoreCounterValue`); 0 on a
     /// lost device.
-    fn counter(&self) -> u64 {
+    pub(super) fn counter(&self) -> u64 {
         // SAFETY: the semaphore is alive (we hold it) and a timeline one.
         unsafe {
             self.inner
@@ -154,14 +154,44 @@ impl VulkanSignal {
         if queued >= deferred || counter < queued {
             return;
         }
-        let info = vk::SemaphoreSignalInfo::default()
-            .semaphore(self.inner.semaphore)
-            .value(deferred);
-        // SAFETY: the semaphore is alive; `deferred` is above its counter
-        // and no queue signal is pending (every one queued completed), and
-        // none can be queued meanwhile (`note_queued` takes the lock held).
-        if unsafe { self.inner.context.device.signal_semaphore(&info) }.is_ok() {
+        // `deferred` is above the counter and no queue signal is pending
+        // (every one queued completed), and none can be queued meanwhile
+        // (`note_queued` takes the lock held).
+        if self.signal_from_host(deferred).is_ok() {
             self.inner.deferred.store(0, Ordering::Release);
+        }
+    }
+
+    /// `vkSignalSemaphore` to `value`, in steps of at most the device's
+    /// `maxTimelineSemaphoreValueDifference` (at least 2^31 - 1) from the
+    /// counter where the jump is larger. The caller holds the state lock,
+    /// `value` is above the counter and no queue signal of the semaphore
+    /// is pending.
+    fn signal_from_host(&self, value: u64) -> std::result::Result<(), vk::Result> {
+        let max = self
+            .inner
+            .context
+            .max_value_difference
+            .load(Ordering::Relaxed)
+            .max(1);
+        let mut counter = self.counter();
+        loop {
+            let next = if value - counter > max {
+                counter + max
+            } else {
+                value
+            };
+            let info = vk::SemaphoreSignalInfo::default()
+                .semaphore(self.inner.semaphore)
+                .value(next);
+            // SAFETY: the semaphore is alive; `next` is above its counter
+            // by at most the device's difference, and no queue signal is
+            // pending (the caller's conditions).
+            unsafe { self.inner.context.device.signal_semaphore(&info) }?;
+            if next == value {
+                return Ok(());
+            }
+            counter = next;
         }
     }
 
@@ -235,15 +265,11 @@ impl TimelineSignal for VulkanSignal {
             self.inner.changed.notify_all();
             return;
         }
-        let info = vk::SemaphoreSignalInfo::default()
-            .semaphore(self.inner.semaphore)
-            .value(value);
-        // SAFETY: the semaphore is alive; the value is above its counter,
-        // checked under the lock every host `set` takes, and no queue
-        // signal is pending (one queued from now on is noted under the
-        // same lock first, and the recorder does not queue a value at or
-        // below `submitted`).
-        if unsafe { self.inner.context.device.signal_semaphore(&info) }.is_ok() {
+        // The value is above the counter, checked under the lock every host
+        // `set` takes, and no queue signal is pending (one queued from now
+        // on is noted under the same lock first, and the recorder does not
+        // queue a value at or below `submitted`).
+        if self.signal_from_host(value).is_ok() {
             failures.forget_reached(value);
             self.inner.submitted.fetch_max(value, Ordering::AcqRel);
             self.inner.changed.notify_all();
