@@ -208,7 +208,10 @@ impl Recorder {
         done.batch = batch;
         if self.retire.is_none() {
             // No retire thread: wait here.
-            retire_one(&self.context, self.progress, &self.shared, None, done);
+            if let Some(error) = retire_one(&self.context, self.progress, &self.shared, None, done)
+            {
+                ledger.fail_unbatched(error);
+            }
             count_retired(&self.shared);
         } else if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED {
             self.deferred.push(done);

@@ -59,6 +59,8 @@ impl Retire {
 }
 
 /// The retire thread: each batch in order, once its submissions completed.
+/// A wait that fails with the device not lost is reported to the owner,
+/// and what that batch holds is never released (see `retire_one`).
 pub(super) fn retire_all(
     context: &Context,
     progress: vk::Semaphore,
@@ -81,8 +83,11 @@ pub(super) fn retire_all(
                 shared,
                 Some((label, &mut names, clock)),
                 batch,
-            );
+            )
         }));
+        if let Ok(Some(error)) = &retired {
+            ledger.fail_unbatched(error.clone());
+        }
         if let Err(payload) = retired {
             // Told before the batch counts as retired: a `synchronize`
             // that sees it retired reports the panic.
@@ -110,7 +115,7 @@ pub(super) fn retire_one(
     shared: &Shared,
     profile: Option<(&crate::profile::Name, &mut EventNames, Option<Clock>)>,
     mut done: Retire,
-) {
+) -> Option<Error> {
     // The queue's progress, then every signal the batch set: a
     // submission's semaphores are signalled in no set order.
     let mut waits: Vec<(vk::Semaphore, u64)> = done
@@ -120,6 +125,23 @@ pub(super) fn retire_one(
         .collect();
     waits.extend_from_slice(&done.signals);
     let lost = wait_all_semaphores(context, &waits).err();
+    if let Some(error) = lost
+        .as_ref()
+        .filter(|e| !matches!(e, Error::DeviceLost { .. }))
+    {
+        // The wait failed and the device is not lost, so it may still run
+        // the batch: nothing the batch holds (command buffers, staging,
+        // buffers and their ranges) may be reused. Its downloads fail, the
+        // owner hears of it, and the rest is kept for the process.
+        for command in done.batch.commands() {
+            if let Command::Download { sink, .. } = command {
+                sink.fail(error);
+            }
+        }
+        let error = error.clone();
+        std::mem::forget(done);
+        return Some(error);
+    }
     // A host `set` deferred behind these signals is signalled now.
     for command in done.batch.commands() {
         if let Command::Signal { signal, .. } = command {
@@ -208,6 +230,7 @@ pub(super) fn retire_one(
     shared.free.lock().append(&mut done.sets);
     done.batch.clear();
     shared.recycled.lock().push(done.batch);
+    None
 }
 
 /// Blocks until every semaphore of `waits` reached its value; the error of
