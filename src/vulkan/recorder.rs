@@ -554,13 +554,17 @@ impl Recorder {
         }
     }
 
-    /// The stages a queue of this kind runs.
+    /// The stages this queue's barriers order: what runs on its
+    /// `VkQueue`. A copy queue on a transfer-only family runs transfers
+    /// only; one on the compute family (where the device has no transfer
+    /// family) shares its `VkQueue` with compute work, so its barriers
+    /// order it after earlier compute work too, as the interop rules
+    /// promise (`interop.rs`): transfer alone left a copy unordered with a
+    /// dispatch submitted before it.
     pub(super) fn stages(&self) -> vk::PipelineStageFlags {
-        match self.kind {
-            QueueKind::Compute => {
-                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
-            }
-            QueueKind::Copy => vk::PipelineStageFlags::TRANSFER,
+        match (self.kind, self.context.transfer_family) {
+            (QueueKind::Copy, Some(_)) => vk::PipelineStageFlags::TRANSFER,
+            _ => vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
         }
     }
 
