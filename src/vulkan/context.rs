@@ -67,6 +67,8 @@ pub(super) struct Physical {
     pub(super) timeline_semaphores: bool,
     /// `maxTimelineSemaphoreValueDifference`.
     pub(super) max_value_difference: u64,
+    /// Whether queries may be reset on the host (`hostQueryReset`).
+    pub(super) host_query_reset: bool,
 }
 
 impl Physical {
@@ -229,6 +231,7 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
             memory: instance.get_physical_device_memory_properties(handle),
             families: instance.get_physical_device_queue_family_properties(handle),
             timeline_semaphores: v12.timeline_semaphore == vk::TRUE,
+            host_query_reset: v12.host_query_reset == vk::TRUE,
             // 0 from a driver that did not fill it in: the spec's least.
             max_value_difference: if max_value_difference == 0 {
                 (1 << 31) - 1
@@ -299,7 +302,11 @@ fn shared_device(index: u32, spec: &str) -> Result<&'static SharedDevice> {
                 .queue_priorities(&priorities),
         );
     }
-    let mut v12 = vk::PhysicalDeviceVulkan12Features::default().timeline_semaphore(true);
+    // Host query resets where the device has them: a transfer-only
+    // family cannot reset its timestamps in a command buffer.
+    let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
+        .timeline_semaphore(true)
+        .host_query_reset(physical.host_query_reset);
     let create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&families)
         .push_next(&mut v12);
@@ -355,6 +362,8 @@ pub(crate) struct Context {
     /// What lost the device, once a call returned `VK_ERROR_DEVICE_LOST`:
     /// sticky, every later submission fails with it.
     pub(super) lost: Mutex<Option<String>>,
+    /// Whether queries are reset on the host (`hostQueryReset` enabled).
+    pub(super) host_query_reset: bool,
     /// The largest difference between values of one timeline semaphore:
     /// the device's `maxTimelineSemaphoreValueDifference`, or less, for
     /// tests (`VulkanDevice::limit_value_difference`).
@@ -408,6 +417,7 @@ impl Context {
             once: Mutex::new(None),
             spec,
             lost: Mutex::new(None),
+            host_query_reset: physical.host_query_reset,
             max_value_difference: std::sync::atomic::AtomicU64::new(physical.max_value_difference),
         })
     }

@@ -136,9 +136,11 @@ impl Recorder {
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
-        if bits > 0 && period > 0.0 {
-            // Without a clock, profiles use the host's times.
-            recorder.clock = recorder.calibrate(period).ok();
+        if bits > 0 && period > 0.0 && recorder.query_resets(family) {
+            // Without a clock, profiles use the host's times. A calibration
+            // that fails (the device did not answer in 5 s, or is lost)
+            // fails the queue's creation with why.
+            recorder.clock = Some(recorder.calibrate(period)?);
         }
         Ok(recorder)
     }

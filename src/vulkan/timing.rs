@@ -42,10 +42,13 @@ impl Recorder {
             let buffer = device
                 .allocate_command_buffers(&info)
                 .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?[0];
+            let on_host = self.reset_queries(queries, 1);
             let recorded = device
                 .begin_command_buffer(buffer, &vk::CommandBufferBeginInfo::default())
                 .and_then(|()| {
-                    device.cmd_reset_query_pool(buffer, queries, 0, 1);
+                    if !on_host {
+                        device.cmd_reset_query_pool(buffer, queries, 0, 1);
+                    }
                     device.cmd_write_timestamp(
                         buffer,
                         vk::PipelineStageFlags::BOTTOM_OF_PIPE,
@@ -89,11 +92,18 @@ impl Recorder {
                     vk::QueryResultFlags::TYPE_64 | vk::QueryResultFlags::WAIT,
                 )
             });
-            if outcome.is_ok() {
+            if submitted.is_ok() {
+                // Submitted, it signals `value` whatever the wait saw: the
+                // next submission signals past it.
                 self.next = value;
             }
-            device.free_command_buffers(self.pool, &[buffer]);
-            device.destroy_query_pool(queries, None);
+            if outcome.is_ok() || submitted.is_err() {
+                device.free_command_buffers(self.pool, &[buffer]);
+                device.destroy_query_pool(queries, None);
+            }
+            // Else the submission may still be pending (the wait timed out
+            // or failed): its command buffer and query pool are never
+            // freed, rather than freed in use.
             read.map_err(|e| self.context.error("calibrating the queue's timestamps", e))?;
             let midpoint = (before as f64 + after as f64) / 2.0;
             Ok(Clock {
@@ -101,6 +111,32 @@ impl Recorder {
                 zero_ns: midpoint - ticks[0] as f64 * period,
             })
         }
+    }
+
+    /// Resets `count` queries of `pool`, which no pending work uses, on
+    /// the host where the device allows it (`hostQueryReset`, enabled
+    /// where supported): `true`. `false`: reset them in the command
+    /// buffer, which only a compute or graphics family may
+    /// (VUID-vkCmdResetQueryPool-commandBuffer-cmdpool); a transfer-only
+    /// family without host resets has no timestamps (`query_resets`).
+    pub(super) fn reset_queries(&self, pool: vk::QueryPool, count: u32) -> bool {
+        if !self.context.host_query_reset {
+            return false;
+        }
+        // SAFETY: the pool is alive, `count` is within it, and no pending
+        // submission uses it (a new pool, or a command set's whose last
+        // use retired).
+        unsafe { self.context.device.reset_query_pool(pool, 0, count) };
+        true
+    }
+
+    /// Whether this queue can reset timestamp queries at all: on the host,
+    /// or in a command buffer of a compute or graphics family.
+    pub(super) fn query_resets(&self, family: u32) -> bool {
+        self.context.host_query_reset
+            || self.context.physical.families[family as usize]
+                .queue_flags
+                .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
     }
 
     /// A pool of [`QUERIES`] timestamps.
@@ -134,12 +170,21 @@ impl Recorder {
             // Full: later commands of this buffer keep the host's times.
             return Ok(());
         }
+        let (queries, first_use) = (set.queries, set.written == 0);
+        // Reset when the command set is opened (its last use retired).
+        if first_use && !self.reset_queries(queries, QUERIES) {
+            // SAFETY: the command buffer records; the queries are in range;
+            // `query_resets` said the family resets queries in commands.
+            unsafe {
+                self.context
+                    .device
+                    .cmd_reset_query_pool(buffer, queries, 0, QUERIES);
+            }
+        }
+        let (set, _) = self.open.as_mut().expect("begun");
         let device = &self.context.device;
         // SAFETY: the command buffer records; the queries are in range.
         unsafe {
-            if set.written == 0 {
-                device.cmd_reset_query_pool(buffer, set.queries, 0, QUERIES);
-            }
             device.cmd_write_timestamp(
                 buffer,
                 vk::PipelineStageFlags::TOP_OF_PIPE,
