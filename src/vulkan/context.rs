@@ -99,12 +99,9 @@ impl Physical {
         None
     }
 
-    /// The first family that computes.
+    /// The family compute queues use ([`compute_family_of`]).
     pub(super) fn compute_family(&self) -> Option<u32> {
-        self.families
-            .iter()
-            .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
-            .map(|index| index as u32)
+        compute_family_of(&self.families)
     }
 
     /// A family that only transfers (a copy engine), where there is one.
@@ -501,5 +498,53 @@ impl Drop for Context {
                 once.destroy(&self.device);
             }
         }
+    }
+}
+
+/// The family compute queues use: a compute-only one (an async compute
+/// engine, as NVIDIA's and AMD's GPUs have beside their graphics family)
+/// where the device has one, since it does not share its engine with
+/// graphics work; else the first family that computes.
+fn compute_family_of(families: &[vk::QueueFamilyProperties]) -> Option<u32> {
+    let computes = |f: &vk::QueueFamilyProperties| f.queue_flags.contains(vk::QueueFlags::COMPUTE);
+    families
+        .iter()
+        .position(|f| computes(f) && !f.queue_flags.contains(vk::QueueFlags::GRAPHICS))
+        .or_else(|| families.iter().position(computes))
+        .map(|index| index as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn family(flags: vk::QueueFlags, count: u32) -> vk::QueueFamilyProperties {
+        vk::QueueFamilyProperties {
+            queue_flags: flags,
+            queue_count: count,
+            timestamp_valid_bits: 64,
+            ..Default::default()
+        }
+    }
+
+    /// As an H100's or H200's: graphics + compute (16 queues), transfer
+    /// only (2), compute only (8), and more.
+    #[test]
+    fn compute_queues_take_the_compute_only_family_where_there_is_one() {
+        use vk::QueueFlags as F;
+        let nvidia = [
+            family(
+                F::GRAPHICS | F::COMPUTE | F::TRANSFER | F::SPARSE_BINDING,
+                16,
+            ),
+            family(F::TRANSFER | F::SPARSE_BINDING, 2),
+            family(F::COMPUTE | F::TRANSFER | F::SPARSE_BINDING, 8),
+            family(F::VIDEO_DECODE_KHR, 3),
+        ];
+        assert_eq!(compute_family_of(&nvidia), Some(2));
+        // lavapipe: one family that does everything.
+        let lavapipe = [family(F::GRAPHICS | F::COMPUTE | F::TRANSFER, 1)];
+        assert_eq!(compute_family_of(&lavapipe), Some(0));
+        assert_eq!(compute_family_of(&[family(F::TRANSFER, 1)]), None);
     }
 }
