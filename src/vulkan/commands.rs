@@ -20,36 +20,159 @@ use crate::view::View;
 /// the rest of the buffer, as a descriptor's `VK_WHOLE_SIZE`).
 pub(super) type Bytes = (vk::Buffer, u64, u64);
 
-/// The bytes read and written since a barrier.
-#[derive(Default)]
+/// Which pipeline stage a device command runs in, and the accesses it
+/// makes there: a barrier names exactly these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// An exec: the compute shader stage, shader reads and writes.
+    Shader,
+    /// A copy, fill or staged transfer: the transfer stage.
+    Transfer,
+}
+
+impl Stage {
+    fn bit(self) -> u8 {
+        match self {
+            Stage::Shader => 1,
+            Stage::Transfer => 2,
+        }
+    }
+
+    fn flags(self) -> vk::PipelineStageFlags {
+        match self {
+            Stage::Shader => vk::PipelineStageFlags::COMPUTE_SHADER,
+            Stage::Transfer => vk::PipelineStageFlags::TRANSFER,
+        }
+    }
+
+    fn write(self) -> vk::AccessFlags {
+        match self {
+            Stage::Shader => vk::AccessFlags::SHADER_WRITE,
+            Stage::Transfer => vk::AccessFlags::TRANSFER_WRITE,
+        }
+    }
+
+    fn read_write(self) -> vk::AccessFlags {
+        match self {
+            Stage::Shader => vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+            Stage::Transfer => vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE,
+        }
+    }
+}
+
+/// One access of the open command buffer that a later command of some
+/// stage may still have to wait for.
+#[derive(Clone, Copy)]
+struct Pending {
+    bytes: Bytes,
+    write: bool,
+    stage: Stage,
+    /// The stages ([`Stage::bit`]) a barrier already ordered it before.
+    ordered: u8,
+}
+
+/// The accesses of the open command buffer not yet ordered before every
+/// stage that may follow, and what a new command needs to wait for.
+///
+/// A barrier names exactly the two sides (the stages and write accesses of
+/// the earlier commands it waits for, the stage and accesses of the
+/// command that waits): a dispatch after a dispatch is compute to compute,
+/// `SHADER_WRITE` to `SHADER_READ | SHADER_WRITE`, as a hand-written
+/// Vulkan program records it. Since such a barrier orders the earlier work
+/// only before that one stage, each access is kept until barriers ordered
+/// it before both (a copy after the dispatch, reading what an earlier
+/// dispatch wrote, still gets its compute-to-transfer barrier).
 pub(super) struct Touched {
-    pub(super) reads: Vec<Bytes>,
-    pub(super) writes: Vec<Bytes>,
+    pending: Vec<Pending>,
+    /// The stages ([`Stage::bit`]) the queue's commands run in: an access
+    /// ordered before all of them is forgotten.
+    stages: u8,
 }
 
 impl Touched {
-    pub(super) fn clear(&mut self) {
-        self.reads.clear();
-        self.writes.clear();
+    /// For a queue whose commands run in `stages`.
+    pub(super) fn new(stages: &[Stage]) -> Self {
+        Self {
+            pending: Vec::new(),
+            stages: stages.iter().fold(0, |bits, stage| bits | stage.bit()),
+        }
     }
 
-    /// Whether a command reading `reads` and writing `writes` must wait
-    /// for what was touched: read after write, write after write, write
-    /// after read.
-    pub(super) fn conflicts(&self, reads: &[Bytes], writes: &[Bytes]) -> bool {
+    pub(super) fn clear(&mut self) {
+        self.pending.clear();
+    }
+
+    /// The stages a command of `stage` reading `reads` and writing
+    /// `writes` must wait for (read after write, write after write, write
+    /// after read on overlapping bytes not yet ordered before `stage`), or
+    /// none.
+    pub(super) fn conflicts(&self, stage: Stage, reads: &[Bytes], writes: &[Bytes]) -> u8 {
         let overlap = |a: &Bytes, b: &Bytes| {
             let end = |x: &Bytes| if x.2 == 0 { u64::MAX } else { x.1 + x.2 };
             a.0 == b.0 && a.1 < end(b) && b.1 < end(a)
         };
-        let any = |mine: &[Bytes], theirs: &[Bytes]| {
-            mine.iter().any(|a| theirs.iter().any(|b| overlap(a, b)))
-        };
-        any(reads, &self.writes) || any(writes, &self.writes) || any(writes, &self.reads)
+        self.pending
+            .iter()
+            .filter(|p| p.ordered & stage.bit() == 0)
+            .filter(|p| {
+                writes.iter().any(|w| overlap(w, &p.bytes))
+                    || (p.write && reads.iter().any(|r| overlap(r, &p.bytes)))
+            })
+            .fold(0, |stages, p| stages | p.stage.bit())
     }
 
-    pub(super) fn add(&mut self, reads: &[Bytes], writes: &[Bytes]) {
-        self.reads.extend_from_slice(reads);
-        self.writes.extend_from_slice(writes);
+    /// A barrier from `sources` (stage bits) to `stage` was recorded: what
+    /// those stages did is now ordered before `stage`.
+    fn ordered(&mut self, sources: u8, stage: Stage) {
+        for pending in &mut self.pending {
+            if pending.stage.bit() & sources != 0 {
+                pending.ordered |= stage.bit();
+            }
+        }
+        let all = self.stages;
+        self.pending.retain(|p| p.ordered & all != all);
+    }
+
+    /// Records a command of `stage`'s accesses.
+    pub(super) fn add(&mut self, stage: Stage, reads: &[Bytes], writes: &[Bytes]) {
+        let mut push = |bytes: &Bytes, write: bool| {
+            self.pending.push(Pending {
+                bytes: *bytes,
+                write,
+                stage,
+                // Commands of one stage run in order only once a barrier
+                // says so: nothing is ordered yet, its own stage included.
+                ordered: 0,
+            });
+        };
+        for bytes in reads {
+            push(bytes, false);
+        }
+        for bytes in writes {
+            push(bytes, true);
+        }
+    }
+
+    /// The barrier from `sources` (stage bits) to `stage`: source stages,
+    /// their write accesses, destination stage, its accesses.
+    fn barrier(
+        sources: u8,
+        stage: Stage,
+    ) -> (
+        vk::PipelineStageFlags,
+        vk::AccessFlags,
+        vk::PipelineStageFlags,
+        vk::AccessFlags,
+    ) {
+        let mut src_stages = vk::PipelineStageFlags::empty();
+        let mut src_access = vk::AccessFlags::empty();
+        for source in [Stage::Shader, Stage::Transfer] {
+            if sources & source.bit() != 0 {
+                src_stages |= source.flags();
+                src_access |= source.write();
+            }
+        }
+        (src_stages, src_access, stage.flags(), stage.read_write())
     }
 }
 
@@ -121,7 +244,12 @@ impl Recorder {
             return Ok(());
         }
         let len64 = len as u64;
-        let cb = self.begin(index, &[(from.0, from.1, len64)], &[(to.0, to.1, len64)])?;
+        let cb = self.begin(
+            index,
+            Stage::Transfer,
+            &[(from.0, from.1, len64)],
+            &[(to.0, to.1, len64)],
+        )?;
         let region = [vk::BufferCopy {
             src_offset: from.1,
             dst_offset: to.1,
@@ -156,7 +284,7 @@ impl Recorder {
             for (at, byte) in word.iter_mut().enumerate() {
                 *byte = pattern[at % usize::from(width)];
             }
-            let cb = self.begin(index, &[], &[(buffer, offset, len as u64)])?;
+            let cb = self.begin(index, Stage::Transfer, &[], &[(buffer, offset, len as u64)])?;
             // SAFETY: the range lies in a live buffer, offset and size are
             // multiples of 4.
             unsafe {
@@ -218,7 +346,7 @@ impl Recorder {
             .filter(|(at, _)| program.writes(*at))
             .map(|(_, info)| whole(info))
             .collect();
-        let cb = self.begin(index, &reads, &writes)?;
+        let cb = self.begin(index, Stage::Shader, &reads, &writes)?;
         let rebind = self
             .bound
             .as_ref()
@@ -327,6 +455,7 @@ impl Recorder {
     pub(super) fn begin(
         &mut self,
         index: usize,
+        stage: Stage,
         reads: &[Bytes],
         writes: &[Bytes],
     ) -> Result<vk::CommandBuffer> {
@@ -377,30 +506,125 @@ impl Recorder {
             self.bound = None;
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
-        if !opened && !self.touched.conflicts(reads, writes) {
-            self.touched.add(reads, writes);
-            self.open_timing(buffer)?;
-            return Ok(buffer);
-        }
-        self.touched.clear();
-        self.touched.add(reads, writes);
-        let stages = self.stages();
-        let barrier = [vk::MemoryBarrier::default()
-            .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
-            .dst_access_mask(vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE)];
-        // SAFETY: the command buffer records.
-        unsafe {
-            device.cmd_pipeline_barrier(
-                buffer,
+        let barrier = if opened {
+            // The buffer's first command follows the `VkQueue`'s earlier
+            // submissions, of every stage this queue's family runs.
+            let stages = self.stages();
+            Some((
                 stages,
+                vk::AccessFlags::MEMORY_WRITE,
                 stages,
-                vk::DependencyFlags::empty(),
-                &barrier,
-                &[],
-                &[],
-            );
+                vk::AccessFlags::MEMORY_READ | vk::AccessFlags::MEMORY_WRITE,
+            ))
+        } else {
+            match self.touched.conflicts(stage, reads, writes) {
+                0 => None,
+                sources => {
+                    self.touched.ordered(sources, stage);
+                    Some(Touched::barrier(sources, stage))
+                }
+            }
+        };
+        self.touched.add(stage, reads, writes);
+        if let Some((src_stages, src_access, dst_stages, dst_access)) = barrier {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(src_access)
+                .dst_access_mask(dst_access)];
+            // SAFETY: the command buffer records.
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    buffer,
+                    src_stages,
+                    dst_stages,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+            }
         }
         self.open_timing(buffer)?;
         Ok(buffer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ash::vk::Handle;
+
+    fn bytes(buffer: u64, offset: u64, len: u64) -> Bytes {
+        (vk::Buffer::from_raw(buffer), offset, len)
+    }
+
+    /// Issue 46: barriers as the two commands need, not compute and
+    /// transfer `MEMORY_WRITE` to `MEMORY_READ | MEMORY_WRITE` every time.
+    #[test]
+    fn barriers_name_exactly_the_stages_and_accesses_of_both_commands() {
+        let mut touched = Touched::new(&[Stage::Shader, Stage::Transfer]);
+        let (a, b) = (bytes(1, 0, 256), bytes(2, 0, 256));
+        // A dispatch writes `a`; a dispatch reading it waits, compute to
+        // compute, shader writes to shader reads and writes.
+        touched.add(Stage::Shader, &[a], &[a]);
+        let sources = touched.conflicts(Stage::Shader, &[a], &[b]);
+        assert_eq!(sources, Stage::Shader.bit());
+        assert_eq!(
+            Touched::barrier(sources, Stage::Shader),
+            (
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::AccessFlags::SHADER_WRITE,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE,
+            )
+        );
+        touched.ordered(sources, Stage::Shader);
+        touched.add(Stage::Shader, &[a], &[b]);
+        // That barrier ordered the first dispatch before compute only: a
+        // copy reading `a` still waits, compute to transfer.
+        let sources = touched.conflicts(Stage::Transfer, &[a], &[bytes(3, 0, 256)]);
+        assert_eq!(sources, Stage::Shader.bit());
+        assert_eq!(
+            Touched::barrier(sources, Stage::Transfer),
+            (
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::AccessFlags::SHADER_WRITE,
+                vk::PipelineStageFlags::TRANSFER,
+                vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE,
+            )
+        );
+        touched.ordered(sources, Stage::Transfer);
+        touched.add(Stage::Transfer, &[a], &[bytes(3, 0, 256)]);
+        // Disjoint bytes, and reads after reads, need nothing.
+        assert_eq!(touched.conflicts(Stage::Shader, &[bytes(4, 0, 16)], &[]), 0);
+        assert_eq!(touched.conflicts(Stage::Transfer, &[a], &[]), 0);
+        // Write after read: a fill of `a` waits for the copy that read it
+        // (an execution dependency: transfer to transfer).
+        assert_eq!(
+            touched.conflicts(Stage::Transfer, &[], &[bytes(1, 128, 16)]),
+            Stage::Transfer.bit()
+        );
+        // Overlap within a buffer only: other bytes of it do not wait.
+        assert_eq!(
+            touched.conflicts(Stage::Shader, &[bytes(3, 256, 16)], &[]),
+            0
+        );
+    }
+
+    /// A copy queue runs transfers only: an access ordered before the
+    /// transfer stage is forgotten, so the list does not grow with the
+    /// command buffer.
+    #[test]
+    fn a_copy_queue_forgets_what_a_barrier_ordered() {
+        let mut touched = Touched::new(&[Stage::Transfer]);
+        for at in 0..100 {
+            let x = bytes(1, 0, 64);
+            let sources = touched.conflicts(Stage::Transfer, &[x], &[x]);
+            if at > 0 {
+                assert_eq!(sources, Stage::Transfer.bit());
+            }
+            touched.ordered(sources, Stage::Transfer);
+            touched.add(Stage::Transfer, &[x], &[x]);
+            assert!(touched.pending.len() <= 2, "{}", touched.pending.len());
+        }
     }
 }

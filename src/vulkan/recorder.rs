@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::commands::{Bound, Touched};
+use super::commands::{Bound, Stage, Touched};
 use super::context::Context;
 use super::engine::{CommandSet, Job, Shared, release_queued};
 use super::memory::{VulkanBlock, free_buffer, make_buffer};
@@ -131,7 +131,11 @@ impl Recorder {
             dummy,
             clock: None,
             timing: None,
-            touched: Touched::default(),
+            // A copy queue records transfers only; a compute queue both.
+            touched: Touched::new(match kind {
+                QueueKind::Copy => &[Stage::Transfer],
+                QueueKind::Compute => &[Stage::Shader, Stage::Transfer],
+            }),
             bound: None,
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
