@@ -25,11 +25,17 @@
 //! later: with the next batch that does, at `synchronize`, at the queue's
 //! end, or 32 at a time.
 //!
-//! Barriers: a global memory barrier (compute and transfer, writes to
-//! reads and writes) before each command, which also orders it after the
-//! earlier submissions of the `VkQueue`, and one to the host at the end of
-//! each submission, so downloads and host reads see the device's writes.
-//! Between queues of different families, the semaphores order the work.
+//! Barriers: the first command of a command buffer opens with a global
+//! memory barrier (compute and transfer writes to reads and writes; a copy
+//! queue on a transfer-only family, transfer alone), which orders it after
+//! the earlier submissions of the `VkQueue`. Within the buffer, a command
+//! that touches bytes an earlier one wrote (or writes bytes an earlier one
+//! read) waits behind a barrier naming exactly both sides: the stages and
+//! write accesses of the earlier commands, the stage and accesses of this
+//! one (`commands::Touched`); commands on other bytes wait for nothing.
+//! Each submission ends with one barrier to the host, so downloads and
+//! host reads see the device's writes. Between queues, and queues of
+//! different families, the semaphores order the work.
 //!
 //! The files: this one holds the engine and what it shares with its
 //! threads; `recorder.rs` the recording thread (batches in, submissions
