@@ -62,30 +62,32 @@ impl Stage {
 
 /// One access of the open command buffer that a later command of some
 /// stage may still have to wait for.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Pending {
     bytes: Bytes,
     write: bool,
     stage: Stage,
-    /// The stages ([`Stage::bit`]) a barrier already ordered it before.
-    ordered: u8,
 }
 
-/// The accesses of the open command buffer not yet ordered before every
+/// The accesses of the open command buffer not yet ordered before each
 /// stage that may follow, and what a new command needs to wait for.
 ///
 /// A barrier names exactly the two sides (the stages and write accesses of
 /// the earlier commands it waits for, the stage and accesses of the
 /// command that waits): a dispatch after a dispatch is compute to compute,
 /// `SHADER_WRITE` to `SHADER_READ | SHADER_WRITE`, as a hand-written
-/// Vulkan program records it. Since such a barrier orders the earlier work
-/// only before that one stage, each access is kept until barriers ordered
-/// it before both (a copy after the dispatch, reading what an earlier
-/// dispatch wrote, still gets its compute-to-transfer barrier).
+/// Vulkan program records it. Such a barrier orders the earlier work only
+/// before that one stage, so the accesses are kept per stage that may
+/// follow: a list per destination stage, which a barrier to that stage
+/// empties (its sources are every stage in the list), so a chain of
+/// dispatches scans one short list each (a copy after them, reading what
+/// one wrote, still finds it in the transfer stage's list and gets its
+/// compute-to-transfer barrier). A repeated access is kept once.
 pub(super) struct Touched {
-    pending: Vec<Pending>,
-    /// The stages ([`Stage::bit`]) the queue's commands run in: an access
-    /// ordered before all of them is forgotten.
+    /// Per destination stage ([`Stage::bit`] - 1), what it has yet to be
+    /// ordered after.
+    pending: [Vec<Pending>; 2],
+    /// The stages ([`Stage::bit`]) the queue's commands run in.
     stages: u8,
 }
 
@@ -93,63 +95,71 @@ impl Touched {
     /// For a queue whose commands run in `stages`.
     pub(super) fn new(stages: &[Stage]) -> Self {
         Self {
-            pending: Vec::new(),
+            pending: [Vec::new(), Vec::new()],
             stages: stages.iter().fold(0, |bits, stage| bits | stage.bit()),
         }
     }
 
     pub(super) fn clear(&mut self) {
-        self.pending.clear();
+        for list in &mut self.pending {
+            list.clear();
+        }
+    }
+
+    fn list(&self, stage: Stage) -> &Vec<Pending> {
+        &self.pending[usize::from(stage.bit() - 1)]
     }
 
     /// The stages a command of `stage` reading `reads` and writing
-    /// `writes` must wait for (read after write, write after write, write
-    /// after read on overlapping bytes not yet ordered before `stage`), or
-    /// none.
+    /// `writes` must wait for, or none (0): where it conflicts with an
+    /// access not yet ordered before `stage` (read after write, write after
+    /// write, write after read on overlapping bytes), every stage of those
+    /// accesses, so the barrier orders them all.
     pub(super) fn conflicts(&self, stage: Stage, reads: &[Bytes], writes: &[Bytes]) -> u8 {
         let overlap = |a: &Bytes, b: &Bytes| {
             let end = |x: &Bytes| if x.2 == 0 { u64::MAX } else { x.1 + x.2 };
             a.0 == b.0 && a.1 < end(b) && b.1 < end(a)
         };
-        self.pending
-            .iter()
-            .filter(|p| p.ordered & stage.bit() == 0)
-            .filter(|p| {
-                writes.iter().any(|w| overlap(w, &p.bytes))
-                    || (p.write && reads.iter().any(|r| overlap(r, &p.bytes)))
-            })
-            .fold(0, |stages, p| stages | p.stage.bit())
+        let list = self.list(stage);
+        let conflict = list.iter().any(|p| {
+            writes.iter().any(|w| overlap(w, &p.bytes))
+                || (p.write && reads.iter().any(|r| overlap(r, &p.bytes)))
+        });
+        if conflict {
+            list.iter().fold(0, |stages, p| stages | p.stage.bit())
+        } else {
+            0
+        }
     }
 
     /// A barrier from `sources` (stage bits) to `stage` was recorded: what
     /// those stages did is now ordered before `stage`.
     fn ordered(&mut self, sources: u8, stage: Stage) {
-        for pending in &mut self.pending {
-            if pending.stage.bit() & sources != 0 {
-                pending.ordered |= stage.bit();
-            }
-        }
-        let all = self.stages;
-        self.pending.retain(|p| p.ordered & all != all);
+        self.pending[usize::from(stage.bit() - 1)].retain(|p| p.stage.bit() & sources == 0);
     }
 
-    /// Records a command of `stage`'s accesses.
+    /// Records a command of `stage`'s accesses, for each stage the queue
+    /// runs to be ordered after.
     pub(super) fn add(&mut self, stage: Stage, reads: &[Bytes], writes: &[Bytes]) {
-        let mut push = |bytes: &Bytes, write: bool| {
-            self.pending.push(Pending {
+        let accesses = reads
+            .iter()
+            .map(|bytes| (bytes, false))
+            .chain(writes.iter().map(|bytes| (bytes, true)));
+        for (bytes, write) in accesses {
+            let access = Pending {
                 bytes: *bytes,
                 write,
                 stage,
-                // Commands of one stage run in order only once a barrier
-                // says so: nothing is ordered yet, its own stage included.
-                ordered: 0,
-            });
-        };
-        for bytes in reads {
-            push(bytes, false);
-        }
-        for bytes in writes {
-            push(bytes, true);
+            };
+            for destination in [Stage::Shader, Stage::Transfer] {
+                if self.stages & destination.bit() == 0 {
+                    continue;
+                }
+                let list = &mut self.pending[usize::from(destination.bit() - 1)];
+                if !list.contains(&access) {
+                    list.push(access);
+                }
+            }
         }
     }
 
@@ -624,7 +634,7 @@ mod tests {
             }
             touched.ordered(sources, Stage::Transfer);
             touched.add(Stage::Transfer, &[x], &[x]);
-            assert!(touched.pending.len() <= 2, "{}", touched.pending.len());
+            assert!(touched.pending.iter().all(|list| list.len() <= 2));
         }
     }
 }
