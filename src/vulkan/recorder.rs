@@ -410,6 +410,9 @@ impl Recorder {
                     // lower), so this signal does nothing.
                     return Ok(());
                 }
+                // Within the device's difference of the counter now, it
+                // stays within it: the counter only rises.
+                signal.check_value_difference(*value)?;
                 if !signal.note_queued(*value) {
                     // A host `set` reached or promised it meanwhile.
                     return Ok(());
@@ -549,7 +552,7 @@ impl Recorder {
         let _held = (!signal.is_submitted(value)).then(|| self.holding());
         match signal
             .wait_submitted(value)
-            .and_then(|()| self.context.check_value_difference(value, signal.counter()))
+            .and_then(|()| signal.check_value_difference(value))
         {
             Ok(()) => {
                 self.waits.push(signal.semaphore(), value);

@@ -55,6 +55,10 @@ struct Inner {
     submitted: AtomicU64,
     queued: AtomicU64,
     deferred: AtomicU64,
+    /// The highest counter value read so far: a floor of the counter that
+    /// costs no driver call (`fetch_max` after each read, `Relaxed`: a
+    /// stale floor only sends a check to the driver).
+    observed: AtomicU64,
     /// The failures, and host `set`s serialised (a signal operation must
     /// raise the counter).
     state: Mutex<Failures>,
@@ -80,6 +84,7 @@ impl VulkanSignal {
                 submitted: AtomicU64::new(initial),
                 queued: AtomicU64::new(0),
                 deferred: AtomicU64::new(0),
+                observed: AtomicU64::new(initial),
                 state: Mutex::new(Failures::default()),
                 changed: Condvar::new(),
                 producer: Producer::new(),
@@ -98,6 +103,7 @@ impl VulkanSignal {
     }
 
     /// Whether the signal is of `context`'s device.
+    #[inline]
     pub(super) fn is_of(&self, context: &Arc<Context>) -> bool {
         Arc::ptr_eq(&self.inner.context, context)
     }
@@ -125,13 +131,27 @@ impl VulkanSignal {
     /// lost device.
     pub(super) fn counter(&self) -> u64 {
         // SAFETY: the semaphore is alive (we hold it) and a timeline one.
-        unsafe {
+        let counter = unsafe {
             self.inner
                 .context
                 .device
                 .get_semaphore_counter_value(self.inner.semaphore)
         }
-        .unwrap_or(0)
+        .unwrap_or(0);
+        self.inner.observed.fetch_max(counter, Ordering::Relaxed);
+        counter
+    }
+
+    /// `Err` where `value` is further above the counter than the device
+    /// allows between values of one timeline semaphore. Against the
+    /// highest counter value seen first, which costs no driver call; the
+    /// counter itself is read only where that floor is too far.
+    pub(super) fn check_value_difference(&self, value: u64) -> Result<()> {
+        let context = &self.inner.context;
+        let floor = self.inner.observed.load(Ordering::Relaxed);
+        context
+            .check_value_difference(value, floor)
+            .or_else(|_| context.check_value_difference(value, self.counter()))
     }
 
     /// Signals a host `set` deferred while a queue's signal was pending,
