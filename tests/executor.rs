@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::mock::*;
-use common::{LONG, fill_program, no_hang};
+use common::{LONG, fill_program, no_hang, quiet_injected_failures};
 use hwqueue::cpu::CpuSignal;
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
 use hwqueue::{
@@ -1306,23 +1306,6 @@ fn no_hang_long(what: &str, f: impl FnOnce() + Send + 'static) {
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: no progress in 60 s"),
         Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed"),
     }
-}
-
-/// Keeps the kernels failed on purpose from printing a panic message each.
-fn quiet_injected_failures() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<String>()
-                .map_or("", String::as_str);
-            if !message.starts_with("injected failure") {
-                default(info);
-            }
-        }));
-    });
 }
 
 /// A plan copying between the CPU and a gated mock device (so through the

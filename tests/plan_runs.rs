@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::no_hang;
+use common::{no_hang, quiet_injected_failures};
 use hwqueue_testkit::{check_plan_runs, check_plan_runs_over_two_backends};
 use proptest::prelude::*;
 
@@ -54,22 +54,4 @@ proptest! {
             check_plan_runs_over_two_backends(&data, 4);
         });
     }
-}
-
-/// Keeps the kernels failed on purpose from printing a panic message each
-/// (hundreds a run of this test); every other panic prints as usual.
-fn quiet_injected_failures() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let message = info
-                .payload()
-                .downcast_ref::<String>()
-                .map_or("", String::as_str);
-            if !message.starts_with("injected failure") {
-                default(info);
-            }
-        }));
-    });
 }
