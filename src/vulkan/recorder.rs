@@ -365,44 +365,18 @@ impl Recorder {
         index: usize,
         command: &Command<Vulkan>,
     ) -> Result<()> {
-        if !matches!(
-            command,
-            Command::Wait { .. } | Command::WaitSettled { .. } | Command::WaitForeign { .. }
-        ) {
-            return self.device_command(batch, index, command);
-        }
-        // A wait's profile event spans what it held this thread (and so
-        // the queue) on the host.
-        let held_from = self.profiling().then(now_ns);
-        let outcome = match command {
-            Command::Wait { signal, value } => self.wait(signal, *value, false),
-            Command::WaitSettled { signal, value } => self.wait(signal, *value, true),
-            Command::WaitForeign { signal, value } => self.flush(None).and_then(|()| {
-                let _held = self.holding();
+        match command {
+            Command::Wait { signal, value } => {
+                self.held(index, |this| this.wait(signal, *value, false))
+            }
+            Command::WaitSettled { signal, value } => {
+                self.held(index, |this| this.wait(signal, *value, true))
+            }
+            Command::WaitForeign { signal, value } => self.held(index, |this| {
+                this.flush(None)?;
+                let _held = this.holding();
                 signal.wait_forever(*value)
             }),
-            _ => unreachable!("matched above"),
-        };
-        if let Some(from) = held_from {
-            let current = self.current.as_mut().expect("a batch is recording");
-            if let Some(held) = current.held_ns.get_mut(index) {
-                *held = (from, now_ns());
-            }
-        }
-        outcome
-    }
-
-    /// Records `command`, neither a wait nor a foreign wait.
-    fn device_command(
-        &mut self,
-        batch: &Batch<Vulkan>,
-        index: usize,
-        command: &Command<Vulkan>,
-    ) -> Result<()> {
-        match command {
-            Command::Wait { .. } | Command::WaitSettled { .. } | Command::WaitForeign { .. } => {
-                unreachable!("waits are recorded by `command`")
-            }
             Command::Signal { signal, value } => {
                 if signal.is_submitted(*value) {
                     // At or below what it holds or is promised: values only
@@ -472,6 +446,21 @@ impl Recorder {
             // command before this one completed by then.
             Command::Dealloca { .. } => Ok(()),
         }
+    }
+
+    /// Runs `wait`, the wait of command `index`; while profiling, notes
+    /// when this thread reached it and when it let the thread go: its
+    /// profile event spans what it held the queue on the host.
+    fn held(&mut self, index: usize, wait: impl FnOnce(&mut Self) -> Result<()>) -> Result<()> {
+        let from = self.profiling().then(now_ns);
+        let outcome = wait(self);
+        if let Some(from) = from {
+            let current = self.current.as_mut().expect("a batch is recording");
+            if let Some(held) = current.held_ns.get_mut(index) {
+                *held = (from, now_ns());
+            }
+        }
+        outcome
     }
 
     /// Marks the queue as holding a batch on the host for a value that may
