@@ -40,7 +40,8 @@
 //! The files: this one holds the engine and what it shares with its
 //! threads; `recorder.rs` the recording thread (batches in, submissions
 //! out), `commands.rs` recording device commands and their barriers,
-//! `timing.rs` device timestamps, `retire.rs` the retire thread.
+//! `submit.rs` handing a recorded stretch to the `VkQueue`, `timing.rs`
+//! device timestamps, `retire.rs` the retire thread.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

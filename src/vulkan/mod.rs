@@ -70,6 +70,7 @@ mod recorder;
 mod retire;
 mod signal;
 mod staged;
+mod submit;
 mod timing;
 
 use std::sync::Arc;

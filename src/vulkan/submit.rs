@@ -1,0 +1,160 @@
+//! A Vulkan queue's submissions: what the recorder recorded since the last
+//! `signal` or wait (the open command buffer, the waits gathered) handed
+//! to its `VkQueue` with the timeline values it waits for and signals,
+//! and which stages its barriers order. The recorder (`recorder.rs`,
+//! `commands.rs`) decides what goes in; this file only submits it.
+
+use ash::vk;
+use parking_lot::Mutex;
+
+use super::recorder::Recorder;
+use crate::error::Result;
+use crate::profile::now_ns;
+use crate::queue::QueueKind;
+
+impl Recorder {
+    /// The `VkQueue` this queue submits to.
+    pub(super) fn queue(&self) -> &Mutex<vk::Queue> {
+        match self.kind {
+            QueueKind::Copy => self
+                .context
+                .transfer_queue
+                .unwrap_or(self.context.compute_queue),
+            QueueKind::Compute => self.context.compute_queue,
+        }
+    }
+
+    /// The stages this queue's barriers order: what runs on its
+    /// `VkQueue`. A copy queue on a transfer-only family runs transfers
+    /// only; one on the compute family (where the device has no transfer
+    /// family) shares its `VkQueue` with compute work, so its barriers
+    /// order it after earlier compute work too, as the interop rules
+    /// promise (`interop.rs`): transfer alone left a copy unordered with a
+    /// dispatch submitted before it.
+    pub(super) fn stages(&self) -> vk::PipelineStageFlags {
+        match (self.kind, self.context.transfer_family) {
+            (QueueKind::Copy, Some(_)) => vk::PipelineStageFlags::TRANSFER,
+            _ => vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+        }
+    }
+
+    /// Submits what is recorded and the waits gathered, signalling the
+    /// progress semaphore and, where given, a signal.
+    pub(super) fn flush(&mut self, signal: Option<(vk::Semaphore, u64)>) -> Result<()> {
+        if self.open.is_none() && self.waits.is_empty() && signal.is_none() {
+            return Ok(());
+        }
+        if let Err(lost) = self.context.health() {
+            // Nothing more runs on a lost device: the recorded buffer goes
+            // back unsubmitted.
+            self.waits.clear();
+            if let Some((set, _)) = self.open.take() {
+                // SAFETY: the command buffer records; ending it lets its
+                // next `begin` reset it.
+                let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
+                self.shared.free.lock().push(set);
+            }
+            return Err(lost);
+        }
+        let device = &self.context.device;
+        let open = self.open.take();
+        if let Some((set, _)) = &open {
+            let barrier = [vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            // SAFETY: the command buffer records; it ends here.
+            unsafe {
+                device.cmd_pipeline_barrier(
+                    set.buffer,
+                    self.stages(),
+                    vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+                device
+                    .end_command_buffer(set.buffer)
+                    .map_err(|e| self.context.error("vkEndCommandBuffer", e))?;
+            }
+        }
+        let value = self.next + 1;
+        // No allocation per submission: the waits are kept as Vulkan takes
+        // them, the signals are the progress semaphore and at most one more.
+        let (signal_semaphore, signal_value) = signal.unwrap_or((self.progress, value));
+        let signals = [self.progress, signal_semaphore];
+        let signal_values = [value, signal_value];
+        let signalled = if signal.is_some() { 2 } else { 1 };
+        let buffer = open.as_ref().map(|(set, _)| set.buffer);
+        let mut timeline = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&self.waits.values)
+            .signal_semaphore_values(&signal_values[..signalled]);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&self.waits.semaphores)
+            .wait_dst_stage_mask(&self.waits.stages)
+            .command_buffers(buffer.as_slice())
+            .signal_semaphores(&signals[..signalled])
+            .push_next(&mut timeline);
+        let outcome = {
+            let queue = self.queue().lock();
+            // SAFETY: the queue is locked (submits need external
+            // synchronisation); every semaphore and the command buffer
+            // live until the retire thread saw `value`.
+            unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
+        };
+        self.waits.clear();
+        let current = self.current.as_mut().expect("a batch is recording");
+        match outcome {
+            Ok(()) => {
+                self.next = value;
+                current.progress = Some(value);
+                if current.profile {
+                    let now = now_ns();
+                    let (from, to) = (current.stamped, current.upto);
+                    for stamp in current.submitted_ns.get_mut(from..to).unwrap_or_default() {
+                        *stamp = now;
+                    }
+                    current.stamped = to;
+                }
+                if let Some((set, _)) = open {
+                    current.sets.push(set);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if let Some((set, _)) = open {
+                    // Never submitted: reusable at once.
+                    self.shared.free.lock().push(set);
+                }
+                Err(self.context.error("vkQueueSubmit", e))
+            }
+        }
+    }
+}
+
+/// The waits of the next submission, in the three arrays `vkQueueSubmit`
+/// takes, kept between submissions.
+#[derive(Default)]
+pub(super) struct Waits {
+    semaphores: Vec<vk::Semaphore>,
+    values: Vec<u64>,
+    stages: Vec<vk::PipelineStageFlags>,
+}
+
+impl Waits {
+    pub(super) fn push(&mut self, semaphore: vk::Semaphore, value: u64) {
+        self.semaphores.push(semaphore);
+        self.values.push(value);
+        self.stages.push(vk::PipelineStageFlags::ALL_COMMANDS);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.semaphores.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.semaphores.clear();
+        self.values.clear();
+        self.stages.clear();
+    }
+}
