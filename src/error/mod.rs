@@ -6,6 +6,7 @@
 //! every waiter of every signal it would have set.
 
 mod external;
+mod wording;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use crate::queue::{QueueId, QueueKind};
 
 pub use external::{BackendSource, panic_message};
+use wording::{after_failure, memory_figures, refused_at};
 
 /// The result type of every fallible hwqueue call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -648,42 +650,6 @@ pub enum Error {
     },
 }
 
-/// The figures of an out-of-memory error: the pool's, and the device's
-/// where known.
-fn memory_figures(
-    in_use: usize,
-    reserved: usize,
-    device_free: Option<u64>,
-    device_total: Option<u64>,
-) -> String {
-    use crate::memory::stats::Bytes;
-    let mut figures = format!(
-        "the pool had {} in use and {} reserved",
-        Bytes(in_use),
-        Bytes(reserved)
-    );
-    if let (Some(free), Some(total)) = (device_free, device_total) {
-        figures += &format!(
-            "; the device has {} free of {}",
-            Bytes(usize::try_from(free).unwrap_or(usize::MAX)),
-            Bytes(usize::try_from(total).unwrap_or(usize::MAX))
-        );
-    }
-    figures
-}
-
-/// What a queue's owner can do after `cause` failed a batch: go on, unless
-/// the device is lost.
-fn after_failure(cause: &Error) -> &'static str {
-    match cause.root_cause() {
-        Error::DeviceLost { .. } => {
-            "the queue's device is lost, so the queue is not usable again: drop it and restart \
-             the process"
-        }
-        _ => "the queue is usable again",
-    }
-}
-
 impl Error {
     /// The deepest cause of a chain of wrapped errors (`SignalFailed`,
     /// `QueueFailed`, …): the failure that started it.
@@ -701,16 +667,4 @@ impl Error {
             }
         }
     }
-}
-
-/// `" at operation `name` (slot `s` bound to ...)"`, for [`Error::RunRefused`].
-fn refused_at(operation: Option<&str>, bindings: &[String]) -> String {
-    let mut text = match operation {
-        Some(operation) => format!(" at operation `{operation}`"),
-        None => String::new(),
-    };
-    if !bindings.is_empty() {
-        text += &format!(" ({})", bindings.join(", "));
-    }
-    text
 }
