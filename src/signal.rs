@@ -92,6 +92,15 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
         self.value() >= target
     }
 
+    /// Whether `target` is settled: reached, or the work that would set it
+    /// failed (a wait for it would not block). Never blocks.
+    fn is_settled(&self, target: u64) -> bool {
+        !matches!(
+            self.wait(target, Duration::ZERO),
+            Err(Error::Timeout { .. })
+        )
+    }
+
     /// Blocks until `value() >= target`.
     ///
     /// # Errors

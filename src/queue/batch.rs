@@ -174,11 +174,7 @@ pub(crate) struct SettledForeign<S>(pub(crate) S);
 
 impl<S: TimelineSignal> ForeignWait for SettledForeign<S> {
     fn is_reached(&self, value: u64) -> bool {
-        // A zero timeout never blocks: reached, failed, or not yet.
-        !matches!(
-            self.0.wait(value, std::time::Duration::ZERO),
-            Err(Error::Timeout { .. })
-        )
+        self.0.is_settled(value)
     }
 
     fn wait_forever(&self, value: u64) -> Result<()> {
