@@ -122,6 +122,23 @@ impl<E: Engine> Queue<E> {
         Ok(())
     }
 
+    /// Records a [`Command::WaitForeign`] on `value` of the signal `boxed`
+    /// makes, once the value is in range.
+    fn record_foreign_wait(
+        &mut self,
+        value: u64,
+        boxed: impl FnOnce() -> Box<dyn super::ForeignWait>,
+    ) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        self.batch.commands.push(Command::WaitForeign {
+            signal: boxed(),
+            value,
+        });
+        self
+    }
+
     /// The engine that runs this queue's batches.
     pub fn engine(&self) -> &E {
         &self.engine
@@ -459,25 +476,13 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     }
 
     fn wait_foreign<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::WaitForeign {
-            signal: Box::new(signal.clone()),
-            value,
-        });
-        self
+        self.record_foreign_wait(value, || Box::new(signal.clone()))
     }
 
     fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        self.batch.commands.push(Command::WaitForeign {
-            signal: Box::new(super::batch::SettledForeign(signal.clone())),
-            value,
-        });
-        self
+        self.record_foreign_wait(value, || {
+            Box::new(super::batch::SettledForeign(signal.clone()))
+        })
     }
 
     #[inline]
