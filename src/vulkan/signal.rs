@@ -55,9 +55,10 @@ struct Inner {
     submitted: AtomicU64,
     queued: AtomicU64,
     deferred: AtomicU64,
-    /// The highest counter value read so far: a floor of the counter that
-    /// costs no driver call (`fetch_max` after each read, `Relaxed`: a
-    /// stale floor only sends a check to the driver).
+    /// A floor of the counter that costs no driver call: the initial
+    /// value, raised by each read `check_value_difference` makes where the
+    /// floor was too far (`fetch_max`, `Relaxed`: a stale floor only sends
+    /// a check to the driver).
     observed: AtomicU64,
     /// The failures, and host `set`s serialised (a signal operation must
     /// raise the counter).
@@ -131,15 +132,13 @@ impl VulkanSignal {
     /// lost device.
     pub(super) fn counter(&self) -> u64 {
         // SAFETY: the semaphore is alive (we hold it) and a timeline one.
-        let counter = unsafe {
+        unsafe {
             self.inner
                 .context
                 .device
                 .get_semaphore_counter_value(self.inner.semaphore)
         }
-        .unwrap_or(0);
-        self.inner.observed.fetch_max(counter, Ordering::Relaxed);
-        counter
+        .unwrap_or(0)
     }
 
     /// `Err` where `value` is further above the counter than the device
@@ -149,9 +148,11 @@ impl VulkanSignal {
     pub(super) fn check_value_difference(&self, value: u64) -> Result<()> {
         let context = &self.inner.context;
         let floor = self.inner.observed.load(Ordering::Relaxed);
-        context
-            .check_value_difference(value, floor)
-            .or_else(|_| context.check_value_difference(value, self.counter()))
+        context.check_value_difference(value, floor).or_else(|_| {
+            let counter = self.counter();
+            self.inner.observed.fetch_max(counter, Ordering::Relaxed);
+            context.check_value_difference(value, counter)
+        })
     }
 
     /// Signals a host `set` deferred while a queue's signal was pending,
@@ -159,6 +160,9 @@ impl VulkanSignal {
     /// reach it; forgets it once the counter reached it. The retire
     /// thread calls it for each signal of a batch that retired.
     pub(super) fn apply_deferred(&self) {
+        // Under the lock even when nothing is deferred: a `set` that read
+        // the counter short of a pending signal defers under it, and must
+        // not store after this look, once that signal completed.
         let _state = self.inner.state.lock();
         let deferred = self.inner.deferred.load(Ordering::Acquire);
         if deferred == 0 {
