@@ -1121,3 +1121,98 @@ fn values_further_apart_than_the_device_allows_are_refused_or_stepped() {
     queue.signal(&stepped, 1150).submit().unwrap();
     stepped.wait(1150, LONG).unwrap();
 }
+
+/// Holds the shared compute `VkQueue` of `device` behind a raw wait on a
+/// timeline semaphore until the returned closure is called, which lets
+/// it go (and destroys the semaphore once the queue drained past it).
+fn hold_the_vkqueue(device: &VulkanDevice) -> impl FnOnce() {
+    use hwqueue::vulkan::ash::vk;
+    let raw = device.raw_device().clone();
+    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    // SAFETY: destroyed by the closure, once its wait completed.
+    let hold = unsafe {
+        raw.create_semaphore(
+            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+            None,
+        )
+    }
+    .unwrap();
+    let semaphores = [hold];
+    let values = [1u64];
+    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
+    let mut wait = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
+    let submit = vk::SubmitInfo::default()
+        .wait_semaphores(&semaphores)
+        .wait_dst_stage_mask(&stages)
+        .push_next(&mut wait);
+    device.with_compute_queue(|queue| {
+        // SAFETY: the queue's lock is held; the infos live across the call;
+        // the closure signals the semaphore.
+        unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
+    });
+    move || {
+        // SAFETY: a host signal of the raw semaphore, above its counter;
+        // then its one wait is waited for before it is destroyed.
+        unsafe {
+            raw.signal_semaphore(&vk::SemaphoreSignalInfo::default().semaphore(hold).value(1))
+                .unwrap();
+            raw.wait_semaphores(
+                &vk::SemaphoreWaitInfo::default()
+                    .semaphores(&[hold])
+                    .values(&[1]),
+                LONG.as_nanos() as u64,
+            )
+            .unwrap();
+            raw.destroy_semaphore(hold, None);
+        }
+    }
+}
+
+/// A batch failing at a foreign wait after device work it already
+/// submitted: the values after the failure settle (fail) only once that
+/// work completed, in queue order, so whoever waits on them (settled, as
+/// a plan's next run does) comes after it. Found by four CPU + Vulkan
+/// plans at once (`tests/plan_backends.rs`): the next run's upload landed
+/// before the refused run's kernel, which then added to it. Failed before
+/// the fix: the later value failed at once, the GPU still held.
+#[test]
+fn a_failed_value_settles_only_after_the_work_submitted_before_it() {
+    let Some(device) = device() else { return };
+    let buffer = device.alloc(16).unwrap();
+    let signal = device.new_signal(0).unwrap();
+    let failed = CpuSignal::new(0);
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on its own account".into(),
+        },
+    );
+    let mut queue = device.compute_queue().unwrap();
+    let release = hold_the_vkqueue(&device);
+    queue
+        .fill(&buffer, 7u32)
+        .signal(&signal, 1)
+        .wait_foreign(&failed, 1)
+        .signal(&signal, 2)
+        .submit()
+        .unwrap();
+    // The fill (and value 1) wait on the GPU behind the hold: value 2,
+    // after them in queue order, must not have settled either. (Let go
+    // before asserting: a queue dropped while the GPU is held waits.)
+    let early = signal.wait(2, Duration::from_millis(100));
+    release();
+    assert!(
+        matches!(early, Err(Error::Timeout { .. })),
+        "value 2 settled before the work before it in its batch: {early:?}"
+    );
+    assert!(matches!(
+        signal.wait(2, LONG),
+        Err(Error::SignalFailed { .. })
+    ));
+    assert!(signal.is_reached(1));
+    assert_eq!(buffer.to_vec::<u32>().unwrap(), [7; 4]);
+    let _ = queue.synchronize();
+}

@@ -552,6 +552,16 @@ pub(super) fn run_worker(shared: &Shared) {
         let enqueued = match outcome {
             // Its later waits honoured first under `FailureScope::Batch`.
             Outcome::Failed(at, error) => {
+                // The values from the failure on settle in queue order:
+                // once the batch's work enqueued before it completed (the
+                // stream holds only work that completes on its own), so a
+                // waiter a failure lets through (a plan's next run) comes
+                // after it. An error is the stream's, reported as usual.
+                if at > 0
+                    && let Err(sync) = shared.stream.synchronize()
+                {
+                    let _ = shared.fault("waiting for a failed batch's earlier work", sync);
+                }
                 shared.ledger.complete(&batch, Err((at, error)));
                 at
             }

@@ -337,10 +337,23 @@ impl Recorder {
                 // What was recorded before the failure still runs; where it
                 // cannot be submitted, it fails too.
                 let from = self.open.as_ref().map_or(index, |(_, first)| *first);
-                return Err(match self.flush(None) {
+                let failed = match self.flush(None) {
                     Ok(()) => (index, error),
                     Err(_) => (from, error),
-                });
+                };
+                // The values from the failure on settle in queue order:
+                // only once the work submitted before it completed (a
+                // waiter that a failure lets through, as a plan's next run,
+                // must come after that work). It completes: every
+                // submission's waits are on values already submitted. A
+                // lost device ends the wait too.
+                if self.next > 0 {
+                    let _ = super::retire::wait_all_semaphores(
+                        &self.context,
+                        &[(self.progress, self.next)],
+                    );
+                }
+                return Err(failed);
             }
         }
         if self.open.is_some() || !self.waits.is_empty() {
