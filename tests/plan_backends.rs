@@ -42,37 +42,171 @@ fn a_plan_over_the_cpu_and_a_user_backend_runs_back_to_back() {
     });
 }
 
+/// CPU + Vulkan through `AnyBackend`, on whatever driver is there
+/// (lavapipe in CI).
 #[cfg(feature = "vulkan")]
-#[test]
-fn a_plan_over_the_cpu_and_vulkan_runs_back_to_back() {
+mod vulkan {
+    use std::sync::{Arc, OnceLock};
+
+    use super::common::{LONG, no_hang};
+    use hwqueue::cpu::{CpuDevice, CpuProgram, CpuSignal, KernelArgs, WorkGroup};
+    use hwqueue::memory::Phase;
     use hwqueue::vulkan::{VulkanDevice, VulkanProgram};
-    use hwqueue::{AnyBackend, AnyDevice, AnyProgram};
-    let devices = match hwqueue::vulkan::devices() {
-        Ok(devices) => devices,
-        Err(error) => {
+    use hwqueue::{
+        AnyBackend, AnyBuffer, AnyDevice, AnyProgram, Backend, Buffer, Device, ExecParams,
+        HardwareQueue, QueueFactory, Schedule, TimelineSignal,
+    };
+    use hwqueue_testkit::check_plan_over_two_backends;
+
+    /// The first usable Vulkan device's ordinal, or `None` (printing why
+    /// the test skips; failing where `HWQUEUE_REQUIRE_VULKAN` is set).
+    fn ordinal() -> Option<u32> {
+        let skip = |why: String| {
             assert!(
                 std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
-                "HWQUEUE_REQUIRE_VULKAN is set, and no Vulkan driver ({error})"
+                "HWQUEUE_REQUIRE_VULKAN is set, and {why}"
             );
-            println!("skipped: no Vulkan driver ({error})");
-            return;
+            println!("skipped: {why}");
+            None
+        };
+        let devices = match hwqueue::vulkan::devices() {
+            Ok(devices) => devices,
+            Err(error) => return skip(format!("no Vulkan driver ({error})")),
+        };
+        match devices.iter().find(|d| d.unusable.is_none()) {
+            Some(usable) => Some(usable.spec.ordinal()),
+            None => skip(format!("no usable Vulkan device ({devices:?})")),
         }
-    };
-    let Some(usable) = devices.iter().find(|d| d.unusable.is_none()) else {
-        assert!(
-            std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
-            "HWQUEUE_REQUIRE_VULKAN is set, and no usable Vulkan device ({devices:?})"
-        );
-        println!("skipped: no usable Vulkan device");
-        return;
-    };
-    let ordinal = usable.spec.ordinal();
-    no_hang("runs of a plan over the CPU and Vulkan", move || {
+    }
+
+    /// The harness over a CPU device and a Vulkan handle of `ordinal`,
+    /// opened here.
+    fn run_the_harness(ordinal: u32) {
         let vulkan = VulkanDevice::open(ordinal).expect("a usable device opens");
         let add = VulkanProgram::from_wgsl("add", hwqueue_cts::ADD_WGSL, "add").unwrap();
         let cpu = Arc::new(AnyDevice::from(CpuDevice::new()));
         let other = Arc::new(AnyDevice::from(vulkan));
-        assert_eq!(<AnyBackend as Backend>::ID, "any");
         check_plan_over_two_backends::<AnyBackend>(cpu, other, Some(AnyProgram::from(add)));
-    });
+    }
+
+    #[test]
+    fn a_plan_over_the_cpu_and_vulkan_runs_back_to_back() {
+        let Some(ordinal) = ordinal() else { return };
+        assert_eq!(<AnyBackend as Backend>::ID, "any");
+        no_hang("runs of a plan over the CPU and Vulkan", move || {
+            run_the_harness(ordinal)
+        });
+    }
+
+    /// As a process serving several models does: four threads, each with
+    /// its own CPU device and Vulkan handle (one `VkDevice` under them
+    /// all), run the harness's plan at once.
+    #[test]
+    fn plans_over_the_cpu_and_vulkan_run_in_four_threads_at_once() {
+        let Some(ordinal) = ordinal() else { return };
+        no_hang("four threads of plans over the CPU and Vulkan", move || {
+            let threads: Vec<_> = (0..4)
+                .map(|_| std::thread::spawn(move || run_the_harness(ordinal)))
+                .collect();
+            for thread in threads {
+                thread.join().expect("a thread's plan failed (see above)");
+            }
+        });
+    }
+
+    /// Gates the CPU kernel of the host-stage tests waits at, by the
+    /// index its scalar names.
+    fn gates() -> &'static [CpuSignal; 2] {
+        static GATES: OnceLock<[CpuSignal; 2]> = OnceLock::new();
+        GATES.get_or_init(|| [CpuSignal::new(0), CpuSignal::new(0)])
+    }
+
+    /// Waits until gate `scalar 0` is set.
+    fn gated(_: &WorkGroup, args: &KernelArgs<'_>) {
+        let gate: u32 = args.scalar(0);
+        gates()[gate as usize]
+            .wait(1, LONG)
+            .expect("the test opens the gate");
+    }
+
+    /// The host stage copying between the CPU and a Vulkan buffer made by
+    /// `alloca`, whose `dealloca` runs after `run()` and before the copy
+    /// (held behind a gated CPU kernel on the CPU side): the copy holds a
+    /// use, so it reads (or writes) the buffer's bytes through Vulkan's
+    /// `queue_read_at`/`queue_write_at`, and the range goes back only
+    /// once it is done. `tests/executor.rs` has the CPU + mock pair.
+    fn host_stage_and_a_vulkan_dealloca(ordinal: u32, vulkan_is_source: bool, gate: u32) {
+        let vulkan = VulkanDevice::open(ordinal).expect("a usable device opens");
+        let mut alloca_queue = vulkan.compute_queue().unwrap();
+        let ordered = alloca_queue.alloca(16).unwrap();
+        let done = vulkan.new_signal(0).unwrap();
+        alloca_queue
+            .upload(&ordered, &[1u32, 2, 3, 4])
+            .signal(&done, 1)
+            .submit()
+            .unwrap();
+        done.wait(1, LONG).unwrap();
+
+        let cpu = Arc::new(AnyDevice::from(CpuDevice::new()));
+        let other = Arc::new(AnyDevice::from(vulkan));
+        let mut schedule = Schedule::<AnyBackend>::new();
+        let (dc, dv) = (schedule.add_device(cpu.clone()), schedule.add_device(other));
+        let on_cpu = cpu.alloc(16).unwrap();
+        on_cpu.write_from(&[5u32, 6, 7, 8]).unwrap();
+        let c = schedule.add_buffer(dc, "on cpu", on_cpu.clone());
+        let slot = schedule.add_slot(dv, "ordered", 16);
+        let wait = AnyProgram::from(CpuProgram::from_fn("gated", 1, 1, gated));
+        schedule.exec(
+            "gate",
+            dc,
+            &wait,
+            &[c],
+            &[gate.into()],
+            ExecParams::new_1d(1, 1),
+        );
+        if vulkan_is_source {
+            schedule.copy("vulkan to cpu", c, slot);
+        } else {
+            schedule.copy("cpu to vulkan", slot, c);
+        }
+        let mut plan = schedule.plan().unwrap();
+        assert!(plan.queue_labels().contains(&"host"), "{plan}");
+        plan.bind(slot, &AnyBuffer::from(ordered.clone())).unwrap();
+        let run = plan.run().unwrap();
+        alloca_queue
+            .dealloca(&ordered)
+            .signal(&done, 2)
+            .submit()
+            .unwrap();
+        done.wait(2, LONG).unwrap();
+        alloca_queue.synchronize().unwrap();
+        let phase = || Buffer::queue_ordered(&ordered).unwrap().phase();
+        assert_eq!(phase(), Phase::Ran, "the recorded copy holds a use");
+        gates()[gate as usize].set(1);
+        run.wait(LONG)
+            .expect("a run recorded before the dealloca works on the buffer's bytes");
+        if vulkan_is_source {
+            assert_eq!(on_cpu.to_vec::<u32>().unwrap(), [1, 2, 3, 4]);
+        }
+        drop(plan);
+        assert_eq!(phase(), Phase::Returned, "the range went back");
+    }
+
+    #[test]
+    fn the_host_stage_reads_a_vulkan_source_deallocated_after_run() {
+        let Some(ordinal) = ordinal() else { return };
+        no_hang(
+            "the host stage and a dealloca of a Vulkan source",
+            move || host_stage_and_a_vulkan_dealloca(ordinal, true, 0),
+        );
+    }
+
+    #[test]
+    fn the_host_stage_writes_a_vulkan_destination_deallocated_after_run() {
+        let Some(ordinal) = ordinal() else { return };
+        no_hang(
+            "the host stage and a dealloca of a Vulkan destination",
+            move || host_stage_and_a_vulkan_dealloca(ordinal, false, 1),
+        );
+    }
 }

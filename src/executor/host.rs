@@ -23,12 +23,17 @@ pub(super) struct HostJob<B: Backend> {
     pub(super) signal: B::Signal,
     pub(super) value: u64,
     /// The uses the job holds of `dst` and `src` where `alloca` made them,
-    /// from when the run was recorded until the job settled, as a device
-    /// queue's batch holds them.
-    pub(super) _uses: [Option<HeldUse<B>>; 2],
+    /// from when the run was recorded until the job's copy is done (let go
+    /// just before its value is set or failed).
+    pub(super) uses: [Option<HeldUse<B>>; 2],
 }
 
 impl<B: Backend> HostJob<B> {
+    /// Lets the job's uses go: before its value is set or failed.
+    fn let_go(&mut self) {
+        self.uses = [None, None];
+    }
+
     /// The uses a copy from `src` into `dst` holds, taken now.
     ///
     /// # Errors
@@ -82,7 +87,7 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
         }
         let mut failed: Option<std::sync::Arc<Error>> = None;
         // By value: each job lets its uses go once it settled.
-        for job in batch.jobs {
+        for mut job in batch.jobs {
             let waited = job.waits.iter().try_for_each(|(signal, value, settled)| {
                 let outcome = signal.wait(*value, Timeout::Forever);
                 if *settled || failed.is_some() {
@@ -93,6 +98,7 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
             });
             if let Some(cause) = &failed {
                 // Draining: the waits were honoured; the copy does not run.
+                job.let_go();
                 job.signal.fail(
                     job.value,
                     Error::EarlierBatchFailed {
@@ -109,6 +115,9 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
                 src.buffer().queue_read_at(src.offset(), &mut staging)?;
                 dst.buffer().queue_write_at(dst.offset(), &staging)
             });
+            // Done with the bytes: whoever sees the value sees the uses
+            // gone (a range whose `dealloca` ran is back in the pool).
+            job.let_go();
             match outcome {
                 Ok(()) => job.signal.set(job.value),
                 Err(error) => {

@@ -155,7 +155,7 @@ impl<B: Backend> Plan<B> {
                     src,
                     signal: timelines.signals[index].clone(),
                     value: own_value(index, op_plan.value),
-                    _uses: uses,
+                    uses,
                 });
             }
         }
