@@ -137,13 +137,13 @@ pub trait Engine: Send + Sized + 'static {
     ///    failed through the [`Ledger`] ([`Ledger::settle`] for an engine
     ///    that runs a batch in one go; [`Ledger::admit`], then
     ///    [`Ledger::complete`] for one that learns of the end later).
-    ///    Nothing submitted is dropped, so no waiter hangs.
+    ///    Nothing submitted is dropped, so no waiter hangs. A failure
+    ///    settles in queue order: an engine that hands work to a device
+    ///    reports a batch failed at command `from` only once the batch's
+    ///    work before `from` completed, so the values the failure fails
+    ///    (which a settled wait lets through) never settle before work
+    ///    ahead of them in the queue.
     /// 3. A signal is only raised: never set below a value it reached.
-    /// 4. A failure settles in queue order: an engine that hands work to a
-    ///    device reports a batch failed at command `from` only once the
-    ///    batch's work before `from` completed, so the values the failure
-    ///    fails (which a settled wait lets through) never settle before
-    ///    work ahead of them in the queue.
     ///
     /// `hwqueue-cts` checks these against the running engine.
     fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
