@@ -1273,7 +1273,9 @@ fn failing_runs_back_to_back_are_never_refused_and_report_only_their_own() {
         let mut in_flight = std::collections::VecDeque::new();
         let start = std::time::Instant::now();
         let mut run = 0u32;
-        while start.elapsed() < std::time::Duration::from_secs(2) {
+        // At least 256 runs, and for two seconds: the window needs runs,
+        // and time on a loaded machine (no assertion on either).
+        while run < 256 || start.elapsed() < std::time::Duration::from_secs(2) {
             plan.set_scalar(step, run).unwrap();
             let out = hwqueue::Download::<u32>::new(4);
             plan.download(down, &out).unwrap();
@@ -1290,7 +1292,6 @@ fn failing_runs_back_to_back_are_never_refused_and_report_only_their_own() {
         for (run, handle, out) in in_flight {
             check(run, handle, out);
         }
-        assert!(run > 100, "only {run} runs in two seconds");
     });
 }
 
