@@ -66,11 +66,7 @@ impl<B: Backend> HeldUse<B> {
 
 impl<B: Backend> Drop for HeldUse<B> {
     fn drop(&mut self) {
-        if let Some(ordered) = self.0.queue_ordered()
-            && ordered.end_uses(1)
-        {
-            self.0.give_back();
-        }
+        crate::memory::end_use(&self.0);
     }
 }
 

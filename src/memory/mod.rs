@@ -109,6 +109,18 @@ pub fn dealloca_completed<T: crate::Buffer>(buffer: &T) {
     }
 }
 
+/// Queue work (a batch, the executor's host stage) lets go of one use of
+/// `buffer` it took ([`QueueOrdered::begin_use`]): the range goes back to
+/// the pool where its `dealloca` ran and this was the last use.
+pub(crate) fn end_use<T: crate::Buffer>(buffer: &T) {
+    if buffer
+        .queue_ordered()
+        .is_some_and(|ordered| ordered.end_uses(1))
+    {
+        buffer.give_back();
+    }
+}
+
 use crate::error::Result;
 
 /// The most bytes a pool keeps cached by default: all of them (as

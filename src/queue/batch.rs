@@ -349,13 +349,10 @@ impl<B: Backend> Batch<B> {
     /// `dealloca` that never ran leaves its buffer live again.
     fn let_go(&mut self) {
         for (buffer, dealloca) in self.uses.drain(..) {
-            let Some(ordered) = buffer.queue_ordered() else {
-                continue;
-            };
-            if dealloca {
+            if !dealloca {
+                crate::memory::end_use(&buffer);
+            } else if let Some(ordered) = buffer.queue_ordered() {
                 ordered.dealloca_let_go();
-            } else if ordered.end_uses(1) {
-                buffer.give_back();
             }
         }
     }
