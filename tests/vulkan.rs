@@ -984,6 +984,71 @@ fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
     assert_eq!(data.unwrap(), [1, 2, 3, 4], "the batch itself completed");
 }
 
+/// The shared compute `VkQueue` of a device held behind a raw wait on a
+/// timeline semaphore of the test's own, until [`release`](Self::release):
+/// work submitted meanwhile is pending on the device, deterministically.
+/// Drop it only once a queue synchronised past the release (the layer
+/// checks that no submission still names the semaphore).
+struct Hold {
+    raw: hwqueue::vulkan::ash::Device,
+    semaphore: hwqueue::vulkan::ash::vk::Semaphore,
+}
+
+impl Hold {
+    fn new(device: &VulkanDevice) -> Self {
+        use hwqueue::vulkan::ash::vk;
+        let raw = device.raw_device().clone();
+        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        // SAFETY: destroyed by `drop`, once its wait completed.
+        let semaphore = unsafe {
+            raw.create_semaphore(
+                &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+                None,
+            )
+        }
+        .unwrap();
+        let semaphores = [semaphore];
+        let values = [1u64];
+        let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
+        let mut wait = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&semaphores)
+            .wait_dst_stage_mask(&stages)
+            .push_next(&mut wait);
+        device.with_compute_queue(|queue| {
+            // SAFETY: the queue's lock is held; the infos live across the
+            // call; `release` signals the semaphore.
+            unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
+        });
+        Self { raw, semaphore }
+    }
+
+    /// Lets the `VkQueue` go.
+    fn release(&self) {
+        use hwqueue::vulkan::ash::vk;
+        // SAFETY: a host signal of the raw semaphore, above its counter
+        // (once: a second signal of 1 would not be above it).
+        unsafe {
+            self.raw.signal_semaphore(
+                &vk::SemaphoreSignalInfo::default()
+                    .semaphore(self.semaphore)
+                    .value(1),
+            )
+        }
+        .unwrap();
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        // SAFETY: the caller synchronised a queue past the release, so the
+        // one submission that named the semaphore completed.
+        unsafe { self.raw.destroy_semaphore(self.semaphore, None) };
+    }
+}
+
 /// Issue 46, defect 4: the host's `set` of a value above a queue's
 /// signal of the same signal that is still pending (here the shared
 /// `VkQueue` is held by a raw wait until the test lets it go) does not
@@ -992,44 +1057,18 @@ fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
 /// 7, then 5 (and the layer reports VUID-VkSemaphoreSignalInfo-value-03259).
 #[test]
 fn a_host_set_above_a_pending_queue_signal_is_never_lowered_by_it() {
-    use hwqueue::vulkan::ash::vk;
     let Some(device) = device() else { return };
-    let raw = device.raw_device();
-    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
-        .semaphore_type(vk::SemaphoreType::TIMELINE)
-        .initial_value(0);
-    // SAFETY: the semaphore is destroyed below, after its wait completed.
-    let hold = unsafe {
-        raw.create_semaphore(
-            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
-            None,
-        )
-    }
-    .unwrap();
-    let semaphores = [hold];
-    let values = [1u64];
-    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
-    let mut wait = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
-    let submit = vk::SubmitInfo::default()
-        .wait_semaphores(&semaphores)
-        .wait_dst_stage_mask(&stages)
-        .push_next(&mut wait);
     let signal = device.new_signal(0).unwrap();
     let mut queue = device.compute_queue().unwrap();
-    // The queue's signal of 5 goes to the VkQueue behind the raw wait.
-    device.with_compute_queue(|queue| {
-        // SAFETY: the queue's lock is held; the infos live across the call;
-        // the test signals the semaphore below.
-        unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
-    });
+    // The queue's signal of 5 goes to the VkQueue behind the hold.
+    let hold = Hold::new(&device);
     queue.signal(&signal, 5).submit().unwrap();
     signal.set(7);
     assert_eq!(signal.value(), 7, "a set is seen at once");
     // Let the VkQueue go: the pending signal of 5 lands, then the set's 7.
-    // SAFETY: a host signal of the raw semaphore, above its counter.
-    unsafe { raw.signal_semaphore(&vk::SemaphoreSignalInfo::default().semaphore(hold).value(1)) }
-        .unwrap();
+    hold.release();
     queue.synchronize().unwrap();
+    drop(hold);
     assert_eq!(
         signal.value(),
         7,
@@ -1043,8 +1082,6 @@ fn a_host_set_above_a_pending_queue_signal_is_never_lowered_by_it() {
     );
     other.wait(&signal, 7).signal(&after, 1).submit().unwrap();
     after.wait(1, LONG).unwrap();
-    // SAFETY: its wait completed (the queue synchronised past it).
-    unsafe { raw.destroy_semaphore(hold, None) };
 }
 
 /// Issue 46, defect 8: a program's pipelines are cached per `VkDevice`
@@ -1122,54 +1159,6 @@ fn values_further_apart_than_the_device_allows_are_refused_or_stepped() {
     stepped.wait(1150, LONG).unwrap();
 }
 
-/// Holds the shared compute `VkQueue` of `device` behind a raw wait on a
-/// timeline semaphore until the returned closure is called, which lets
-/// it go (and destroys the semaphore once the queue drained past it).
-fn hold_the_vkqueue(device: &VulkanDevice) -> impl FnOnce() {
-    use hwqueue::vulkan::ash::vk;
-    let raw = device.raw_device().clone();
-    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
-        .semaphore_type(vk::SemaphoreType::TIMELINE)
-        .initial_value(0);
-    // SAFETY: destroyed by the closure, once its wait completed.
-    let hold = unsafe {
-        raw.create_semaphore(
-            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
-            None,
-        )
-    }
-    .unwrap();
-    let semaphores = [hold];
-    let values = [1u64];
-    let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
-    let mut wait = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&values);
-    let submit = vk::SubmitInfo::default()
-        .wait_semaphores(&semaphores)
-        .wait_dst_stage_mask(&stages)
-        .push_next(&mut wait);
-    device.with_compute_queue(|queue| {
-        // SAFETY: the queue's lock is held; the infos live across the call;
-        // the closure signals the semaphore.
-        unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
-    });
-    move || {
-        // SAFETY: a host signal of the raw semaphore, above its counter;
-        // then its one wait is waited for before it is destroyed.
-        unsafe {
-            raw.signal_semaphore(&vk::SemaphoreSignalInfo::default().semaphore(hold).value(1))
-                .unwrap();
-            raw.wait_semaphores(
-                &vk::SemaphoreWaitInfo::default()
-                    .semaphores(&[hold])
-                    .values(&[1]),
-                LONG.as_nanos() as u64,
-            )
-            .unwrap();
-            raw.destroy_semaphore(hold, None);
-        }
-    }
-}
-
 /// A batch failing at a foreign wait after device work it already
 /// submitted: the values after the failure settle (fail) only once that
 /// work completed, in queue order, so whoever waits on them (settled, as
@@ -1191,7 +1180,7 @@ fn a_failed_value_settles_only_after_the_work_submitted_before_it() {
         },
     );
     let mut queue = device.compute_queue().unwrap();
-    let release = hold_the_vkqueue(&device);
+    let hold = Hold::new(&device);
     queue
         .fill(&buffer, 7u32)
         .signal(&signal, 1)
@@ -1203,7 +1192,7 @@ fn a_failed_value_settles_only_after_the_work_submitted_before_it() {
     // after them in queue order, must not have settled either. (Let go
     // before asserting: a queue dropped while the GPU is held waits.)
     let early = signal.wait(2, Duration::from_millis(100));
-    release();
+    hold.release();
     assert!(
         matches!(early, Err(Error::Timeout { .. })),
         "value 2 settled before the work before it in its batch: {early:?}"
@@ -1214,5 +1203,7 @@ fn a_failed_value_settles_only_after_the_work_submitted_before_it() {
     ));
     assert!(signal.is_reached(1));
     assert_eq!(buffer.to_vec::<u32>().unwrap(), [7; 4]);
-    let _ = queue.synchronize();
+    // The failure, reported; the queue passed the hold.
+    assert!(queue.synchronize().is_err());
+    drop(hold);
 }
