@@ -620,17 +620,8 @@ fn raw_handles_submit_beside_hwqueue_s_own_work() {
     let done = device.new_signal(0).unwrap();
     let mut queue = device.compute_queue().unwrap();
     queue.signal(&done, 1).submit().unwrap();
-    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
-        .semaphore_type(vk::SemaphoreType::TIMELINE)
-        .initial_value(0);
-    // SAFETY: the semaphore is destroyed below, after its wait.
-    let semaphore = unsafe {
-        raw.create_semaphore(
-            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
-            None,
-        )
-    }
-    .unwrap();
+    // Destroyed below, after its wait.
+    let semaphore = raw_timeline_semaphore(raw);
     let semaphores = [semaphore];
     let values = [5u64];
     let mut signal = vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
@@ -984,6 +975,25 @@ fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
     assert_eq!(data.unwrap(), [1, 2, 3, 4], "the batch itself completed");
 }
 
+/// A raw timeline semaphore at 0, the caller's to destroy.
+fn raw_timeline_semaphore(
+    raw: &hwqueue::vulkan::ash::Device,
+) -> hwqueue::vulkan::ash::vk::Semaphore {
+    use hwqueue::vulkan::ash::vk;
+    let mut timeline = vk::SemaphoreTypeCreateInfo::default()
+        .semaphore_type(vk::SemaphoreType::TIMELINE)
+        .initial_value(0);
+    // SAFETY: the create-info and its chain live across the call; the
+    // caller destroys the semaphore once no submission names it.
+    unsafe {
+        raw.create_semaphore(
+            &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
+            None,
+        )
+    }
+    .unwrap()
+}
+
 /// The shared compute `VkQueue` of a device held behind a raw wait on a
 /// timeline semaphore of the test's own, until [`release`](Self::release):
 /// work submitted meanwhile is pending on the device, deterministically.
@@ -998,17 +1008,8 @@ impl Hold {
     fn new(device: &VulkanDevice) -> Self {
         use hwqueue::vulkan::ash::vk;
         let raw = device.raw_device().clone();
-        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        // SAFETY: destroyed by `drop`, once its wait completed.
-        let semaphore = unsafe {
-            raw.create_semaphore(
-                &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
-                None,
-            )
-        }
-        .unwrap();
+        // Destroyed by `drop`, once its wait completed.
+        let semaphore = raw_timeline_semaphore(&raw);
         let semaphores = [semaphore];
         let values = [1u64];
         let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
