@@ -473,17 +473,6 @@ impl Context {
             None => ([self.compute_family; 2], 1),
         }
     }
-
-    /// Whether the pool's memory is host-cached (lavapipe's, an integrated
-    /// GPU's, system memory): the host reads and writes it at memory
-    /// speed, so uploads and downloads copy on the host, in queue order,
-    /// instead of through staging and a device copy.
-    pub(super) fn host_cached(&self) -> bool {
-        self.memory.mapped
-            && self.physical.memory.memory_types[self.memory.device as usize]
-                .property_flags
-                .contains(vk::MemoryPropertyFlags::HOST_CACHED)
-    }
 }
 
 impl Drop for Context {

@@ -18,8 +18,8 @@
 //! queue's own **progress** semaphore; the **retire thread** waits on it,
 //! then completes the batch's downloads, gives its staging ranges back to
 //! the device's staging pool (uploads and downloads go through ranges of
-//! it, or, where the memory is mapped and host-cached, are host copies in
-//! queue order), hands its command buffers back, records its profile
+//! it, or, where the memory is mapped (cached or, as resizable BAR's,
+//! write-combined), are host copies in queue order), hands its command buffers back, records its profile
 //! events and lets its buffers go. A batch settled on the owner's thread
 //! that holds nothing to release (signals and waits only) is handed over
 //! later: with the next batch that does, at `synchronize`, at the queue's

@@ -296,7 +296,7 @@ impl VulkanBuffer {
     }
 
     /// Writes `bytes` at `offset` through the mapping, as a queue's host
-    /// copy in queue order (an upload where the memory is host-cached):
+    /// copy in queue order (an upload where the memory is mapped):
     /// checked like a command's access, not the host's.
     pub(super) fn queue_write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         self.write_bytes(Access::Queue, offset, bytes)
@@ -304,7 +304,7 @@ impl VulkanBuffer {
 
     /// Reads into `out` from `offset` through the mapping, as a queue's
     /// host copy in queue order (a download where the memory is
-    /// host-cached).
+    /// mapped).
     pub(super) fn queue_read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.read_bytes(Access::Queue, offset, out)
     }

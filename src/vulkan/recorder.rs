@@ -69,6 +69,10 @@ pub(super) struct Recorder {
     pub(super) touched: Touched,
     /// The pipeline and descriptor set the open command buffer has bound.
     pub(super) bound: Option<Bound>,
+    /// Whether the open command buffer wrote memory the host reads once
+    /// it completed (a download's staging range): it then ends with a
+    /// barrier to the host (`submit.rs`, `ends_with_host_barrier`).
+    pub(super) host_reads: bool,
 }
 
 // SAFETY: the handles are plain Vulkan handles. Those that need external
@@ -139,6 +143,7 @@ impl Recorder {
                 QueueKind::Compute => &[Stage::Shader, Stage::Transfer],
             }),
             bound: None,
+            host_reads: false,
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
@@ -437,6 +442,7 @@ impl Recorder {
                 let staging = self.staging(len.max(4))?;
                 let from = self.device_range(src)?;
                 self.copy(index, from, staging.0, len)?;
+                self.host_reads = true;
                 self.current
                     .as_mut()
                     .expect("a batch is recording")
@@ -475,11 +481,13 @@ impl Recorder {
     }
 
     /// Whether uploads and downloads copy on the host, in queue order: the
-    /// pool's memory is host-cached (no staging, no device copy: what the
-    /// `vulkan_transfer` bench's raw baseline does), and no profile
+    /// pool's memory is mapped (lavapipe's and an integrated GPU's system
+    /// memory, a discrete GPU's VRAM through resizable BAR: no staging, no
+    /// device copy, no submission for a batch of transfers alone, as the
+    /// `vulkan_transfer` benches' raw baseline copies), and no profile
     /// (`profile`) wants device times for them.
     fn copies_on_host(&self, profile: bool) -> bool {
-        self.context.host_cached() && !profile
+        self.context.memory.host_copies() && !profile
     }
 
     /// Whether the batch being recorded is profiled.
