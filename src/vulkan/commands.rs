@@ -514,6 +514,7 @@ impl Recorder {
             self.open = Some((set, index));
             self.touched.clear();
             self.bound = None;
+            self.host_reads = false;
         }
         let buffer = self.open.as_ref().expect("just opened").0.buffer;
         let barrier = if opened {

@@ -62,17 +62,21 @@ impl Recorder {
             let barrier = [vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
                 .dst_access_mask(vk::AccessFlags::HOST_READ)];
+            let to_host =
+                ends_with_host_barrier(self.context.memory.host_copies(), self.host_reads);
             // SAFETY: the command buffer records; it ends here.
             unsafe {
-                device.cmd_pipeline_barrier(
-                    set.buffer,
-                    self.stages(),
-                    vk::PipelineStageFlags::HOST,
-                    vk::DependencyFlags::empty(),
-                    &barrier,
-                    &[],
-                    &[],
-                );
+                if to_host {
+                    device.cmd_pipeline_barrier(
+                        set.buffer,
+                        self.stages(),
+                        vk::PipelineStageFlags::HOST,
+                        vk::DependencyFlags::empty(),
+                        &barrier,
+                        &[],
+                        &[],
+                    );
+                }
                 device
                     .end_command_buffer(set.buffer)
                     .map_err(|e| self.context.error("vkEndCommandBuffer", e))?;
@@ -132,6 +136,18 @@ impl Recorder {
     }
 }
 
+/// Whether a submission ends with a barrier making its writes visible to
+/// the host: where buffers are mapped (`mapped`: the host may read any
+/// buffer once a signal says the work completed, and the queue's own
+/// downloads are host reads), or where the command buffer wrote a
+/// download's staging range (`staged_downloads`). Elsewhere the host
+/// reaches device memory only through the one-shot copies
+/// (`staged.rs`), which end with their own barrier, so a discrete GPU's
+/// unmapped compute work orders nothing to the host stage.
+pub(super) fn ends_with_host_barrier(mapped: bool, staged_downloads: bool) -> bool {
+    mapped || staged_downloads
+}
+
 /// The waits of the next submission, in the three arrays `vkQueueSubmit`
 /// takes, kept between submissions.
 #[derive(Default)]
@@ -156,5 +172,23 @@ impl Waits {
         self.semaphores.clear();
         self.values.clear();
         self.stages.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ends_with_host_barrier;
+
+    /// Issue 46: the barrier to the host only around host access. Every
+    /// submission ended with one; on unmapped memory only a download's
+    /// staging copy is read by the host after it.
+    #[test]
+    fn a_submission_orders_its_writes_before_the_host_only_where_the_host_reads_them() {
+        assert!(ends_with_host_barrier(true, false), "mapped buffers");
+        assert!(ends_with_host_barrier(false, true), "a staged download");
+        assert!(
+            !ends_with_host_barrier(false, false),
+            "unmapped compute work"
+        );
     }
 }
