@@ -71,6 +71,8 @@ mod retire;
 mod signal;
 mod staged;
 mod submit;
+#[cfg(test)]
+mod testing;
 mod timing;
 
 use std::sync::Arc;

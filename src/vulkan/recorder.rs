@@ -151,7 +151,8 @@ impl Recorder {
             // Without a clock, profiles use the host's times. A calibration
             // that fails (the device did not answer in 5 s, or is lost)
             // fails the queue's creation with why.
-            recorder.clock = Some(recorder.calibrate(period)?);
+            recorder.clock =
+                Some(recorder.calibrate(period, super::timing::CALIBRATION_TIMEOUT_NS)?);
         }
         Ok(recorder)
     }

@@ -13,7 +13,7 @@ use crate::profile::now_ns;
 /// per tick, and the host time of tick 0, measured once per queue by
 /// writing a timestamp between two host readings (their midpoint; the
 /// clocks' drift over a process's life is not corrected).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Clock {
     pub(super) period: f64,
     pub(super) zero_ns: f64,
@@ -25,10 +25,42 @@ impl Clock {
     }
 }
 
+/// How long a queue's creation waits for its calibration's timestamp.
+pub(super) const CALIBRATION_TIMEOUT_NS: u64 = 5_000_000_000;
+
+/// Where a queue resets its timestamp queries before reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum QueryReset {
+    /// `vkResetQueryPool` on the host (`hostQueryReset`).
+    Host,
+    /// `vkCmdResetQueryPool` in the command buffer.
+    InCommands,
+}
+
+/// Where a queue of a family with `flags` resets its timestamp queries,
+/// the device having `hostQueryReset` or not: on the host where it can,
+/// else in a command buffer, which only a compute or graphics family may
+/// record (VUID-vkCmdResetQueryPool-commandBuffer-cmdpool); `None` for a
+/// transfer-only family without host resets, which then has no device
+/// timestamps.
+pub(super) fn query_reset(host_query_reset: bool, flags: vk::QueueFlags) -> Option<QueryReset> {
+    if host_query_reset {
+        Some(QueryReset::Host)
+    } else if flags.intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS) {
+        Some(QueryReset::InCommands)
+    } else {
+        None
+    }
+}
+
 impl Recorder {
     /// Writes one timestamp between two readings of the host's clock: the
-    /// device's tick 0 on the host's clock.
-    pub(super) fn calibrate(&mut self, period: f64) -> Result<Clock> {
+    /// device's tick 0 on the host's clock. The device has `timeout_ns`
+    /// ([`CALIBRATION_TIMEOUT_NS`]) to run it: a calibration not seen
+    /// complete by then fails, its progress value counted as signalled
+    /// (the next submission signals past it) and its command buffer and
+    /// query pool kept rather than freed while the device may use them.
+    pub(super) fn calibrate(&mut self, period: f64, timeout_ns: u64) -> Result<Clock> {
         let queries = self.query_pool()?;
         let info = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.pool)
@@ -79,7 +111,7 @@ impl Recorder {
                     &vk::SemaphoreWaitInfo::default()
                         .semaphores(&semaphores)
                         .values(&values),
-                    5_000_000_000,
+                    timeout_ns,
                 )
             });
             let after = now_ns();
@@ -116,9 +148,7 @@ impl Recorder {
     /// Resets `count` queries of `pool`, which no pending work uses, on
     /// the host where the device allows it (`hostQueryReset`, enabled
     /// where supported): `true`. `false`: reset them in the command
-    /// buffer, which only a compute or graphics family may
-    /// (VUID-vkCmdResetQueryPool-commandBuffer-cmdpool); a transfer-only
-    /// family without host resets has no timestamps (`query_resets`).
+    /// buffer, which `query_resets` said this queue's family may.
     pub(super) fn reset_queries(&self, pool: vk::QueryPool, count: u32) -> bool {
         if !self.context.host_query_reset {
             return false;
@@ -130,13 +160,11 @@ impl Recorder {
         true
     }
 
-    /// Whether this queue can reset timestamp queries at all: on the host,
-    /// or in a command buffer of a compute or graphics family.
+    /// Whether this queue can reset timestamp queries at all
+    /// ([`query_reset`]); without, it has no device timestamps.
     pub(super) fn query_resets(&self, family: u32) -> bool {
-        self.context.host_query_reset
-            || self.context.physical.families[family as usize]
-                .queue_flags
-                .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
+        let flags = self.context.physical.families[family as usize].queue_flags;
+        query_reset(self.context.host_query_reset, flags).is_some()
     }
 
     /// A pool of [`QUERIES`] timestamps.
@@ -217,5 +245,82 @@ impl Recorder {
                 current.timed.push((index, queries, first));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::queue::{Ledger, QueueKind};
+    use crate::vulkan::engine::Shared;
+    use crate::vulkan::retire::wait_all_semaphores;
+    use crate::vulkan::testing::{BusyQueue, device};
+
+    /// Issue 46, defect 1: calibration and profiled command buffers
+    /// recorded `vkCmdResetQueryPool` on every family, a transfer-only one
+    /// included, which may not (VUID-vkCmdResetQueryPool-commandBuffer-
+    /// cmdpool). An H100's families: graphics (0), transfer-only (1), and
+    /// compute-only (2).
+    #[test]
+    fn only_a_compute_or_graphics_family_resets_queries_in_commands() {
+        let graphics =
+            vk::QueueFlags::GRAPHICS | vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER;
+        let transfer = vk::QueueFlags::TRANSFER | vk::QueueFlags::SPARSE_BINDING;
+        let compute = vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER;
+        for flags in [graphics, compute] {
+            assert_eq!(query_reset(false, flags), Some(QueryReset::InCommands));
+        }
+        assert_eq!(
+            query_reset(false, transfer),
+            None,
+            "a transfer-only family without hostQueryReset has no timestamps"
+        );
+        for flags in [graphics, transfer, compute] {
+            assert_eq!(query_reset(true, flags), Some(QueryReset::Host));
+        }
+    }
+
+    /// Issue 46, defect 2: a calibration the device did not run in time
+    /// (here the shared `VkQueue` is busy behind a wait of the test's) was
+    /// abandoned while pending: the queue's progress value stayed where it
+    /// was, so its next submission signalled the same value again
+    /// (VUID-VkSubmitInfo-pSignalSemaphores-03242), and its command buffer
+    /// and query pool were freed in use. It counts its value as signalled,
+    /// keeps what it used, and says why it failed.
+    #[test]
+    fn a_calibration_that_times_out_fails_and_counts_its_value_as_signalled() {
+        let Some(device) = device() else { return };
+        let context = device.context().clone();
+        let ledger = Ledger::new();
+        let shared = Arc::new(Shared::default());
+        let family = context.compute_family;
+        let mut recorder =
+            Recorder::new(device.clone(), family, QueueKind::Compute, shared, &ledger).unwrap();
+        if recorder.clock.is_none() {
+            println!("skipped: the compute family has no timestamps");
+            return;
+        }
+        let period = f64::from(context.limits().timestamp_period);
+        let busy = BusyQueue::new(&context);
+        let before = recorder.next;
+        let error = recorder.calibrate(period, 1_000_000).unwrap_err();
+        assert!(
+            error.to_string().contains("calibrating"),
+            "the error says what timed out: {error}"
+        );
+        assert_eq!(
+            recorder.next,
+            before + 1,
+            "the pending calibration signals its value once it runs: the next submission \
+             must signal past it"
+        );
+        busy.release();
+        // The calibration ran after all, and signalled the value counted.
+        wait_all_semaphores(&context, &[(recorder.progress, recorder.next)]).unwrap();
+        // A calibration in time still works after it.
+        assert!(recorder.calibrate(period, CALIBRATION_TIMEOUT_NS).is_ok());
+        assert_eq!(recorder.next, before + 2);
     }
 }
