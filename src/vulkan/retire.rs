@@ -239,6 +239,10 @@ pub(super) fn wait_all_semaphores(context: &Context, waits: &[(vk::Semaphore, u6
     if waits.is_empty() {
         return Ok(());
     }
+    #[cfg(test)]
+    if let Some(error) = tests::injected(waits) {
+        return Err(context.error("vkWaitSemaphores (a batch's completion)", error));
+    }
     let (semaphores, values): (Vec<vk::Semaphore>, Vec<u64>) = waits.iter().copied().unzip();
     let info = vk::SemaphoreWaitInfo::default()
         .semaphores(&semaphores)
@@ -253,5 +257,66 @@ pub(super) fn wait_all_semaphores(context: &Context, waits: &[(vk::Semaphore, u6
             Err(vk::Result::TIMEOUT) => context.health()?,
             Err(e) => return Err(context.error("vkWaitSemaphores (a batch's completion)", e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ash::vk;
+    use parking_lot::Mutex;
+
+    use crate::device::{Device, QueueFactory};
+    use crate::error::Error;
+    use crate::queue::HardwareQueue;
+    use crate::vulkan::testing::device;
+
+    /// Semaphores whose waits fail with an error that is no device loss,
+    /// as a driver's `vkWaitSemaphores` may (lavapipe's fails only by a
+    /// loss).
+    static FAILING: Mutex<Vec<vk::Semaphore>> = Mutex::new(Vec::new());
+
+    /// The error `wait_all_semaphores` fails with instead of waiting, where
+    /// a test made waits on one of `waits` fail.
+    pub(super) fn injected(waits: &[(vk::Semaphore, u64)]) -> Option<vk::Result> {
+        let failing = FAILING.lock();
+        waits
+            .iter()
+            .any(|(semaphore, _)| failing.contains(semaphore))
+            .then_some(vk::Result::ERROR_OUT_OF_HOST_MEMORY)
+    }
+
+    /// Issue 46, defect 7: a wait for a batch's completion that failed
+    /// with the device not lost released what the batch held (its command
+    /// buffer back to be recorded again, its staging and buffers back to
+    /// their pools) while the device might still run it. It releases
+    /// nothing now, and the owner hears of the error.
+    #[test]
+    fn a_failed_wait_that_is_no_loss_releases_nothing_the_batch_holds() {
+        let Some(device) = device() else { return };
+        let source = device.alloc(256).unwrap();
+        let copy = device.alloc(256).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let state = &queue.engine().state;
+        let (progress, shared) = (state.recorder.lock().progress, state.shared.clone());
+        assert!(
+            shared.free.lock().is_empty(),
+            "a new queue has recorded nothing"
+        );
+        FAILING.lock().push(progress);
+        queue.copy(&copy, &source).submit().unwrap();
+        let error = queue.synchronize().unwrap_err();
+        FAILING.lock().retain(|&s| s != progress);
+        assert!(
+            !matches!(error, Error::DeviceLost { .. })
+                && error.to_string().contains("vkWaitSemaphores"),
+            "the owner hears of the failed wait: {error}"
+        );
+        assert!(
+            shared.free.lock().is_empty(),
+            "the batch's command buffer, which the device may still run, is not recorded again"
+        );
+        // The copy ran after all; the queue's drop waits for nothing more.
+        let next = queue.engine().state.recorder.lock().next;
+        super::wait_all_semaphores(device.context(), &[(progress, next)]).unwrap();
     }
 }
