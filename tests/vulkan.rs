@@ -975,6 +975,69 @@ fn a_panic_on_a_queue_s_worker_thread_is_reported_not_hung_on() {
     assert_eq!(data.unwrap(), [1, 2, 3, 4], "the batch itself completed");
 }
 
+/// Issue 46, defect 9: on a device without a transfer-only family
+/// (lavapipe) a copy queue submits to the compute `VkQueue`, after
+/// dispatches submitted before it (raw ones, by the interop rules, or
+/// another queue's): its command buffer must open with a barrier from the
+/// compute stage too. It named the transfer stage alone, so a copy read
+/// what a dispatch wrote unordered. Neither lavapipe (it runs submissions
+/// in order) nor Debian's validation layer (1.3.239: synchronisation
+/// validation within a command buffer only, silent here even with no
+/// opening barrier at all) shows that: the unit test `a_copy_queue_orders_
+/// itself_after_compute_work_where_it_shares_the_compute_queue` (in
+/// `src/vulkan/submit.rs`) fails with the fix reverted. This one checks the
+/// bytes that cross, on any driver whose copy queue shares the compute
+/// `VkQueue`.
+#[test]
+fn a_copy_queue_on_the_compute_family_follows_a_dispatch_submitted_before_it() {
+    use hwqueue::vulkan::ash::vk;
+    let Some(device) = device() else { return };
+    // SAFETY: a plain query of the instance's physical device.
+    let families = unsafe {
+        device
+            .raw_instance()
+            .get_physical_device_queue_family_properties(device.raw_physical_device())
+    };
+    let compute_or_graphics = vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS;
+    if families.iter().any(|f| {
+        f.queue_flags.contains(vk::QueueFlags::TRANSFER)
+            && !f.queue_flags.intersects(compute_or_graphics)
+    }) {
+        println!("skipped: the copy queue takes the transfer-only family here");
+        return;
+    }
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let data = device.alloc(64 * 4).unwrap();
+    data.write_at(0, &(0..64u32).collect::<Vec<_>>()).unwrap();
+    let out = device.alloc(64 * 4).unwrap();
+    let mut compute = device.compute_queue().unwrap();
+    let mut copy = device
+        .copy_queue()
+        .unwrap()
+        .expect("a Vulkan device has a copy queue");
+    // Both batches are submitted to the held `VkQueue` at their `submit`
+    // (nothing queued before either, and neither waits), in this order.
+    let hold = Hold::new(&device);
+    compute
+        .exec(
+            &add,
+            &[&data],
+            &[Scalar::U32(100)],
+            ExecParams::new_1d(64, 64),
+        )
+        .submit()
+        .unwrap();
+    let back = Download::<u32>::new(64);
+    copy.copy(&out, &data)
+        .download(&out, &back)
+        .submit()
+        .unwrap();
+    hold.release();
+    copy.synchronize().unwrap();
+    compute.synchronize().unwrap();
+    assert_eq!(back.take(LONG).unwrap(), (100..164u32).collect::<Vec<_>>());
+}
+
 /// A raw timeline semaphore at 0, the caller's to destroy.
 fn raw_timeline_semaphore(
     raw: &hwqueue::vulkan::ash::Device,

@@ -32,10 +32,7 @@ impl Recorder {
     /// promise (`interop.rs`): transfer alone left a copy unordered with a
     /// dispatch submitted before it.
     pub(super) fn stages(&self) -> vk::PipelineStageFlags {
-        match (self.kind, self.context.transfer_family) {
-            (QueueKind::Copy, Some(_)) => vk::PipelineStageFlags::TRANSFER,
-            _ => vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
-        }
+        queue_stages(self.kind, self.context.transfer_family.is_some())
     }
 
     /// Submits what is recorded and the waits gathered, signalling the
@@ -136,6 +133,15 @@ impl Recorder {
     }
 }
 
+/// The stages a queue of `kind` orders its work after (see
+/// `Recorder::stages`), on a device with a transfer-only family or not.
+pub(super) fn queue_stages(kind: QueueKind, transfer_family: bool) -> vk::PipelineStageFlags {
+    match (kind, transfer_family) {
+        (QueueKind::Copy, true) => vk::PipelineStageFlags::TRANSFER,
+        _ => vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+    }
+}
+
 /// Whether a submission ends with a barrier making its writes visible to
 /// the host: where buffers are mapped (`mapped`: the host may read any
 /// buffer once a signal says the work completed, and the queue's own
@@ -177,7 +183,28 @@ impl Waits {
 
 #[cfg(test)]
 mod tests {
-    use super::ends_with_host_barrier;
+    use ash::vk;
+
+    use super::{ends_with_host_barrier, queue_stages};
+    use crate::queue::QueueKind;
+
+    /// Issue 46, defect 9: a copy queue on the compute family (a device
+    /// without a transfer-only family, lavapipe) shares its `VkQueue` with
+    /// dispatches, so its barriers order it after compute work too; they
+    /// named the transfer stage alone.
+    #[test]
+    fn a_copy_queue_orders_itself_after_compute_work_where_it_shares_the_compute_queue() {
+        let both = vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER;
+        assert_eq!(queue_stages(QueueKind::Copy, false), both);
+        assert_eq!(
+            queue_stages(QueueKind::Copy, true),
+            vk::PipelineStageFlags::TRANSFER,
+            "on a transfer-only family, transfers alone run"
+        );
+        for transfer_family in [false, true] {
+            assert_eq!(queue_stages(QueueKind::Compute, transfer_family), both);
+        }
+    }
 
     /// Issue 46: the barrier to the host only around host access. Every
     /// submission ended with one; on unmapped memory only a download's
