@@ -157,7 +157,7 @@ pub use multi_wait::{SignalWaker, wait_all, wait_any};
 pub use params::{ExecParams, Limits};
 pub use profile::{Category, KernelTiming, ProfileEvent, chrome_trace, time_exec};
 pub use program::{KernelSignature, Program, Scalar};
-pub use queue::{Engine, FailureScope, HardwareQueue, Queue, QueueId, QueueKind};
+pub use queue::{Engine, FailureScope, HardwareQueue, Launches, Queue, QueueId, QueueKind};
 pub use registry::{BackendReport, Policy, Registry, Selection, preferred};
 #[cfg(not(loom))]
 pub use registry::{acquire, registry};

@@ -303,6 +303,17 @@ macro_rules! __backend_set_queue {
             }
 
             #[inline]
+            fn replay_as(&mut self, key: u32) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::replay_as(q, key); } )+ }
+                self
+            }
+
+            #[inline]
+            fn launches(&self) -> $crate::Launches {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::launches(q), )+ }
+            }
+
+            #[inline]
             fn discard(&mut self) {
                 match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::discard(q), )+ }
             }

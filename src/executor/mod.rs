@@ -36,6 +36,19 @@
 //!   later operations never run, so there is nothing to race, and the new
 //!   run must not inherit the failure).
 //!
+//! - **Replay.** Every run records the same commands on each queue (the
+//!   values and host data aside), so each run's batch on a device queue is
+//!   marked for replay ([`HardwareQueue::replay_as`],
+//!   keyed by the queue): an engine with a replay form records it once
+//!   and submits the recording again while the commands match (Vulkan:
+//!   command buffers resubmitted with the run's semaphore values; a
+//!   rebinding or another scalar value records anew, the last few
+//!   recordings kept). The CPU and CUDA engines have none yet and run
+//!   every batch as recorded. [`Plan::launches`] counts what was recorded
+//!   against what was replayed; [`Plan::set_replay`] turns it off. Failure,
+//!   refusal, profiling (a profiled run is recorded the plain way) and the
+//!   ordering of runs are the same either way.
+//!
 //! Uploads and downloads name device bytes only; the host data changes
 //! every run, so [`Plan::upload`] and [`Plan::download`] stage it for the
 //! next run, which consumes it (a run with one left unstaged is refused).

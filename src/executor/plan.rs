@@ -46,6 +46,9 @@ pub struct Plan<B: Backend> {
     pub(super) scratch: Vec<Scalar>,
     pub(super) memory: PlanMemory,
     pub(super) bindings: Bindings<B>,
+    /// Whether each run's batches are marked for replay
+    /// ([`set_replay`](Self::set_replay)).
+    pub(super) replay: bool,
 }
 
 impl<B: Backend> Plan<B> {
@@ -161,6 +164,7 @@ impl<B: Backend> Plan<B> {
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut refused = None;
+        let replay = self.replay;
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let Some(queue) = planned.queue.as_mut() else {
                 continue;
@@ -256,6 +260,11 @@ impl<B: Backend> Plan<B> {
                 if culprit.is_none() && queue.rejection().is_some() {
                     culprit = Some(op);
                 }
+            }
+            if replay {
+                // The same commands every run: where the engine has a
+                // replay form, recorded once and submitted again.
+                queue.replay_as(index as u32);
             }
             // An earlier run's failure is reported once per call, and the
             // batch is kept: submit again until it records (each report is
@@ -430,6 +439,36 @@ impl<B: Backend> Plan<B> {
     /// How many runs were started.
     pub fn runs(&self) -> u64 {
         self.runs
+    }
+
+    /// Turns replay on (the default) or off: on, each run's batch on a
+    /// device queue is marked for replay
+    /// ([`HardwareQueue::replay_as`]), so an engine with a replay form
+    /// (Vulkan: command buffers recorded once and submitted again)
+    /// records the run's device work once and submits the recording for
+    /// every later run with the same bindings and scalars; off, every run
+    /// records its commands anew. Either way the runs do the same work,
+    /// in the same order, with the same failures.
+    pub fn set_replay(&mut self, on: bool) {
+        self.replay = on;
+    }
+
+    /// Whether runs are marked for replay ([`set_replay`](Self::set_replay)).
+    pub fn replay(&self) -> bool {
+        self.replay
+    }
+
+    /// What the plan's device queues recorded and replayed, summed
+    /// ([`Launches`](crate::Launches)): with replay, a plan of K kernels
+    /// run N times records K kernel launches, not K·N, and submits its
+    /// recordings again instead; `fallback` says why a run ran the plain
+    /// way, where one did.
+    pub fn launches(&self) -> crate::Launches {
+        let mut total = crate::Launches::default();
+        for queue in self.queues.iter().filter_map(|q| q.queue.as_ref()) {
+            total.add(&queue.launches());
+        }
+        total
     }
 
     /// Turns profiling on or off on every device queue of the plan (see

@@ -198,6 +198,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     for (queue, planned) in queues.iter_mut().enumerate() {
         planned.ops = op_at[queue].clone();
     }
+
     let host = if queues.iter().any(|q| q.queue.is_none()) {
         let (sender, receiver) = mpsc::channel();
         spawn("hwqueue-executor-host".into(), move || {
@@ -224,6 +225,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
         runs: 0,
         memory: placement.memory,
         bindings,
+        replay: true,
     })
 }
 

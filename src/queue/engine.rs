@@ -163,4 +163,26 @@ pub trait Engine: Send + Sized + 'static {
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
         let _ = out;
     }
+
+    /// The next batch handed to [`submit`](Self::submit) is one submitted
+    /// again and again under `key` with the same commands
+    /// ([`HardwareQueue::replay_as`](super::HardwareQueue::replay_as)): see
+    /// [`launches`](Self::launches). The default ignores it.
+    fn replay_next(&mut self, key: u32) {
+        let _ = key;
+    }
+
+    /// What the engine recorded into device programs and replayed
+    /// ([`Launches`](super::Launches)). An engine with a replay form
+    /// records a batch marked with a key ([`replay_next`](Self::replay_next)) once, and
+    /// submits the recording again for a later batch under the same key
+    /// whose commands match it (the same kernels, scalars and work sizes
+    /// over the same bytes, waits and signals at the same places; only
+    /// their values and the host data new): the batch settles through the
+    /// ledger as any other, its waits and signals keeping their meaning.
+    /// One without (the default) runs every batch the plain way and counts
+    /// nothing.
+    fn launches(&self) -> super::Launches {
+        super::Launches::default()
+    }
 }

@@ -32,6 +32,7 @@ mod engine;
 mod exec;
 mod ledger;
 mod recording;
+mod replay;
 
 use std::fmt;
 
@@ -40,6 +41,7 @@ pub use batch::{Batch, Command, ForeignWait};
 pub use engine::Engine;
 pub use ledger::{Admission, Ledger, QueueId};
 pub use recording::Queue;
+pub use replay::Launches;
 
 use crate::backend::{Backend, BufferOf, ProgramOf, SignalOf};
 use crate::buffer::Pod;
@@ -342,6 +344,24 @@ pub trait HardwareQueue: Send + Sized {
     /// order (after the batches submitted before it), so nobody waits on
     /// them forever.
     fn discard(&mut self);
+
+    /// Marks the batch being recorded as one submitted again and again
+    /// under `key` with the same commands, only its signal and wait values
+    /// and its host data new each time (a plan's run on this queue): an
+    /// engine with a replay form records it once and submits the recording
+    /// again while the commands match (see [`Launches`]). The default, and
+    /// an engine without a replay form, runs it the plain way. Mark the
+    /// batch just before its `submit`.
+    fn replay_as(&mut self, key: u32) -> &mut Self {
+        let _ = key;
+        self
+    }
+
+    /// What this queue recorded into device programs and replayed
+    /// ([`Launches`]); nothing by default.
+    fn launches(&self) -> Launches {
+        Launches::default()
+    }
 
     /// Hands the recorded batch to the hardware and starts a new one. Does
     /// not wait for the work to complete.

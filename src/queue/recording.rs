@@ -503,6 +503,17 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.batch.commands.len()
     }
 
+    fn replay_as(&mut self, key: u32) -> &mut Self {
+        // The engine keeps the key for the batch it is handed next (the
+        // batch itself stays as small as it is: the queue holds it inline).
+        self.engine.replay_next(key);
+        self
+    }
+
+    fn launches(&self) -> super::Launches {
+        self.engine.launches()
+    }
+
     fn discard(&mut self) {
         self.rejected = None;
         self.abandon_recorded(Error::Abandoned {

@@ -1,0 +1,43 @@
+//! Replay: a batch submitted again and again with the same commands (a
+//! plan's run on one queue: new timeline values and host data each time,
+//! the same kernels over the same bytes) is recorded once into the
+//! engine's own replay form and submitted again, where the engine has one.
+//!
+//! The queue's owner marks such a batch with a key
+//! ([`HardwareQueue::replay_as`](super::HardwareQueue::replay_as)); the
+//! engine compares its commands with what it recorded under that key, and
+//! resubmits the recording where they match (see [`Engine`](super::Engine)).
+//! [`Launches`] counts what was recorded against what was replayed, so a
+//! test can tell that replay is really used.
+
+/// What a queue's engine recorded into device programs and what it
+/// replayed, since the queue was made: a plan's statistics sum them
+/// ([`Plan::launches`](crate::Plan::launches)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Launches {
+    /// Kernel launches recorded or issued one by one: each `exec` the
+    /// engine turned into a device command (a dispatch recorded into a
+    /// command buffer, a kernel launched on a stream, a work-group grid
+    /// run on the CPU).
+    pub kernels: u64,
+    /// Recorded programs submitted again instead of recording their
+    /// commands (each a command buffer or a graph: one launch for all
+    /// the kernels in it).
+    pub programs: u64,
+    /// Why the last batch marked for replay ran the plain way, where one
+    /// did (the engine has no replay form, the batch profiles, its
+    /// transfers take new staging memory each time, …); `None` where
+    /// every marked batch replayed or was recorded to be.
+    pub fallback: Option<String>,
+}
+
+impl Launches {
+    /// Adds `other`'s counts to these (a later fallback reason wins).
+    pub fn add(&mut self, other: &Launches) {
+        self.kernels += other.kernels;
+        self.programs += other.programs;
+        if other.fallback.is_some() {
+            self.fallback.clone_from(&other.fallback);
+        }
+    }
+}
