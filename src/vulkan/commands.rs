@@ -412,6 +412,9 @@ impl Recorder {
             }
             device.cmd_dispatch(cb, groups[0], groups[1], groups[2]);
         }
+        self.shared
+            .kernels
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -501,11 +504,17 @@ impl Recorder {
                         .reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty())
                         .map_err(|e| self.context.error("vkResetDescriptorPool", e))?;
                 }
+                // A recording for replay is submitted again, maybe while
+                // its last submission is pending.
+                let usage = if self.recording_for_replay() {
+                    vk::CommandBufferUsageFlags::SIMULTANEOUS_USE
+                } else {
+                    vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT
+                };
                 device
                     .begin_command_buffer(
                         set.buffer,
-                        &vk::CommandBufferBeginInfo::default()
-                            .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                        &vk::CommandBufferBeginInfo::default().flags(usage),
                     )
                     .map_err(|e| self.context.error("vkBeginCommandBuffer", e))?;
             }

@@ -44,7 +44,7 @@
 //! device timestamps, `retire.rs` the retire thread.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 
 use ash::vk;
@@ -82,11 +82,15 @@ pub(super) struct EngineState {
     /// batch it settles itself.
     pub(super) recorder: Arc<Mutex<Recorder>>,
     pub(super) thread: Option<std::thread::JoinHandle<()>>,
+    /// The replay key of the next batch submitted (`replay_next`).
+    pub(super) replay_next: Option<u32>,
 }
 
 pub(super) struct Job {
     pub(super) batch: Batch<Vulkan>,
     pub(super) profile: bool,
+    /// The batch's replay key (`replay.rs`), where it has one.
+    pub(super) replay: Option<u32>,
 }
 
 #[derive(Default)]
@@ -106,6 +110,11 @@ pub(super) struct Shared {
     /// Command buffers whose work completed, for the recording thread.
     pub(super) free: Mutex<Vec<CommandSet>>,
     pub(super) events: Mutex<Vec<ProfileEvent>>,
+    /// Dispatches recorded, recordings submitted again, and why the last
+    /// batch marked for replay ran the plain way ([`crate::Launches`]).
+    pub(super) kernels: AtomicU64,
+    pub(super) programs: AtomicU64,
+    pub(super) fallback: Mutex<Option<String>>,
 }
 
 /// A command buffer and the descriptor pools its execs allocate from.
@@ -163,6 +172,7 @@ impl VulkanEngine {
                 shared,
                 recorder,
                 thread: Some(thread),
+                replay_next: None,
             }),
         })
     }
@@ -269,12 +279,18 @@ impl Engine for VulkanEngine {
         }
     }
 
+    fn replay_next(&mut self, key: u32) {
+        self.state.replay_next = Some(key);
+    }
+
     fn submit(&mut self, batch: Batch<Vulkan>) -> Batch<Vulkan> {
+        let replay = self.state.replay_next.take();
         let state = &*self.state;
         state.shared.progress.lock().0 += 1;
         let job = Job {
             batch,
             profile: self.profiling,
+            replay,
         };
         // Nothing queued before it (only this thread queues, so none can
         // be added meanwhile) and nothing in it blocks the host: settle it
@@ -309,6 +325,15 @@ impl Engine for VulkanEngine {
 
     fn take_profile(&mut self, out: &mut Vec<ProfileEvent>) {
         out.append(&mut self.state.shared.events.lock());
+    }
+
+    fn launches(&self) -> crate::Launches {
+        let shared = &self.state.shared;
+        crate::Launches {
+            kernels: shared.kernels.load(Ordering::Relaxed),
+            programs: shared.programs.load(Ordering::Relaxed),
+            fallback: shared.fallback.lock().clone(),
+        }
     }
 }
 

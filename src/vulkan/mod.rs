@@ -67,6 +67,7 @@ mod interop;
 mod memory;
 mod program;
 mod recorder;
+mod replay;
 mod retire;
 mod signal;
 mod staged;

@@ -89,6 +89,13 @@ pub(super) struct Pipeline {
 }
 
 impl VulkanProgram {
+    /// What tells this program apart from every other alive (a
+    /// recording holds the programs it names, so the address is not
+    /// reused under it).
+    pub(super) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
     /// A kernel from WGSL `source`, compiled by naga to SPIR-V: entry point
     /// `entry` (a `@compute` function), named `name` in errors and
     /// profiles. Its buffers are the `var<storage>` globals of

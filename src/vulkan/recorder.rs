@@ -73,6 +73,17 @@ pub(super) struct Recorder {
     /// it completed (a download's staging range): it then ends with a
     /// barrier to the host (`submit.rs`, `ends_with_host_barrier`).
     pub(super) host_reads: bool,
+    /// The recording the batch being settled records or replays
+    /// (`replay.rs`), and those kept per replay key.
+    /// The signal of the stretch being recorded, submitted with it (the
+    /// highest of the stretch's signals of one semaphore, and the index of
+    /// the first of them).
+    pub(super) pending_signal: Option<(super::VulkanSignal, u64, usize)>,
+    /// The first command a failed submission of this batch held: where its
+    /// failure starts.
+    pub(super) failed_from: Option<usize>,
+    pub(super) replay: Option<super::replay::Replay>,
+    pub(super) recordings: std::collections::HashMap<u32, Vec<super::replay::Recording>>,
 }
 
 // SAFETY: the handles are plain Vulkan handles. Those that need external
@@ -144,6 +155,10 @@ impl Recorder {
             }),
             bound: None,
             host_reads: false,
+            replay: None,
+            recordings: std::collections::HashMap::new(),
+            pending_signal: None,
+            failed_from: None,
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
@@ -186,7 +201,16 @@ impl Recorder {
     /// and may be kept back if it holds nothing (see `deferred`); the
     /// recording thread never keeps one back, since the owner may be in
     /// `synchronize` already, past its hand-over.
-    pub(super) fn settle(&mut self, ledger: &Ledger, Job { batch, profile }: Job, on_owner: bool) {
+    pub(super) fn settle(
+        &mut self,
+        ledger: &Ledger,
+        Job {
+            batch,
+            profile,
+            replay,
+        }: Job,
+        on_owner: bool,
+    ) {
         self.current = Some(Retire {
             batch: Batch::default(),
             progress: None,
@@ -201,11 +225,19 @@ impl Recorder {
             timed: Vec::new(),
             profile,
         });
+        self.failed_from = None;
+        self.begin_replay(&batch, replay, profile);
         {
             // A batch-scoped failure drains the batch's later waits on the
             // host, values only the caller may set among them.
             let _held = ledger.independent().then(|| self.holding());
-            ledger.settle(&batch, |batch| self.run_batch(batch));
+            let mut ran = None;
+            ledger.settle(&batch, |batch| {
+                let outcome = self.run_batch(batch);
+                ran = Some(outcome.is_ok());
+                outcome
+            });
+            self.end_replay(ran);
         }
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
@@ -249,6 +281,8 @@ impl Recorder {
         }
         let mut this = this.lock();
         this.retire_deferred();
+        let kept = super::replay::all_sets(&mut this.recordings);
+        this.shared.free.lock().extend(kept);
         if let Some((retire, thread)) = this.retire.take() {
             drop(retire);
             let _ = thread.join();
@@ -337,16 +371,24 @@ impl Recorder {
     ) -> std::result::Result<(), (usize, Error)> {
         for (index, command) in batch.commands().iter().enumerate() {
             self.current.as_mut().expect("a batch is recording").upto = index + 1;
-            let outcome = self.command(batch, index, command);
+            // A replay records no device command: its recording holds them.
+            let outcome = if self.replay_step(index, command) {
+                self.command(batch, index, command)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| self.replay_boundary_done());
             self.close_timing(index);
             if let Err(error) = outcome {
                 // What was recorded before the failure still runs; where it
-                // cannot be submitted, it fails too.
-                let from = self.open.as_ref().map_or(index, |(_, first)| *first);
-                let failed = match self.flush(None) {
-                    Ok(()) => (index, error),
-                    Err(_) => (from, error),
-                };
+                // cannot be submitted (now, or in a flush the command made),
+                // it fails too.
+                let _ = self.flush();
+                let from = self
+                    .failed_from
+                    .take()
+                    .map_or(index, |from| from.min(index));
+                let failed = (from, error);
                 // The values from the failure on settle in queue order:
                 // only once the work submitted before it completed (a
                 // waiter that a failure lets through, as a plan's next run,
@@ -362,9 +404,10 @@ impl Recorder {
                 return Err(failed);
             }
         }
-        if self.open.is_some() || !self.waits.is_empty() {
-            let from = self.open.as_ref().map_or(0, |(_, first)| *first);
-            self.flush(None).map_err(|error| (from, error))?;
+        self.replay_end_of_batch();
+        if let Err(error) = self.flush() {
+            let from = self.failed_from.take().unwrap_or(0);
+            return Err((from, error));
         }
         Ok(())
     }
@@ -383,7 +426,7 @@ impl Recorder {
                 self.held(index, |this| this.wait(signal, *value, true))
             }
             Command::WaitForeign { signal, value } => self.held(index, |this| {
-                this.flush(None)?;
+                this.flush()?;
                 let _held = this.holding();
                 signal.wait_forever(*value)
             }),
@@ -397,17 +440,30 @@ impl Recorder {
                 // Within the device's difference of the counter now, it
                 // stays within it: the counter only rises.
                 signal.check_value_difference(*value)?;
+                // Signals of one semaphore in a row, with device commands
+                // between them and no wait, are one: the highest, at the
+                // end of the stretch (the next wait, host copy, signal of
+                // another semaphore, or the batch's end), where the stretch
+                // is submitted. A value reached says the lower ones were,
+                // and no command of the stretch waits for them, so a chain
+                // of kernels each followed by a signal is one submission,
+                // not one each; another queue waiting on a lower value
+                // sees it when the stretch completed.
+                let same = |(pending, _, _): &(super::VulkanSignal, u64, usize)| {
+                    pending.semaphore() == signal.semaphore()
+                };
+                if self.pending_signal.as_ref().is_some_and(|p| !same(p)) {
+                    self.flush()?;
+                }
                 if !signal.note_queued(*value) {
                     // A host `set` reached or promised it meanwhile.
                     return Ok(());
                 }
-                self.flush(Some((signal.semaphore(), *value)))?;
-                signal.note_submitted(*value);
-                self.current
-                    .as_mut()
-                    .expect("a batch is recording")
-                    .signals
-                    .push((signal.semaphore(), *value));
+                self.pending_signal = Some(match self.pending_signal.take() {
+                    Some((pending, higher, first)) if higher > *value => (pending, higher, first),
+                    Some((_, _, first)) => (signal.clone(), *value, first),
+                    None => (signal.clone(), *value, index),
+                });
                 Ok(())
             }
             Command::Exec {
@@ -487,7 +543,7 @@ impl Recorder {
     /// device copy, no submission for a batch of transfers alone, as the
     /// `vulkan_transfer` benches' raw baseline copies), and no profile
     /// (`profile`) wants device times for them.
-    fn copies_on_host(&self, profile: bool) -> bool {
+    pub(super) fn copies_on_host(&self, profile: bool) -> bool {
         self.context.memory.host_copies() && !profile
     }
 
@@ -504,7 +560,7 @@ impl Recorder {
         // Nothing more runs on a lost device, host copies included (the
         // flush below looks only when it has something to submit).
         self.context.health()?;
-        self.flush(None)?;
+        self.flush()?;
         if self.next == 0 {
             return Ok(());
         }
@@ -541,7 +597,7 @@ impl Recorder {
             return Ok(());
         }
         // The work recorded so far must not wait.
-        self.flush(None)?;
+        self.flush()?;
         if !signal.is_of(&self.context) {
             // Another device's semaphore cannot be waited on here: the
             // host waits for it, as for another backend's signal.

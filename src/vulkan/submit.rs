@@ -4,6 +4,8 @@
 //! and which stages its barriers order. The recorder (`recorder.rs`,
 //! `commands.rs`) decides what goes in; this file only submits it.
 
+use std::sync::atomic::Ordering;
+
 use ash::vk;
 use parking_lot::Mutex;
 
@@ -35,17 +37,52 @@ impl Recorder {
         queue_stages(self.kind, self.context.transfer_family.is_some())
     }
 
-    /// Submits what is recorded and the waits gathered, signalling the
-    /// progress semaphore and, where given, a signal.
-    pub(super) fn flush(&mut self, signal: Option<(vk::Semaphore, u64)>) -> Result<()> {
-        if self.open.is_none() && self.waits.is_empty() && signal.is_none() {
+    /// Submits what is recorded, the waits gathered and the stretch's
+    /// signal (`pending_signal`), signalling the progress semaphore too.
+    /// Where it fails, `failed_from` names the first command it held.
+    pub(super) fn flush(&mut self) -> Result<()> {
+        if self.open.is_none() && self.waits.is_empty() && self.pending_signal.is_none() {
             return Ok(());
         }
+        let pending = self.pending_signal.take();
+        let held_from = [
+            self.open.as_ref().map(|(_, first)| *first),
+            pending.as_ref().map(|(_, _, first)| *first),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let outcome = self.submit_stretch(pending.as_ref().map(|(s, v, _)| (s.semaphore(), *v)));
+        match &outcome {
+            Ok(()) => {
+                if let Some((signal, value, _)) = pending {
+                    signal.note_submitted(value);
+                    self.current
+                        .as_mut()
+                        .expect("a batch is recording")
+                        .signals
+                        .push((signal.semaphore(), value));
+                }
+            }
+            Err(_) => {
+                if let Some(from) = held_from {
+                    self.failed_from = Some(self.failed_from.map_or(from, |f| f.min(from)));
+                }
+            }
+        }
+        outcome
+    }
+
+    /// `flush`'s submission, signalling `signal` where given.
+    fn submit_stretch(&mut self, signal: Option<(vk::Semaphore, u64)>) -> Result<()> {
         if let Err(lost) = self.context.health() {
             // Nothing more runs on a lost device: the recorded buffer goes
-            // back unsubmitted.
+            // back unsubmitted (a lent one to its recording).
             self.waits.clear();
-            if let Some((set, _)) = self.open.take() {
+            if self.open_is_lent() {
+                let mut lent = self.open.take().map(|(set, _)| set);
+                self.keep_submitted(&mut lent);
+            } else if let Some((set, _)) = self.open.take() {
                 // SAFETY: the command buffer records; ending it lets its
                 // next `begin` reset it.
                 let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
@@ -54,8 +91,11 @@ impl Recorder {
             return Err(lost);
         }
         let device = &self.context.device;
+        // A recording's command buffer lent for a replay was ended, with
+        // its barriers, when it was recorded.
+        let lent = self.open_is_lent();
         let open = self.open.take();
-        if let Some((set, _)) = &open {
+        if let Some((set, _)) = open.as_ref().filter(|_| !lent) {
             let barrier = [vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
                 .dst_access_mask(vk::AccessFlags::HOST_READ)];
@@ -104,6 +144,12 @@ impl Recorder {
             unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
         };
         self.waits.clear();
+        let mut open = open.map(|(set, _)| set);
+        if lent && outcome.is_ok() {
+            self.shared.programs.fetch_add(1, Ordering::Relaxed);
+        }
+        // A recording keeps its command buffer (recorded, or lent back).
+        let kept = self.keep_submitted(&mut open);
         let current = self.current.as_mut().expect("a batch is recording");
         match outcome {
             Ok(()) => {
@@ -117,13 +163,13 @@ impl Recorder {
                     }
                     current.stamped = to;
                 }
-                if let Some((set, _)) = open {
+                if let Some(set) = open.filter(|_| !kept) {
                     current.sets.push(set);
                 }
                 Ok(())
             }
             Err(e) => {
-                if let Some((set, _)) = open {
+                if let Some(set) = open.filter(|_| !kept) {
                     // Never submitted: reusable at once.
                     self.shared.free.lock().push(set);
                 }
