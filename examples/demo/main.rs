@@ -301,6 +301,22 @@ fn run() -> Result<(), String> {
         options.iterations,
         plan.runs()
     );
+    // What the plan recorded once and submitted again (Vulkan: command
+    // buffers), against what it recorded run by run.
+    let launches = plan.launches();
+    if launches.kernels + launches.programs == 0 {
+        println!("replay: none (no device here has a replay form; each run records its commands)");
+    } else {
+        println!(
+            "replay: {} kernel launches recorded, {} recorded programs submitted again{}",
+            launches.kernels,
+            launches.programs,
+            match &launches.fallback {
+                Some(why) => format!("; ran the plain way where {why}"),
+                None => String::new(),
+            }
+        );
+    }
     if let Some(path) = &options.trace {
         let events = plan.take_profile();
         std::fs::write(path, hwqueue::chrome_trace(&events))

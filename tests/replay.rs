@@ -1,0 +1,306 @@
+//! Plan replay (issue 45): a plan's device work recorded once into the
+//! device's replay form and submitted again for every later run. On Vulkan
+//! (lavapipe in CI) a run's batch on a queue is recorded into command
+//! buffers once and resubmitted with the run's semaphore values; these
+//! tests show that the replay is used (`Plan::launches`), that it computes
+//! what the plain path computes under random rebinding, and that it says
+//! why it falls back where it cannot replay. The executor's own tests, the
+//! plan model and the conformance suite run with replay on (the default).
+#![cfg(feature = "vulkan")]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::LONG;
+use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
+use hwqueue::{
+    Buffer, Device, Download, ExecParams, OpId, Plan, Scalar, ScalarId, Schedule, Timeout,
+};
+
+/// The first usable Vulkan device's ordinal, or `None` (printing why the
+/// test skips; failing where `HWQUEUE_REQUIRE_VULKAN` is set).
+fn ordinal() -> Option<u32> {
+    let usable = hwqueue::vulkan::devices()
+        .ok()
+        .and_then(|devices| devices.into_iter().find(|d| d.unusable.is_none()));
+    if usable.is_none() {
+        assert!(
+            std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
+            "HWQUEUE_REQUIRE_VULKAN is set, and no usable Vulkan device was found"
+        );
+        println!("skipped: no Vulkan driver with a usable device");
+    }
+    usable.map(|info| info.spec.ordinal())
+}
+
+/// `x[i] += n`, one work-group of 64 per 64 words.
+const ADD: &str = "
+@group(0) @binding(0) var<storage, read_write> x: array<u32>;
+var<immediate> n: u32;
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) id: vec3<u32>) {
+    x[id.x] = x[id.x] + n;
+}
+";
+
+/// `out[i] = out[i] * 3 + a[i] + k`.
+const MIX: &str = "
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+var<immediate> k: u32;
+@compute @workgroup_size(64)
+fn mix(@builtin(global_invocation_id) id: vec3<u32>) {
+    out[id.x] = out[id.x] * 3u + a[id.x] + k;
+}
+";
+
+const WORDS: usize = 256;
+const KERNELS: usize = 64;
+
+/// A chain of [`KERNELS`] dependent kernels over one tensor, between its
+/// upload and its download: the issue's benchmark shape.
+fn chain(device: &Arc<VulkanDevice>) -> (Plan<Vulkan>, OpId, OpId) {
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let mut schedule = Schedule::<Vulkan>::new();
+    let d = schedule.add_device(device.clone());
+    let x = schedule.add_tensor(d, "x", WORDS * 4);
+    let up = schedule.upload("upload x", x).id();
+    for k in 0..KERNELS {
+        schedule.exec(
+            format!("add {k}"),
+            d,
+            &add,
+            &[x],
+            &[Scalar::U32(1)],
+            ExecParams::new_1d(WORDS as u32, 64),
+        );
+    }
+    let down = schedule.download("download x", x).id();
+    (schedule.plan().unwrap(), up, down)
+}
+
+/// Runs the chain `runs` times, one after another, checking every output.
+fn run_chain(plan: &mut Plan<Vulkan>, up: OpId, down: OpId, runs: u32) {
+    for run in 0..runs {
+        plan.upload(up, &vec![run; WORDS]).unwrap();
+        let out = Download::<u32>::new(WORDS);
+        plan.download(down, &out).unwrap();
+        plan.run().unwrap().wait(LONG).unwrap();
+        assert_eq!(
+            out.take(Timeout::Forever).unwrap(),
+            vec![run + KERNELS as u32; WORDS],
+            "run {run}"
+        );
+    }
+}
+
+/// The issue's proof that replay is used: 100 runs of a 64-kernel plan
+/// record the 64 dispatches once (twice at most: the first run has no
+/// waits on a run before it, so its batch may differ) and submit the
+/// recording for the rest, instead of recording 6,400 dispatches. With
+/// replay off, every run records its 64.
+#[test]
+fn a_plan_of_64_kernels_run_100_times_records_them_once_and_replays_the_rest() {
+    let Some(ordinal) = ordinal() else { return };
+    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+
+    let (mut plan, up, down) = chain(&device);
+    assert!(plan.replay(), "replay is on by default");
+    run_chain(&mut plan, up, down, 100);
+    let launches = plan.launches();
+    assert!(
+        launches.kernels <= 2 * KERNELS as u64,
+        "100 runs recorded {} dispatches: {launches:?}",
+        launches.kernels
+    );
+    assert!(
+        launches.programs >= 98,
+        "100 runs replayed {} recordings: {launches:?}",
+        launches.programs
+    );
+    if device.host_mapped() {
+        assert_eq!(launches.fallback, None);
+    }
+
+    let (mut plain, up, down) = chain(&device);
+    plain.set_replay(false);
+    run_chain(&mut plain, up, down, 100);
+    let launches = plain.launches();
+    assert_eq!(launches.kernels, 100 * KERNELS as u64, "{launches:?}");
+    assert_eq!(launches.programs, 0, "{launches:?}");
+}
+
+/// A plan whose input and output are slots bound per run, with a scalar
+/// slot: an upload into a tensor, `mix` of it and the input into the
+/// output, two `add`s of the output, and the output's download.
+struct Mixer {
+    plan: Plan<Vulkan>,
+    input: hwqueue::BufferId,
+    output: hwqueue::BufferId,
+    k: ScalarId,
+    up: OpId,
+    down: OpId,
+    inputs: Vec<hwqueue::vulkan::VulkanBuffer>,
+    outputs: Vec<hwqueue::vulkan::VulkanBuffer>,
+}
+
+impl Mixer {
+    fn new(device: &Arc<VulkanDevice>, replay: bool) -> Self {
+        let mix = VulkanProgram::from_wgsl("mix", MIX, "mix").unwrap();
+        let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+        let mut schedule = Schedule::<Vulkan>::new();
+        let d = schedule.add_device(device.clone());
+        let t = schedule.add_tensor(d, "t", WORDS * 4);
+        let input = schedule.add_slot(d, "in", WORDS * 4);
+        let output = schedule.add_slot(d, "out", WORDS * 4);
+        let k = schedule.add_scalar("k", 0u32);
+        let up = schedule.upload("upload t", t).id();
+        let grid = ExecParams::new_1d(WORDS as u32, 64);
+        schedule
+            .exec("mix", d, &mix, &[input, output], &[Scalar::U32(0)], grid)
+            .scalar(0, k)
+            .reads(input, ..)
+            .writes(output, ..);
+        schedule.exec("add t", d, &add, &[output], &[Scalar::U32(5)], grid);
+        schedule.exec("add 7", d, &add, &[output], &[Scalar::U32(7)], grid);
+        schedule
+            .exec("mix t", d, &mix, &[t, output], &[Scalar::U32(0)], grid)
+            .scalar(0, k);
+        let down = schedule.download("download out", output).id();
+        let mut plan = schedule.plan().unwrap();
+        plan.set_replay(replay);
+        let buffers = |seed: u32| -> Vec<hwqueue::vulkan::VulkanBuffer> {
+            (0..3u32)
+                .map(|b| {
+                    let buffer = device.alloc(WORDS * 4).unwrap();
+                    let words: Vec<u32> = (0..WORDS as u32).map(|i| i * (b + 1) + seed).collect();
+                    buffer.write_at(0, &words).unwrap();
+                    buffer
+                })
+                .collect()
+        };
+        Self {
+            plan,
+            input,
+            output,
+            k,
+            up,
+            down,
+            inputs: buffers(1),
+            outputs: buffers(100),
+        }
+    }
+
+    /// One run with input `i`, output `o`, scalar `k` and upload `seed`:
+    /// what it downloaded.
+    fn run(&mut self, i: usize, o: usize, k: u32, seed: u32) -> Vec<u32> {
+        self.plan.bind(self.input, &self.inputs[i]).unwrap();
+        self.plan.bind(self.output, &self.outputs[o]).unwrap();
+        self.plan.set_scalar(self.k, k).unwrap();
+        let data: Vec<u32> = (0..WORDS as u32).map(|w| w ^ seed).collect();
+        self.plan.upload(self.up, &data).unwrap();
+        let out = Download::<u32>::new(WORDS);
+        self.plan.download(self.down, &out).unwrap();
+        self.plan.run().unwrap().wait(LONG).unwrap();
+        out.take(Timeout::Forever).unwrap()
+    }
+}
+
+/// Replay on and off compute the same thing: two plans of the same
+/// schedule over buffers of the same contents, one replaying and one
+/// recording every run, are run 1,000 times with the same random
+/// bindings (three inputs, three outputs that accumulate), scalars and
+/// uploads; every download agrees, and the outputs' bytes at the end.
+#[test]
+fn replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
+    let Some(ordinal) = ordinal() else { return };
+    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+    let mut replayed = Mixer::new(&device, true);
+    let mut plain = Mixer::new(&device, false);
+    // A fixed xorshift: the same sequence every run of the test.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for run in 0..1000 {
+        let r = next();
+        let (i, o) = ((r % 3) as usize, ((r >> 8) % 3) as usize);
+        // Few scalar values, so bindings and scalars repeat and replay.
+        let (k, seed) = (((r >> 16) % 2) as u32, (r >> 32) as u32);
+        let want = plain.run(i, o, k, seed);
+        let got = replayed.run(i, o, k, seed);
+        assert_eq!(got, want, "run {run}: in {i}, out {o}, k {k}");
+    }
+    for (a, b) in replayed.outputs.iter().zip(&plain.outputs) {
+        assert_eq!(a.to_vec::<u32>().unwrap(), b.to_vec::<u32>().unwrap());
+    }
+    let (on, off) = (replayed.plan.launches(), plain.plan.launches());
+    assert!(
+        on.programs > 0 && on.kernels < off.kernels,
+        "replay was used: {on:?} against {off:?}"
+    );
+    assert_eq!(off.programs, 0);
+}
+
+/// Where a queue's run cannot replay it runs the plain way, and the plan
+/// says why: on unmapped memory the uploads and downloads (the copy
+/// queue's) take new staging ranges each run, while the kernels (the
+/// compute queue's) still replay; a profiled run records device
+/// timestamps, so nothing replays.
+#[test]
+fn runs_that_cannot_replay_run_the_plain_way_and_say_why() {
+    let Some(ordinal) = ordinal() else { return };
+    let unmapped = Arc::new(VulkanDevice::open_unmapped(ordinal).unwrap());
+    let (mut plan, up, down) = chain(&unmapped);
+    run_chain(&mut plan, up, down, 4);
+    let launches = plan.launches();
+    assert!(launches.kernels <= 2 * KERNELS as u64, "{launches:?}");
+    assert!(launches.programs >= 2, "{launches:?}");
+    let why = launches.fallback.expect("a reason");
+    assert!(why.contains("staging"), "{why}");
+
+    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+    let (mut plan, up, down) = chain(&device);
+    plan.set_profiling(true);
+    run_chain(&mut plan, up, down, 3);
+    let launches = plan.launches();
+    assert_eq!(launches.programs, 0, "{launches:?}");
+    let why = launches.fallback.expect("a reason");
+    assert!(why.contains("profiles"), "{why}");
+    assert!(
+        plan.take_profile()
+            .iter()
+            .any(|e| e.name.starts_with("add")),
+        "the profile holds the kernels"
+    );
+}
+
+/// Runs started back to back, each before the last finished, submit the
+/// recording again while an earlier submission of it is pending
+/// (`SIMULTANEOUS_USE`): every run's output is its own.
+#[test]
+fn runs_started_back_to_back_replay_while_earlier_ones_are_pending() {
+    let Some(ordinal) = ordinal() else { return };
+    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+    let (mut plan, up, down) = chain(&device);
+    let mut started = Vec::new();
+    for run in 0..50u32 {
+        plan.upload(up, &vec![run; WORDS]).unwrap();
+        let out = Download::<u32>::new(WORDS);
+        plan.download(down, &out).unwrap();
+        started.push((run, plan.run().unwrap(), out));
+    }
+    for (run, handle, out) in started {
+        handle.wait(LONG).unwrap();
+        assert_eq!(
+            out.take(Timeout::Forever).unwrap(),
+            vec![run + KERNELS as u32; WORDS],
+            "run {run}"
+        );
+    }
+    assert!(plan.launches().programs >= 40, "{:?}", plan.launches());
+}
