@@ -36,7 +36,7 @@ const SCENARIO: &str = "HWQUEUE_FAKE_SCENARIO";
 const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 10] = [
+const FAKE_VARS: [&str; 13] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -45,6 +45,9 @@ const FAKE_VARS: [&str; 10] = [
     "HWQUEUE_FAKE_FAULT_AFTER",
     "HWQUEUE_FAKE_FAULT",
     "HWQUEUE_FAKE_FAULT_SEEN_BY",
+    "HWQUEUE_FAKE_LAUNCHES",
+    "HWQUEUE_FAKE_REFUSE",
+    "HWQUEUE_FAKE_REFUSAL",
     NVRTC_VERSION,
     SCENARIO,
 ];
@@ -120,6 +123,10 @@ struct Outcome {
     gpu_tests: String,
     /// The `cu*` symbols the fake was called through, in order.
     calls: Vec<String>,
+    /// The kernels the fake ran and the graphs it launched, in order (its
+    /// `HWQUEUE_FAKE_LAUNCHES` log: `kernel NAME via=... params=...` and
+    /// `graph nodes=N` lines).
+    launches: Vec<String>,
     /// All the child printed, for the lines of a [`SCENARIO`].
     stdout: String,
 }
@@ -156,12 +163,11 @@ fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
         println!("skipped: no C compiler");
         return None;
     };
-    let calls = dir.join(format!(
-        "calls-{}-{}.log",
-        std::process::id(),
-        RUN.fetch_add(1, Ordering::Relaxed)
-    ));
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let calls = dir.join(format!("calls-{}-{run}.log", std::process::id()));
+    let launches = dir.join(format!("launches-{}-{run}.log", std::process::id()));
     let _ = std::fs::remove_file(&calls);
+    let _ = std::fs::remove_file(&launches);
     let mut library_path = dir.as_os_str().to_owned();
     if vars.iter().any(|(var, _)| *var == NVRTC_VERSION) {
         let Some(nvrtc) = fake_nvrtc_dir() else {
@@ -190,16 +196,18 @@ fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
         .env(CHILD, "1")
         .env("LD_LIBRARY_PATH", library_path)
         .env("HWQUEUE_FAKE_CALLS", &calls)
+        .env("HWQUEUE_FAKE_LAUNCHES", &launches)
         // A GPU job's "fail without a GPU" switch is about the real GPU.
         .env_remove("HWQUEUE_REQUIRE_GPU")
         .envs(vars.iter().copied());
     let output = child.output().expect("re-running the test binary");
-    let calls_made: Vec<String> = std::fs::read_to_string(&calls)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    let _ = std::fs::remove_file(&calls);
+    let read_log = |path: &Path| -> Vec<String> {
+        let lines = std::fs::read_to_string(path).unwrap_or_default();
+        let _ = std::fs::remove_file(path);
+        lines.lines().map(str::to_owned).collect()
+    };
+    let calls_made = read_log(&calls);
+    let launches_made = read_log(&launches);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let context = || {
         format!(
@@ -219,6 +227,7 @@ fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
         open: field("open"),
         gpu_tests: field("gpu_tests"),
         calls: calls_made,
+        launches: launches_made,
         stdout: stdout.to_string(),
     };
     // Not vacuous: the library the child loaded was the fake, and hwqueue
@@ -585,8 +594,144 @@ fn run_child_scenario(scenario: &str) {
                 },
             );
         }
+        "graph_replay" => graph_replay(&device),
         other => panic!("no scenario `{other}`"),
     }
+}
+
+/// How many times [`graph_replay`] captures `scale`.
+const KERNELS: u32 = 3;
+
+/// The child's half of the graph scenarios (issue 45): on a stream of
+/// cudarc's, captures an upload of 4 words, [`KERNELS`] launches of `scale`
+/// (its `n` the launch's number: 1, 2, 3) and a download back, and launches
+/// the graph 3 times, new words going up each time; before the third, the
+/// first kernel's `n` becomes 10 on the executable graph. Reports the graph's
+/// node types, what each launch brought back (`launch1` ..), and the first
+/// kernel node's `n` as the graph keeps it before and after that update.
+/// First, a capture that synchronises its stream, which capture forbids.
+fn graph_replay(device: &CudaDevice) {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    const WORDS: usize = 4;
+    let context = device.context();
+    let stream = context.new_stream().unwrap();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let no_flags = CUgraphInstantiate_flags(0);
+
+    stream.begin_capture(mode).unwrap();
+    report("sync_in_capture", &format!("{:?}", stream.synchronize()));
+    let invalidated = stream.end_capture(no_flags).map(|graph| graph.is_some());
+    report("invalidated_end", &format!("{invalidated:?}"));
+
+    let module = context.load_module(SCALE_PTX.into()).unwrap();
+    let scale = module.load_function("scale").unwrap();
+    let buffer = device.alloc(WORDS * 4).unwrap();
+    let on_device = buffer.device_pointer();
+    // The words going up, then the words coming back: the graph reads and
+    // writes them through these pointers each time it runs.
+    let mut host = vec![0u32; 2 * WORDS];
+    let input = host.as_mut_ptr();
+    // SAFETY: `host` holds 2 * WORDS words.
+    let output = unsafe { input.add(WORDS) };
+    stream.begin_capture(mode).unwrap();
+    report("status", &format!("{:?}", stream.capture_status().unwrap()));
+    // SAFETY: WORDS words from `host`, which outlives the graph, to the
+    // buffer, as large.
+    unsafe { sys::cuMemcpyHtoDAsync_v2(on_device, input.cast(), WORDS * 4, stream.cu_stream()) }
+        .result()
+        .unwrap();
+    for n in 1..=KERNELS {
+        let mut launch = stream.launch_builder(&scale);
+        launch.arg(&on_device).arg(&on_device).arg(&n);
+        // SAFETY: `scale` takes two pointers and a `u32`, and the fake's
+        // kernels touch nothing.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(WORDS as u32)) }.unwrap();
+    }
+    // SAFETY: as the upload, the other way.
+    unsafe { sys::cuMemcpyDtoHAsync_v2(output.cast(), on_device, WORDS * 4, stream.cu_stream()) }
+        .result()
+        .unwrap();
+    let graph = match stream.end_capture(no_flags) {
+        Ok(graph) => graph.expect("a capture of work makes a graph"),
+        Err(error) => return report("end_capture", &format!("{error:?}")),
+    };
+    report("end_capture", "ok");
+
+    let nodes = graph_nodes(graph.cu_graph());
+    let types: Vec<_> = nodes.iter().map(|&node| node_type(node)).collect();
+    report("nodes", &format!("{types:?}"));
+    let first_kernel = nodes[1];
+    report("n_in_graph", &kernel_params(first_kernel).1.to_string());
+    for launch in 1..=3u32 {
+        if launch == 3 {
+            let (mut params, _) = kernel_params(first_kernel);
+            let mut n = 10u32;
+            // SAFETY: the node's `scale` has 3 parameters.
+            let mut args = unsafe { std::slice::from_raw_parts(params.kernelParams, 3) }.to_vec();
+            args[2] = (&raw mut n).cast();
+            params.kernelParams = args.as_mut_ptr();
+            // SAFETY: a kernel node of the graph the exec was made from,
+            // with parameters for its kernel, which the driver copies.
+            let set = unsafe {
+                sys::cuGraphExecKernelNodeSetParams_v2(graph.cu_graph_exec(), first_kernel, &params)
+            };
+            report("set_params", &format!("{set:?}"));
+        }
+        let words: Vec<u32> = (0..WORDS as u32).map(|i| 100 * launch + i).collect();
+        // SAFETY: WORDS words into the first half of `host`.
+        unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), input, WORDS) };
+        graph.launch().unwrap();
+        stream.synchronize().unwrap();
+        // SAFETY: the second half of `host`, which the graph wrote.
+        let back = unsafe { std::slice::from_raw_parts(output, WORDS) };
+        report(&format!("launch{launch}"), &format!("{back:?}"));
+    }
+    report(
+        "n_in_graph_after",
+        &kernel_params(first_kernel).1.to_string(),
+    );
+    drop(graph);
+    drop(host);
+}
+
+/// The nodes of `graph`, in the order capture added them.
+fn graph_nodes(graph: sys::CUgraph) -> Vec<sys::CUgraphNode> {
+    let mut count = 0;
+    // SAFETY: a live graph; with no array, only the count is written.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }
+        .result()
+        .unwrap();
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: room for `count` nodes.
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }
+        .result()
+        .unwrap();
+    nodes
+}
+
+fn node_type(node: sys::CUgraphNode) -> sys::CUgraphNodeType {
+    let mut kind = std::mem::MaybeUninit::uninit();
+    // SAFETY: a node of a live graph; the call writes the type.
+    unsafe { sys::cuGraphNodeGetType(node, kind.as_mut_ptr()) }
+        .result()
+        .unwrap();
+    // SAFETY: written by the successful call.
+    unsafe { kind.assume_init() }
+}
+
+/// A `scale` kernel node's parameters, and its `n` (the third).
+fn kernel_params(node: sys::CUgraphNode) -> (sys::CUDA_KERNEL_NODE_PARAMS, u32) {
+    let mut params = std::mem::MaybeUninit::uninit();
+    // SAFETY: a kernel node of a live graph; the call writes the struct.
+    unsafe { sys::cuGraphKernelNodeGetParams_v2(node, params.as_mut_ptr()) }
+        .result()
+        .unwrap();
+    // SAFETY: written by the successful call.
+    let params: sys::CUDA_KERNEL_NODE_PARAMS = unsafe { params.assume_init() };
+    // SAFETY: `scale`'s third parameter is a `u32`, kept by the node.
+    let n = unsafe { *(*params.kernelParams.add(2)).cast::<u32>() };
+    (params, n)
 }
 
 /// Whether the `libcuda` loaded exports `cuFuncGetParamInfo` (CUDA 12.4):
@@ -797,4 +942,99 @@ fn a_plan_over_the_cpu_and_cuda_runs_back_to_back_on_the_fake_driver() {
     };
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
     assert_eq!(outcome.field("plan"), "ok", "{outcome:#?}");
+}
+
+/// Issue 45's first step: what a plan replayed as a CUDA graph needs of the
+/// fake driver. Work captured on a stream becomes nodes in order, not run;
+/// each graph launch replays them, the copies really copying (new words
+/// come back each time) and each kernel counted in the fake's launch log;
+/// a kernel node's parameters read back from the graph, and set on the
+/// executable graph, change what later launches run and not the graph. A
+/// capture that synchronises its stream fails and is invalidated, as on
+/// the driver.
+#[test]
+fn captured_work_replays_as_a_graph_on_the_fake_driver() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("graph_replay", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(
+        outcome.field("sync_in_capture"),
+        "Err(DriverError(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, \"operation not permitted when stream is capturing\"))"
+    );
+    assert!(
+        outcome
+            .field("invalidated_end")
+            .starts_with("Err(DriverError(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("status"), "CU_STREAM_CAPTURE_STATUS_ACTIVE");
+    assert_eq!(outcome.field("end_capture"), "ok", "{outcome:#?}");
+    let kernels = vec!["CU_GRAPH_NODE_TYPE_KERNEL"; KERNELS as usize].join(", ");
+    assert_eq!(
+        outcome.field("nodes"),
+        format!("[CU_GRAPH_NODE_TYPE_MEMCPY, {kernels}, CU_GRAPH_NODE_TYPE_MEMCPY]")
+    );
+    for launch in 1..=3 {
+        let words: Vec<u32> = (0..4).map(|i| 100 * launch + i).collect();
+        assert_eq!(
+            outcome.field(&format!("launch{launch}")),
+            format!("{words:?}")
+        );
+    }
+    assert_eq!(outcome.field("set_params"), "CUDA_SUCCESS");
+    // The graph keeps what was captured; only the executable graph changed.
+    assert_eq!(outcome.field("n_in_graph"), "1");
+    assert_eq!(outcome.field("n_in_graph_after"), "1");
+
+    // Captured launches ran nothing; each graph launch ran every kernel,
+    // the third with the new `n`.
+    let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
+    assert_eq!(count("cuLaunchKernel"), KERNELS as usize, "{outcome:#?}");
+    assert_eq!(count("cuGraphLaunch"), 3, "{outcome:#?}");
+    let graphs = outcome
+        .launches
+        .iter()
+        .filter(|line| line.starts_with("graph "));
+    assert!(
+        graphs.clone().all(|line| line == "graph nodes=5"),
+        "{outcome:#?}"
+    );
+    assert_eq!(graphs.count(), 3, "{outcome:#?}");
+    let ns: Vec<&str> = outcome
+        .launches
+        .iter()
+        .filter(|line| line.starts_with("kernel scale via=graph "))
+        .map(|line| line.rsplit(',').next().unwrap())
+        .collect();
+    assert_eq!(
+        ns,
+        ["1", "2", "3", "1", "2", "3", "10", "2", "3"],
+        "{outcome:#?}"
+    );
+    assert_eq!(
+        outcome.launches.len(),
+        3 + 3 * KERNELS as usize,
+        "{outcome:#?}"
+    );
+}
+
+/// The replay path's fallback needs graphs to fail: with
+/// `HWQUEUE_FAKE_REFUSE` naming `cuGraphInstantiateWithFlags`, instantiation
+/// fails with `HWQUEUE_FAKE_REFUSAL`'s code, cudarc destroys the captured
+/// graph, and nothing is launched.
+#[test]
+fn a_refused_instantiation_fails_the_capture_and_launches_nothing() {
+    let refuse = [
+        ("HWQUEUE_FAKE_REFUSE", "cuGraphInstantiateWithFlags"),
+        ("HWQUEUE_FAKE_REFUSAL", "2"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("graph_replay", &refuse)) else {
+        return;
+    };
+    let end = outcome.field("end_capture");
+    assert!(end.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{outcome:#?}");
+    assert!(outcome.called("cuGraphDestroy"), "{outcome:#?}");
+    assert!(!outcome.called("cuGraphLaunch"), "{outcome:#?}");
+    assert!(outcome.launches.is_empty(), "{outcome:#?}");
 }
