@@ -53,6 +53,8 @@ ROWS = [
     ("vulkan_transfer", "hwqueue", "raw_ash", 1.1),
     ("vulkan_transfer", "hwqueue_borrowed", "raw_ash", None),
     ("vulkan_transfer_small", "hwqueue", "raw_ash", None),
+    ("plan_replay_vulkan", "hwqueue", "raw_ash_prerecorded", 1.1),
+    ("plan_replay_vulkan", "hwqueue_rerecorded", "raw_ash_prerecorded", None),
 ]
 
 # Paired groups (benches/support: `Ratio`): criterion's estimate is the

@@ -7,6 +7,7 @@
 //! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
 //! | `vulkan_transfer_small` (no target) | the transfer's hwqueue case at 4 KiB: what a batch costs besides its copies | the baseline's copies at 4 KiB |
+//! | `plan_replay_vulkan` (issue 45; here rather than in `benches/executor.rs`, beside `Raw`) | `Plan::run` + wait of a chain of 64 dependent kernels (`x += 1` over 64 words) with replay; `hwqueue_rerecorded` (no target) with replay off | the same 64 dispatches and barriers recorded into one command buffer once, resubmitted with a timeline signal and waited for (`raw_ash_prerecorded`) |
 //! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `raw_ash_over_raw_ash` (dispatch and transfer) is the method's control, the baseline against itself |
 //!
 //! The baseline runs on hwqueue's own `VkDevice` and compute `VkQueue`
@@ -35,6 +36,8 @@ const DISPATCHES: usize = 1_000;
 const WORDS: usize = 64;
 const TRANSFER: usize = 16 << 20;
 const SMALL_TRANSFER: usize = 4 << 10;
+/// The kernels of `plan_replay_vulkan`'s chain.
+const PLAN_KERNELS: usize = 64;
 
 /// The tiny kernel both sides dispatch: a fixed work-group size, so both
 /// run the same SPIR-V.
@@ -126,15 +129,24 @@ impl Raw {
         }
     }
 
-    /// Records the command buffer afresh with `record`.
+    /// Records the command buffer afresh with `record`, to be submitted
+    /// once.
     fn record(&self, record: impl FnOnce(&ash::Device, vk::CommandBuffer)) {
+        self.record_for(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT, record);
+    }
+
+    /// Records the command buffer afresh with `record`, for `usage`.
+    fn record_for(
+        &self,
+        usage: vk::CommandBufferUsageFlags,
+        record: impl FnOnce(&ash::Device, vk::CommandBuffer),
+    ) {
         // SAFETY: the buffer is not pending (every submit is waited for).
         unsafe {
             self.device
                 .begin_command_buffer(
                     self.command,
-                    &vk::CommandBufferBeginInfo::default()
-                        .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+                    &vk::CommandBufferBeginInfo::default().flags(usage),
                 )
                 .expect("vkBeginCommandBuffer");
             record(&self.device, self.command);
@@ -360,6 +372,67 @@ impl Drop for RawPipeline {
 /// The baseline's dispatches: the same 1,000 recorded into one command
 /// buffer, submitted with a timeline signal, `vkWaitSemaphores`.
 fn dispatch_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let mut state = raw_pipeline(device);
+    move || {
+        let (layout, pipeline, set) = (state.layout, state.pipeline, state.set);
+        state.raw.record(|d, command| {
+            record_chain(d, command, (layout, pipeline, set), DISPATCHES);
+        });
+        state.raw.submit_and_wait();
+    }
+}
+
+/// `count` dispatches of the baseline's pipeline (one work-group of 64
+/// words each), each after a compute-to-compute barrier from the one
+/// before, as hwqueue's recorder separates dependent dispatches.
+fn record_chain(
+    d: &ash::Device,
+    command: vk::CommandBuffer,
+    (layout, pipeline, set): (vk::PipelineLayout, vk::Pipeline, vk::DescriptorSet),
+    count: usize,
+) {
+    let barrier = [vk::MemoryBarrier::default()
+        .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+        .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+    // SAFETY: the command buffer is recording; the pipeline, layout and
+    // set are alive.
+    unsafe {
+        d.cmd_bind_pipeline(command, vk::PipelineBindPoint::COMPUTE, pipeline);
+        d.cmd_bind_descriptor_sets(
+            command,
+            vk::PipelineBindPoint::COMPUTE,
+            layout,
+            0,
+            &[set],
+            &[],
+        );
+        for i in 0..count {
+            if i > 0 {
+                d.cmd_pipeline_barrier(
+                    command,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::PipelineStageFlags::COMPUTE_SHADER,
+                    vk::DependencyFlags::empty(),
+                    &barrier,
+                    &[],
+                    &[],
+                );
+            }
+            d.cmd_push_constants(
+                command,
+                layout,
+                vk::ShaderStageFlags::COMPUTE,
+                0,
+                &1u32.to_ne_bytes(),
+            );
+            d.cmd_dispatch(command, 1, 1, 1);
+        }
+    }
+}
+
+/// The baseline's pipeline over a buffer of [`WORDS`], with its
+/// descriptor set written.
+fn raw_pipeline(device: &VulkanDevice) -> RawPipeline {
     let raw = Raw::on(device);
     let (buffer, memory, _) = raw.mapped_buffer(WORDS * 4);
     // The SPIR-V hwqueue hands the driver: the same shader both sides.
@@ -440,7 +513,7 @@ fn dispatch_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
         );
         (shader, set_layout, layout, pipeline, descriptors, set)
     };
-    let mut state = RawPipeline {
+    RawPipeline {
         raw,
         buffer,
         memory,
@@ -450,57 +523,74 @@ fn dispatch_raw(device: &VulkanDevice) -> impl FnMut() + use<> {
         pipeline,
         descriptors,
         set,
-    };
-    move || {
-        let RawPipeline {
-            raw,
-            layout,
-            pipeline,
-            set,
-            ..
-        } = &mut state;
-        let (layout, pipeline, set) = (*layout, *pipeline, *set);
-        raw.record(|d, command| {
-            let barrier = [vk::MemoryBarrier::default()
-                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
-                .dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
-            // SAFETY: the command buffer is recording; the pipeline,
-            // layout and set are alive.
-            unsafe {
-                d.cmd_bind_pipeline(command, vk::PipelineBindPoint::COMPUTE, pipeline);
-                d.cmd_bind_descriptor_sets(
-                    command,
-                    vk::PipelineBindPoint::COMPUTE,
-                    layout,
-                    0,
-                    &[set],
-                    &[],
-                );
-                for i in 0..DISPATCHES {
-                    if i > 0 {
-                        d.cmd_pipeline_barrier(
-                            command,
-                            vk::PipelineStageFlags::COMPUTE_SHADER,
-                            vk::PipelineStageFlags::COMPUTE_SHADER,
-                            vk::DependencyFlags::empty(),
-                            &barrier,
-                            &[],
-                            &[],
-                        );
-                    }
-                    d.cmd_push_constants(
-                        command,
-                        layout,
-                        vk::ShaderStageFlags::COMPUTE,
-                        0,
-                        &1u32.to_ne_bytes(),
-                    );
-                    d.cmd_dispatch(command, 1, 1, 1);
-                }
-            }
-        });
-        raw.submit_and_wait();
     }
+}
+
+/// Issue 45: a plan of [`PLAN_KERNELS`] dependent kernels (`x += 1` over
+/// 64 words, one work-group each), run and waited for: with replay (its
+/// recording submitted again), and with replay off (every run recorded).
+fn plan_hwqueue(device: &VulkanDevice, replay: bool) -> impl FnMut() + use<> {
+    use hwqueue::{Plan, Schedule};
+    let program = VulkanProgram::from_wgsl("add", ADD, "add").expect("compiles");
+    let buffer = device.alloc(WORDS * 4).expect("alloc");
+    let mut schedule = Schedule::<hwqueue::vulkan::Vulkan>::new();
+    let d = schedule.add_device(Arc::new(device.clone()));
+    let x = schedule.add_buffer(d, "x", buffer);
+    for k in 0..PLAN_KERNELS {
+        schedule.exec(
+            format!("add {k}"),
+            d,
+            &program,
+            &[x],
+            &[Scalar::U32(1)],
+            ExecParams::new_1d(WORDS as u32, 64),
+        );
+    }
+    let mut plan: Plan<hwqueue::vulkan::Vulkan> = schedule.plan().expect("plans");
+    plan.set_replay(replay);
+    move || {
+        plan.run()
+            .expect("runs")
+            .wait(Timeout::Forever)
+            .expect("completes");
+    }
+}
+
+/// The baseline: the same [`PLAN_KERNELS`] dispatches and barriers
+/// recorded into one command buffer once, submitted again each iteration
+/// with the next timeline value and waited for.
+fn plan_raw_prerecorded(device: &VulkanDevice) -> impl FnMut() + use<> {
+    let mut state = raw_pipeline(device);
+    let (layout, pipeline, set) = (state.layout, state.pipeline, state.set);
+    // Submitted again only once the last submission completed.
+    state
+        .raw
+        .record_for(vk::CommandBufferUsageFlags::empty(), |d, command| {
+            record_chain(d, command, (layout, pipeline, set), PLAN_KERNELS);
+        });
+    move || state.raw.submit_and_wait()
+}
+
+/// Issue 45's `plan_replay_vulkan`: `Plan::run` + wait of a 64-kernel
+/// chain with replay, against one command buffer recorded once and
+/// resubmitted (`raw_ash_prerecorded`); `hwqueue_rerecorded` (replay off)
+/// shows what replay saves.
+fn plan_replay_vulkan(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let mut group = c.benchmark_group("plan_replay_vulkan");
+    support::configure(&mut group, Profile::Latency);
+    case(&mut group, "hwqueue", plan_hwqueue(&device, true));
+    case(
+        &mut group,
+        "hwqueue_rerecorded",
+        plan_hwqueue(&device, false),
+    );
+    case(
+        &mut group,
+        "raw_ash_prerecorded",
+        plan_raw_prerecorded(&device),
+    );
+    group.finish();
 }
 
 fn vulkan_dispatch(c: &mut Criterion) {
@@ -673,7 +763,8 @@ criterion_group!(
     vulkan_roundtrip,
     vulkan_dispatch,
     vulkan_transfer,
-    vulkan_transfer_small
+    vulkan_transfer_small,
+    plan_replay_vulkan
 );
 criterion_group! {
     name = paired;
