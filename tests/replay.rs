@@ -15,7 +15,7 @@ use std::sync::Arc;
 use common::LONG;
 use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
 use hwqueue::{
-    Buffer, Device, Download, ExecParams, OpId, Plan, Scalar, ScalarId, Schedule, Timeout,
+    Buffer, Device, Download, Error, ExecParams, OpId, Plan, Scalar, ScalarId, Schedule, Timeout,
 };
 
 /// The first usable Vulkan device's ordinal, or `None` (printing why the
@@ -303,4 +303,88 @@ fn runs_started_back_to_back_replay_while_earlier_ones_are_pending() {
         );
     }
     assert!(plan.launches().programs >= 40, "{:?}", plan.launches());
+}
+
+/// A failure inside a replayed stretch (here the stretch's second signal
+/// is further from the counter than the device allows, found when the
+/// replay reaches it) fails the stretch from its start, its first signal
+/// with it: the recording holds commands after the failure too, so it is
+/// not submitted, and no value of the stretch may be set without its
+/// work. Before the fix the first signal was submitted alone, and read
+/// reached with the kernels never run.
+#[test]
+fn a_failure_inside_a_replayed_stretch_fails_its_signals_instead_of_setting_them_without_the_work()
+{
+    use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
+    let Some(ordinal) = ordinal() else { return };
+    let device = VulkanDevice::open(ordinal).unwrap();
+    device.limit_value_difference(100);
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let x = device.alloc(64 * 4).unwrap();
+    x.write_at(0, &[0u32; 64]).unwrap();
+    let signal = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let mut stretch = |first: u64, second: u64| {
+        let grid = ExecParams::new_1d(64, 64);
+        queue
+            .exec(&add, &[&x], &[Scalar::U32(1)], grid)
+            .signal(&signal, first)
+            .exec(&add, &[&x], &[Scalar::U32(1)], grid)
+            .signal(&signal, second)
+            .replay_as(0)
+            .submit()
+            .unwrap();
+    };
+    stretch(1, 2);
+    signal.wait(2, LONG).unwrap();
+    assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64]);
+    // The same commands again, replayed: 500 is too far from 2.
+    stretch(3, 500);
+    let error = signal.wait(3, LONG).unwrap_err();
+    assert!(
+        matches!(error.root_cause(), Error::SignalValueTooFarApart { .. }),
+        "{error}"
+    );
+    assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64], "nothing ran");
+    assert!(queue.synchronize().is_err(), "the owner hears of it");
+    assert_eq!(queue.launches().kernels, 2, "{:?}", queue.launches());
+}
+
+/// A batch naming buffers made by `alloca` is not replayed: once a
+/// `dealloca` completed, their block may go back to the driver and a new
+/// `VkBuffer` take its handle's number, which a recording could not tell
+/// from the old one.
+#[test]
+fn a_batch_naming_alloca_buffers_runs_the_plain_way_and_says_why() {
+    use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
+    let Some(ordinal) = ordinal() else { return };
+    let device = VulkanDevice::open(ordinal).unwrap();
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let out = device.alloc(64 * 4).unwrap();
+    let signal = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    for run in 1..=3u64 {
+        let scratch = queue.alloca(64 * 4).unwrap();
+        queue
+            .fill(&scratch, 0u32)
+            .exec(
+                &add,
+                &[&scratch],
+                &[Scalar::U32(7)],
+                ExecParams::new_1d(64, 64),
+            )
+            .copy(&out, &scratch)
+            .dealloca(&scratch)
+            .signal(&signal, run)
+            .replay_as(0)
+            .submit()
+            .unwrap();
+        signal.wait(run, LONG).unwrap();
+        assert_eq!(out.to_vec::<u32>().unwrap(), vec![7; 64]);
+    }
+    let launches = queue.launches();
+    assert_eq!(launches.programs, 0, "{launches:?}");
+    assert_eq!(launches.kernels, 3, "{launches:?}");
+    let why = launches.fallback.expect("a reason");
+    assert!(why.contains("alloca"), "{why}");
 }

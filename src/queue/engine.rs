@@ -167,8 +167,10 @@ pub trait Engine: Send + Sized + 'static {
     /// The next batch handed to [`submit`](Self::submit) is one submitted
     /// again and again under `key` with the same commands
     /// ([`HardwareQueue::replay_as`](super::HardwareQueue::replay_as)): see
-    /// [`launches`](Self::launches). The default ignores it.
-    fn replay_next(&mut self, key: u32) {
+    /// [`launches`](Self::launches). `None`: it is not (the core says so
+    /// for a batch it abandons, or an empty one it does not hand over). The
+    /// default ignores it.
+    fn replay_next(&mut self, key: Option<u32>) {
         let _ = key;
     }
 

@@ -111,6 +111,8 @@ impl<E: Engine> Queue<E> {
         }
         self.engine.ledger().report(&mut self.epoch)?;
         if self.batch.is_empty() {
+            // A replay key given for it must not reach the next batch.
+            self.engine.replay_next(None);
             return Ok(());
         }
         self.batch.epoch = self.epoch;
@@ -158,6 +160,8 @@ impl<E: Engine> Queue<E> {
     /// `upto`), and its waiters would wake with an error although their
     /// work completes. With no unreached signal, this hands nothing over.
     fn abandon_recorded(&mut self, cause: Error) {
+        // An abandoned batch is never replayed, nor is the next one by its key.
+        self.engine.replay_next(None);
         if !self.batch.has_something_to_fail() {
             self.batch.clear();
             return;
@@ -506,7 +510,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     fn replay_as(&mut self, key: u32) -> &mut Self {
         // The engine keeps the key for the batch it is handed next (the
         // batch itself stays as small as it is: the queue holds it inline).
-        self.engine.replay_next(key);
+        self.engine.replay_next(Some(key));
         self
     }
 

@@ -8,8 +8,11 @@
 //! it to the queue's **recording thread**. Either settles it through the
 //! [`Ledger`] as the CPU engine does: it records
 //! the commands into command buffers and submits them, one submission per
-//! stretch between `signal`s and waits (a timeline semaphore is signalled
-//! at the end of a submission). A same-backend `wait` becomes a semaphore
+//! stretch between waits and host copies (a timeline semaphore is
+//! signalled at the end of a submission: signals of one semaphore in a row
+//! are the stretch's one signal, the highest; a signal of another
+//! semaphore ends the stretch). A batch marked for replay is recorded once
+//! and its command buffers submitted again (`replay.rs`). A same-backend `wait` becomes a semaphore
 //! wait of the next submission once some submission that signals the
 //! value is on a `VkQueue`; until then the thread holds the batch on the
 //! host, since on a shared `VkQueue` (lavapipe has one) a submission whose
@@ -33,8 +36,9 @@
 //! read) waits behind a barrier naming exactly both sides: the stages and
 //! write accesses of the earlier commands, the stage and accesses of this
 //! one (`commands::Touched`); commands on other bytes wait for nothing.
-//! Each submission ends with one barrier to the host, so downloads and
-//! host reads see the device's writes. Between queues, and queues of
+//! A submission ends with a barrier to the host where the host reads what
+//! it wrote (mapped buffers, a download's staging range: `submit.rs`), so
+//! downloads and host reads see the device's writes. Between queues, and queues of
 //! different families, the semaphores order the work.
 //!
 //! The files: this one holds the engine and what it shares with its
@@ -279,8 +283,8 @@ impl Engine for VulkanEngine {
         }
     }
 
-    fn replay_next(&mut self, key: u32) {
-        self.state.replay_next = Some(key);
+    fn replay_next(&mut self, key: Option<u32>) {
+        self.state.replay_next = key;
     }
 
     fn submit(&mut self, batch: Batch<Vulkan>) -> Batch<Vulkan> {

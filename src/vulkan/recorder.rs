@@ -1,7 +1,8 @@
 //! A Vulkan queue's recording thread: it settles each batch through the
 //! ledger, turning its commands into submissions (`submit.rs`'s `flush`:
-//! one per stretch between `signal`s and waits, each signalling the
-//! queue's progress semaphore), holds a wait on the host until a
+//! one per stretch between waits and host copies, with the stretch's
+//! signal, each signalling the queue's progress semaphore; or, replaying,
+//! the recording's command buffers: `replay.rs`), holds a wait on the host until a
 //! submission that signals its value is on a `VkQueue`, and hands each
 //! batch to the retire thread.
 
@@ -75,6 +76,8 @@ pub(super) struct Recorder {
     pub(super) host_reads: bool,
     /// The recording the batch being settled records or replays
     /// (`replay.rs`), and those kept per replay key.
+    pub(super) replay: Option<super::replay::Replay>,
+    pub(super) recordings: std::collections::HashMap<u32, Vec<super::replay::Recording>>,
     /// The signal of the stretch being recorded, submitted with it (the
     /// highest of the stretch's signals of one semaphore, and the index of
     /// the first of them).
@@ -82,8 +85,6 @@ pub(super) struct Recorder {
     /// The first command a failed submission of this batch held: where its
     /// failure starts.
     pub(super) failed_from: Option<usize>,
-    pub(super) replay: Option<super::replay::Replay>,
-    pub(super) recordings: std::collections::HashMap<u32, Vec<super::replay::Recording>>,
 }
 
 // SAFETY: the handles are plain Vulkan handles. Those that need external
@@ -225,7 +226,9 @@ impl Recorder {
             timed: Vec::new(),
             profile,
         });
+        // Nothing of an earlier batch carries over, even past a panic.
         self.failed_from = None;
+        self.pending_signal = None;
         self.begin_replay(&batch, replay, profile);
         {
             // A batch-scoped failure drains the batch's later waits on the
@@ -380,6 +383,10 @@ impl Recorder {
             .and_then(|()| self.replay_boundary_done());
             self.close_timing(index);
             if let Err(error) = outcome {
+                // A replay's segment in progress holds commands after the
+                // failure too: it is not submitted, and fails from its
+                // start, with the stretch's signal.
+                self.abandon_replayed_segment();
                 // What was recorded before the failure still runs; where it
                 // cannot be submitted (now, or in a flush the command made),
                 // it fails too.
@@ -388,28 +395,30 @@ impl Recorder {
                     .failed_from
                     .take()
                     .map_or(index, |from| from.min(index));
-                let failed = (from, error);
-                // The values from the failure on settle in queue order:
-                // only once the work submitted before it completed (a
-                // waiter that a failure lets through, as a plan's next run,
-                // must come after that work). It completes: every
-                // submission's waits are on values already submitted. A
-                // lost device ends the wait too.
-                if self.next > 0 {
-                    let _ = super::retire::wait_all_semaphores(
-                        &self.context,
-                        &[(self.progress, self.next)],
-                    );
-                }
-                return Err(failed);
+                self.settle_in_queue_order();
+                return Err((from, error));
             }
         }
         self.replay_end_of_batch();
         if let Err(error) = self.flush() {
             let from = self.failed_from.take().unwrap_or(0);
+            self.settle_in_queue_order();
             return Err((from, error));
         }
         Ok(())
+    }
+
+    /// Before a batch's failure is reported: the values from the failure
+    /// on settle in queue order, only once the work submitted before it
+    /// completed (a waiter that a failure lets through, as a plan's next
+    /// run, must come after that work). It completes: every submission's
+    /// waits are on values already submitted. A lost device ends the wait
+    /// too.
+    fn settle_in_queue_order(&self) {
+        if self.next > 0 {
+            let _ =
+                super::retire::wait_all_semaphores(&self.context, &[(self.progress, self.next)]);
+        }
     }
 
     pub(super) fn command(

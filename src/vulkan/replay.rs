@@ -8,27 +8,37 @@
 //!
 //! **What must match** (`fingerprint`): the device commands (kernels and
 //! their scalars and work sizes, copies, fills) over the same bytes of the
-//! same `VkBuffer`s, in the same groups between waits, signals and host
-//! copies. The groups are the recording's **segments**, one command buffer
-//! each: a segment is submitted at the wait, signal or host copy that ends
-//! it, as the plain path submits what it recorded there. Consecutive waits
-//! and signals count as one boundary, so a wait the executor records on
-//! one run and finds reached on the next does not change the shape.
+//! same `VkBuffer`s, in the same groups between boundaries (`Shape`): a
+//! wait, a host copy, or a signal of another semaphore than the one the
+//! stretch signals (signals of one semaphore in a row are submitted as one
+//! with the stretch). The groups are the recording's **segments**, one
+//! command buffer each. Both walks flush at every boundary that follows
+//! device work, also where the plain path would have gone on recording (a
+//! wait found reached, a signal already submitted), so a recording and its
+//! replays split the same way whatever the values are at run time.
 //!
 //! **What replays**: the commands are not recorded again; the queue walks
 //! the batch as usual (waits held on the host until submitted, host copies
 //! in queue order, signals noted) and, at the end of each segment, submits
-//! its command buffer where it would have submitted what it recorded.
+//! its command buffer with the stretch's waits and signal. A failure in a
+//! segment not yet submitted fails the batch from the segment's start: its
+//! command buffer holds commands after the failure, so none of it runs,
+//! and none of its values is set.
 //!
 //! **What does not**: a profiled batch (device timestamps are recorded per
-//! run), and one whose transfers take new staging ranges each run (unmapped
+//! run), one whose transfers take new staging ranges each run (unmapped
 //! memory: `HWQUEUE_VULKAN_MEMORY=unmapped`, or a fill whose pattern is
-//! staged): those run the plain way, and `Launches::fallback` says why.
-//! Another binding (another buffer or offset), another scalar or shape:
-//! the batch is recorded again, and the last [`VARIANTS`] recordings of a
-//! key are kept, so plans that alternate between a few bindings replay
-//! each. A recording holds the buffers and programs it names, so no
-//! `VkBuffer` or pipeline it records is destroyed under it.
+//! staged), and one naming buffers made by `alloca` (their block may go
+//! back to the driver once a `dealloca` completed, and a new `VkBuffer`
+//! take its handle's number): those run the plain way, and
+//! `Launches::fallback` says why. Another binding (another buffer or
+//! offset), another scalar or shape: the batch is recorded again, and the
+//! last [`VARIANTS`] recordings of a key are kept, so plans that alternate
+//! between a few bindings replay each. A recording holds the buffers and
+//! programs it names, so no `VkBuffer` or pipeline it records is destroyed
+//! under it; that memory stays allocated until the recording is dropped
+//! (pushed out by newer ones, or with the queue: a plan's queues go with
+//! the plan).
 
 use ash::vk;
 use ash::vk::Handle;
@@ -85,6 +95,9 @@ pub(super) struct Replay {
     pub(super) segment: usize,
     /// Whether a device command came since the last boundary.
     in_segment: bool,
+    /// How many segments have a command set: replaying, as many as the
+    /// recording had; recording, as many as it kept (see `end_replay`).
+    present: usize,
     /// The first command of the segment, for errors.
     first: usize,
     /// The segment whose command set the queue's open slot holds.
@@ -99,6 +112,7 @@ impl Replay {
         Self {
             key,
             mode,
+            present: recording.segments.iter().flatten().count(),
             recording,
             segment: 0,
             in_segment: false,
@@ -180,6 +194,15 @@ impl Recorder {
         let mut words = Vec::with_capacity(batch.commands().len() * 6);
         let mut shape = Shape::default();
         let range = |view: &View<Vulkan>| -> std::result::Result<[u64; 3], String> {
+            if crate::buffer::Buffer::queue_ordered(view.buffer()).is_some() {
+                // Its block may go back to the driver once its `dealloca`
+                // completed, and a new `VkBuffer` may take the handle's
+                // number: a recording could not tell.
+                return Err(
+                    "it names buffers made by `alloca`, whose memory may change between runs"
+                        .into(),
+                );
+            }
             let (buffer, offset) = self.device_range(view).map_err(|e| e.to_string())?;
             Ok([buffer.as_raw(), offset, view.len() as u64])
         };
@@ -211,7 +234,9 @@ impl Recorder {
                     pattern,
                     width,
                 } => {
-                    if !(dst.offset().is_multiple_of(4) && dst.len().is_multiple_of(4)) {
+                    // As `fill` decides: by the bytes' place in the `VkBuffer`.
+                    let [buffer, offset, len] = range(dst)?;
+                    if !(offset.is_multiple_of(4) && len.is_multiple_of(4)) {
                         return Err(
                             "a fill of bytes not aligned to 4 stages its pattern each run".into(),
                         );
@@ -221,7 +246,7 @@ impl Recorder {
                         u64::from(u32::from_ne_bytes(*pattern)),
                         u64::from(*width),
                     ]);
-                    words.extend(range(dst)?);
+                    words.extend([buffer, offset, len]);
                 }
                 Command::Upload { .. } | Command::Download { .. } if !host_copies => {
                     return Err(
@@ -305,15 +330,21 @@ impl Recorder {
         let Some(mut replay) = self.replay.take() else {
             return;
         };
-        if let (Some(at), Some((set, _))) = (replay.lent.take(), self.open.take()) {
+        if let Some(at) = replay.lent.take()
+            && let Some((set, _)) = self.open.take()
+        {
             // Lent and never submitted (a failure before its flush).
             replay.recording.segments[at] = Some(set);
         }
         let mut recording = replay.recording;
-        let keep = match ran {
-            None => replay.mode == Mode::Replaying,
-            Some(settled) => settled,
-        };
+        // Kept only whole: a segment lost (a panic between lending and
+        // putting back) would be skipped by every later replay.
+        let whole = recording.segments.iter().flatten().count() == replay.present;
+        let keep = whole
+            && match ran {
+                None => replay.mode == Mode::Replaying,
+                Some(settled) => settled,
+            };
         let mut freed = Vec::new();
         if keep {
             let kept = self.recordings.entry(replay.key).or_default();
@@ -432,8 +463,30 @@ impl Recorder {
         if segments.len() <= at {
             segments.resize_with(at + 1, || None);
         }
+        if replay.mode == Mode::Recording {
+            replay.present += 1;
+        }
         segments[at] = Some(taken);
         true
+    }
+
+    /// After a failure in a replayed batch: a segment walked but not yet
+    /// lent holds commands after the failure too, so it is not submitted,
+    /// and the batch fails from the segment's start, the stretch's signal
+    /// with it (never signalled without its work).
+    pub(super) fn abandon_replayed_segment(&mut self) {
+        let Some(replay) = self.replay.as_ref() else {
+            return;
+        };
+        if replay.mode != Mode::Replaying || !replay.in_segment || replay.lent.is_some() {
+            return;
+        }
+        let mut from = replay.first;
+        if let Some((signal, _, first)) = self.pending_signal.take() {
+            signal.note_dropped();
+            from = from.min(first);
+        }
+        self.failed_from = Some(self.failed_from.map_or(from, |f| f.min(from)));
     }
 
     /// Whether the open command set is a recording's, lent for a replay

@@ -219,6 +219,17 @@ impl VulkanSignal {
         }
     }
 
+    /// Says that a value noted queued ([`note_queued`](Self::note_queued))
+    /// will not be submitted after all (its submission failed, or the
+    /// failure of its batch came first): the queue, the signal's only
+    /// producer, has promised no more than it submitted, so a host `set`
+    /// is no longer deferred behind it.
+    pub(super) fn note_dropped(&self) {
+        let _state = self.inner.state.lock();
+        let submitted = self.inner.submitted.load(Ordering::Acquire);
+        self.inner.queued.store(submitted, Ordering::Release);
+    }
+
     /// Says that a submission on a `VkQueue` signals `value`.
     pub(super) fn note_submitted(&self, value: u64) {
         self.inner.submitted.fetch_max(value, Ordering::AcqRel);

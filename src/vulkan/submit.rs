@@ -65,6 +65,9 @@ impl Recorder {
                 }
             }
             Err(_) => {
+                if let Some((signal, _, _)) = &pending {
+                    signal.note_dropped();
+                }
                 if let Some(from) = held_from {
                     self.failed_from = Some(self.failed_from.map_or(from, |f| f.min(from)));
                 }
