@@ -198,7 +198,6 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     for (queue, planned) in queues.iter_mut().enumerate() {
         planned.ops = op_at[queue].clone();
     }
-
     let host = if queues.iter().any(|q| q.queue.is_none()) {
         let (sender, receiver) = mpsc::channel();
         spawn("hwqueue-executor-host".into(), move || {

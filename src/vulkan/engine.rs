@@ -114,8 +114,10 @@ pub(super) struct Shared {
     /// Command buffers whose work completed, for the recording thread.
     pub(super) free: Mutex<Vec<CommandSet>>,
     pub(super) events: Mutex<Vec<ProfileEvent>>,
-    /// Dispatches recorded, recordings submitted again, and why the last
-    /// batch marked for replay ran the plain way ([`crate::Launches`]).
+    /// Dispatches recorded, recordings submitted again (the recorder's
+    /// counts, published once per batch, so a dispatch pays no atomic
+    /// read-modify-write for them), and why the last batch marked for
+    /// replay ran the plain way ([`crate::Launches`]).
     pub(super) kernels: AtomicU64,
     pub(super) programs: AtomicU64,
     pub(super) fallback: Mutex<Option<String>>,

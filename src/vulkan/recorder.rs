@@ -85,6 +85,10 @@ pub(super) struct Recorder {
     /// The first command a failed submission of this batch held: where its
     /// failure starts.
     pub(super) failed_from: Option<usize>,
+    /// Dispatches recorded and recordings submitted again, since the queue
+    /// was made (published to `Shared` after each batch).
+    pub(super) kernels: u64,
+    pub(super) programs: u64,
 }
 
 // SAFETY: the handles are plain Vulkan handles. Those that need external
@@ -160,6 +164,8 @@ impl Recorder {
             recordings: std::collections::HashMap::new(),
             pending_signal: None,
             failed_from: None,
+            kernels: 0,
+            programs: 0,
         };
         let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
         let period = f64::from(recorder.context.limits().timestamp_period);
@@ -242,6 +248,9 @@ impl Recorder {
             });
             self.end_replay(ran);
         }
+        // One writer (whoever holds the recorder): plain stores.
+        self.shared.kernels.store(self.kernels, Ordering::Relaxed);
+        self.shared.programs.store(self.programs, Ordering::Relaxed);
         let mut done = self.current.take().expect("set above");
         done.batch = batch;
         if self.retire.is_none() {
@@ -468,9 +477,10 @@ impl Recorder {
                     // A host `set` reached or promised it meanwhile.
                     return Ok(());
                 }
+                // A pending signal here is of this semaphore (another was
+                // flushed above): its handle stays, with the higher value.
                 self.pending_signal = Some(match self.pending_signal.take() {
-                    Some((pending, higher, first)) if higher > *value => (pending, higher, first),
-                    Some((_, _, first)) => (signal.clone(), *value, first),
+                    Some((pending, higher, first)) => (pending, higher.max(*value), first),
                     None => (signal.clone(), *value, index),
                 });
                 Ok(())

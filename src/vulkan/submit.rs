@@ -4,8 +4,6 @@
 //! and which stages its barriers order. The recorder (`recorder.rs`,
 //! `commands.rs`) decides what goes in; this file only submits it.
 
-use std::sync::atomic::Ordering;
-
 use ash::vk;
 use parking_lot::Mutex;
 
@@ -149,7 +147,7 @@ impl Recorder {
         self.waits.clear();
         let mut open = open.map(|(set, _)| set);
         if lent && outcome.is_ok() {
-            self.shared.programs.fetch_add(1, Ordering::Relaxed);
+            self.programs += 1;
         }
         // A recording keeps its command buffer (recorded, or lent back).
         let kept = self.keep_submitted(&mut open);
