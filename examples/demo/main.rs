@@ -296,11 +296,6 @@ fn run() -> Result<(), String> {
         BATCH as f64 / median.as_secs_f64(),
         flops / median.as_secs_f64() / 1e9
     );
-    println!(
-        "verified: all {} iterations match plain Rust (max abs error {worst_error:.2e}, tolerance {TOLERANCE:.0e}); {} runs of one plan",
-        options.iterations,
-        plan.runs()
-    );
     // What the plan recorded once and submitted again (Vulkan: command
     // buffers), against what it recorded run by run.
     let launches = plan.launches();
@@ -317,6 +312,11 @@ fn run() -> Result<(), String> {
             }
         );
     }
+    println!(
+        "verified: all {} iterations match plain Rust (max abs error {worst_error:.2e}, tolerance {TOLERANCE:.0e}); {} runs of one plan",
+        options.iterations,
+        plan.runs()
+    );
     if let Some(path) = &options.trace {
         let events = plan.take_profile();
         std::fs::write(path, hwqueue::chrome_trace(&events))
