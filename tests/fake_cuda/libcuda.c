@@ -296,8 +296,18 @@ static atomic_int faulted = 0;
  * faults if `symbol` is HWQUEUE_FAKE_FAULT_AFTER's. Entry points name
  * themselves with `__func__` (here, to `device_fault` and to `log_call`),
  * so the symbol a fault scenario names can never be mistyped. */
+/* The variables an entry point reads on every call, read once when the
+ * library loads (as HWQUEUE_FAKE_CALLS is: see fake_common.h). */
+static const char *fault_after, *refuse_list, *launches_path;
+
+__attribute__((constructor)) static void read_per_call_env(void) {
+    fault_after = getenv("HWQUEUE_FAKE_FAULT_AFTER");
+    refuse_list = getenv("HWQUEUE_FAKE_REFUSE");
+    launches_path = getenv("HWQUEUE_FAKE_LAUNCHES");
+}
+
 static void after_work(const char *symbol) {
-    const char *after = getenv("HWQUEUE_FAKE_FAULT_AFTER");
+    const char *after = fault_after;
     if (after != NULL && strcmp(after, symbol) == 0) {
         atomic_store(&faulted, 1);
     }
@@ -320,7 +330,7 @@ static CUresult device_fault(const char *symbol) {
  * else CUDA_SUCCESS: what each capture and graph entry point returns at
  * once when it is not CUDA_SUCCESS. */
 static CUresult refusal(const char *symbol) {
-    const char *refuse = getenv("HWQUEUE_FAKE_REFUSE");
+    const char *refuse = refuse_list;
     if (refuse == NULL || !in_list(refuse, symbol)) {
         return CUDA_SUCCESS;
     }
@@ -1340,7 +1350,7 @@ CUresult cuFuncGetAttribute(int *value, CUfunction_attribute attribute, CUfuncti
 /* Appends `line` to the HWQUEUE_FAKE_LAUNCHES file, if one is named, in one
  * write, as log_call does. */
 static void log_launch(const char *line) {
-    const char *path = getenv("HWQUEUE_FAKE_LAUNCHES");
+    const char *path = launches_path;
     if (path == NULL || *path == '\0') {
         return;
     }
@@ -1358,6 +1368,10 @@ static void log_launch(const char *line) {
  * passed in `extra`). */
 static void log_kernel(const char *via, CUfunction function, const unsigned int grid[3], const unsigned int block[3],
                        unsigned int shared_bytes, void *const *params) {
+    const char *path = launches_path;
+    if (path == NULL || *path == '\0') {
+        return; /* not formatted either: a callgrind count is of the caller */
+    }
     char line[4096];
     size_t used = (size_t)snprintf(line, sizeof line, "kernel %s via=%s grid=%u,%u,%u block=%u,%u,%u shared=%u params=",
                                    function->name, via, grid[0], grid[1], grid[2], block[0], block[1], block[2],
@@ -1874,6 +1888,66 @@ CUresult cuGraphKernelNodeGetParams(CUgraphNode node, CUDA_KERNEL_NODE_PARAMS_v1
         memcpy(params, &all, sizeof *params);
     }
     return result;
+}
+
+/* Adds a kernel node after `count` nodes of `graph` (the fake runs a
+ * graph's nodes in the order they were added, which a chain of nodes each
+ * after the one before keeps). Both versions' entry points, named `symbol`. */
+static CUresult add_kernel(const char *symbol, CUgraphNode *node, CUgraph graph, const CUgraphNode *dependencies,
+                           size_t count, const CUDA_KERNEL_NODE_PARAMS_v2 *params) {
+    log_call(symbol);
+    CUresult result = refusal(symbol);
+    if (result != CUDA_SUCCESS) {
+        return result;
+    }
+    if (node == NULL || graph == NULL || params == NULL || (count > 0 && dependencies == NULL)) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (size_t i = 0; i < count; i++) {
+        size_t at = 0;
+        while (at < graph->count && graph->nodes[at] != dependencies[i]) {
+            at++;
+        }
+        if (at == graph->count) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    if (params->func == NULL && params->kern != NULL) {
+        unmodelled("a kernel node launching a CUkernel");
+    }
+    if (params->extra != NULL) {
+        unmodelled("kernel node parameters in `extra`");
+    }
+    if (params->func == NULL || params->gridDimX == 0 || params->gridDimY == 0 || params->gridDimZ == 0 ||
+        params->blockDimX == 0 || params->blockDimY == 0 || params->blockDimZ == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    result = check_context();
+    if (result != CUDA_SUCCESS) {
+        return result;
+    }
+    const unsigned int grid[3] = {params->gridDimX, params->gridDimY, params->gridDimZ};
+    const unsigned int block[3] = {params->blockDimX, params->blockDimY, params->blockDimZ};
+    result = add_kernel_node(graph, params->func, grid, block, params->sharedMemBytes,
+                             params->kernelParams);
+    if (result == CUDA_SUCCESS) {
+        *node = graph->nodes[graph->count - 1];
+    }
+    return result;
+}
+
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *dependencies, size_t count,
+                                 const CUDA_KERNEL_NODE_PARAMS_v2 *params) {
+    return add_kernel(__func__, node, graph, dependencies, count, params);
+}
+
+CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dependencies, size_t count,
+                              const CUDA_KERNEL_NODE_PARAMS_v1 *params) {
+    CUDA_KERNEL_NODE_PARAMS_v2 all = {0};
+    if (params != NULL) {
+        memcpy(&all, params, sizeof *params);
+    }
+    return add_kernel(__func__, node, graph, dependencies, count, params == NULL ? NULL : &all);
 }
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags) {
