@@ -25,6 +25,14 @@
 # `vulkan_direct` and `vulkan_enum` on a Vulkan queue (lavapipe here; left
 # out without a Vulkan driver). FEATURES= builds without CUDA.
 #
+# BENCH=cuda counts the CUDA bench's cases on the fake driver
+# (tests/fake_cuda/libcuda.c, compiled here with cc; no GPU needed):
+# `plan_replay` and `plan_plain`, one `Plan::run` + wait of a 64-kernel
+# chain with replay on and off (LOW=10 HIGH=110 runs by default), then the
+# line `callgrind: plan_replay replay=<Ir> plain=<Ir> ratio=<r>` (issue
+# 45's proxy target: ratio <= 0.05). The count includes the fake driver's
+# own work, which stands in for the real driver's.
+#
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
 # inside its timed loop (`dispatch::repeat`), for LOW and HIGH iterations;
@@ -36,7 +44,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BENCH=${BENCH:-dispatch}
-if [ "$BENCH" = memory ]; then
+if [ "$BENCH" = cuda ]; then
+    LOW=${LOW:-10}
+    HIGH=${HIGH:-110}
+    CASES=${CASES:-plan_replay plan_plain}
+    PER=1
+    fake=$(mktemp -d)
+    cc -shared -fPIC -O2 -o "$fake/libcuda.so" tests/fake_cuda/libcuda.c
+    cp "$fake/libcuda.so" "$fake/libcuda.so.1"
+    export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HWQUEUE_FAKE_DEVICE_COUNT=1 HWQUEUE_FAKE_DRIVER_VERSION=12020 HWQUEUE_FAKE_MAX_PTX_ISA=82
+    unset HWQUEUE_FAKE_LAUNCHES HWQUEUE_FAKE_CALLS
+elif [ "$BENCH" = memory ]; then
     LOW=${LOW:-2}
     HIGH=${HIGH:-12}
     CASES=${CASES:-pooled_uninit pooled_zeroed system_uninit device_alloc}
@@ -71,9 +90,16 @@ count() { # CASE ITERS -> instructions collected inside the loop
 
 printf '| case | Ir, %s iterations | Ir, %s iterations | Ir per iteration |\n' "$LOW" "$HIGH"
 printf '|---|---:|---:|---:|\n'
+declare -A per_case
 for case in $CASES; do
     low=$(count "$case" "$LOW")
     high=$(count "$case" "$HIGH")
     per=$(python3 -c "print(f'{($high - $low) / ($HIGH - $LOW) / $PER:.1f}')")
+    per_case[$case]=$per
     printf '| %s | %s | %s | %s |\n' "$case" "$low" "$high" "$per"
 done
+if [ "$BENCH" = cuda ] && [ -n "${per_case[plan_replay]:-}" ] && [ -n "${per_case[plan_plain]:-}" ]; then
+    echo
+    python3 -c "r, p = ${per_case[plan_replay]}, ${per_case[plan_plain]}
+print(f'callgrind: plan_replay replay={r:.0f} plain={p:.0f} ratio={r / p:.3f}')"
+fi

@@ -6,17 +6,32 @@
 //! | `cuda_signal` | `signal(s, v)` + `submit`, then polling `is_reached(v)` until true | `CudaEvent::record` on the stream, then polling `try_is_complete` until true |
 //! | `cuda_alloc` | `alloc_uninit(1 MiB)` and drop: the caching pool | `cuMemAlloc_v2` + `cuMemFree_v2` of 1 MiB |
 //! | `cuda_signal_wait` | a 20 µs `spin` kernel + `signal` + `submit`, then `wait(v, Forever)` (a `CU_EVENT_BLOCKING_SYNC` event: the host thread sleeps) | the same launch, an event with timing off recorded, then `synchronize` (the host thread spins) |
+//! | `plan_replay_cuda` | `Plan::run` + wait of a chain of 64 `x[i] += 1` kernels over 256 words, replayed as a CUDA graph (`hwqueue`), and with replay off (`hwqueue_rerecorded`); `hwqueue_enqueue` times `Plan::run` alone | the same chain captured once through cudarc's `begin_capture`/`end_capture`, event tracking off, then `launch` + `synchronize` (`cudarc_graph`); `cudarc_graph_enqueue` times `launch` alone |
 //!
 //! Built only with `--features cuda` (`required-features`); without a CUDA
 //! driver and device it prints `skipped: no CUDA driver` and measures nothing.
+//!
+//! **Instruction counts** (`benches/callgrind.sh`, `BENCH=cuda`), which
+//! need no GPU: with `HWQUEUE_CUDA_COUNT=CASE` and `HWQUEUE_CUDA_ITERS=N`
+//! the binary runs only CASE, N times, without criterion, inside
+//! `cuda::repeat` (the function callgrind collects in), on whatever
+//! `libcuda` it loads (the script puts the fake driver,
+//! `tests/fake_cuda/libcuda.c`, first). Cases: `plan_replay` and
+//! `plan_plain`, one `Plan::run` + wait of the 64-kernel chain each, with
+//! replay on and off; the kernel is loaded from PTX (its body is `ret`),
+//! so no NVRTC is needed.
 
 mod support;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
+use hwqueue::cuda::{Cuda, CudaBuffer, CudaDevice, CudaProgram};
 use hwqueue::{
-    Backend, Device, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal, Timeout,
+    Backend, Device, ExecParams, HardwareQueue, Plan, QueueFactory, Scalar, Schedule,
+    TimelineSignal, Timeout,
 };
 use hwqueue_testkit::cuda_kernels::{EMPTY, TESTS, test_signature};
 
@@ -200,11 +215,193 @@ fn cuda_signal_wait(c: &mut Criterion) {
     group.finish();
 }
 
+/// Kernels in the replayed chain, and the words each runs over (one
+/// block).
+const CHAIN: usize = 64;
+const CHAIN_WORDS: u32 = 256;
+
+/// `x[i] += n`.
+const ADD: &str = r#"
+extern "C" __global__ void add(unsigned int *x, unsigned int n) {
+    x[threadIdx.x] += n;
+}
+"#;
+
+/// `add`'s `.entry` in PTX with an empty body, as NVRTC declares it: what
+/// the instruction counts load on the fake driver, which runs no kernel.
+const ADD_PTX: &str = "
+.version 7.8
+.target sm_70
+.address_size 64
+
+.visible .entry add(
+\t.param .u64 add_param_0,
+\t.param .u32 add_param_1
+)
+{
+\tret;
+}
+";
+
+/// A plan of [`CHAIN`] launches of `add(x, 1)`, replaying or not.
+fn chain(device: &Arc<CudaDevice>, add: &CudaProgram, x: &CudaBuffer, replay: bool) -> Plan<Cuda> {
+    let mut schedule = Schedule::<Cuda>::new();
+    let d = schedule.add_device(device.clone());
+    let x = schedule.add_buffer(d, "x", x.clone());
+    for k in 0..CHAIN {
+        let grid = ExecParams::new_1d(CHAIN_WORDS, CHAIN_WORDS);
+        schedule.exec(format!("add {k}"), d, add, &[x], &[Scalar::U32(1)], grid);
+    }
+    let mut plan = schedule.plan().expect("plan");
+    plan.set_replay(replay);
+    plan
+}
+
+/// One run of `plan`, waited for.
+fn run_once(plan: &mut Plan<Cuda>) {
+    plan.run()
+        .expect("run")
+        .wait(Timeout::Forever)
+        .expect("ran");
+}
+
+/// Issue 45: a plan of 64 small kernels against the same chain as a CUDA
+/// graph captured through cudarc (the issue's table: 456 µs against
+/// 73.9 µs on an H200 before replay).
+fn plan_replay_cuda(c: &mut Criterion) {
+    let Some(device) = device() else { return };
+    let device = Arc::new(device);
+    let mut group = c.benchmark_group("plan_replay_cuda");
+    support::configure(&mut group, Profile::Latency);
+    let add = CudaProgram::from_cuda_c(&device, ADD, "add", 1, 1).expect("compile");
+    let x = device.alloc((CHAIN_WORDS * 4) as usize).expect("x");
+
+    for (name, replay) in [("hwqueue", true), ("hwqueue_rerecorded", false)] {
+        group.bench_function(name, |b| {
+            let mut plan = chain(&device, &add, &x, replay);
+            b.iter(|| run_once(&mut plan));
+        });
+    }
+    // The host's cost of a run: `Plan::run` alone, the wait untimed.
+    group.bench_function("hwqueue_enqueue", |b| {
+        let mut plan = chain(&device, &add, &x, true);
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                let run = plan.run().expect("run");
+                spent += start.elapsed();
+                run.wait(Timeout::Forever).expect("ran");
+            }
+            spent
+        });
+    });
+
+    let context = device.context();
+    let stream = context.new_stream().expect("stream");
+    let function = context
+        .load_module(cudarc::nvrtc::compile_ptx(ADD).expect("compile"))
+        .expect("module")
+        .load_function("add")
+        .expect("function");
+    // As a runtime that orders its own streams runs cudarc. Turned back on
+    // below: the context is the device's, which hwqueue shares.
+    // SAFETY: the captured launches take a raw device pointer, no cudarc
+    // slice whose events would need tracking.
+    unsafe { context.disable_event_tracking() };
+    stream
+        .begin_capture(
+            cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+        .expect("capture");
+    let pointer = x.device_pointer();
+    let config = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (CHAIN_WORDS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for _ in 0..CHAIN {
+        let mut launch = stream.launch_builder(&function);
+        launch.arg(&pointer).arg(&1u32);
+        // SAFETY: `add` takes a pointer to 256 words, which `x` holds and
+        // outlives the graph, and a `u32`.
+        unsafe { launch.launch(config) }.expect("launch");
+    }
+    let graph = stream
+        .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+        .expect("end capture")
+        .expect("a graph");
+    group.bench_function("cudarc_graph", |b| {
+        b.iter(|| {
+            graph.launch().expect("launch");
+            stream.synchronize().expect("synchronize");
+        });
+    });
+    group.bench_function("cudarc_graph_enqueue", |b| {
+        b.iter_custom(|iters| {
+            let mut spent = Duration::ZERO;
+            for _ in 0..iters {
+                let start = Instant::now();
+                graph.launch().expect("launch");
+                spent += start.elapsed();
+                stream.synchronize().expect("synchronize");
+            }
+            spent
+        });
+    });
+    drop(graph);
+    // SAFETY: as above; nothing of cudarc's is in flight.
+    unsafe { context.enable_event_tracking() };
+    group.finish();
+}
+
+/// Runs `routine` `iters` times: callgrind collects only inside it
+/// (`--toggle-collect='cuda::repeat*'`).
+#[inline(never)]
+fn repeat(iters: u64, mut routine: impl FnMut()) {
+    for _ in 0..iters {
+        routine();
+    }
+}
+
+/// `HWQUEUE_CUDA_COUNT=CASE`: runs only that case, `HWQUEUE_CUDA_ITERS`
+/// times (default 100), without criterion (see the module docs).
+fn count(case: &str) {
+    let iters = std::env::var("HWQUEUE_CUDA_ITERS")
+        .ok()
+        .map(|iters| iters.parse().expect("HWQUEUE_CUDA_ITERS is a number"))
+        .unwrap_or(100);
+    let device = Arc::new(Cuda::open(0).expect("a CUDA device, or the fake driver"));
+    let add = CudaProgram::from_ptx(&device, ADD_PTX, "add", 1, 1).expect("PTX");
+    let x = device.alloc((CHAIN_WORDS * 4) as usize).expect("x");
+    let replay = match case {
+        "plan_replay" => true,
+        "plan_plain" => false,
+        other => panic!("no case `{other}`: plan_replay or plan_plain"),
+    };
+    let mut plan = chain(&device, &add, &x, replay);
+    // The first runs build the graphs.
+    run_once(&mut plan);
+    run_once(&mut plan);
+    repeat(iters, || run_once(&mut plan));
+    let launches = plan.launches();
+    eprintln!("{case}: {launches:?}");
+}
+
 criterion_group!(
     benches,
     cuda_launch,
     cuda_signal,
     cuda_alloc,
-    cuda_signal_wait
+    cuda_signal_wait,
+    plan_replay_cuda
 );
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(case) = std::env::var("HWQUEUE_CUDA_COUNT") {
+        count(&case);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

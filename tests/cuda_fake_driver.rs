@@ -595,6 +595,8 @@ fn run_child_scenario(scenario: &str) {
             );
         }
         "graph_replay" => graph_replay(&device),
+        "plan_replay" => plan_replay(device),
+        "plan_rebind" => plan_rebind(device),
         other => panic!("no scenario `{other}`"),
     }
 }
@@ -1037,4 +1039,350 @@ fn a_refused_instantiation_fails_the_capture_and_launches_nothing() {
     assert!(outcome.called("cuGraphDestroy"), "{outcome:#?}");
     assert!(!outcome.called("cuGraphLaunch"), "{outcome:#?}");
     assert!(outcome.launches.is_empty(), "{outcome:#?}");
+}
+
+// ---- Plan replay as CUDA graphs (issue 45) ------------------------------
+
+/// Words each kernel of the replay scenarios is launched over.
+const REPLAY_WORDS: usize = 256;
+/// Kernels in the replayed chain: the issue's benchmark shape.
+const CHAIN: u32 = 64;
+
+/// `Launches` as `kernels programs fallback`.
+fn launches_line(launches: &hwqueue::Launches) -> String {
+    format!(
+        "{} {} {}",
+        launches.kernels,
+        launches.programs,
+        launches.fallback.as_deref().unwrap_or("none")
+    )
+}
+
+/// The child's half of the chain scenarios: a plan of [`CHAIN`] launches of
+/// `scale` (its `n` the kernel's number) between an upload and a download,
+/// run 100 times with replay on, then 100 times with replay off, then 3
+/// times profiled. Reports each plan's `Launches` (`replay`, `plain`,
+/// `profiled`), and `runs`: `ok`, or the
+/// first run's error (the fake's kernels do nothing, so each download
+/// brings back what its run uploaded).
+fn plan_replay(device: CudaDevice) {
+    use hwqueue::{Download, ExecParams, Scalar, Schedule};
+    let device = std::sync::Arc::new(device);
+    let program = CudaProgram::from_ptx(&device, SCALE_PTX, "scale", 2, 1).unwrap();
+    let mut failure = None;
+    for (name, replay) in [("replay", true), ("plain", false), ("profiled", true)] {
+        let mut schedule = Schedule::<Cuda>::new();
+        let d = schedule.add_device(device.clone());
+        let x = schedule.add_tensor(d, "x", REPLAY_WORDS * 4);
+        let y = schedule.add_tensor(d, "y", REPLAY_WORDS * 4);
+        let up = schedule.upload("upload x", x).id();
+        schedule.fill("clear y", y, 0u32);
+        for k in 0..CHAIN {
+            let grid = ExecParams::new_1d(REPLAY_WORDS as u32, 64);
+            schedule.exec(
+                format!("scale {k}"),
+                d,
+                &program,
+                &[y, x],
+                &[Scalar::U32(k)],
+                grid,
+            );
+        }
+        let down = schedule.download("download x", x).id();
+        let mut plan = schedule.plan().unwrap();
+        plan.set_replay(replay);
+        plan.set_profiling(name == "profiled");
+        let runs = if name == "profiled" { 3 } else { 100 };
+        for run in 0..runs {
+            let out = Download::<u32>::new(REPLAY_WORDS);
+            let outcome = plan
+                .upload(up, &vec![run; REPLAY_WORDS])
+                .and_then(|()| plan.download(down, &out))
+                .and_then(|()| plan.run())
+                .and_then(|run| run.wait(std::time::Duration::from_secs(10)))
+                .and_then(|()| out.take(hwqueue::Timeout::Forever));
+            match outcome {
+                Ok(words) if words == vec![run; REPLAY_WORDS] => {}
+                Ok(words) => {
+                    failure.get_or_insert(format!("{name} run {run} brought back {words:?}"));
+                }
+                Err(error) => {
+                    failure.get_or_insert(format!("{name} run {run}: {error}"));
+                }
+            }
+        }
+        report(name, &launches_line(&plan.launches()));
+    }
+    report("runs", failure.as_deref().unwrap_or("ok"));
+}
+
+/// The child's half of the rebinding scenarios: a plan whose input and
+/// output are slots and whose `k` is a scalar slot (an upload into the
+/// input, three kernels, a copy of the output into the input on the copy
+/// queue, two more kernels, the output's download), run 1,000 times with
+/// replay on and then 1,000 times with replay off, each run binding an
+/// input and an output of three each and setting `k` as a seeded sequence
+/// says, the same for both. Reports each plan's `Launches`, `outputs`
+/// (`equal`, or where the downloads first differ), and `runs` (`ok` or the
+/// first error). The fake's launch log holds both plans' kernels, with
+/// their parameters, in order.
+fn plan_rebind(device: CudaDevice) {
+    use hwqueue::{Download, ExecParams, Scalar, Schedule};
+    let device = std::sync::Arc::new(device);
+    let program = CudaProgram::from_ptx(&device, SCALE_PTX, "scale", 2, 1).unwrap();
+    let buffers: Vec<_> = (0..6)
+        .map(|b| {
+            let buffer = device.alloc(REPLAY_WORDS * 4).unwrap();
+            buffer.write_at(0, &vec![b as u32; REPLAY_WORDS]).unwrap();
+            buffer
+        })
+        .collect();
+    let mut failure = None;
+    let mut outputs: Vec<Vec<Vec<u32>>> = Vec::new();
+    for (name, replay) in [("replay", true), ("plain", false)] {
+        let mut schedule = Schedule::<Cuda>::new();
+        let d = schedule.add_device(device.clone());
+        let input = schedule.add_slot(d, "in", REPLAY_WORDS * 4);
+        let output = schedule.add_slot(d, "out", REPLAY_WORDS * 4);
+        let k = schedule.add_scalar("k", 0u32);
+        let grid = ExecParams::new_1d(REPLAY_WORDS as u32, 64);
+        let up = schedule.upload("upload in", input).id();
+        schedule
+            .exec("a", d, &program, &[output, input], &[Scalar::U32(0)], grid)
+            .scalar(0, k);
+        schedule.exec("b", d, &program, &[input, output], &[Scalar::U32(5)], grid);
+        schedule
+            .exec("c", d, &program, &[output, input], &[Scalar::U32(7)], grid)
+            .scalar(0, k);
+        schedule.copy("out to in", input, output);
+        schedule.exec("d", d, &program, &[output, input], &[Scalar::U32(9)], grid);
+        schedule
+            .exec("e", d, &program, &[input, output], &[Scalar::U32(0)], grid)
+            .scalar(0, k);
+        let down = schedule.download("download out", output).id();
+        let mut plan = schedule.plan().unwrap();
+        plan.set_replay(replay);
+        // A xorshift, seeded the same for both plans.
+        let mut state = 0x2545_f491_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        let mut downloaded = Vec::new();
+        for run in 0..1000u32 {
+            let (i, o, value) = (next() % 3, 3 + next() % 3, next() % 4);
+            let out = Download::<u32>::new(REPLAY_WORDS);
+            let outcome = plan
+                .bind(input, &buffers[i as usize])
+                .and_then(|()| plan.bind(output, &buffers[o as usize]))
+                .and_then(|()| plan.set_scalar(k, value))
+                .and_then(|()| plan.upload(up, &vec![run; REPLAY_WORDS]))
+                .and_then(|()| plan.download(down, &out))
+                .and_then(|()| plan.run())
+                .and_then(|run| run.wait(std::time::Duration::from_secs(10)))
+                .and_then(|()| out.take(hwqueue::Timeout::Forever));
+            match outcome {
+                Ok(words) => downloaded.push(words),
+                Err(error) => {
+                    failure.get_or_insert(format!("{name} run {run}: {error}"));
+                }
+            }
+        }
+        outputs.push(downloaded);
+        report(name, &launches_line(&plan.launches()));
+    }
+    let outputs_line = match outputs[0].iter().zip(&outputs[1]).position(|(a, b)| a != b) {
+        None if outputs[0].len() == outputs[1].len() => "equal".to_owned(),
+        None => format!(
+            "{} against {} downloads",
+            outputs[0].len(),
+            outputs[1].len()
+        ),
+        Some(run) => format!("differ at run {run}"),
+    };
+    report("outputs", &outputs_line);
+    report("runs", failure.as_deref().unwrap_or("ok"));
+}
+
+/// `kernels programs fallback` as the child reported it for `key`.
+fn launches_of(outcome: &Outcome, key: &str) -> (u64, u64, String) {
+    let line = outcome.field(key);
+    let mut parts = line.splitn(3, ' ');
+    let mut number = || parts.next().unwrap().parse::<u64>().unwrap();
+    let (kernels, programs) = (number(), number());
+    (kernels, programs, parts.next().unwrap().to_owned())
+}
+
+/// The kernel lines of the fake's launch log, without how each was
+/// launched (`via=stream` or `via=graph`).
+fn kernels_launched(outcome: &Outcome) -> Vec<String> {
+    outcome
+        .launches
+        .iter()
+        .filter(|line| line.starts_with("kernel "))
+        .map(|line| {
+            line.replace(" via=graph ", " ")
+                .replace(" via=stream ", " ")
+        })
+        .collect()
+}
+
+/// Issue 45's proof on CUDA, on the fake driver: a 64-kernel plan run 100
+/// times builds its graph once (twice at most: the first run has no waits
+/// on a run before it) and launches it for the rest, instead of launching
+/// 6,400 kernels; the driver saw the graph launches and ran every kernel
+/// in them, in order, as the plain plan's launches did. With replay off,
+/// every run launches its 64.
+#[test]
+fn a_cuda_plan_of_64_kernels_run_100_times_launches_one_graph_per_run() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_replay", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    let (kernels, programs, fallback) = launches_of(&outcome, "replay");
+    assert!(
+        kernels <= 2 * u64::from(CHAIN),
+        "{kernels} kernels: {outcome:#?}"
+    );
+    assert!(programs >= 98, "{programs} graphs replayed: {outcome:#?}");
+    assert_eq!(fallback, "none");
+    assert_eq!(
+        launches_of(&outcome, "plain"),
+        (100 * u64::from(CHAIN), 0, "none".into())
+    );
+
+    let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
+    assert!(count("cuGraphInstantiateWithFlags") <= 2, "{outcome:#?}");
+    assert_eq!(count("cuGraphLaunch"), 100, "{outcome:#?}");
+    assert_eq!(
+        count("cuLaunchKernel"),
+        103 * CHAIN as usize,
+        "{outcome:#?}"
+    );
+    let graphs: Vec<&String> = outcome
+        .launches
+        .iter()
+        .filter(|l| l.starts_with("graph "))
+        .collect();
+    assert_eq!(graphs.len(), 100);
+    assert!(
+        graphs
+            .iter()
+            .all(|line| *line == &format!("graph nodes={CHAIN}"))
+    );
+    // Both plans' kernels, in the same order with the same parameters,
+    // but for the tensors' places (each plan has its own arena).
+    let launched = kernels_launched(&outcome);
+    assert_eq!(launched.len(), 203 * CHAIN as usize);
+    let ns = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.rsplit(',').next().unwrap().to_owned())
+            .collect()
+    };
+    let (replayed, plain) = launched[..200 * CHAIN as usize].split_at(100 * CHAIN as usize);
+    assert_eq!(ns(replayed), ns(plain));
+    let expected: Vec<String> = (0..100)
+        .flat_map(|_| (0..CHAIN).map(|k| k.to_string()))
+        .collect();
+    assert_eq!(ns(replayed), expected);
+}
+
+/// Rebinding without re-instantiating, and replay against the plain path
+/// over 1,000 runs of random bindings and scalars: the same downloads,
+/// and the same kernels launched with the same parameters (both plans use
+/// the same six buffers), while the graphs were instantiated once per
+/// segment (twice at most) and a rebind patched their nodes instead.
+#[test]
+fn a_cuda_plan_rebound_at_random_replays_what_the_plain_path_runs() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_rebind", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("outputs"), "equal", "{outcome:#?}");
+    let (kernels, programs, fallback) = launches_of(&outcome, "replay");
+    // Two segments a run (three kernels, then two): each built once or
+    // twice, replayed for the rest.
+    assert!(kernels <= 2 * 5, "{kernels} kernels: {outcome:#?}");
+    assert!(
+        programs >= 2 * 998,
+        "{programs} graphs replayed: {outcome:#?}"
+    );
+    assert_eq!(fallback, "none");
+    assert_eq!(launches_of(&outcome, "plain"), (5000, 0, "none".into()));
+
+    let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
+    assert!(count("cuGraphInstantiateWithFlags") <= 4, "{outcome:#?}");
+    assert!(
+        count("cuGraphExecKernelNodeSetParams_v2") > 100,
+        "{outcome:#?}"
+    );
+    let launched = kernels_launched(&outcome);
+    assert_eq!(launched.len(), 10_000);
+    let (replayed, plain) = launched.split_at(5000);
+    if let Some(at) = (0..5000).find(|&at| replayed[at] != plain[at]) {
+        panic!(
+            "launch {at}: {} replayed, {} plain",
+            replayed[at], plain[at]
+        );
+    }
+}
+
+/// A driver that refuses to instantiate a graph: the plan runs every kernel
+/// one by one, each run right, and says why.
+#[test]
+fn a_cuda_plan_whose_graph_the_driver_refuses_launches_its_kernels_and_says_why() {
+    let refuse = [("HWQUEUE_FAKE_REFUSE", "cuGraphInstantiateWithFlags")];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_replay", &refuse)) else {
+        return;
+    };
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    let (kernels, programs, fallback) = launches_of(&outcome, "replay");
+    assert_eq!(
+        (kernels, programs),
+        (100 * u64::from(CHAIN), 0),
+        "{outcome:#?}"
+    );
+    assert!(fallback.contains("to instantiate a graph"), "{fallback}");
+    assert!(fallback.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{fallback}");
+    let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
+    // Refused once per segment shape, not tried again every run.
+    assert!(count("cuGraphInstantiateWithFlags") <= 2, "{outcome:#?}");
+    assert!(!outcome.called("cuGraphLaunch"), "{outcome:#?}");
+}
+
+/// A driver that refuses to patch a node: the run launches its kernels one
+/// by one with the new bindings (never the graph's old ones), and says why.
+#[test]
+fn a_cuda_plan_whose_rebind_the_driver_refuses_launches_the_new_bindings_plainly() {
+    let refuse = [("HWQUEUE_FAKE_REFUSE", "cuGraphExecKernelNodeSetParams_v2")];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_rebind", &refuse)) else {
+        return;
+    };
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("outputs"), "equal", "{outcome:#?}");
+    let (_, _, fallback) = launches_of(&outcome, "replay");
+    assert!(fallback.contains("new kernel parameters"), "{fallback}");
+    let launched = kernels_launched(&outcome);
+    let (replayed, plain) = launched.split_at(launched.len() / 2);
+    assert_eq!(replayed, plain);
+}
+
+/// A graph launch the driver refuses fails its run, with the reason, and
+/// nothing hangs: every run's wait returns.
+#[test]
+fn a_refused_graph_launch_fails_its_run() {
+    let refuse = [("HWQUEUE_FAKE_REFUSE", "cuGraphLaunch")];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("plan_replay", &refuse)) else {
+        return;
+    };
+    let runs = outcome.field("runs");
+    assert!(runs.starts_with("replay run 0: "), "{outcome:#?}");
+    assert!(runs.contains("launching a plan's CUDA graph"), "{runs}");
+    // The plain plan after it ran: its launches are all there.
+    assert_eq!(launches_of(&outcome, "plain").0, 100 * u64::from(CHAIN));
+    assert!(outcome.field("replay").ends_with(" none"), "{outcome:#?}");
 }

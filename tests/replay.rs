@@ -1,68 +1,41 @@
 //! Plan replay (issue 45): a plan's device work recorded once into the
 //! device's replay form and submitted again for every later run. On Vulkan
 //! (lavapipe in CI) a run's batch on a queue is recorded into command
-//! buffers once and resubmitted with the run's semaphore values; these
-//! tests show that the replay is used (`Plan::launches`), that it computes
-//! what the plain path computes under random rebinding, and that it says
-//! why it falls back where it cannot replay. The executor's own tests, the
-//! plan model and the conformance suite run with replay on (the default).
-#![cfg(feature = "vulkan")]
+//! buffers once and resubmitted with the run's semaphore values; on CUDA
+//! its runs of kernels become graphs, launched again and patched where a
+//! binding changed (these run on a GPU only: `tests/cuda_fake_driver.rs`
+//! runs the CUDA path on the fake driver in CI). These tests show that
+//! the replay is used (`Plan::launches`), that it computes what the plain
+//! path computes under random rebinding, and that it says why it falls
+//! back where it cannot replay. The executor's own tests, the plan model
+//! and the conformance suite run with replay on (the default).
+#![cfg(any(feature = "vulkan", feature = "cuda"))]
 
 mod common;
 
 use std::sync::Arc;
 
 use common::LONG;
-use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
 use hwqueue::{
-    Buffer, Device, Download, Error, ExecParams, OpId, Plan, Scalar, ScalarId, Schedule, Timeout,
+    Backend, Buffer, Device, Download, ExecParams, OpId, Plan, Scalar, ScalarId, Schedule, Timeout,
 };
 
-/// The first usable Vulkan device's ordinal, or `None` (printing why the
-/// test skips; failing where `HWQUEUE_REQUIRE_VULKAN` is set).
-fn ordinal() -> Option<u32> {
-    let usable = hwqueue::vulkan::devices()
-        .ok()
-        .and_then(|devices| devices.into_iter().find(|d| d.unusable.is_none()));
-    if usable.is_none() {
-        assert!(
-            std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
-            "HWQUEUE_REQUIRE_VULKAN is set, and no usable Vulkan device was found"
-        );
-        println!("skipped: no Vulkan driver with a usable device");
-    }
-    usable.map(|info| info.spec.ordinal())
+/// The two kernels the plans run, in a backend's form: `add` (`x[i] += n`)
+/// and `mix` (`out[i] = out[i] * 3 + a[i] + k`), over words, in work-groups
+/// of 64.
+struct Kernels<B: Backend> {
+    add: B::Program,
+    mix: B::Program,
 }
-
-/// `x[i] += n`, one work-group of 64 per 64 words.
-const ADD: &str = "
-@group(0) @binding(0) var<storage, read_write> x: array<u32>;
-var<immediate> n: u32;
-@compute @workgroup_size(64)
-fn add(@builtin(global_invocation_id) id: vec3<u32>) {
-    x[id.x] = x[id.x] + n;
-}
-";
-
-/// `out[i] = out[i] * 3 + a[i] + k`.
-const MIX: &str = "
-@group(0) @binding(0) var<storage, read> a: array<u32>;
-@group(0) @binding(1) var<storage, read_write> out: array<u32>;
-var<immediate> k: u32;
-@compute @workgroup_size(64)
-fn mix(@builtin(global_invocation_id) id: vec3<u32>) {
-    out[id.x] = out[id.x] * 3u + a[id.x] + k;
-}
-";
 
 const WORDS: usize = 256;
 const KERNELS: usize = 64;
 
 /// A chain of [`KERNELS`] dependent kernels over one tensor, between its
 /// upload and its download: the issue's benchmark shape.
-fn chain(device: &Arc<VulkanDevice>) -> (Plan<Vulkan>, OpId, OpId) {
-    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
-    let mut schedule = Schedule::<Vulkan>::new();
+fn chain<B: Backend>(device: &Arc<B::Device>, kernels: &Kernels<B>) -> (Plan<B>, OpId, OpId) {
+    let add = &kernels.add;
+    let mut schedule = Schedule::<B>::new();
     let d = schedule.add_device(device.clone());
     let x = schedule.add_tensor(d, "x", WORDS * 4);
     let up = schedule.upload("upload x", x).id();
@@ -70,7 +43,7 @@ fn chain(device: &Arc<VulkanDevice>) -> (Plan<Vulkan>, OpId, OpId) {
         schedule.exec(
             format!("add {k}"),
             d,
-            &add,
+            add,
             &[x],
             &[Scalar::U32(1)],
             ExecParams::new_1d(WORDS as u32, 64),
@@ -81,7 +54,7 @@ fn chain(device: &Arc<VulkanDevice>) -> (Plan<Vulkan>, OpId, OpId) {
 }
 
 /// Runs the chain `runs` times, one after another, checking every output.
-fn run_chain(plan: &mut Plan<Vulkan>, up: OpId, down: OpId, runs: u32) {
+fn run_chain<B: Backend>(plan: &mut Plan<B>, up: OpId, down: OpId, runs: u32) {
     for run in 0..runs {
         plan.upload(up, &vec![run; WORDS]).unwrap();
         let out = Download::<u32>::new(WORDS);
@@ -96,22 +69,23 @@ fn run_chain(plan: &mut Plan<Vulkan>, up: OpId, down: OpId, runs: u32) {
 }
 
 /// The issue's proof that replay is used: 100 runs of a 64-kernel plan
-/// record the 64 dispatches once (twice at most: the first run has no
-/// waits on a run before it, so its batch may differ) and submit the
-/// recording for the rest, instead of recording 6,400 dispatches. With
-/// replay off, every run records its 64.
-#[test]
-fn a_plan_of_64_kernels_run_100_times_records_them_once_and_replays_the_rest() {
-    let Some(ordinal) = ordinal() else { return };
-    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
-
-    let (mut plan, up, down) = chain(&device);
+/// record the 64 kernels once (twice at most: the first run has no waits
+/// on a run before it, so its batch may differ) and submit the recording
+/// for the rest, instead of recording or launching 6,400 kernels. With
+/// replay off, every run has its 64. `fallback`: whether the device may
+/// fall back for a reason of its own (Vulkan's staging on unmapped memory).
+fn check_a_chain_replays<B: Backend>(
+    device: &Arc<B::Device>,
+    kernels: &Kernels<B>,
+    fallback: bool,
+) {
+    let (mut plan, up, down) = chain(device, kernels);
     assert!(plan.replay(), "replay is on by default");
     run_chain(&mut plan, up, down, 100);
     let launches = plan.launches();
     assert!(
         launches.kernels <= 2 * KERNELS as u64,
-        "100 runs recorded {} dispatches: {launches:?}",
+        "100 runs recorded {} kernels: {launches:?}",
         launches.kernels
     );
     assert!(
@@ -119,11 +93,11 @@ fn a_plan_of_64_kernels_run_100_times_records_them_once_and_replays_the_rest() {
         "100 runs replayed {} recordings: {launches:?}",
         launches.programs
     );
-    if device.host_mapped() {
+    if !fallback {
         assert_eq!(launches.fallback, None);
     }
 
-    let (mut plain, up, down) = chain(&device);
+    let (mut plain, up, down) = chain(device, kernels);
     plain.set_replay(false);
     run_chain(&mut plain, up, down, 100);
     let launches = plain.launches();
@@ -134,22 +108,21 @@ fn a_plan_of_64_kernels_run_100_times_records_them_once_and_replays_the_rest() {
 /// A plan whose input and output are slots bound per run, with a scalar
 /// slot: an upload into a tensor, `mix` of it and the input into the
 /// output, two `add`s of the output, and the output's download.
-struct Mixer {
-    plan: Plan<Vulkan>,
+struct Mixer<B: Backend> {
+    plan: Plan<B>,
     input: hwqueue::BufferId,
     output: hwqueue::BufferId,
     k: ScalarId,
     up: OpId,
     down: OpId,
-    inputs: Vec<hwqueue::vulkan::VulkanBuffer>,
-    outputs: Vec<hwqueue::vulkan::VulkanBuffer>,
+    inputs: Vec<B::Buffer>,
+    outputs: Vec<B::Buffer>,
 }
 
-impl Mixer {
-    fn new(device: &Arc<VulkanDevice>, replay: bool) -> Self {
-        let mix = VulkanProgram::from_wgsl("mix", MIX, "mix").unwrap();
-        let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
-        let mut schedule = Schedule::<Vulkan>::new();
+impl<B: Backend> Mixer<B> {
+    fn new(device: &Arc<B::Device>, kernels: &Kernels<B>, replay: bool) -> Self {
+        let (mix, add) = (&kernels.mix, &kernels.add);
+        let mut schedule = Schedule::<B>::new();
         let d = schedule.add_device(device.clone());
         let t = schedule.add_tensor(d, "t", WORDS * 4);
         let input = schedule.add_slot(d, "in", WORDS * 4);
@@ -158,19 +131,19 @@ impl Mixer {
         let up = schedule.upload("upload t", t).id();
         let grid = ExecParams::new_1d(WORDS as u32, 64);
         schedule
-            .exec("mix", d, &mix, &[input, output], &[Scalar::U32(0)], grid)
+            .exec("mix", d, mix, &[input, output], &[Scalar::U32(0)], grid)
             .scalar(0, k)
             .reads(input, ..)
             .writes(output, ..);
-        schedule.exec("add t", d, &add, &[output], &[Scalar::U32(5)], grid);
-        schedule.exec("add 7", d, &add, &[output], &[Scalar::U32(7)], grid);
+        schedule.exec("add t", d, add, &[output], &[Scalar::U32(5)], grid);
+        schedule.exec("add 7", d, add, &[output], &[Scalar::U32(7)], grid);
         schedule
-            .exec("mix t", d, &mix, &[t, output], &[Scalar::U32(0)], grid)
+            .exec("mix t", d, mix, &[t, output], &[Scalar::U32(0)], grid)
             .scalar(0, k);
         let down = schedule.download("download out", output).id();
         let mut plan = schedule.plan().unwrap();
         plan.set_replay(replay);
-        let buffers = |seed: u32| -> Vec<hwqueue::vulkan::VulkanBuffer> {
+        let buffers = |seed: u32| -> Vec<B::Buffer> {
             (0..3u32)
                 .map(|b| {
                     let buffer = device.alloc(WORDS * 4).unwrap();
@@ -212,12 +185,9 @@ impl Mixer {
 /// recording every run, are run 1,000 times with the same random
 /// bindings (three inputs, three outputs that accumulate), scalars and
 /// uploads; every download agrees, and the outputs' bytes at the end.
-#[test]
-fn replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
-    let Some(ordinal) = ordinal() else { return };
-    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
-    let mut replayed = Mixer::new(&device, true);
-    let mut plain = Mixer::new(&device, false);
+fn check_replay_and_plain_agree<B: Backend>(device: &Arc<B::Device>, kernels: &Kernels<B>) {
+    let mut replayed = Mixer::new(device, kernels, true);
+    let mut plain = Mixer::new(device, kernels, false);
     // A fixed xorshift: the same sequence every run of the test.
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
@@ -246,25 +216,10 @@ fn replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
     assert_eq!(off.programs, 0);
 }
 
-/// Where a queue's run cannot replay it runs the plain way, and the plan
-/// says why: on unmapped memory the uploads and downloads (the copy
-/// queue's) take new staging ranges each run, while the kernels (the
-/// compute queue's) still replay; a profiled run records device
-/// timestamps, so nothing replays.
-#[test]
-fn runs_that_cannot_replay_run_the_plain_way_and_say_why() {
-    let Some(ordinal) = ordinal() else { return };
-    let unmapped = Arc::new(VulkanDevice::open_unmapped(ordinal).unwrap());
-    let (mut plan, up, down) = chain(&unmapped);
-    run_chain(&mut plan, up, down, 4);
-    let launches = plan.launches();
-    assert!(launches.kernels <= 2 * KERNELS as u64, "{launches:?}");
-    assert!(launches.programs >= 2, "{launches:?}");
-    let why = launches.fallback.expect("a reason");
-    assert!(why.contains("staging"), "{why}");
-
-    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
-    let (mut plan, up, down) = chain(&device);
+/// A profiled run times each kernel, so nothing replays, and the plan says
+/// why.
+fn check_a_profiled_plan_runs_plainly<B: Backend>(device: &Arc<B::Device>, kernels: &Kernels<B>) {
+    let (mut plan, up, down) = chain(device, kernels);
     plan.set_profiling(true);
     run_chain(&mut plan, up, down, 3);
     let launches = plan.launches();
@@ -280,13 +235,10 @@ fn runs_that_cannot_replay_run_the_plain_way_and_say_why() {
 }
 
 /// Runs started back to back, each before the last finished, submit the
-/// recording again while an earlier submission of it is pending
-/// (`SIMULTANEOUS_USE`): every run's output is its own.
-#[test]
-fn runs_started_back_to_back_replay_while_earlier_ones_are_pending() {
-    let Some(ordinal) = ordinal() else { return };
-    let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
-    let (mut plan, up, down) = chain(&device);
+/// recording again while an earlier submission of it is pending: every
+/// run's output is its own.
+fn check_runs_back_to_back<B: Backend>(device: &Arc<B::Device>, kernels: &Kernels<B>) {
+    let (mut plan, up, down) = chain(device, kernels);
     let mut started = Vec::new();
     for run in 0..50u32 {
         plan.upload(up, &vec![run; WORDS]).unwrap();
@@ -305,86 +257,251 @@ fn runs_started_back_to_back_replay_while_earlier_ones_are_pending() {
     assert!(plan.launches().programs >= 40, "{:?}", plan.launches());
 }
 
-/// A failure inside a replayed stretch (here the stretch's second signal
-/// is further from the counter than the device allows, found when the
-/// replay reaches it) fails the stretch from its start, its first signal
-/// with it: the recording holds commands after the failure too, so it is
-/// not submitted, and no value of the stretch may be set without its
-/// work. Before the fix the first signal was submitted alone, and read
-/// reached with the kernels never run.
-#[test]
-fn a_failure_inside_a_replayed_stretch_fails_its_signals_instead_of_setting_them_without_the_work()
-{
-    use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
-    let Some(ordinal) = ordinal() else { return };
-    let device = VulkanDevice::open(ordinal).unwrap();
-    device.limit_value_difference(100);
-    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
-    let x = device.alloc(64 * 4).unwrap();
-    x.write_at(0, &[0u32; 64]).unwrap();
-    let signal = device.new_signal(0).unwrap();
-    let mut queue = device.compute_queue().unwrap();
-    let mut stretch = |first: u64, second: u64| {
-        let grid = ExecParams::new_1d(64, 64);
-        queue
-            .exec(&add, &[&x], &[Scalar::U32(1)], grid)
-            .signal(&signal, first)
-            .exec(&add, &[&x], &[Scalar::U32(1)], grid)
-            .signal(&signal, second)
-            .replay_as(0)
-            .submit()
-            .unwrap();
-    };
-    stretch(1, 2);
-    signal.wait(2, LONG).unwrap();
-    assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64]);
-    // The same commands again, replayed: 500 is too far from 2.
-    stretch(3, 500);
-    let error = signal.wait(3, LONG).unwrap_err();
-    assert!(
-        matches!(error.root_cause(), Error::SignalValueTooFarApart { .. }),
-        "{error}"
-    );
-    assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64], "nothing ran");
-    assert!(queue.synchronize().is_err(), "the owner hears of it");
-    assert_eq!(queue.launches().kernels, 2, "{:?}", queue.launches());
+#[cfg(feature = "vulkan")]
+mod vulkan {
+    use super::*;
+    use hwqueue::Error;
+    use hwqueue::vulkan::{Vulkan, VulkanDevice, VulkanProgram};
+
+    /// The first usable Vulkan device's ordinal, or `None` (printing why the
+    /// test skips; failing where `HWQUEUE_REQUIRE_VULKAN` is set).
+    fn ordinal() -> Option<u32> {
+        let usable = hwqueue::vulkan::devices()
+            .ok()
+            .and_then(|devices| devices.into_iter().find(|d| d.unusable.is_none()));
+        if usable.is_none() {
+            assert!(
+                std::env::var_os("HWQUEUE_REQUIRE_VULKAN").is_none(),
+                "HWQUEUE_REQUIRE_VULKAN is set, and no usable Vulkan device was found"
+            );
+            println!("skipped: no Vulkan driver with a usable device");
+        }
+        usable.map(|info| info.spec.ordinal())
+    }
+
+    /// `x[i] += n`, one work-group of 64 per 64 words.
+    const ADD: &str = "
+    @group(0) @binding(0) var<storage, read_write> x: array<u32>;
+    var<immediate> n: u32;
+    @compute @workgroup_size(64)
+    fn add(@builtin(global_invocation_id) id: vec3<u32>) {
+        x[id.x] = x[id.x] + n;
+    }
+    ";
+
+    /// `out[i] = out[i] * 3 + a[i] + k`.
+    const MIX: &str = "
+    @group(0) @binding(0) var<storage, read> a: array<u32>;
+    @group(0) @binding(1) var<storage, read_write> out: array<u32>;
+    var<immediate> k: u32;
+    @compute @workgroup_size(64)
+    fn mix(@builtin(global_invocation_id) id: vec3<u32>) {
+        out[id.x] = out[id.x] * 3u + a[id.x] + k;
+    }
+    ";
+
+    fn kernels() -> Kernels<Vulkan> {
+        Kernels {
+            add: VulkanProgram::from_wgsl("add", ADD, "add").unwrap(),
+            mix: VulkanProgram::from_wgsl("mix", MIX, "mix").unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_plan_of_64_kernels_run_100_times_records_them_once_and_replays_the_rest() {
+        let Some(ordinal) = ordinal() else { return };
+        let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+        check_a_chain_replays(&device, &kernels(), !device.host_mapped());
+    }
+
+    #[test]
+    fn replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
+        let Some(ordinal) = ordinal() else { return };
+        let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+        check_replay_and_plain_agree(&device, &kernels());
+    }
+
+    /// Where a queue's run cannot replay it runs the plain way, and the plan
+    /// says why: on unmapped memory the uploads and downloads (the copy
+    /// queue's) take new staging ranges each run, while the kernels (the
+    /// compute queue's) still replay; a profiled run records device
+    /// timestamps, so nothing replays.
+    #[test]
+    fn runs_that_cannot_replay_run_the_plain_way_and_say_why() {
+        let Some(ordinal) = ordinal() else { return };
+        let kernels = kernels();
+        let unmapped = Arc::new(VulkanDevice::open_unmapped(ordinal).unwrap());
+        let (mut plan, up, down) = chain(&unmapped, &kernels);
+        run_chain(&mut plan, up, down, 4);
+        let launches = plan.launches();
+        assert!(launches.kernels <= 2 * KERNELS as u64, "{launches:?}");
+        assert!(launches.programs >= 2, "{launches:?}");
+        let why = launches.fallback.expect("a reason");
+        assert!(why.contains("staging"), "{why}");
+
+        let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+        check_a_profiled_plan_runs_plainly(&device, &kernels);
+    }
+
+    /// On Vulkan the recording is resubmitted while an earlier submission
+    /// of it is pending (`SIMULTANEOUS_USE`).
+    #[test]
+    fn runs_started_back_to_back_replay_while_earlier_ones_are_pending() {
+        let Some(ordinal) = ordinal() else { return };
+        let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
+        check_runs_back_to_back(&device, &kernels());
+    }
+
+    /// A failure inside a replayed stretch (here the stretch's second signal
+    /// is further from the counter than the device allows, found when the
+    /// replay reaches it) fails the stretch from its start, its first signal
+    /// with it: the recording holds commands after the failure too, so it is
+    /// not submitted, and no value of the stretch may be set without its
+    /// work. Before the fix the first signal was submitted alone, and read
+    /// reached with the kernels never run.
+    #[test]
+    fn a_failure_inside_a_replayed_stretch_fails_its_signals_instead_of_setting_them_without_the_work()
+     {
+        use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
+        let Some(ordinal) = ordinal() else { return };
+        let device = VulkanDevice::open(ordinal).unwrap();
+        device.limit_value_difference(100);
+        let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+        let x = device.alloc(64 * 4).unwrap();
+        x.write_at(0, &[0u32; 64]).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let mut stretch = |first: u64, second: u64| {
+            let grid = ExecParams::new_1d(64, 64);
+            queue
+                .exec(&add, &[&x], &[Scalar::U32(1)], grid)
+                .signal(&signal, first)
+                .exec(&add, &[&x], &[Scalar::U32(1)], grid)
+                .signal(&signal, second)
+                .replay_as(0)
+                .submit()
+                .unwrap();
+        };
+        stretch(1, 2);
+        signal.wait(2, LONG).unwrap();
+        assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64]);
+        // The same commands again, replayed: 500 is too far from 2.
+        stretch(3, 500);
+        let error = signal.wait(3, LONG).unwrap_err();
+        assert!(
+            matches!(error.root_cause(), Error::SignalValueTooFarApart { .. }),
+            "{error}"
+        );
+        assert_eq!(x.to_vec::<u32>().unwrap(), vec![2; 64], "nothing ran");
+        assert!(queue.synchronize().is_err(), "the owner hears of it");
+        assert_eq!(queue.launches().kernels, 2, "{:?}", queue.launches());
+    }
+
+    /// A batch naming buffers made by `alloca` is not replayed: once a
+    /// `dealloca` completed, their block may go back to the driver and a new
+    /// `VkBuffer` take its handle's number, which a recording could not tell
+    /// from the old one.
+    #[test]
+    fn a_batch_naming_alloca_buffers_runs_the_plain_way_and_says_why() {
+        use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
+        let Some(ordinal) = ordinal() else { return };
+        let device = VulkanDevice::open(ordinal).unwrap();
+        let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+        let out = device.alloc(64 * 4).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        for run in 1..=3u64 {
+            let scratch = queue.alloca(64 * 4).unwrap();
+            queue
+                .fill(&scratch, 0u32)
+                .exec(
+                    &add,
+                    &[&scratch],
+                    &[Scalar::U32(7)],
+                    ExecParams::new_1d(64, 64),
+                )
+                .copy(&out, &scratch)
+                .dealloca(&scratch)
+                .signal(&signal, run)
+                .replay_as(0)
+                .submit()
+                .unwrap();
+            signal.wait(run, LONG).unwrap();
+            assert_eq!(out.to_vec::<u32>().unwrap(), vec![7; 64]);
+        }
+        let launches = queue.launches();
+        assert_eq!(launches.programs, 0, "{launches:?}");
+        assert_eq!(launches.kernels, 3, "{launches:?}");
+        let why = launches.fallback.expect("a reason");
+        assert!(why.contains("alloca"), "{why}");
+    }
 }
 
-/// A batch naming buffers made by `alloca` is not replayed: once a
-/// `dealloca` completed, their block may go back to the driver and a new
-/// `VkBuffer` take its handle's number, which a recording could not tell
-/// from the old one.
-#[test]
-fn a_batch_naming_alloca_buffers_runs_the_plain_way_and_says_why() {
-    use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
-    let Some(ordinal) = ordinal() else { return };
-    let device = VulkanDevice::open(ordinal).unwrap();
-    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
-    let out = device.alloc(64 * 4).unwrap();
-    let signal = device.new_signal(0).unwrap();
-    let mut queue = device.compute_queue().unwrap();
-    for run in 1..=3u64 {
-        let scratch = queue.alloca(64 * 4).unwrap();
-        queue
-            .fill(&scratch, 0u32)
-            .exec(
-                &add,
-                &[&scratch],
-                &[Scalar::U32(7)],
-                ExecParams::new_1d(64, 64),
-            )
-            .copy(&out, &scratch)
-            .dealloca(&scratch)
-            .signal(&signal, run)
-            .replay_as(0)
-            .submit()
-            .unwrap();
-        signal.wait(run, LONG).unwrap();
-        assert_eq!(out.to_vec::<u32>().unwrap(), vec![7; 64]);
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+    use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
+
+    /// The GPU's device 0, or `None` (printing `skipped: no CUDA driver`;
+    /// failing where `HWQUEUE_REQUIRE_GPU` is set).
+    fn device() -> Option<Arc<CudaDevice>> {
+        match Cuda::probe() {
+            Ok(devices) if !devices.is_empty() => Some(Arc::new(Cuda::open(0).unwrap())),
+            _ => {
+                assert!(
+                    std::env::var_os("HWQUEUE_REQUIRE_GPU").is_none(),
+                    "HWQUEUE_REQUIRE_GPU is set but no CUDA device was found"
+                );
+                println!("skipped: no CUDA driver");
+                None
+            }
+        }
     }
-    let launches = queue.launches();
-    assert_eq!(launches.programs, 0, "{launches:?}");
-    assert_eq!(launches.kernels, 3, "{launches:?}");
-    let why = launches.fallback.expect("a reason");
-    assert!(why.contains("alloca"), "{why}");
+
+    /// [`Kernels`] in CUDA C.
+    const KERNELS_C: &str = r#"
+extern "C" __global__ void add(unsigned int *x, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    x[i] = x[i] + n;
+}
+extern "C" __global__ void mix(const unsigned int *a, unsigned int *out, unsigned int k) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = out[i] * 3u + a[i] + k;
+}
+"#;
+
+    fn kernels(device: &CudaDevice) -> Kernels<Cuda> {
+        Kernels {
+            add: CudaProgram::from_cuda_c(device, KERNELS_C, "add", 1, 1).unwrap(),
+            mix: CudaProgram::from_cuda_c(device, KERNELS_C, "mix", 2, 1).unwrap(),
+        }
+    }
+
+    /// One graph launch a run instead of 64 kernel launches.
+    #[test]
+    fn a_cuda_plan_of_64_kernels_run_100_times_launches_its_graph_for_each() {
+        let Some(device) = device() else { return };
+        check_a_chain_replays(&device, &kernels(&device), false);
+    }
+
+    /// Rebinding patches the graphs' nodes: the same downloads as the plain
+    /// path over 1,000 runs.
+    #[test]
+    fn cuda_replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
+        let Some(device) = device() else { return };
+        check_replay_and_plain_agree(&device, &kernels(&device));
+    }
+
+    #[test]
+    fn a_profiled_cuda_plan_launches_kernel_by_kernel_and_says_why() {
+        let Some(device) = device() else { return };
+        check_a_profiled_plan_runs_plainly(&device, &kernels(&device));
+    }
+
+    /// A graph launched again while its last launch still runs.
+    #[test]
+    fn cuda_runs_started_back_to_back_replay_while_earlier_ones_run() {
+        let Some(device) = device() else { return };
+        check_runs_back_to_back(&device, &kernels(&device));
+    }
 }

@@ -46,6 +46,7 @@ mod memory;
 mod profiler;
 mod program;
 mod queue;
+mod replay;
 mod signal;
 mod stream;
 mod transfer;

@@ -16,7 +16,7 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
 use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
-use super::stream::{InFlight, Shared, State, run_worker};
+use super::stream::{InFlight, Pending, Shared, State, run_worker};
 use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, driver_error, lost};
 use crate::view::View;
 
@@ -91,6 +91,19 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// reaches it: values that earlier batches already recorded are decided by
 /// their events, not by that failure.
 ///
+/// **Replay.** A batch marked for replay
+/// ([`replay_as`](crate::HardwareQueue::replay_as): a plan's run) launches
+/// each run of two or more kernels in it (with only barriers and signals
+/// between them) as a CUDA graph, built and instantiated on first sight and
+/// launched again for every later batch under the key whose kernels, grids
+/// and parameter counts match; a changed buffer address or scalar patches
+/// that kernel's node (`cuGraphExecKernelNodeSetParams`). The stretch's
+/// signals are recorded after the graph's launch, each signal once at its
+/// highest value; everything else goes on the stream as above. A graph the
+/// driver refuses to build or patch launches kernel by kernel, the reason
+/// in [`launches`](crate::HardwareQueue::launches); so does a profiling
+/// queue.
+///
 /// Buffers and programs of submitted work are kept alive until the stream
 /// passed them. Dropping the queue lets the worker finish the work already
 /// submitted.
@@ -119,6 +132,10 @@ impl CudaEngine {
             profiler: Mutex::new(None),
             profiling: AtomicBool::new(false),
             staging: Mutex::new(Vec::new()),
+            replay_key: AtomicU64::new(0),
+            replays: Mutex::new(Default::default()),
+            kernels: AtomicU64::new(0),
+            programs: AtomicU64::new(0),
         });
         let worker = shared.clone();
         spawn(
@@ -245,15 +262,24 @@ impl Engine for CudaEngine {
 
     fn submit(&mut self, batch: Batch<Cuda>) -> Batch<Cuda> {
         let shared = &*self.shared;
+        let replay = match shared.replay_key.swap(0, Ordering::Relaxed) {
+            0 => None,
+            key => u32::try_from(key - 1).ok(),
+        };
         let mut state = shared.state.lock();
         if state.worker_busy {
             // Behind a deferred wait: keep the order.
-            state.pending.push_back((batch, 0, None));
+            state.pending.push_back(Pending {
+                batch,
+                from: 0,
+                failed: None,
+                replay,
+            });
             shared.work.notify_one();
         } else {
             drop(state);
             shared.retire();
-            shared.process(batch, 0);
+            shared.process(batch, 0, replay);
         }
         shared
             .in_flight
@@ -261,6 +287,22 @@ impl Engine for CudaEngine {
             .spare_batches
             .pop()
             .unwrap_or_default()
+    }
+
+    /// Kept for the next `submit`, whose batch's runs of kernels become
+    /// CUDA graphs (see `super::replay`).
+    fn replay_next(&mut self, key: Option<u32>) {
+        let key = key.map_or(0, |key| u64::from(key) + 1);
+        self.shared.replay_key.store(key, Ordering::Relaxed);
+    }
+
+    fn launches(&self) -> crate::Launches {
+        let shared = &*self.shared;
+        crate::Launches {
+            kernels: shared.kernels.load(Ordering::Relaxed),
+            programs: shared.programs.load(Ordering::Relaxed),
+            fallback: shared.replays.lock().fallback.clone(),
+        }
     }
 
     fn set_profiling(&mut self, on: bool) {

@@ -21,13 +21,14 @@ use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
+use super::replay::{Replayed, Replays};
 use super::signal::EVENT_FLAGS;
 use super::transfer::{self, Pinned};
 use super::{Cuda, CudaDevice, CudaProgram, context_error};
 use crate::view::View;
 
 /// The device address of a view's first byte.
-fn pointer(view: &View<Cuda>) -> u64 {
+pub(super) fn pointer(view: &View<Cuda>) -> u64 {
     view.buffer().device_pointer() + view.offset() as u64
 }
 
@@ -64,13 +65,31 @@ pub(super) struct Shared {
     /// The staging of the batch being enqueued (one at a time, in queue
     /// order), moved into `in_flight` with it by `finish`. Taken alone.
     pub(super) staging: Mutex<Vec<Pinned>>,
+    /// The key of the next batch `submit` takes, plus one (0: none): set
+    /// by the owner (`Engine::replay_next`), taken by its `submit`.
+    pub(super) replay_key: AtomicU64,
+    /// The plan replay's graphs (`super::replay`). Taken by the thread
+    /// enqueueing, alone.
+    pub(super) replays: Mutex<Replays>,
+    /// Kernels launched one by one or recorded into a graph, and graphs
+    /// launched again (`crate::Launches`).
+    pub(super) kernels: AtomicU64,
+    pub(super) programs: AtomicU64,
+}
+
+/// A batch for the worker: the command it resumes at (or, with an error,
+/// failed at: the worker drains it), and its replay key.
+pub(super) struct Pending {
+    pub(super) batch: Batch<Cuda>,
+    pub(super) from: usize,
+    pub(super) failed: Option<Error>,
+    pub(super) replay: Option<u32>,
 }
 
 #[derive(Default)]
 pub(super) struct State {
-    /// Batches for the worker, and the command each resumes at (or, with
-    /// an error, failed at: the worker drains it).
-    pub(super) pending: VecDeque<(Batch<Cuda>, usize, Option<Error>)>,
+    /// Batches for the worker.
+    pub(super) pending: VecDeque<Pending>,
     /// The worker has batches, so later ones must go through it too (to
     /// stay in order). Set by the owner when it hands one over, cleared by
     /// the worker once `pending` is empty.
@@ -101,22 +120,22 @@ impl Shared {
     /// fails its signals if the ledger says it must not run, else enqueues
     /// what the stream can take now; what follows a wait the stream cannot
     /// express goes to the worker.
-    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize) {
+    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize, replay: Option<u32>) {
         let Some(batch) = self.admit(batch, from) else {
             return;
         };
-        match self.enqueue_caught(&batch, from) {
+        match self.enqueue_caught(&batch, from, replay) {
             Outcome::Done => {
                 let all = batch.commands().len();
                 self.finish(batch, all);
             }
-            Outcome::Blocked(at) => self.hand_over(batch, at, None),
+            Outcome::Blocked(at) => self.hand_over(batch, at, None, replay),
             // Reported by the next `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
             // worker, which may block, and which later batches follow.
             Outcome::Failed(at, error) if self.ledger.independent() => {
-                self.hand_over(batch, at, Some(error));
+                self.hand_over(batch, at, Some(error), replay);
             }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
@@ -127,10 +146,21 @@ impl Shared {
 
     /// Hands `batch` to the worker, to resume at command `at` (or, with
     /// `failed`, to drain from it); later batches follow it there.
-    fn hand_over(&self, batch: Batch<Cuda>, at: usize, failed: Option<Error>) {
+    fn hand_over(
+        &self,
+        batch: Batch<Cuda>,
+        from: usize,
+        failed: Option<Error>,
+        replay: Option<u32>,
+    ) {
         let mut state = self.state.lock();
         state.worker_busy = true;
-        state.pending.push_back((batch, at, failed));
+        state.pending.push_back(Pending {
+            batch,
+            from,
+            failed,
+            replay,
+        });
         self.work.notify_one();
     }
 
@@ -150,20 +180,23 @@ impl Shared {
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
     /// failure of the batch at `from`, so no thread unwinds with a batch
     /// half-enqueued and its signals unset.
-    fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
-        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from))).unwrap_or_else(|payload| {
-            Outcome::Failed(
-                from,
-                Error::EnginePanicked {
-                    message: panic_message(payload),
-                },
-            )
-        })
+    fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize, replay: Option<u32>) -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from, replay))).unwrap_or_else(
+            |payload| {
+                Outcome::Failed(
+                    from,
+                    Error::EnginePanicked {
+                        message: panic_message(payload),
+                    },
+                )
+            },
+        )
     }
 
     /// Puts the commands of `batch` from `from` on the stream, without ever
-    /// blocking on the host.
-    fn enqueue(&self, batch: &Batch<Cuda>, from: usize) -> Outcome {
+    /// blocking on the host. A batch marked for replay (`replay`) launches
+    /// its runs of kernels as graphs (`super::replay`).
+    fn enqueue(&self, batch: &Batch<Cuda>, from: usize, replay: Option<u32>) -> Outcome {
         // Once, for every raw driver call below (copies, fills, transfers):
         // this thread (the owner's, or the worker's) may not have the
         // stream's context current.
@@ -176,7 +209,35 @@ impl Shared {
             return Outcome::Failed(from, self.fault("waiting for the allocation fence", e));
         }
         let profiling = self.profiling.load(Ordering::Relaxed);
+        let replay = match replay {
+            Some(_) if profiling => {
+                self.replays.lock().fallback = Some(
+                    "the queue profiles: its kernels launch one by one, so that each is timed"
+                        .to_owned(),
+                );
+                None
+            }
+            replay => replay,
+        };
+        // Commands before `skip_to` are in a graph launched already; execs
+        // before `plain_until` launch one by one.
+        let (mut skip_to, mut plain_until) = (from, from);
         for (index, command) in batch.commands().iter().enumerate().skip(from) {
+            if index < skip_to {
+                continue;
+            }
+            if let (Some(key), Command::Exec { .. }) = (replay, command)
+                && index >= plain_until
+            {
+                match self.replay(batch, key, index) {
+                    Ok(Replayed::Graph(end)) => {
+                        skip_to = end;
+                        continue;
+                    }
+                    Ok(Replayed::Plain(end)) => plain_until = end,
+                    Err(error) => return Outcome::Failed(index, error),
+                }
+            }
             let start = if profiling {
                 Profiler::mark(&self.stream)
             } else {
@@ -212,12 +273,17 @@ impl Shared {
                     buffers,
                     scalars,
                     params,
-                } => self.launch(
-                    program,
-                    &batch.buffers()[buffers.clone()],
-                    &batch.scalars()[scalars.clone()],
-                    params,
-                ),
+                } => {
+                    // Counted before the signals after it are recorded, so
+                    // whoever they wake sees the count.
+                    self.kernels.fetch_add(1, Ordering::Relaxed);
+                    self.launch(
+                        program,
+                        &batch.buffers()[buffers.clone()],
+                        &batch.scalars()[scalars.clone()],
+                        params,
+                    )
+                }
                 // The batch holds a use of every buffer `alloca` made that
                 // it names, so none of their ranges is returned before the
                 // stream passed it.
@@ -461,6 +527,8 @@ impl Shared {
         if let Err(error) = self.stream.synchronize() {
             let _ = self.fault("waiting for the stream at shutdown", error);
         }
+        // The stream passed every graph launch: none is used again.
+        self.replays.lock().clear();
         let mut in_flight = self.in_flight.lock();
         let batches = mem::take(&mut in_flight.batches);
         in_flight.spare_events.clear();
@@ -494,7 +562,12 @@ impl InFlight {
 /// for the waits that stopped them, until the queue is dropped and drained.
 pub(super) fn run_worker(shared: &Shared) {
     loop {
-        let (batch, mut from, failed) = {
+        let Pending {
+            batch,
+            mut from,
+            failed,
+            replay,
+        } = {
             let mut state = shared.state.lock();
             loop {
                 if let Some(next) = state.pending.pop_front() {
@@ -528,7 +601,7 @@ pub(super) fn run_worker(shared: &Shared) {
             // Failed on the owner's thread, to drain here.
             Some(error) => Outcome::Failed(from, error),
             None => loop {
-                match shared.enqueue_caught(&batch, from) {
+                match shared.enqueue_caught(&batch, from, replay) {
                     Outcome::Blocked(at) => {
                         let command = &batch.commands()[at];
                         let start = now_ns();

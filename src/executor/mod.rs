@@ -43,8 +43,12 @@
 //!   and submits the recording again while the commands match (Vulkan:
 //!   command buffers resubmitted with the run's semaphore values; a
 //!   rebinding or another scalar value records anew, the last few
-//!   recordings kept). The CPU and CUDA engines have none yet and run
-//!   every batch as recorded. [`Plan::launches`] counts what was recorded
+//!   recordings kept. CUDA: each run of kernels a CUDA graph, instantiated
+//!   once and launched per run, the run's signals recorded after it; a
+//!   rebinding or another scalar value patches the changed kernel nodes in
+//!   place, never instantiating again). The CPU engine has none and runs
+//!   every batch as recorded. A recording the driver refuses falls back to
+//!   the plain path with the reason kept. [`Plan::launches`] counts what was recorded
 //!   against what was replayed; [`Plan::set_replay`] turns it off. Failure,
 //!   refusal, profiling (a profiled run is recorded the plain way) and the
 //!   ordering of runs are the same either way.

@@ -1,0 +1,474 @@
+//! Plan replay on CUDA (issue 45): the kernel launches of a batch marked
+//! for replay ([`HardwareQueue::replay_as`](crate::HardwareQueue::replay_as))
+//! become CUDA graphs, built once and launched for every later batch under
+//! the same key whose launches match.
+//!
+//! **What is recorded.** Each run of two or more `exec`s with nothing
+//! between them but memory barriers and signals (a *segment*: a plan
+//! signals its queue's timeline after every operation) becomes one graph: a
+//! chain of kernel nodes, each after the one before it, as the stream would
+//! have run them, made with the explicit node API (`cuGraphAddKernelNode`)
+//! so that every node's handle is known, and instantiated once. The
+//! segment's signals are recorded after the graph's launch, each signal
+//! once, at the highest value the segment gives it: a value is reached when
+//! the whole segment has run (later than kernel by kernel, never earlier),
+//! and a wait on a lower one waits for that record, the smallest at or
+//! above it. Everything else in the batch stays on the stream around the
+//! graph's launch: waits (`cuStreamWaitEvent`, or the worker's host wait),
+//! copies, fills, uploads and downloads (their page-locked staging is new
+//! each run). So a run's signals and waits keep their meaning, with nothing
+//! in the graph to update for them.
+//!
+//! **Matching.** A segment is found again by its key and the index of its
+//! first command in the batch, and matches where its kernels, grids,
+//! blocks, shared memory and parameter counts are the same. A parameter's
+//! value (a buffer's device address, a scalar) may differ: that node alone
+//! gets its new values by `cuGraphExecKernelNodeSetParams`, which never
+//! re-instantiates (a rebind, or a scalar set per run, costs one driver
+//! call per changed kernel). Up to [`VARIANTS`] graphs of different shapes
+//! are kept per segment (two plans on one queue), [`GRAPHS`] per queue; the
+//! least recently used goes.
+//!
+//! **Fallback.** A segment the driver refuses to build or patch runs kernel
+//! by kernel, as without replay, with the reason in
+//! [`Launches::fallback`](crate::Launches); a refused build is not tried
+//! again for that shape. A profiling queue launches kernel by kernel too,
+//! so that each is timed.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use cudarc::driver::{DriverError, sys};
+
+use crate::error::Result;
+use crate::program::Scalar;
+use crate::queue::{Batch, Command};
+use crate::sync::Ordering;
+
+use super::device::PARAMETER_BYTES;
+use super::launch;
+use super::stream::{Shared, pointer};
+use super::{Cuda, CudaProgram};
+use crate::view::View;
+
+/// Graphs of different shapes kept for one segment.
+pub(super) const VARIANTS: usize = 4;
+/// Graphs kept per queue.
+pub(super) const GRAPHS: usize = 32;
+/// Segments of fewer kernels launch plainly: a graph launch of one kernel
+/// costs what the kernel's own launch does.
+pub(super) const MIN_KERNELS: usize = 2;
+/// The most parameters a kernel takes (`check_exec` bounds them).
+const CELLS: usize = PARAMETER_BYTES / 8;
+
+/// A kernel node's launch, but for its parameters' values.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    /// The `CUfunction`'s address: the graph holds its program.
+    function: usize,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    /// How many 8-byte parameter cells it takes.
+    cells: u32,
+}
+
+/// A queue's graphs, and the segment being matched. Taken only by the
+/// thread enqueueing the queue's batches (one at a time, in queue order).
+#[derive(Default)]
+pub(super) struct Replays {
+    graphs: Vec<Graph>,
+    /// Stamps `Graph::used`.
+    clock: u64,
+    /// The segment being matched: its kernels, and their parameters' values
+    /// one after another.
+    shapes: Vec<Shape>,
+    cells: Vec<u64>,
+    /// The indices of its signals in the batch.
+    signals: Vec<usize>,
+    /// Why the last segment marked for replay launched plainly.
+    pub(super) fallback: Option<String>,
+}
+
+/// One segment's graph.
+struct Graph {
+    key: u32,
+    /// The index of the segment's first command in its batch.
+    start: usize,
+    shapes: Vec<Shape>,
+    /// The parameters' values its executable graph holds.
+    cells: Vec<u64>,
+    /// The kernel node of each shape, in order.
+    nodes: Vec<sys::CUgraphNode>,
+    /// The programs its nodes launch, kept loaded.
+    programs: Vec<CudaProgram>,
+    graph: sys::CUgraph,
+    /// Null where the driver refused to build it: the segment launches
+    /// plainly, without trying again.
+    exec: sys::CUgraphExec,
+    used: u64,
+}
+
+// SAFETY: CUDA's graph handles may be used from any thread; a `Graph` is
+// only reached through its queue's `Replays` lock, so by one thread at a
+// time.
+unsafe impl Send for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: handles this graph made and nothing else holds. The
+        // driver frees an executable graph still running once it
+        // completes; the batches that launched it keep their programs
+        // until then. Errors leave nothing to do.
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = sys::cuGraphExecDestroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = sys::cuGraphDestroy(self.graph);
+            }
+        }
+    }
+}
+
+/// What [`Shared::replay`] did with the segment starting at an `exec`.
+pub(super) enum Replayed {
+    /// Its graph is launched: enqueueing goes on at this index.
+    Graph(usize),
+    /// Its kernels launch one by one, up to this index.
+    Plain(usize),
+}
+
+/// The parameter cells of an exec: the buffers' device addresses, then the
+/// scalars' bytes, each in its own 8-byte cell (see `Shared::launch`).
+fn push_cells(out: &mut Vec<u64>, buffers: &[View<Cuda>], scalars: &[Scalar]) {
+    out.extend(buffers.iter().map(pointer));
+    out.extend(
+        scalars
+            .iter()
+            .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
+    );
+}
+
+/// A driver call of a graph's, failed: why the segment falls back.
+fn refused(what: &str, error: DriverError) -> String {
+    format!(
+        "the driver refused {what} ({error}); the segment's kernels launch one by one, as \
+         without replay"
+    )
+}
+
+impl Shared {
+    /// Launches the segment of `batch` that starts at the exec `start` as
+    /// its graph (built on first sight) where `key` has one that matches,
+    /// or says to launch it plainly. An error is the graph launch's: the
+    /// batch fails at `start`.
+    pub(super) fn replay(&self, batch: &Batch<Cuda>, key: u32, start: usize) -> Result<Replayed> {
+        let mut replays = self.replays.lock();
+        let replays = &mut *replays;
+        replays.shapes.clear();
+        replays.cells.clear();
+        replays.signals.clear();
+        let mut end = start;
+        for command in &batch.commands()[start..] {
+            match command {
+                Command::Exec {
+                    program,
+                    buffers,
+                    scalars,
+                    params,
+                } => {
+                    let buffers = &batch.buffers()[buffers.clone()];
+                    let scalars = &batch.scalars()[scalars.clone()];
+                    let config = launch::launch_config(params);
+                    replays.shapes.push(Shape {
+                        function: program.function().cu_function() as usize,
+                        grid: config.grid_dim,
+                        block: config.block_dim,
+                        shared: config.shared_mem_bytes,
+                        cells: (buffers.len() + scalars.len()) as u32,
+                    });
+                    push_cells(&mut replays.cells, buffers, scalars);
+                }
+                Command::Signal { .. } => replays.signals.push(end),
+                Command::Barrier => {}
+                _ => break,
+            }
+            end += 1;
+        }
+        if replays.shapes.len() < MIN_KERNELS {
+            return Ok(Replayed::Plain(end));
+        }
+        replays.clock += 1;
+        let clock = replays.clock;
+        let found = replays.find(key, start);
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let graph = self.build(replays, batch, key, start, end);
+                replays.make_room(key, start);
+                replays.graphs.push(graph);
+                replays.graphs.len() - 1
+            }
+        };
+        let Replays {
+            graphs,
+            shapes,
+            cells,
+            signals,
+            fallback,
+            ..
+        } = replays;
+        let graph = &mut graphs[at];
+        graph.used = clock;
+        if graph.exec.is_null() {
+            return Ok(Replayed::Plain(end));
+        }
+        if found.is_some() {
+            if let Err(error) = graph.patch(shapes, cells) {
+                *fallback = Some(refused("new kernel parameters for a graph", error));
+                graphs.swap_remove(at);
+                return Ok(Replayed::Plain(end));
+            }
+            self.programs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.kernels
+                .fetch_add(shapes.len() as u64, Ordering::Relaxed);
+        }
+        // SAFETY: a live executable graph of this stream's context (current:
+        // `enqueue`), whose nodes launch programs it holds, over buffers
+        // the batch holds until the stream passed it.
+        unsafe { sys::cuGraphLaunch(graph.exec, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| self.fault("launching a plan's CUDA graph", e))?;
+        self.record_last(batch, signals)?;
+        Ok(Replayed::Graph(end))
+    }
+
+    /// Records each signal of the commands at `signals` once, at its last
+    /// (highest) value among them. An error fails the segment from its
+    /// start: its lower values were never recorded.
+    fn record_last(&self, batch: &Batch<Cuda>, signals: &[usize]) -> Result<()> {
+        let commands = batch.commands();
+        let signal_at = |at: usize| match &commands[at] {
+            Command::Signal { signal, value } => Some((signal, *value)),
+            _ => None,
+        };
+        for (position, &at) in signals.iter().enumerate().rev() {
+            let Some((signal, value)) = signal_at(at) else {
+                continue;
+            };
+            let later = signals[position + 1..]
+                .iter()
+                .filter_map(|&later| signal_at(later))
+                .any(|(other, _)| other.same_as(signal));
+            if !later {
+                signal.record(value, &self.stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The graph of the segment in `replays.shapes`, on the driver: a
+    /// refused one (null `exec`) where the driver would not build it, the
+    /// reason in `replays.fallback`.
+    fn build(
+        &self,
+        replays: &mut Replays,
+        batch: &Batch<Cuda>,
+        key: u32,
+        start: usize,
+        end: usize,
+    ) -> Graph {
+        let mut graph = Graph {
+            key,
+            start,
+            shapes: replays.shapes.clone(),
+            cells: replays.cells.clone(),
+            nodes: Vec::with_capacity(replays.shapes.len()),
+            programs: Vec::with_capacity(replays.shapes.len()),
+            graph: ptr::null_mut(),
+            exec: ptr::null_mut(),
+            used: 0,
+        };
+        for command in &batch.commands()[start..end] {
+            if let Command::Exec {
+                program, params, ..
+            } = command
+            {
+                // Raised on the function before it is in a graph, as
+                // before a launch; an error here is the plain launch's too.
+                if program.opt_in_shared(params.shared_memory()).is_err() {
+                    replays.fallback =
+                        Some("a kernel could not opt in to its shared memory".to_owned());
+                    return graph;
+                }
+                graph.programs.push(program.clone());
+            }
+        }
+        if let Err(reason) = graph.make() {
+            graph.nodes.clear();
+            replays.fallback = Some(reason);
+        }
+        graph
+    }
+}
+
+impl Replays {
+    /// The graph of `key`'s segment at `start` with the shapes being
+    /// matched: one holding these very values where there is one.
+    fn find(&self, key: u32, start: usize) -> Option<usize> {
+        let mut best: Option<(usize, bool)> = None;
+        for (at, graph) in self.graphs.iter().enumerate() {
+            if graph.key != key || graph.start != start || graph.shapes != self.shapes {
+                continue;
+            }
+            if graph.cells == self.cells {
+                return Some(at);
+            }
+            // Of the others, the least recently used is patched.
+            if best.is_none_or(|(best, _)| self.graphs[best].used > graph.used) {
+                best = Some((at, false));
+            }
+        }
+        best.map(|(at, _)| at)
+    }
+
+    /// Drops the least recently used graph of the segment where it has
+    /// [`VARIANTS`], else of the queue where it has [`GRAPHS`].
+    fn make_room(&mut self, key: u32, start: usize) {
+        let same = |graph: &Graph| graph.key == key && graph.start == start;
+        let full = if self.graphs.iter().filter(|g| same(g)).count() >= VARIANTS {
+            Some(true)
+        } else if self.graphs.len() >= GRAPHS {
+            Some(false)
+        } else {
+            None
+        };
+        let Some(segment) = full else { return };
+        if let Some(at) = self
+            .graphs
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !segment || same(g))
+            .min_by_key(|(_, g)| g.used)
+            .map(|(at, _)| at)
+        {
+            self.graphs.swap_remove(at);
+        }
+    }
+
+    /// Drops every graph (the stream is idle: `Shared::shut_down`).
+    pub(super) fn clear(&mut self) {
+        self.graphs.clear();
+    }
+}
+
+impl Graph {
+    /// Creates the graph, its chain of kernel nodes and its executable
+    /// graph; the error says what the driver refused.
+    fn make(&mut self) -> std::result::Result<(), String> {
+        // SAFETY: writes a new graph's handle, which `Drop` destroys.
+        unsafe { sys::cuGraphCreate(&mut self.graph, 0) }
+            .result()
+            .map_err(|e| refused("to create a graph", e))?;
+        let mut offset = 0;
+        for at in 0..self.shapes.len() {
+            let shape = self.shapes[at];
+            let count = shape.cells as usize;
+            let mut node = ptr::null_mut();
+            let previous = self.nodes.last().copied();
+            let (dependencies, count_of) = match &previous {
+                Some(previous) => (ptr::from_ref(previous), 1),
+                None => (ptr::null(), 0),
+            };
+            with_params(
+                &self.programs[at],
+                &shape,
+                &self.cells[offset..offset + count],
+                |params| {
+                    // SAFETY: a live graph; the dependency is a node of it;
+                    // the parameters' pointers are live for the call, and
+                    // the driver copies what they point at.
+                    unsafe {
+                        sys::cuGraphAddKernelNode_v2(
+                            &mut node,
+                            self.graph,
+                            dependencies,
+                            count_of,
+                            params,
+                        )
+                    }
+                    .result()
+                },
+            )
+            .map_err(|e| refused("to add a kernel node to a graph", e))?;
+            self.nodes.push(node);
+            offset += count;
+        }
+        // SAFETY: a live graph of kernel nodes; writes the executable
+        // graph's handle, which `Drop` destroys.
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut self.exec, self.graph, 0) }
+            .result()
+            .map_err(|e| {
+                self.exec = ptr::null_mut();
+                refused("to instantiate a graph", e)
+            })
+    }
+
+    /// Gives the executable graph's nodes whose values differ from `cells`
+    /// those values, one `cuGraphExecKernelNodeSetParams` each.
+    fn patch(&mut self, shapes: &[Shape], cells: &[u64]) -> std::result::Result<(), DriverError> {
+        let mut offset = 0;
+        for (at, shape) in shapes.iter().enumerate() {
+            let range = offset..offset + shape.cells as usize;
+            offset = range.end;
+            if self.cells[range.clone()] == cells[range.clone()] {
+                continue;
+            }
+            let node = self.nodes[at];
+            let exec = self.exec;
+            with_params(&self.programs[at], shape, &cells[range.clone()], |params| {
+                // SAFETY: a node of the graph `exec` was instantiated from,
+                // of the same kernel and shape; the parameters' pointers are
+                // live for the call, and the driver copies what they point
+                // at. A launch already made keeps its old values.
+                unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec, node, params) }.result()
+            })?;
+            self.cells[range.clone()].copy_from_slice(&cells[range]);
+        }
+        Ok(())
+    }
+}
+
+/// Calls `call` with a kernel node's parameters: `program`'s function in
+/// `shape`, its parameter cells holding `cells`.
+fn with_params<T>(
+    program: &CudaProgram,
+    shape: &Shape,
+    cells: &[u64],
+    call: impl FnOnce(&sys::CUDA_KERNEL_NODE_PARAMS) -> T,
+) -> T {
+    let mut values = [0u64; CELLS];
+    let mut pointers = [ptr::null_mut::<c_void>(); CELLS];
+    let count = cells.len().min(CELLS);
+    values[..count].copy_from_slice(&cells[..count]);
+    for (pointer, value) in pointers.iter_mut().zip(values.iter_mut()).take(count) {
+        *pointer = ptr::from_mut(value).cast();
+    }
+    let params = sys::CUDA_KERNEL_NODE_PARAMS {
+        func: program.function().cu_function(),
+        gridDimX: shape.grid.0,
+        gridDimY: shape.grid.1,
+        gridDimZ: shape.grid.2,
+        blockDimX: shape.block.0,
+        blockDimY: shape.block.1,
+        blockDimZ: shape.block.2,
+        sharedMemBytes: shape.shared,
+        kernelParams: pointers.as_mut_ptr(),
+        extra: ptr::null_mut(),
+        kern: ptr::null_mut(),
+        ctx: ptr::null_mut(),
+    };
+    call(&params)
+}
