@@ -37,6 +37,7 @@
 
 use std::ffi::c_void;
 use std::ptr;
+use std::sync::OnceLock;
 
 use cudarc::driver::{DriverError, sys};
 
@@ -364,10 +365,80 @@ impl Replays {
     }
 }
 
+/// `cuda.h`'s `CUDA_KERNEL_NODE_PARAMS_v2` (12.0): the v1 fields, then
+/// `kern` and `ctx`. Declared here because cudarc's bindings name one
+/// layout per CUDA version (v1 for 11.x), and the crate builds against each.
+#[repr(C)]
+struct NodeParams {
+    func: sys::CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_bytes: u32,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    kern: *mut c_void,
+    ctx: sys::CUcontext,
+}
+
+type AddKernelNode = unsafe extern "C" fn(
+    *mut sys::CUgraphNode,
+    sys::CUgraph,
+    *const sys::CUgraphNode,
+    usize,
+    *const NodeParams,
+) -> sys::CUresult;
+type SetKernelNodeParams =
+    unsafe extern "C" fn(sys::CUgraphExec, sys::CUgraphNode, *const NodeParams) -> sys::CUresult;
+
+/// The driver's kernel node entry points: the `_v2` forms (12.0 and
+/// newer), else the unversioned ones (11.x), which read the v1 prefix of
+/// [`NodeParams`].
+struct Entries {
+    add: AddKernelNode,
+    set: SetKernelNodeParams,
+}
+
+/// [`Entries`], looked up once; `None` where the driver has neither form.
+fn entries() -> Option<&'static Entries> {
+    static ENTRIES: OnceLock<Option<Entries>> = OnceLock::new();
+    ENTRIES
+        .get_or_init(|| {
+            // SAFETY: a device is open, so cudarc loaded libcuda; each
+            // symbol, where present, has the signature `cuda.h` gives it,
+            // which the types above spell out (the unversioned forms take
+            // the v1 parameters, a prefix of `NodeParams`).
+            unsafe {
+                let library = sys::culib();
+                let add = library
+                    .get::<AddKernelNode>(b"cuGraphAddKernelNode_v2\0")
+                    .or_else(|_| library.get::<AddKernelNode>(b"cuGraphAddKernelNode\0"))
+                    .ok()?;
+                let set = library
+                    .get::<SetKernelNodeParams>(b"cuGraphExecKernelNodeSetParams_v2\0")
+                    .or_else(|_| {
+                        library.get::<SetKernelNodeParams>(b"cuGraphExecKernelNodeSetParams\0")
+                    })
+                    .ok()?;
+                Some(Entries {
+                    add: *add,
+                    set: *set,
+                })
+            }
+        })
+        .as_ref()
+}
+
 impl Graph {
     /// Creates the graph, its chain of kernel nodes and its executable
     /// graph; the error says what the driver refused.
     fn make(&mut self) -> std::result::Result<(), String> {
+        let Some(entries) = entries() else {
+            return Err(
+                "the driver has no cuGraphAddKernelNode; the segment's kernels launch \
+                        one by one, as without replay"
+                    .to_owned(),
+            );
+        };
         // SAFETY: writes a new graph's handle, which `Drop` destroys.
         unsafe { sys::cuGraphCreate(&mut self.graph, 0) }
             .result()
@@ -390,16 +461,8 @@ impl Graph {
                     // SAFETY: a live graph; the dependency is a node of it;
                     // the parameters' pointers are live for the call, and
                     // the driver copies what they point at.
-                    unsafe {
-                        sys::cuGraphAddKernelNode_v2(
-                            &mut node,
-                            self.graph,
-                            dependencies,
-                            count_of,
-                            params,
-                        )
-                    }
-                    .result()
+                    unsafe { (entries.add)(&mut node, self.graph, dependencies, count_of, params) }
+                        .result()
                 },
             )
             .map_err(|e| refused("to add a kernel node to a graph", e))?;
@@ -419,6 +482,10 @@ impl Graph {
     /// Gives the executable graph's nodes whose values differ from `cells`
     /// those values, one `cuGraphExecKernelNodeSetParams` each.
     fn patch(&mut self, shapes: &[Shape], cells: &[u64]) -> std::result::Result<(), DriverError> {
+        // A graph was made, so the entry points were found.
+        let Some(entries) = entries() else {
+            return Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED));
+        };
         let mut offset = 0;
         for (at, shape) in shapes.iter().enumerate() {
             let range = offset..offset + shape.cells as usize;
@@ -433,7 +500,7 @@ impl Graph {
                 // of the same kernel and shape; the parameters' pointers are
                 // live for the call, and the driver copies what they point
                 // at. A launch already made keeps its old values.
-                unsafe { sys::cuGraphExecKernelNodeSetParams_v2(exec, node, params) }.result()
+                unsafe { (entries.set)(exec, node, params) }.result()
             })?;
             self.cells[range.clone()].copy_from_slice(&cells[range]);
         }
@@ -447,7 +514,7 @@ fn with_params<T>(
     program: &CudaProgram,
     shape: &Shape,
     cells: &[u64],
-    call: impl FnOnce(&sys::CUDA_KERNEL_NODE_PARAMS) -> T,
+    call: impl FnOnce(&NodeParams) -> T,
 ) -> T {
     let mut values = [0u64; CELLS];
     let mut pointers = [ptr::null_mut::<c_void>(); CELLS];
@@ -456,16 +523,12 @@ fn with_params<T>(
     for (pointer, value) in pointers.iter_mut().zip(values.iter_mut()).take(count) {
         *pointer = ptr::from_mut(value).cast();
     }
-    let params = sys::CUDA_KERNEL_NODE_PARAMS {
+    let params = NodeParams {
         func: program.function().cu_function(),
-        gridDimX: shape.grid.0,
-        gridDimY: shape.grid.1,
-        gridDimZ: shape.grid.2,
-        blockDimX: shape.block.0,
-        blockDimY: shape.block.1,
-        blockDimZ: shape.block.2,
-        sharedMemBytes: shape.shared,
-        kernelParams: pointers.as_mut_ptr(),
+        grid: [shape.grid.0, shape.grid.1, shape.grid.2],
+        block: [shape.block.0, shape.block.1, shape.block.2],
+        shared_bytes: shape.shared,
+        kernel_params: pointers.as_mut_ptr(),
         extra: ptr::null_mut(),
         kern: ptr::null_mut(),
         ctx: ptr::null_mut(),
