@@ -30,8 +30,14 @@
 # `plan_replay` and `plan_plain`, one `Plan::run` + wait of a 64-kernel
 # chain with replay on and off (LOW=10 HIGH=110 runs by default), then the
 # line `callgrind: plan_replay replay=<Ir> plain=<Ir> ratio=<r>` (issue
-# 45's proxy target: ratio <= 0.05). The count includes the fake driver's
-# own work, which stands in for the real driver's.
+# 45's proxy target: ratio <= 0.05); `exec_hwqueue` and `exec_cudarc`,
+# 1,000 `exec`s of an empty kernel and a `submit` against 1,000 cudarc
+# launches (event tracking off), printed per launch as `callgrind:
+# cuda_exec hwqueue=<Ir> cudarc=<Ir> ratio=<r>` (issue 47: <= 1.10); and
+# `signal_hwqueue` and `signal_cudarc`, `signal` + `submit` polled until
+# reached against one `cuEventRecord` through cudarc polled until complete
+# (`callgrind: cuda_signal ...`, issue 47: <= 1.5). The counts include the
+# fake driver's own work, which stands in for the real driver's.
 #
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
@@ -47,7 +53,7 @@ BENCH=${BENCH:-dispatch}
 if [ "$BENCH" = cuda ]; then
     LOW=${LOW:-10}
     HIGH=${HIGH:-110}
-    CASES=${CASES:-plan_replay plan_plain}
+    CASES=${CASES:-plan_replay plan_plain exec_hwqueue exec_cudarc signal_hwqueue signal_cudarc}
     PER=1
     fake=$(mktemp -d)
     cc -shared -fPIC -O2 -o "$fake/libcuda.so" tests/fake_cuda/libcuda.c
@@ -98,8 +104,16 @@ for case in $CASES; do
     per_case[$case]=$per
     printf '| %s | %s | %s | %s |\n' "$case" "$low" "$high" "$per"
 done
-if [ "$BENCH" = cuda ] && [ -n "${per_case[plan_replay]:-}" ] && [ -n "${per_case[plan_plain]:-}" ]; then
+# line NAME A-CASE B-CASE A-LABEL B-LABEL DIVISOR: `callgrind: NAME A=.. B=.. ratio=A/B`
+line() {
+    local a=${per_case[$2]:-} b=${per_case[$3]:-}
+    [ -n "$a" ] && [ -n "$b" ] || return 0
+    python3 -c "a, b = $a / $6, $b / $6
+print(f'callgrind: $1 $4={a:.0f} $5={b:.0f} ratio={a / b:.3f}')"
+}
+if [ "$BENCH" = cuda ]; then
     echo
-    python3 -c "r, p = ${per_case[plan_replay]}, ${per_case[plan_plain]}
-print(f'callgrind: plan_replay replay={r:.0f} plain={p:.0f} ratio={r / p:.3f}')"
+    line plan_replay plan_replay plan_plain replay plain 1
+    line cuda_exec exec_hwqueue exec_cudarc hwqueue cudarc 1000
+    line cuda_signal signal_hwqueue signal_cudarc hwqueue cudarc 1
 fi

@@ -372,21 +372,111 @@ fn count(case: &str) {
         .map(|iters| iters.parse().expect("HWQUEUE_CUDA_ITERS is a number"))
         .unwrap_or(100);
     let device = Arc::new(Cuda::open(0).expect("a CUDA device, or the fake driver"));
-    let add = CudaProgram::from_ptx(&device, ADD_PTX, "add", 1, 1).expect("PTX");
-    let x = device.alloc((CHAIN_WORDS * 4) as usize).expect("x");
-    let replay = match case {
-        "plan_replay" => true,
-        "plan_plain" => false,
-        other => panic!("no case `{other}`: plan_replay or plan_plain"),
-    };
-    let mut plan = chain(&device, &add, &x, replay);
-    // The first runs build the graphs.
-    run_once(&mut plan);
-    run_once(&mut plan);
-    repeat(iters, || run_once(&mut plan));
-    let launches = plan.launches();
-    eprintln!("{case}: {launches:?}");
+    let one = ExecParams::new_1d(1, 1);
+    match case {
+        "plan_replay" | "plan_plain" => {
+            let add = CudaProgram::from_ptx(&device, ADD_PTX, "add", 1, 1).expect("PTX");
+            let x = device.alloc((CHAIN_WORDS * 4) as usize).expect("x");
+            let mut plan = chain(&device, &add, &x, case == "plan_replay");
+            // The first runs build the graphs.
+            run_once(&mut plan);
+            run_once(&mut plan);
+            repeat(iters, || run_once(&mut plan));
+            eprintln!("{case}: {:?}", plan.launches());
+        }
+        // Issue 47: 1,000 `exec`s of an empty kernel and a `submit`, against
+        // 1,000 of cudarc's launches; per `exec`, the count / 1,000.
+        "exec_hwqueue" => {
+            let empty = CudaProgram::from_ptx(&device, EMPTY_PTX, "empty", 0, 0).expect("PTX");
+            let mut queue = device.compute_queue().expect("queue");
+            let mut batch = || {
+                for _ in 0..LAUNCHES {
+                    queue.exec(&empty, &[], &[], one);
+                }
+                queue.submit().expect("submit");
+            };
+            batch();
+            repeat(iters, batch);
+            queue.synchronize().expect("ran");
+        }
+        "exec_cudarc" => {
+            let context = device.context();
+            // As a runtime that orders its own streams runs cudarc.
+            // SAFETY: the launches take no cudarc slice.
+            unsafe { context.disable_event_tracking() };
+            let stream = context.new_stream().expect("stream");
+            let function = context
+                .load_module(cudarc::nvrtc::Ptx::from_src(EMPTY_PTX))
+                .expect("module")
+                .load_function("empty")
+                .expect("function");
+            let config = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let batch = || {
+                for _ in 0..LAUNCHES {
+                    let mut launch = stream.launch_builder(&function);
+                    // SAFETY: `empty` takes no parameters.
+                    unsafe { launch.launch(config) }.expect("launch");
+                }
+            };
+            batch();
+            repeat(iters, batch);
+            stream.synchronize().expect("ran");
+        }
+        // Issue 47: `signal` + `submit`, polled until reached, against one
+        // event recorded through cudarc, polled until complete.
+        "signal_hwqueue" => {
+            let mut queue = device.compute_queue().expect("queue");
+            let signal = device.new_signal(0).expect("signal");
+            let mut value = 0;
+            let mut once = || {
+                value += 1;
+                queue.signal(&signal, value).submit().expect("submit");
+                while !signal.is_reached(value) {
+                    std::hint::spin_loop();
+                }
+            };
+            once();
+            repeat(iters, once);
+        }
+        "signal_cudarc" => {
+            let context = device.context();
+            let stream = context.new_stream().expect("stream");
+            let event = context
+                .new_event(Some(
+                    cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING,
+                ))
+                .expect("event");
+            let once = || {
+                event.record(&stream).expect("record");
+                while !event.try_is_complete().expect("query") {
+                    std::hint::spin_loop();
+                }
+            };
+            once();
+            repeat(iters, once);
+        }
+        other => panic!(
+            "no case `{other}`: plan_replay, plan_plain, exec_hwqueue, exec_cudarc, \
+             signal_hwqueue or signal_cudarc"
+        ),
+    }
 }
+
+/// `empty` in PTX, for the instruction counts on the fake driver.
+const EMPTY_PTX: &str = "
+.version 7.8
+.target sm_70
+.address_size 64
+
+.visible .entry empty()
+{
+\tret;
+}
+";
 
 criterion_group!(
     benches,

@@ -596,6 +596,7 @@ fn run_child_scenario(scenario: &str) {
         }
         "graph_replay" => graph_replay(&device),
         "plan_replay" => plan_replay(device),
+        "many_params" => many_params(&device),
         "plan_rebind" => plan_rebind(device),
         other => panic!("no scenario `{other}`"),
     }
@@ -1385,4 +1386,61 @@ fn a_refused_graph_launch_fails_its_run() {
     // The plain plan after it ran: its launches are all there.
     assert_eq!(launches_of(&outcome, "plain").0, 100 * u64::from(CHAIN));
     assert!(outcome.field("replay").ends_with(" none"), "{outcome:#?}");
+}
+
+/// Scalars of the many-parameter kernel: more than a launch passes from
+/// the stack (32 parameters), so its cells are allocated.
+const MANY: u32 = 39;
+
+/// The child's half of [`a_kernel_of_40_parameters_gets_each_in_its_cell`]:
+/// a kernel of one pointer and [`MANY`] `u32`s, launched once with scalars
+/// 100, 101, ..; reports `launched` and the buffer's `pointer`.
+fn many_params(device: &CudaDevice) {
+    let params: Vec<String> = std::iter::once("\t.param .u64 many_param_0".to_owned())
+        .chain((1..=MANY).map(|i| format!("\t.param .u32 many_param_{i}")))
+        .collect();
+    let ptx = format!(
+        ".version 7.8\n.target sm_70\n.address_size 64\n\n.visible .entry many(\n{}\n)\n{{\n\tret;\n}}\n",
+        params.join(",\n")
+    );
+    let program = CudaProgram::from_ptx(device, &ptx, "many", 1, MANY as usize).unwrap();
+    let buffer = device.alloc(64).unwrap();
+    let scalars: Vec<hwqueue::Scalar> = (0..MANY).map(|i| hwqueue::Scalar::U32(100 + i)).collect();
+    let mut queue = device.compute_queue().unwrap();
+    queue.exec(
+        &program,
+        &[&buffer],
+        &scalars,
+        hwqueue::ExecParams::new_1d(1, 1),
+    );
+    report(
+        "launched",
+        &describe(queue.submit().and_then(|()| queue.synchronize()), |()| {
+            String::new()
+        }),
+    );
+    report("pointer", &buffer.device_pointer().to_string());
+}
+
+/// A launch of more parameters than fit on the stack passes each in its
+/// own cell, in order, as the fake's launch log shows.
+#[test]
+fn a_kernel_of_40_parameters_gets_each_in_its_cell() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("many_params", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("launched"), "ok ", "{outcome:#?}");
+    let expected: Vec<String> = std::iter::once(outcome.field("pointer").to_owned())
+        .chain((0..MANY).map(|i| (100 + i).to_string()))
+        .collect();
+    let kernel = outcome
+        .launches
+        .iter()
+        .find(|line| line.starts_with("kernel many via=stream "))
+        .unwrap_or_else(|| panic!("no launch: {outcome:#?}"));
+    assert_eq!(
+        kernel.rsplit_once("params=").unwrap().1,
+        expected.join(","),
+        "{outcome:#?}"
+    );
 }

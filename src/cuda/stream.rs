@@ -5,10 +5,11 @@
 //! is the queue core's side.
 
 use std::collections::VecDeque;
-use std::mem;
+use std::ffi::c_void;
+use std::mem::{self, MaybeUninit};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::driver::{CudaEvent, CudaStream, PushKernelArg, result};
+use cudarc::driver::{CudaEvent, CudaStream, result};
 
 use crate::error::{Error, Result, panic_message};
 use crate::params::ExecParams;
@@ -26,6 +27,10 @@ use super::signal::EVENT_FLAGS;
 use super::transfer::{self, Pinned};
 use super::{Cuda, CudaDevice, CudaProgram, context_error};
 use crate::view::View;
+
+/// Parameters a launch passes from the stack; more (up to CUDA's
+/// 4 KiB) take two small allocations.
+const INLINE_PARAMETERS: usize = 32;
 
 /// The device address of a view's first byte.
 pub(super) fn pointer(view: &View<Cuda>) -> u64 {
@@ -368,40 +373,69 @@ impl Shared {
         scalars: &[Scalar],
         params: &ExecParams,
     ) -> Result<()> {
-        // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
-        // start the cell, which is what the driver reads for a 4-byte one.
-        // On the stack: `check_exec` bounded the count by CUDA's parameter
-        // space when the exec was recorded, so the argument list takes no
-        // allocation of hwqueue's (cudarc's launch builder keeps a small
-        // `Vec` of argument pointers).
-        let mut cells = [0u64; PARAMETER_BYTES / 8];
         let count = buffers.len() + scalars.len();
+        if count > PARAMETER_BYTES / 8 {
+            return Err(Error::InvalidArguments {
+                program: program.name().to_owned(),
+                reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
+            });
+        }
+        // A launch without dynamic shared memory never needs the opt-in.
+        if params.shared_memory() > 0 {
+            program.opt_in_shared(params.shared_memory())?;
+        }
         let values = buffers.iter().map(pointer).chain(
             scalars
                 .iter()
                 .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
         );
-        for (cell, value) in cells.iter_mut().zip(values) {
-            *cell = value;
+        // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
+        // start the cell, which is what the driver reads for a 4-byte one.
+        // On the stack for the usual few, left uninitialised but for the
+        // `count` written (clearing even 32 cells per launch was an eighth
+        // of hwqueue's own cost of an `exec`), and no launch builder's
+        // `Vec` of argument pointers: no allocation.
+        let mut cells = [const { MaybeUninit::<u64>::uninit() }; INLINE_PARAMETERS];
+        let mut inline = [const { MaybeUninit::<*mut c_void>::uninit() }; INLINE_PARAMETERS];
+        let mut spilled: (Vec<MaybeUninit<u64>>, Vec<MaybeUninit<*mut c_void>>);
+        let (cells, pointers) = if count <= INLINE_PARAMETERS {
+            (&mut cells[..count], &mut inline[..count])
+        } else {
+            spilled = (
+                vec![MaybeUninit::uninit(); count],
+                vec![MaybeUninit::uninit(); count],
+            );
+            (&mut spilled.0[..], &mut spilled.1[..])
+        };
+        for ((cell, pointer), value) in cells.iter_mut().zip(pointers.iter_mut()).zip(values) {
+            pointer.write(cell.write(value) as *mut u64 as *mut c_void);
         }
-        let parameters = cells.get(..count).ok_or_else(|| Error::InvalidArguments {
-            program: program.name().to_owned(),
-            reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
-        })?;
-        program.opt_in_shared(params.shared_memory())?;
-        let mut launch = self.stream.launch_builder(program.function());
-        for parameter in parameters {
-            launch.arg(parameter);
-        }
+        // SAFETY: the loop above wrote every one of the `count` pointers
+        // (`values` yields exactly `count` items), and `MaybeUninit<T>` has
+        // `T`'s layout.
+        let pointers = unsafe {
+            std::slice::from_raw_parts_mut(pointers.as_mut_ptr().cast::<*mut c_void>(), count)
+        };
         let config = launch::launch_config(params);
-        // SAFETY: the parameters are exactly the kernel ABI of `CudaProgram`
-        // (one device pointer per buffer, then the scalars), in counts
-        // checked against the program at record time; each points at a live
-        // 8-byte cell the driver copies before `launch` returns. Every buffer
-        // belongs to this stream's device and is kept alive until the stream
-        // passed this launch (`InFlight`). What the kernel does with them is
-        // the kernel's contract, as with any GPU kernel.
-        unsafe { launch.launch(config) }.map(drop).map_err(|e| {
+        // SAFETY: the context is current (`enqueue`). The parameters are
+        // exactly the kernel ABI of `CudaProgram` (one device pointer per
+        // buffer, then the scalars), in counts checked against the program
+        // at record time; each points at a live 8-byte cell the driver
+        // copies before it returns. Every buffer belongs to this stream's
+        // device and is kept alive until the stream passed this launch
+        // (`InFlight`). What the kernel does with them is the kernel's
+        // contract, as with any GPU kernel.
+        unsafe {
+            result::launch_kernel(
+                program.function().cu_function(),
+                config.grid_dim,
+                config.block_dim,
+                config.shared_mem_bytes,
+                self.stream.cu_stream(),
+                pointers,
+            )
+        }
+        .map_err(|e| {
             if launch::is_sticky(e.0) {
                 self.fault("launching a kernel", e)
             } else {
