@@ -597,6 +597,7 @@ fn run_child_scenario(scenario: &str) {
         "graph_replay" => graph_replay(&device),
         "plan_replay" => plan_replay(device),
         "many_params" => many_params(&device),
+        "signal_behind_wait" => signal_behind_wait(&device),
         "plan_rebind" => plan_rebind(device),
         other => panic!("no scenario `{other}`"),
     }
@@ -1443,4 +1444,45 @@ fn a_kernel_of_40_parameters_gets_each_in_its_cell() {
         expected.join(","),
         "{outcome:#?}"
     );
+}
+
+/// The child's half of [`a_signal_only_batch_behind_a_deferred_wait_keeps_its_place`]:
+/// a batch waiting for `gate` (not recorded: the queue's worker takes it),
+/// then two batches of signals only (`done` 1 and 2); reports whether
+/// `done` was reached before the gate opened (`early`), and after
+/// (`after`), and then a signal-only batch on an idle queue (`idle`).
+fn signal_behind_wait(device: &CudaDevice) {
+    let gate = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.wait(&gate, 1).submit().unwrap();
+    queue.signal(&done, 1).submit().unwrap();
+    queue.signal(&done, 2).submit().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    report("early", &done.value().to_string());
+    gate.set(1);
+    let long = std::time::Duration::from_secs(10);
+    report(
+        "after",
+        &describe(done.wait(2, long), |()| done.value().to_string()),
+    );
+    queue.synchronize().unwrap();
+    queue.signal(&done, 3).submit().unwrap();
+    report(
+        "idle",
+        &describe(done.wait(3, long), |()| done.value().to_string()),
+    );
+}
+
+/// A batch of signals only goes on the stream at once (no hand-over, no
+/// completion event), but not past a batch the worker holds for a wait:
+/// behind one, its signals stay unreached until the wait is satisfied.
+#[test]
+fn a_signal_only_batch_behind_a_deferred_wait_keeps_its_place() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("signal_behind_wait", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("early"), "0", "{outcome:#?}");
+    assert_eq!(outcome.field("after"), "ok 2", "{outcome:#?}");
+    assert_eq!(outcome.field("idle"), "ok 3", "{outcome:#?}");
 }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::params::{ExecParams, Limits};
 use crate::profile::ProfileEvent;
 use crate::program::{Program, Scalar};
-use crate::queue::{Batch, Engine, Ledger, Queue, QueueKind, queue_label};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
 
 use super::device::PARAMETER_BYTES;
@@ -51,7 +51,9 @@ pub type CudaQueue = Queue<CudaEngine>;
 ///   are all still running blocks until the oldest completes (a batch that
 ///   signals one signal many times, or a host that submits far ahead of
 ///   the GPU). Signal fewer values, or use more signals, where that
-///   matters;
+///   matters. A batch of signals only (`signal` + `submit`), with no batch
+///   before it held by the worker, costs an event record per signal and
+///   the ring's lock: no completion event, no hand-over, no thread woken;
 /// - `wait(s, v)` on a value already recorded is `cuStreamWaitEvent` on the
 ///   event of the smallest recorded value `>= v` (a device-side wait, also
 ///   across streams and devices); on a value already reached it is nothing;
@@ -136,6 +138,8 @@ impl CudaEngine {
             replays: Mutex::new(Default::default()),
             kernels: AtomicU64::new(0),
             programs: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
         });
         let worker = shared.clone();
         spawn(
@@ -266,6 +270,14 @@ impl Engine for CudaEngine {
             0 => None,
             key => u32::try_from(key - 1).ok(),
         };
+        if !shared.busy.load(Ordering::Acquire)
+            && batch
+                .commands()
+                .iter()
+                .all(|command| matches!(command, Command::Signal { .. }))
+        {
+            return shared.signal_only(batch);
+        }
         let mut state = shared.state.lock();
         if state.worker_busy {
             // Behind a deferred wait: keep the order.

@@ -76,12 +76,22 @@ impl SignalEvent {
         })
     }
 
-    /// Makes `stream` wait, on the device, until the event completes.
+    /// Makes `stream` wait, on the device, until the event completes, and
+    /// leaves the stream's context current: its queue's enqueue makes that
+    /// context current once and then calls the driver with it (launches,
+    /// copies, event records) for the rest of the batch.
     pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        self.context.bind_to_thread()?;
+        let same = *self.context == **stream.context();
+        if !same {
+            self.context.bind_to_thread()?;
+        }
         // SAFETY: both handles are alive (the stream by the borrow, the
         // event until `Drop`); a stream may wait on an event of any context.
-        unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.event, 0) }.result()
+        let waited = unsafe { sys::cuStreamWaitEvent(stream.cu_stream(), self.event, 0) }.result();
+        if !same {
+            stream.context().bind_to_thread()?;
+        }
+        waited
     }
 
     /// A driver error of this event, as an [`Error`](crate::Error): a
@@ -141,9 +151,10 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
         *event.context == **self.stream.context()
     }
 
+    /// The stream's context is current: its queue's enqueue made it so
+    /// (the only caller), and `accepts` holds the event to that context.
     fn record(&mut self, event: &SignalEvent) -> Result<()> {
         let fail = |e| driver_error("recording a signal's event", e);
-        event.context.bind_to_thread().map_err(fail)?;
         // SAFETY: the event (alive until its `Drop`) and the stream are of
         // one context (`accepts`), bound to this thread.
         unsafe { sys::cuEventRecord(event.event, self.stream.cu_stream()) }

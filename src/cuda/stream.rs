@@ -80,6 +80,13 @@ pub(super) struct Shared {
     /// launched again (`crate::Launches`).
     pub(super) kernels: AtomicU64,
     pub(super) programs: AtomicU64,
+    /// `State::worker_busy`, mirrored (stored under `state`) for the
+    /// owner's check without the lock: only the owner sets it, so a `false`
+    /// it reads is true.
+    pub(super) busy: AtomicBool,
+    /// Whether `InFlight::batches` holds a batch (stored under
+    /// `in_flight`): a `submit` with nothing to retire takes no lock.
+    pub(super) holding: AtomicBool,
 }
 
 /// A batch for the worker: the command it resumes at (or, with an error,
@@ -160,6 +167,7 @@ impl Shared {
     ) {
         let mut state = self.state.lock();
         state.worker_busy = true;
+        self.busy.store(true, Ordering::Release);
         state.pending.push_back(Pending {
             batch,
             from,
@@ -498,9 +506,12 @@ impl Shared {
             None => self.stream.context().new_event(Some(EVENT_FLAGS)),
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
-            Ok(event) => in_flight
-                .batches
-                .push_back((event, batch, staging, enqueued)),
+            Ok(event) => {
+                in_flight
+                    .batches
+                    .push_back((event, batch, staging, enqueued));
+                self.holding.store(true, Ordering::Relaxed);
+            }
             Err(error) => {
                 // No event to tell when the stream is done with the batch:
                 // wait for it here (the stream only holds work that
@@ -547,6 +558,39 @@ impl Shared {
                 in_flight.keep(batch, Some(event));
             }
         }
+        self.holding
+            .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Takes a batch of signals only (a queue's `signal` + `submit`) with
+    /// no batch at the worker before it, and gives it back cleared: its
+    /// events are recorded right here, with no completion event (its
+    /// signals' rings keep their events), no staging and no hand-over: one
+    /// lock per signal, its ring's, and no thread woken.
+    pub(super) fn signal_only(&self, mut batch: Batch<Cuda>) -> Batch<Cuda> {
+        if self.holding.load(Ordering::Relaxed) {
+            self.retire();
+        }
+        match self.ledger.admit(&batch) {
+            Admission::Skip(cause) => batch.fail_signals(0, &cause),
+            Admission::Run => match self.enqueue_caught(&batch, 0, None) {
+                Outcome::Done => {}
+                // Not from signals; as `process` would, should it be.
+                Outcome::Blocked(at) => {
+                    self.hand_over(batch, at, None, None);
+                    return Batch::default();
+                }
+                Outcome::Failed(at, error) if self.ledger.independent() => {
+                    self.hand_over(batch, at, Some(error), None);
+                    return Batch::default();
+                }
+                Outcome::Failed(at, error) => {
+                    self.ledger.fail(&batch, at, error);
+                }
+            },
+        }
+        batch.clear();
+        batch
     }
 
     fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
@@ -608,6 +652,7 @@ pub(super) fn run_worker(shared: &Shared) {
                     break next;
                 }
                 state.worker_busy = false;
+                shared.busy.store(false, Ordering::Release);
                 if state.sync_waiters > 0 {
                     shared.idle.notify_all();
                 }

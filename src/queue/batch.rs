@@ -348,6 +348,10 @@ impl<B: Backend> Batch<B> {
     /// `dealloca` ran goes back to the pool with its last use, and a
     /// `dealloca` that never ran leaves its buffer live again.
     fn let_go(&mut self) {
+        // Most batches name no buffer `alloca` made: no drain to set up.
+        if self.uses.is_empty() {
+            return;
+        }
         for (buffer, dealloca) in self.uses.drain(..) {
             if !dealloca {
                 crate::memory::end_use(&buffer);
