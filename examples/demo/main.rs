@@ -297,7 +297,7 @@ fn run() -> Result<(), String> {
         flops / median.as_secs_f64() / 1e9
     );
     // What the plan recorded once and submitted again (Vulkan: command
-    // buffers), against what it recorded run by run.
+    // buffers; CUDA: graphs), against what it recorded run by run.
     let launches = plan.launches();
     if launches.kernels + launches.programs == 0 {
         println!("replay: none (no device here has a replay form; each run records its commands)");
