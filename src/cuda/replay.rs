@@ -204,7 +204,7 @@ impl Shared {
         let clock = replays.clock;
         let found = replays.find(key, start);
         let at = match found {
-            Some(at) => at,
+            Some((at, _)) => at,
             None => {
                 let graph = self.build(replays, batch, key, start, end);
                 replays.make_room(key, start);
@@ -225,8 +225,8 @@ impl Shared {
         if graph.exec.is_null() {
             return Ok(Replayed::Plain(end));
         }
-        if found.is_some() {
-            if let Err(error) = graph.patch(shapes, cells) {
+        if let Some((_, exact)) = found {
+            if !exact && let Err(error) = graph.patch(shapes, cells) {
                 *fallback = Some(refused("new kernel parameters for a graph", error));
                 graphs.swap_remove(at);
                 return Ok(Replayed::Plain(end));
@@ -317,22 +317,22 @@ impl Shared {
 
 impl Replays {
     /// The graph of `key`'s segment at `start` with the shapes being
-    /// matched: one holding these very values where there is one.
-    fn find(&self, key: u32, start: usize) -> Option<usize> {
-        let mut best: Option<(usize, bool)> = None;
+    /// matched, and whether it holds these very values: one that does
+    /// where there is one, else the least recently used, to patch.
+    fn find(&self, key: u32, start: usize) -> Option<(usize, bool)> {
+        let mut best: Option<usize> = None;
         for (at, graph) in self.graphs.iter().enumerate() {
             if graph.key != key || graph.start != start || graph.shapes != self.shapes {
                 continue;
             }
             if graph.cells == self.cells {
-                return Some(at);
+                return Some((at, true));
             }
-            // Of the others, the least recently used is patched.
-            if best.is_none_or(|(best, _)| self.graphs[best].used > graph.used) {
-                best = Some((at, false));
+            if best.is_none_or(|best| self.graphs[best].used > graph.used) {
+                best = Some(at);
             }
         }
-        best.map(|(at, _)| at)
+        best.map(|at| (at, false))
     }
 
     /// Drops the least recently used graph of the segment where it has
