@@ -4,6 +4,8 @@
 //! and which stages its barriers order. The recorder (`recorder.rs`,
 //! `commands.rs`) decides what goes in; this file only submits it.
 
+use std::sync::atomic::Ordering;
+
 use ash::vk;
 use parking_lot::Mutex;
 
@@ -137,6 +139,13 @@ impl Recorder {
             .command_buffers(buffer.as_slice())
             .signal_semaphores(&signals[..signalled])
             .push_next(&mut timeline);
+        // Published before the submission: a waiter its signals wake reads
+        // `launches` with this submission counted (one published after it
+        // read 99 runs' worth of 100 under the validation layer). One
+        // writer (whoever holds the recorder): plain stores.
+        let programs = self.programs + u64::from(lent);
+        self.shared.kernels.store(self.kernels, Ordering::Relaxed);
+        self.shared.programs.store(programs, Ordering::Relaxed);
         let outcome = {
             let queue = self.queue().lock();
             // SAFETY: the queue is locked (submits need external
