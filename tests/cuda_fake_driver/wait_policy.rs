@@ -222,7 +222,7 @@ fn times(outcome: &Outcome, key: &str) -> Vec<Duration> {
 }
 
 fn assert_all_ok(outcome: &Outcome) {
-    let expected = vec!["ok"; TRIES].join(",");
+    let expected = ["ok"; TRIES].join(",");
     assert_eq!(outcome.field("outcome"), expected, "{outcome:#?}");
 }
 
@@ -317,7 +317,7 @@ fn a_failure_wakes_a_spinning_waiter() {
         return;
     };
     assert_eq!(outcome.field("policy"), "Spin");
-    let expected = vec!["SignalFailed"; TRIES].join(",");
+    let expected = ["SignalFailed"; TRIES].join(",");
     assert_eq!(outcome.field("outcome"), expected, "{outcome:#?}");
     // It was spinning (on the CPU for most of its wait), not asleep.
     assert_spun(&outcome);
@@ -330,7 +330,7 @@ fn a_failure_wakes_a_waiter_polling_after_its_spin() {
     let Some(outcome) = case("fail_timed", "100000") else {
         return;
     };
-    let expected = vec!["SignalFailed"; TRIES].join(",");
+    let expected = ["SignalFailed"; TRIES].join(",");
     assert_eq!(outcome.field("outcome"), expected, "{outcome:#?}");
 }
 
