@@ -226,16 +226,29 @@ fn assert_all_ok(outcome: &Outcome) {
     assert_eq!(outcome.field("outcome"), expected, "{outcome:#?}");
 }
 
+/// The median CPU time of the waits: what the sleeping cases bound. One
+/// wait in a few can be charged milliseconds of kernel time on a loaded
+/// machine (seen once here: 5 ms of CPU for a 10 ms wait that polled),
+/// which says nothing of the policy; a policy that spins does so in
+/// every wait.
+fn median_cpu(outcome: &Outcome) -> Duration {
+    let mut cpu = times(outcome, "cpu");
+    cpu.sort_unstable();
+    cpu[cpu.len() / 2]
+}
+
 /// Asserts that the waits spun: at least 2 of the [`TRIES`] were on the
-/// CPU for over 80% of their wall time (a waiter that sleeps, even one
-/// polling with back-off, is at 10–60% here for a 150 µs wait; one that
-/// spins at 95–100%, less where the machine takes its core away).
-fn assert_spun(outcome: &Outcome) {
+/// CPU for more than `share` of their wall time. A waiter that sleeps,
+/// even one polling with back-off, is at 10–60% for a 150 µs wait here and
+/// under 5% for a 2 ms one; one that spins is at 95–100% on an idle
+/// machine, and at about half where every core has two busy threads
+/// (`yes >/dev/null` twice on 2 cores), so long spins are held to 30%.
+fn assert_spun(outcome: &Outcome, share: f64) {
     let (cpu, wall) = (times(outcome, "cpu"), times(outcome, "wall"));
     let spun = cpu
         .iter()
         .zip(&wall)
-        .filter(|(cpu, wall)| cpu.as_secs_f64() > 0.8 * wall.as_secs_f64())
+        .filter(|(cpu, wall)| cpu.as_secs_f64() > share * wall.as_secs_f64())
         .count();
     assert!(spun >= 2, "{spun} of {TRIES} waits spun: {outcome:#?}");
 }
@@ -251,7 +264,7 @@ fn a_short_wait_spins_under_the_default_policy() {
     };
     assert_eq!(outcome.field("policy"), "Adaptive");
     assert_all_ok(&outcome);
-    assert_spun(&outcome);
+    assert_spun(&outcome, 0.8);
 }
 
 /// (b) A 10 ms wait under the default policy spins at most its budget
@@ -262,9 +275,8 @@ fn a_10_ms_wait_sleeps_after_its_spin() {
         return;
     };
     assert_all_ok(&outcome);
-    for cpu in times(&outcome, "cpu") {
-        assert!(cpu < Duration::from_millis(3), "{cpu:?}: {outcome:#?}");
-    }
+    let cpu = median_cpu(&outcome);
+    assert!(cpu < Duration::from_millis(3), "{cpu:?}: {outcome:#?}");
     // Each wait counted into the device's average (at most 1 ms each).
     let average: u64 = outcome.field("average").parse().unwrap();
     assert!(average > 200, "{outcome:#?}");
@@ -277,9 +289,8 @@ fn a_10_ms_wait_with_a_timeout_sleeps_after_its_spin() {
         return;
     };
     assert_all_ok(&outcome);
-    for cpu in times(&outcome, "cpu") {
-        assert!(cpu < Duration::from_millis(3), "{cpu:?}: {outcome:#?}");
-    }
+    let cpu = median_cpu(&outcome);
+    assert!(cpu < Duration::from_millis(3), "{cpu:?}: {outcome:#?}");
 }
 
 /// (c) `WaitPolicy::Sleep`: a 1 ms wait does not spin (the default would
@@ -291,9 +302,8 @@ fn the_sleep_policy_never_spins() {
     };
     assert_eq!(outcome.field("policy"), "Sleep");
     assert_all_ok(&outcome);
-    for cpu in times(&outcome, "cpu") {
-        assert!(cpu < Duration::from_micros(150), "{cpu:?}: {outcome:#?}");
-    }
+    let cpu = median_cpu(&outcome);
+    assert!(cpu < Duration::from_micros(150), "{cpu:?}: {outcome:#?}");
 }
 
 /// (d) `WaitPolicy::Spin`: a 10 ms wait spins all the way.
@@ -304,8 +314,8 @@ fn the_spin_policy_never_sleeps() {
     };
     assert_eq!(outcome.field("policy"), "Spin");
     assert_all_ok(&outcome);
-    let most = times(&outcome, "cpu").into_iter().max().unwrap();
-    assert!(most > Duration::from_millis(5), "{most:?}: {outcome:#?}");
+    // 10 ms waits: a sleeping one uses about 30 µs of CPU.
+    assert_spun(&outcome, 0.3);
 }
 
 /// (e) A value failed on the host while a thread spins on the event of a
@@ -320,7 +330,7 @@ fn a_failure_wakes_a_spinning_waiter() {
     let expected = ["SignalFailed"; TRIES].join(",");
     assert_eq!(outcome.field("outcome"), expected, "{outcome:#?}");
     // It was spinning (on the CPU for most of its wait), not asleep.
-    assert_spun(&outcome);
+    assert_spun(&outcome, 0.3);
 }
 
 /// (e') The same under the default policy with a finite timeout: the spin
@@ -344,17 +354,16 @@ fn multi_waits_on_cuda_signals_spin_then_sleep() {
             return;
         };
         assert_all_ok(&short);
-        assert_spun(&short);
+        assert_spun(&short, 0.8);
         let Some(long) = case(multi, "10000") else {
             return;
         };
         assert_all_ok(&long);
-        for cpu in times(&long, "cpu") {
-            assert!(
-                cpu < Duration::from_millis(3),
-                "{multi}: {cpu:?}: {long:#?}"
-            );
-        }
+        let cpu = median_cpu(&long);
+        assert!(
+            cpu < Duration::from_millis(3),
+            "{multi}: {cpu:?}: {long:#?}"
+        );
     }
 }
 
