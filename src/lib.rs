@@ -131,6 +131,7 @@ pub mod spec;
 mod sync;
 pub mod transfer;
 pub mod view;
+pub mod wait_policy;
 // Not in the loom models' build: they model the CPU's synchronisation,
 // and a driver backend there only grows `AnyQueue`.
 #[cfg(all(feature = "vulkan", not(loom)))]
@@ -165,3 +166,4 @@ pub use signal::{MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout};
 pub use spec::{DeviceSpec, SPEC_NAMES, SpecName};
 pub use transfer::Download;
 pub use view::{AsView, View};
+pub use wait_policy::{WaitPolicy, WaitTuning};

@@ -33,6 +33,16 @@
 //!
 //! A failure is checked with a zero-timeout [`wait`](TimelineSignal::wait),
 //! so a multi-wait reports exactly the error the signal's own `wait` would.
+//!
+//! Where signals of the list have a device [`WaitTuning`]
+//! ([`TimelineSignal::wait_tuning`]: CUDA signals), their
+//! [`WaitPolicy`](crate::WaitPolicy) replaces the short spin above: the
+//! wait spins for the longest budget among them (forever under
+//! [`Spin`](crate::WaitPolicy::Spin), not at all under
+//! [`Sleep`](crate::WaitPolicy::Sleep)), looking at every signal of the
+//! list, failures included, then sleeps and polls as above. A multi-wait
+//! does not count into a device's average wait length: its length is not
+//! one signal's.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -40,6 +50,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::signal::{PollBackoff, TimelineSignal, Timeout, check_value, spin_before_blocking};
 use crate::sync::{Arc, Condvar, Mutex};
+use crate::wait_policy::{WaitTuning, spin_until};
 
 /// What a multi-signal wait sleeps on; signals that can notify wake it.
 ///
@@ -161,10 +172,11 @@ pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeo
         return Ok(());
     }
     let timeout = timeout.into();
-    if spin_before_blocking(timeout, all_reached).is_some() {
+    let spin = tuned_spin(waits);
+    if spin.is_none() && spin_before_blocking(timeout, all_reached).is_some() {
         return Ok(());
     }
-    block_until(waits, timeout, true, || {
+    block_until(waits, timeout, true, spin, || {
         let mut first_pending = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
             if !reached(signal, target)? && first_pending.is_none() {
@@ -231,10 +243,13 @@ pub fn wait_any<S: TimelineSignal>(
         return Ok(index);
     }
     let timeout = timeout.into();
-    if let Some(index) = spin_before_blocking(timeout, first_reached) {
+    let spin = tuned_spin(waits);
+    if spin.is_none()
+        && let Some(index) = spin_before_blocking(timeout, first_reached)
+    {
         return Ok(index);
     }
-    block_until(waits, timeout, false, || {
+    block_until(waits, timeout, false, spin, || {
         // The lowest index reached wins over an earlier one's failure.
         let mut failure = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
@@ -268,6 +283,16 @@ fn check_values<S: TimelineSignal>(waits: &[(&S, u64)]) -> Result<()> {
         .try_for_each(|&(_, target)| check_value(target))
 }
 
+/// The longest spin budget among the device tunings of the unreached
+/// signals of `waits`; `None` when none has a tuning.
+fn tuned_spin<S: TimelineSignal>(waits: &[(&S, u64)]) -> Option<Duration> {
+    waits
+        .iter()
+        .filter_map(|&(signal, target)| signal.wait_tuning(target))
+        .map(WaitTuning::spin_budget)
+        .max()
+}
+
 /// Whether `signal` reached `target`; its error if the work for `target`
 /// failed. Never blocks.
 fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
@@ -285,11 +310,14 @@ fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
 /// it fails, or the timeout passes; sleeps on a [`SignalWaker`] that the
 /// signals watch between looks, or, where none watches, in the signals'
 /// own multi-wait ([`TimelineSignal::wait_native`], for every value when
-/// `all`) where they have one. The caller found the values not reached.
+/// `all`) where they have one. First, with a `spin` budget (from the
+/// signals' device tunings), it looks without sleeping for that long. The
+/// caller found the values not reached.
 fn block_until<S: TimelineSignal, R>(
     waits: &[(&S, u64)],
     timeout: Timeout,
     all: bool,
+    spin: Option<Duration>,
     mut look: impl FnMut() -> Result<Progress<R>>,
 ) -> Result<R> {
     let start = Instant::now();
@@ -307,6 +335,16 @@ fn block_until<S: TimelineSignal, R>(
         Some(deadline) if start >= deadline => None,
         _ => Some(Watching::new(waits)),
     };
+    if let Some(budget) = spin {
+        let spun = spin_until(start, budget, deadline, || match look() {
+            Ok(Progress::Done(result)) => Some(Ok(result)),
+            Ok(Progress::Pending(_)) => None,
+            Err(error) => Some(Err(error)),
+        });
+        if let Some(result) = spun {
+            return result;
+        }
+    }
     let mut poll = PollBackoff::new();
     loop {
         // After the watch, or after a sleep: a change before this look is

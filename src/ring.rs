@@ -58,6 +58,7 @@ use crate::signal::{
     Failures, MAX_SIGNAL_VALUE, PollBackoff, Producer, Timeout, check_value, value_out_of_range,
 };
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
+use crate::wait_policy::{WaitTuning, spin_until};
 
 /// How many records one ring holds at once (and how many events it keeps
 /// for reuse). A queue rarely has more than a few values of one signal in
@@ -81,6 +82,14 @@ pub trait RingEvent: Send + Sync + 'static {
     /// # Errors
     /// When the device reports a failure.
     fn synchronize(&self) -> Result<()>;
+
+    /// How a host [`EventRing::wait`] on this event spins before it
+    /// sleeps: the policy and adaptive budget of the event's device (see
+    /// [`crate::wait_policy`]). The default, `None`, never spins: a wait
+    /// sleeps at once, as under [`WaitPolicy::Sleep`](crate::WaitPolicy::Sleep).
+    fn wait_tuning(&self) -> Option<&'static WaitTuning> {
+        None
+    }
 }
 
 /// How a queue makes and records events for an [`EventRing`]. Called by the
@@ -132,6 +141,18 @@ pub struct EventRing<E> {
     /// runs ahead of it and never goes down. A stale read is only ever too
     /// low, which sends the reader to the locked path.
     reached: AtomicU64,
+    /// How many failures were recorded, so that a waiter spinning on an
+    /// event (off the lock) notices a `fail` that settles its target.
+    ///
+    /// | written by | how | read by | how |
+    /// |------------|-----|---------|-----|
+    /// | `fail`, and a fold that records a device fault, whenever [`Failures::record`] recorded something | `fetch_add(1, Release)`, under `state` | a spinning `wait`: once under `state` before it spins, then on each look | `load(Acquire)` |
+    ///
+    /// It orders nothing itself: a spinner that sees it change takes the
+    /// lock and asks the failures there. Incremented only under the lock,
+    /// so the count a waiter reads under the lock matches the failures it
+    /// checked there, and any later change is a failure it has not seen.
+    failed: AtomicU64,
     state: Mutex<RingState<E>>,
     /// How many slots the ring holds (at least one): [`RING_SLOTS`] unless
     /// built by [`with_slots`](Self::with_slots). Never changes.
@@ -200,6 +221,7 @@ impl<E: RingEvent> EventRing<E> {
         assert!(slots > 0, "an event ring needs at least one slot");
         Self {
             reached: AtomicU64::new(initial),
+            failed: AtomicU64::new(0),
             state: Mutex::new(RingState {
                 slots: Vec::with_capacity(slots),
                 completed: initial,
@@ -366,14 +388,23 @@ impl<E: RingEvent> EventRing<E> {
         }
     }
 
-    /// Blocks until `value() >= target`: synchronises on the event of the
+    /// Blocks until `value() >= target`: waits for the event of the
     /// smallest recorded value `>= target`, or, while none is recorded,
     /// waits on the host for a record, a `set` or a failure.
     ///
-    /// With [`Timeout::Forever`] the wait blocks on the event itself (a
-    /// host `set` or `fail` arriving meanwhile is seen once that event
-    /// completes, which recorded work always does); with a finite timeout
-    /// it polls the event with back-off from 10 µs to 1 ms.
+    /// On an event, the wait first polls it for the spin budget of the
+    /// event's [`WaitTuning`] ([`RingEvent::wait_tuning`]; see
+    /// [`crate::wait_policy`]), watching the ring meanwhile: a host `set`
+    /// that reaches `target` or a `fail` that settles it ends the spin at
+    /// once. Then it sleeps: with [`Timeout::Forever`] it blocks on the
+    /// event itself (a `set` or `fail` arriving meanwhile is seen once that
+    /// event completes, which recorded work always does); with a finite
+    /// timeout it polls the event with back-off from 10 µs to 1 ms,
+    /// re-checking the ring each time. Under
+    /// [`WaitPolicy::Spin`](crate::WaitPolicy::Spin) the spin lasts until
+    /// the wait is over or the timeout passes. A wait that waited on an
+    /// event (with a timeout that is not zero) counts its length into the
+    /// tuning's average.
     ///
     /// # Errors
     /// [`Error::Timeout`] with the target, the value reached and the time
@@ -387,23 +418,69 @@ impl<E: RingEvent> EventRing<E> {
         check_value(target)?;
         let start = Instant::now();
         let deadline = timeout.into().deadline_from(start);
-        // A wait with a finite timeout polls the event (an event cannot be
-        // waited on with a timeout); an unbounded one blocks instead.
+        // A wait with a finite timeout polls the event after its spin (an
+        // event cannot be waited on with a timeout); an unbounded one
+        // blocks instead.
         let mut poll = PollBackoff::new();
+        // Since when this wait waits on an event, and that event's device
+        // tuning: counted into the average once the wait is over.
+        let mut on_event: Option<(Instant, Option<&'static WaitTuning>)> = None;
+        let counts = deadline.is_none_or(|deadline| deadline > start);
+        let count = |on_event: Option<(Instant, Option<&'static WaitTuning>)>| {
+            if let Some((since, Some(tuning))) = on_event
+                && counts
+            {
+                tuning.record(since.elapsed());
+            }
+        };
         let mut state = self.state.lock();
         loop {
-            let (value, event) = match self.step(&mut state, target)? {
-                Step::Reached => return Ok(()),
-                Step::Unrecorded => {
+            let step = self.step(&mut state, target);
+            let (value, event) = match step {
+                Ok(Step::Reached) => {
+                    drop(state);
+                    count(on_event);
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+                Ok(Step::Unrecorded) => {
                     state = self.park(state, target, start, deadline)?;
                     continue;
                 }
-                Step::Recorded(value, event) => (value, event),
+                Ok(Step::Recorded(value, event)) => (value, event),
             };
+            // Under the lock, with the failures `step` checked.
+            let failed = self.failed.load(Ordering::Acquire);
             drop(state);
-            let complete = match deadline {
-                None => event.synchronize().map(|()| true),
-                Some(_) => event.is_complete(),
+            let tuning = event.wait_tuning();
+            let since = on_event.map_or_else(Instant::now, |(since, _)| since);
+            on_event = Some((since, tuning));
+            let budget = tuning.map_or(std::time::Duration::ZERO, WaitTuning::spin_budget);
+            // The spin's budget runs from the wait's start (a wait that
+            // comes back here after a change spins only what is left).
+            let spun = spin_until(since, budget, deadline, || {
+                if self.reached.load(Ordering::Acquire) >= target
+                    || self.failed.load(Ordering::Acquire) != failed
+                {
+                    return Some(None);
+                }
+                match event.is_complete() {
+                    Ok(false) => None,
+                    done => Some(Some(done)),
+                }
+            });
+            let complete = match spun {
+                // The ring changed: look again under the lock.
+                Some(None) => {
+                    drop(event);
+                    state = self.state.lock();
+                    continue;
+                }
+                Some(Some(done)) => done,
+                None => match deadline {
+                    None => event.synchronize().map(|()| true),
+                    Some(_) => event.is_complete(),
+                },
             };
             // Our clone goes before the lock is taken again: if the ring
             // replaced the slot meanwhile, this is the last handle.
@@ -412,6 +489,8 @@ impl<E: RingEvent> EventRing<E> {
                 Ok(true) => {
                     let mut state = self.state.lock();
                     self.raise(&mut state, value);
+                    drop(state);
+                    count(on_event);
                     return Ok(());
                 }
                 Ok(false) => {}
@@ -430,6 +509,7 @@ impl<E: RingEvent> EventRing<E> {
                     std::thread::sleep(poll.step().min(deadline - now));
                 }
                 _ => {
+                    count(on_event);
                     return Err(Error::Timeout {
                         target,
                         current: self.value(),
@@ -464,8 +544,20 @@ impl<E: RingEvent> EventRing<E> {
             .unwrap_or(0);
         let above = recorded.max(state.completed);
         if state.failures.record(above, upto, cause, state.completed) {
+            self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
+    }
+
+    /// The [`WaitTuning`] a host wait for `target` spins by: that of the
+    /// event of the smallest recorded value `>= target`, else of any
+    /// recorded event; `None` with no event recorded, or events without
+    /// one. Never blocks (queries nothing).
+    pub fn wait_tuning(&self, target: u64) -> Option<&'static WaitTuning> {
+        let state = self.state.lock();
+        let pending = state.slots.iter().filter(|slot| slot.value >= target);
+        let slot = pending.min_by_key(|slot| slot.value);
+        slot.or(state.slots.first())?.event.wait_tuning()
     }
 
     /// The queue that records into this ring.
@@ -532,6 +624,7 @@ impl<E: RingEvent> EventRing<E> {
                 .failures
                 .record(state.completed, upto, cause, state.completed)
         {
+            self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
     }

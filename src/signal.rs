@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::multi_wait::SignalWaker;
 use crate::queue::QueueId;
 use crate::sync::{AtomicU64, Ordering};
+use crate::wait_policy::WaitTuning;
 
 /// The largest value a timeline signal holds: `2^63 - 1`.
 ///
@@ -159,6 +160,19 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
     fn wait_native(waits: &[(&Self, u64)], all: bool, timeout: Duration) -> bool {
         let _ = (waits, all, timeout);
         false
+    }
+
+    /// The device [`WaitTuning`] by which a host wait for `target` spins
+    /// before it sleeps (see [`crate::wait_policy`]), for
+    /// [`wait_all`](crate::wait_all) and [`wait_any`](crate::wait_any),
+    /// which spin for the longest budget among their signals' tunings
+    /// (looking at every signal, failures included) and then sleep as
+    /// usual. The CUDA signal answers its event's device's. The default,
+    /// `None`, leaves the signal to the short spin every multi-wait takes
+    /// (the thread's adaptive spin, about 25 µs at most). Never blocks.
+    fn wait_tuning(&self, target: u64) -> Option<&'static WaitTuning> {
+        let _ = target;
+        None
     }
 }
 

@@ -558,3 +558,25 @@ pub(crate) fn current_thread() -> ThreadKey {
 }
 #[allow(unused_imports)]
 pub(crate) use imp::{MutexGuard, RwLockReadGuard};
+
+/// Atomics for process-wide hints that order nothing (a device's
+/// [`WaitTuning`](crate::wait_policy::WaitTuning)): always `std`'s, also
+/// under loom, whose atomics exist only inside a model and so cannot sit
+/// in a `static`. Nothing that synchronises may use them.
+pub(crate) mod hint {
+    pub(crate) use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+}
+
+/// One round of a spin that polls something another thread changes: a
+/// pause hint to the core, or, under loom, a yield, so that a model runs
+/// the other threads while the spinner waits (a loom spin that never
+/// yields never ends).
+#[inline]
+pub(crate) fn spin_hint() {
+    #[cfg(not(loom))]
+    for _ in 0..8 {
+        std::hint::spin_loop();
+    }
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}

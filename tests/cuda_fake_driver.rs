@@ -15,6 +15,9 @@
 #![cfg(all(feature = "cuda", target_os = "linux"))]
 
 use std::path::{Path, PathBuf};
+
+#[path = "cuda_fake_driver/wait_policy.rs"]
+mod wait_policy;
 use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,7 +39,7 @@ const SCENARIO: &str = "HWQUEUE_FAKE_SCENARIO";
 const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 13] = [
+const FAKE_VARS: [&str; 14] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -48,6 +51,7 @@ const FAKE_VARS: [&str; 13] = [
     "HWQUEUE_FAKE_LAUNCHES",
     "HWQUEUE_FAKE_REFUSE",
     "HWQUEUE_FAKE_REFUSAL",
+    "HWQUEUE_FAKE_EVENT_DELAY_US",
     NVRTC_VERSION,
     SCENARIO,
 ];
@@ -599,6 +603,9 @@ fn run_child_scenario(scenario: &str) {
         "many_params" => many_params(&device),
         "signal_behind_wait" => signal_behind_wait(&device),
         "plan_rebind" => plan_rebind(device),
+        other if other.starts_with("wait_policy:") => {
+            wait_policy::run(&device, &other["wait_policy:".len()..]);
+        }
         other => panic!("no scenario `{other}`"),
     }
 }

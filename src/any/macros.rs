@@ -279,6 +279,10 @@ macro_rules! backend_set {
                 match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::unwatch(s, waker), )+ }
             }
 
+            fn wait_tuning(&self, target: u64) -> ::std::option::Option<&'static $crate::WaitTuning> {
+                match self { $( $(#[$meta])* Self::$V(s) => $crate::TimelineSignal::wait_tuning(s, target), )+ }
+            }
+
             /// The variant's own, where every signal of `waits` is of one
             /// variant; else `false`.
             fn wait_native(

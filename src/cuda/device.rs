@@ -12,6 +12,7 @@ use crate::queue::QueueKind;
 use crate::signal::check_value;
 use crate::spec::DeviceSpec;
 use crate::sync::Arc;
+use crate::wait_policy::{WaitPolicy, WaitTuning};
 
 use super::memory::{self, CudaBlocks, StagingCache};
 use super::queue::CudaEngine;
@@ -184,6 +185,33 @@ impl CudaDevice {
 
     pub(crate) fn fence(&self) -> &memory::Fence {
         self.inner.memory.source().fence()
+    }
+
+    /// Sets how host threads wait for this device's work: a `wait` on a
+    /// [`CudaSignal`] whose event this device records, `wait_all` and
+    /// `wait_any` over such signals, and a CPU queue's `wait_foreign` on
+    /// one. [`WaitPolicy::Adaptive`] (the default) spins for 20–200 µs,
+    /// adapting to the device's recent waits, then sleeps;
+    /// [`WaitPolicy::Spin`] never sleeps (lowest latency, one core busy per
+    /// waiting thread); [`WaitPolicy::Sleep`] sleeps at once (about 40 µs
+    /// of wake-up per wait on an H200). See [`crate::wait_policy`].
+    ///
+    /// The setting is the device's, for the whole process: every handle
+    /// of this ordinal shares it (as they share its primary context), and
+    /// it applies to waits that start after the call.
+    pub fn set_wait_policy(&self, policy: WaitPolicy) {
+        self.wait_tuning().set_policy(policy);
+    }
+
+    /// The policy set by [`set_wait_policy`](Self::set_wait_policy).
+    pub fn wait_policy(&self) -> WaitPolicy {
+        self.wait_tuning().policy()
+    }
+
+    /// The device's wait policy and the average length of its host waits,
+    /// which the adaptive spin follows.
+    pub fn wait_tuning(&self) -> &'static WaitTuning {
+        super::signal::wait_tuning(self.inner.ordinal as usize)
     }
 
     /// Whether two handles name the same context.

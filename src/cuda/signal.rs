@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::ring::{Dependency, EventRecorder, EventRing, RingEvent};
 use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
+use crate::wait_policy::WaitTuning;
 
 use super::{context_error, driver_error};
 
@@ -18,17 +19,27 @@ use super::{context_error, driver_error};
 /// value whose event has **completed** (or that the host `set`): a recorded
 /// value is not reached until the GPU finished the work before it. Events are
 /// reused, never destroyed or re-recorded under a waiter, and created with
-/// `CU_EVENT_BLOCKING_SYNC`, so an unbounded host `wait` sleeps instead of
-/// spinning. See [`EventRing`] for the protocol.
+/// `CU_EVENT_BLOCKING_SYNC`. See [`EventRing`] for the protocol.
+///
+/// A host `wait` (and [`wait_all`](crate::wait_all),
+/// [`wait_any`](crate::wait_any), and a CPU queue's `wait_foreign` on this
+/// signal) follows the [`WaitPolicy`](crate::WaitPolicy) of the device
+/// whose event it waits on ([`CudaDevice::set_wait_policy`](super::CudaDevice::set_wait_policy)):
+/// by default it polls the event for a short budget that adapts to the
+/// device's recent waits (20–200 µs), then sleeps in the driver, since
+/// waking a thread asleep on a blocking-sync event costs about 40 µs on an
+/// H200; a value failed or set on the host meanwhile ends the spin. See
+/// [`crate::wait_policy`].
 ///
 /// A signal needs no device: any queue of any CUDA device may signal it or
 /// wait on it (a wait on another device's event is still a device-side
 /// `cuStreamWaitEvent`).
 ///
-/// It keeps [`TimelineSignal::watch`]'s default: [`wait_all`](crate::wait_all)
-/// and [`wait_any`](crate::wait_any) poll it with a bounded back-off
-/// (10 µs doubling to 1 ms), since its value moves when the GPU completes an
-/// event, with no host thread there to wake a waiter.
+/// It keeps [`TimelineSignal::watch`]'s default: after their spin,
+/// [`wait_all`](crate::wait_all) and [`wait_any`](crate::wait_any) poll it
+/// with a bounded back-off (10 µs doubling to 1 ms), since its value moves
+/// when the GPU completes an event, with no host thread there to wake a
+/// waiter.
 #[derive(Clone)]
 pub struct CudaSignal {
     ring: Arc<EventRing<SignalEvent>>,
@@ -36,8 +47,9 @@ pub struct CudaSignal {
 
 /// The flags of a signal's events: timing off, so a record writes no
 /// timestamp and a query is a flag test, and blocking sync, so a host
-/// thread in an unbounded `wait` (`cuEventSynchronize`) sleeps in the
-/// driver instead of spinning a core. cudarc's flag type is an enum that
+/// thread that waits past its spin (`cuEventSynchronize`) sleeps in the
+/// driver instead of spinning a core (the spin before it is hwqueue's own:
+/// [`crate::wait_policy`]). cudarc's flag type is an enum that
 /// cannot hold both bits, which is why [`SignalEvent`] creates its event
 /// itself.
 pub(crate) const SIGNAL_EVENT_FLAGS: u32 = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32
@@ -124,6 +136,11 @@ impl RingEvent for SignalEvent {
         }
     }
 
+    /// The tuning of the event's device (by its context's ordinal).
+    fn wait_tuning(&self) -> Option<&'static WaitTuning> {
+        Some(wait_tuning(self.context.ordinal()))
+    }
+
     fn synchronize(&self) -> Result<()> {
         let fail = |e| self.fault("waiting for a signal's event", e);
         self.context.bind_to_thread().map_err(fail)?;
@@ -133,6 +150,19 @@ impl RingEvent for SignalEvent {
             .result()
             .map_err(fail)
     }
+}
+
+/// The most device ordinals with a tuning of their own; devices past them
+/// share one.
+const TUNED_DEVICES: usize = 64;
+
+/// The [`WaitTuning`] of CUDA device `ordinal`: one per device for the
+/// whole process, like its primary context, so every handle and every
+/// signal event of the device share its policy and its average wait.
+pub(crate) fn wait_tuning(ordinal: usize) -> &'static WaitTuning {
+    static TUNINGS: [WaitTuning; TUNED_DEVICES + 1] =
+        [const { WaitTuning::new() }; TUNED_DEVICES + 1];
+    &TUNINGS[ordinal.min(TUNED_DEVICES)]
 }
 
 /// Records signal events on one stream.
@@ -211,6 +241,12 @@ impl TimelineSignal for CudaSignal {
 
     fn fail(&self, upto: u64, cause: Error) {
         self.ring.fail(upto, cause);
+    }
+
+    /// The tuning of the device of the event a wait for `target` waits
+    /// on (see [`EventRing::wait_tuning`]).
+    fn wait_tuning(&self, target: u64) -> Option<&'static WaitTuning> {
+        self.ring.wait_tuning(target)
     }
 
     fn producer(&self) -> &Producer {

@@ -43,6 +43,9 @@
  *                                Unset: none
  *   HWQUEUE_FAKE_REFUSAL         that failure's CUresult (default 2,
  *                                CUDA_ERROR_OUT_OF_MEMORY)
+ *   HWQUEUE_FAKE_EVENT_DELAY_US  microseconds (0 to 10,000,000) after its
+ *                                cuEventRecord that an event completes (see
+ *                                "Event delay" below); unset or 0: at once
  *
  * The model:
  *   - One process, devices 0 .. HWQUEUE_FAKE_DEVICE_COUNT - 1, each with a
@@ -54,8 +57,8 @@
  *   - Device pointers are host pointers: cuMemAlloc & co. are aligned
  *     malloc, and copies and fills are memcpy/memset, done at once.
  *     Page-locked memory (cuMemHostAlloc) is plain malloc too.
- *   - Work completes as soon as it is enqueued: every event is complete,
- *     every synchronisation returns at once, a stream callback is called
+ *   - Work completes as soon as it is enqueued: every event is complete
+ *     (but see "Event delay"), every synchronisation returns at once, a stream callback is called
  *     before cuStreamAddCallback returns. Kernels do nothing.
  *   - Modules keep their PTX text; cuModuleGetFunction finds `.entry NAME`
  *     in it. Kernel parameters are deliberately NOT reported:
@@ -96,6 +99,15 @@
  *     copies and fills really copy and fill, kernels do nothing, events
  *     complete. Captured work runs only there: for HWQUEUE_FAKE_FAULT_AFTER,
  *     a capture is not work, and cuGraphLaunch is.
+ *   - Event delay: with HWQUEUE_FAKE_EVENT_DELAY_US, an event recorded by
+ *     cuEventRecord(WithFlags) outside capture completes that long after
+ *     the record (CLOCK_MONOTONIC), as if the work before it ran that
+ *     long: cuEventQuery answers CUDA_ERROR_NOT_READY until then, and
+ *     cuEventSynchronize sleeps until then (clock_nanosleep: really
+ *     sleeps, so a test can tell a waiter that sleeps from one that spins
+ *     by its thread's CPU time). Only events are delayed: streams and
+ *     graph launches still complete at once, and a recording in a graph
+ *     completes when the graph runs.
  *
  * Every CUresult this file returns must be one the `CUDA_ERRORS` table below
  * lists: cudarc reads CUresult as a Rust enum, so a number that enum lacks
@@ -115,6 +127,7 @@
  * each handle (graphs too) is used by one caller at a time.
  */
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -122,6 +135,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_common.h"
 
@@ -159,6 +173,7 @@ typedef struct fake_kernel *CUkernel;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_INVALID_DEVICE 101
@@ -215,6 +230,7 @@ static const struct {
     {400, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {401, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
     {500, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {600, "CUDA_ERROR_NOT_READY", "device not ready"},
     {700, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
     {719, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
@@ -299,11 +315,19 @@ static atomic_int faulted = 0;
 /* The variables an entry point reads on every call, read once when the
  * library loads (as HWQUEUE_FAKE_CALLS is: see fake_common.h). */
 static const char *fault_after, *refuse_list, *launches_path;
+/* HWQUEUE_FAKE_EVENT_DELAY_US, in nanoseconds (0: none). */
+static long long event_delay_ns = 0;
 
 __attribute__((constructor)) static void read_per_call_env(void) {
     fault_after = getenv("HWQUEUE_FAKE_FAULT_AFTER");
     refuse_list = getenv("HWQUEUE_FAKE_REFUSE");
     launches_path = getenv("HWQUEUE_FAKE_LAUNCHES");
+    int delay_us = env_int("HWQUEUE_FAKE_EVENT_DELAY_US", 0);
+    if (delay_us < 0 || delay_us > 10000000) {
+        fprintf(stderr, "fake libcuda: HWQUEUE_FAKE_EVENT_DELAY_US=%d is not in 0..=10000000\n", delay_us);
+        abort();
+    }
+    event_delay_ns = 1000LL * delay_us;
 }
 
 static void after_work(const char *symbol) {
@@ -597,6 +621,10 @@ static _Thread_local CUstreamCaptureMode thread_capture_mode = CU_STREAM_CAPTURE
  * since: its id, not a pointer). */
 struct fake_handle {
     unsigned int flags;
+    /* An event's completion time (CLOCK_MONOTONIC, ns) under
+     * HWQUEUE_FAKE_EVENT_DELAY_US; 0: complete. Written by a record, read
+     * by queries and synchronisations on other threads. */
+    _Atomic long long ready_at_ns;
     struct capture *capture;         /* a stream's, while it captures */
     unsigned long long captured_in;  /* an event's last record's capture, or 0 */
 };
@@ -846,6 +874,13 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *u
 
 /* ---- Events -------------------------------------------------------------- */
 
+/* CLOCK_MONOTONIC now, in nanoseconds. */
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
 CUresult cuEventCreate(CUevent *event, unsigned int flags) {
     log_call(__func__);
     return new_handle(event, flags);
@@ -879,6 +914,7 @@ static CUresult record_event(const char *symbol, CUevent event, CUstream stream,
         return add_event_node(graph, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event);
     }
     event->captured_in = graph != NULL ? stream->capture->id : 0;
+    atomic_store(&event->ready_at_ns, graph == NULL && event_delay_ns > 0 ? monotonic_ns() + event_delay_ns : 0);
     return CUDA_SUCCESS;
 }
 
@@ -898,16 +934,33 @@ CUresult cuEventQuery(CUevent event) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
     CUresult result = device_fault(__func__);
-    return result != CUDA_SUCCESS ? result : captured_event_check(event);
+    if (result == CUDA_SUCCESS) {
+        result = captured_event_check(event);
+    }
+    if (result == CUDA_SUCCESS && monotonic_ns() < atomic_load(&event->ready_at_ns)) {
+        result = CUDA_ERROR_NOT_READY;
+    }
+    return result;
 }
 
+/* Sleeps (never spins) until a delayed event completes. */
 CUresult cuEventSynchronize(CUevent event) {
     log_call(__func__);
     if (event == NULL) {
         return CUDA_ERROR_INVALID_HANDLE;
     }
     CUresult result = device_fault(__func__);
-    return result != CUDA_SUCCESS ? result : captured_event_check(event);
+    if (result == CUDA_SUCCESS) {
+        result = captured_event_check(event);
+    }
+    long long ready_at = atomic_load(&event->ready_at_ns);
+    if (result == CUDA_SUCCESS && ready_at > 0) {
+        struct timespec until = {.tv_sec = ready_at / 1000000000LL, .tv_nsec = ready_at % 1000000000LL};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+            /* A signal handler ran: sleep on to the same instant. */
+        }
+    }
+    return result;
 }
 
 /* ---- Memory ------------------------------------------------------------------ */
