@@ -5,7 +5,7 @@
 //! | `cuda_launch` | 1,000 `exec`s of an empty kernel on a `CudaQueue`, then a signal waited for | 1,000 `launch_builder(..).launch(..)` on a cudarc stream, then `synchronize` |
 //! | `cuda_signal` | `signal(s, v)` + `submit`, then polling `is_reached(v)` until true | `CudaEvent::record` on the stream, then polling `try_is_complete` until true |
 //! | `cuda_alloc` | `alloc_uninit(1 MiB)` and drop: the caching pool | `cuMemAlloc_v2` + `cuMemFree_v2` of 1 MiB |
-//! | `cuda_signal_wait` | a 20 µs `spin` kernel + `signal` + `submit`, then `wait(v, Forever)` (a `CU_EVENT_BLOCKING_SYNC` event: the host thread sleeps) | the same launch, an event with timing off recorded, then `synchronize` (the host thread spins) |
+//! | `cuda_signal_wait` | a 20 µs `spin` kernel + `signal` + `submit`, then `wait(v, Forever)` (the device's `WaitPolicy`, by default a spin of 20–200 µs before sleeping on its `CU_EVENT_BLOCKING_SYNC` event) | the same launch, an event with timing off recorded, then `synchronize` (the host thread spins) |
 //! | `cuda_roundtrip` | one empty kernel: `exec` + `signal` + `submit`, then `wait(v, Forever)`, under each `WaitPolicy` (`hwqueue_adaptive`, `hwqueue_spin`, `hwqueue_sleep`) | the same launch through cudarc, an event with timing off recorded, then `synchronize` (the driver spins) |
 //! | `plan_replay_cuda` | `Plan::run` + wait of a chain of 64 `x[i] += 1` kernels over 256 words, replayed as a CUDA graph (`hwqueue`), and with replay off (`hwqueue_rerecorded`); `hwqueue_enqueue` times `Plan::run` alone | the same chain captured once through cudarc's `begin_capture`/`end_capture`, event tracking off, then `launch` + `synchronize` (`cudarc_graph`); `cudarc_graph_enqueue` times `launch` alone |
 //!
@@ -164,9 +164,11 @@ fn cuda_alloc(c: &mut Criterion) {
 const SPIN_CYCLES: u64 = 35_000;
 
 /// A host thread waiting, unbounded, for a short kernel: hwqueue's signal
-/// events are `CU_EVENT_BLOCKING_SYNC`, so `wait(Forever)` sleeps in the
-/// driver; the baseline is a cudarc event with timing off only, whose
-/// `synchronize` spins a core. The ratio is the wake-up cost of sleeping.
+/// events are `CU_EVENT_BLOCKING_SYNC`, and `wait(Forever)` polls the event
+/// for the device's adaptive spin budget before it sleeps in the driver
+/// (`WaitPolicy::Adaptive`); the baseline is a cudarc event with timing
+/// off only, whose `synchronize` spins a core. Before the spin (issue 47)
+/// the ratio was the wake-up cost of sleeping (2.51 on an H200).
 fn cuda_signal_wait(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("cuda_signal_wait");

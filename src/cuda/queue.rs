@@ -61,6 +61,13 @@ pub type CudaQueue = Queue<CudaEngine>;
 ///   each seeing the writes of the ones before, and other queues see them
 ///   through the events they wait on.
 ///
+/// **Host waits** on a CUDA signal (`wait`, `wait_any`/`wait_all`, a CPU
+/// queue's `wait_foreign`) poll its event for a short, adaptive budget
+/// before they sleep in the driver, as the device's
+/// [`WaitPolicy`](crate::WaitPolicy) says
+/// ([`CudaDevice::set_wait_policy`]): waking a thread asleep on a
+/// blocking-sync event costs tens of microseconds.
+///
 /// **Waits the stream cannot express.** A `wait(s, v)` whose value is not
 /// recorded yet (the producing queue submits later, or the host will `set`
 /// it), and a [`wait_foreign`](crate::HardwareQueue::wait_foreign) on
