@@ -442,20 +442,9 @@ mod cuda {
     use super::*;
     use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
 
-    /// The GPU's device 0, or `None` (printing `skipped: no CUDA driver`;
-    /// failing where `HWQUEUE_REQUIRE_GPU` is set).
+    /// The GPU's device 0 (see `common::cuda_device`).
     fn device() -> Option<Arc<CudaDevice>> {
-        match Cuda::probe() {
-            Ok(devices) if !devices.is_empty() => Some(Arc::new(Cuda::open(0).unwrap())),
-            _ => {
-                assert!(
-                    std::env::var_os("HWQUEUE_REQUIRE_GPU").is_none(),
-                    "HWQUEUE_REQUIRE_GPU is set but no CUDA device was found"
-                );
-                println!("skipped: no CUDA driver");
-                None
-            }
-        }
+        common::cuda_device().map(Arc::new)
     }
 
     /// [`Kernels`] in CUDA C.

@@ -42,15 +42,13 @@ use std::sync::OnceLock;
 use cudarc::driver::{DriverError, sys};
 
 use crate::error::Result;
-use crate::program::Scalar;
 use crate::queue::{Batch, Command};
 use crate::sync::Ordering;
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
-use super::stream::{Shared, pointer};
+use super::stream::{Shared, parameter_values};
 use super::{Cuda, CudaProgram};
-use crate::view::View;
 
 /// Graphs of different shapes kept for one segment.
 pub(super) const VARIANTS: usize = 4;
@@ -140,17 +138,6 @@ pub(super) enum Replayed {
     Plain(usize),
 }
 
-/// The parameter cells of an exec: the buffers' device addresses, then the
-/// scalars' bytes, each in its own 8-byte cell (see `Shared::launch`).
-fn push_cells(out: &mut Vec<u64>, buffers: &[View<Cuda>], scalars: &[Scalar]) {
-    out.extend(buffers.iter().map(pointer));
-    out.extend(
-        scalars
-            .iter()
-            .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
-    );
-}
-
 /// A driver call of a graph's, failed: why the segment falls back.
 fn refused(what: &str, error: DriverError) -> String {
     format!(
@@ -189,7 +176,7 @@ impl Shared {
                         shared: config.shared_mem_bytes,
                         cells: (buffers.len() + scalars.len()) as u32,
                     });
-                    push_cells(&mut replays.cells, buffers, scalars);
+                    replays.cells.extend(parameter_values(buffers, scalars));
                 }
                 Command::Signal { .. } => replays.signals.push(end),
                 Command::Barrier => {}

@@ -33,8 +33,22 @@ use crate::view::View;
 const INLINE_PARAMETERS: usize = 32;
 
 /// The device address of a view's first byte.
-pub(super) fn pointer(view: &View<Cuda>) -> u64 {
+fn pointer(view: &View<Cuda>) -> u64 {
     view.buffer().device_pointer() + view.offset() as u64
+}
+
+/// An exec's parameters as the kernel takes them, one 8-byte cell each:
+/// the buffers' device addresses, then the scalars, each scalar's bytes
+/// starting its cell (which is what the driver reads for a 4-byte one).
+pub(super) fn parameter_values<'a>(
+    buffers: &'a [View<Cuda>],
+    scalars: &'a [Scalar],
+) -> impl Iterator<Item = u64> + 'a {
+    buffers.iter().map(pointer).chain(
+        scalars
+            .iter()
+            .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
+    )
 }
 
 /// How far a batch got on the stream.
@@ -392,14 +406,8 @@ impl Shared {
         if params.shared_memory() > 0 {
             program.opt_in_shared(params.shared_memory())?;
         }
-        let values = buffers.iter().map(pointer).chain(
-            scalars
-                .iter()
-                .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
-        );
-        // Each parameter in an 8-byte, 8-aligned cell: a scalar's bytes
-        // start the cell, which is what the driver reads for a 4-byte one.
-        // On the stack for the usual few, left uninitialised but for the
+        let values = parameter_values(buffers, scalars);
+        // Each parameter in an 8-byte, 8-aligned cell. On the stack for the usual few, left uninitialised but for the
         // `count` written (clearing even 32 cells per launch was an eighth
         // of hwqueue's own cost of an `exec`), and no launch builder's
         // `Vec` of argument pointers: no allocation.

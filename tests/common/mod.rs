@@ -140,3 +140,25 @@ pub fn quiet_injected_failures() {
 }
 
 pub mod mock;
+
+/// CUDA device 0, or `None` (printing `skipped: no CUDA driver`) where the
+/// driver or a device is missing. A GPU job sets `HWQUEUE_REQUIRE_GPU`, so
+/// that a missing driver fails the run instead of passing every test
+/// without running it.
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> Option<hwqueue::cuda::CudaDevice> {
+    use hwqueue::Backend;
+    match hwqueue::cuda::Cuda::probe() {
+        Ok(devices) if !devices.is_empty() => {
+            Some(hwqueue::cuda::Cuda::open(0).expect("a probed CUDA device opens"))
+        }
+        _ => {
+            assert!(
+                std::env::var_os("HWQUEUE_REQUIRE_GPU").is_none(),
+                "HWQUEUE_REQUIRE_GPU is set but no CUDA device was found"
+            );
+            println!("skipped: no CUDA driver");
+            None
+        }
+    }
+}
