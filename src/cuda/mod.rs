@@ -50,6 +50,7 @@ mod replay;
 mod signal;
 mod stream;
 mod transfer;
+mod worker;
 
 pub use buffer::CudaBuffer;
 pub use device::{CUDA_MAX_BUFFERS, CUDA_VIEW_ALIGNMENT, CudaDevice};

@@ -16,7 +16,8 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
 use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
-use super::stream::{InFlight, Pending, Shared, State, run_worker};
+use super::stream::{InFlight, Pending, Shared, State};
+use super::worker::run_worker;
 use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, driver_error, lost};
 use crate::view::View;
 

@@ -1,8 +1,8 @@
 //! The stream side of a CUDA queue: what the owner and the worker thread
 //! share, how a batch is put on the stream command by command, the batches
-//! in flight until the stream passed them, and the worker that takes over
-//! behind a wait the stream cannot express. [`CudaEngine`](super::CudaEngine)
-//! is the queue core's side.
+//! in flight until the stream passed them. The worker that takes over
+//! behind a wait the stream cannot express is `super::worker`;
+//! [`CudaEngine`](super::CudaEngine) is the queue core's side.
 
 use std::collections::VecDeque;
 use std::ffi::c_void;
@@ -13,7 +13,6 @@ use cudarc::driver::{CudaEvent, CudaStream, result};
 
 use crate::error::{Error, Result, panic_message};
 use crate::params::ExecParams;
-use crate::profile::now_ns;
 use crate::program::{Program, Scalar};
 use crate::queue::{Admission, Batch, Command, Ledger};
 use crate::ring::Dependency;
@@ -193,7 +192,7 @@ impl Shared {
 
     /// `batch`, if the ledger says it runs; else its signals from `from` on
     /// fail, and it is kept for reuse.
-    fn admit(&self, batch: Batch<Cuda>, from: usize) -> Option<Batch<Cuda>> {
+    pub(super) fn admit(&self, batch: Batch<Cuda>, from: usize) -> Option<Batch<Cuda>> {
         match self.ledger.admit(&batch) {
             Admission::Run => Some(batch),
             Admission::Skip(cause) => {
@@ -207,7 +206,12 @@ impl Shared {
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
     /// failure of the batch at `from`, so no thread unwinds with a batch
     /// half-enqueued and its signals unset.
-    fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize, replay: Option<u32>) -> Outcome {
+    pub(super) fn enqueue_caught(
+        &self,
+        batch: &Batch<Cuda>,
+        from: usize,
+        replay: Option<u32>,
+    ) -> Outcome {
         catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from, replay))).unwrap_or_else(
             |payload| {
                 Outcome::Failed(
@@ -493,7 +497,7 @@ impl Shared {
     }
 
     /// Keeps `batch` until the stream passed what was enqueued of it.
-    fn finish(&self, batch: Batch<Cuda>, enqueued: usize) {
+    pub(super) fn finish(&self, batch: Batch<Cuda>, enqueued: usize) {
         let staging = mem::take(&mut *self.staging.lock());
         // A batch of signals and waits only (a queue's `signal` + `submit`)
         // holds nothing the stream uses: no buffer, program, staging or
@@ -641,105 +645,5 @@ impl InFlight {
         {
             self.spare_events.push(event);
         }
-    }
-}
-
-/// The worker: enqueues handed-over batches in order, blocking on the host
-/// for the waits that stopped them, until the queue is dropped and drained.
-pub(super) fn run_worker(shared: &Shared) {
-    loop {
-        let Pending {
-            batch,
-            mut from,
-            failed,
-            replay,
-        } = {
-            let mut state = shared.state.lock();
-            loop {
-                if let Some(next) = state.pending.pop_front() {
-                    break next;
-                }
-                state.worker_busy = false;
-                shared.busy.store(false, Ordering::Release);
-                if state.sync_waiters > 0 {
-                    shared.idle.notify_all();
-                }
-                if state.closed {
-                    drop(state);
-                    shared.shut_down();
-                    shared.ledger.retire();
-                    return;
-                }
-                state = shared.work.wait(state);
-            }
-        };
-        // A batch handed over part-enqueued (`from > 0`) was admitted when
-        // its first command went on the stream: it must finish, so the
-        // buffers it already uses stay alive until the stream passes it.
-        let batch = if from == 0 && failed.is_none() {
-            match shared.admit(batch, 0) {
-                Some(batch) => batch,
-                None => continue,
-            }
-        } else {
-            batch
-        };
-        let outcome = match failed {
-            // Failed on the owner's thread, to drain here.
-            Some(error) => Outcome::Failed(from, error),
-            None => loop {
-                match shared.enqueue_caught(&batch, from, replay) {
-                    Outcome::Blocked(at) => {
-                        let command = &batch.commands()[at];
-                        let start = now_ns();
-                        let blocked = block_on(command);
-                        if shared.profiling.load(Ordering::Relaxed)
-                            && let Some(profiler) = shared.profiler.lock().as_mut()
-                        {
-                            profiler.push_host(command, batch.sequence(), at, start);
-                        }
-                        match blocked {
-                            // The value is recorded, reached, or the foreign
-                            // signal is reached: the command now enqueues.
-                            Ok(()) => from = at,
-                            Err(error) => break Outcome::Failed(at, error),
-                        }
-                    }
-                    other => break other,
-                }
-            },
-        };
-        let enqueued = match outcome {
-            // Its later waits honoured first under `FailureScope::Batch`.
-            Outcome::Failed(at, error) => {
-                // The values from the failure on settle in queue order:
-                // once the batch's work enqueued before it completed (the
-                // stream holds only work that completes on its own), so a
-                // waiter a failure lets through (a plan's next run) comes
-                // after it. An error is the stream's, reported as usual.
-                if at > 0
-                    && let Err(sync) = shared.stream.synchronize()
-                {
-                    let _ = shared.fault("waiting for a failed batch's earlier work", sync);
-                }
-                shared.ledger.complete(&batch, Err((at, error)));
-                at
-            }
-            _ => batch.commands().len(),
-        };
-        shared.finish(batch, enqueued);
-        shared.retire();
-    }
-}
-
-/// Blocks on the host until the wait `command` can be enqueued.
-fn block_on(command: &Command<Cuda>) -> Result<()> {
-    match command {
-        Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
-        Command::WaitSettled { signal, value } => {
-            crate::queue::settled(signal.wait_dependency(*value).map(drop))
-        }
-        Command::WaitForeign { signal, value } => signal.wait_forever(*value),
-        _ => Ok(()),
     }
 }
