@@ -204,6 +204,9 @@
 //!         Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
 //!         // No queue-ordered memory (the default `Engine::alloca` refuses).
 //!         Command::Barrier | Command::Alloca { .. } | Command::Dealloca { .. } => Ok(()),
+//!         // No replay form: the default `Engine::check_replay` refuses
+//!         // it when recorded.
+//!         Command::Replay { index } => Err(Error::ReplayNotRecorded { index: *index, recorded: 0 }),
 //!     }
 //! }
 //!

@@ -338,6 +338,12 @@ impl DeviceThread {
             Command::Upload { dst, data } => queue_write(dst, batch.host_bytes(data)),
             Command::Download { src, sink } => sink.complete(|out| queue_read(src, out)),
             Command::Barrier | Command::Alloca { .. } => Ok(()),
+            // No replay form: the default `check_replay` refuses it when
+            // recorded, so only a batch built by hand holds one.
+            Command::Replay { index } => Err(Error::ReplayNotRecorded {
+                index: *index,
+                recorded: 0,
+            }),
             Command::Dealloca { buffer } => {
                 hwqueue::memory::dealloca_completed(buffer);
                 Ok(())

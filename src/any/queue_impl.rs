@@ -314,6 +314,17 @@ macro_rules! __backend_set_queue {
             }
 
             #[inline]
+            fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::replay_recorded(q, key, kernels), )+ }
+            }
+
+            #[inline]
+            fn replay_program(&mut self, index: u32) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => { $crate::HardwareQueue::replay_program(q, index); } )+ }
+                self
+            }
+
+            #[inline]
             fn discard(&mut self) {
                 match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::discard(q), )+ }
             }

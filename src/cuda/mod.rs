@@ -46,6 +46,7 @@ mod memory;
 mod profiler;
 mod program;
 mod queue;
+mod repeat;
 mod replay;
 mod signal;
 mod stream;

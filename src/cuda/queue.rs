@@ -16,6 +16,7 @@ use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
 use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
+use super::repeat::Mark;
 use super::stream::{InFlight, Pending, Shared, State};
 use super::worker::run_worker;
 use super::{Cuda, CudaBuffer, CudaDevice, CudaProgram, driver_error, lost};
@@ -112,7 +113,14 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// highest value; everything else goes on the stream as above. A graph the
 /// driver refuses to build or patch launches kernel by kernel, the reason
 /// in [`launches`](crate::HardwareQueue::launches); so does a profiling
-/// queue.
+/// queue. Once a batch under a key is on the stream with every run of
+/// kernels a graph, [`replay_recorded`](crate::HardwareQueue::replay_recorded)
+/// offers its graphs to the next batch, which names them with
+/// [`replay_program`](crate::HardwareQueue::replay_program) instead of
+/// recording their kernels (a plan's run whose bindings did not change):
+/// one `cuGraphLaunch` each, nothing matched, and no completion event for
+/// the batch. The queue keeps the last such batch's buffers per key until a
+/// later batch under it replaces it.
 ///
 /// Buffers and programs of submitted work are kept alive until the stream
 /// passed them. Dropping the queue lets the worker finish the work already
@@ -146,6 +154,7 @@ impl CudaEngine {
             replays: Mutex::new(Default::default()),
             kernels: AtomicU64::new(0),
             programs: AtomicU64::new(0),
+            repeats: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             holding: AtomicBool::new(false),
         });
@@ -274,18 +283,23 @@ impl Engine for CudaEngine {
 
     fn submit(&mut self, batch: Batch<Cuda>) -> Batch<Cuda> {
         let shared = &*self.shared;
-        let replay = match shared.replay_key.swap(0, Ordering::Relaxed) {
-            0 => None,
-            key => u32::try_from(key - 1).ok(),
-        };
+        let key = shared.replay_key.swap(0, Ordering::Relaxed);
         if !shared.busy.load(Ordering::Acquire)
             && batch
                 .commands()
                 .iter()
                 .all(|command| matches!(command, Command::Signal { .. }))
         {
+            // Nothing to record or repeat: the key's template stays.
+            if key != 0 {
+                shared.replays.lock().next = None;
+            }
             return shared.signal_only(batch);
         }
+        let mark = match key {
+            0 => Mark::Plain,
+            key => shared.mark(u32::try_from(key - 1).unwrap_or(u32::MAX), &batch),
+        };
         let mut state = shared.state.lock();
         if state.worker_busy {
             // Behind a deferred wait: keep the order.
@@ -293,13 +307,13 @@ impl Engine for CudaEngine {
                 batch,
                 from: 0,
                 failed: None,
-                replay,
+                mark,
             });
             shared.work.notify_one();
         } else {
             drop(state);
             shared.retire();
-            shared.process(batch, 0, replay);
+            shared.process(batch, 0, mark);
         }
         shared
             .in_flight
@@ -312,8 +326,40 @@ impl Engine for CudaEngine {
     /// Kept for the next `submit`, whose batch's runs of kernels become
     /// CUDA graphs (see `super::replay`).
     fn replay_next(&mut self, key: Option<u32>) {
-        let key = key.map_or(0, |key| u64::from(key) + 1);
-        self.shared.replay_key.store(key, Ordering::Relaxed);
+        let shared = &*self.shared;
+        match key {
+            Some(key) => shared
+                .replay_key
+                .store(u64::from(key) + 1, Ordering::Relaxed),
+            // No batch follows to repeat the graphs `replay_recorded` kept.
+            None => {
+                if shared.replay_key.swap(0, Ordering::Relaxed) != 0 {
+                    shared.replays.lock().next = None;
+                }
+            }
+        }
+    }
+
+    /// The graphs of `key`'s last batch, kept for the next one where they
+    /// run `kernels` (see `super::replay`).
+    fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+        let shared = &*self.shared;
+        if !shared.recorded(key, kernels) {
+            return false;
+        }
+        shared
+            .replay_key
+            .store(u64::from(key) + 1, Ordering::Relaxed);
+        true
+    }
+
+    fn check_replay(&self, index: u32) -> Result<()> {
+        let recorded = self.shared.kept();
+        if index < recorded {
+            Ok(())
+        } else {
+            Err(Error::ReplayNotRecorded { index, recorded })
+        }
     }
 
     fn launches(&self) -> crate::Launches {
@@ -321,6 +367,7 @@ impl Engine for CudaEngine {
         crate::Launches {
             kernels: shared.kernels.load(Ordering::Relaxed),
             programs: shared.programs.load(Ordering::Relaxed),
+            repeats: shared.repeats.load(Ordering::Relaxed),
             fallback: shared.replays.lock().fallback.clone(),
         }
     }

@@ -29,6 +29,9 @@
 //! are kept per segment (two plans on one queue), [`GRAPHS`] per queue; the
 //! least recently used goes.
 //!
+//! **Repeating.** A later batch may name a batch's graphs instead of
+//! recording their kernels again: `super::repeat`.
+//!
 //! **Fallback.** A segment the driver refuses to build or patch runs kernel
 //! by kernel, as without replay, with the reason in
 //! [`Launches::fallback`](crate::Launches); a refused build is not tried
@@ -37,13 +40,15 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{DriverError, sys};
 
 use crate::error::Result;
 use crate::queue::{Batch, Command};
 use crate::sync::Ordering;
+
+use super::repeat::Template;
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
@@ -87,6 +92,11 @@ pub(super) struct Replays {
     signals: Vec<usize>,
     /// Why the last segment marked for replay launched plainly.
     pub(super) fallback: Option<String>,
+    /// Per key, the template of the last batch marked with it (made at its
+    /// `submit`, filled as it is enqueued); at most [`GRAPHS`].
+    pub(super) templates: Vec<Arc<Template>>,
+    /// The template `replay_recorded` found for the batch submitted next.
+    pub(super) next: Option<Arc<Template>>,
 }
 
 /// One segment's graph.
@@ -99,21 +109,34 @@ struct Graph {
     cells: Vec<u64>,
     /// The kernel node of each shape, in order.
     nodes: Vec<sys::CUgraphNode>,
+    made: Arc<Executable>,
+    used: u64,
+}
+
+/// A graph's driver handles, shared by the cache and the templates that
+/// launch it again.
+pub(super) struct Executable {
     /// The programs its nodes launch, kept loaded.
     programs: Vec<CudaProgram>,
     graph: sys::CUgraph,
     /// Null where the driver refused to build it: the segment launches
     /// plainly, without trying again.
     exec: sys::CUgraphExec,
-    used: u64,
 }
 
-// SAFETY: CUDA's graph handles may be used from any thread; a `Graph` is
-// only reached through its queue's `Replays` lock, so by one thread at a
-// time.
+// SAFETY: CUDA's graph handles may be used from any thread. An
+// `Executable` is launched and patched only by the thread enqueueing its
+// queue's batches (one at a time, in queue order, under the `Replays` lock
+// or from a batch's template), and only dropped otherwise.
+unsafe impl Send for Executable {}
+// SAFETY: as above: shared handles are only read, by one thread at a time.
+unsafe impl Sync for Executable {}
+
+// SAFETY: the node handles are only used through the `Replays` lock, by
+// one thread at a time.
 unsafe impl Send for Graph {}
 
-impl Drop for Graph {
+impl Drop for Executable {
     fn drop(&mut self) {
         // SAFETY: handles this graph made and nothing else holds. The
         // driver frees an executable graph still running once it
@@ -151,7 +174,13 @@ impl Shared {
     /// its graph (built on first sight) where `key` has one that matches,
     /// or says to launch it plainly. An error is the graph launch's: the
     /// batch fails at `start`.
-    pub(super) fn replay(&self, batch: &Batch<Cuda>, key: u32, start: usize) -> Result<Replayed> {
+    pub(super) fn replay(
+        &self,
+        batch: &Batch<Cuda>,
+        key: u32,
+        template: Option<&Template>,
+        start: usize,
+    ) -> Result<Replayed> {
         let mut replays = self.replays.lock();
         let replays = &mut *replays;
         replays.shapes.clear();
@@ -190,6 +219,12 @@ impl Shared {
         replays.clock += 1;
         let clock = replays.clock;
         let found = replays.find(key, start);
+        // The segment launches plainly unless a graph launches below.
+        let broken = |template: Option<&Template>| {
+            if let Some(template) = template {
+                template.broken();
+            }
+        };
         let at = match found {
             Some((at, _)) => at,
             None => {
@@ -209,13 +244,15 @@ impl Shared {
         } = replays;
         let graph = &mut graphs[at];
         graph.used = clock;
-        if graph.exec.is_null() {
+        if graph.made.exec.is_null() {
+            broken(template);
             return Ok(Replayed::Plain(end));
         }
         if let Some((_, exact)) = found {
             if !exact && let Err(error) = graph.patch(shapes, cells) {
                 *fallback = Some(refused("new kernel parameters for a graph", error));
                 graphs.swap_remove(at);
+                broken(template);
                 return Ok(Replayed::Plain(end));
             }
             self.programs.fetch_add(1, Ordering::Relaxed);
@@ -223,14 +260,24 @@ impl Shared {
             self.kernels
                 .fetch_add(shapes.len() as u64, Ordering::Relaxed);
         }
-        // SAFETY: a live executable graph of this stream's context (current:
-        // `enqueue`), whose nodes launch programs it holds, over buffers
-        // the batch holds until the stream passed it.
-        unsafe { sys::cuGraphLaunch(graph.exec, self.stream.cu_stream()) }
-            .result()
-            .map_err(|e| self.fault("launching a plan's CUDA graph", e))?;
+        self.launch_graph(&graph.made)?;
+        if let Some(template) = template {
+            let kernels = u32::try_from(shapes.len()).unwrap_or(u32::MAX);
+            template.push(graph.made.clone(), kernels);
+        }
         self.record_last(batch, signals)?;
         Ok(Replayed::Graph(end))
+    }
+
+    /// Launches `made`, a live executable graph (not refused) on the stream.
+    pub(super) fn launch_graph(&self, made: &Executable) -> Result<()> {
+        // SAFETY: a live executable graph of this stream's context (current:
+        // `enqueue`), whose nodes launch programs it holds, over buffers
+        // the batch (or, repeated, its template) holds until the stream
+        // passed it.
+        unsafe { sys::cuGraphLaunch(made.exec, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| self.fault("launching a plan's CUDA graph", e))
     }
 
     /// Records each signal of the commands at `signals` once, at its last
@@ -268,17 +315,13 @@ impl Shared {
         start: usize,
         end: usize,
     ) -> Graph {
-        let mut graph = Graph {
-            key,
-            start,
-            shapes: replays.shapes.clone(),
-            cells: replays.cells.clone(),
-            nodes: Vec::with_capacity(replays.shapes.len()),
+        let mut made = Executable {
             programs: Vec::with_capacity(replays.shapes.len()),
             graph: ptr::null_mut(),
             exec: ptr::null_mut(),
-            used: 0,
         };
+        let mut nodes = Vec::with_capacity(replays.shapes.len());
+        let mut opted_in = true;
         for command in &batch.commands()[start..end] {
             if let Command::Exec {
                 program, params, ..
@@ -289,16 +332,25 @@ impl Shared {
                 if program.opt_in_shared(params.shared_memory()).is_err() {
                     replays.fallback =
                         Some("a kernel could not opt in to its shared memory".to_owned());
-                    return graph;
+                    opted_in = false;
+                    break;
                 }
-                graph.programs.push(program.clone());
+                made.programs.push(program.clone());
             }
         }
-        if let Err(reason) = graph.make() {
-            graph.nodes.clear();
+        if opted_in && let Err(reason) = made.make(&replays.shapes, &replays.cells, &mut nodes) {
+            nodes.clear();
             replays.fallback = Some(reason);
         }
-        graph
+        Graph {
+            key,
+            start,
+            shapes: replays.shapes.clone(),
+            cells: replays.cells.clone(),
+            nodes,
+            made: Arc::new(made),
+            used: 0,
+        }
     }
 }
 
@@ -349,6 +401,8 @@ impl Replays {
     /// Drops every graph (the stream is idle: `Shared::shut_down`).
     pub(super) fn clear(&mut self) {
         self.graphs.clear();
+        self.templates.clear();
+        self.next = None;
     }
 }
 
@@ -415,10 +469,16 @@ fn entries() -> Option<&'static Entries> {
         .as_ref()
 }
 
-impl Graph {
-    /// Creates the graph, its chain of kernel nodes and its executable
-    /// graph; the error says what the driver refused.
-    fn make(&mut self) -> std::result::Result<(), String> {
+impl Executable {
+    /// Creates the graph, its chain of kernel nodes (into `nodes`) and its
+    /// executable graph, for kernels of `shapes` taking `cells`; the error
+    /// says what the driver refused.
+    fn make(
+        &mut self,
+        shapes: &[Shape],
+        cells: &[u64],
+        nodes: &mut Vec<sys::CUgraphNode>,
+    ) -> std::result::Result<(), String> {
         let Some(entries) = entries() else {
             return Err(
                 "the driver has no cuGraphAddKernelNode; the segment's kernels launch \
@@ -431,19 +491,18 @@ impl Graph {
             .result()
             .map_err(|e| refused("to create a graph", e))?;
         let mut offset = 0;
-        for at in 0..self.shapes.len() {
-            let shape = self.shapes[at];
+        for (at, shape) in shapes.iter().enumerate() {
             let count = shape.cells as usize;
             let mut node = ptr::null_mut();
-            let previous = self.nodes.last().copied();
+            let previous = nodes.last().copied();
             let (dependencies, count_of) = match &previous {
                 Some(previous) => (ptr::from_ref(previous), 1),
                 None => (ptr::null(), 0),
             };
             with_params(
                 &self.programs[at],
-                &shape,
-                &self.cells[offset..offset + count],
+                shape,
+                &cells[offset..offset + count],
                 |params| {
                     // SAFETY: a live graph; the dependency is a node of it;
                     // the parameters' pointers are live for the call, and
@@ -453,7 +512,7 @@ impl Graph {
                 },
             )
             .map_err(|e| refused("to add a kernel node to a graph", e))?;
-            self.nodes.push(node);
+            nodes.push(node);
             offset += count;
         }
         // SAFETY: a live graph of kernel nodes; writes the executable
@@ -465,7 +524,9 @@ impl Graph {
                 refused("to instantiate a graph", e)
             })
     }
+}
 
+impl Graph {
     /// Gives the executable graph's nodes whose values differ from `cells`
     /// those values, one `cuGraphExecKernelNodeSetParams` each.
     fn patch(&mut self, shapes: &[Shape], cells: &[u64]) -> std::result::Result<(), DriverError> {
@@ -481,14 +542,19 @@ impl Graph {
                 continue;
             }
             let node = self.nodes[at];
-            let exec = self.exec;
-            with_params(&self.programs[at], shape, &cells[range.clone()], |params| {
-                // SAFETY: a node of the graph `exec` was instantiated from,
-                // of the same kernel and shape; the parameters' pointers are
-                // live for the call, and the driver copies what they point
-                // at. A launch already made keeps its old values.
-                unsafe { (entries.set)(exec, node, params) }.result()
-            })?;
+            let exec = self.made.exec;
+            with_params(
+                &self.made.programs[at],
+                shape,
+                &cells[range.clone()],
+                |params| {
+                    // SAFETY: a node of the graph `exec` was instantiated from,
+                    // of the same kernel and shape; the parameters' pointers are
+                    // live for the call, and the driver copies what they point
+                    // at. A launch already made keeps its old values.
+                    unsafe { (entries.set)(exec, node, params) }.result()
+                },
+            )?;
             self.cells[range.clone()].copy_from_slice(&cells[range]);
         }
         Ok(())

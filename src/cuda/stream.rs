@@ -21,6 +21,7 @@ use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
+use super::repeat::{Mark, Template};
 use super::replay::{Replayed, Replays};
 use super::signal::EVENT_FLAGS;
 use super::transfer::{self, Pinned};
@@ -93,6 +94,8 @@ pub(super) struct Shared {
     /// launched again (`crate::Launches`).
     pub(super) kernels: AtomicU64,
     pub(super) programs: AtomicU64,
+    /// Of `programs`, the graphs a batch named (`Command::Replay`).
+    pub(super) repeats: AtomicU64,
     /// `State::worker_busy`, mirrored (stored under `state`) for the
     /// owner's check without the lock: only the owner sets it, so a `false`
     /// it reads is true.
@@ -103,12 +106,12 @@ pub(super) struct Shared {
 }
 
 /// A batch for the worker: the command it resumes at (or, with an error,
-/// failed at: the worker drains it), and its replay key.
+/// failed at: the worker drains it), and how it replays.
 pub(super) struct Pending {
     pub(super) batch: Batch<Cuda>,
     pub(super) from: usize,
     pub(super) failed: Option<Error>,
-    pub(super) replay: Option<u32>,
+    pub(super) mark: Mark,
 }
 
 #[derive(Default)]
@@ -128,12 +131,23 @@ pub(super) struct State {
 /// stream passed the event recorded after them.
 #[derive(Default)]
 pub(super) struct InFlight {
-    /// Each with the page-locked staging of its transfers, and how many of
-    /// its commands were enqueued (all, unless one failed).
-    pub(super) batches: VecDeque<(CudaEvent, Batch<Cuda>, Vec<Pinned>, usize)>,
+    /// Each with the page-locked staging of its transfers, how many of its
+    /// commands were enqueued (all, unless one failed), and the replay
+    /// template it keeps (`super::repeat`).
+    pub(super) batches: VecDeque<InFlightBatch>,
     pub(super) spare_events: Vec<CudaEvent>,
     pub(super) spare_batches: Vec<Batch<Cuda>>,
 }
+
+/// A batch the stream has not passed yet, and what it holds: see
+/// [`InFlight::batches`].
+pub(super) type InFlightBatch = (
+    CudaEvent,
+    Batch<Cuda>,
+    Vec<Pinned>,
+    usize,
+    Option<std::sync::Arc<Template>>,
+);
 
 /// How many finished batches and completion events to keep for reuse.
 pub(super) const SPARE_BATCHES: usize = 4;
@@ -145,39 +159,34 @@ impl Shared {
     /// fails its signals if the ledger says it must not run, else enqueues
     /// what the stream can take now; what follows a wait the stream cannot
     /// express goes to the worker.
-    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize, replay: Option<u32>) {
+    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize, mark: Mark) {
         let Some(batch) = self.admit(batch, from) else {
+            self.hold(mark.held());
             return;
         };
-        match self.enqueue_caught(&batch, from, replay) {
+        match self.enqueue_caught(&batch, from, &mark) {
             Outcome::Done => {
                 let all = batch.commands().len();
-                self.finish(batch, all);
+                self.finish(batch, all, mark.held());
             }
-            Outcome::Blocked(at) => self.hand_over(batch, at, None, replay),
+            Outcome::Blocked(at) => self.hand_over(batch, at, None, mark),
             // Reported by the next `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
             // worker, which may block, and which later batches follow.
             Outcome::Failed(at, error) if self.ledger.independent() => {
-                self.hand_over(batch, at, Some(error), replay);
+                self.hand_over(batch, at, Some(error), mark);
             }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
-                self.finish(batch, at);
+                self.finish(batch, at, mark.held());
             }
         }
     }
 
     /// Hands `batch` to the worker, to resume at command `at` (or, with
     /// `failed`, to drain from it); later batches follow it there.
-    fn hand_over(
-        &self,
-        batch: Batch<Cuda>,
-        from: usize,
-        failed: Option<Error>,
-        replay: Option<u32>,
-    ) {
+    fn hand_over(&self, batch: Batch<Cuda>, from: usize, failed: Option<Error>, mark: Mark) {
         let mut state = self.state.lock();
         state.worker_busy = true;
         self.busy.store(true, Ordering::Release);
@@ -185,7 +194,7 @@ impl Shared {
             batch,
             from,
             failed,
-            replay,
+            mark,
         });
         self.work.notify_one();
     }
@@ -206,13 +215,8 @@ impl Shared {
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
     /// failure of the batch at `from`, so no thread unwinds with a batch
     /// half-enqueued and its signals unset.
-    pub(super) fn enqueue_caught(
-        &self,
-        batch: &Batch<Cuda>,
-        from: usize,
-        replay: Option<u32>,
-    ) -> Outcome {
-        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from, replay))).unwrap_or_else(
+    pub(super) fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
+        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from, mark))).unwrap_or_else(
             |payload| {
                 Outcome::Failed(
                     from,
@@ -225,9 +229,10 @@ impl Shared {
     }
 
     /// Puts the commands of `batch` from `from` on the stream, without ever
-    /// blocking on the host. A batch marked for replay (`replay`) launches
-    /// its runs of kernels as graphs (`super::replay`).
-    fn enqueue(&self, batch: &Batch<Cuda>, from: usize, replay: Option<u32>) -> Outcome {
+    /// blocking on the host. A batch marked for replay (`mark`) launches
+    /// its runs of kernels as graphs, or repeats its template's
+    /// (`super::replay`).
+    fn enqueue(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
         // Once, for every raw driver call below (copies, fills, transfers):
         // this thread (the owner's, or the worker's) may not have the
         // stream's context current.
@@ -240,6 +245,10 @@ impl Shared {
             return Outcome::Failed(from, self.fault("waiting for the allocation fence", e));
         }
         let profiling = self.profiling.load(Ordering::Relaxed);
+        let (replay, template) = match mark {
+            Mark::Record(key, template, _) => (Some(*key), Some(&**template)),
+            _ => (None, None),
+        };
         let replay = match replay {
             Some(_) if profiling => {
                 self.replays.lock().fallback = Some(
@@ -260,7 +269,7 @@ impl Shared {
             if let (Some(key), Command::Exec { .. }) = (replay, command)
                 && index >= plain_until
             {
-                match self.replay(batch, key, index) {
+                match self.replay(batch, key, template, index) {
                     Ok(Replayed::Graph(end)) => {
                         skip_to = end;
                         continue;
@@ -376,6 +385,7 @@ impl Shared {
                 // Completes with the batch: `retire` says so once the
                 // stream passed it.
                 Command::Dealloca { .. } => Ok(()),
+                Command::Replay { index } => self.repeat(mark, *index),
             };
             if let Err(error) = result {
                 return Outcome::Failed(index, error);
@@ -386,6 +396,9 @@ impl Shared {
             {
                 profiler.push(command, batch.sequence(), index, start, end);
             }
+        }
+        if let (Some(template), Some(_)) = (template, replay) {
+            template.finish(batch);
         }
         Outcome::Done
     }
@@ -496,18 +509,27 @@ impl Shared {
         .map_err(|e| self.fault("a device-to-device copy", e))
     }
 
-    /// Keeps `batch` until the stream passed what was enqueued of it.
-    pub(super) fn finish(&self, batch: Batch<Cuda>, enqueued: usize) {
+    /// Keeps `batch` (and the template its mark holds) until the stream
+    /// passed what was enqueued of it.
+    pub(super) fn finish(
+        &self,
+        batch: Batch<Cuda>,
+        enqueued: usize,
+        template: Option<std::sync::Arc<Template>>,
+    ) {
         let staging = mem::take(&mut *self.staging.lock());
         // A batch of signals and waits only (a queue's `signal` + `submit`)
         // holds nothing the stream uses: no buffer, program, staging or
         // `dealloca`. Its signals' own events are kept by their rings, so
         // it needs no completion event of its own: one event record per
-        // signal, as raw CUDA does (the cuda_signal bench).
+        // signal, as raw CUDA does (the cuda_signal bench). Nor does a
+        // repeat of graphs (`Command::Replay`): their template is kept
+        // (`super::replay::Mark`).
         if staging.is_empty()
-            && batch.commands()[..enqueued]
-                .iter()
-                .all(Command::only_synchronises)
+            && template.is_none()
+            && batch.commands()[..enqueued].iter().all(|command| {
+                command.only_synchronises() || matches!(command, Command::Replay { .. })
+            })
         {
             self.recycle(batch, None);
             return;
@@ -521,7 +543,7 @@ impl Shared {
             Ok(event) => {
                 in_flight
                     .batches
-                    .push_back((event, batch, staging, enqueued));
+                    .push_back((event, batch, staging, enqueued, template));
                 self.holding.store(true, Ordering::Relaxed);
             }
             Err(error) => {
@@ -562,8 +584,9 @@ impl Shared {
             if !passed {
                 break;
             }
-            if let Some((event, batch, staging, enqueued)) = in_flight.batches.pop_front() {
-                drop(staging);
+            if let Some((event, batch, staging, enqueued, template)) = in_flight.batches.pop_front()
+            {
+                drop((staging, template));
                 // Every command enqueued completed: the `dealloca`s among
                 // them too.
                 batch.complete_deallocas(enqueued);
@@ -585,15 +608,15 @@ impl Shared {
         }
         match self.ledger.admit(&batch) {
             Admission::Skip(cause) => batch.fail_signals(0, &cause),
-            Admission::Run => match self.enqueue_caught(&batch, 0, None) {
+            Admission::Run => match self.enqueue_caught(&batch, 0, &Mark::Plain) {
                 Outcome::Done => {}
                 // Not from signals; as `process` would, should it be.
                 Outcome::Blocked(at) => {
-                    self.hand_over(batch, at, None, None);
+                    self.hand_over(batch, at, None, Mark::Plain);
                     return Batch::default();
                 }
                 Outcome::Failed(at, error) if self.ledger.independent() => {
-                    self.hand_over(batch, at, Some(error), None);
+                    self.hand_over(batch, at, Some(error), Mark::Plain);
                     return Batch::default();
                 }
                 Outcome::Failed(at, error) => {
@@ -603,6 +626,15 @@ impl Shared {
         }
         batch.clear();
         batch
+    }
+
+    /// Keeps `template` (where there is one) until the stream passed
+    /// everything enqueued so far: for a batch whose mark holds one but
+    /// that never runs (see `super::replay::Mark`).
+    pub(super) fn hold(&self, template: Option<std::sync::Arc<Template>>) {
+        if template.is_some() {
+            self.finish(Batch::default(), 0, template);
+        }
     }
 
     fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
@@ -626,7 +658,7 @@ impl Shared {
         drop(in_flight);
         // The stream is synchronised: what was enqueued completed (or the
         // context is lost, and no stream runs again).
-        for (_, batch, _, enqueued) in &batches {
+        for (_, batch, _, enqueued, _) in &batches {
             batch.complete_deallocas(*enqueued);
         }
         drop(batches);

@@ -20,7 +20,7 @@ pub(super) fn run_worker(shared: &Shared) {
             batch,
             mut from,
             failed,
-            replay,
+            mark,
         } = {
             let mut state = shared.state.lock();
             loop {
@@ -47,7 +47,10 @@ pub(super) fn run_worker(shared: &Shared) {
         let batch = if from == 0 && failed.is_none() {
             match shared.admit(batch, 0) {
                 Some(batch) => batch,
-                None => continue,
+                None => {
+                    shared.hold(mark.held());
+                    continue;
+                }
             }
         } else {
             batch
@@ -56,7 +59,7 @@ pub(super) fn run_worker(shared: &Shared) {
             // Failed on the owner's thread, to drain here.
             Some(error) => Outcome::Failed(from, error),
             None => loop {
-                match shared.enqueue_caught(&batch, from, replay) {
+                match shared.enqueue_caught(&batch, from, &mark) {
                     Outcome::Blocked(at) => {
                         let command = &batch.commands()[at];
                         let start = now_ns();
@@ -95,7 +98,7 @@ pub(super) fn run_worker(shared: &Shared) {
             }
             _ => batch.commands().len(),
         };
-        shared.finish(batch, enqueued);
+        shared.finish(batch, enqueued, mark.held());
         shared.retire();
     }
 }

@@ -273,6 +273,21 @@ pub enum Error {
         command: &'static str,
     },
 
+    /// A `replay_program` named a device program the engine does not
+    /// hold for the batch.
+    #[error(
+        "device program {index} was named for replay, but the queue holds {recorded} recorded \
+         for this batch; call `replay_recorded` first and record `replay_program` only where it \
+         returned true, with an index below the number of kernel runs it was given"
+    )]
+    ReplayNotRecorded {
+        /// The program named.
+        index: u32,
+        /// How many the engine holds for the batch (0: none, or no replay
+        /// form).
+        recorded: u32,
+    },
+
     /// A backend without queue-ordered allocation was asked for an `alloca`
     /// or a `dealloca`.
     #[error(

@@ -232,6 +232,12 @@ pub fn describe<B: crate::Backend>(command: &Command<B>, names: &mut EventNames)
             None,
         ),
         Command::Barrier => ("barrier", Category::Barrier, String::new(), None),
+        Command::Replay { index } => (
+            "replay",
+            Category::Kernel,
+            format!("device program {index}"),
+            None,
+        ),
         Command::Alloca { buffer } => (
             "alloca",
             Category::Memory,

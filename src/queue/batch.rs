@@ -96,6 +96,18 @@ pub enum Command<B: Backend> {
     },
     /// Make earlier writes visible to later commands and other queues.
     Barrier,
+    /// Run device program `index` of those the engine recorded from the
+    /// last batch marked with this batch's replay key, as it recorded them
+    /// (its kernels in order, over the bytes they named then). Recorded
+    /// only after the engine said it holds them
+    /// ([`HardwareQueue::replay_recorded`](crate::HardwareQueue::replay_recorded)
+    /// returned `true`, which keeps them for this batch); an engine without
+    /// a replay form never accepts one at record time, and fails a batch
+    /// that holds one anyway.
+    Replay {
+        /// Which program, in the order the engine recorded them.
+        index: u32,
+    },
     /// `buffer` was allocated from the device's pool by
     /// [`alloca`](crate::HardwareQueue::alloca). Its memory is valid when
     /// `alloca` returns (an engine with a stream-ordered allocator, CUDA's,

@@ -187,4 +187,31 @@ pub trait Engine: Send + Sized + 'static {
     fn launches(&self) -> super::Launches {
         super::Launches::default()
     }
+
+    /// Whether the engine holds, recorded from the last batch marked with
+    /// `key` that it was handed, one device program per entry of
+    /// `kernels` (a run of that many kernels, in batch order), each
+    /// complete and holding what that batch gave its kernels: then it
+    /// keeps them for the next batch handed to
+    /// [`submit`](Self::submit), whose [`Command::Replay`](super::Command)s
+    /// name them by index, and that batch is marked with `key` too (it
+    /// repeats the recording; it does not replace it). A batch marked with
+    /// `key` after that one replaces the recording, and until the engine
+    /// has recorded it this answers `false`. The default, an engine
+    /// without a replay form: `false`.
+    fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+        let _ = (key, kernels);
+        false
+    }
+
+    /// Checks, when a [`Command::Replay`](super::Command) of program
+    /// `index` is recorded, that the engine keeps it for this batch
+    /// ([`replay_recorded`](Self::replay_recorded)).
+    ///
+    /// # Errors
+    /// [`Error::ReplayNotRecorded`]; it rejects the batch. The default
+    /// always refuses.
+    fn check_replay(&self, index: u32) -> Result<()> {
+        Err(Error::ReplayNotRecorded { index, recorded: 0 })
+    }
 }

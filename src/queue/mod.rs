@@ -363,6 +363,37 @@ pub trait HardwareQueue: Send + Sized {
         Launches::default()
     }
 
+    /// Whether the engine holds the device programs it recorded from the
+    /// last batch this queue submitted marked with `key`
+    /// ([`replay_as`](Self::replay_as)), one per entry of `kernels`: a run
+    /// of that many `exec`s with nothing between them but signals and
+    /// barriers (an engine records such a run of two or more as one
+    /// program), in batch order, each still holding that batch's kernels,
+    /// work sizes and arguments. Where it does, the batch recorded next is
+    /// marked with `key` and may name them with
+    /// [`replay_program`](Self::replay_program) instead of recording their
+    /// `exec`s again: a plan's run whose bindings did not change since
+    /// its last recorded one costs a command per program, not per kernel.
+    /// `false` (the default, and every engine without a replay form, and a
+    /// profiling queue) means: record the `exec`s.
+    fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+        let _ = (key, kernels);
+        false
+    }
+
+    /// Records a run of device program `index` of those
+    /// [`replay_recorded`](Self::replay_recorded) said the engine holds,
+    /// in place of the `exec`s it was recorded from: a later `signal`
+    /// still orders after all of them. The buffers they read and write
+    /// are the ones the recorded batch named: keep them alive and bound as
+    /// they were (the engine holds them until the run completes).
+    ///
+    /// Rejects the batch with [`Error::ReplayNotRecorded`] where the
+    /// engine holds no such program for it (the default).
+    fn replay_program(&mut self, index: u32) -> &mut Self {
+        self.reject(Error::ReplayNotRecorded { index, recorded: 0 })
+    }
+
     /// Hands the recorded batch to the hardware and starts a new one. Does
     /// not wait for the work to complete.
     ///

@@ -518,6 +518,18 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.engine.launches()
     }
 
+    fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+        !self.profiling() && self.engine.replay_recorded(key, kernels)
+    }
+
+    fn replay_program(&mut self, index: u32) -> &mut Self {
+        if let Err(error) = self.engine.check_replay(index) {
+            return self.reject(error);
+        }
+        self.batch.commands.push(Command::Replay { index });
+        self
+    }
+
     fn discard(&mut self) {
         self.rejected = None;
         self.abandon_recorded(Error::Abandoned {

@@ -24,6 +24,12 @@ pub struct Launches {
     /// commands (each a command buffer or a graph: one launch for all
     /// the kernels in it).
     pub programs: u64,
+    /// Of `programs`, those a batch named without recording their kernels
+    /// again ([`HardwareQueue::replay_program`](super::HardwareQueue::replay_program):
+    /// a plan's run whose bindings and scalars had not changed since one
+    /// that recorded them), so the host recorded one command for all their
+    /// kernels and the engine matched nothing.
+    pub repeats: u64,
     /// Why the last batch marked for replay ran the plain way, where one
     /// did (the engine has no replay form, the batch profiles, its
     /// transfers take new staging memory each time, …); `None` where
@@ -36,6 +42,7 @@ impl Launches {
     pub fn add(&mut self, other: &Launches) {
         self.kernels += other.kernels;
         self.programs += other.programs;
+        self.repeats += other.repeats;
         if other.fallback.is_some() {
             self.fallback.clone_from(&other.fallback);
         }

@@ -338,6 +338,8 @@ impl Engine for VulkanEngine {
         crate::Launches {
             kernels: shared.kernels.load(Ordering::Relaxed),
             programs: shared.programs.load(Ordering::Relaxed),
+            // Vulkan matches each batch against its recording instead.
+            repeats: 0,
             fallback: shared.fallback.lock().clone(),
         }
     }

@@ -528,6 +528,12 @@ impl Recorder {
             }
             // Every command is preceded by a full barrier already.
             Command::Barrier | Command::Alloca { .. } => Ok(()),
+            // Vulkan resubmits whole recorded batches instead (`replay`):
+            // `check_replay` refuses this at record time.
+            Command::Replay { index } => Err(Error::ReplayNotRecorded {
+                index: *index,
+                recorded: 0,
+            }),
             // The buffer's range goes back once the batch retired: every
             // command before this one completed by then.
             Command::Dealloca { .. } => Ok(()),

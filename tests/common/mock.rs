@@ -494,6 +494,11 @@ macro_rules! mock_types {
                                 // The mock has no queue-ordered allocation:
                                 // the core never records these for it.
                                 Command::Alloca { .. } | Command::Dealloca { .. } => Ok(()),
+                                // No replay form: refused at record time.
+                                Command::Replay { index } => Err(Error::ReplayNotRecorded {
+                                    index: *index,
+                                    recorded: 0,
+                                }),
                             };
                             outcome.map_err(|error| (index, error))?;
                         }

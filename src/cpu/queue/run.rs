@@ -90,6 +90,11 @@ fn run_commands<'a>(
             }
             // The range was taken when the `alloca` was recorded.
             Command::Alloca { .. } => Ok(()),
+            // No replay form: `check_replay` refuses it at record time.
+            Command::Replay { index } => Err(Error::ReplayNotRecorded {
+                index: *index,
+                recorded: 0,
+            }),
             // Every earlier command of this queue ran: the range goes back
             // now, or when the last batch of another queue using it is let
             // go.
