@@ -1124,6 +1124,10 @@ fn plan_replay(device: CudaDevice) {
             }
         }
         report(name, &launches_line(&plan.launches()));
+        report(
+            &format!("{name}_repeats"),
+            &plan.launches().repeats.to_string(),
+        );
     }
     report("runs", failure.as_deref().unwrap_or("ok"));
 }
@@ -1132,9 +1136,10 @@ fn plan_replay(device: CudaDevice) {
 /// output are slots and whose `k` is a scalar slot (an upload into the
 /// input, three kernels, a copy of the output into the input on the copy
 /// queue, two more kernels, the output's download), run 1,000 times with
-/// replay on and then 1,000 times with replay off, each run binding an
-/// input and an output of three each and setting `k` as a seeded sequence
-/// says, the same for both. Reports each plan's `Launches`, `outputs`
+/// replay on and then 1,000 times with replay off, about one run in three
+/// binding an input and an output of three each and setting `k` as a
+/// seeded sequence says (the same for both; the runs between repeat their
+/// graphs without recording their kernels). Reports each plan's `Launches`, `outputs`
 /// (`equal`, or where the downloads first differ), and `runs` (`ok` or the
 /// first error). The fake's launch log holds both plans' kernels, with
 /// their parameters, in order.
@@ -1185,16 +1190,20 @@ fn plan_rebind(device: CudaDevice) {
         let mut downloaded = Vec::new();
         for run in 0..1000u32 {
             let (i, o, value) = (next() % 3, 3 + next() % 3, next() % 4);
+            let rebind = run == 0 || next() % 3 == 0;
             let out = Download::<u32>::new(REPLAY_WORDS);
-            let outcome = plan
-                .bind(input, &buffers[i as usize])
-                .and_then(|()| plan.bind(output, &buffers[o as usize]))
-                .and_then(|()| plan.set_scalar(k, value))
-                .and_then(|()| plan.upload(up, &vec![run; REPLAY_WORDS]))
-                .and_then(|()| plan.download(down, &out))
-                .and_then(|()| plan.run())
-                .and_then(|run| run.wait(std::time::Duration::from_secs(10)))
-                .and_then(|()| out.take(hwqueue::Timeout::Forever));
+            let outcome = (if rebind {
+                plan.bind(input, &buffers[i as usize])
+                    .and_then(|()| plan.bind(output, &buffers[o as usize]))
+                    .and_then(|()| plan.set_scalar(k, value))
+            } else {
+                Ok(())
+            })
+            .and_then(|()| plan.upload(up, &vec![run; REPLAY_WORDS]))
+            .and_then(|()| plan.download(down, &out))
+            .and_then(|()| plan.run())
+            .and_then(|run| run.wait(std::time::Duration::from_secs(10)))
+            .and_then(|()| out.take(hwqueue::Timeout::Forever));
             match outcome {
                 Ok(words) => downloaded.push(words),
                 Err(error) => {
@@ -1204,6 +1213,10 @@ fn plan_rebind(device: CudaDevice) {
         }
         outputs.push(downloaded);
         report(name, &launches_line(&plan.launches()));
+        report(
+            &format!("{name}_repeats"),
+            &plan.launches().repeats.to_string(),
+        );
     }
     let outputs_line = match outputs[0].iter().zip(&outputs[1]).position(|(a, b)| a != b) {
         None if outputs[0].len() == outputs[1].len() => "equal".to_owned(),
@@ -1265,6 +1278,18 @@ fn a_cuda_plan_of_64_kernels_run_100_times_launches_one_graph_per_run() {
         launches_of(&outcome, "plain"),
         (100 * u64::from(CHAIN), 0, "none".into())
     );
+    // From the third run on (the first two record: the second is the
+    // first with waits on a run before it), nothing changed, so each run
+    // named its graph instead of recording its 64 `exec`s.
+    let repeats = |name: &str| {
+        outcome
+            .field(&format!("{name}_repeats"))
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert!(repeats("replay") >= 98, "{outcome:#?}");
+    assert_eq!(repeats("plain"), 0);
+    assert_eq!(repeats("profiled"), 0);
 
     let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
     assert!(count("cuGraphInstantiateWithFlags") <= 2, "{outcome:#?}");
@@ -1325,6 +1350,14 @@ fn a_cuda_plan_rebound_at_random_replays_what_the_plain_path_runs() {
     );
     assert_eq!(fallback, "none");
     assert_eq!(launches_of(&outcome, "plain"), (5000, 0, "none".into()));
+    // The runs that bound nothing new repeated both graphs unrecorded,
+    // between the rebinding runs that patched them.
+    let repeats = outcome.field("replay_repeats").parse::<u64>().unwrap();
+    assert!(
+        (1000..2000).contains(&repeats),
+        "{repeats} repeats: {outcome:#?}"
+    );
+    assert_eq!(outcome.field("plain_repeats"), "0");
 
     let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
     assert!(count("cuGraphInstantiateWithFlags") <= 4, "{outcome:#?}");

@@ -87,6 +87,7 @@ impl<B: Backend> Plan<B> {
             }
         }
         self.bindings.changed = true;
+        self.edits += 1;
         Ok(())
     }
 
@@ -116,7 +117,10 @@ impl<B: Backend> Plan<B> {
                 ),
             });
         }
-        self.scalar_values[slot.0] = value;
+        if self.scalar_values[slot.0] != value {
+            self.scalar_values[slot.0] = value;
+            self.edits += 1;
+        }
         Ok(())
     }
 

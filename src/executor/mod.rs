@@ -46,8 +46,13 @@
 //!   recordings kept. CUDA: each run of kernels a CUDA graph, instantiated
 //!   once and launched per run, the run's signals recorded after it; a
 //!   rebinding or another scalar value patches the changed kernel nodes in
-//!   place, never instantiating again). The CPU engine has none and runs
-//!   every batch as recorded. A recording the driver refuses falls back to
+//!   place, never instantiating again). A run whose bindings and scalars
+//!   did not change since the last one that recorded its kernels records
+//!   none where the engine still holds that run's programs
+//!   ([`HardwareQueue::replay_recorded`]: CUDA's graphs): one
+//!   [`replay_program`](HardwareQueue::replay_program) per run of kernels
+//!   and one signal at its last value instead (`replay.rs`). The CPU engine
+//!   has none and runs every batch as recorded. A recording the driver refuses falls back to
 //!   the plain path with the reason kept. [`Plan::launches`] counts what was recorded
 //!   against what was replayed; [`Plan::set_replay`] turns it off. Failure,
 //!   refusal, profiling (a profiled run is recorded the plain way) and the
@@ -181,6 +186,7 @@ mod memory;
 mod ordering;
 mod plan;
 mod planner;
+mod replay;
 mod run;
 mod schedule;
 mod staged;

@@ -6,6 +6,7 @@ use crate::sync::mpsc;
 
 use super::host::{HostBatch, HostJob};
 use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Timelines};
+use super::replay::Stretches;
 use super::run::Run;
 use super::schedule::*;
 use super::staged::Staged;
@@ -24,6 +25,8 @@ pub(super) struct PlannedQueue<B: Backend> {
     pub(super) queue: Option<B::Queue>,
     /// Operations in queue order.
     pub(super) ops: Vec<usize>,
+    /// Its runs of kernels, for runs that repeat their programs.
+    pub(super) stretches: Stretches,
 }
 
 /// A planned schedule: run it as often as needed with [`Plan::run`].
@@ -40,6 +43,8 @@ pub struct Plan<B: Backend> {
     /// Per operation, the host side of an upload or download staged for
     /// the next run.
     pub(super) staged: Vec<Option<Staged<B>>>,
+    /// The uploads and downloads among the operations.
+    pub(super) transfers: Vec<usize>,
     /// Per scalar slot, its value for the next run.
     pub(super) scalar_values: Vec<Scalar>,
     /// An exec's scalars with the slots' values filled in.
@@ -49,6 +54,9 @@ pub struct Plan<B: Backend> {
     /// Whether each run's batches are marked for replay
     /// ([`set_replay`](Self::set_replay)).
     pub(super) replay: bool,
+    /// Counts the changes to what a run's kernels are given (bindings,
+    /// scalars) or how they run (replay, profiling): see `replay.rs`.
+    pub(super) edits: u64,
 }
 
 impl<B: Backend> Plan<B> {
@@ -164,17 +172,29 @@ impl<B: Backend> Plan<B> {
         }
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut refused = None;
-        let replay = self.replay;
+        let (replay, edits) = (self.replay, self.edits);
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let Some(queue) = planned.queue.as_mut() else {
                 continue;
             };
+            let key = index as u32;
+            let stretches = &planned.stretches;
+            // Unchanged since a run recorded its kernels, whose programs
+            // the engine still holds: each run of kernels is one command.
+            let repeat = replay
+                && !stretches.kernels.is_empty()
+                && stretches.recorded_at == Some(edits)
+                && queue.replay_recorded(key, &stretches.kernels);
+            let mut next_stretch = 0;
             // The operation whose command the queue refused, if one is.
             let mut culprit = None;
             for (signal, value) in barrier_waits(index) {
                 queue.wait_settled(signal, value);
             }
-            for &op in &planned.ops {
+            let mut position = 0;
+            while position < planned.ops.len() {
+                let op = planned.ops[position];
+                position += 1;
                 let op_plan = &facts.ops[op];
                 for wait in &op_plan.waits {
                     match facts.wait_to_record(wait, timelines, previous) {
@@ -182,6 +202,23 @@ impl<B: Backend> Plan<B> {
                         Some((signal, value, false)) => queue.wait(signal, value),
                         None => queue,
                     };
+                }
+                if repeat
+                    && let Some(stretch) = stretches.at.get(next_stretch)
+                    && stretch.start == position - 1
+                {
+                    // Its kernels are the program's; the rest of the
+                    // stretch waits for nothing, and its last value stands
+                    // for all of its values.
+                    queue.replay_program(next_stretch as u32);
+                    let last = &facts.ops[planned.ops[stretch.end - 1]];
+                    queue.signal(&timelines.signals[index], own_value(index, last.value));
+                    if culprit.is_none() && queue.rejection().is_some() {
+                        culprit = Some(op);
+                    }
+                    position = stretch.end;
+                    next_stretch += 1;
+                    continue;
                 }
                 let slots = &self.schedule.buffers;
                 let bytes = |id: &BufferId| slots[id.0].buffer.as_ref();
@@ -264,7 +301,7 @@ impl<B: Backend> Plan<B> {
             if replay {
                 // The same commands every run: where the engine has a
                 // replay form, recorded once and submitted again.
-                queue.replay_as(index as u32);
+                queue.replay_as(key);
             }
             // An earlier run's failure is reported once per call, and the
             // batch is kept: submit again until it records (each report is
@@ -279,6 +316,9 @@ impl<B: Backend> Plan<B> {
             if let Err(error) = submitted {
                 refused = Some((index, error, culprit));
                 break;
+            }
+            if replay && !repeat {
+                planned.stretches.recorded_at = Some(edits);
             }
         }
         if let Some((index, error, culprit)) = refused {
@@ -367,6 +407,8 @@ impl<B: Backend> Plan<B> {
     /// next run waits for this one whole (`refused`). Returns `error`.
     fn fail_in_order(&mut self, timelines: &Timelines<B>, first: usize, error: Error) -> Error {
         self.refused = Some(timelines.run);
+        // The next run records its kernels again.
+        self.edits += 1;
         let facts = &self.facts;
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let last = facts.end(timelines, index);
@@ -451,6 +493,7 @@ impl<B: Backend> Plan<B> {
     /// in the same order, with the same failures.
     pub fn set_replay(&mut self, on: bool) {
         self.replay = on;
+        self.edits += 1;
     }
 
     /// Whether runs are marked for replay ([`set_replay`](Self::set_replay)).
@@ -461,8 +504,10 @@ impl<B: Backend> Plan<B> {
     /// What the plan's device queues recorded and replayed, summed
     /// ([`Launches`](crate::Launches)): with replay, a plan of K kernels
     /// run N times records K kernel launches, not K·N, and submits its
-    /// recordings again instead; `fallback` says why a run ran the plain
-    /// way, where one did.
+    /// recordings again instead; `repeats` counts the recordings a run
+    /// named without recording its kernels at all (bindings and scalars
+    /// unchanged: see [the module docs](super)); `fallback` says why a run
+    /// ran the plain way, where one did.
     pub fn launches(&self) -> crate::Launches {
         let mut total = crate::Launches::default();
         for queue in self.queues.iter().filter_map(|q| q.queue.as_ref()) {
@@ -474,6 +519,7 @@ impl<B: Backend> Plan<B> {
     /// Turns profiling on or off on every device queue of the plan (see
     /// [`profile`](crate::profile)).
     pub fn set_profiling(&mut self, on: bool) {
+        self.edits += 1;
         for queue in self.queues.iter_mut().filter_map(|q| q.queue.as_mut()) {
             queue.set_profiling(on);
         }

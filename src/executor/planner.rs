@@ -6,6 +6,7 @@ use super::host::run_host_stage;
 use super::memory;
 use super::ordering::*;
 use super::plan::*;
+use super::replay::Stretches;
 use super::schedule::*;
 use super::*;
 
@@ -83,6 +84,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                     label: label.into(),
                     queue,
                     ops: Vec::new(),
+                    stretches: Default::default(),
                 });
                 devices.push(schedule.devices[device].clone());
                 lane_queue.push(queues.len() - 1);
@@ -211,12 +213,19 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     } else {
         None
     };
+    for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
+        planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
+    }
     Ok(Plan {
         queues,
         facts: Arc::new(PlanFacts { ops, counts }),
         in_flight: InFlight::new(devices),
         refused: None,
         staged: (0..schedule.ops.len()).map(|_| None).collect(),
+        transfers: (schedule.ops.iter().enumerate())
+            .filter(|(_, op)| matches!(op.work, Work::Upload { .. } | Work::Download { .. }))
+            .map(|(at, _)| at)
+            .collect(),
         scalar_values: schedule.scalars.iter().map(|(_, value)| *value).collect(),
         scratch: Vec::new(),
         schedule,
@@ -225,6 +234,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
         memory: placement.memory,
         bindings,
         replay: true,
+        edits: 0,
     })
 }
 

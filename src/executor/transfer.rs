@@ -101,22 +101,22 @@ impl<B: Backend> Plan<B> {
     /// Takes what was staged for one run, or refuses the run (nothing
     /// taken) when a transfer has nothing staged.
     pub(super) fn take_staged(&mut self) -> Result<Vec<Option<Staged<B>>>> {
-        for (op, staged) in self.schedule.ops.iter().zip(&self.staged) {
+        if self.transfers.is_empty() {
+            // No transfers: nothing to look at or take, nothing allocated.
+            return Ok(Vec::new());
+        }
+        for &at in &self.transfers {
+            let op = &self.schedule.ops[at];
             let what = match op.work {
                 Work::Upload { .. } => "upload",
-                Work::Download { .. } => "download",
-                _ => continue,
+                _ => "download",
             };
-            if staged.is_none() {
+            if self.staged[at].is_none() {
                 return Err(Error::TransferNotStaged {
                     operation: op.name.clone(),
                     what,
                 });
             }
-        }
-        if self.staged.iter().all(Option::is_none) {
-            // No transfers: nothing to take, and nothing allocated.
-            return Ok(Vec::new());
         }
         Ok(self.staged.iter_mut().map(Option::take).collect())
     }

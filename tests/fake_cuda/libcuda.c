@@ -2070,9 +2070,11 @@ CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
     if (graph != NULL) {
         unmodelled("capturing cuGraphLaunch (a child graph node)");
     }
-    char line[64];
-    snprintf(line, sizeof line, "graph nodes=%zu", exec->count);
-    log_launch(line);
+    if (launches_path != NULL && *launches_path != '\0') {
+        char line[64];
+        snprintf(line, sizeof line, "graph nodes=%zu", exec->count);
+        log_launch(line);
+    }
     for (size_t i = 0; i < exec->count; i++) {
         run_node(&exec->nodes[i]);
     }
