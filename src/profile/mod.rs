@@ -231,6 +231,12 @@ pub fn describe<B: crate::Backend>(command: &Command<B>, names: &mut EventNames)
             format!("{} bytes", src.len()),
             None,
         ),
+        Command::Collective(collective) => (
+            collective.op.name(),
+            Category::Collective,
+            collective.describe(),
+            None,
+        ),
         Command::Barrier => ("barrier", Category::Barrier, String::new(), None),
         Command::Alloca { buffer } => (
             "alloca",
@@ -268,6 +274,8 @@ pub enum Category {
     Memory,
     /// A `wait` or `wait_foreign`: the queue stood blocked.
     Wait,
+    /// A collective (`all_reduce`, ...): the queue moved data between ranks.
+    Collective,
     /// A host call on the queue: `submit`, `synchronize`.
     Host,
 }
@@ -282,6 +290,7 @@ impl Category {
             Category::Barrier => "barrier",
             Category::Memory => "memory",
             Category::Wait => "wait",
+            Category::Collective => "collective",
             Category::Host => "host",
         }
     }

@@ -162,7 +162,8 @@ impl Shape {
             | Command::WaitSettled { .. }
             | Command::WaitForeign { .. }
             | Command::Upload { .. }
-            | Command::Download { .. } => {
+            | Command::Download { .. }
+            | Command::Collective(_) => {
                 self.signalling = None;
                 Part::Boundary
             }
