@@ -93,6 +93,7 @@ fn suite(ranks: &Ranks) -> bool {
         "engines without collectives refuse them".into(),
         unsupported(ranks),
     );
+    run("split into even and odd ranks".into(), split(ranks));
     let failed: Vec<_> = cases.iter().filter(|(_, o)| o.is_err()).collect();
     for (name, outcome) in &failed {
         println!(
@@ -554,6 +555,51 @@ fn disagreement(ranks: &Ranks) -> Outcome {
         "after",
         ones.to_vec::<u32>().map_err(text)?,
         vec![ranks.size as u32; 8],
+    )
+}
+
+/// Even and odd ranks split into two groups, ranked in reverse; an
+/// all_gather in each sees its members only, in the new order; the last
+/// rank joins neither and gets `None`... when the group has more than 2.
+fn split(ranks: &Ranks) -> Outcome {
+    let (rank, size) = (ranks.rank, ranks.size);
+    let leaves = size > 2 && rank == size - 1;
+    let color = (!leaves).then_some((rank % 2) as u32);
+    let key = (size - rank) as u32;
+    let group = ranks.comm.split(color, key).map_err(text)?;
+    let Some(group) = group else {
+        return if leaves {
+            Ok(())
+        } else {
+            Err("split gave no communicator to a rank with a color".into())
+        };
+    };
+    if leaves {
+        return Err("the rank without a color got a communicator".into());
+    }
+    let members: Vec<usize> = (0..size)
+        .rev()
+        .filter(|&r| r % 2 == rank % 2 && !(size > 2 && r == size - 1))
+        .collect();
+    if group.size() != members.len() || members[group.rank()] != rank {
+        return Err(format!(
+            "rank {rank} is rank {} of {} in its group; want {:?}",
+            group.rank(),
+            group.size(),
+            members
+        ));
+    }
+    let (send, recv) = (buffer::<u32>(ranks, 1), buffer::<u32>(ranks, members.len()));
+    send.write_from(&[rank as u32]).map_err(text)?;
+    run_batch(ranks, |q| {
+        q.all_gather::<u32, _, _>(&group, &send, &recv);
+    })
+    .map_err(text)?;
+    let want: Vec<u32> = members.iter().map(|&r| r as u32).collect();
+    check(
+        "all_gather in the group",
+        recv.to_vec::<u32>().map_err(text)?,
+        want,
     )
 }
 

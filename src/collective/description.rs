@@ -13,6 +13,8 @@ pub(super) const WORDS: usize = 5;
 pub(super) struct Description(pub(super) [u64; WORDS]);
 
 const FAILED: u64 = 1 << 63;
+/// The op word of a split.
+const SPLIT: u64 = 6;
 
 impl Description {
     pub(super) fn of(plan: &HostCollective, failed: bool) -> Self {
@@ -34,13 +36,19 @@ impl Description {
         Description([plan.sequence, op | failed, arg, element, plan.count as u64])
     }
 
+    /// A split of the communicator, `sequence`th in its order.
+    pub(super) fn split(sequence: u64) -> Self {
+        Description([sequence, SPLIT, 0, 0, 0])
+    }
+
     /// Whether `theirs` (of `peer`) matches this (of `rank`): equal for a
-    /// collective; a `send` to `peer` against a `recv` from `rank` of the
-    /// same element and count.
+    /// collective (a split: at the same place); a `send` to `peer` against
+    /// a `recv` from `rank` of the same element and count.
     pub(super) fn agrees(&self, theirs: &Description, rank: usize, peer: usize) -> bool {
         let [_, op, arg, element, count] = self.0;
         let [_, their_op, their_arg, their_element, their_count] = theirs.0;
         match op {
+            SPLIT => theirs.0[..2] == self.0[..2],
             4 | 5 => {
                 their_op == 9 - op
                     && their_arg == rank as u64
@@ -55,6 +63,9 @@ impl Description {
 impl std::fmt::Display for Description {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [sequence, op, arg, element, count] = self.0;
+        if op == SPLIT {
+            return write!(f, "split of the communicator, #{sequence} in its order");
+        }
         let reduction = match arg {
             0 => Reduction::Sum,
             1 => Reduction::Product,

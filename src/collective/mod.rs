@@ -359,6 +359,24 @@ impl Communicator {
         Arc::ptr_eq(&self.shared, &other.shared)
     }
 
+    /// Splits the group: the ranks that give the same `color` form a new
+    /// communicator, ranked by `key` (ties by their rank here); a rank
+    /// giving `None` joins none and gets `None` (`MPI_Comm_split`). Every
+    /// rank calls it, from the host, at the same place of this
+    /// communicator's order of collectives: synchronise the queues that
+    /// record collectives on it first. Bounded by the timeout: a rank that
+    /// never calls it fails the others with [`CollectiveError::Timeout`].
+    ///
+    /// # Errors
+    /// [`CollectiveError::Timeout`], [`CollectiveError::Mismatch`] (a rank
+    /// ran a collective where this one splits), [`CollectiveError::Mpi`].
+    #[cfg(feature = "mpi")]
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        match self.shared.transport {
+            Transport::Mpi(ref comm) => comm.split(self, color, key),
+        }
+    }
+
     /// The next recording sequence number.
     pub(crate) fn next_sequence(&self) -> u64 {
         self.shared.recorded.fetch_add(1, Ordering::Relaxed)
@@ -388,6 +406,7 @@ impl Communicator {
 
 /// What a host engine runs: a collective's shape without its views.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) struct HostCollective {
     pub(crate) op: CollectiveOp,
     pub(crate) element: Element,
@@ -406,6 +425,7 @@ impl HostCollective {
         }
     }
 
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn describe(&self) -> String {
         describe(self.op, self.element, self.count, self.sequence)
     }

@@ -294,6 +294,63 @@ impl MpiComm {
         Ok(())
     }
 
+    /// Splits `communicator` (see [`Communicator::split`]): a description
+    /// exchange at the split's place in the order (bounded by the
+    /// timeout, so a rank that never comes fails it), then
+    /// `MPI_Comm_split`, which every rank has reached by then.
+    pub(super) fn split(
+        &self,
+        communicator: &Communicator,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Communicator>> {
+        let (rank, size) = (communicator.rank(), communicator.size());
+        let life = life().read();
+        if *life != Life::Live {
+            return Err(CollectiveError::Finalized.into());
+        }
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
+        let timeout = communicator.timeout();
+        let sequence = communicator.next_sequence();
+        let plan = HostCollective {
+            op: CollectiveOp::AllGather,
+            element: Element::U32,
+            count: 0,
+            sequence,
+        };
+        let _start = self.collective_start.lock();
+        let deadline = Instant::now() + timeout;
+        let mine = Description::split(sequence);
+        self.exchange(rank, size, &plan, mine, (deadline, timeout))?;
+        // SAFETY: reading MPI's predefined constant.
+        let undefined = unsafe { ffi::RSMPI_UNDEFINED };
+        let color = match color {
+            Some(color) => c_int::try_from(color).unwrap_or(c_int::MAX),
+            None => undefined,
+        };
+        let mut raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: the communicator is live; `raw` is written before the
+        // call returns success.
+        check(rank, "MPI_Comm_split", unsafe {
+            ffi::MPI_Comm_split(
+                self.raw.0,
+                color,
+                c_int::try_from(key).unwrap_or(c_int::MAX),
+                raw.as_mut_ptr(),
+            )
+        })?;
+        // SAFETY: MPI_Comm_split succeeded, so it wrote the handle.
+        let raw = unsafe { raw.assume_init() };
+        // SAFETY: reading MPI's predefined constant.
+        if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+            return Ok(None);
+        }
+        drop(life);
+        MpiComm::adopt(raw).map(Some)
+    }
+
     /// Marks the communicator broken when `error` left requests pending.
     fn broken_by(&self, error: Error) -> Error {
         if let Error::Collective(CollectiveError::Timeout { .. }) = &error {
