@@ -266,10 +266,7 @@ impl MpiComm {
             None => self.start(rank, plan, &mut send, &mut recv),
         });
         drop(guard);
-        let mut flight = match started {
-            Ok(flight) => flight,
-            Err(error) => return Err(self.broken_by(error)),
-        };
+        let mut flight = started?;
         let done = poll(rank, &mut flight, deadline).and_then(|done| {
             done.then_some(()).ok_or_else(|| {
                 Error::from(CollectiveError::Timeout {
@@ -351,14 +348,6 @@ impl MpiComm {
         MpiComm::adopt(raw).map(Some)
     }
 
-    /// Marks the communicator broken when `error` left requests pending.
-    fn broken_by(&self, error: Error) -> Error {
-        if let Error::Collective(CollectiveError::Timeout { .. }) = &error {
-            *self.broken.lock() = Some(Arc::new(error.clone()));
-        }
-        error
-    }
-
     /// Exchanges descriptions with the peers of `plan` (every rank, or the
     /// one peer of a `send`/`recv`) and compares them.
     fn exchange(
@@ -390,7 +379,7 @@ impl MpiComm {
                 })?;
                 let sent = Box::new(words);
                 // SAFETY: `sent` is `WORDS` u64s, kept alive like `theirs`.
-                check(rank, "MPI_Isend", unsafe {
+                let started = check(rank, "MPI_Isend", unsafe {
                     ffi::MPI_Isend(
                         sent.as_ptr().cast::<c_void>(),
                         count,
@@ -400,11 +389,16 @@ impl MpiComm {
                         self.raw.0,
                         &mut requests[1],
                     )
-                })?;
-                if !poll(rank, &mut requests, deadline)? {
+                });
+                let done = started
+                    .and_then(|()| self.settle(rank, plan, &mut requests, deadline, timeout));
+                if let Err(error) = done {
+                    // The receive may still write `theirs`: MPI's now,
+                    // and the communicator is done.
+                    *self.broken.lock() = Some(Arc::new(error.clone()));
                     std::mem::forget(theirs);
                     std::mem::forget(sent);
-                    return Err(self.timeout(rank, plan, timeout));
+                    return Err(error);
                 }
                 (vec![*theirs], vec![peer])
             }
@@ -426,10 +420,10 @@ impl MpiComm {
                         &mut requests[0],
                     )
                 })?;
-                if !poll(rank, &mut requests, deadline)? {
+                if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
                     std::mem::forget(all);
                     std::mem::forget(sent);
-                    return Err(self.timeout(rank, plan, timeout));
+                    return Err(error);
                 }
                 (all, (0..size).collect())
             }
@@ -449,16 +443,28 @@ impl MpiComm {
         Ok(())
     }
 
-    /// A timeout of `plan`'s description exchange, which breaks the
-    /// communicator (its requests stay pending).
-    fn timeout(&self, rank: usize, plan: &HostCollective, waited: Duration) -> Error {
-        let error = Error::from(CollectiveError::Timeout {
-            rank,
-            op: format!("{} (exchanging descriptions)", plan.describe()),
-            waited,
-        });
+    /// Polls the description exchange's `requests` to completion. A
+    /// timeout, or an error while they are pending, breaks the
+    /// communicator: the caller leaks their memory to MPI.
+    fn settle(
+        &self,
+        rank: usize,
+        plan: &HostCollective,
+        requests: &mut [ffi::MPI_Request],
+        deadline: Instant,
+        waited: Duration,
+    ) -> Result<()> {
+        let error = match poll(rank, requests, deadline) {
+            Ok(true) => return Ok(()),
+            Ok(false) => Error::from(CollectiveError::Timeout {
+                rank,
+                op: format!("{} (exchanging descriptions)", plan.describe()),
+                waited,
+            }),
+            Err(error) => error,
+        };
         *self.broken.lock() = Some(Arc::new(error.clone()));
-        error
+        Err(error)
     }
 
     /// Starts the data transfer of `plan` over the staging memory.
