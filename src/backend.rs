@@ -202,6 +202,10 @@
 //!         }
 //!         Command::Upload { dst, data } => dst.write_from(batch.host_bytes(data)),
 //!         Command::Download { src, sink } => sink.complete(|out| src.read_into(out)),
+//!         // No collectives (the default `Engine::check_collective` refuses).
+//!         Command::Collective(c) => {
+//!             Err(hwqueue::collective::CollectiveError::unsupported("host", &c.communicator).into())
+//!         }
 //!         // No queue-ordered memory (the default `Engine::alloca` refuses).
 //!         Command::Barrier | Command::Alloca { .. } | Command::Dealloca { .. } => Ok(()),
 //!         // No replay form: the default `Engine::check_replay` refuses

@@ -109,6 +109,7 @@
 pub mod any;
 pub mod backend;
 pub mod buffer;
+pub mod collective;
 #[cfg(doctest)]
 pub mod compile_fail_tests;
 pub mod cpu;

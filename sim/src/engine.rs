@@ -337,6 +337,12 @@ impl DeviceThread {
             }
             Command::Upload { dst, data } => queue_write(dst, batch.host_bytes(data)),
             Command::Download { src, sink } => sink.complete(|out| queue_read(src, out)),
+            // Refused at record time (`Engine::check_collective`'s default):
+            // the simulated accelerator has no communicator.
+            Command::Collective(collective) => Err(
+                hwqueue::collective::CollectiveError::unsupported("sim", &collective.communicator)
+                    .into(),
+            ),
             Command::Barrier | Command::Alloca { .. } => Ok(()),
             // No replay form: the default `check_replay` refuses it when
             // recorded, so only a batch built by hand holds one.

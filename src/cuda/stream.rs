@@ -380,6 +380,15 @@ impl Shared {
                     }
                     .map_err(|e| self.fault("a download", e))
                 }
+                // Refused at record time (`Engine::check_collective`'s
+                // default) until NCCL runs them on the stream.
+                Command::Collective(collective) => {
+                    Err(crate::collective::CollectiveError::unsupported(
+                        "cuda",
+                        &collective.communicator,
+                    )
+                    .into())
+                }
                 // A range of the pool, taken when it was recorded.
                 Command::Barrier | Command::Alloca { .. } => Ok(()),
                 // Completes with the batch: `retire` says so once the

@@ -23,6 +23,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A communicator or a collective failed: see [`CollectiveError`](crate::collective::CollectiveError).
+    #[error(transparent)]
+    Collective(#[from] crate::collective::CollectiveError),
+
     /// A `wait` ran out of time before its signal reached the target.
     #[error(
         "timed out after {waited:?} waiting for a signal to reach {target} (it is at {current}); \

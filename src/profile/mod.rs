@@ -231,6 +231,12 @@ pub fn describe<B: crate::Backend>(command: &Command<B>, names: &mut EventNames)
             format!("{} bytes", src.len()),
             None,
         ),
+        Command::Collective(collective) => (
+            collective.op.name(),
+            Category::Collective,
+            collective.describe(),
+            None,
+        ),
         Command::Barrier => ("barrier", Category::Barrier, String::new(), None),
         Command::Replay { index } => (
             "replay",
@@ -274,6 +280,8 @@ pub enum Category {
     Memory,
     /// A `wait` or `wait_foreign`: the queue stood blocked.
     Wait,
+    /// A collective (`all_reduce`, ...): the queue moved data between ranks.
+    Collective,
     /// A host call on the queue: `submit`, `synchronize`.
     Host,
 }
@@ -288,6 +296,7 @@ impl Category {
             Category::Barrier => "barrier",
             Category::Memory => "memory",
             Category::Wait => "wait",
+            Category::Collective => "collective",
             Category::Host => "host",
         }
     }

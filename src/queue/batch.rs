@@ -94,6 +94,12 @@ pub enum Command<B: Backend> {
         /// Where the bytes go (equal lengths, checked).
         sink: DownloadSink,
     },
+    /// A collective over a communicator (boxed: one pointer): see
+    /// [`crate::collective`]. An engine that runs none fails it with
+    /// [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported)
+    /// (the core refuses it at record time already, through
+    /// [`Engine::check_collective`](super::Engine::check_collective)).
+    Collective(Box<crate::collective::Collective<B>>),
     /// Make earlier writes visible to later commands and other queues.
     Barrier,
     /// Run device program `index` of those the engine recorded from the

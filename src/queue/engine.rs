@@ -86,6 +86,24 @@ pub trait Engine: Send + Sized + 'static {
         Ok(())
     }
 
+    /// Checks, when a collective is recorded, that this engine runs
+    /// collectives over `communicator` (its engine: MPI moves host memory,
+    /// which CPU queues run). The core checked the views' lengths, the
+    /// ranks and the buffers ([`check_buffer`](Self::check_buffer)).
+    ///
+    /// The default: the engine runs no collectives.
+    ///
+    /// # Errors
+    /// [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported);
+    /// it rejects the batch.
+    fn check_collective(&self, communicator: &crate::collective::Communicator) -> Result<()> {
+        Err(crate::collective::CollectiveError::unsupported(
+            <Self::Backend as Backend>::ID,
+            communicator,
+        )
+        .into())
+    }
+
     /// Allocates `size` bytes from this queue's device's pool for an
     /// [`alloca`](super::HardwareQueue::alloca) being recorded: a buffer whose
     /// [`Buffer::queue_ordered`](crate::Buffer::queue_ordered) is `Some`, and whose memory is valid

@@ -28,6 +28,7 @@
 
 mod batch;
 mod checks;
+mod collective;
 mod engine;
 mod exec;
 mod ledger;

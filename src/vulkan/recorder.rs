@@ -526,6 +526,11 @@ impl Recorder {
                     .push((index, staging.1));
                 Ok(())
             }
+            // Refused at record time (`Engine::check_collective`'s default).
+            Command::Collective(collective) => Err(
+                crate::collective::CollectiveError::unsupported("vulkan", &collective.communicator)
+                    .into(),
+            ),
             // Every command is preceded by a full barrier already.
             Command::Barrier | Command::Alloca { .. } => Ok(()),
             // Vulkan resubmits whole recorded batches instead (`replay`):

@@ -163,7 +163,8 @@ impl Shape {
             | Command::WaitForeign { .. }
             | Command::Upload { .. }
             | Command::Download { .. }
-            | Command::Replay { .. } => {
+            | Command::Replay { .. }
+            | Command::Collective(_) => {
                 self.signalling = None;
                 Part::Boundary
             }

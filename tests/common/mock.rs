@@ -491,6 +491,15 @@ macro_rules! mock_types {
                                     sink.complete(|out| src.read_into(out))
                                 }
                                 Command::Barrier => Ok(()),
+                                // Refused at record time (the default
+                                // `Engine::check_collective`).
+                                Command::Collective(collective) => {
+                                    Err(hwqueue::collective::CollectiveError::unsupported(
+                                        "mock",
+                                        &collective.communicator,
+                                    )
+                                    .into())
+                                }
                                 // The mock has no queue-ordered allocation:
                                 // the core never records these for it.
                                 Command::Alloca { .. } | Command::Dealloca { .. } => Ok(()),

@@ -148,6 +148,16 @@ impl CpuEngine {
 impl Engine for CpuEngine {
     type Backend = Cpu;
 
+    /// MPI's communicators move host memory: this queue's worker runs
+    /// their collectives (see [`crate::collective`]).
+    fn check_collective(&self, communicator: &crate::collective::Communicator) -> Result<()> {
+        if communicator.on_host() {
+            Ok(())
+        } else {
+            Err(crate::collective::CollectiveError::unsupported("cpu", communicator).into())
+        }
+    }
+
     fn kind(&self) -> QueueKind {
         self.shared.kind
     }

@@ -1,0 +1,149 @@
+//! [`CollectiveError`]: what goes wrong with a communicator or a
+//! collective, carried by [`Error::Collective`](crate::Error::Collective).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// A communicator's or a collective's failure. Each names the rank that
+/// saw it (of the communicator's `size`) and ends with what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CollectiveError {
+    /// A collective recorded with views that do not fit it (checked on the
+    /// recording rank, when it is recorded: the batch is rejected).
+    #[error("rank {rank} of {size}: {op} cannot run: {reason}")]
+    Invalid {
+        /// The recording rank.
+        rank: usize,
+        /// The communicator's size.
+        size: usize,
+        /// The collective (`"all_reduce"`, ...).
+        op: &'static str,
+        /// What is wrong, and how to fix it.
+        reason: String,
+    },
+
+    /// Ranks disagree on a collective: they ran different operations,
+    /// element types or counts at the same place of the communicator's
+    /// order. Found when the collective runs (each rank's description is
+    /// exchanged before any data moves), on every rank involved.
+    #[error(
+        "rank {rank}: its {here} disagrees with rank {peer}'s {there}; every rank must record \
+         the same collectives on a communicator, with the same element type and counts, in the \
+         same order (order queues that share a communicator with signals)"
+    )]
+    Mismatch {
+        /// The rank reporting.
+        rank: usize,
+        /// The first rank that disagrees with it.
+        peer: usize,
+        /// This rank's collective, described.
+        here: String,
+        /// The peer's, described.
+        there: String,
+    },
+
+    /// A collective did not complete within the communicator's timeout: a
+    /// peer exited, failed, or never ran its side. MPI cannot cancel a
+    /// started collective, so the communicator is unusable afterwards
+    /// ([`CollectiveError::Broken`]).
+    #[error(
+        "rank {rank}: {op} did not complete within {waited:?} (a peer exited, failed, or never \
+         ran the matching collective); this communicator is unusable now: make a new one, or \
+         raise the timeout (Communicator::set_timeout) if the peers are only slow"
+    )]
+    Timeout {
+        /// The rank reporting.
+        rank: usize,
+        /// The collective, described.
+        op: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// A collective on a communicator that failed before.
+    #[error(
+        "rank {rank}: the communicator failed earlier and runs no more collectives ({cause}); \
+         make a new communicator"
+    )]
+    Broken {
+        /// The rank reporting.
+        rank: usize,
+        /// The first failure.
+        cause: Arc<Error>,
+    },
+
+    /// A queue whose engine runs no collectives, or not over this
+    /// communicator's engine.
+    #[error("a `{backend}` queue cannot run collectives over a `{engine}` communicator: {remedy}")]
+    Unsupported {
+        /// The queue's backend.
+        backend: &'static str,
+        /// The communicator's engine (`"mpi"`).
+        engine: &'static str,
+        /// What to do instead.
+        remedy: &'static str,
+    },
+
+    /// An MPI call returned an error code.
+    #[error("rank {rank}: {call} failed with MPI error {code}: {message}")]
+    Mpi {
+        /// The rank reporting (`usize::MAX` before the rank is known).
+        rank: usize,
+        /// The MPI function.
+        call: &'static str,
+        /// Its error code.
+        code: i32,
+        /// MPI's text for it.
+        message: String,
+    },
+
+    /// MPI's thread support is too low for queue workers to call it.
+    #[error(
+        "MPI provides thread support `{provided}`, but hwqueue's queue workers call MPI from \
+         their own threads, which needs `multiple` (MPI_THREAD_MULTIPLE): use an MPI built \
+         with it (Debian's OpenMPI is), and do not initialise MPI yourself with a lower level"
+    )]
+    Threading {
+        /// The level MPI provides.
+        provided: &'static str,
+    },
+
+    /// MPI was finalised: it cannot start again in the same process.
+    #[error(
+        "MPI was finalised (the `Mpi` handle was dropped, or the program finalised it), and \
+         cannot start again in this process: keep the `Mpi` handle alive as long as any \
+         communicator is used"
+    )]
+    Finalized,
+}
+
+impl CollectiveError {
+    /// [`CollectiveError::Unsupported`] for a queue of `backend` given a
+    /// collective over `communicator`: what an engine that runs none (or
+    /// not over this communicator's engine) says.
+    pub fn unsupported(backend: &'static str, communicator: &super::Communicator) -> Self {
+        let remedy = match (backend, communicator.on_host()) {
+            ("cpu", false) => {
+                "this communicator moves device memory: record its collectives on \
+                               a queue of its device"
+            }
+            ("cuda", _) => {
+                "NCCL under CUDA queues is not built yet (issue 48): record \
+                            collectives on a CPU queue over an MPI communicator, with the data \
+                            copied to CPU buffers"
+            }
+            _ => {
+                "record collectives on a CPU queue over an MPI communicator (the `mpi` \
+                  feature), with the data copied to CPU buffers"
+            }
+        };
+        CollectiveError::Unsupported {
+            backend,
+            engine: communicator.engine(),
+            remedy,
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! Collectives: a [`Communicator`] is one rank of a group on an existing
+//! distributed engine (MPI; NCCL is to come), and an `all_reduce`,
+//! `all_gather`, `reduce_scatter`, `broadcast`, `send` or `recv` over it is
+//! a *command*, recorded into a queue like a copy and ordered by the queue
+//! and its signals, never a host call between two waits (IREE's
+//! `hal/channel.h` and `collective` command; PyTorch's c10d orders them
+//! with events the same way).
+//!
+//! # How a collective enters a queue
+//!
+//! One command, [`Command::Collective`](crate::queue::Command::Collective),
+//! holds a boxed [`Collective`] (the variant is one pointer): the
+//! communicator, the [`CollectiveOp`], the [`Element`] type, the views it
+//! reads and writes, and its place in the communicator's recording order.
+//! Recording ([`Queue::all_reduce`](crate::Queue::all_reduce) and the
+//! rest) checks what one rank can check (view lengths against the element
+//! size and the group's size, roots and peers in range, the queue's
+//! device) and asks the engine whether it runs collectives over the
+//! communicator's engine ([`Engine::check_collective`](crate::Engine::check_collective)):
+//! a bad one rejects the batch at `submit`, naming the rank and the sizes.
+//!
+//! Each engine matches the command: the CPU backend runs it on its queue's
+//! worker over MPI; every other engine (CUDA until NCCL lands, Vulkan, the
+//! simulator, test mocks) refuses it at record time with
+//! [`CollectiveError::Unsupported`], and its match arm fails the batch with
+//! the same error should one reach it.
+//!
+//! # On the CPU, over MPI
+//!
+//! The worker that reaches the command copies the send view into staging
+//! memory the operation owns, starts MPI's non-blocking collective
+//! (`MPI_Iallreduce`, ...) and polls it (`MPI_Test`) until it completes or
+//! the communicator's timeout passes, then copies the result into the
+//! receive view. Before the data, the ranks exchange a description of the
+//! collective (operation, element type, counts, root, its place in the
+//! recording order), so ranks that disagree fail with
+//! [`CollectiveError::Mismatch`] naming both sides instead of corrupting
+//! data or hanging. A peer that died or never comes fails the batch with
+//! [`CollectiveError::Timeout`]; MPI cannot cancel a started collective, so
+//! its staging memory is leaked to MPI and the communicator is broken
+//! ([`CollectiveError::Broken`]) from then on.
+//!
+//! Workers of several queues call MPI at once, so MPI must provide
+//! `MPI_THREAD_MULTIPLE` (`Mpi::init` checks it; `Mpi::threading` reports
+//! it). The collectives of one
+//! communicator must run in the same order on every rank: record them on
+//! one queue, or order the queues by signals (the description exchange
+//! catches the rest).
+//!
+//! # Use (the `mpi` feature; run under `mpirun -np 4 ...`)
+//!
+//! ```ignore
+//! use hwqueue::collective::{Mpi, Reduction};
+//! let mpi = Mpi::init()?;                 // MPI_THREAD_MULTIPLE, or an error
+//! let world = mpi.world(None)?;           // rank and size from mpirun
+//! let device = hwqueue::cpu::CpuDevice::new();
+//! let (grads, summed) = (device.alloc(4096)?, device.alloc(4096)?);
+//! let (computed, reduced) = (device.new_signal(0)?, device.new_signal(0)?);
+//! let mut queue = device.compute_queue()?;
+//! queue
+//!     .wait(&computed, 1) // set by the queue that computes `grads`
+//!     .all_reduce::<f32, _, _>(&world, Reduction::Sum, &grads, &summed)
+//!     .signal(&reduced, 1)
+//!     .submit()?;         // returns at once; the queue's worker runs it
+//! ```
+//!
+//! `tests/collective_mpi.rs` runs every operation this way under
+//! `mpirun`, and `.ci/run` runs it.
+
+#[cfg(feature = "mpi")]
+mod description;
+mod error;
+#[cfg(feature = "mpi")]
+mod mpi;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::buffer::Pod;
+use crate::error::Result;
+use crate::sync::{Arc, AtomicU64, Ordering};
+use crate::view::View;
+
+pub use error::CollectiveError;
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
+
+/// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reduction {
+    /// The sum.
+    Sum,
+    /// The product.
+    Product,
+    /// The smallest.
+    Min,
+    /// The largest.
+    Max,
+}
+
+impl Reduction {
+    /// Its name: `sum`, `product`, `min`, `max`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reduction::Sum => "sum",
+            Reduction::Product => "product",
+            Reduction::Min => "min",
+            Reduction::Max => "max",
+        }
+    }
+}
+
+/// The element type of a collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Element {
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+    /// `i32`.
+    I32,
+    /// `u32`.
+    U32,
+}
+
+impl Element {
+    /// Its size in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            Element::F32 | Element::I32 | Element::U32 => 4,
+            Element::F64 => 8,
+        }
+    }
+
+    /// Its Rust name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Element::F32 => "f32",
+            Element::F64 => "f64",
+            Element::I32 => "i32",
+            Element::U32 => "u32",
+        }
+    }
+}
+
+/// A type collectives move and reduce: `f32`, `f64`, `i32`, `u32`.
+pub trait CollectiveElement: Pod + sealed::Sealed {
+    /// Which.
+    const ELEMENT: Element;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! collective_elements {
+    ($($ty:ty => $element:ident),*) => {$(
+        impl sealed::Sealed for $ty {}
+        impl CollectiveElement for $ty {
+            const ELEMENT: Element = Element::$element;
+        }
+    )*};
+}
+collective_elements!(f32 => F32, f64 => F64, i32 => I32, u32 => U32);
+
+/// What a collective does. Counts are in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollectiveOp {
+    /// Every rank's send view combined element-wise into every rank's
+    /// receive view (of the send view's length).
+    AllReduce(Reduction),
+    /// Every rank's send view, in rank order, into every rank's receive
+    /// view (`size` times the send view's length).
+    AllGather,
+    /// The send views (`size` times the receive view's length) combined
+    /// element-wise; rank `r` receives the `r`th part.
+    ReduceScatter(Reduction),
+    /// Rank `root`'s view into every other rank's (in place: one view).
+    Broadcast {
+        /// The rank whose view is sent.
+        root: usize,
+    },
+    /// The send view to rank `peer`, whose matching `recv` receives it.
+    Send {
+        /// The receiving rank.
+        peer: usize,
+    },
+    /// Rank `peer`'s matching `send`, into the receive view.
+    Recv {
+        /// The sending rank.
+        peer: usize,
+    },
+}
+
+impl CollectiveOp {
+    /// Its name: `all_reduce`, `all_gather`, ...
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollectiveOp::AllReduce(_) => "all_reduce",
+            CollectiveOp::AllGather => "all_gather",
+            CollectiveOp::ReduceScatter(_) => "reduce_scatter",
+            CollectiveOp::Broadcast { .. } => "broadcast",
+            CollectiveOp::Send { .. } => "send",
+            CollectiveOp::Recv { .. } => "recv",
+        }
+    }
+}
+
+/// A recorded collective: what [`Command::Collective`](crate::queue::Command::Collective)
+/// holds (boxed, so the command stays small).
+pub struct Collective<B: Backend> {
+    /// The group it runs in, as this rank.
+    pub communicator: Communicator,
+    /// What it does.
+    pub op: CollectiveOp,
+    /// Its element type.
+    pub element: Element,
+    /// Its place in the order collectives were recorded on this
+    /// communicator by this rank (0, 1, ...; point-to-point commands count
+    /// too). Ranks compare it to find collectives that run out of order.
+    pub sequence: u64,
+    /// The view it reads, if any (`recv` reads none; a broadcast reads its
+    /// one view on the root only).
+    pub send: Option<View<B>>,
+    /// The view it writes, if any (`send` writes none; a broadcast writes
+    /// its one view on every rank but the root).
+    pub recv: Option<View<B>>,
+}
+
+impl<B: Backend> Collective<B> {
+    /// How many elements each rank contributes: the send view's (the
+    /// receive view's for `recv` and `reduce_scatter`).
+    pub fn count(&self) -> usize {
+        let view = match self.op {
+            CollectiveOp::ReduceScatter(_) | CollectiveOp::Recv { .. } => self.recv.as_ref(),
+            // The root's view is sent, the others' received.
+            CollectiveOp::Broadcast { .. } => self.send.as_ref().or(self.recv.as_ref()),
+            _ => self.send.as_ref(),
+        };
+        view.map_or(0, |v| v.len() / self.element.size())
+    }
+
+    /// The collective in words, as errors and profiles name it:
+    /// `all_reduce (sum) of 256 f32, recorded #3`.
+    pub fn describe(&self) -> String {
+        describe(self.op, self.element, self.count(), self.sequence)
+    }
+}
+
+impl<B: Backend> fmt::Debug for Collective<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// `all_reduce (sum) of 256 f32, recorded #3`.
+pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequence: u64) -> String {
+    let what = match op {
+        CollectiveOp::AllReduce(r) | CollectiveOp::ReduceScatter(r) => {
+            format!("{} ({})", op.name(), r.name())
+        }
+        CollectiveOp::Broadcast { root } => format!("broadcast from rank {root}"),
+        CollectiveOp::Send { peer } => format!("send to rank {peer}"),
+        CollectiveOp::Recv { peer } => format!("recv from rank {peer}"),
+        CollectiveOp::AllGather => op.name().to_owned(),
+    };
+    format!("{what} of {count} {}, recorded #{sequence}", element.name())
+}
+
+/// The timeout a communicator starts with: a minute.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One rank of a group of `size` ranks on a distributed engine: what
+/// collectives run over. Cheap to clone (a handle); every clone is the same
+/// rank of the same group, and commands hold one until they ran.
+#[derive(Clone)]
+pub struct Communicator {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    rank: usize,
+    size: usize,
+    /// The timeout in nanoseconds: written by `set_timeout` (any thread),
+    /// read by each collective when it starts; `Relaxed` suffices, as the
+    /// value orders nothing else.
+    timeout_ns: AtomicU64,
+    /// The next recording sequence number: taken by each collective when
+    /// recorded (`Relaxed`: only its uniqueness and the recording thread's
+    /// own order matter).
+    recorded: AtomicU64,
+    transport: Transport,
+}
+
+/// The engine a communicator runs on; a variant per engine, each gated by
+/// its feature.
+enum Transport {
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiComm),
+}
+
+impl Communicator {
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    fn new(rank: usize, size: usize, transport: Transport) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                rank,
+                size,
+                timeout_ns: AtomicU64::new(duration_ns(DEFAULT_TIMEOUT)),
+                recorded: AtomicU64::new(0),
+                transport,
+            }),
+        }
+    }
+
+    /// This rank, in `0..size`.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// How many ranks the group has.
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// The engine it runs on: `"mpi"`.
+    pub fn engine(&self) -> &'static str {
+        match self.shared.transport {
+            #[cfg(feature = "mpi")]
+            Transport::Mpi(_) => "mpi",
+        }
+    }
+
+    /// Whether it moves host memory (so CPU queues run its collectives).
+    pub fn on_host(&self) -> bool {
+        match self.shared.transport {
+            #[cfg(feature = "mpi")]
+            Transport::Mpi(_) => true,
+        }
+    }
+
+    /// How long a collective may take, from when its queue reaches it,
+    /// before its batch fails with [`CollectiveError::Timeout`]
+    /// ([`DEFAULT_TIMEOUT`] at first).
+    pub fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.shared.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    /// Sets the timeout for the collectives that start from now on.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.shared
+            .timeout_ns
+            .store(duration_ns(timeout), Ordering::Relaxed);
+    }
+
+    /// Whether two handles are the same communicator.
+    pub fn same_as(&self, other: &Communicator) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Splits the group: the ranks that give the same `color` form a new
+    /// communicator, ranked by `key` (ties by their rank here); a rank
+    /// giving `None` joins none and gets `None` (`MPI_Comm_split`). Every
+    /// rank calls it, from the host, at the same place of this
+    /// communicator's order of collectives: synchronise the queues that
+    /// record collectives on it first. Bounded by the timeout: a rank that
+    /// never calls it fails the others with [`CollectiveError::Timeout`].
+    ///
+    /// # Errors
+    /// [`CollectiveError::Timeout`], [`CollectiveError::Mismatch`] (a rank
+    /// ran a collective where this one splits), [`CollectiveError::Mpi`].
+    #[cfg(feature = "mpi")]
+    pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
+        match self.shared.transport {
+            Transport::Mpi(ref comm) => comm.split(self, color, key),
+        }
+    }
+
+    /// The next recording sequence number.
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.shared.recorded.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `collective` over host memory on the calling thread (a CPU
+    /// queue's worker): `read` fills the send staging from the send view,
+    /// `write` copies the result out to the receive view. Returns when it
+    /// completed, failed, or timed out.
+    ///
+    /// # Errors
+    /// [`CollectiveError`]s: a mismatch, a timeout, a broken communicator,
+    /// an MPI error; `read`'s and `write`'s own.
+    pub(crate) fn run_on_host(
+        &self,
+        plan: &HostCollective,
+        read: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+        write: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let _ = (&plan, &read, &write);
+        match self.shared.transport {
+            #[cfg(feature = "mpi")]
+            Transport::Mpi(ref comm) => comm.run(self, plan, read, write),
+        }
+    }
+}
+
+/// What a host engine runs: a collective's shape without its views.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) struct HostCollective {
+    pub(crate) op: CollectiveOp,
+    pub(crate) element: Element,
+    /// Elements each rank contributes.
+    pub(crate) count: usize,
+    pub(crate) sequence: u64,
+}
+
+impl HostCollective {
+    pub(crate) fn of<B: Backend>(collective: &Collective<B>) -> Self {
+        Self {
+            op: collective.op,
+            element: collective.element,
+            count: collective.count(),
+            sequence: collective.sequence,
+        }
+    }
+
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn describe(&self) -> String {
+        describe(self.op, self.element, self.count, self.sequence)
+    }
+}
+
+impl fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Communicator")
+            .field("engine", &self.engine())
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .finish_non_exhaustive()
+    }
+}
+
+fn duration_ns(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,681 @@
+//! The MPI engine under CPU queues, on rsmpi's raw bindings (`mpi::ffi`):
+//! [`Mpi`] (MPI's life in this process), and `MpiComm`, the communicator's
+//! MPI side, which runs one collective on the calling thread: description
+//! exchange, then the data, each a non-blocking MPI call polled until done
+//! or the deadline. Every raw call's code becomes a [`CollectiveError::Mpi`]
+//! at the call (the communicators are duplicated with `MPI_ERRORS_RETURN`,
+//! so MPI returns errors instead of aborting).
+
+use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ::mpi::environment::Universe;
+use ::mpi::ffi;
+
+use super::description::{Description, WORDS};
+use super::{
+    CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
+    Reduction, Transport,
+};
+use crate::error::{Error, Result};
+use crate::sync::{Arc, Mutex, RwLock};
+
+/// MPI's state in this process, as hwqueue sees it. Collectives hold it
+/// shared while they call MPI; [`Mpi`]'s drop takes it exclusively to
+/// finalise, so MPI is never finalised under a running collective, and no
+/// collective starts after.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Life {
+    NotStarted,
+    Live,
+    Finalized,
+}
+
+fn life() -> &'static RwLock<Life> {
+    static LIFE: OnceLock<RwLock<Life>> = OnceLock::new();
+    LIFE.get_or_init(|| RwLock::new(Life::NotStarted))
+}
+
+/// MPI in this process: initialised by [`Mpi::init`] (with
+/// `MPI_THREAD_MULTIPLE`, as queue workers call MPI), finalised when
+/// dropped, on the thread that made it (MPI's rule: it is not `Send`).
+/// Rank and size come from the launcher (`mpirun`); a program started
+/// alone is rank 0 of 1.
+///
+/// Dropping it waits for collectives running on queue workers (each
+/// bounded by its communicator's timeout); collectives after it fail with
+/// [`CollectiveError::Finalized`]. Synchronise the queues first.
+pub struct Mpi {
+    /// `None` when the program initialised MPI itself (it finalises it).
+    universe: Option<Universe>,
+    threading: &'static str,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl Mpi {
+    /// Initialises MPI (or adopts it, when the program initialised it
+    /// with `MPI_THREAD_MULTIPLE`).
+    ///
+    /// # Errors
+    /// [`CollectiveError::Threading`] when MPI does not provide
+    /// `MPI_THREAD_MULTIPLE` (its level is reported);
+    /// [`CollectiveError::Finalized`] after MPI was finalised, or while
+    /// another `Mpi` lives.
+    pub fn init() -> Result<Mpi> {
+        let mut life = life().write();
+        if *life != Life::NotStarted || ::mpi::environment::is_finalized() {
+            return Err(CollectiveError::Finalized.into());
+        }
+        let universe = if ::mpi::environment::is_initialized() {
+            None
+        } else {
+            let (universe, _) = ::mpi::initialize_with_threading(::mpi::Threading::Multiple)
+                .ok_or(CollectiveError::Mpi {
+                    rank: usize::MAX,
+                    call: "MPI_Init_thread",
+                    code: -1,
+                    message: "rsmpi found MPI initialised already".into(),
+                })?;
+            Some(universe)
+        };
+        let threading = match ::mpi::environment::threading_support() {
+            ::mpi::Threading::Single => "single",
+            ::mpi::Threading::Funneled => "funneled",
+            ::mpi::Threading::Serialized => "serialized",
+            ::mpi::Threading::Multiple => "multiple",
+        };
+        if threading != "multiple" {
+            if universe.is_some() {
+                *life = Life::Finalized;
+            }
+            drop(universe);
+            return Err(CollectiveError::Threading {
+                provided: threading,
+            }
+            .into());
+        }
+        *life = Life::Live;
+        Ok(Mpi {
+            universe,
+            threading,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The thread support MPI provides: `"multiple"` (anything less fails
+    /// [`init`](Self::init)).
+    pub fn threading(&self) -> &'static str {
+        self.threading
+    }
+
+    /// This process's rank in MPI's world, and the world's size, as the
+    /// launcher set them.
+    pub fn world_rank_size(&self) -> (usize, usize) {
+        // SAFETY: MPI is initialised (`self` lives), and COMM_WORLD is
+        // valid until it is finalised.
+        let world = unsafe { ffi::RSMPI_COMM_WORLD };
+        rank_size(world).unwrap_or((0, 1))
+    }
+
+    /// A communicator over every rank of MPI's world: a duplicate of
+    /// `MPI_COMM_WORLD` (so its traffic never mixes with the program's
+    /// own), made by every rank together within `timeout`
+    /// ([`DEFAULT_TIMEOUT`] if `None`).
+    ///
+    /// # Errors
+    /// [`CollectiveError::Timeout`] when some rank does not make it in
+    /// time; [`CollectiveError::Mpi`].
+    pub fn world(&self, timeout: Option<Duration>) -> Result<Communicator> {
+        let _live = life().read();
+        // SAFETY: as in `world_rank_size`.
+        let world = unsafe { ffi::RSMPI_COMM_WORLD };
+        let (rank, _) = rank_size(world)?;
+        // Boxed: MPI writes it when the request completes, which may be
+        // after a timeout (the box is leaked then).
+        let mut raw = Box::new(std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit());
+        let mut request = null_request();
+        // SAFETY: `world` is a live communicator; `request` is written
+        // before MPI returns; `*raw` lives until the request completed, or
+        // forever.
+        check(rank, "MPI_Comm_idup", unsafe {
+            ffi::MPI_Comm_idup(world, raw.as_mut_ptr(), &mut request)
+        })?;
+        let deadline = Instant::now() + timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let mut requests = [request];
+        if !poll(rank, &mut requests, deadline)? {
+            std::mem::forget(raw);
+            return Err(CollectiveError::Timeout {
+                rank,
+                op: "making the world communicator (MPI_Comm_idup)".into(),
+                waited: timeout.unwrap_or(DEFAULT_TIMEOUT),
+            }
+            .into());
+        }
+        // SAFETY: the request completed, so MPI wrote the new handle.
+        MpiComm::adopt(unsafe { raw.assume_init_read() })
+    }
+}
+
+impl Drop for Mpi {
+    fn drop(&mut self) {
+        // Waits for running collectives (each bounded by its timeout).
+        let mut life = life().write();
+        *life = if self.universe.is_some() {
+            Life::Finalized
+        } else {
+            Life::NotStarted
+        };
+        // Finalises MPI, when we initialised it.
+        self.universe.take();
+    }
+}
+
+/// A duplicated MPI communicator with `MPI_ERRORS_RETURN`, and what keeps
+/// the collectives over it in one order.
+pub(super) struct MpiComm {
+    raw: RawComm,
+    /// Held from a collective's description exchange until its data
+    /// transfer started, so each rank starts the collectives of this
+    /// communicator in one order (MPI's rule); bounded, as the holder
+    /// gives up at its deadline.
+    collective_start: Mutex<()>,
+    /// The same for `send`/`recv`, which never block collectives.
+    p2p_start: Mutex<()>,
+    /// The first failure that left MPI requests pending (a timeout): the
+    /// communicator runs nothing after it.
+    broken: Mutex<Option<Arc<Error>>>,
+}
+
+/// An `MPI_Comm` handle.
+struct RawComm(ffi::MPI_Comm);
+
+// SAFETY: an `MPI_Comm` is a handle MPI lets any thread use under
+// `MPI_THREAD_MULTIPLE`, which `Mpi::init` requires; the collectives that
+// must not start concurrently are serialised by `MpiComm`'s locks.
+unsafe impl Send for RawComm {}
+// SAFETY: as for `Send`: MPI's handles are thread-safe at that level.
+unsafe impl Sync for RawComm {}
+
+impl MpiComm {
+    /// Wraps a communicator this process made (and now owns).
+    fn adopt(raw: ffi::MPI_Comm) -> Result<Communicator> {
+        let (rank, size) = rank_size(raw)?;
+        // SAFETY: `raw` is a live communicator; the error handler is one
+        // of MPI's predefined ones.
+        check(rank, "MPI_Comm_set_errhandler", unsafe {
+            ffi::MPI_Comm_set_errhandler(raw, ffi::RSMPI_ERRORS_RETURN)
+        })?;
+        let comm = MpiComm {
+            raw: RawComm(raw),
+            collective_start: Mutex::new(()),
+            p2p_start: Mutex::new(()),
+            broken: Mutex::new(None),
+        };
+        Ok(Communicator::new(rank, size, Transport::Mpi(comm)))
+    }
+
+    /// Runs `plan` on the calling thread (see [`Communicator::run_on_host`]).
+    pub(super) fn run(
+        &self,
+        communicator: &Communicator,
+        plan: &HostCollective,
+        read: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+        write: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let (rank, size) = (communicator.rank(), communicator.size());
+        let life = life().read();
+        if *life != Life::Live {
+            return Err(CollectiveError::Finalized.into());
+        }
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
+        let timeout = communicator.timeout();
+        let deadline = Instant::now() + timeout;
+        let element = plan.element.size();
+        let (send_len, recv_len) = match plan.op {
+            CollectiveOp::AllReduce(_) => (plan.count, plan.count),
+            CollectiveOp::AllGather => (plan.count, plan.count * size),
+            CollectiveOp::ReduceScatter(_) => (plan.count * size, plan.count),
+            CollectiveOp::Broadcast { root } if root == rank => (plan.count, 0),
+            CollectiveOp::Broadcast { .. } => (0, plan.count),
+            CollectiveOp::Send { .. } => (plan.count, 0),
+            CollectiveOp::Recv { .. } => (0, plan.count),
+        };
+        let mut send = Staging::new(send_len * element);
+        let mut recv = Staging::new(recv_len * element);
+        // A rank that cannot read its view still describes itself, marked
+        // failed, so its peers fail at once rather than at the timeout.
+        let read_error = read(send.bytes()).err();
+        let mine = Description::of(plan, read_error.is_some());
+        let p2p = matches!(
+            plan.op,
+            CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
+        );
+        let lock = if p2p {
+            &self.p2p_start
+        } else {
+            &self.collective_start
+        };
+        let guard = lock.lock();
+        let exchanged = self.exchange(rank, size, plan, mine, (deadline, timeout));
+        let started = exchanged.and_then(|()| match read_error {
+            Some(error) => Err(error),
+            None => self.start(rank, plan, &mut send, &mut recv),
+        });
+        drop(guard);
+        let mut flight = started?;
+        let done = poll(rank, &mut flight, deadline).and_then(|done| {
+            done.then_some(()).ok_or_else(|| {
+                Error::from(CollectiveError::Timeout {
+                    rank,
+                    op: plan.describe(),
+                    waited: timeout,
+                })
+            })
+        });
+        if let Err(error) = done {
+            // MPI may still write the staging memory: it is MPI's now,
+            // and the communicator is done.
+            std::mem::forget(send);
+            std::mem::forget(recv);
+            *self.broken.lock() = Some(Arc::new(error.clone()));
+            return Err(error);
+        }
+        drop(life);
+        if recv_len > 0 {
+            write(recv.bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Splits `communicator` (see [`Communicator::split`]): a description
+    /// exchange at the split's place in the order (bounded by the
+    /// timeout, so a rank that never comes fails it), then
+    /// `MPI_Comm_split`, which every rank has reached by then.
+    pub(super) fn split(
+        &self,
+        communicator: &Communicator,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Communicator>> {
+        let (rank, size) = (communicator.rank(), communicator.size());
+        let life = life().read();
+        if *life != Life::Live {
+            return Err(CollectiveError::Finalized.into());
+        }
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
+        let timeout = communicator.timeout();
+        let sequence = communicator.next_sequence();
+        let plan = HostCollective {
+            op: CollectiveOp::AllGather,
+            element: Element::U32,
+            count: 0,
+            sequence,
+        };
+        let _start = self.collective_start.lock();
+        let deadline = Instant::now() + timeout;
+        let mine = Description::split(sequence);
+        self.exchange(rank, size, &plan, mine, (deadline, timeout))?;
+        // SAFETY: reading MPI's predefined constant.
+        let undefined = unsafe { ffi::RSMPI_UNDEFINED };
+        let color = match color {
+            Some(color) => c_int::try_from(color).unwrap_or(c_int::MAX),
+            None => undefined,
+        };
+        let mut raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+        // SAFETY: the communicator is live; `raw` is written before the
+        // call returns success.
+        check(rank, "MPI_Comm_split", unsafe {
+            ffi::MPI_Comm_split(
+                self.raw.0,
+                color,
+                c_int::try_from(key).unwrap_or(c_int::MAX),
+                raw.as_mut_ptr(),
+            )
+        })?;
+        // SAFETY: MPI_Comm_split succeeded, so it wrote the handle.
+        let raw = unsafe { raw.assume_init() };
+        // SAFETY: reading MPI's predefined constant.
+        if raw == unsafe { ffi::RSMPI_COMM_NULL } {
+            return Ok(None);
+        }
+        drop(life);
+        MpiComm::adopt(raw).map(Some)
+    }
+
+    /// Exchanges descriptions with the peers of `plan` (every rank, or the
+    /// one peer of a `send`/`recv`) and compares them.
+    fn exchange(
+        &self,
+        rank: usize,
+        size: usize,
+        plan: &HostCollective,
+        mine: Description,
+        (deadline, timeout): (Instant, Duration),
+    ) -> Result<()> {
+        let words = mine.0;
+        let (theirs, peers): (Vec<[u64; WORDS]>, Vec<usize>) = match plan.op {
+            CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => {
+                let mut theirs = Box::new([0u64; WORDS]);
+                let mut requests = [null_request(), null_request()];
+                let (count, dtype) = (WORDS as c_int, u64_type());
+                // SAFETY: `theirs` is `WORDS` u64s, live until the
+                // requests complete, or forever (leaked on a timeout).
+                check(rank, "MPI_Irecv", unsafe {
+                    ffi::MPI_Irecv(
+                        theirs.as_mut_ptr().cast::<c_void>(),
+                        count,
+                        dtype,
+                        peer as c_int,
+                        TAG_DESCRIPTION,
+                        self.raw.0,
+                        &mut requests[0],
+                    )
+                })?;
+                let sent = Box::new(words);
+                // SAFETY: `sent` is `WORDS` u64s, kept alive like `theirs`.
+                let started = check(rank, "MPI_Isend", unsafe {
+                    ffi::MPI_Isend(
+                        sent.as_ptr().cast::<c_void>(),
+                        count,
+                        dtype,
+                        peer as c_int,
+                        TAG_DESCRIPTION,
+                        self.raw.0,
+                        &mut requests[1],
+                    )
+                });
+                let done = started
+                    .and_then(|()| self.settle(rank, plan, &mut requests, deadline, timeout));
+                if let Err(error) = done {
+                    // The receive may still write `theirs`: MPI's now,
+                    // and the communicator is done.
+                    *self.broken.lock() = Some(Arc::new(error.clone()));
+                    std::mem::forget(theirs);
+                    std::mem::forget(sent);
+                    return Err(error);
+                }
+                (vec![*theirs], vec![peer])
+            }
+            _ => {
+                let sent = Box::new(words);
+                let mut all = vec![[0u64; WORDS]; size];
+                let mut requests = [null_request()];
+                // SAFETY: `sent` holds `WORDS` u64s and `all` `size` times
+                // as many, live until the request completes, or leaked.
+                check(rank, "MPI_Iallgather", unsafe {
+                    ffi::MPI_Iallgather(
+                        sent.as_ptr().cast::<c_void>(),
+                        WORDS as c_int,
+                        u64_type(),
+                        all.as_mut_ptr().cast::<c_void>(),
+                        WORDS as c_int,
+                        u64_type(),
+                        self.raw.0,
+                        &mut requests[0],
+                    )
+                })?;
+                if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
+                    std::mem::forget(all);
+                    std::mem::forget(sent);
+                    return Err(error);
+                }
+                (all, (0..size).collect())
+            }
+        };
+        for (theirs, peer) in theirs.into_iter().zip(peers) {
+            let theirs = Description(theirs);
+            if peer != rank && !mine.agrees(&theirs, rank, peer) {
+                return Err(CollectiveError::Mismatch {
+                    rank,
+                    peer,
+                    here: mine.to_string(),
+                    there: theirs.to_string(),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls the description exchange's `requests` to completion. A
+    /// timeout, or an error while they are pending, breaks the
+    /// communicator: the caller leaks their memory to MPI.
+    fn settle(
+        &self,
+        rank: usize,
+        plan: &HostCollective,
+        requests: &mut [ffi::MPI_Request],
+        deadline: Instant,
+        waited: Duration,
+    ) -> Result<()> {
+        let error = match poll(rank, requests, deadline) {
+            Ok(true) => return Ok(()),
+            Ok(false) => Error::from(CollectiveError::Timeout {
+                rank,
+                op: format!("{} (exchanging descriptions)", plan.describe()),
+                waited,
+            }),
+            Err(error) => error,
+        };
+        *self.broken.lock() = Some(Arc::new(error.clone()));
+        Err(error)
+    }
+
+    /// Starts the data transfer of `plan` over the staging memory.
+    fn start(
+        &self,
+        rank: usize,
+        plan: &HostCollective,
+        send: &mut Staging,
+        recv: &mut Staging,
+    ) -> Result<Vec<ffi::MPI_Request>> {
+        let mut request = null_request();
+        let count = c_int::try_from(plan.count).map_err(|_| CollectiveError::Invalid {
+            rank,
+            size: 0,
+            op: plan.op.name(),
+            reason: format!(
+                "{} elements are more than MPI counts (2^31 - 1)",
+                plan.count
+            ),
+        })?;
+        let dtype = datatype(plan.element);
+        let (s, r) = (send.ptr(), recv.ptr());
+        let comm = self.raw.0;
+        // SAFETY: the staging buffers are as long as the op needs for
+        // `count` elements (sized in `run`), and live until the request
+        // completes or forever (leaked on a timeout); `comm` is a live
+        // communicator; the datatype and op handles are MPI's predefined
+        // ones; `request` is written before the call returns.
+        let (call, code) = unsafe {
+            match plan.op {
+                CollectiveOp::AllReduce(reduction) => (
+                    "MPI_Iallreduce",
+                    ffi::MPI_Iallreduce(s, r, count, dtype, op(reduction), comm, &mut request),
+                ),
+                CollectiveOp::AllGather => (
+                    "MPI_Iallgather",
+                    ffi::MPI_Iallgather(s, count, dtype, r, count, dtype, comm, &mut request),
+                ),
+                CollectiveOp::ReduceScatter(reduction) => (
+                    "MPI_Ireduce_scatter_block",
+                    ffi::MPI_Ireduce_scatter_block(
+                        s,
+                        r,
+                        count,
+                        dtype,
+                        op(reduction),
+                        comm,
+                        &mut request,
+                    ),
+                ),
+                CollectiveOp::Broadcast { root } => {
+                    let buffer = if root == rank { s } else { r };
+                    (
+                        "MPI_Ibcast",
+                        ffi::MPI_Ibcast(buffer, count, dtype, root as c_int, comm, &mut request),
+                    )
+                }
+                CollectiveOp::Send { peer } => (
+                    "MPI_Isend",
+                    ffi::MPI_Isend(s, count, dtype, peer as c_int, TAG_DATA, comm, &mut request),
+                ),
+                CollectiveOp::Recv { peer } => (
+                    "MPI_Irecv",
+                    ffi::MPI_Irecv(r, count, dtype, peer as c_int, TAG_DATA, comm, &mut request),
+                ),
+            }
+        };
+        check(rank, call, code)?;
+        Ok(vec![request])
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        let life = life().read();
+        if *life == Life::Live {
+            // SAFETY: MPI is live; the handle is ours (duplicated in
+            // `adopt`) and no collective uses it (they hold a clone of the
+            // communicator, and this is its last). Pending (leaked)
+            // requests are allowed: MPI frees it once they complete.
+            unsafe { ffi::MPI_Comm_free(&mut self.raw.0) };
+        }
+    }
+}
+
+const TAG_DESCRIPTION: c_int = 1;
+const TAG_DATA: c_int = 2;
+
+/// Memory a collective's data goes through, 8-byte aligned (for `f64`).
+struct Staging {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl Staging {
+    fn new(len: usize) -> Self {
+        Self {
+            words: vec![0; len.div_ceil(8)],
+            len,
+        }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+
+    fn ptr(&mut self) -> *mut c_void {
+        self.words.as_mut_ptr().cast()
+    }
+}
+
+/// Polls `requests` until all completed (`true`) or `deadline` passed
+/// (`false`: they are still pending). Spins briefly, then yields the core
+/// (MPI progresses only inside its calls, so the polling is the progress),
+/// then sleeps in short steps.
+fn poll(rank: usize, requests: &mut [ffi::MPI_Request], deadline: Instant) -> Result<bool> {
+    let start = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        let mut done: c_int = 0;
+        // SAFETY: `requests` are live requests (or null ones, which MPI
+        // takes as done); statuses are ignored.
+        check(rank, "MPI_Testall", unsafe {
+            ffi::MPI_Testall(
+                requests.len() as c_int,
+                requests.as_mut_ptr(),
+                &mut done,
+                ffi::RSMPI_STATUSES_IGNORE,
+            )
+        })?;
+        if done != 0 {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        tries = tries.saturating_add(1);
+        if tries < 64 {
+            std::hint::spin_loop();
+        } else if now - start < Duration::from_millis(20) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+fn rank_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
+    let (mut rank, mut size): (c_int, c_int) = (0, 0);
+    // SAFETY: `comm` is a live communicator; both outputs are plain ints.
+    check(usize::MAX, "MPI_Comm_rank", unsafe {
+        ffi::MPI_Comm_rank(comm, &mut rank)
+    })?;
+    // SAFETY: as above.
+    check(usize::MAX, "MPI_Comm_size", unsafe {
+        ffi::MPI_Comm_size(comm, &mut size)
+    })?;
+    Ok((rank as usize, size as usize))
+}
+
+fn null_request() -> ffi::MPI_Request {
+    // SAFETY: reading one of MPI's predefined handles, set at load.
+    unsafe { ffi::RSMPI_REQUEST_NULL }
+}
+
+fn u64_type() -> ffi::MPI_Datatype {
+    // SAFETY: as in `null_request`.
+    unsafe { ffi::RSMPI_UINT64_T }
+}
+
+fn datatype(element: Element) -> ffi::MPI_Datatype {
+    // SAFETY: as in `null_request`.
+    unsafe {
+        match element {
+            Element::F32 => ffi::RSMPI_FLOAT,
+            Element::F64 => ffi::RSMPI_DOUBLE,
+            Element::I32 => ffi::RSMPI_INT32_T,
+            Element::U32 => ffi::RSMPI_UINT32_T,
+        }
+    }
+}
+
+fn op(reduction: Reduction) -> ffi::MPI_Op {
+    // SAFETY: as in `null_request`.
+    unsafe {
+        match reduction {
+            Reduction::Sum => ffi::RSMPI_SUM,
+            Reduction::Product => ffi::RSMPI_PROD,
+            Reduction::Min => ffi::RSMPI_MIN,
+            Reduction::Max => ffi::RSMPI_MAX,
+        }
+    }
+}
+
+/// `code` as a result: MPI's text for it when it is not `MPI_SUCCESS`.
+fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
+    if code == ffi::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    let mut text = vec![0u8; 512];
+    let mut len: c_int = 0;
+    // SAFETY: `text` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI and
+    // MPICH) characters; `len` receives how many were written.
+    unsafe { ffi::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
+    text.truncate(usize::try_from(len).unwrap_or(0).min(512));
+    Err(CollectiveError::Mpi {
+        rank,
+        call,
+        code,
+        message: String::from_utf8_lossy(&text).into_owned(),
+    }
+    .into())
+}

@@ -1,0 +1,282 @@
+//! Recording collectives ([`Queue::all_reduce`] and the rest): what one
+//! rank can check when it records one, and the
+//! [`Command::Collective`] it pushes. See [`crate::collective`].
+
+use crate::collective::{
+    Collective, CollectiveElement, CollectiveError, CollectiveOp, Communicator, Element, Reduction,
+};
+use crate::view::{AsView, View};
+
+use super::batch::Command;
+use super::engine::Engine;
+use super::{HardwareQueue, Queue};
+
+/// Collectives, recorded like any other command: they run when the queue
+/// reaches them, in order with its other commands and signals, and a bad
+/// one rejects the batch at `submit` (naming this rank and the sizes).
+/// Every rank of `communicator` must record the same collectives in the
+/// same order (a `send` is matched by its peer's `recv`); element counts
+/// are a view's length over `T`'s size.
+impl<E: Engine> Queue<E> {
+    /// Records: combine every rank's `send` element-wise by `reduction`
+    /// into every rank's `recv`, of `send`'s length (`recv` may be `send`
+    /// itself: in place; otherwise they must not overlap).
+    pub fn all_reduce<T, S, D>(
+        &mut self,
+        communicator: &Communicator,
+        reduction: Reduction,
+        send: &S,
+        recv: &D,
+    ) -> &mut Self
+    where
+        T: CollectiveElement,
+        S: AsView<E::Backend>,
+        D: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::AllReduce(reduction);
+        self.record_collective(communicator, op, T::ELEMENT, Some(send), Some(recv))
+    }
+
+    /// Records: every rank's `send`, in rank order, into every rank's
+    /// `recv`, which is `size` times as long.
+    pub fn all_gather<T, S, D>(
+        &mut self,
+        communicator: &Communicator,
+        send: &S,
+        recv: &D,
+    ) -> &mut Self
+    where
+        T: CollectiveElement,
+        S: AsView<E::Backend>,
+        D: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::AllGather;
+        self.record_collective(communicator, op, T::ELEMENT, Some(send), Some(recv))
+    }
+
+    /// Records: combine every rank's `send` (`size` parts of `recv`'s
+    /// length) element-wise by `reduction`; rank `r` receives part `r`.
+    pub fn reduce_scatter<T, S, D>(
+        &mut self,
+        communicator: &Communicator,
+        reduction: Reduction,
+        send: &S,
+        recv: &D,
+    ) -> &mut Self
+    where
+        T: CollectiveElement,
+        S: AsView<E::Backend>,
+        D: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::ReduceScatter(reduction);
+        self.record_collective(communicator, op, T::ELEMENT, Some(send), Some(recv))
+    }
+
+    /// Records: rank `root`'s `view` into every other rank's `view`.
+    pub fn broadcast<T, V>(
+        &mut self,
+        communicator: &Communicator,
+        root: usize,
+        view: &V,
+    ) -> &mut Self
+    where
+        T: CollectiveElement,
+        V: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::Broadcast { root };
+        if communicator.rank() == root {
+            self.record_collective(communicator, op, T::ELEMENT, Some(view), None::<&V>)
+        } else {
+            self.record_collective(communicator, op, T::ELEMENT, None::<&V>, Some(view))
+        }
+    }
+
+    /// Records: `view` to rank `peer`, whose [`recv`](Self::recv) from this
+    /// rank, of the same length and type, receives it.
+    pub fn send<T, V>(&mut self, communicator: &Communicator, peer: usize, view: &V) -> &mut Self
+    where
+        T: CollectiveElement,
+        V: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::Send { peer };
+        self.record_collective(communicator, op, T::ELEMENT, Some(view), None::<&V>)
+    }
+
+    /// Records: receive rank `peer`'s [`send`](Self::send) to this rank into
+    /// `view`.
+    pub fn recv<T, V>(&mut self, communicator: &Communicator, peer: usize, view: &V) -> &mut Self
+    where
+        T: CollectiveElement,
+        V: AsView<E::Backend>,
+    {
+        let op = CollectiveOp::Recv { peer };
+        self.record_collective(communicator, op, T::ELEMENT, None::<&V>, Some(view))
+    }
+
+    /// Checks a collective this rank records, and pushes it.
+    #[inline(never)]
+    fn record_collective<S, D>(
+        &mut self,
+        communicator: &Communicator,
+        op: CollectiveOp,
+        element: Element,
+        send: Option<&S>,
+        recv: Option<&D>,
+    ) -> &mut Self
+    where
+        S: AsView<E::Backend>,
+        D: AsView<E::Backend>,
+    {
+        let checked = self
+            .engine
+            .check_collective(communicator)
+            .and_then(|()| check_shape(communicator, op, element, send, recv))
+            .and_then(|()| {
+                let send = send
+                    .map(|view| self.collective_view("the collective's send view", view))
+                    .transpose()?;
+                let recv = recv
+                    .map(|view| self.collective_view("the collective's receive view", view))
+                    .transpose()?;
+                Ok((send, recv))
+            });
+        let (send, recv) = match checked {
+            Ok(views) => views,
+            Err(error) => return self.reject(error),
+        };
+        // Point-to-point commands are between two ranks only, so they
+        // take no place in the order every rank shares.
+        let sequence = match op {
+            CollectiveOp::Send { .. } | CollectiveOp::Recv { .. } => 0,
+            _ => communicator.next_sequence(),
+        };
+        self.batch
+            .commands
+            .push(Command::Collective(Box::new(Collective {
+                communicator: communicator.clone(),
+                op,
+                element,
+                sequence,
+                send,
+                recv,
+            })));
+        self
+    }
+
+    /// `view` for a collective, once the engine accepted its buffer and the
+    /// batch took a use of it.
+    fn collective_view<V: AsView<E::Backend>>(
+        &mut self,
+        what: &'static str,
+        view: &V,
+    ) -> crate::Result<View<E::Backend>> {
+        let (buffer, offset, len) = view.view_parts();
+        self.engine.check_buffer(what, buffer)?;
+        self.batch.take_use(buffer, || what.to_owned())?;
+        Ok(View::from_parts(buffer.clone(), offset, len))
+    }
+}
+
+/// What one rank can check of a collective: whole elements, lengths that
+/// fit the operation and the group's size, roots and peers in the group,
+/// counts MPI can express, and no partly overlapping views.
+fn check_shape<B: crate::Backend, S: AsView<B>, D: AsView<B>>(
+    communicator: &Communicator,
+    op: CollectiveOp,
+    element: Element,
+    send: Option<&S>,
+    recv: Option<&D>,
+) -> crate::Result<()> {
+    let (rank, size) = (communicator.rank(), communicator.size());
+    let invalid = |reason: String| {
+        Err(CollectiveError::Invalid {
+            rank,
+            size,
+            op: op.name(),
+            reason,
+        }
+        .into())
+    };
+    let width = element.size();
+    let send_parts = send.map(AsView::view_parts);
+    let recv_parts = recv.map(AsView::view_parts);
+    for (what, parts) in [("send", send_parts), ("receive", recv_parts)] {
+        if let Some((_, _, len)) = parts
+            && !len.is_multiple_of(width)
+        {
+            return invalid(format!(
+                "its {what} view is {len} bytes, not a whole number of {width}-byte {}s: give \
+                 it a multiple of {width} bytes",
+                element.name()
+            ));
+        }
+    }
+    let send_len = send_parts.map_or(0, |p| p.2);
+    let recv_len = recv_parts.map_or(0, |p| p.2);
+    let expected = match op {
+        CollectiveOp::AllReduce(_) => Some((recv_len, send_len, "the send view's length")),
+        CollectiveOp::AllGather => Some((
+            recv_len,
+            send_len.saturating_mul(size),
+            "the group's size times the send view's length",
+        )),
+        CollectiveOp::ReduceScatter(_) => Some((
+            send_len,
+            recv_len.saturating_mul(size),
+            "the group's size times the receive view's length",
+        )),
+        CollectiveOp::Broadcast { root: peer }
+        | CollectiveOp::Send { peer }
+        | CollectiveOp::Recv { peer } => {
+            if peer >= size {
+                return invalid(format!(
+                    "rank {peer} is not in the group (ranks 0 to {})",
+                    size - 1
+                ));
+            }
+            if peer == rank && !matches!(op, CollectiveOp::Broadcast { .. }) {
+                return invalid(format!(
+                    "rank {rank} cannot {} itself: copy instead",
+                    op.name()
+                ));
+            }
+            None
+        }
+    };
+    if let Some((actual, wanted, rule)) = expected
+        && actual != wanted
+    {
+        let (which, other) = match op {
+            CollectiveOp::ReduceScatter(_) => ("send", "receive"),
+            _ => ("receive", "send"),
+        };
+        return invalid(format!(
+            "its {which} view is {actual} bytes, but must be {rule} ({wanted} bytes: the {other} \
+             view is {} bytes, the group has {size} ranks)",
+            if which == "send" { recv_len } else { send_len }
+        ));
+    }
+    let count = send_len.max(recv_len) / width;
+    if count > i32::MAX as usize {
+        return invalid(format!(
+            "{count} elements are more than one collective moves (2^31 - 1): split it"
+        ));
+    }
+    if let (Some((s, s_offset, s_len)), Some((r, r_offset, r_len))) = (send_parts, recv_parts)
+        && crate::Buffer::same_as(s, r)
+    {
+        let overlap = s_offset < r_offset + r_len && r_offset < s_offset + s_len;
+        let in_place =
+            (s_offset, s_len) == (r_offset, r_len) && matches!(op, CollectiveOp::AllReduce(_));
+        if overlap && !in_place && s_len > 0 && r_len > 0 {
+            return invalid(format!(
+                "its send view (bytes {s_offset}..{}) and receive view (bytes {r_offset}..{}) \
+                 overlap; only an all_reduce runs in place (the same view as both): use \
+                 separate views",
+                s_offset + s_len,
+                r_offset + r_len
+            ));
+        }
+    }
+    Ok(())
+}

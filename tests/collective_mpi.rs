@@ -1,0 +1,665 @@
+//! Collectives over MPI on CPU queues (issue 48), run by every rank:
+//!
+//! ```text
+//! cargo build --features mpi --test collective_mpi
+//! mpirun --allow-run-as-root --oversubscribe -np 4 target/debug/deps/collective_mpi-*
+//! mpirun --allow-run-as-root --oversubscribe --enable-recovery -np 4 \
+//!     target/debug/deps/collective_mpi-* dead-peer
+//! ```
+//!
+//! Not a libtest harness: every rank must run the same cases in the same
+//! order, one at a time. Each rank prints its results and exits non-zero
+//! on a failure; rank 0 prints the totals over all ranks. Alone (without
+//! `mpirun`) it is rank 0 of 1 and runs what one rank can.
+//!
+//! `dead-peer`: the last rank exits without a word after the first
+//! collective (`--enable-recovery` keeps `mpirun` from killing the rest);
+//! the others' next collective must fail with a timeout, and the one after
+//! at once with a broken communicator.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use hwqueue::collective::{CollectiveElement, CollectiveError, Communicator, Mpi, Reduction};
+use hwqueue::cpu::{CpuBuffer, CpuDevice, CpuProgram, CpuQueue, KernelArgs, WorkGroup};
+use hwqueue::{
+    Buffer, Device, Error, ExecParams, HardwareQueue, Pod, QueueFactory, TimelineSignal, Timeout,
+    View,
+};
+
+/// Longer than any case needs; a hang fails the case instead.
+const TIMEOUT: Duration = Duration::from_secs(30);
+const REDUCTIONS: [Reduction; 4] = [
+    Reduction::Sum,
+    Reduction::Product,
+    Reduction::Min,
+    Reduction::Max,
+];
+
+struct Ranks {
+    comm: Communicator,
+    device: CpuDevice,
+    rank: usize,
+    size: usize,
+}
+
+type Outcome = Result<(), String>;
+
+fn main() {
+    let mpi = Mpi::init().expect("MPI initialises");
+    let world = mpi.world(None).expect("the world communicator");
+    world.set_timeout(TIMEOUT);
+    let ranks = Ranks {
+        rank: world.rank(),
+        size: world.size(),
+        comm: world,
+        device: CpuDevice::new(),
+    };
+    if ranks.rank == 0 {
+        println!(
+            "MPI thread support: {}; {} ranks",
+            mpi.threading(),
+            ranks.size
+        );
+    }
+    let failed = if std::env::args().any(|a| a == "dead-peer") {
+        dead_peer(&ranks)
+    } else {
+        suite(&ranks)
+    };
+    drop(ranks);
+    drop(mpi);
+    std::process::exit(i32::from(failed));
+}
+
+/// Runs every case; whether any failed on this rank.
+fn suite(ranks: &Ranks) -> bool {
+    let mut cases: Vec<(String, Outcome)> = Vec::new();
+    let mut run = |name: String, outcome: Outcome| cases.push((name, outcome));
+    for_each_type(ranks, &mut run);
+    run(
+        "interleaved with kernels on two queues".into(),
+        interleaved(ranks),
+    );
+    run(
+        "shapes rejected at record time".into(),
+        shapes_rejected(ranks),
+    );
+    if ranks.size > 1 {
+        run("ranks that disagree fail".into(), disagreement(ranks));
+    }
+    run(
+        "engines without collectives refuse them".into(),
+        unsupported(ranks),
+    );
+    run("split into even and odd ranks".into(), split(ranks));
+    let failed: Vec<_> = cases.iter().filter(|(_, o)| o.is_err()).collect();
+    for (name, outcome) in &failed {
+        println!(
+            "rank {}: FAILED {name}: {}",
+            ranks.rank,
+            outcome.as_ref().unwrap_err()
+        );
+    }
+    // The totals over all ranks, by hwqueue itself.
+    let counts = [(cases.len() - failed.len()) as u32, failed.len() as u32];
+    match reduce_counts(ranks, &counts) {
+        Ok([passed, failed]) if ranks.rank == 0 => println!(
+            "collectives: {passed} passed, {failed} failed ({} cases x {} ranks)",
+            cases.len(),
+            ranks.size
+        ),
+        Ok(_) => {}
+        Err(error) => println!("rank {}: the totals failed: {error}", ranks.rank),
+    }
+    !failed.is_empty()
+}
+
+fn reduce_counts(ranks: &Ranks, counts: &[u32; 2]) -> Result<[u32; 2], String> {
+    let (send, recv) = (buffer::<u32>(ranks, 2), buffer::<u32>(ranks, 2));
+    send.write_from(counts).map_err(text)?;
+    let mut queue = ranks.device.compute_queue().map_err(text)?;
+    let done = ranks.device.new_signal(0).map_err(text)?;
+    queue
+        .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &send, &recv)
+        .signal(&done, 1);
+    queue.submit().map_err(text)?;
+    done.wait(1, Timeout::Forever).map_err(text)?;
+    let out = recv.to_vec::<u32>().map_err(text)?;
+    Ok([out[0], out[1]])
+}
+
+fn text(error: impl std::fmt::Display) -> String {
+    error.to_string()
+}
+
+fn buffer<T: Pod>(ranks: &Ranks, len: usize) -> CpuBuffer {
+    ranks.device.alloc(len * size_of::<T>()).expect("a buffer")
+}
+
+/// A view of `len` elements at element `at` of a buffer of `at + len + 3`.
+fn view_in<T: Pod>(ranks: &Ranks, at: usize, len: usize) -> View<hwqueue::cpu::Cpu> {
+    let size = size_of::<T>();
+    let buffer = buffer::<T>(ranks, at + len + 3);
+    View::new(&buffer, at * size, len * size).expect("a view")
+}
+
+/// Element types the cases run over, with exact arithmetic on small
+/// integers so every reduction has one right answer.
+trait Element: CollectiveElement + PartialEq + std::fmt::Debug {
+    fn from_small(v: u32) -> Self;
+    fn combine(reduction: Reduction, a: Self, b: Self) -> Self;
+}
+
+macro_rules! element {
+    ($($ty:ty),*) => {$(
+        impl Element for $ty {
+            fn from_small(v: u32) -> Self {
+                v as $ty
+            }
+            fn combine(reduction: Reduction, a: Self, b: Self) -> Self {
+                match reduction {
+                    Reduction::Sum => a + b,
+                    Reduction::Product => a * b,
+                    Reduction::Min => if b < a { b } else { a },
+                    Reduction::Max => if b > a { b } else { a },
+                }
+            }
+        }
+    )*};
+}
+element!(f32, f64, i32, u32);
+
+/// Rank `rank`'s input: values 1 to 4, so a product of 4 ranks is exact.
+fn input<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
+    (0..len)
+        .map(|i| T::from_small(((i * 7 + rank * 3 + salt) % 4 + 1) as u32))
+        .collect()
+}
+
+fn reduced<T: Element>(reduction: Reduction, size: usize, len: usize, salt: usize) -> Vec<T> {
+    (1..size).fold(input::<T>(0, len, salt), |acc, rank| {
+        acc.into_iter()
+            .zip(input::<T>(rank, len, salt))
+            .map(|(a, b)| T::combine(reduction, a, b))
+            .collect()
+    })
+}
+
+/// Records with `record`, submits, and waits for the batch's signal.
+fn run_batch(ranks: &Ranks, record: impl FnOnce(&mut CpuQueue)) -> Result<(), Error> {
+    let mut queue = ranks.device.compute_queue()?;
+    let done = ranks.device.new_signal(0)?;
+    record(&mut queue);
+    queue.signal(&done, 1);
+    queue.submit()?;
+    done.wait(1, Timeout::Forever)
+}
+
+fn check<T: Element>(what: &str, got: Vec<T>, want: Vec<T>) -> Outcome {
+    if got == want {
+        Ok(())
+    } else {
+        let at = got.iter().zip(&want).position(|(g, w)| g != w);
+        Err(format!(
+            "{what}: {} elements, first difference at {at:?} (got {:?}, want {:?})",
+            got.len(),
+            at.map(|i| &got[i]),
+            at.map(|i| &want[i])
+        ))
+    }
+}
+
+fn for_each_type(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
+    cases_of::<f32>(ranks, "f32", run);
+    cases_of::<f64>(ranks, "f64", run);
+    cases_of::<i32>(ranks, "i32", run);
+    cases_of::<u32>(ranks, "u32", run);
+}
+
+/// Every operation (every reduction of the reducing ones) over `T`, on
+/// views at odd offsets, against the host's reference.
+fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, Outcome)) {
+    let (rank, size, len) = (ranks.rank, ranks.size, 1003);
+    for (salt, reduction) in REDUCTIONS.into_iter().enumerate() {
+        let outcome = (|| {
+            let (send, recv) = (view_in::<T>(ranks, 5, len), view_in::<T>(ranks, 1, len));
+            send.write_from(&input::<T>(rank, len, salt))
+                .map_err(text)?;
+            run_batch(ranks, |q| {
+                q.all_reduce::<T, _, _>(&ranks.comm, reduction, &send, &recv);
+            })
+            .map_err(text)?;
+            check(
+                "all_reduce",
+                recv.to_vec::<T>().map_err(text)?,
+                reduced(reduction, size, len, salt),
+            )
+        })();
+        run(format!("all_reduce {} {name}", reduction.name()), outcome);
+
+        let outcome = (|| {
+            let view = view_in::<T>(ranks, 3, len);
+            view.write_from(&input::<T>(rank, len, salt))
+                .map_err(text)?;
+            run_batch(ranks, |q| {
+                q.all_reduce::<T, _, _>(&ranks.comm, reduction, &view, &view);
+            })
+            .map_err(text)?;
+            check(
+                "in place",
+                view.to_vec::<T>().map_err(text)?,
+                reduced(reduction, size, len, salt),
+            )
+        })();
+        run(
+            format!("all_reduce in place {} {name}", reduction.name()),
+            outcome,
+        );
+
+        let outcome = (|| {
+            let (send, recv) = (
+                view_in::<T>(ranks, 2, len * size),
+                view_in::<T>(ranks, 7, len),
+            );
+            send.write_from(&input::<T>(rank, len * size, salt))
+                .map_err(text)?;
+            run_batch(ranks, |q| {
+                q.reduce_scatter::<T, _, _>(&ranks.comm, reduction, &send, &recv);
+            })
+            .map_err(text)?;
+            let all = reduced::<T>(reduction, size, len * size, salt);
+            check(
+                "reduce_scatter",
+                recv.to_vec::<T>().map_err(text)?,
+                all[rank * len..][..len].to_vec(),
+            )
+        })();
+        run(
+            format!("reduce_scatter {} {name}", reduction.name()),
+            outcome,
+        );
+    }
+    let outcome = (|| {
+        let (send, recv) = (
+            view_in::<T>(ranks, 1, len),
+            view_in::<T>(ranks, 4, len * size),
+        );
+        send.write_from(&input::<T>(rank, len, 9)).map_err(text)?;
+        run_batch(ranks, |q| {
+            q.all_gather::<T, _, _>(&ranks.comm, &send, &recv);
+        })
+        .map_err(text)?;
+        let want: Vec<T> = (0..size).flat_map(|r| input::<T>(r, len, 9)).collect();
+        check("all_gather", recv.to_vec::<T>().map_err(text)?, want)
+    })();
+    run(format!("all_gather {name}"), outcome);
+
+    for root in [0, size - 1] {
+        let outcome = (|| {
+            let view = view_in::<T>(ranks, 6, len);
+            view.write_from(&input::<T>(rank, len, 11)).map_err(text)?;
+            run_batch(ranks, |q| {
+                q.broadcast::<T, _>(&ranks.comm, root, &view);
+            })
+            .map_err(text)?;
+            check(
+                "broadcast",
+                view.to_vec::<T>().map_err(text)?,
+                input::<T>(root, len, 11),
+            )
+        })();
+        run(format!("broadcast from {root} {name}"), outcome);
+    }
+
+    if size > 1 && size % 2 == 0 {
+        // Pairs (0, 1), (2, 3), ...: even ranks send first, odd ones
+        // receive first; then the other way round.
+        let peer = rank ^ 1;
+        let outcome = (|| {
+            let (send, recv) = (view_in::<T>(ranks, 2, len), view_in::<T>(ranks, 9, len));
+            send.write_from(&input::<T>(rank, len, 13)).map_err(text)?;
+            run_batch(ranks, |q| {
+                if rank % 2 == 0 {
+                    q.send::<T, _>(&ranks.comm, peer, &send)
+                        .recv::<T, _>(&ranks.comm, peer, &recv);
+                } else {
+                    q.recv::<T, _>(&ranks.comm, peer, &recv)
+                        .send::<T, _>(&ranks.comm, peer, &send);
+                }
+            })
+            .map_err(text)?;
+            check(
+                "send/recv",
+                recv.to_vec::<T>().map_err(text)?,
+                input::<T>(peer, len, 13),
+            )
+        })();
+        run(format!("send/recv between pairs {name}"), outcome);
+    }
+}
+
+/// `x[i] *= s` over the group's range (f32).
+fn scale(group: &WorkGroup, args: &KernelArgs<'_>) {
+    let range = group.global_range(0);
+    let end = range.end.min(args.buffer(0).len::<f32>());
+    let factor: f32 = args.scalar(0);
+    // SAFETY: each group writes only its own range.
+    let x = unsafe { args.buffer(0).slice_mut::<f32>(range.start.min(end)..end) };
+    x.iter_mut().for_each(|x| *x *= factor);
+}
+
+/// Two queues per rank: A scales the input by `rank + 1` and signals; B
+/// waits for it, all-reduces (sum), and signals; A waits for that and
+/// scales the result by 2. B is submitted first, so only the signals
+/// order it after A's kernel; A's second kernel only sees the sum if the
+/// collective really completed before B's signal.
+fn interleaved(ranks: &Ranks) -> Outcome {
+    let (rank, size, len) = (ranks.rank, ranks.size, 4096);
+    let scale_program = CpuProgram::from_fn("scale", 1, 1, scale);
+    let mut a = ranks.device.compute_queue().map_err(text)?;
+    let mut b = ranks.device.compute_queue().map_err(text)?;
+    let (scaled, reduced, done) = (
+        ranks.device.new_signal(0).map_err(text)?,
+        ranks.device.new_signal(0).map_err(text)?,
+        ranks.device.new_signal(0).map_err(text)?,
+    );
+    let (x, sum) = (buffer::<f32>(ranks, len), buffer::<f32>(ranks, len));
+    for step in 1..=3u64 {
+        x.write_from(&input::<f32>(rank, len, step as usize))
+            .map_err(text)?;
+        b.wait(&scaled, step)
+            .all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &x, &sum)
+            .signal(&reduced, step);
+        b.submit().map_err(text)?;
+        let params = ExecParams::new_1d(len as u32, 256);
+        a.exec(&scale_program, &[&x], &[(rank as f32 + 1.0).into()], params)
+            .signal(&scaled, step)
+            .wait(&reduced, step)
+            .exec(&scale_program, &[&sum], &[2.0f32.into()], params)
+            .signal(&done, step);
+        a.submit().map_err(text)?;
+        done.wait(step, Timeout::Forever).map_err(text)?;
+        let want: Vec<f32> = (0..len)
+            .map(|i| {
+                let total: f32 = (0..size)
+                    .map(|r| input::<f32>(r, len, step as usize)[i] * (r as f32 + 1.0))
+                    .sum();
+                total * 2.0
+            })
+            .collect();
+        check(
+            &format!("step {step}"),
+            sum.to_vec::<f32>().map_err(text)?,
+            want,
+        )?;
+    }
+    Ok(())
+}
+
+/// The error a batch was rejected with, as text, or why it was not.
+fn rejection(ranks: &Ranks, record: impl FnOnce(&mut CpuQueue)) -> Result<String, String> {
+    let mut queue = ranks.device.compute_queue().map_err(text)?;
+    record(&mut queue);
+    match queue.submit() {
+        Err(Error::BatchRejected { cause }) => match &*cause {
+            Error::Collective(CollectiveError::Invalid { rank, .. }) if *rank == ranks.rank => {
+                Ok(cause.to_string())
+            }
+            other => Err(format!("rejected with another error: {other}")),
+        },
+        other => Err(format!("not rejected: {other:?}")),
+    }
+}
+
+/// Shapes one rank can see are wrong reject the batch, naming the rank
+/// and the sizes; nothing runs, so no peer is involved.
+fn shapes_rejected(ranks: &Ranks) -> Outcome {
+    let (size, comm) = (ranks.size, &ranks.comm);
+    let (a, b) = (
+        buffer::<f32>(ranks, 64),
+        buffer::<f32>(ranks, 64 * size + 1),
+    );
+    let expect = |what: &str, message: Result<String, String>, needles: &[&str]| -> Outcome {
+        let message = message.map_err(|e| format!("{what}: {e}"))?;
+        for needle in needles {
+            if !message.contains(needle) {
+                return Err(format!("{what}: {message:?} does not say {needle:?}"));
+            }
+        }
+        Ok(())
+    };
+    let rank = format!("rank {} of {size}", ranks.rank);
+    let half = View::new(&b, 0, 128).map_err(text)?;
+    expect(
+        "all_reduce of unequal views",
+        rejection(ranks, |q| {
+            q.all_reduce::<f32, _, _>(comm, Reduction::Sum, &a, &half);
+        }),
+        &[&rank, "128 bytes", "256 bytes"],
+    )?;
+    expect(
+        "all_gather into a short view",
+        rejection(ranks, |q| {
+            q.all_gather::<f32, _, _>(comm, &a, &View::new(&b, 0, 256 * size - 4).unwrap());
+        }),
+        &[&rank, "group's size times"],
+    )?;
+    expect(
+        "reduce_scatter from a wrong view",
+        rejection(ranks, |q| {
+            q.reduce_scatter::<f32, _, _>(comm, Reduction::Max, &b, &a);
+        }),
+        &[&rank, "send view"],
+    )?;
+    expect(
+        "a part of an element",
+        rejection(ranks, |q| {
+            q.broadcast::<f64, _>(comm, 0, &View::new(&a, 0, 12).unwrap());
+        }),
+        &[&rank, "12 bytes", "8-byte f64"],
+    )?;
+    expect(
+        "a root outside the group",
+        rejection(ranks, |q| {
+            q.broadcast::<u32, _>(comm, size, &a);
+        }),
+        &[&rank, &format!("rank {size} is not in the group")],
+    )?;
+    expect(
+        "a send to itself",
+        rejection(ranks, |q| {
+            q.send::<u32, _>(comm, ranks.rank, &a);
+        }),
+        &[&rank, "cannot send itself"],
+    )?;
+    expect(
+        "views that partly overlap",
+        rejection(ranks, |q| {
+            let first = View::new(&a, 0, 128).unwrap();
+            let second = View::new(&a, 64, 128).unwrap();
+            q.all_reduce::<f32, _, _>(comm, Reduction::Sum, &first, &second);
+        }),
+        &[&rank, "overlap"],
+    )
+}
+
+/// The signal of a batch that must fail, and the collective error it
+/// failed with.
+fn failure_of(
+    ranks: &Ranks,
+    record: impl FnOnce(&mut CpuQueue),
+) -> Result<CollectiveError, String> {
+    match run_batch(ranks, record) {
+        Err(Error::SignalFailed { cause, .. }) => match &*cause {
+            Error::Collective(error) => Ok(error.clone()),
+            other => Err(format!("failed with another error: {other}")),
+        },
+        other => Err(format!("did not fail: {other:?}")),
+    }
+}
+
+/// Rank 0 records 256 elements where the others record 128, then an
+/// `i32` where they record `f32`: every rank's batch fails with both sides
+/// named, and the communicator works after.
+fn disagreement(ranks: &Ranks) -> Outcome {
+    let rank = ranks.rank;
+    let count = if rank == 0 { 256 } else { 128 };
+    let (send, recv) = (buffer::<f32>(ranks, count), buffer::<f32>(ranks, count));
+    // Every batch runs on every rank whatever the one before did, so the
+    // ranks stay in step.
+    let by_count = failure_of(ranks, |q| {
+        q.all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &send, &recv);
+    });
+    let (send, recv) = (buffer::<f32>(ranks, 128), buffer::<f32>(ranks, 128));
+    let by_type = failure_of(ranks, |q| {
+        if rank == 1 {
+            q.all_reduce::<i32, _, _>(&ranks.comm, Reduction::Sum, &send, &recv);
+        } else {
+            q.all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &send, &recv);
+        }
+    });
+    // Nothing was left pending: the next collective runs.
+    let ones = buffer::<u32>(ranks, 8);
+    ones.write_from(&[1u32; 8]).map_err(text)?;
+    let after = run_batch(ranks, |q| {
+        q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
+    });
+    match by_count? {
+        CollectiveError::Mismatch {
+            rank: r,
+            peer,
+            here,
+            there,
+        } if r == rank
+            && peer == usize::from(rank == 0)
+            && here.contains(&format!("{count} f32"))
+            && there.contains(if rank == 0 { "128 f32" } else { "256 f32" }) => {}
+        other => return Err(format!("count mismatch: {other}")),
+    }
+    // Rank 1 disagrees with rank 0 first; every other rank with rank 1.
+    let (mine, theirs) = if rank == 1 {
+        ("i32", "f32")
+    } else {
+        ("f32", "i32")
+    };
+    match by_type? {
+        CollectiveError::Mismatch {
+            peer, here, there, ..
+        } if peer == usize::from(rank != 1) && here.contains(mine) && there.contains(theirs) => {}
+        other => return Err(format!("type mismatch: {other}")),
+    }
+    after.map_err(text)?;
+    check(
+        "after",
+        ones.to_vec::<u32>().map_err(text)?,
+        vec![ranks.size as u32; 8],
+    )
+}
+
+/// Even and odd ranks split into two groups, ranked in reverse; an
+/// all_gather in each sees its members only, in the new order; the last
+/// rank joins neither and gets `None`... when the group has more than 2.
+fn split(ranks: &Ranks) -> Outcome {
+    let (rank, size) = (ranks.rank, ranks.size);
+    let leaves = size > 2 && rank == size - 1;
+    let color = (!leaves).then_some((rank % 2) as u32);
+    let key = (size - rank) as u32;
+    let group = ranks.comm.split(color, key).map_err(text)?;
+    let Some(group) = group else {
+        return if leaves {
+            Ok(())
+        } else {
+            Err("split gave no communicator to a rank with a color".into())
+        };
+    };
+    if leaves {
+        return Err("the rank without a color got a communicator".into());
+    }
+    let members: Vec<usize> = (0..size)
+        .rev()
+        .filter(|&r| r % 2 == rank % 2 && !(size > 2 && r == size - 1))
+        .collect();
+    if group.size() != members.len() || members[group.rank()] != rank {
+        return Err(format!(
+            "rank {rank} is rank {} of {} in its group; want {:?}",
+            group.rank(),
+            group.size(),
+            members
+        ));
+    }
+    let (send, recv) = (buffer::<u32>(ranks, 1), buffer::<u32>(ranks, members.len()));
+    send.write_from(&[rank as u32]).map_err(text)?;
+    run_batch(ranks, |q| {
+        q.all_gather::<u32, _, _>(&group, &send, &recv);
+    })
+    .map_err(text)?;
+    let want: Vec<u32> = members.iter().map(|&r| r as u32).collect();
+    check(
+        "all_gather in the group",
+        recv.to_vec::<u32>().map_err(text)?,
+        want,
+    )
+}
+
+/// A queue of the mock backend (no collectives) refuses one at record
+/// time, saying what to do.
+fn unsupported(ranks: &Ranks) -> Outcome {
+    use common::mock::Mock;
+    use hwqueue::Backend;
+    let device = Mock::open(0).map_err(text)?;
+    let mut queue = device.compute_queue().map_err(text)?;
+    let data = device.alloc(16).map_err(text)?;
+    queue.all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &data, &data);
+    match queue.submit() {
+        Err(Error::BatchRejected { cause })
+            if matches!(
+                &*cause,
+                Error::Collective(CollectiveError::Unsupported { .. })
+            ) && cause.to_string().contains("CPU queue") =>
+        {
+            Ok(())
+        }
+        other => Err(format!("not refused as unsupported: {other:?}")),
+    }
+}
+
+/// See the module docs. The last rank leaves after one collective; each
+/// other rank's next one fails with a timeout, and the one after at once.
+fn dead_peer(ranks: &Ranks) -> bool {
+    let (rank, size) = (ranks.rank, ranks.size);
+    let data = buffer::<f32>(ranks, 1024);
+    let first = run_batch(ranks, |q| {
+        q.all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &data, &data);
+    });
+    if let Err(error) = first {
+        println!("rank {rank}: FAILED the first collective: {error}");
+        return true;
+    }
+    if rank == size - 1 {
+        println!("rank {rank}: exiting without a word");
+        // No MPI_Finalize, no goodbye: as a crashed rank.
+        std::process::exit(0);
+    }
+    let timeout = Duration::from_secs(3);
+    ranks.comm.set_timeout(timeout);
+    let started = Instant::now();
+    let timed_out = failure_of(ranks, |q| {
+        q.all_reduce::<f32, _, _>(&ranks.comm, Reduction::Sum, &data, &data);
+    });
+    let waited = started.elapsed();
+    let broken = failure_of(ranks, |q| {
+        q.broadcast::<f32, _>(&ranks.comm, 0, &data);
+    });
+    let ok = matches!(&timed_out, Ok(CollectiveError::Timeout { rank: r, .. }) if *r == rank)
+        && matches!(&broken, Ok(CollectiveError::Broken { rank: r, .. }) if *r == rank);
+    // Printed, not asserted: how long it took is the timeout's business.
+    println!(
+        "rank {rank}: dead peer: {} after {waited:.1?} (timeout {timeout:?}): {}; then {}",
+        if ok { "ok" } else { "FAILED" },
+        timed_out.map_or_else(|e| e, |e| e.to_string()),
+        broken.map_or_else(|e| e, |e| e.to_string()),
+    );
+    !ok
+}
