@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 #[path = "cuda_fake_driver/repeat.rs"]
 mod repeat;
+#[path = "cuda_fake_driver/threads.rs"]
+mod threads;
 #[path = "cuda_fake_driver/wait_policy.rs"]
 mod wait_policy;
 use std::process::Command;
@@ -606,6 +608,7 @@ fn run_child_scenario(scenario: &str) {
         "signal_behind_wait" => signal_behind_wait(&device),
         "plan_rebind" => plan_rebind(device),
         "repeat_order" => repeat::run(&device),
+        "plan_threads" => threads::run(device),
         other if other.starts_with("wait_policy:") => {
             wait_policy::run(&device, &other["wait_policy:".len()..]);
         }
