@@ -1,6 +1,7 @@
 //! Issue 45's replay with several threads at once, on the fake driver:
 //! [`THREADS`] plans, each on a thread and queues of its own over one
-//! device, run [`RUNS`] times each, rebinding about one run in three, first
+//! device, run [`RUNS`] times each, binding before every run and binding
+//! other views (and another scalar) about one run in three, first
 //! with replay (graphs built, patched and repeated unrecorded) and then
 //! without; every thread's kernels must be launched with the same
 //! parameters both times, and its downloads must read the buffers it bound.
@@ -102,25 +103,31 @@ fn runs(
         state ^= state << 5;
         state
     };
-    let mut bound = 0;
+    let (mut bound_in, mut bound) = (0, 0);
     for run in 0..RUNS {
         let (i, o, value) = (next() % 3, 3 + next() % 3, next() % 50);
         let rebind = run == 0 || next() % 3 == 0;
         if rebind {
-            bound = o;
+            (bound_in, bound) = (i, o);
         }
         let out = Download::<u32>::new(REPLAY_WORDS);
-        let outcome = (if rebind {
-            plan.bind(input, &buffers[i as usize])
-                .and_then(|()| plan.bind(output, &buffers[o as usize]))
-                .and_then(|()| plan.set_scalar(k, base(thread) + value))
-        } else {
-            Ok(())
-        })
-        .and_then(|()| plan.download(down, &out))
-        .and_then(|()| plan.run())
-        .and_then(|run| run.wait(Timeout::Forever))
-        .and_then(|()| out.take(Timeout::Forever));
+        // Every run binds, as a caller that binds before each run does:
+        // the same views, but for one run in three. Binding a view bound
+        // already changes nothing, so those runs repeat.
+        let outcome = plan
+            .bind(input, &buffers[bound_in as usize])
+            .and_then(|()| plan.bind(output, &buffers[bound as usize]))
+            .and_then(|()| {
+                if rebind {
+                    plan.set_scalar(k, base(thread) + value)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| plan.download(down, &out))
+            .and_then(|()| plan.run())
+            .and_then(|run| run.wait(Timeout::Forever))
+            .and_then(|()| out.take(Timeout::Forever));
         match outcome {
             // The fake's kernels write nothing: the output reads as filled.
             Ok(words) if words.iter().all(|&w| w == thread * 10 + bound) => {}
