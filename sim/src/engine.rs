@@ -10,6 +10,7 @@
 //! again.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -25,13 +26,18 @@ use hwqueue::{
 use crate::buffer::SimBuffer;
 use crate::memory::lock;
 use crate::program::{KernelArgs, SimProgram};
+use crate::replay::{Mark, Template};
 use crate::{Defect, Sim, SimDevice};
 
 /// A batch handed to the device thread.
 struct Job {
     batch: Batch<Sim>,
     profile: bool,
+    mark: Mark,
 }
+
+/// Templates kept per queue (one per key; the oldest goes).
+const TEMPLATES: usize = 32;
 
 /// What the owner and the device thread share.
 #[derive(Default)]
@@ -42,6 +48,10 @@ struct Shared {
     /// Finished batches, cleared, for `submit` to hand back.
     recycled: Mutex<Vec<Batch<Sim>>>,
     events: Mutex<Vec<ProfileEvent>>,
+    /// Kernels run one by one, and recorded programs run again
+    /// (`hwqueue::Launches`).
+    kernels: AtomicU64,
+    repeats: AtomicU64,
 }
 
 /// The engine of a simulated device's queue: see the module docs.
@@ -55,8 +65,14 @@ pub struct SimEngine {
     shared: Arc<Shared>,
     profiling: bool,
     /// [`Defect::SwapBatches`]: the batch held back to run after the next.
-    held: Option<Batch<Sim>>,
+    held: Option<(Batch<Sim>, Mark)>,
     submitted: u64,
+    /// The replay key of the batch `submit` takes next.
+    replay_key: Option<u32>,
+    /// The template of the last batch marked with each key (`crate::replay`).
+    templates: Vec<Arc<Template>>,
+    /// The programs `replay_recorded` found for the batch submitted next.
+    next: Option<Arc<Vec<Vec<crate::replay::Kernel>>>>,
 }
 
 impl SimEngine {
@@ -90,6 +106,9 @@ impl SimEngine {
             profiling: false,
             held: None,
             submitted: 0,
+            replay_key: None,
+            templates: Vec::new(),
+            next: None,
         })
     }
 
@@ -98,11 +117,12 @@ impl SimEngine {
     }
 
     /// Hands `batch` to the device thread.
-    fn send(&mut self, batch: Batch<Sim>) {
+    fn send(&mut self, batch: Batch<Sim>, mark: Mark) {
         lock(&self.shared.progress).0 += 1;
         let job = Job {
             batch,
             profile: self.profiling,
+            mark,
         };
         // The thread only ends once this sender is dropped: it receives.
         let _ = self.jobs.send(job);
@@ -117,6 +137,27 @@ impl SimEngine {
                 .wait(progress)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
+    }
+
+    /// How the batch `submit` takes goes (`crate::replay`): a repeat of
+    /// the programs `replay_recorded` found where it names them, else,
+    /// marked with a key, a new template for the key.
+    fn mark(&mut self, batch: &Batch<Sim>) -> Mark {
+        let Some(key) = self.replay_key.take() else {
+            return Mark::Plain;
+        };
+        if let Some(programs) = self.next.take()
+            && (batch.commands().iter()).any(|c| matches!(c, Command::Replay { .. }))
+        {
+            return Mark::Repeat(programs);
+        }
+        let template = Arc::new(Template::new(key));
+        self.templates.retain(|other| other.key != key);
+        if self.templates.len() >= TEMPLATES {
+            self.templates.remove(0);
+        }
+        self.templates.push(template.clone());
+        Mark::Record(template)
     }
 
     fn recycled(&self) -> Batch<Sim> {
@@ -182,26 +223,68 @@ impl Engine for SimEngine {
 
     fn submit(&mut self, batch: Batch<Sim>) -> Batch<Sim> {
         self.submitted += 1;
+        let mark = self.mark(&batch);
         match self.defect() {
             Some(Defect::DropBatch) if self.submitted.is_multiple_of(2) => {
                 // Broken on purpose: never run, never failed.
                 drop(batch);
             }
             Some(Defect::SwapBatches) => match self.held.take() {
-                None => self.held = Some(batch),
-                Some(earlier) => {
-                    self.send(batch);
-                    self.send(earlier);
+                None => self.held = Some((batch, mark)),
+                Some((earlier, earlier_mark)) => {
+                    self.send(batch, mark);
+                    self.send(earlier, earlier_mark);
                 }
             },
-            _ => self.send(batch),
+            _ => self.send(batch, mark),
         }
         self.recycled()
     }
 
+    fn replay_next(&mut self, key: Option<u32>) {
+        if key.is_none() {
+            self.next = None;
+        }
+        self.replay_key = key;
+    }
+
+    fn replay_recorded(&mut self, key: u32, kernels: &[u32]) -> bool {
+        let found = (self.templates.iter())
+            .find(|template| template.key == key)
+            .and_then(|template| template.matching(kernels));
+        let offered = found.is_some();
+        if offered {
+            self.next = found;
+            self.replay_key = Some(key);
+        }
+        offered
+    }
+
+    fn check_replay(&self, index: u32) -> Result<()> {
+        let recorded = self
+            .next
+            .as_ref()
+            .map_or(0, |programs| programs.len() as u32);
+        if index < recorded {
+            Ok(())
+        } else {
+            Err(Error::ReplayNotRecorded { index, recorded })
+        }
+    }
+
+    fn launches(&self) -> hwqueue::Launches {
+        let repeats = self.shared.repeats.load(Ordering::Relaxed);
+        hwqueue::Launches {
+            kernels: self.shared.kernels.load(Ordering::Relaxed),
+            programs: repeats,
+            repeats,
+            fallback: None,
+        }
+    }
+
     fn synchronize(&mut self) {
         if let Some(held) = self.held.take() {
-            self.send(held);
+            self.send(held.0, held.1);
         }
         self.wait_settled();
     }
@@ -221,7 +304,7 @@ impl Drop for SimEngine {
     /// channel, then retires the queue's id and ends.
     fn drop(&mut self) {
         if let Some(held) = self.held.take() {
-            self.send(held);
+            self.send(held.0, held.1);
         }
     }
 }
@@ -242,8 +325,21 @@ impl DeviceThread {
     /// Settles each batch handed over, in order, until the engine is
     /// dropped and the channel drained; then retires the queue's id.
     fn run(mut self, ledger: &Ledger, jobs: Receiver<Job>) {
-        for Job { batch, profile } in jobs {
-            ledger.settle(&batch, |batch| self.run_batch(batch, profile));
+        for Job {
+            batch,
+            profile,
+            mark,
+        } in jobs
+        {
+            let mut whole = false;
+            ledger.settle(&batch, |batch| {
+                let outcome = self.run_batch(batch, profile, &mark);
+                whole = outcome.is_ok();
+                outcome
+            });
+            if let (Mark::Record(template), true) = (&mark, whole) {
+                template.record(&batch);
+            }
             self.finish(batch);
         }
         ledger.retire();
@@ -261,10 +357,11 @@ impl DeviceThread {
         &mut self,
         batch: &Batch<Sim>,
         profile: bool,
+        mark: &Mark,
     ) -> std::result::Result<(), (usize, Error)> {
         for (index, command) in batch.commands().iter().enumerate() {
             let start = profile.then(now_ns);
-            let outcome = self.run_command(batch, command);
+            let outcome = self.run_command(batch, command, mark);
             if let Some(start) = start {
                 let queue = self
                     .queue
@@ -284,7 +381,7 @@ impl DeviceThread {
         Ok(())
     }
 
-    fn run_command(&self, batch: &Batch<Sim>, command: &Command<Sim>) -> Result<()> {
+    fn run_command(&self, batch: &Batch<Sim>, command: &Command<Sim>, mark: &Mark) -> Result<()> {
         let latency = self.device.config().latency;
         let device_work = !matches!(
             command,
@@ -315,12 +412,15 @@ impl DeviceThread {
                 buffers,
                 scalars,
                 params,
-            } => self.exec(
-                program,
-                &batch.buffers()[buffers.clone()],
-                &batch.scalars()[scalars.clone()],
-                params,
-            ),
+            } => {
+                self.shared.kernels.fetch_add(1, Ordering::Relaxed);
+                self.exec(
+                    program,
+                    &batch.buffers()[buffers.clone()],
+                    &batch.scalars()[scalars.clone()],
+                    params,
+                )
+            }
             Command::Copy { dst, src } => {
                 let mut bytes = vec![0; src.len()];
                 queue_read(src, &mut bytes)?;
@@ -344,12 +444,31 @@ impl DeviceThread {
                     .into(),
             ),
             Command::Barrier | Command::Alloca { .. } => Ok(()),
-            // No replay form: the default `check_replay` refuses it when
-            // recorded, so only a batch built by hand holds one.
-            Command::Replay { index } => Err(Error::ReplayNotRecorded {
-                index: *index,
-                recorded: 0,
-            }),
+            // A program `replay_recorded` found (`crate::replay`): its
+            // kernels, as they ran.
+            Command::Replay { index } => {
+                let Mark::Repeat(programs) = mark else {
+                    return Err(Error::ReplayNotRecorded {
+                        index: *index,
+                        recorded: 0,
+                    });
+                };
+                let Some(program) = programs.get(*index as usize) else {
+                    return Err(Error::ReplayNotRecorded {
+                        index: *index,
+                        recorded: programs.len() as u32,
+                    });
+                };
+                self.shared.repeats.fetch_add(1, Ordering::Relaxed);
+                program.iter().try_for_each(|kernel| {
+                    self.exec(
+                        &kernel.program,
+                        &kernel.views,
+                        &kernel.scalars,
+                        &kernel.params,
+                    )
+                })
+            }
             Command::Dealloca { buffer } => {
                 hwqueue::memory::dealloca_completed(buffer);
                 Ok(())

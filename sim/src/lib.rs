@@ -58,6 +58,7 @@ mod buffer;
 mod engine;
 pub mod memory;
 mod program;
+mod replay;
 mod signal;
 
 use std::sync::Arc;
