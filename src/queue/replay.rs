@@ -9,6 +9,18 @@
 //! resubmits the recording where they match (see [`Engine`](super::Engine)).
 //! [`Launches`] counts what was recorded against what was replayed, so a
 //! test can tell that replay is really used.
+//!
+//! Matching still costs a command per kernel recorded into each batch. An
+//! owner that knows a batch would be the same as the key's last (a plan
+//! whose bindings and scalars did not change) skips that:
+//! [`replay_recorded`](super::HardwareQueue::replay_recorded) asks whether
+//! the engine holds the device programs it recorded from that batch (one
+//! per run of two or more `exec`s), and
+//! [`replay_program`](super::HardwareQueue::replay_program) names one
+//! instead of recording its kernels ([`Command::Replay`](super::Command));
+//! [`Launches::repeats`] counts them. CUDA offers its graphs so, and the
+//! simulator (`hwqueue-sim`) its recorded kernels; Vulkan matches each
+//! batch against its command buffers instead.
 
 /// What a queue's engine recorded into device programs and what it
 /// replayed, since the queue was made: a plan's statistics sum them
