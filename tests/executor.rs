@@ -1295,6 +1295,48 @@ fn failing_runs_back_to_back_are_never_refused_and_report_only_their_own() {
     });
 }
 
+fn store_bits(_: &WorkGroup, args: &KernelArgs<'_>) {
+    let value: f32 = args.scalar(0);
+    // SAFETY: one work-group.
+    let out = unsafe { args.buffer(0).slice_mut::<u32>(0..1) };
+    out[0] = value.to_bits();
+}
+
+/// A scalar slot set to -0.0 after 0.0 gives the kernel -0.0: another
+/// value, though `==` calls them equal. On 0ac2741 (`set_scalar` skipped
+/// values equal to the last) the kernel got +0.0, replay on or off.
+#[test]
+fn a_scalar_slot_set_to_minus_zero_after_zero_gives_the_kernel_minus_zero() {
+    for replay in [true, false] {
+        let device = Arc::new(CpuDevice::new());
+        let mut schedule = Schedule::<Cpu>::new();
+        let d = schedule.add_device(device.clone());
+        let t = schedule.add_tensor(d, "t", 16);
+        let value = schedule.add_scalar("value", 0.0f32);
+        let program = CpuProgram::from_fn("store_bits", 1, 1, store_bits);
+        schedule
+            .exec(
+                "store",
+                d,
+                &program,
+                &[t],
+                &[0.0f32.into()],
+                ExecParams::new_1d(1, 1),
+            )
+            .scalar(0, value);
+        let down = schedule.download("out", t).id();
+        let mut plan = schedule.plan().unwrap();
+        plan.set_replay(replay);
+        for (set, bits) in [(0.0f32, 0u32), (-0.0, 0x8000_0000), (0.0, 0)] {
+            plan.set_scalar(value, set).unwrap();
+            let out = hwqueue::Download::<u32>::new(4);
+            plan.download(down, &out).unwrap();
+            plan.run().unwrap().wait(LONG).unwrap();
+            assert_eq!(out.take(LONG).unwrap()[0], bits, "{set:?}, replay {replay}");
+        }
+    }
+}
+
 /// As `common::no_hang`, with a minute to go.
 fn no_hang_long(what: &str, f: impl FnOnce() + Send + 'static) {
     let (sender, receiver) = std::sync::mpsc::channel();

@@ -130,7 +130,9 @@ impl<B: Backend> Plan<B> {
                 ),
             });
         }
-        if self.scalar_values[slot.0] != value {
+        // By bits, not `==`: -0.0 is another value than 0.0 to a kernel,
+        // and the same NaN set again is no change.
+        if self.scalar_values[slot.0].to_ne_bytes() != value.to_ne_bytes() {
             self.scalar_values[slot.0] = value;
             self.edits += 1;
         }
