@@ -72,7 +72,7 @@ pub struct SimEngine {
     /// The template of the last batch marked with each key (`crate::replay`).
     templates: Vec<Arc<Template>>,
     /// The programs `replay_recorded` found for the batch submitted next.
-    next: Option<Arc<Vec<Vec<crate::replay::Kernel>>>>,
+    next: Option<(u32, Arc<Vec<Vec<crate::replay::Kernel>>>)>,
 }
 
 impl SimEngine {
@@ -146,7 +146,8 @@ impl SimEngine {
         let Some(key) = self.replay_key.take() else {
             return Mark::Plain;
         };
-        if let Some(programs) = self.next.take()
+        if let Some((pinned, programs)) = self.next.take()
+            && pinned == key
             && (batch.commands().iter()).any(|c| matches!(c, Command::Replay { .. }))
         {
             return Mark::Repeat(programs);
@@ -252,19 +253,19 @@ impl Engine for SimEngine {
         let found = (self.templates.iter())
             .find(|template| template.key == key)
             .and_then(|template| template.matching(kernels));
-        let offered = found.is_some();
-        if offered {
-            self.next = found;
+        // Kept for the next batch, or none kept: never another key's.
+        self.next = found.map(|programs| (key, programs));
+        if self.next.is_some() {
             self.replay_key = Some(key);
         }
-        offered
+        self.next.is_some()
     }
 
     fn check_replay(&self, index: u32) -> Result<()> {
         let recorded = self
             .next
             .as_ref()
-            .map_or(0, |programs| programs.len() as u32);
+            .map_or(0, |(_, programs)| programs.len() as u32);
         if index < recorded {
             Ok(())
         } else {

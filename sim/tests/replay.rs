@@ -201,4 +201,75 @@ fn the_simulator_offers_its_programs_only_as_recorded() {
             if matches!(&**cause, hwqueue::Error::ReplayNotRecorded { index: 1, .. })),
         "{refused:?}"
     );
+    // Offered, then asked again for other counts: nothing is kept, so a
+    // batch naming program 0 is rejected.
+    assert!(queue.replay_recorded(3, &[2]));
+    assert!(!queue.replay_recorded(3, &[3]));
+    let stale = queue.replay_program(0).signal(&signal, 4).submit();
+    assert!(
+        matches!(&stale, Err(hwqueue::Error::BatchRejected { .. })),
+        "{stale:?}"
+    );
+}
+
+/// `data[i] += 1` (u32).
+fn bump(args: &mut KernelArgs<'_>) -> Result<(), String> {
+    let mut data: Vec<u32> = args.read(0);
+    for word in &mut data {
+        *word = word.wrapping_add(1);
+    }
+    args.write(0, &data);
+    Ok(())
+}
+
+/// A stretch whose last kernel waits on the run before (it writes what
+/// that run's download, on the copy queue, read): that wait goes before
+/// the stretch's first kernel, so the stretch is one program whether the
+/// wait is pending or not, and runs waited for one by one (the wait never
+/// pending) and runs started back to back (pending) both repeat it. Before
+/// (review of aca4c72) the plan split the stretch at that wait and the
+/// engine did not (the wait was not recorded): 0 repeats in 20 runs.
+#[test]
+fn a_stretch_whose_later_kernel_waits_on_the_run_before_still_repeats() {
+    let device = Arc::new(SimDevice::new(0, SimConfig::default()));
+    let program = SimProgram::new("bump", 1, 0, bump);
+    let mut schedule = Schedule::<Sim>::new();
+    let d = schedule.add_device(device.clone());
+    let z = schedule.add_slot(d, "z", 64);
+    let y = schedule.add_slot(d, "y", 64);
+    let grid = ExecParams::new_1d(16, 16);
+    schedule.exec("z + 1", d, &program, &[z], &[], grid);
+    schedule.exec("z + 2", d, &program, &[z], &[], grid);
+    let last = schedule.exec("y + 1", d, &program, &[y], &[], grid).id();
+    let down = schedule.download("download y", y).id();
+    let mut plan = schedule.plan().unwrap();
+    assert!(
+        plan.waits_of(last).iter().any(|wait| wait.previous_run),
+        "the schedule must give `y + 1` a wait on the run before: {plan}"
+    );
+    let (zb, yb) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
+    plan.bind(z, &zb).unwrap();
+    plan.bind(y, &yb).unwrap();
+    let mut downloads = Vec::new();
+    for run in 0..40u32 {
+        let out = Download::<u32>::new(16);
+        plan.download(down, &out).unwrap();
+        let handle = plan.run().unwrap();
+        // The first half waited for one by one, the second back to back.
+        if run < 20 {
+            handle.wait(Timeout::Forever).unwrap();
+        }
+        downloads.push((run, out, handle));
+    }
+    for (run, out, handle) in downloads {
+        handle.wait(Timeout::Forever).unwrap();
+        assert_eq!(
+            out.take(Timeout::Forever).unwrap(),
+            vec![run + 1; 16],
+            "run {run}"
+        );
+    }
+    assert_eq!(zb.to_vec::<u32>().unwrap(), vec![80; 16]);
+    let launches = plan.launches();
+    assert!(launches.repeats >= 30, "{launches:?}");
 }

@@ -118,8 +118,8 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// offers its graphs to the next batch, which names them with
 /// [`replay_program`](crate::HardwareQueue::replay_program) instead of
 /// recording their kernels (a plan's run whose bindings did not change):
-/// one `cuGraphLaunch` each, nothing matched, and no completion event for
-/// the batch. The queue keeps the last such batch's buffers per key until a
+/// one `cuGraphLaunch` each, nothing matched, and, for a batch of only
+/// such launches, waits and signals, no completion event. The queue keeps the last such batch's buffers per key until a
 /// later batch under it replaces it.
 ///
 /// Buffers and programs of submitted work are kept alive until the stream

@@ -146,6 +146,7 @@ impl Shared {
     pub(super) fn mark(&self, key: u32, batch: &Batch<Cuda>) -> Mark {
         let mut replays = self.replays.lock();
         if let Some(next) = replays.next.take()
+            && next.key == key
             && batch
                 .commands()
                 .iter()
@@ -185,9 +186,8 @@ impl Shared {
                     .zip(kernels)
                     .all(|((_, count), kernels)| count == kernels)
         };
-        if matches {
-            replays.next = Some(template);
-        }
+        // Kept for the next batch, or none kept: never another key's.
+        replays.next = matches.then_some(template);
         matches
     }
 

@@ -159,6 +159,10 @@ pub(super) enum Replayed {
     Graph(usize),
     /// Its kernels launch one by one, up to this index.
     Plain(usize),
+    /// Its graph is launched, but a signal after it could not be
+    /// recorded: the batch fails at this index, inside the segment, so the
+    /// batch is kept (with its buffers) until the stream passed the graph.
+    Failed(usize, crate::error::Error),
 }
 
 /// A driver call of a graph's, failed: why the segment falls back.
@@ -265,7 +269,9 @@ impl Shared {
             let kernels = u32::try_from(shapes.len()).unwrap_or(u32::MAX);
             template.push(graph.made.clone(), kernels);
         }
-        self.record_last(batch, signals)?;
+        if let Err(error) = self.record_last(batch, signals) {
+            return Ok(Replayed::Failed(start + 1, error));
+        }
         Ok(Replayed::Graph(end))
     }
 

@@ -275,6 +275,7 @@ impl Shared {
                         continue;
                     }
                     Ok(Replayed::Plain(end)) => plain_until = end,
+                    Ok(Replayed::Failed(at, error)) => return Outcome::Failed(at, error),
                     Err(error) => return Outcome::Failed(index, error),
                 }
             }

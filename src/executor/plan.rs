@@ -173,6 +173,16 @@ impl<B: Backend> Plan<B> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut refused = None;
         let (replay, edits) = (self.replay, self.edits);
+        // The waits of operation `op` this run records.
+        let record_waits = |queue: &mut B::Queue, op: usize| {
+            for wait in &facts.ops[op].waits {
+                match facts.wait_to_record(wait, timelines, previous) {
+                    Some((signal, value, true)) => queue.wait_settled(signal, value),
+                    Some((signal, value, false)) => queue.wait(signal, value),
+                    None => queue,
+                };
+            }
+        };
         for (index, planned) in self.queues.iter_mut().enumerate() {
             let Some(queue) = planned.queue.as_mut() else {
                 continue;
@@ -192,33 +202,44 @@ impl<B: Backend> Plan<B> {
                 queue.wait_settled(signal, value);
             }
             let mut position = 0;
+            // Operations before this one had their waits recorded before
+            // their stretch's first kernel.
+            let mut hoisted = 0;
             while position < planned.ops.len() {
                 let op = planned.ops[position];
                 position += 1;
                 let op_plan = &facts.ops[op];
-                for wait in &op_plan.waits {
-                    match facts.wait_to_record(wait, timelines, previous) {
-                        Some((signal, value, true)) => queue.wait_settled(signal, value),
-                        Some((signal, value, false)) => queue.wait(signal, value),
-                        None => queue,
-                    };
+                if position > hoisted {
+                    record_waits(queue, op);
                 }
-                if repeat
+                if replay
                     && let Some(stretch) = stretches.at.get(next_stretch)
                     && stretch.start == position - 1
                 {
-                    // Its kernels are the program's; the rest of the
-                    // stretch waits for nothing, and its last value stands
-                    // for all of its values.
-                    queue.replay_program(next_stretch as u32);
-                    let last = &facts.ops[planned.ops[stretch.end - 1]];
-                    queue.signal(&timelines.signals[index], own_value(index, last.value));
-                    if culprit.is_none() && queue.rejection().is_some() {
-                        culprit = Some(op);
-                    }
-                    position = stretch.end;
+                    let program = next_stretch as u32;
                     next_stretch += 1;
-                    continue;
+                    // Its later kernels wait only on the run before
+                    // (`Stretches::of`), where that is still pending:
+                    // those waits go before its first kernel, so the engine
+                    // sees one run of kernels whatever is pending (waiting
+                    // earlier on the run before is safe: it waits on
+                    // nothing of this run).
+                    for &later in &planned.ops[stretch.start + 1..stretch.end] {
+                        record_waits(queue, later);
+                    }
+                    hoisted = stretch.end;
+                    if repeat {
+                        // Its kernels are the program's, and its last
+                        // value stands for all of its values.
+                        queue.replay_program(program);
+                        let last = &facts.ops[planned.ops[stretch.end - 1]];
+                        queue.signal(&timelines.signals[index], own_value(index, last.value));
+                        if culprit.is_none() && queue.rejection().is_some() {
+                            culprit = Some(op);
+                        }
+                        position = stretch.end;
+                        continue;
+                    }
                 }
                 let slots = &self.schedule.buffers;
                 let bytes = |id: &BufferId| slots[id.0].buffer.as_ref();

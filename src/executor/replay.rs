@@ -2,7 +2,10 @@
 //!
 //! A run whose bindings and scalars did not change since the last run that
 //! recorded its `exec`s under replay gives its device queues the same
-//! kernels over the same bytes: only the signal and wait values differ. On
+//! kernels over the same bytes: only the signal and wait values differ.
+//! Under replay, a stretch's waits on the run before are recorded before
+//! its first kernel, whichever of them a run finds pending, so every run
+//! gives the engine the same runs of kernels. On
 //! such a run, a queue whose engine still holds the device programs it
 //! recorded from that batch ([`HardwareQueue::replay_recorded`]) gets one
 //! [`HardwareQueue::replay_program`] per run of kernels instead of an `exec`
@@ -24,8 +27,10 @@ use crate::backend::Backend;
 #[derive(Debug, Default)]
 pub(super) struct Stretches {
     /// Positions in the queue's operations: each run of two or more
-    /// `exec`s with no wait before any of them but the first (so nothing
-    /// but their signals stands between their commands in a batch).
+    /// `exec`s with no wait before any of them but the first, other than
+    /// on the run before (a run records those before the stretch's first
+    /// kernel, so nothing but their signals stands between its kernels'
+    /// commands in a batch).
     pub(super) at: Vec<Range<usize>>,
     /// How many kernels each runs: what `replay_recorded` compares.
     pub(super) kernels: Vec<u32>,
@@ -51,10 +56,8 @@ impl Stretches {
             if !exec(ops[start]) {
                 continue;
             }
-            while position < ops.len()
-                && exec(ops[position])
-                && facts[ops[position]].waits.is_empty()
-            {
+            let within = |op: usize| facts[op].waits.iter().all(|wait| wait.previous_run);
+            while position < ops.len() && exec(ops[position]) && within(ops[position]) {
                 position += 1;
             }
             if position - start >= 2 {
