@@ -224,7 +224,7 @@ impl<B: Backend> Plan<B> {
                     // sees one run of kernels whatever is pending (waiting
                     // earlier on the run before is safe: it waits on
                     // nothing of this run).
-                    for &later in &planned.ops[stretch.start + 1..stretch.end] {
+                    for &later in &stretches.waiting[program as usize] {
                         record_waits(queue, later);
                     }
                     hoisted = stretch.end;

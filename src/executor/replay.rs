@@ -34,6 +34,9 @@ pub(super) struct Stretches {
     pub(super) at: Vec<Range<usize>>,
     /// How many kernels each runs: what `replay_recorded` compares.
     pub(super) kernels: Vec<u32>,
+    /// Per stretch, its operations after the first that wait (on the run
+    /// before): their waits go before its first kernel. Mostly empty.
+    pub(super) waiting: Vec<Vec<usize>>,
     /// The plan's edit count when the queue last submitted a run that
     /// recorded its `exec`s under replay; `None`: none since it was
     /// refused, or replay is off.
@@ -61,6 +64,9 @@ impl Stretches {
                 position += 1;
             }
             if position - start >= 2 {
+                let waiting = ops[start + 1..position].iter().copied();
+                (stretches.waiting)
+                    .push(waiting.filter(|&op| !facts[op].waits.is_empty()).collect());
                 stretches.at.push(start..position);
                 stretches
                     .kernels
