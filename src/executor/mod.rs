@@ -181,6 +181,7 @@
 //! plan or schedule: `binding.rs`, `transfer.rs`, `planner.rs`.
 
 mod binding;
+mod collective;
 mod host;
 mod memory;
 mod ordering;
