@@ -64,8 +64,20 @@
 //!     .submit()?;         // returns at once; the queue's worker runs it
 //! ```
 //!
+//! # In plans
+//!
+//! A [`Schedule`](crate::Schedule) holds collectives as operations
+//! ([`Schedule::all_reduce`](crate::Schedule::all_reduce) and the others):
+//! each reads its send buffer and writes its receive buffer, so the
+//! planner orders it against kernels and transfers by the same hazards,
+//! and every [`Plan::run`](crate::Plan::run) records it on its queue with
+//! [`HardwareQueue::collective`](crate::HardwareQueue::collective). A
+//! communicator's collectives must share a queue in a plan, so that every
+//! rank runs them in one order.
+//!
 //! `tests/collective_mpi.rs` runs every operation this way under
-//! `mpirun`, and `.ci/run` runs it.
+//! `mpirun`, and plans with collectives run back to back; `.ci/run` runs
+//! it, and `examples/distributed.rs` (the demo's MLP, data parallel).
 
 #[cfg(feature = "mpi")]
 mod description;
