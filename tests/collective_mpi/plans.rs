@@ -23,6 +23,10 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
         every_collective(ranks),
     );
     run(
+        "plan over AnyBackend: an all_reduce on an AnyQueue, runs back to back".into(),
+        any_backend(ranks),
+    );
+    run(
         "plan: collectives a rank cannot run are refused at plan time".into(),
         refused_at_plan(ranks),
     );
@@ -297,4 +301,55 @@ fn refused_at_plan(ranks: &Ranks) -> Outcome {
         refusal(schedule),
         &["`first`", "`second`", "one queue"],
     )
+}
+
+/// The same through the `Any*` enums (a plan over [`AnyBackend`], as the
+/// demo's): `x` uploaded, summed over the ranks in place, doubled by a
+/// kernel, downloaded.
+fn any_backend(ranks: &Ranks) -> Outcome {
+    use hwqueue::{AnyBackend, AnyProgram};
+    let (rank, size, len) = (ranks.rank, ranks.size, 1024);
+    let device = hwqueue::acquire("cpu").map_err(text)?;
+    let scale_program = AnyProgram::from(CpuProgram::from_fn("scale", 1, 1, scale));
+    let mut schedule = Schedule::<AnyBackend>::new();
+    let d = schedule.add_device(device);
+    let x = schedule.add_tensor(d, "x", len * size_of::<f32>());
+    let upload = schedule.upload("upload x", x).id();
+    schedule.all_reduce::<f32>("sum x", &ranks.comm, Reduction::Sum, x, x);
+    let params = ExecParams::new_1d(len as u32, 256);
+    schedule.exec(
+        "double x",
+        d,
+        &scale_program,
+        &[x],
+        &[2.0f32.into()],
+        params,
+    );
+    let download = schedule.download("download x", x).id();
+    let mut plan = schedule.plan().map_err(text)?;
+    let data = |run: usize, r: usize| input::<f32>(r, len, 200 + run);
+    let mut outputs = Vec::new();
+    let mut runs = Vec::new();
+    for index in 0..RUNS {
+        plan.upload(upload, &data(index, rank)).map_err(text)?;
+        let got = Download::<f32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        runs.push(plan.run().map_err(text)?);
+        outputs.push(got);
+    }
+    for (index, run) in runs.into_iter().enumerate() {
+        run.wait(Timeout::Forever)
+            .map_err(|e| format!("run {index}: {e}"))?;
+    }
+    for (index, got) in outputs.iter().enumerate() {
+        let want: Vec<f32> = (0..len)
+            .map(|i| 2.0 * (0..size).map(|r| data(index, r)[i]).sum::<f32>())
+            .collect();
+        check(
+            &format!("run {index}"),
+            got.take(Timeout::Forever).map_err(text)?,
+            want,
+        )?;
+    }
+    Ok(())
 }
