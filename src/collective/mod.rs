@@ -28,7 +28,9 @@
 //! # On the CPU, over MPI
 //!
 //! The worker that reaches the command copies the send view into staging
-//! memory the operation owns, starts MPI's non-blocking collective
+//! memory (the communicator keeps up to four such buffers, the largest it
+//! used, for its next collectives: fresh pages cost more than the copy),
+//! starts MPI's non-blocking collective
 //! (`MPI_Iallreduce`, ...) and polls it (`MPI_Test`) until it completes or
 //! the communicator's timeout passes, then copies the result into the
 //! receive view. Before the data, the ranks exchange a description of the
@@ -84,6 +86,8 @@ mod description;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "mpi")]
+mod staging;
 
 use std::fmt;
 use std::time::Duration;
