@@ -18,6 +18,8 @@
 //! at once with a broken communicator.
 
 mod common;
+#[path = "collective_mpi/plans.rs"]
+mod plans;
 
 use std::time::{Duration, Instant};
 
@@ -82,6 +84,7 @@ fn suite(ranks: &Ranks) -> bool {
         "interleaved with kernels on two queues".into(),
         interleaved(ranks),
     );
+    plans::cases(ranks, &mut run);
     run(
         "shapes rejected at record time".into(),
         shapes_rejected(ranks),

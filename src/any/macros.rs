@@ -101,7 +101,7 @@
 ///         self
 ///     }
 ///     // wait_settled: as wait, with wait_foreign_settled across backends;
-///     // signal, copy, dealloca: native on a match, rejected (naming both backends) otherwise;
+///     // signal, copy, collective, dealloca: native on a match, rejected (naming both backends) otherwise;
 ///     // alloca: the backend's, wrapped;
 ///     // kind, memory_barrier, wait_foreign, wait_foreign_settled, reject, recorded, discard, submit,
 ///     // synchronize: pass through.

@@ -233,6 +233,39 @@ macro_rules! __backend_set_queue {
                 self
             }
 
+            fn collective(
+                &mut self,
+                communicator: &$crate::collective::Communicator,
+                op: $crate::collective::CollectiveOp,
+                element: $crate::collective::Element,
+                send: ::std::option::Option<&$crate::View<$Set>>,
+                recv: ::std::option::Option<&$crate::View<$Set>>,
+            ) -> &mut Self {
+                match self {
+                    $( $(#[$meta])* Self::$V(q) => {
+                        // Each view as the variant's own, or the mismatch.
+                        let inner = |view: ::std::option::Option<&$crate::View<$Set>>, what: &'static str| {
+                            view.map(|view| $crate::any::inner_view::<$B>(
+                                view.buffer().$as_v(),
+                                (view.offset(), view.len()),
+                                view.buffer().backend_id(),
+                                || what.into(),
+                            ))
+                            .transpose()
+                        };
+                        let views = inner(send, "the collective's send view")
+                            .and_then(|s| Ok((s, inner(recv, "the collective's receive view")?)));
+                        match views {
+                            Ok((s, r)) => {
+                                $crate::HardwareQueue::collective(q, communicator, op, element, s.as_ref(), r.as_ref());
+                            }
+                            Err(error) => { $crate::HardwareQueue::reject(q, error); }
+                        }
+                    } )+
+                }
+                self
+            }
+
             #[inline]
             fn memory_barrier(&mut self) -> &mut Self {
                 // Tested in the variants' order (a `match` of three arms

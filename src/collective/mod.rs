@@ -28,7 +28,9 @@
 //! # On the CPU, over MPI
 //!
 //! The worker that reaches the command copies the send view into staging
-//! memory the operation owns, starts MPI's non-blocking collective
+//! memory (the communicator keeps up to four such buffers, the largest it
+//! used, for its next collectives: fresh pages cost more than the copy),
+//! starts MPI's non-blocking collective
 //! (`MPI_Iallreduce`, ...) and polls it (`MPI_Test`) until it completes or
 //! the communicator's timeout passes, then copies the result into the
 //! receive view. Before the data, the ranks exchange a description of the
@@ -64,14 +66,28 @@
 //!     .submit()?;         // returns at once; the queue's worker runs it
 //! ```
 //!
+//! # In plans
+//!
+//! A [`Schedule`](crate::Schedule) holds collectives as operations
+//! ([`Schedule::all_reduce`](crate::Schedule::all_reduce) and the others):
+//! each reads its send buffer and writes its receive buffer, so the
+//! planner orders it against kernels and transfers by the same hazards,
+//! and every [`Plan::run`](crate::Plan::run) records it on its queue with
+//! [`HardwareQueue::collective`](crate::HardwareQueue::collective). A
+//! communicator's collectives must share a queue in a plan, so that every
+//! rank runs them in one order.
+//!
 //! `tests/collective_mpi.rs` runs every operation this way under
-//! `mpirun`, and `.ci/run` runs it.
+//! `mpirun`, and plans with collectives run back to back; `.ci/run` runs
+//! it, and `examples/distributed.rs` (the demo's MLP, data parallel).
 
 #[cfg(feature = "mpi")]
 mod description;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "mpi")]
+mod staging;
 
 use std::fmt;
 use std::time::Duration;

@@ -15,6 +15,7 @@ use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
 use super::description::{Description, WORDS};
+use super::staging::{Staging, StagingPool};
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
     Reduction, Transport,
@@ -186,6 +187,8 @@ pub(super) struct MpiComm {
     /// The first failure that left MPI requests pending (a timeout): the
     /// communicator runs nothing after it.
     broken: Mutex<Option<Arc<Error>>>,
+    /// Staging memory kept for the next collectives.
+    staging: StagingPool,
 }
 
 /// An `MPI_Comm` handle.
@@ -212,6 +215,7 @@ impl MpiComm {
             collective_start: Mutex::new(()),
             p2p_start: Mutex::new(()),
             broken: Mutex::new(None),
+            staging: StagingPool::default(),
         };
         Ok(Communicator::new(rank, size, Transport::Mpi(comm)))
     }
@@ -244,8 +248,8 @@ impl MpiComm {
             CollectiveOp::Send { .. } => (plan.count, 0),
             CollectiveOp::Recv { .. } => (0, plan.count),
         };
-        let mut send = Staging::new(send_len * element);
-        let mut recv = Staging::new(recv_len * element);
+        let mut send = self.staging.take(send_len * element);
+        let mut recv = self.staging.take(recv_len * element);
         // A rank that cannot read its view still describes itself, marked
         // failed, so its peers fail at once rather than at the timeout.
         let read_error = read(send.bytes()).err();
@@ -288,6 +292,8 @@ impl MpiComm {
         if recv_len > 0 {
             write(recv.bytes())?;
         }
+        self.staging.give_back(send);
+        self.staging.give_back(recv);
         Ok(())
     }
 
@@ -552,29 +558,6 @@ impl Drop for MpiComm {
 
 const TAG_DESCRIPTION: c_int = 1;
 const TAG_DATA: c_int = 2;
-
-/// Memory a collective's data goes through, 8-byte aligned (for `f64`).
-struct Staging {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl Staging {
-    fn new(len: usize) -> Self {
-        Self {
-            words: vec![0; len.div_ceil(8)],
-            len,
-        }
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
-    }
-
-    fn ptr(&mut self) -> *mut c_void {
-        self.words.as_mut_ptr().cast()
-    }
-}
 
 /// Polls `requests` until all completed (`true`) or `deadline` passed
 /// (`false`: they are still pending). Spins briefly, then yields the core

@@ -1,7 +1,8 @@
 //! The executor: plan a schedule once, run it many times.
 //!
 //! A compiler hands hwqueue a [`Schedule`]: operations (kernel `exec`s,
-//! copies, fills, and host uploads and downloads) in program order, each declaring the byte ranges of the buffers it
+//! copies, fills, host uploads and downloads, and collectives over a
+//! [`Communicator`](crate::collective::Communicator): `collective.rs`) in program order, each declaring the byte ranges of the buffers it
 //! reads and writes, the device it runs on and the queue kind it wants.
 //! [`Schedule::plan`] turns it into a [`Plan`]:
 //!
@@ -178,9 +179,11 @@
 //! The files, each using only those above it: `schedule.rs` (the input),
 //! `ordering.rs`, `memory.rs` (placing tensors), `host.rs`, `staged.rs`,
 //! `run.rs`; `plan.rs` (recording a run); and the `impl`s that extend a
-//! plan or schedule: `binding.rs`, `transfer.rs`, `planner.rs`.
+//! plan or schedule: `binding.rs`, `transfer.rs`, `collective.rs`,
+//! `planner.rs`.
 
 mod binding;
+mod collective;
 mod host;
 mod memory;
 mod ordering;

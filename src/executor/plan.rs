@@ -299,6 +299,9 @@ impl<B: Backend> Plan<B> {
                             _ => unplaced_bug(queue, name),
                         }
                     }
+                    Work::Collective(collective) => {
+                        super::collective::record(queue, collective, bytes, name);
+                    }
                     Work::Fill {
                         dst,
                         pattern,
@@ -576,7 +579,7 @@ impl<B: Backend> Plan<B> {
 /// and `run` checked every binding, so this is a bug: the batch is refused
 /// rather than run without the operation whose value it would still
 /// signal.
-fn unplaced_bug<Q: HardwareQueue>(queue: &mut Q, operation: &str) {
+pub(super) fn unplaced_bug<Q: HardwareQueue>(queue: &mut Q, operation: &str) {
     queue.reject(Error::InvalidSchedule {
         reason: format!(
             "operation `{operation}` lost its bytes or its staged host data (a bug in the \

@@ -36,6 +36,7 @@ impl<B: Backend> Schedule<B> {
 
 fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     validate(&schedule)?;
+    super::collective::validate_order(&schedule)?;
     let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
         .ops
         .iter()
@@ -193,7 +194,8 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                 Work::Copy { .. }
                 | Work::Fill { .. }
                 | Work::Upload { .. }
-                | Work::Download { .. } => None,
+                | Work::Download { .. }
+                | Work::Collective(_) => None,
             },
         });
     }
@@ -366,6 +368,14 @@ fn effective_accesses<B: Backend>(
             reads.extend(declared(&op.reads));
             (reads, declared(&op.writes))
         }
+        // It reads its send view and writes its receive view.
+        Work::Collective(collective) => {
+            let mut reads: Vec<Access> = collective.send.iter().map(|b| whole(*b)).collect();
+            let mut writes: Vec<Access> = collective.recv.iter().map(|b| whole(*b)).collect();
+            reads.extend(declared(&op.reads));
+            writes.extend(declared(&op.writes));
+            (reads, writes)
+        }
     }
 }
 
@@ -385,12 +395,14 @@ fn lane_of<B: Backend>(schedule: &Schedule<B>, op: &Op<B>) -> Lane {
                 Lane::Host
             }
         }
-        Work::Exec { .. } | Work::Fill { .. } | Work::Upload { .. } | Work::Download { .. } => {
-            Lane::Device {
-                device: op.device,
-                kind: op.kind,
-            }
-        }
+        Work::Exec { .. }
+        | Work::Fill { .. }
+        | Work::Upload { .. }
+        | Work::Download { .. }
+        | Work::Collective(_) => Lane::Device {
+            device: op.device,
+            kind: op.kind,
+        },
     }
 }
 
@@ -553,6 +565,9 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
             }
             Work::Upload { dst: id } | Work::Download { src: id } => {
                 buffer(op, *id)?;
+            }
+            Work::Collective(collective) => {
+                super::collective::validate(schedule, op, collective)?;
             }
             Work::Fill { dst, width, .. } => {
                 let d = buffer(op, *dst)?;

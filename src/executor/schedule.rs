@@ -73,6 +73,20 @@ pub(super) enum Work<B: Backend> {
     Download {
         src: BufferId,
     },
+    /// A collective over a communicator (`collective.rs`).
+    Collective(CollectiveWork),
+}
+
+/// A collective of a schedule: what [`HardwareQueue::collective`] records,
+/// with buffers of the schedule for views.
+pub(super) struct CollectiveWork {
+    pub(super) communicator: crate::collective::Communicator,
+    pub(super) op: crate::collective::CollectiveOp,
+    pub(super) element: crate::collective::Element,
+    /// What it reads on this rank, if anything.
+    pub(super) send: Option<BufferId>,
+    /// What it writes on this rank, if anything.
+    pub(super) recv: Option<BufferId>,
 }
 
 pub(super) struct Op<B: Backend> {
@@ -316,7 +330,7 @@ impl<B: Backend> Schedule<B> {
 
     /// The device of `buffer`; an unknown buffer gets an unknown device,
     /// which `plan` reports along with the buffer.
-    fn device_of(&self, buffer: BufferId) -> DeviceId {
+    pub(super) fn device_of(&self, buffer: BufferId) -> DeviceId {
         self.buffers
             .get(buffer.0)
             .map_or(DeviceId(usize::MAX), |b| b.device)
@@ -371,7 +385,7 @@ impl<B: Backend> Schedule<B> {
         })
     }
 
-    fn push(&mut self, op: Op<B>) -> OpBuilder<'_, B> {
+    pub(super) fn push(&mut self, op: Op<B>) -> OpBuilder<'_, B> {
         self.ops.push(op);
         let index = self.ops.len() - 1;
         OpBuilder {
@@ -498,5 +512,11 @@ pub(super) fn named_buffers<B: Backend>(op: &Op<B>) -> Vec<BufferId> {
         Work::Copy { dst, src } => vec![*dst, *src],
         Work::Fill { dst, .. } | Work::Upload { dst } => vec![*dst],
         Work::Download { src } => vec![*src],
+        Work::Collective(collective) => collective
+            .send
+            .iter()
+            .chain(&collective.recv)
+            .copied()
+            .collect(),
     }
 }

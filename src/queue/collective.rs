@@ -115,7 +115,7 @@ impl<E: Engine> Queue<E> {
 
     /// Checks a collective this rank records, and pushes it.
     #[inline(never)]
-    fn record_collective<S, D>(
+    pub(super) fn record_collective<S, D>(
         &mut self,
         communicator: &Communicator,
         op: CollectiveOp,
@@ -187,21 +187,65 @@ fn check_shape<B: crate::Backend, S: AsView<B>, D: AsView<B>>(
     send: Option<&S>,
     recv: Option<&D>,
 ) -> crate::Result<()> {
-    let (rank, size) = (communicator.rank(), communicator.size());
-    let invalid = |reason: String| {
-        Err(CollectiveError::Invalid {
-            rank,
-            size,
-            op: op.name(),
-            reason,
-        }
-        .into())
-    };
-    let width = element.size();
     let send_parts = send.map(AsView::view_parts);
     let recv_parts = recv.map(AsView::view_parts);
-    for (what, parts) in [("send", send_parts), ("receive", recv_parts)] {
-        if let Some((_, _, len)) = parts
+    check_lengths(
+        communicator,
+        op,
+        element,
+        send_parts.map(|p| p.2),
+        recv_parts.map(|p| p.2),
+    )?;
+    if let (Some((s, s_offset, s_len)), Some((r, r_offset, r_len))) = (send_parts, recv_parts)
+        && crate::Buffer::same_as(s, r)
+    {
+        let overlap = s_offset < r_offset + r_len && r_offset < s_offset + s_len;
+        let in_place =
+            (s_offset, s_len) == (r_offset, r_len) && matches!(op, CollectiveOp::AllReduce(_));
+        if overlap && !in_place && s_len > 0 && r_len > 0 {
+            return Err(invalid(
+                communicator,
+                op,
+                format!(
+                    "its send view (bytes {s_offset}..{}) and receive view (bytes {r_offset}..{}) \
+                     overlap; only an all_reduce runs in place (the same view as both): use \
+                     separate views",
+                    s_offset + s_len,
+                    r_offset + r_len
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn invalid(communicator: &Communicator, op: CollectiveOp, reason: String) -> crate::Error {
+    CollectiveError::Invalid {
+        rank: communicator.rank(),
+        size: communicator.size(),
+        op: op.name(),
+        reason,
+    }
+    .into()
+}
+
+/// What one rank can check of a collective from its views' lengths alone
+/// (bytes; `None` where it has no such view): whole elements, lengths that
+/// fit the operation and the group's size, roots and peers in the group,
+/// counts MPI can express. A plan checks its collectives with it before it
+/// places their bytes.
+pub(crate) fn check_lengths(
+    communicator: &Communicator,
+    op: CollectiveOp,
+    element: Element,
+    send: Option<usize>,
+    recv: Option<usize>,
+) -> crate::Result<()> {
+    let (rank, size) = (communicator.rank(), communicator.size());
+    let invalid = |reason: String| Err(invalid(communicator, op, reason));
+    let width = element.size();
+    for (what, len) in [("send", send), ("receive", recv)] {
+        if let Some(len) = len
             && !len.is_multiple_of(width)
         {
             return invalid(format!(
@@ -211,8 +255,8 @@ fn check_shape<B: crate::Backend, S: AsView<B>, D: AsView<B>>(
             ));
         }
     }
-    let send_len = send_parts.map_or(0, |p| p.2);
-    let recv_len = recv_parts.map_or(0, |p| p.2);
+    let send_len = send.unwrap_or(0);
+    let recv_len = recv.unwrap_or(0);
     let expected = match op {
         CollectiveOp::AllReduce(_) => Some((recv_len, send_len, "the send view's length")),
         CollectiveOp::AllGather => Some((
@@ -261,22 +305,6 @@ fn check_shape<B: crate::Backend, S: AsView<B>, D: AsView<B>>(
         return invalid(format!(
             "{count} elements are more than one collective moves (2^31 - 1): split it"
         ));
-    }
-    if let (Some((s, s_offset, s_len)), Some((r, r_offset, r_len))) = (send_parts, recv_parts)
-        && crate::Buffer::same_as(s, r)
-    {
-        let overlap = s_offset < r_offset + r_len && r_offset < s_offset + s_len;
-        let in_place =
-            (s_offset, s_len) == (r_offset, r_len) && matches!(op, CollectiveOp::AllReduce(_));
-        if overlap && !in_place && s_len > 0 && r_len > 0 {
-            return invalid(format!(
-                "its send view (bytes {s_offset}..{}) and receive view (bytes {r_offset}..{}) \
-                 overlap; only an all_reduce runs in place (the same view as both): use \
-                 separate views",
-                s_offset + s_len,
-                r_offset + r_len
-            ));
-        }
     }
     Ok(())
 }

@@ -38,6 +38,7 @@ mod replay;
 use std::fmt;
 
 pub use batch::{Batch, Command, ForeignWait};
+pub(crate) use collective::check_lengths;
 
 pub use engine::Engine;
 pub use ledger::{Admission, Ledger, QueueId};
@@ -249,6 +250,31 @@ pub trait HardwareQueue: Send + Sized {
     /// Records: make the memory writes of earlier commands visible to later
     /// commands and to other queues.
     fn memory_barrier(&mut self) -> &mut Self;
+
+    /// Records collective `op` of `element`s over `communicator`, reading
+    /// `send` and writing `recv` (either `None` where the operation has no
+    /// such view on this rank: a `recv` sends nothing, a broadcast's root
+    /// receives nothing): what [`Queue::all_reduce`] and its siblings
+    /// record, in a form a generic caller (a plan) can name. The checks and
+    /// the ordering are theirs (see [`crate::collective`]).
+    ///
+    /// The default, for a queue type that runs no collectives, rejects the
+    /// batch with [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported).
+    fn collective(
+        &mut self,
+        communicator: &crate::collective::Communicator,
+        op: crate::collective::CollectiveOp,
+        element: crate::collective::Element,
+        send: Option<&View<Self::Backend>>,
+        recv: Option<&View<Self::Backend>>,
+    ) -> &mut Self {
+        let _ = (op, element, send, recv);
+        let error = crate::collective::CollectiveError::unsupported(
+            <Self::Backend as Backend>::ID,
+            communicator,
+        );
+        self.reject(error.into())
+    }
 
     /// Allocates `size` bytes from the device's memory pool in queue order
     /// (IREE's `queue_alloca`): the buffer is returned at once, and its

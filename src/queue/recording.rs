@@ -483,6 +483,17 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.record_foreign_wait(value, || Box::new(signal.clone()))
     }
 
+    fn collective(
+        &mut self,
+        communicator: &crate::collective::Communicator,
+        op: crate::collective::CollectiveOp,
+        element: crate::collective::Element,
+        send: Option<&View<E::Backend>>,
+        recv: Option<&View<E::Backend>>,
+    ) -> &mut Self {
+        self.record_collective(communicator, op, element, send, recv)
+    }
+
     fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
         self.record_foreign_wait(value, || {
             Box::new(super::batch::SettledForeign(signal.clone()))

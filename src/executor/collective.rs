@@ -1,0 +1,246 @@
+//! Collectives in a schedule: [`Schedule::all_reduce`] and its siblings
+//! add an operation like any other, on the compute queue of the device its
+//! buffers live on. The planner orders it by the same hazards (it reads
+//! its send buffer and writes its receive buffer), and every run records
+//! it with [`HardwareQueue::collective`], in queue order with the kernels
+//! around it (see [`crate::collective`] for what a queue does with one).
+//!
+//! Every rank of a communicator must run its collectives in one order. A
+//! queue runs its commands in order and a plan records each queue's
+//! operations in schedule order, so the planner requires every collective
+//! over one communicator to be on one queue: then each rank that builds
+//! the same schedule runs them in the same order, run after run.
+
+use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
+
+use super::plan::unplaced_bug;
+use super::schedule::*;
+use super::*;
+
+/// Collectives, each on the compute queue of the device its buffers live
+/// on (move one with [`OpBuilder::on`]). Each reads its send buffer whole
+/// and writes its receive buffer whole (views of a buffer, with
+/// [`Schedule::add_view`], narrow that), so the planner orders it against
+/// kernels, copies and transfers as it orders those, within a run and
+/// against the previous run. Element counts are a buffer's length over
+/// `T`'s size; [`plan`](Schedule::plan) checks the lengths against the
+/// operation and the communicator's size, and that all collectives over
+/// one communicator share a queue (every rank must run them in one order).
+/// The data checks between ranks happen when a run reaches them, as for a
+/// queue's collectives.
+impl<B: Backend> Schedule<B> {
+    /// Adds: combine every rank's `send` element-wise by `reduction` into
+    /// every rank's `recv`, of `send`'s length (`recv` may be `send`: in
+    /// place).
+    pub fn all_reduce<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        reduction: Reduction,
+        send: BufferId,
+        recv: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::AllReduce(reduction);
+        self.push_collective::<T>(name.into(), communicator, op, Some(send), Some(recv))
+    }
+
+    /// Adds: every rank's `send`, in rank order, into every rank's `recv`,
+    /// which is the communicator's size times as long.
+    pub fn all_gather<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        send: BufferId,
+        recv: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::AllGather;
+        self.push_collective::<T>(name.into(), communicator, op, Some(send), Some(recv))
+    }
+
+    /// Adds: combine every rank's `send` (the communicator's size times
+    /// `recv`'s length) element-wise by `reduction`; rank `r` receives
+    /// part `r` into `recv`.
+    pub fn reduce_scatter<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        reduction: Reduction,
+        send: BufferId,
+        recv: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::ReduceScatter(reduction);
+        self.push_collective::<T>(name.into(), communicator, op, Some(send), Some(recv))
+    }
+
+    /// Adds: rank `root`'s `buffer` into every other rank's `buffer` (it
+    /// reads it on the root and writes it elsewhere).
+    pub fn broadcast<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        root: usize,
+        buffer: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::Broadcast { root };
+        let (send, recv) = if communicator.rank() == root {
+            (Some(buffer), None)
+        } else {
+            (None, Some(buffer))
+        };
+        self.push_collective::<T>(name.into(), communicator, op, send, recv)
+    }
+
+    /// Adds: `src` to rank `peer`, whose schedule receives it with a
+    /// [`recv`](Self::recv) from this rank of the same length and type.
+    pub fn send<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        peer: usize,
+        src: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::Send { peer };
+        self.push_collective::<T>(name.into(), communicator, op, Some(src), None)
+    }
+
+    /// Adds: receive rank `peer`'s [`send`](Self::send) to this rank into
+    /// `dst`.
+    pub fn recv<T: CollectiveElement>(
+        &mut self,
+        name: impl Into<String>,
+        communicator: &Communicator,
+        peer: usize,
+        dst: BufferId,
+    ) -> OpBuilder<'_, B> {
+        let op = CollectiveOp::Recv { peer };
+        self.push_collective::<T>(name.into(), communicator, op, None, Some(dst))
+    }
+
+    fn push_collective<T: CollectiveElement>(
+        &mut self,
+        name: String,
+        communicator: &Communicator,
+        op: CollectiveOp,
+        send: Option<BufferId>,
+        recv: Option<BufferId>,
+    ) -> OpBuilder<'_, B> {
+        // Both are there for every operation but `send` and `recv`.
+        let device = recv
+            .or(send)
+            .map_or(DeviceId(usize::MAX), |b| self.device_of(b));
+        self.push(Op {
+            name,
+            device,
+            kind: QueueKind::Compute,
+            work: Work::Collective(CollectiveWork {
+                communicator: communicator.clone(),
+                op,
+                element: T::ELEMENT,
+                send,
+                recv,
+            }),
+            reads: None,
+            writes: None,
+            bound_scalars: Vec::new(),
+        })
+    }
+}
+
+/// What `plan` checks of one collective: its buffers known and on one
+/// device, and their lengths right for the operation and the group.
+pub(super) fn validate<B: Backend>(
+    schedule: &Schedule<B>,
+    op: &Op<B>,
+    collective: &CollectiveWork,
+) -> Result<()> {
+    let invalid = |reason: String| Error::InvalidSchedule { reason };
+    let slot = |id: Option<BufferId>| -> Result<Option<&BufferSlot<B>>> {
+        id.map(|id| {
+            schedule.buffers.get(id.0).ok_or_else(|| {
+                invalid(format!(
+                    "collective `{}` names unknown buffer {}",
+                    op.name, id.0
+                ))
+            })
+        })
+        .transpose()
+    };
+    let (send, recv) = (slot(collective.send)?, slot(collective.recv)?);
+    if let (Some(send), Some(recv)) = (send, recv)
+        && send.device != recv.device
+    {
+        return Err(invalid(format!(
+            "collective `{}` reads `{}` on device {} and writes `{}` on device {}; a collective \
+             runs on one device's queue: copy one of them over first",
+            op.name, send.name, send.device.0, recv.name, recv.device.0
+        )));
+    }
+    crate::queue::check_lengths(
+        &collective.communicator,
+        collective.op,
+        collective.element,
+        send.map(|s| s.len),
+        recv.map(|r| r.len),
+    )
+    .map_err(|error| invalid(format!("collective `{}`: {error}", op.name)))
+}
+
+/// What `plan` checks of the collectives together: those over one
+/// communicator on one queue, so that every rank runs them in one order.
+pub(super) fn validate_order<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
+    let collectives: Vec<(&Op<B>, &CollectiveWork)> = (schedule.ops.iter())
+        .filter_map(|op| match &op.work {
+            Work::Collective(collective) => Some((op, collective)),
+            _ => None,
+        })
+        .collect();
+    for (at, (later, b)) in collectives.iter().enumerate() {
+        let first = collectives[..at]
+            .iter()
+            .find(|(_, a)| a.communicator.same_as(&b.communicator));
+        if let Some((earlier, _)) = first
+            && (earlier.device, earlier.kind) != (later.device, later.kind)
+        {
+            return Err(Error::InvalidSchedule {
+                reason: format!(
+                    "collectives `{}` (device {}, {} queue) and `{}` (device {}, {} queue) run \
+                     over one communicator on different queues, so ranks could run them in \
+                     different orders; put every collective of a communicator on one queue",
+                    earlier.name,
+                    earlier.device.0,
+                    earlier.kind,
+                    later.name,
+                    later.device.0,
+                    later.kind
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Records `collective` of a run on `queue`, its buffers' bytes from
+/// `bytes` (`name` is the operation's, for the error a bug gives).
+pub(super) fn record<'a, Q: HardwareQueue>(
+    queue: &mut Q,
+    collective: &CollectiveWork,
+    bytes: impl Fn(&BufferId) -> Option<&'a View<Q::Backend>>,
+    name: &str,
+) where
+    Q::Backend: 'a,
+{
+    let send = collective.send.as_ref().map(&bytes);
+    let recv = collective.recv.as_ref().map(&bytes);
+    match (send, recv) {
+        (Some(None), _) | (_, Some(None)) => unplaced_bug(queue, name),
+        (send, recv) => {
+            queue.collective(
+                &collective.communicator,
+                collective.op,
+                collective.element,
+                send.flatten(),
+                recv.flatten(),
+            );
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! Collectives in plans: schedules that hold collectives beside kernels and
+//! transfers, planned once and run several times back to back (each run
+//! started before the last one finished, with fresh uploads), every run's
+//! downloads checked against the host.
+
+use std::sync::Arc;
+
+use hwqueue::cpu::Cpu;
+use hwqueue::{Download, OpId, Plan, Run, Schedule};
+
+use super::*;
+
+/// Runs started back to back before any is waited for.
+const RUNS: usize = 4;
+
+pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
+    run(
+        "plan: upload, kernel, all_reduce, kernel, download; runs back to back".into(),
+        kernels_and_all_reduce(ranks),
+    );
+    run(
+        "plan: every collective, runs back to back".into(),
+        every_collective(ranks),
+    );
+    run(
+        "plan over AnyBackend: an all_reduce on an AnyQueue, runs back to back".into(),
+        any_backend(ranks),
+    );
+    run(
+        "plan: collectives a rank cannot run are refused at plan time".into(),
+        refused_at_plan(ranks),
+    );
+}
+
+fn new_schedule() -> (Schedule<Cpu>, hwqueue::DeviceId) {
+    let mut schedule = Schedule::<Cpu>::new();
+    let device = schedule.add_device(Arc::new(CpuDevice::new()));
+    (schedule, device)
+}
+
+/// Waits for every run, then checks each one's downloads with `check_run`.
+fn wait_all(runs: Vec<Run<Cpu>>, mut check_run: impl FnMut(usize) -> Outcome) -> Outcome {
+    for (index, run) in runs.into_iter().enumerate() {
+        run.wait(Timeout::Forever)
+            .map_err(|e| format!("run {index}: {e}"))?;
+    }
+    (0..RUNS).try_for_each(|index| check_run(index).map_err(|e| format!("run {index}: {e}")))
+}
+
+/// `x` uploaded, scaled by `rank + 1` by a kernel, summed over the ranks
+/// into `sum`, which a second kernel doubles; `sum` and `x` downloaded.
+/// The all_reduce runs on the copy queue (beside the transfers) and the
+/// kernels on the compute queue, so only the planner's waits order it
+/// after the kernel writing `x` and before the kernel doubling `sum`.
+fn kernels_and_all_reduce(ranks: &Ranks) -> Outcome {
+    let (rank, size, len) = (ranks.rank, ranks.size, 4096);
+    let scale_program = CpuProgram::from_fn("scale", 1, 1, scale);
+    let (mut schedule, d) = new_schedule();
+    let bytes = len * size_of::<f32>();
+    let (x, sum) = (
+        schedule.add_tensor(d, "x", bytes),
+        schedule.add_tensor(d, "sum", bytes),
+    );
+    let upload = schedule.upload("upload x", x).id();
+    let params = ExecParams::new_1d(len as u32, 256);
+    let factor = hwqueue::Scalar::from(rank as f32 + 1.0);
+    let scale_x = (schedule.exec("scale x", d, &scale_program, &[x], &[factor], params)).id();
+    let all_reduce = (schedule.all_reduce::<f32>("sum x", &ranks.comm, Reduction::Sum, x, sum))
+        .on(hwqueue::QueueKind::Copy)
+        .id();
+    let double = (schedule.exec(
+        "double sum",
+        d,
+        &scale_program,
+        &[sum],
+        &[2.0f32.into()],
+        params,
+    ))
+    .id();
+    let download_sum = schedule.download("download sum", sum).id();
+    let download_x = schedule.download("download x", x).id();
+    let mut plan = schedule.plan().map_err(text)?;
+    // The all_reduce reads what `scale x` wrote; `double sum` reads what
+    // the all_reduce wrote: across queues, each a wait of the same run.
+    let waits_for = |op: OpId, after: OpId| {
+        plan.waits_of(op)
+            .iter()
+            .any(|w| w.after == after && !w.previous_run)
+    };
+    if plan.queue_of(scale_x) == plan.queue_of(all_reduce)
+        || !waits_for(all_reduce, scale_x)
+        || !waits_for(double, all_reduce)
+    {
+        return Err(format!(
+            "the all_reduce is not ordered between the kernels by waits:\n{plan}"
+        ));
+    }
+    let data = |run: usize, r: usize| input::<f32>(r, len, 100 + run);
+    let mut outputs = Vec::new();
+    let mut runs = Vec::new();
+    for index in 0..RUNS {
+        plan.upload(upload, &data(index, rank)).map_err(text)?;
+        let (got_sum, got_x) = (Download::<f32>::new(len), Download::<f32>::new(len));
+        plan.download(download_sum, &got_sum).map_err(text)?;
+        plan.download(download_x, &got_x).map_err(text)?;
+        runs.push(plan.run().map_err(text)?);
+        outputs.push((got_sum, got_x));
+    }
+    wait_all(runs, |index| {
+        let (got_sum, got_x) = &outputs[index];
+        let want_x: Vec<f32> = data(index, rank)
+            .iter()
+            .map(|v| v * (rank as f32 + 1.0))
+            .collect();
+        let want_sum: Vec<f32> = (0..len)
+            .map(|i| {
+                let total: f32 = (0..size)
+                    .map(|r| data(index, r)[i] * (r as f32 + 1.0))
+                    .sum();
+                total * 2.0
+            })
+            .collect();
+        check("x", got_x.take(Timeout::Forever).map_err(text)?, want_x)?;
+        check(
+            "sum",
+            got_sum.take(Timeout::Forever).map_err(text)?,
+            want_sum,
+        )
+    })
+}
+
+/// The outputs of [`every_collective`]'s plan: per download, its id and
+/// the expected values per run.
+type Expected = Vec<(OpId, Box<dyn Fn(usize) -> Vec<i32>>)>;
+
+/// One schedule with an all_reduce in place, an all_gather, a
+/// reduce_scatter, a broadcast and (with an even number of ranks) a
+/// send/recv between pairs, each over uploaded data, run back to back.
+fn every_collective(ranks: &Ranks) -> Outcome {
+    let (rank, size, len) = (ranks.rank, ranks.size, 257);
+    let comm = &ranks.comm;
+    let (mut schedule, d) = new_schedule();
+    let i32s = |n: usize| n * size_of::<i32>();
+    let data = move |run: usize, r: usize, salt: usize| input::<i32>(r, len, 10 * run + salt);
+    let mut uploads: Vec<(OpId, usize)> = Vec::new();
+    let mut expected: Expected = Vec::new();
+    let root = size - 1;
+
+    let a = schedule.add_tensor(d, "a", i32s(len));
+    uploads.push((schedule.upload("upload a", a).id(), 1));
+    schedule.all_reduce::<i32>("all_reduce a", comm, Reduction::Max, a, a);
+    expected.push((
+        schedule.download("download a", a).id(),
+        Box::new(move |run| {
+            (0..len)
+                .map(|i| (0..size).map(|r| data(run, r, 1)[i]).max().unwrap())
+                .collect()
+        }),
+    ));
+
+    let (g, gathered) = (
+        schedule.add_tensor(d, "g", i32s(len)),
+        schedule.add_tensor(d, "gathered", i32s(len * size)),
+    );
+    uploads.push((schedule.upload("upload g", g).id(), 2));
+    schedule.all_gather::<i32>("all_gather g", comm, g, gathered);
+    expected.push((
+        schedule.download("download gathered", gathered).id(),
+        Box::new(move |run| (0..size).flat_map(|r| data(run, r, 2)).collect()),
+    ));
+
+    // Its send buffer is `size` parts of `len`: uploaded as `size` rows.
+    let (s, part) = (
+        schedule.add_tensor(d, "s", i32s(len * size)),
+        schedule.add_tensor(d, "part", i32s(len)),
+    );
+    let s_parts: Vec<_> = (0..size)
+        .map(|p| schedule.add_view(format!("s part {p}"), s, i32s(len * p), i32s(len)))
+        .collect::<Result<_, _>>()
+        .map_err(text)?;
+    for (p, view) in s_parts.iter().enumerate() {
+        uploads.push((
+            schedule.upload(format!("upload s part {p}"), *view).id(),
+            30 + p,
+        ));
+    }
+    schedule.reduce_scatter::<i32>("reduce_scatter s", comm, Reduction::Sum, s, part);
+    expected.push((
+        schedule.download("download part", part).id(),
+        Box::new(move |run| {
+            (0..len)
+                .map(|i| (0..size).map(|r| data(run, r, 30 + rank)[i]).sum())
+                .collect()
+        }),
+    ));
+
+    let b = schedule.add_tensor(d, "b", i32s(len));
+    uploads.push((schedule.upload("upload b", b).id(), 4));
+    schedule.broadcast::<i32>("broadcast b", comm, root, b);
+    expected.push((
+        schedule.download("download b", b).id(),
+        Box::new(move |run| data(run, root, 4)),
+    ));
+
+    if size > 1 && size.is_multiple_of(2) {
+        let peer = rank ^ 1;
+        let (out, into) = (
+            schedule.add_tensor(d, "out", i32s(len)),
+            schedule.add_tensor(d, "into", i32s(len)),
+        );
+        uploads.push((schedule.upload("upload out", out).id(), 5));
+        if rank % 2 == 0 {
+            schedule.send::<i32>("send out", comm, peer, out);
+            schedule.recv::<i32>("recv into", comm, peer, into);
+        } else {
+            schedule.recv::<i32>("recv into", comm, peer, into);
+            schedule.send::<i32>("send out", comm, peer, out);
+        }
+        expected.push((
+            schedule.download("download into", into).id(),
+            Box::new(move |run| data(run, peer, 5)),
+        ));
+    }
+
+    let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+    let mut downloads = Vec::new();
+    let mut runs = Vec::new();
+    for index in 0..RUNS {
+        for &(op, salt) in &uploads {
+            plan.upload(op, &data(index, rank, salt)).map_err(text)?;
+        }
+        let mut these = Vec::new();
+        for (op, want) in &expected {
+            let into = Download::<i32>::new(want(index).len());
+            plan.download(*op, &into).map_err(text)?;
+            these.push(into);
+        }
+        downloads.push(these);
+        runs.push(plan.run().map_err(text)?);
+    }
+    wait_all(runs, |index| {
+        for ((op, want), got) in expected.iter().zip(&downloads[index]) {
+            let name = format!("operation {}", op.index());
+            check(
+                &name,
+                got.take(Timeout::Forever).map_err(text)?,
+                want(index),
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// What `plan` refuses, naming the collective and this rank: lengths that
+/// cannot be right, and one communicator's collectives on two queues.
+/// Nothing runs, so no peer is involved.
+fn refused_at_plan(ranks: &Ranks) -> Outcome {
+    let (size, comm) = (ranks.size, &ranks.comm);
+    let refusal = |schedule: Schedule<Cpu>| match schedule.plan() {
+        Err(error @ Error::InvalidSchedule { .. }) => Ok(error.to_string()),
+        Err(other) => Err(format!("refused with another error: {other}")),
+        Ok(plan) => Err(format!("planned:\n{plan}")),
+    };
+    let expect = |what: &str, message: Result<String, String>, needles: &[&str]| -> Outcome {
+        let message = message.map_err(|e| format!("{what}: {e}"))?;
+        match needles.iter().find(|needle| !message.contains(*needle)) {
+            Some(needle) => Err(format!("{what}: {message:?} does not say {needle:?}")),
+            None => Ok(()),
+        }
+    };
+
+    let (mut schedule, d) = new_schedule();
+    let (a, b) = (
+        schedule.add_tensor(d, "a", 64),
+        schedule.add_tensor(d, "b", 64 * size + 4),
+    );
+    schedule.fill("fill a", a, 0u32);
+    schedule.all_gather::<f32>("gather a", comm, a, b);
+    expect(
+        "all_gather into a buffer of the wrong size",
+        refusal(schedule),
+        &[
+            "collective `gather a`",
+            &format!("rank {} of {size}", ranks.rank),
+            "group's size times",
+        ],
+    )?;
+
+    let (mut schedule, d) = new_schedule();
+    let (a, b) = (
+        schedule.add_tensor(d, "a", 64),
+        schedule.add_tensor(d, "b", 64),
+    );
+    schedule.fill("fill a", a, 0u32);
+    schedule.all_reduce::<u32>("first", comm, Reduction::Sum, a, b);
+    schedule
+        .all_reduce::<u32>("second", comm, Reduction::Sum, b, a)
+        .on(hwqueue::QueueKind::Copy);
+    expect(
+        "one communicator's collectives on two queues",
+        refusal(schedule),
+        &["`first`", "`second`", "one queue"],
+    )
+}
+
+/// The same through the `Any*` enums (a plan over [`AnyBackend`], as the
+/// demo's): `x` uploaded, summed over the ranks in place, doubled by a
+/// kernel, downloaded.
+fn any_backend(ranks: &Ranks) -> Outcome {
+    use hwqueue::{AnyBackend, AnyProgram};
+    let (rank, size, len) = (ranks.rank, ranks.size, 1024);
+    let device = hwqueue::acquire("cpu").map_err(text)?;
+    let scale_program = AnyProgram::from(CpuProgram::from_fn("scale", 1, 1, scale));
+    let mut schedule = Schedule::<AnyBackend>::new();
+    let d = schedule.add_device(device);
+    let x = schedule.add_tensor(d, "x", len * size_of::<f32>());
+    let upload = schedule.upload("upload x", x).id();
+    schedule.all_reduce::<f32>("sum x", &ranks.comm, Reduction::Sum, x, x);
+    let params = ExecParams::new_1d(len as u32, 256);
+    schedule.exec(
+        "double x",
+        d,
+        &scale_program,
+        &[x],
+        &[2.0f32.into()],
+        params,
+    );
+    let download = schedule.download("download x", x).id();
+    let mut plan = schedule.plan().map_err(text)?;
+    let data = |run: usize, r: usize| input::<f32>(r, len, 200 + run);
+    let mut outputs = Vec::new();
+    let mut runs = Vec::new();
+    for index in 0..RUNS {
+        plan.upload(upload, &data(index, rank)).map_err(text)?;
+        let got = Download::<f32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        runs.push(plan.run().map_err(text)?);
+        outputs.push(got);
+    }
+    for (index, run) in runs.into_iter().enumerate() {
+        run.wait(Timeout::Forever)
+            .map_err(|e| format!("run {index}: {e}"))?;
+    }
+    for (index, got) in outputs.iter().enumerate() {
+        let want: Vec<f32> = (0..len)
+            .map(|i| 2.0 * (0..size).map(|r| data(index, r)[i]).sum::<f32>())
+            .collect();
+        check(
+            &format!("run {index}"),
+            got.take(Timeout::Forever).map_err(text)?,
+            want,
+        )?;
+    }
+    Ok(())
+}
