@@ -87,6 +87,8 @@ mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "mpi")]
+mod small;
+#[cfg(feature = "mpi")]
 mod staging;
 
 use std::fmt;
