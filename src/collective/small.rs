@@ -160,7 +160,9 @@ mod tests {
         let run = |op: CollectiveOp, count: usize, rank: usize, recv_len: usize| {
             let mut recv = vec![0u8; recv_len * 4];
             finish(op, Element::I32, count, (rank, 2), |k| &sent[k], &mut recv);
-            bytemuck::cast_slice::<u8, i32>(&recv).to_vec()
+            (recv.chunks_exact(4))
+                .map(|bytes| i32::from_ne_bytes(bytes.try_into().expect("4 bytes")))
+                .collect::<Vec<_>>()
         };
         let sum = CollectiveOp::AllReduce(Reduction::Sum);
         assert_eq!(run(sum, 4, 0, 4), [3, 1, 2, 18]);
