@@ -224,9 +224,9 @@ fn for_each_type(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
 /// Every operation (every reduction of the reducing ones) over `T`, on
 /// views at odd offsets, against the host's reference.
 fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, Outcome)) {
-    let (rank, size, len) = (ranks.rank, ranks.size, 1003);
+    let (rank, size) = (ranks.rank, ranks.size);
     for (salt, reduction) in REDUCTIONS.into_iter().enumerate() {
-        let outcome = (|| {
+        let outcome = at_each_len(|len| {
             let (send, recv) = (view_in::<T>(ranks, 5, len), view_in::<T>(ranks, 1, len));
             send.write_from(&input::<T>(rank, len, salt))
                 .map_err(text)?;
@@ -239,10 +239,10 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
                 recv.to_vec::<T>().map_err(text)?,
                 reduced(reduction, size, len, salt),
             )
-        })();
+        });
         run(format!("all_reduce {} {name}", reduction.name()), outcome);
 
-        let outcome = (|| {
+        let outcome = at_each_len(|len| {
             let view = view_in::<T>(ranks, 3, len);
             view.write_from(&input::<T>(rank, len, salt))
                 .map_err(text)?;
@@ -255,13 +255,13 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
                 view.to_vec::<T>().map_err(text)?,
                 reduced(reduction, size, len, salt),
             )
-        })();
+        });
         run(
             format!("all_reduce in place {} {name}", reduction.name()),
             outcome,
         );
 
-        let outcome = (|| {
+        let outcome = at_each_len(|len| {
             let (send, recv) = (
                 view_in::<T>(ranks, 2, len * size),
                 view_in::<T>(ranks, 7, len),
@@ -278,13 +278,13 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
                 recv.to_vec::<T>().map_err(text)?,
                 all[rank * len..][..len].to_vec(),
             )
-        })();
+        });
         run(
             format!("reduce_scatter {} {name}", reduction.name()),
             outcome,
         );
     }
-    let outcome = (|| {
+    let outcome = at_each_len(|len| {
         let (send, recv) = (
             view_in::<T>(ranks, 1, len),
             view_in::<T>(ranks, 4, len * size),
@@ -296,11 +296,11 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
         .map_err(text)?;
         let want: Vec<T> = (0..size).flat_map(|r| input::<T>(r, len, 9)).collect();
         check("all_gather", recv.to_vec::<T>().map_err(text)?, want)
-    })();
+    });
     run(format!("all_gather {name}"), outcome);
 
     for root in [0, size - 1] {
-        let outcome = (|| {
+        let outcome = at_each_len(|len| {
             let view = view_in::<T>(ranks, 6, len);
             view.write_from(&input::<T>(rank, len, 11)).map_err(text)?;
             run_batch(ranks, |q| {
@@ -312,7 +312,7 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
                 view.to_vec::<T>().map_err(text)?,
                 input::<T>(root, len, 11),
             )
-        })();
+        });
         run(format!("broadcast from {root} {name}"), outcome);
     }
 
@@ -320,7 +320,7 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
         // Pairs (0, 1), (2, 3), ...: even ranks send first, odd ones
         // receive first; then the other way round.
         let peer = rank ^ 1;
-        let outcome = (|| {
+        let outcome = at_each_len(|len| {
             let (send, recv) = (view_in::<T>(ranks, 2, len), view_in::<T>(ranks, 9, len));
             send.write_from(&input::<T>(rank, len, 13)).map_err(text)?;
             run_batch(ranks, |q| {
@@ -338,10 +338,22 @@ fn cases_of<T: Element>(ranks: &Ranks, name: &str, run: &mut impl FnMut(String, 
                 recv.to_vec::<T>().map_err(text)?,
                 input::<T>(peer, len, 13),
             )
-        })();
+        });
         run(format!("send/recv between pairs {name}"), outcome);
     }
 }
+
+/// Runs a case at each of [`LENS`]: the first error, naming the length.
+fn at_each_len(mut case: impl FnMut(usize) -> Outcome) -> Outcome {
+    LENS.into_iter()
+        .try_for_each(|len| case(len).map_err(|error| format!("{len} elements: {error}")))
+}
+
+/// The lengths each case runs at: one whose every send view fits the
+/// description exchange's inline room (1 KiB; a `reduce_scatter` of 4
+/// ranks' f64 sends 29 x 4 x 8 = 928 bytes), so the ranks finish it
+/// there, and one that goes through MPI's own collective.
+const LENS: [usize; 2] = [29, 1003];
 
 /// `x[i] *= s` over the group's range (f32).
 fn scale(group: &WorkGroup, args: &KernelArgs<'_>) {

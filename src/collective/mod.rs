@@ -37,7 +37,11 @@
 //! collective (operation, element type, counts, root, its place in the
 //! recording order), so ranks that disagree fail with
 //! [`CollectiveError::Mismatch`] naming both sides instead of corrupting
-//! data or hanging. A peer that died or never comes fails the batch with
+//! data or hanging. Each rank's description message has room for 1 KiB
+//! of its send view: a collective that small finishes in the exchange
+//! itself, each rank combining the gathered contributions in rank order
+//! (`small.rs`), with no second MPI call. A peer that died or never comes
+//! fails the batch with
 //! [`CollectiveError::Timeout`]; MPI cannot cancel a started collective, so
 //! its staging memory is leaked to MPI and the communicator is broken
 //! ([`CollectiveError::Broken`]) from then on.
@@ -86,6 +90,8 @@ mod description;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "mpi")]
+mod small;
 #[cfg(feature = "mpi")]
 mod staging;
 

@@ -2,9 +2,10 @@
 //! [`Mpi`] (MPI's life in this process), and `MpiComm`, the communicator's
 //! MPI side, which runs one collective on the calling thread: description
 //! exchange, then the data, each a non-blocking MPI call polled until done
-//! or the deadline. Every raw call's code becomes a [`CollectiveError::Mpi`]
-//! at the call (the communicators are duplicated with `MPI_ERRORS_RETURN`,
-//! so MPI returns errors instead of aborting).
+//! or the deadline (one whose send view fits [`INLINE`] bytes rides along
+//! the exchange: `small.rs`). Every raw call's code becomes a
+//! [`CollectiveError::Mpi`] at the call (the communicators are duplicated
+//! with `MPI_ERRORS_RETURN`, so MPI returns errors instead of aborting).
 
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
@@ -15,6 +16,7 @@ use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
 use super::description::{Description, WORDS};
+use super::small::{self, INLINE};
 use super::staging::{Staging, StagingPool};
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
@@ -264,9 +266,26 @@ impl MpiComm {
             &self.collective_start
         };
         let guard = lock.lock();
-        let exchanged = self.exchange(rank, size, plan, mine, (deadline, timeout));
-        let started = exchanged.and_then(|()| match read_error {
+        // Small enough: the send bytes ride along the description, and
+        // the exchange is the whole collective (`small.rs`).
+        let inline = small::fits(plan.op, plan.element, plan.count, size);
+        let payload: &[u8] = if inline && read_error.is_none() {
+            &send.bytes()[..]
+        } else {
+            &[]
+        };
+        let exchanged = self.exchange(rank, size, plan, mine, payload, (deadline, timeout));
+        let started = exchanged.and_then(|gathered| match read_error {
             Some(error) => Err(error),
+            None if inline => {
+                let sent = |k: usize| {
+                    let words = &gathered[k * SLOT + WORDS..(k + 1) * SLOT];
+                    bytemuck::cast_slice::<u64, u8>(words)
+                };
+                let (op, element, count) = (plan.op, plan.element, plan.count);
+                small::finish(op, element, count, (rank, size), sent, recv.bytes());
+                Ok(Vec::new())
+            }
             None => self.start(rank, plan, &mut send, &mut recv),
         });
         drop(guard);
@@ -326,7 +345,7 @@ impl MpiComm {
         let _start = self.collective_start.lock();
         let deadline = Instant::now() + timeout;
         let mine = Description::split(sequence);
-        self.exchange(rank, size, &plan, mine, (deadline, timeout))?;
+        self.exchange(rank, size, &plan, mine, &[], (deadline, timeout))?;
         // SAFETY: reading MPI's predefined constant.
         let undefined = unsafe { ffi::RSMPI_UNDEFINED };
         let color = match color {
@@ -355,16 +374,21 @@ impl MpiComm {
     }
 
     /// Exchanges descriptions with the peers of `plan` (every rank, or the
-    /// one peer of a `send`/`recv`) and compares them.
+    /// one peer of a `send`/`recv`) and compares them. A collective's
+    /// message is [`SLOT`] words, the description then `payload` (at most
+    /// [`INLINE`] bytes, zero-padded): every rank's, in rank order, is
+    /// returned (nothing for a `send`/`recv`).
     fn exchange(
         &self,
         rank: usize,
         size: usize,
         plan: &HostCollective,
         mine: Description,
+        payload: &[u8],
         (deadline, timeout): (Instant, Duration),
-    ) -> Result<()> {
+    ) -> Result<Vec<u64>> {
         let words = mine.0;
+        let mut gathered = Vec::new();
         let (theirs, peers): (Vec<[u64; WORDS]>, Vec<usize>) = match plan.op {
             CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => {
                 let mut theirs = Box::new([0u64; WORDS]);
@@ -409,18 +433,22 @@ impl MpiComm {
                 (vec![*theirs], vec![peer])
             }
             _ => {
-                let sent = Box::new(words);
-                let mut all = vec![[0u64; WORDS]; size];
+                let mut sent = vec![0u64; SLOT];
+                sent[..WORDS].copy_from_slice(&words);
+                bytemuck::cast_slice_mut::<u64, u8>(&mut sent[WORDS..])[..payload.len()]
+                    .copy_from_slice(payload);
+                let mut all = vec![0u64; SLOT * size];
                 let mut requests = [null_request()];
-                // SAFETY: `sent` holds `WORDS` u64s and `all` `size` times
-                // as many, live until the request completes, or leaked.
+                // SAFETY: `sent` holds `SLOT` u64s and `all` `size` times
+                // as many (their heap memory stays put when the vectors
+                // move), live until the request completes, or leaked.
                 check(rank, "MPI_Iallgather", unsafe {
                     ffi::MPI_Iallgather(
                         sent.as_ptr().cast::<c_void>(),
-                        WORDS as c_int,
+                        SLOT as c_int,
                         u64_type(),
                         all.as_mut_ptr().cast::<c_void>(),
-                        WORDS as c_int,
+                        SLOT as c_int,
                         u64_type(),
                         self.raw.0,
                         &mut requests[0],
@@ -431,7 +459,11 @@ impl MpiComm {
                     std::mem::forget(sent);
                     return Err(error);
                 }
-                (all, (0..size).collect())
+                let theirs = (all.chunks_exact(SLOT))
+                    .map(|slot| slot[..WORDS].try_into().expect("WORDS words"))
+                    .collect();
+                gathered = all;
+                (theirs, (0..size).collect())
             }
         };
         for (theirs, peer) in theirs.into_iter().zip(peers) {
@@ -446,7 +478,7 @@ impl MpiComm {
                 .into());
             }
         }
-        Ok(())
+        Ok(gathered)
     }
 
     /// Polls the description exchange's `requests` to completion. A
@@ -555,6 +587,10 @@ impl Drop for MpiComm {
         }
     }
 }
+
+/// The words of a rank's message in a collective's description exchange:
+/// the description, then room for [`INLINE`] send bytes.
+const SLOT: usize = WORDS + INLINE / 8;
 
 const TAG_DESCRIPTION: c_int = 1;
 const TAG_DATA: c_int = 2;
