@@ -137,18 +137,7 @@ fn run(mpi: &Mpi) -> Result<(), String> {
         gathered = output.take(Timeout::Forever).map_err(err)?;
         times.push(start.elapsed());
         if rank == 0 {
-            let expected = model::reference(&x, &weights);
-            let error = gathered
-                .iter()
-                .zip(&expected)
-                .map(|(a, b)| {
-                    if a.is_finite() {
-                        (a - b).abs()
-                    } else {
-                        f32::INFINITY
-                    }
-                })
-                .fold(0f32, f32::max);
+            let error = model::max_error(&gathered, &model::reference(&x, &weights));
             worst_error = worst_error.max(error);
             if error > TOLERANCE {
                 return Err(format!(

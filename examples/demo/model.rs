@@ -61,6 +61,23 @@ impl Weights {
     }
 }
 
+/// The largest difference between `output` and `expected`; a non-finite
+/// output counts as an infinite error (`f32::max` would otherwise skip a
+/// NaN).
+pub fn max_error(output: &[f32], expected: &[f32]) -> f32 {
+    output
+        .iter()
+        .zip(expected)
+        .map(|(a, b)| {
+            if a.is_finite() {
+                (a - b).abs()
+            } else {
+                f32::INFINITY
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
 /// The model in plain Rust, summing in the kernels' order.
 pub fn reference(x: &[f32], w: &Weights) -> Vec<f32> {
     let mut h = vec![0f32; BATCH * HIDDEN];
@@ -279,20 +296,7 @@ pub fn run<B: Backend>(
         output = probs.take(Timeout::Forever).map_err(err)?;
         times.push(start.elapsed());
 
-        let expected = reference(&input, weights);
-        // A non-finite output counts as an infinite error (f32::max would
-        // otherwise skip a NaN).
-        let error = output
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| {
-                if a.is_finite() {
-                    (a - b).abs()
-                } else {
-                    f32::INFINITY
-                }
-            })
-            .fold(0f32, f32::max);
+        let error = max_error(&output, &reference(&input, weights));
         worst_error = worst_error.max(error);
         if error > TOLERANCE {
             return Err(format!(
