@@ -204,6 +204,18 @@ unsafe impl Send for RawComm {}
 unsafe impl Sync for RawComm {}
 
 impl MpiComm {
+    /// MPI's life, held for a collective, where live and this one not broken.
+    fn usable(&self, rank: usize) -> Result<crate::sync::RwLockReadGuard<'static, Life>> {
+        let life = life().read();
+        if *life != Life::Live {
+            return Err(CollectiveError::Finalized.into());
+        }
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
+        Ok(life)
+    }
+
     /// Wraps a communicator this process made (and now owns).
     fn adopt(raw: ffi::MPI_Comm) -> Result<Communicator> {
         let (rank, size) = rank_size(raw)?;
@@ -231,13 +243,7 @@ impl MpiComm {
         write: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let (rank, size) = (communicator.rank(), communicator.size());
-        let life = life().read();
-        if *life != Life::Live {
-            return Err(CollectiveError::Finalized.into());
-        }
-        if let Some(cause) = self.broken.lock().clone() {
-            return Err(CollectiveError::Broken { rank, cause }.into());
-        }
+        let life = self.usable(rank)?;
         let timeout = communicator.timeout();
         let deadline = Instant::now() + timeout;
         let element = plan.element.size();
@@ -327,13 +333,7 @@ impl MpiComm {
         key: u32,
     ) -> Result<Option<Communicator>> {
         let (rank, size) = (communicator.rank(), communicator.size());
-        let life = life().read();
-        if *life != Life::Live {
-            return Err(CollectiveError::Finalized.into());
-        }
-        if let Some(cause) = self.broken.lock().clone() {
-            return Err(CollectiveError::Broken { rank, cause }.into());
-        }
+        let life = self.usable(rank)?;
         let timeout = communicator.timeout();
         let sequence = communicator.next_sequence();
         let plan = HostCollective {
