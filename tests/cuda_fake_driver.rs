@@ -1220,6 +1220,10 @@ fn plan_rebind(device: CudaDevice) {
             &format!("{name}_repeats"),
             &plan.launches().repeats.to_string(),
         );
+        report(
+            &format!("{name}_patched"),
+            &plan.launches().patched.to_string(),
+        );
     }
     let outputs_line = match outputs[0].iter().zip(&outputs[1]).position(|(a, b)| a != b) {
         None if outputs[0].len() == outputs[1].len() => "equal".to_owned(),
@@ -1361,6 +1365,10 @@ fn a_cuda_plan_rebound_at_random_replays_what_the_plain_path_runs() {
         "{repeats} repeats: {outcome:#?}"
     );
     assert_eq!(outcome.field("plain_repeats"), "0");
+    // The plan counts the patched graphs (`Launches::patched`).
+    let patched = outcome.field("replay_patched").parse::<u64>().unwrap();
+    assert!(patched > 100, "{patched} graphs patched: {outcome:#?}");
+    assert_eq!(outcome.field("plain_patched"), "0");
 
     let count = |symbol: &str| outcome.calls.iter().filter(|call| *call == symbol).count();
     assert!(count("cuGraphInstantiateWithFlags") <= 4, "{outcome:#?}");

@@ -275,12 +275,12 @@ impl Engine for SimEngine {
 
     fn launches(&self) -> hwqueue::Launches {
         let repeats = self.shared.repeats.load(Ordering::Relaxed);
-        hwqueue::Launches {
-            kernels: self.shared.kernels.load(Ordering::Relaxed),
-            programs: repeats,
-            repeats,
-            fallback: None,
-        }
+        // `Launches` may gain counts (it is `non_exhaustive`): the others 0.
+        let mut launches = hwqueue::Launches::default();
+        launches.kernels = self.shared.kernels.load(Ordering::Relaxed);
+        launches.programs = repeats;
+        launches.repeats = repeats;
+        launches
     }
 
     fn synchronize(&mut self) {

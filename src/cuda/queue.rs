@@ -155,6 +155,7 @@ impl CudaEngine {
             kernels: AtomicU64::new(0),
             programs: AtomicU64::new(0),
             repeats: AtomicU64::new(0),
+            patched: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             holding: AtomicBool::new(false),
         });
@@ -368,6 +369,7 @@ impl Engine for CudaEngine {
             kernels: shared.kernels.load(Ordering::Relaxed),
             programs: shared.programs.load(Ordering::Relaxed),
             repeats: shared.repeats.load(Ordering::Relaxed),
+            patched: shared.patched.load(Ordering::Relaxed),
             fallback: shared.replays.lock().fallback.clone(),
         }
     }

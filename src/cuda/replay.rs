@@ -259,6 +259,9 @@ impl Shared {
                 broken(template);
                 return Ok(Replayed::Plain(end));
             }
+            if !exact {
+                self.patched.fetch_add(1, Ordering::Relaxed);
+            }
             self.programs.fetch_add(1, Ordering::Relaxed);
         } else {
             self.kernels

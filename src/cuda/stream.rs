@@ -96,6 +96,8 @@ pub(super) struct Shared {
     pub(super) programs: AtomicU64,
     /// Of `programs`, the graphs a batch named (`Command::Replay`).
     pub(super) repeats: AtomicU64,
+    /// Graphs whose kernel nodes took a run's new parameters.
+    pub(super) patched: AtomicU64,
     /// `State::worker_busy`, mirrored (stored under `state`) for the
     /// owner's check without the lock: only the owner sets it, so a `false`
     /// it reads is true.

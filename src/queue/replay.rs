@@ -25,7 +25,11 @@
 /// What a queue's engine recorded into device programs and what it
 /// replayed, since the queue was made: a plan's statistics sum them
 /// ([`Plan::launches`](crate::Plan::launches)).
+///
+/// `non_exhaustive`: an engine outside hwqueue starts from `default()`
+/// and sets the counts it keeps.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Launches {
     /// Kernel launches recorded or issued one by one: each `exec` the
     /// engine turned into a device command (a dispatch recorded into a
@@ -42,6 +46,11 @@ pub struct Launches {
     /// that recorded them), so the host recorded one command for all their
     /// kernels and the engine matched nothing.
     pub repeats: u64,
+    /// Recorded programs that took a run's new bindings in place instead
+    /// of being recorded again: CUDA graphs whose kernel nodes were
+    /// given the new parameters, Vulkan command buffers whose descriptor
+    /// sets were rewritten (only the bindings that changed).
+    pub patched: u64,
     /// Why the last batch marked for replay ran the plain way, where one
     /// did (the engine has no replay form, the batch profiles, its
     /// transfers take new staging memory each time, …); `None` where
@@ -55,6 +64,7 @@ impl Launches {
         self.kernels += other.kernels;
         self.programs += other.programs;
         self.repeats += other.repeats;
+        self.patched += other.patched;
         if other.fallback.is_some() {
             self.fallback.clone_from(&other.fallback);
         }

@@ -120,6 +120,9 @@ pub(super) struct Shared {
     /// replay ran the plain way ([`crate::Launches`]).
     pub(super) kernels: AtomicU64,
     pub(super) programs: AtomicU64,
+    /// Recordings whose descriptor sets took a run's new bindings
+    /// (`replay.rs`'s rebinding; rare: counted where it happens).
+    pub(super) patched: AtomicU64,
     pub(super) fallback: Mutex<Option<String>>,
 }
 
@@ -340,6 +343,7 @@ impl Engine for VulkanEngine {
             programs: shared.programs.load(Ordering::Relaxed),
             // Vulkan matches each batch against its recording instead.
             repeats: 0,
+            patched: shared.patched.load(Ordering::Relaxed),
             fallback: shared.fallback.lock().clone(),
         }
     }
