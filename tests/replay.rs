@@ -197,6 +197,7 @@ fn check_replay_and_plain_agree<B: Backend>(
     device: &Arc<B::Device>,
     kernels: &Kernels<B>,
     repeats: bool,
+    patches: bool,
 ) {
     let mut replayed = Mixer::new(device, kernels, true);
     let mut plain = Mixer::new(device, kernels, false);
@@ -226,6 +227,12 @@ fn check_replay_and_plain_agree<B: Backend>(
         "replay was used: {on:?} against {off:?}"
     );
     assert_eq!(off.programs, 0);
+    // A rebinding gives the recorded programs the new bindings (CUDA's
+    // kernel nodes, Vulkan's descriptor sets) where the device can, so
+    // the runs record their kernels a few times, not once per binding.
+    if patches {
+        assert!(on.patched > 0 && on.kernels <= 64, "{on:?}");
+    }
     // A run bound as the one before (binding a view bound already is no
     // change) repeats its graphs unrecorded, where the engine offers them.
     assert_eq!(on.repeats > 0, repeats, "{on:?}");
@@ -333,7 +340,18 @@ mod vulkan {
     fn replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
         let Some(ordinal) = ordinal() else { return };
         let device = Arc::new(VulkanDevice::open(ordinal).unwrap());
-        check_replay_and_plain_agree(&device, &kernels(), false);
+        // CI runs this on a lavapipe that rewrites descriptors (Mesa 25)
+        // with `HWQUEUE_REQUIRE_REBIND` set, so it cannot pass unchecked.
+        let patches = device.rebinds_in_place();
+        if !patches {
+            assert!(
+                std::env::var_os("HWQUEUE_REQUIRE_REBIND").is_none(),
+                "HWQUEUE_REQUIRE_REBIND is set, and {} cannot rewrite bound descriptors",
+                device.driver()
+            );
+            println!("this driver records a rebound run again: rewriting is not checked");
+        }
+        check_replay_and_plain_agree(&device, &kernels(), false, patches);
     }
 
     /// Where a queue's run cannot replay it runs the plain way, and the plan
@@ -493,7 +511,7 @@ extern "C" __global__ void mix(const unsigned int *a, unsigned int *out, unsigne
     #[test]
     fn cuda_replay_and_plain_runs_agree_over_1000_runs_with_random_rebinding() {
         let Some(device) = device() else { return };
-        check_replay_and_plain_agree(&device, &kernels(&device), true);
+        check_replay_and_plain_agree(&device, &kernels(&device), true, true);
     }
 
     #[test]

@@ -43,8 +43,10 @@
 //!   keyed by the queue): an engine with a replay form records it once
 //!   and submits the recording again while the commands match (Vulkan:
 //!   command buffers resubmitted with the run's semaphore values; a
-//!   rebinding or another scalar value records anew, the last few
-//!   recordings kept. CUDA: each run of kernels a CUDA graph, instantiated
+//!   rebinding rewrites the changed descriptors of an idle recording
+//!   where the driver can write them after binding, and otherwise, like
+//!   another scalar value, records anew, the last few recordings kept.
+//!   CUDA: each run of kernels a CUDA graph, instantiated
 //!   once and launched per run, the run's signals recorded after it; a
 //!   rebinding or another scalar value patches the changed kernel nodes in
 //!   place, never instantiating again). A run whose bindings and scalars

@@ -361,8 +361,10 @@ impl Recorder {
             .bound
             .as_ref()
             .is_none_or(|bound| !bound.holds(pipeline.pipeline, &infos));
+        let mut written = None;
         if rebind {
             let set = self.descriptor_set(&pipeline, views.len())?;
+            written = Some(set);
             let device = &self.context.device;
             let writes: Vec<vk::WriteDescriptorSet<'_>> = infos
                 .iter()
@@ -396,6 +398,7 @@ impl Recorder {
                 infos,
             });
         }
+        self.note_exec(written, views.len());
         let groups = params.groups();
         let device = &self.context.device;
         // SAFETY: the command buffer records, with the pipeline and a set
@@ -447,9 +450,13 @@ impl Recorder {
                 ty: vk::DescriptorType::STORAGE_BUFFER,
                 descriptor_count: (64 * buffers.max(8)) as u32,
             }];
-            let info = vk::DescriptorPoolCreateInfo::default()
+            let mut info = vk::DescriptorPoolCreateInfo::default()
                 .max_sets(64)
                 .pool_sizes(&sizes);
+            if self.context.physical.update_after_bind {
+                // The layouts' sets come from such pools (`make_pipeline`).
+                info = info.flags(vk::DescriptorPoolCreateFlags::UPDATE_AFTER_BIND);
+            }
             // SAFETY: the create-info lives across the call.
             let pool = unsafe { device.create_descriptor_pool(&info, None) }
                 .map_err(|e| self.context.error("vkCreateDescriptorPool", e))?;

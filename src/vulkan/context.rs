@@ -69,6 +69,11 @@ pub(super) struct Physical {
     pub(super) max_value_difference: u64,
     /// Whether queries may be reset on the host (`hostQueryReset`).
     pub(super) host_query_reset: bool,
+    /// Whether storage buffer descriptors may be written after their set
+    /// is bound (`descriptorBindingStorageBufferUpdateAfterBind`): a
+    /// recording for replay then takes a run's new bindings by rewriting
+    /// its descriptor sets (`replay.rs`), not by being recorded again.
+    pub(super) update_after_bind: bool,
 }
 
 impl Physical {
@@ -229,6 +234,7 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
             families: instance.get_physical_device_queue_family_properties(handle),
             timeline_semaphores: v12.timeline_semaphore == vk::TRUE,
             host_query_reset: v12.host_query_reset == vk::TRUE,
+            update_after_bind: v12.descriptor_binding_storage_buffer_update_after_bind == vk::TRUE,
             // 0 from a driver that did not fill it in: the spec's least.
             max_value_difference: if max_value_difference == 0 {
                 (1 << 31) - 1
@@ -303,7 +309,8 @@ fn shared_device(index: u32, spec: &str) -> Result<&'static SharedDevice> {
     // family cannot reset its timestamps in a command buffer.
     let mut v12 = vk::PhysicalDeviceVulkan12Features::default()
         .timeline_semaphore(true)
-        .host_query_reset(physical.host_query_reset);
+        .host_query_reset(physical.host_query_reset)
+        .descriptor_binding_storage_buffer_update_after_bind(physical.update_after_bind);
     let create = vk::DeviceCreateInfo::default()
         .queue_create_infos(&families)
         .push_next(&mut v12);

@@ -66,6 +66,7 @@ mod engine;
 mod interop;
 mod memory;
 mod program;
+mod rebind;
 mod recorder;
 mod replay;
 mod retire;
@@ -338,6 +339,16 @@ impl VulkanDevice {
     /// uploads, downloads and host reads and writes go through staging.
     pub fn host_mapped(&self) -> bool {
         self.context().memory.mapped
+    }
+
+    /// Whether a plan's replayed command buffers take a run's new
+    /// bindings by rewriting their descriptor sets (the device writes
+    /// storage buffer descriptors after binding:
+    /// `descriptorBindingStorageBufferUpdateAfterBind`, on NVIDIA's, AMD's
+    /// and Intel's drivers and Mesa 23's lavapipe on). Without it, another
+    /// binding records the run again (the last few kept per plan queue).
+    pub fn rebinds_in_place(&self) -> bool {
+        self.context().physical.update_after_bind
     }
 
     /// The figures of the device's staging pool: host-visible memory for

@@ -350,14 +350,23 @@ impl VulkanProgram {
             offset: 0,
             size: inner.push_size,
         }];
+        // Where the device can, a set's descriptors may be rewritten while
+        // a recorded command buffer binds it (`replay.rs`'s rebinding);
+        // its sets then come from pools made for that (`descriptor_set`).
+        let after_bind = vec![vk::DescriptorBindingFlags::UPDATE_AFTER_BIND; bindings.len()];
+        let mut binding_flags =
+            vk::DescriptorSetLayoutBindingFlagsCreateInfo::default().binding_flags(&after_bind);
+        let mut set_layout_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        if context.physical.update_after_bind {
+            set_layout_info = set_layout_info
+                .flags(vk::DescriptorSetLayoutCreateFlags::UPDATE_AFTER_BIND_POOL)
+                .push_next(&mut binding_flags);
+        }
         // SAFETY: every create-info and array lives across its call; what is
         // made is destroyed by `Pipeline`'s drop, or here on failure.
         unsafe {
             let set_layout = device
-                .create_descriptor_set_layout(
-                    &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
-                    None,
-                )
+                .create_descriptor_set_layout(&set_layout_info, None)
                 .map_err(|e| context.error("vkCreateDescriptorSetLayout", e))?;
             let set_layouts = [set_layout];
             let mut layout_info = vk::PipelineLayoutCreateInfo::default().set_layouts(&set_layouts);

@@ -31,14 +31,23 @@
 //! staged), and one naming buffers made by `alloca` (their block may go
 //! back to the driver once a `dealloca` completed, and a new `VkBuffer`
 //! take its handle's number): those run the plain way, and
-//! `Launches::fallback` says why. Another binding (another buffer or
-//! offset), another scalar or shape: the batch is recorded again, and the
-//! last [`VARIANTS`] recordings of a key are kept, so plans that alternate
-//! between a few bindings replay each. A recording holds the buffers and
+//! `Launches::fallback` says why.
+//!
+//! **Another binding** (an exec over another buffer or offset): where the
+//! device allows it and a kept recording of the key is idle, its
+//! descriptor sets are rewritten for the bindings that changed and it is
+//! submitted again (`rebind.rs` says when; `Launches::patched` counts
+//! them). Otherwise, and for another scalar, shape, or copy's buffer, the
+//! batch is recorded again, and the last [`VARIANTS`] recordings of a key
+//! are kept, so plans that alternate between a few of them replay each
+//! (runs started back to back, while the last is pending, too). A
+//! recording holds the buffers and
 //! programs it names, so no `VkBuffer` or pipeline it records is destroyed
 //! under it; that memory stays allocated until the recording is dropped
 //! (pushed out by newer ones, or with the queue: a plan's queues go with
 //! the plan).
+
+use std::sync::atomic::Ordering;
 
 use ash::vk;
 use ash::vk::Handle;
@@ -46,6 +55,7 @@ use ash::vk::Handle;
 use super::Vulkan;
 use super::engine::CommandSet;
 use super::program::VulkanProgram;
+use super::rebind::{BoundSet, Range, Structure};
 use super::recorder::Recorder;
 use crate::error::Result;
 use crate::program::Scalar;
@@ -60,8 +70,16 @@ const BOUNDARY: u64 = u64::MAX;
 
 /// A batch recorded into command buffers, one per segment.
 pub(super) struct Recording {
-    /// What the batch's commands were (see `fingerprint`).
+    /// What the batch's commands were (see `fingerprint`), where its
+    /// buffer ranges are in that, and what must match for a rebinding
+    /// (made at the first that looks).
     words: Vec<u64>,
+    ranges: Vec<Range>,
+    structure: Option<Structure>,
+    /// The descriptor sets its execs bound.
+    sets: Vec<BoundSet>,
+    /// The queue's progress value once its last submission completed.
+    last: u64,
     /// Per segment, its command buffer (`None` while lent to the queue
     /// being submitted, or where the segment recorded nothing).
     pub(super) segments: Vec<Option<CommandSet>>,
@@ -105,6 +123,8 @@ pub(super) struct Replay {
     shape: Shape,
     /// Whether the command being settled ends a segment.
     at_boundary: bool,
+    /// Recording: how many exec ranges came before the next exec.
+    ranges: u32,
 }
 
 impl Replay {
@@ -120,6 +140,7 @@ impl Replay {
             lent: None,
             shape: Shape::default(),
             at_boundary: false,
+            ranges: 0,
         }
     }
 }
@@ -191,9 +212,17 @@ fn scalar_word(scalar: &Scalar) -> u64 {
 impl Recorder {
     /// The words that say what `batch`'s commands are, as far as a
     /// recording of them goes; `Err(why)` where it cannot be replayed.
-    fn fingerprint(&self, batch: &Batch<Vulkan>) -> std::result::Result<Vec<u64>, String> {
+    fn fingerprint(
+        &self,
+        batch: &Batch<Vulkan>,
+    ) -> std::result::Result<(Vec<u64>, Vec<Range>), String> {
         let host_copies = self.copies_on_host(false);
         let mut words = Vec::with_capacity(batch.commands().len() * 6);
+        let mut ranges = Vec::with_capacity(batch.buffers().len());
+        let mut mark = |words: &Vec<u64>, exec: bool| {
+            let at = u32::try_from(words.len()).expect("a batch of fewer than 2^32 words") - 3;
+            ranges.push(Range { at, exec });
+        };
         let mut shape = Shape::default();
         let range = |view: &View<Vulkan>| -> std::result::Result<[u64; 3], String> {
             if crate::buffer::Buffer::queue_ordered(view.buffer()).is_some() {
@@ -220,6 +249,7 @@ impl Recorder {
                     words.extend([1, program.identity() as u64]);
                     for view in &batch.buffers()[buffers.clone()] {
                         words.extend(range(view)?);
+                        mark(&words, true);
                     }
                     words.push(scalars.len() as u64);
                     words.extend(batch.scalars()[scalars.clone()].iter().map(scalar_word));
@@ -229,7 +259,9 @@ impl Recorder {
                 Command::Copy { dst, src } => {
                     words.push(2);
                     words.extend(range(dst)?);
+                    mark(&words, false);
                     words.extend(range(src)?);
+                    mark(&words, false);
                 }
                 Command::Fill {
                     dst,
@@ -249,6 +281,7 @@ impl Recorder {
                         u64::from(*width),
                     ]);
                     words.extend([buffer, offset, len]);
+                    mark(&words, false);
                 }
                 Command::Upload { .. } | Command::Download { .. } if !host_copies => {
                     return Err(
@@ -268,7 +301,7 @@ impl Recorder {
                 }
             }
         }
-        Ok(words)
+        Ok((words, ranges))
     }
 
     /// Before settling `batch`: where it is marked for replay and can be,
@@ -283,8 +316,8 @@ impl Recorder {
                 Some("the batch profiles: device timestamps are recorded per run".into());
             return;
         }
-        let words = match self.fingerprint(batch) {
-            Ok(words) => words,
+        let (words, ranges) = match self.fingerprint(batch) {
+            Ok(found) => found,
             Err(why) => {
                 *self.shared.fallback.lock() = Some(why);
                 return;
@@ -296,6 +329,12 @@ impl Recorder {
             self.replay = Some(Replay::new(key, Mode::Replaying, recording));
             return;
         }
+        let rebound = self
+            .context
+            .physical
+            .update_after_bind
+            .then(|| self.rebind(key, &words, &ranges))
+            .flatten();
         let mut buffers = Vec::new();
         let mut programs = Vec::new();
         for command in batch.commands() {
@@ -313,13 +352,90 @@ impl Recorder {
                 _ => {}
             }
         }
+        if let Some(mut recording) = rebound {
+            recording.words = words;
+            recording.ranges = ranges;
+            recording._buffers = buffers;
+            recording._programs = programs;
+            self.replay = Some(Replay::new(key, Mode::Replaying, recording));
+            return;
+        }
         let recording = Recording {
             words,
+            ranges,
+            structure: None,
+            sets: Vec::new(),
+            last: 0,
             segments: Vec::new(),
             _buffers: buffers,
             _programs: programs,
         };
         self.replay = Some(Replay::new(key, Mode::Recording, recording));
+    }
+
+    /// A kept recording of `key` that takes the batch of `words` by
+    /// rewriting its descriptor sets (`rebind.rs`), rewritten and taken out
+    /// (its words and what it holds still the old batch's); the least
+    /// recently used of those that can.
+    fn rebind(&mut self, key: u32, words: &[u64], ranges: &[Range]) -> Option<Recording> {
+        let kept = self.recordings.get_mut(&key)?;
+        // SAFETY: the queue's own progress semaphore, alive with it.
+        let completed = unsafe {
+            self.context
+                .device
+                .get_semaphore_counter_value(self.progress)
+        }
+        .ok()?;
+        let mut wanted = None;
+        let at = kept.iter_mut().rposition(|recording| {
+            if recording.last > completed || recording.sets.is_empty() {
+                return false;
+            }
+            let wanted = wanted.get_or_insert_with(|| Structure::of(words, ranges));
+            let structure = recording
+                .structure
+                .get_or_insert_with(|| Structure::of(&recording.words, &recording.ranges));
+            structure == wanted
+        })?;
+        let recording = kept.remove(at);
+        // SAFETY: the sets are this queue's recording's, from its command
+        // sets' pools, made `UPDATE_AFTER_BIND` with their layouts where the
+        // device has `update_after_bind`; every submission of the recording
+        // completed (the progress semaphore passed its last); the buffers
+        // the batch binds live while it does, and the recording takes them
+        // before it is submitted again.
+        let written = unsafe {
+            super::rebind::rewrite(
+                &self.context.device,
+                &recording.sets,
+                (&recording.words, &recording.ranges),
+                (words, ranges),
+            )
+        };
+        if written > 0 {
+            self.shared.patched.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(recording)
+    }
+
+    /// An exec recorded: the set it wrote and bound (`None` where it kept
+    /// the one bound) and how many buffers it binds.
+    pub(super) fn note_exec(&mut self, set: Option<vk::DescriptorSet>, bindings: usize) {
+        let Some(replay) = self.replay.as_mut() else {
+            return;
+        };
+        if replay.mode != Mode::Recording {
+            return;
+        }
+        let count = bindings as u32;
+        if let Some(set) = set {
+            replay.recording.sets.push(BoundSet {
+                set,
+                first: replay.ranges,
+                count,
+            });
+        }
+        replay.ranges += count;
     }
 
     /// After settling the batch: a recording made or replayed goes back
@@ -339,6 +455,8 @@ impl Recorder {
             replay.recording.segments[at] = Some(set);
         }
         let mut recording = replay.recording;
+        // Its submissions so far: none is later than the queue's last.
+        recording.last = self.next;
         // Kept only whole: a segment lost (a panic between lending and
         // putting back) would be skipped by every later replay.
         let whole = recording.segments.iter().flatten().count() == replay.present;
