@@ -7,7 +7,7 @@
 //! | `vulkan_dispatch` | 1,000 `exec`s of a tiny kernel (64 invocations, each adding a push constant to its word) in one batch, a signal, submit, wait | the same 1,000 dispatches recorded into one command buffer, each after a compute-to-compute barrier (they touch the same words, so hwqueue puts one there too), submitted with a timeline signal, `vkWaitSemaphores` |
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
 //! | `vulkan_transfer_small` (no target) | the transfer's hwqueue case at 4 KiB: what a batch costs besides its copies | the baseline's copies at 4 KiB |
-//! | `plan_replay_vulkan` (issue 45; here rather than in `benches/executor.rs`, beside `Raw`) | `Plan::run` + wait of a chain of 64 dependent kernels (`x += 1` over 64 words) with replay; `hwqueue_rerecorded` (no target) with replay off | the same 64 dispatches and barriers recorded into one command buffer once, resubmitted with a timeline signal and waited for (`raw_ash_prerecorded`) |
+//! | `plan_replay_vulkan` (issue 45; here rather than in `benches/executor.rs`, beside `Raw`) | `Plan::run` + wait of a chain of 64 dependent kernels (`x += 1` over 64 words) with replay; `hwqueue_rerecorded` (no target) with replay off; `hwqueue_rebound` (no target) with replay, bound to the next of eight buffers each run | the same 64 dispatches and barriers recorded into one command buffer once, resubmitted with a timeline signal and waited for (`raw_ash_prerecorded`) |
 //! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `raw_ash_over_raw_ash` (dispatch and transfer) is the method's control, the baseline against itself |
 //!
 //! The baseline runs on hwqueue's own `VkDevice` and compute `VkQueue`
@@ -556,6 +556,42 @@ fn plan_hwqueue(device: &VulkanDevice, replay: bool) -> impl FnMut() + use<> {
     }
 }
 
+/// `plan_hwqueue` with replay over a slot bound to the next of eight
+/// buffers before each run, more than the four recordings a queue keeps:
+/// where the driver writes descriptors after binding
+/// (`VulkanDevice::rebinds_in_place`), each run rewrites the recording's
+/// one changed descriptor; elsewhere each run records its 64 dispatches.
+fn plan_hwqueue_rebound(device: &VulkanDevice) -> impl FnMut() + use<> {
+    use hwqueue::{Plan, Schedule};
+    let program = VulkanProgram::from_wgsl("add", ADD, "add").expect("compiles");
+    let buffers: Vec<_> = (0..8)
+        .map(|_| device.alloc(WORDS * 4).expect("alloc"))
+        .collect();
+    let mut schedule = Schedule::<hwqueue::vulkan::Vulkan>::new();
+    let d = schedule.add_device(Arc::new(device.clone()));
+    let x = schedule.add_slot(d, "x", WORDS * 4);
+    for k in 0..PLAN_KERNELS {
+        schedule.exec(
+            format!("add {k}"),
+            d,
+            &program,
+            &[x],
+            &[Scalar::U32(1)],
+            ExecParams::new_1d(WORDS as u32, 64),
+        );
+    }
+    let mut plan: Plan<hwqueue::vulkan::Vulkan> = schedule.plan().expect("plans");
+    let mut next = 0;
+    move || {
+        next = (next + 1) % buffers.len();
+        plan.bind(x, &buffers[next]).expect("binds");
+        plan.run()
+            .expect("runs")
+            .wait(Timeout::Forever)
+            .expect("completes");
+    }
+}
+
 /// The baseline: the same [`PLAN_KERNELS`] dispatches and barriers
 /// recorded into one command buffer once, submitted again each iteration
 /// with the next timeline value and waited for.
@@ -574,7 +610,7 @@ fn plan_raw_prerecorded(device: &VulkanDevice) -> impl FnMut() + use<> {
 /// Issue 45's `plan_replay_vulkan`: `Plan::run` + wait of a 64-kernel
 /// chain with replay, against one command buffer recorded once and
 /// resubmitted (`raw_ash_prerecorded`); `hwqueue_rerecorded` (replay off)
-/// shows what replay saves.
+/// shows what replay saves, and `hwqueue_rebound` what a rebinding costs.
 fn plan_replay_vulkan(c: &mut Criterion) {
     let Some(device) = device() else { return };
     let mut group = c.benchmark_group("plan_replay_vulkan");
@@ -585,6 +621,7 @@ fn plan_replay_vulkan(c: &mut Criterion) {
         "hwqueue_rerecorded",
         plan_hwqueue(&device, false),
     );
+    case(&mut group, "hwqueue_rebound", plan_hwqueue_rebound(&device));
     case(
         &mut group,
         "raw_ash_prerecorded",
