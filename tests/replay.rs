@@ -430,6 +430,62 @@ mod vulkan {
         assert_eq!(queue.launches().kernels, 2, "{:?}", queue.launches());
     }
 
+    /// A rebinding gives an idle recording the new buffers where they alias
+    /// each other as the old did; a batch whose two kernels write one
+    /// buffer, where the recording's wrote two, needs a barrier the
+    /// recording lacks (the second kernel must see the first one's
+    /// writes), so it is recorded again, not patched; every batch computes
+    /// what it should. (A plan refuses such bindings of its slots: this is
+    /// a queue's own replay key.)
+    #[test]
+    fn a_rebinding_that_aliases_two_buffers_is_recorded_again_not_patched() {
+        use hwqueue::{HardwareQueue, QueueFactory, TimelineSignal};
+        let Some(ordinal) = ordinal() else { return };
+        let device = VulkanDevice::open(ordinal).unwrap();
+        if !device.rebinds_in_place() {
+            assert!(std::env::var_os("HWQUEUE_REQUIRE_REBIND").is_none());
+            println!("this driver records a rebound run again: rewriting is not checked");
+            return;
+        }
+        let add = kernels().add;
+        let buffers: Vec<_> = (0..3)
+            .map(|_| {
+                let buffer = device.alloc(WORDS * 4).unwrap();
+                buffer.write_at(0, &[0u32; WORDS]).unwrap();
+                buffer
+            })
+            .collect();
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let grid = ExecParams::new_1d(WORDS as u32, 64);
+        let mut value = 0;
+        let mut run = |x: usize, y: usize| {
+            value += 1;
+            queue
+                .exec(&add, &[&buffers[x]], &[Scalar::U32(1)], grid)
+                .exec(&add, &[&buffers[y]], &[Scalar::U32(2)], grid)
+                .signal(&signal, value)
+                .replay_as(0)
+                .submit()
+                .unwrap();
+            signal.wait(value, LONG).unwrap();
+            queue.launches()
+        };
+        let first = run(0, 1);
+        // Other buffers, still two: the recording's descriptors rewritten.
+        let second = run(1, 2);
+        assert_eq!(second.patched, first.patched + 1, "{second:?}");
+        assert_eq!(second.kernels, first.kernels, "{second:?}");
+        // One buffer for both: recorded again, with the barrier.
+        let third = run(2, 2);
+        assert_eq!(third.patched, second.patched, "{third:?}");
+        assert_eq!(third.kernels, second.kernels + 2, "{third:?}");
+        let words = |at: usize| buffers[at].to_vec::<u32>().unwrap();
+        assert_eq!(words(0), vec![1; WORDS]);
+        assert_eq!(words(1), vec![2 + 1; WORDS]);
+        assert_eq!(words(2), vec![2 + 1 + 2; WORDS]);
+    }
+
     /// A batch naming buffers made by `alloca` is not replayed: once a
     /// `dealloca` completed, their block may go back to the driver and a new
     /// `VkBuffer` take its handle's number, which a recording could not tell
