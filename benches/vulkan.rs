@@ -526,6 +526,25 @@ fn raw_pipeline(device: &VulkanDevice) -> RawPipeline {
     }
 }
 
+/// [`PLAN_KERNELS`] dependent `x += 1` kernels over `x`.
+fn add_chain(
+    schedule: &mut hwqueue::Schedule<hwqueue::vulkan::Vulkan>,
+    d: hwqueue::DeviceId,
+    x: hwqueue::BufferId,
+    program: &VulkanProgram,
+) {
+    for k in 0..PLAN_KERNELS {
+        schedule.exec(
+            format!("add {k}"),
+            d,
+            program,
+            &[x],
+            &[Scalar::U32(1)],
+            ExecParams::new_1d(WORDS as u32, 64),
+        );
+    }
+}
+
 /// Issue 45: a plan of [`PLAN_KERNELS`] dependent kernels (`x += 1` over
 /// 64 words, one work-group each), run and waited for: with replay (its
 /// recording submitted again), and with replay off (every run recorded).
@@ -536,16 +555,7 @@ fn plan_hwqueue(device: &VulkanDevice, replay: bool) -> impl FnMut() + use<> {
     let mut schedule = Schedule::<hwqueue::vulkan::Vulkan>::new();
     let d = schedule.add_device(Arc::new(device.clone()));
     let x = schedule.add_buffer(d, "x", buffer);
-    for k in 0..PLAN_KERNELS {
-        schedule.exec(
-            format!("add {k}"),
-            d,
-            &program,
-            &[x],
-            &[Scalar::U32(1)],
-            ExecParams::new_1d(WORDS as u32, 64),
-        );
-    }
+    add_chain(&mut schedule, d, x, &program);
     let mut plan: Plan<hwqueue::vulkan::Vulkan> = schedule.plan().expect("plans");
     plan.set_replay(replay);
     move || {
@@ -570,16 +580,7 @@ fn plan_hwqueue_rebound(device: &VulkanDevice) -> impl FnMut() + use<> {
     let mut schedule = Schedule::<hwqueue::vulkan::Vulkan>::new();
     let d = schedule.add_device(Arc::new(device.clone()));
     let x = schedule.add_slot(d, "x", WORDS * 4);
-    for k in 0..PLAN_KERNELS {
-        schedule.exec(
-            format!("add {k}"),
-            d,
-            &program,
-            &[x],
-            &[Scalar::U32(1)],
-            ExecParams::new_1d(WORDS as u32, 64),
-        );
-    }
+    add_chain(&mut schedule, d, x, &program);
     let mut plan: Plan<hwqueue::vulkan::Vulkan> = schedule.plan().expect("plans");
     let mut next = 0;
     move || {
