@@ -91,6 +91,8 @@ mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "mpi")]
+mod mpi_types;
+#[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]
 mod staging;

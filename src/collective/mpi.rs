@@ -6,6 +6,7 @@
 //! the exchange: `small.rs`). Every raw call's code becomes a
 //! [`CollectiveError::Mpi`] at the call (the communicators are duplicated
 //! with `MPI_ERRORS_RETURN`, so MPI returns errors instead of aborting).
+//! The datatypes and operations the calls name come from `mpi_types.rs`.
 
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
@@ -16,11 +17,12 @@ use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
 use super::description::{Description, WORDS};
+use super::mpi_types::{datatype, op, u64_type};
 use super::small::{self, INLINE};
 use super::staging::{Staging, StagingPool};
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
-    Reduction, Transport,
+    Transport,
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
@@ -648,35 +650,6 @@ fn rank_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
 fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading one of MPI's predefined handles, set at load.
     unsafe { ffi::RSMPI_REQUEST_NULL }
-}
-
-fn u64_type() -> ffi::MPI_Datatype {
-    // SAFETY: as in `null_request`.
-    unsafe { ffi::RSMPI_UINT64_T }
-}
-
-fn datatype(element: Element) -> ffi::MPI_Datatype {
-    // SAFETY: as in `null_request`.
-    unsafe {
-        match element {
-            Element::F32 => ffi::RSMPI_FLOAT,
-            Element::F64 => ffi::RSMPI_DOUBLE,
-            Element::I32 => ffi::RSMPI_INT32_T,
-            Element::U32 => ffi::RSMPI_UINT32_T,
-        }
-    }
-}
-
-fn op(reduction: Reduction) -> ffi::MPI_Op {
-    // SAFETY: as in `null_request`.
-    unsafe {
-        match reduction {
-            Reduction::Sum => ffi::RSMPI_SUM,
-            Reduction::Product => ffi::RSMPI_PROD,
-            Reduction::Min => ffi::RSMPI_MIN,
-            Reduction::Max => ffi::RSMPI_MAX,
-        }
-    }
 }
 
 /// `code` as a result: MPI's text for it when it is not `MPI_SUCCESS`.
