@@ -31,6 +31,10 @@ impl Description {
             Element::F64 => 1,
             Element::I32 => 2,
             Element::U32 => 3,
+            #[cfg(feature = "half")]
+            Element::F16 => 4,
+            #[cfg(feature = "half")]
+            Element::BF16 => 5,
         };
         let failed = if failed { FAILED } else { 0 };
         Description([plan.sequence, op | failed, arg, element, plan.count as u64])
@@ -84,6 +88,10 @@ impl std::fmt::Display for Description {
             0 => Element::F32,
             1 => Element::F64,
             2 => Element::I32,
+            #[cfg(feature = "half")]
+            4 => Element::F16,
+            #[cfg(feature = "half")]
+            5 => Element::BF16,
             _ => Element::U32,
         };
         let described = super::describe(what, element, count as usize, sequence);
