@@ -1,11 +1,14 @@
 //! Collectives over MPI on CPU queues (issue 48), run by every rank:
 //!
 //! ```text
-//! cargo build --features mpi --test collective_mpi
+//! cargo build --features mpi,half --test collective_mpi
 //! mpirun --allow-run-as-root --oversubscribe -np 4 target/debug/deps/collective_mpi-*
 //! mpirun --allow-run-as-root --oversubscribe --enable-recovery -np 4 \
 //!     target/debug/deps/collective_mpi-* dead-peer
 //! ```
+//!
+//! With `half` (as `.ci/run` builds it) the cases run over `f16` and
+//! `bf16` too; without it, over `f32`, `f64`, `i32` and `u32`.
 //!
 //! Not a libtest harness: every rank must run the same cases in the same
 //! order, one at a time. Each rank prints its results and exits non-zero
@@ -174,6 +177,35 @@ macro_rules! element {
 }
 element!(f32, f64, i32, u32);
 
+/// 16-bit floats (the `half` feature), reduced as hwqueue reduces them: in
+/// `f32`, rounded back at each step. Inputs 1 to 4 become -2, -1, 1, 2:
+/// signed, so a min or max over the bits as integers (MPI's own
+/// `MPI_MIN` on `MPI_UINT16_T`) would fail, and every sum and product of
+/// 4 ranks' (within -16..=16) is exact in both, so the order the ranks
+/// combine in does not matter.
+#[cfg(feature = "half")]
+macro_rules! half_element {
+    ($($ty:ty),*) => {$(
+        impl Element for $ty {
+            fn from_small(v: u32) -> Self {
+                let v = v as f32 - 2.0;
+                <$ty>::from_f32(if v <= 0.0 { v - 1.0 } else { v })
+            }
+            fn combine(reduction: Reduction, a: Self, b: Self) -> Self {
+                let (x, y) = (a.to_f32(), b.to_f32());
+                match reduction {
+                    Reduction::Sum => <$ty>::from_f32(x + y),
+                    Reduction::Product => <$ty>::from_f32(x * y),
+                    Reduction::Min => if b < a { b } else { a },
+                    Reduction::Max => if b > a { b } else { a },
+                }
+            }
+        }
+    )*};
+}
+#[cfg(feature = "half")]
+half_element!(hwqueue::half::f16, hwqueue::half::bf16);
+
 /// Rank `rank`'s input: values 1 to 4, so a product of 4 ranks is exact.
 fn input<T: Element>(rank: usize, len: usize, salt: usize) -> Vec<T> {
     (0..len)
@@ -219,6 +251,11 @@ fn for_each_type(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
     cases_of::<f64>(ranks, "f64", run);
     cases_of::<i32>(ranks, "i32", run);
     cases_of::<u32>(ranks, "u32", run);
+    #[cfg(feature = "half")]
+    {
+        cases_of::<hwqueue::half::f16>(ranks, "f16", run);
+        cases_of::<hwqueue::half::bf16>(ranks, "bf16", run);
+    }
 }
 
 /// Every operation (every reduction of the reducing ones) over `T`, on
@@ -352,7 +389,8 @@ fn at_each_len(mut case: impl FnMut(usize) -> Outcome) -> Outcome {
 /// The lengths each case runs at: one whose every send view fits the
 /// description exchange's inline room (1 KiB; a `reduce_scatter` of 4
 /// ranks' f64 sends 29 x 4 x 8 = 928 bytes), so the ranks finish it
-/// there, and one that goes through MPI's own collective.
+/// there, and one that goes through MPI's own collective (1003 f16 are
+/// 2006 bytes: MPI's, with hwqueue's 16-bit operations).
 const LENS: [usize; 2] = [29, 1003];
 
 /// `x[i] *= s` over the group's range (f32).

@@ -31,6 +31,10 @@ impl Description {
             Element::F64 => 1,
             Element::I32 => 2,
             Element::U32 => 3,
+            #[cfg(feature = "half")]
+            Element::F16 => 4,
+            #[cfg(feature = "half")]
+            Element::BF16 => 5,
         };
         let failed = if failed { FAILED } else { 0 };
         Description([plan.sequence, op | failed, arg, element, plan.count as u64])
@@ -84,6 +88,10 @@ impl std::fmt::Display for Description {
             0 => Element::F32,
             1 => Element::F64,
             2 => Element::I32,
+            #[cfg(feature = "half")]
+            4 => Element::F16,
+            #[cfg(feature = "half")]
+            5 => Element::BF16,
             _ => Element::U32,
         };
         let described = super::describe(what, element, count as usize, sequence);
@@ -101,5 +109,47 @@ fn reduction_code(reduction: Reduction) -> u64 {
         Reduction::Product => 1,
         Reduction::Min => 2,
         Reduction::Max => 3,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each element type has its own code, which reads back as itself:
+    /// ranks that record f16 where others record bf16 disagree, and the
+    /// mismatch names both.
+    #[test]
+    fn every_element_type_is_told_apart() {
+        let elements = [
+            Element::F32,
+            Element::F64,
+            Element::I32,
+            Element::U32,
+            #[cfg(feature = "half")]
+            Element::F16,
+            #[cfg(feature = "half")]
+            Element::BF16,
+        ];
+        let of = |element| {
+            let op = CollectiveOp::AllReduce(Reduction::Sum);
+            let plan = HostCollective {
+                op,
+                element,
+                count: 8,
+                sequence: 2,
+            };
+            Description::of(&plan, false)
+        };
+        for &a in &elements {
+            let told = of(a).to_string();
+            assert!(
+                told.ends_with(&format!("of 8 {}, recorded #2", a.name())),
+                "{told}"
+            );
+            for &b in &elements {
+                assert_eq!(of(a).agrees(&of(b), 0, 1), a == b, "{a:?} against {b:?}");
+            }
+        }
     }
 }

@@ -46,6 +46,13 @@
 //! its staging memory is leaked to MPI and the communicator is broken
 //! ([`CollectiveError::Broken`]) from then on.
 //!
+//! 16-bit floats (`half::f16` and `half::bf16`, the `half` feature) have
+//! no MPI type: they move as `MPI_UINT16_T`, and `all_reduce` and
+//! `reduce_scatter` combine them with user-defined MPI operations
+//! (`MPI_Op_create`, commutative; `mpi_types.rs`) that compute each step
+//! in `f32` and round back, as the host does for collectives of up to
+//! 1 KiB (see [`CollectiveElement`]).
+//!
 //! Workers of several queues call MPI at once, so MPI must provide
 //! `MPI_THREAD_MULTIPLE` (`Mpi::init` checks it; `Mpi::threading` reports
 //! it). The collectives of one
@@ -91,6 +98,8 @@ mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "mpi")]
+mod mpi_types;
+#[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]
 mod staging;
@@ -134,6 +143,11 @@ impl Reduction {
 }
 
 /// The element type of a collective.
+///
+/// `F16` and `BF16` exist with the `half` feature only, as
+/// [`Scalar`](crate::Scalar)'s `F16` and `BF16` do: a build without it
+/// has no variant it could not move or reduce, and a match over `Element`
+/// gates their arms with `#[cfg(feature = "half")]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Element {
     /// `f32`.
@@ -144,6 +158,14 @@ pub enum Element {
     I32,
     /// `u32`.
     U32,
+    /// `half::f16` (IEEE binary16; the `half` feature). Reductions compute
+    /// in `f32` and round back to `f16` at each step.
+    #[cfg(feature = "half")]
+    F16,
+    /// `half::bf16` (bfloat16; the `half` feature). Reductions compute in
+    /// `f32` and round back to `bf16` at each step.
+    #[cfg(feature = "half")]
+    BF16,
 }
 
 impl Element {
@@ -152,6 +174,8 @@ impl Element {
         match self {
             Element::F32 | Element::I32 | Element::U32 => 4,
             Element::F64 => 8,
+            #[cfg(feature = "half")]
+            Element::F16 | Element::BF16 => 2,
         }
     }
 
@@ -162,11 +186,22 @@ impl Element {
             Element::F64 => "f64",
             Element::I32 => "i32",
             Element::U32 => "u32",
+            #[cfg(feature = "half")]
+            Element::F16 => "f16",
+            #[cfg(feature = "half")]
+            Element::BF16 => "bf16",
         }
     }
 }
 
-/// A type collectives move and reduce: `f32`, `f64`, `i32`, `u32`.
+/// A type collectives move and reduce: `f32`, `f64`, `i32`, `u32`, and
+/// with the `half` feature `half::f16` and `half::bf16`.
+///
+/// 16-bit floats reduce as PyTorch and NCCL reduce them: each step
+/// computes in `f32` and rounds the result back to nearest (even), so a
+/// sum of many is rounded many times, in the order the engine combines
+/// the ranks (rank order for collectives of up to 1 KiB; MPI's own order
+/// above that). Min and max compare the values exactly.
 pub trait CollectiveElement: Pod + sealed::Sealed {
     /// Which.
     const ELEMENT: Element;
@@ -185,6 +220,8 @@ macro_rules! collective_elements {
     )*};
 }
 collective_elements!(f32 => F32, f64 => F64, i32 => I32, u32 => U32);
+#[cfg(feature = "half")]
+collective_elements!(half::f16 => F16, half::bf16 => BF16);
 
 /// What a collective does. Counts are in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

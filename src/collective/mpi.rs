@@ -6,6 +6,8 @@
 //! the exchange: `small.rs`). Every raw call's code becomes a
 //! [`CollectiveError::Mpi`] at the call (the communicators are duplicated
 //! with `MPI_ERRORS_RETURN`, so MPI returns errors instead of aborting).
+//! The datatypes and operations the calls name, 16-bit floats' own
+//! operations among them, come from `mpi_types.rs`.
 
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
@@ -16,11 +18,12 @@ use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
 use super::description::{Description, WORDS};
+use super::mpi_types::{datatype, op, u64_type};
 use super::small::{self, INLINE};
 use super::staging::{Staging, StagingPool};
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
-    Reduction, Transport,
+    Transport,
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
@@ -65,7 +68,8 @@ impl Mpi {
     /// [`CollectiveError::Threading`] when MPI does not provide
     /// `MPI_THREAD_MULTIPLE` (its level is reported);
     /// [`CollectiveError::Finalized`] after MPI was finalised, or while
-    /// another `Mpi` lives.
+    /// another `Mpi` lives; [`CollectiveError::Mpi`] when the operations
+    /// that reduce 16-bit floats (the `half` feature) cannot be made.
     pub fn init() -> Result<Mpi> {
         let mut life = life().write();
         if *life != Life::NotStarted || ::mpi::environment::is_finalized() {
@@ -98,6 +102,15 @@ impl Mpi {
                 provided: threading,
             }
             .into());
+        }
+        // 16-bit floats' MPI operations, made here so that a failure
+        // fails every rank's `init`, not one rank's collective.
+        if let Err(error) = super::mpi_types::make_ops() {
+            if universe.is_some() {
+                *life = Life::Finalized;
+            }
+            drop(universe);
+            return Err(error);
         }
         *life = Life::Live;
         Ok(Mpi {
@@ -526,16 +539,18 @@ impl MpiComm {
         let dtype = datatype(plan.element);
         let (s, r) = (send.ptr(), recv.ptr());
         let comm = self.raw.0;
+        let reduce = |reduction| op(rank, plan.element, reduction);
         // SAFETY: the staging buffers are as long as the op needs for
         // `count` elements (sized in `run`), and live until the request
         // completes or forever (leaked on a timeout); `comm` is a live
         // communicator; the datatype and op handles are MPI's predefined
-        // ones; `request` is written before the call returns.
+        // ones or ours, made while MPI is live and never freed
+        // (`mpi_types.rs`); `request` is written before the call returns.
         let (call, code) = unsafe {
             match plan.op {
                 CollectiveOp::AllReduce(reduction) => (
                     "MPI_Iallreduce",
-                    ffi::MPI_Iallreduce(s, r, count, dtype, op(reduction), comm, &mut request),
+                    ffi::MPI_Iallreduce(s, r, count, dtype, reduce(reduction)?, comm, &mut request),
                 ),
                 CollectiveOp::AllGather => (
                     "MPI_Iallgather",
@@ -548,7 +563,7 @@ impl MpiComm {
                         r,
                         count,
                         dtype,
-                        op(reduction),
+                        reduce(reduction)?,
                         comm,
                         &mut request,
                     ),
@@ -650,51 +665,27 @@ fn null_request() -> ffi::MPI_Request {
     unsafe { ffi::RSMPI_REQUEST_NULL }
 }
 
-fn u64_type() -> ffi::MPI_Datatype {
-    // SAFETY: as in `null_request`.
-    unsafe { ffi::RSMPI_UINT64_T }
-}
-
-fn datatype(element: Element) -> ffi::MPI_Datatype {
-    // SAFETY: as in `null_request`.
-    unsafe {
-        match element {
-            Element::F32 => ffi::RSMPI_FLOAT,
-            Element::F64 => ffi::RSMPI_DOUBLE,
-            Element::I32 => ffi::RSMPI_INT32_T,
-            Element::U32 => ffi::RSMPI_UINT32_T,
-        }
-    }
-}
-
-fn op(reduction: Reduction) -> ffi::MPI_Op {
-    // SAFETY: as in `null_request`.
-    unsafe {
-        match reduction {
-            Reduction::Sum => ffi::RSMPI_SUM,
-            Reduction::Product => ffi::RSMPI_PROD,
-            Reduction::Min => ffi::RSMPI_MIN,
-            Reduction::Max => ffi::RSMPI_MAX,
-        }
-    }
-}
-
 /// `code` as a result: MPI's text for it when it is not `MPI_SUCCESS`.
-fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
+pub(super) fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
     if code == ffi::MPI_SUCCESS as c_int {
         return Ok(());
     }
+    Err(mpi_error(rank, call, code))
+}
+
+/// The error of `call`, which returned `code` (not `MPI_SUCCESS`), with
+/// MPI's text for it.
+pub(super) fn mpi_error(rank: usize, call: &'static str, code: c_int) -> Error {
     let mut text = vec![0u8; 512];
     let mut len: c_int = 0;
     // SAFETY: `text` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI and
     // MPICH) characters; `len` receives how many were written.
     unsafe { ffi::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
     text.truncate(usize::try_from(len).unwrap_or(0).min(512));
-    Err(CollectiveError::Mpi {
+    Error::from(CollectiveError::Mpi {
         rank,
         call,
         code,
         message: String::from_utf8_lossy(&text).into_owned(),
-    }
-    .into())
+    })
 }

@@ -82,14 +82,44 @@ fn reduce<'a>(
         Element::F64 => reduce_as::<f64>(reduction, out, parts),
         Element::I32 => reduce_as::<i32>(reduction, out, parts),
         Element::U32 => reduce_as::<u32>(reduction, out, parts),
+        #[cfg(feature = "half")]
+        Element::F16 => reduce_as::<half::f16>(reduction, out, parts),
+        #[cfg(feature = "half")]
+        Element::BF16 => reduce_as::<half::bf16>(reduction, out, parts),
     }
 }
 
 /// What MPI's predefined operations do to one pair of elements (C's
-/// arithmetic: integers wrap; `MPI_MIN`/`MPI_MAX` as `a < b ? a : b`).
-trait Combine: bytemuck::Pod + PartialOrd {
+/// arithmetic: integers wrap; `MPI_MIN`/`MPI_MAX` as `a < b ? a : b`),
+/// and what hwqueue's own MPI operations do to 16-bit floats
+/// (`mpi_types.rs`, which calls [`combine`]): the sum or product in `f32`,
+/// rounded back to nearest (even); min and max by value. None of it
+/// panics, as the MPI operations call it from C.
+pub(super) trait Combine: bytemuck::Pod + PartialOrd {
     fn sum(self, other: Self) -> Self;
     fn product(self, other: Self) -> Self;
+}
+
+/// `a` combined with `b` by `reduction` (`a` from the lower rank).
+pub(super) fn combine<T: Combine>(reduction: Reduction, a: T, b: T) -> T {
+    match reduction {
+        Reduction::Sum => a.sum(b),
+        Reduction::Product => a.product(b),
+        Reduction::Min => {
+            if b < a {
+                b
+            } else {
+                a
+            }
+        }
+        Reduction::Max => {
+            if b > a {
+                b
+            } else {
+                a
+            }
+        }
+    }
 }
 
 macro_rules! combine_float {
@@ -108,8 +138,25 @@ macro_rules! combine_int {
         }
     )*};
 }
+/// 16-bit floats, computed in `f32` (exact for both: their values are
+/// `f32` values) and rounded back once, as PyTorch and NCCL do.
+#[cfg(feature = "half")]
+macro_rules! combine_half {
+    ($($ty:ty),*) => {$(
+        impl Combine for $ty {
+            fn sum(self, other: Self) -> Self {
+                <$ty>::from_f32(self.to_f32() + other.to_f32())
+            }
+            fn product(self, other: Self) -> Self {
+                <$ty>::from_f32(self.to_f32() * other.to_f32())
+            }
+        }
+    )*};
+}
 combine_float!(f32, f64);
 combine_int!(i32, u32);
+#[cfg(feature = "half")]
+combine_half!(half::f16, half::bf16);
 
 fn reduce_as<'a, T: Combine>(
     reduction: Reduction,
@@ -123,24 +170,7 @@ fn reduce_as<'a, T: Combine>(
         for (acc, theirs) in out.chunks_exact_mut(width).zip(part.chunks_exact(width)) {
             let a: T = bytemuck::pod_read_unaligned(acc);
             let b: T = bytemuck::pod_read_unaligned(theirs);
-            let combined = match reduction {
-                Reduction::Sum => a.sum(b),
-                Reduction::Product => a.product(b),
-                Reduction::Min => {
-                    if b < a {
-                        b
-                    } else {
-                        a
-                    }
-                }
-                Reduction::Max => {
-                    if b > a {
-                        b
-                    } else {
-                        a
-                    }
-                }
-            };
+            let combined = combine(reduction, a, b);
             acc.copy_from_slice(bytemuck::bytes_of(&combined));
         }
     }
@@ -174,6 +204,62 @@ mod tests {
         let broadcast = CollectiveOp::Broadcast { root: 1 };
         assert_eq!(run(broadcast, 4, 0, 4), [2, 5, -1, 9]);
         assert!(run(broadcast, 4, 1, 0).is_empty());
+    }
+
+    /// f16 and bf16 sum and multiply in f32 and round back once per
+    /// step; min and max compare values.
+    #[cfg(feature = "half")]
+    #[test]
+    fn halves_compute_in_f32_and_round_back() {
+        use half::{bf16, f16};
+        fn run<T: bytemuck::Pod>(
+            element: Element,
+            reduction: Reduction,
+            sent: &[Vec<T>],
+        ) -> Vec<T> {
+            let sent: Vec<Vec<u8>> = sent.iter().map(|s| bytes(s)).collect();
+            let mut recv = vec![0u8; sent[0].len()];
+            let op = CollectiveOp::AllReduce(reduction);
+            let count = sent[0].len() / 2;
+            finish(op, element, count, (0, sent.len()), |k| &sent[k], &mut recv);
+            (recv.chunks_exact(2))
+                .map(bytemuck::pod_read_unaligned)
+                .collect()
+        }
+        let h = |v: &[f32]| v.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>();
+        let sent = [h(&[1.0, -4.0, 3.0, 2048.0]), h(&[2.0, 5.0, -0.5, 1.0])];
+        assert_eq!(
+            run(Element::F16, Reduction::Sum, &sent),
+            h(&[3.0, 1.0, 2.5, 2048.0])
+        );
+        assert_eq!(
+            run(Element::F16, Reduction::Product, &sent),
+            h(&[2.0, -20.0, -1.5, 2048.0])
+        );
+        assert_eq!(
+            run(Element::F16, Reduction::Min, &sent),
+            h(&[1.0, -4.0, -0.5, 1.0])
+        );
+        assert_eq!(
+            run(Element::F16, Reduction::Max, &sent),
+            h(&[2.0, 5.0, 3.0, 2048.0])
+        );
+        // 2048 + 1 is 2049 in f32, a tie between f16's 2048 and 2050:
+        // rounded to even, 2048 (above). bf16 has 8 bits: 256 + 1 -> 256.
+        let b = |v: &[f32]| v.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>();
+        let sent = [b(&[256.0, 1.5, -3.0]), b(&[1.0, 2.0, 3.0])];
+        assert_eq!(
+            run(Element::BF16, Reduction::Sum, &sent),
+            b(&[256.0, 3.5, 0.0])
+        );
+        assert_eq!(
+            run(Element::BF16, Reduction::Product, &sent),
+            b(&[256.0, 3.0, -9.0])
+        );
+        assert_eq!(
+            run(Element::BF16, Reduction::Max, &sent),
+            b(&[256.0, 2.0, 3.0])
+        );
     }
 
     #[test]
