@@ -28,6 +28,7 @@ fn outcome<T>(result: Result<T, Error>) -> String {
                 Error::Collective(CollectiveError::NoNccl { .. }) => "NoNccl",
                 Error::Collective(CollectiveError::Nccl { .. }) => "Nccl",
                 Error::Collective(CollectiveError::Unsupported { .. }) => "Unsupported",
+                Error::Collective(CollectiveError::Invalid { .. }) => "Invalid",
                 Error::DeviceMismatch { .. } => "DeviceMismatch",
                 _ => "other",
             };
@@ -46,6 +47,8 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             report("id", &outcome(NcclId::new()));
         }
         "elsewhere" => elsewhere(device),
+        #[cfg(feature = "mpi")]
+        "over_mpi" => over_mpi(device),
         other => panic!("no NCCL case `{other}`"),
     }
 }
@@ -145,6 +148,35 @@ fn elsewhere(device: &CudaDevice) {
         .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
         .submit();
     report("cpu_queue", &outcome(submitted));
+}
+
+/// `Communicator::nccl_over` an MPI world of one rank (a singleton MPI
+/// process): rank 0 makes the id, the world carries it, and an all_reduce
+/// runs; a world that is not MPI's is refused.
+#[cfg(feature = "mpi")]
+fn over_mpi(device: &CudaDevice) {
+    let mpi = hwqueue::collective::Mpi::init().unwrap();
+    let world = mpi.world(None).unwrap();
+    report("world", &format!("{} of {}", world.rank(), world.size()));
+    let comm = match Communicator::nccl_over(&world, device) {
+        Ok(comm) => comm,
+        Err(error) => return report("comm", &outcome::<()>(Err(error))),
+    };
+    report(
+        "comm",
+        &format!("{} {} of {}", comm.engine(), comm.rank(), comm.size()),
+    );
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let back = Download::<i32>::new(2);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&input, &[-3i32, 4])
+        .all_reduce::<i32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit()
+        .unwrap();
+    report("data", &format!("{:?}", back.take(LONG).unwrap()));
+    report("not_mpi", &outcome(Communicator::nccl_over(&comm, device)));
 }
 
 /// The fake NCCL's log lines (`ncclAllReduce stream=0x... group=1 ...`).
@@ -280,6 +312,28 @@ fn a_communicator_of_another_device_or_on_a_cpu_queue_is_refused() {
     assert_eq!(
         calls,
         ["ncclCommInitAll", "ncclCommDestroy"],
+        "{outcome:#?}"
+    );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn nccl_over_an_mpi_world_hands_rank_0s_id_round() {
+    let vars = on_a_12_2_device("nccl:over_mpi", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("world"), "0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("comm"), "nccl 0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("data"), "[-3, 4]", "{outcome:#?}");
+    let refused = outcome.field("not_mpi");
+    assert!(refused.starts_with("Invalid "), "{refused}");
+    assert!(refused.contains("over an MPI communicator"), "{refused}");
+    // The fake's InitRank accepts only the id its GetUniqueId made.
+    let calls = nccl_calls(&outcome);
+    assert_eq!(
+        calls[..2],
+        ["ncclGetUniqueId", "ncclCommInitRank"],
         "{outcome:#?}"
     );
 }
