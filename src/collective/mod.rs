@@ -71,8 +71,11 @@
 //! after the commands before it and its signals are recorded after it, as
 //! for a kernel; no host thread waits for it. Consecutive collectives of a
 //! batch over one communicator go in one `ncclGroupStart`/`ncclGroupEnd`
-//! (NCCL then launches them together; a send and its matching receive
-//! must be grouped so, or they deadlock), and a communicator's calls are
+//! (NCCL then launches them together). A signal between two collectives
+//! ends the group, and a plan records one after each operation, so a
+//! plan's collectives run one group each; a rank that sends to and
+//! receives from the same peer must record the two with nothing between
+//! them on one queue, or NCCL deadlocks. A communicator's calls are
 //! serialised across the queues that share it (NCCL forbids concurrent
 //! calls on one). An NCCL error fails the batch from the command that
 //! failed, with [`CollectiveError::Nccl`] (the group is ended first). A

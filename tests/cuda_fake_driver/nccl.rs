@@ -47,6 +47,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             report("id", &outcome(NcclId::new()));
         }
         "elsewhere" => elsewhere(device),
+        "plan" => plan(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         other => panic!("no NCCL case `{other}`"),
@@ -179,6 +180,47 @@ fn over_mpi(device: &CudaDevice) {
     report("not_mpi", &outcome(Communicator::nccl_over(&comm, device)));
 }
 
+/// A plan on the CUDA device: upload `x`, all_reduce it into `sum`,
+/// all_gather `sum` into `all`, download `all`; run three times with new
+/// data. Reports `runs` (`ok`, or the first wrong run).
+fn plan(device: &CudaDevice) {
+    use hwqueue::{Schedule, cuda::Cuda};
+    let comm = Communicator::nccl_single(device).unwrap();
+    let mut schedule = Schedule::<Cuda>::new();
+    let d = schedule.add_device(std::sync::Arc::new(device.clone()));
+    let tensor = |schedule: &mut Schedule<Cuda>, name| schedule.add_tensor(d, name, 64 * 4);
+    let (x, sum, all) = (
+        tensor(&mut schedule, "x"),
+        tensor(&mut schedule, "sum"),
+        tensor(&mut schedule, "all"),
+    );
+    let up = schedule.upload("upload x", x).id();
+    schedule.all_reduce::<u32>("sum x", &comm, Reduction::Sum, x, sum);
+    schedule.all_gather::<u32>("gather sum", &comm, sum, all);
+    let down = schedule.download("download all", all).id();
+    let mut plan = schedule.plan().unwrap();
+    let mut runs = "ok".to_owned();
+    for run in 0..3u32 {
+        let data: Vec<u32> = (0..64).map(|i| i * 10 + run).collect();
+        let out = Download::<u32>::new(64);
+        let outcome = plan
+            .upload(up, &data)
+            .and_then(|()| plan.download(down, &out))
+            .and_then(|()| plan.run())
+            .and_then(|run| run.wait(LONG))
+            .and_then(|()| out.take(LONG));
+        match outcome {
+            Ok(words) if words == data => {}
+            Ok(words) => runs = format!("run {run} brought back {words:?}"),
+            Err(error) => runs = format!("run {run}: {error}"),
+        }
+        if runs != "ok" {
+            break;
+        }
+    }
+    report("runs", &runs);
+}
+
 /// The fake NCCL's log lines (`ncclAllReduce stream=0x... group=1 ...`).
 fn nccl_calls(outcome: &Outcome) -> Vec<&str> {
     let calls = outcome.calls.iter().map(String::as_str);
@@ -215,6 +257,28 @@ fn collectives_run_on_the_queues_stream_in_one_group_and_move_the_data() {
         "ncclCommDestroy".to_owned(),
     ];
     assert_eq!(calls, expected, "{outcome:#?}");
+}
+
+#[test]
+fn a_plan_runs_its_collectives_on_a_cuda_queue_each_run() {
+    let vars = on_a_12_2_device("nccl:plan", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    // Each run: both collectives, each in a group of its own (the plan
+    // records a signal after each operation, and a group never spans a
+    // signal), all on one stream.
+    let calls = nccl_calls(&outcome);
+    let ops: Vec<_> = calls.iter().filter(|c| c.contains(" stream=")).collect();
+    let starts = calls.iter().filter(|c| **c == "ncclGroupStart").count();
+    assert_eq!((ops.len(), starts), (6, 6), "{outcome:#?}");
+    assert!(ops.iter().all(|c| c.contains(" group=1 ")), "{outcome:#?}");
+    let stream = |call: &str| call.split(' ').nth(1).unwrap().to_owned();
+    assert!(
+        ops.iter().all(|c| stream(c) == stream(ops[0])),
+        "{outcome:#?}"
+    );
 }
 
 #[test]
