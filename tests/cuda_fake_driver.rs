@@ -16,6 +16,9 @@
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "nccl")]
+#[path = "cuda_fake_driver/nccl.rs"]
+mod nccl;
 #[path = "cuda_fake_driver/repeat.rs"]
 mod repeat;
 #[path = "cuda_fake_driver/threads.rs"]
@@ -41,9 +44,14 @@ const SCENARIO: &str = "HWQUEUE_FAKE_SCENARIO";
 /// (`tests/fake_cuda/libnvrtc.c`) then goes on the child's library path,
 /// and reports this version.
 const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
+/// Set by a scenario that needs NCCL: `so` puts the fake `libnccl.so`
+/// (`tests/fake_cuda/libnccl.c`) on the child's library path, `so2` the
+/// same library named `libnccl.so.2` only (as NCCL's runtime package
+/// installs it); unset, no NCCL.
+const NCCL_FAKE: &str = "HWQUEUE_FAKE_NCCL";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 14] = [
+const FAKE_VARS: [&str; 17] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -57,6 +65,9 @@ const FAKE_VARS: [&str; 14] = [
     "HWQUEUE_FAKE_REFUSAL",
     "HWQUEUE_FAKE_EVENT_DELAY_US",
     NVRTC_VERSION,
+    NCCL_FAKE,
+    "HWQUEUE_FAKE_NCCL_FAIL",
+    "HWQUEUE_FAKE_NCCL_RESULT",
     SCENARIO,
 ];
 
@@ -77,6 +88,19 @@ fn fake_nvrtc_dir() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| build_fake("libnvrtc.c", "fake_nvrtc", &["libnvrtc.so"]))
         .as_deref()
+}
+
+/// The directory holding the fake NCCL under `name` (`libnccl.so`, or
+/// `libnccl.so.2` alone), built once per process and name; `None` without
+/// a C compiler.
+fn fake_nccl_dir(name: &str) -> Option<&'static Path> {
+    static SO: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static SO2: OnceLock<Option<PathBuf>> = OnceLock::new();
+    match name {
+        "libnccl.so" => SO.get_or_init(|| build_fake("libnccl.c", "fake_nccl", &[name])),
+        _ => SO2.get_or_init(|| build_fake("libnccl.c", "fake_nccl_so2", &[name])),
+    }
+    .as_deref()
 }
 
 /// Compiles `tests/fake_cuda/<source>` into a shared library in directory
@@ -184,6 +208,19 @@ fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
         };
         library_path.push(":");
         library_path.push(nvrtc);
+    }
+    if let Some((_, which)) = vars.iter().find(|(var, _)| *var == NCCL_FAKE) {
+        let name = if *which == "so2" {
+            "libnccl.so.2"
+        } else {
+            "libnccl.so"
+        };
+        let Some(nccl) = fake_nccl_dir(name) else {
+            println!("skipped: no C compiler");
+            return None;
+        };
+        library_path.push(":");
+        library_path.push(nccl);
     }
     if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH").filter(|rest| !rest.is_empty()) {
         library_path.push(":");
@@ -609,6 +646,8 @@ fn run_child_scenario(scenario: &str) {
         "plan_rebind" => plan_rebind(device),
         "repeat_order" => repeat::run(&device),
         "plan_threads" => threads::run(device),
+        #[cfg(feature = "nccl")]
+        other if other.starts_with("nccl:") => nccl::run(&device, &other["nccl:".len()..]),
         other if other.starts_with("wait_policy:") => {
             wait_policy::run(&device, &other["wait_policy:".len()..]);
         }

@@ -118,6 +118,38 @@ pub enum CollectiveError {
          communicator is used"
     )]
     Finalized,
+
+    /// NCCL's library could not be loaded (the `nccl` feature loads it at
+    /// run time, as the CUDA backend loads the driver).
+    #[error(
+        "NCCL was not found: {found}; install it (`apt-get install libnccl2 libnccl-dev` from \
+         NVIDIA's CUDA repository, or `pip install nvidia-nccl-cu12` and add its `lib` directory \
+         to LD_LIBRARY_PATH). cudarc opens `libnccl.so`, which only the development package \
+         installs: where there is only `libnccl.so.2`, symlink it as `libnccl.so` in a directory \
+         on LD_LIBRARY_PATH (`ln -s /usr/lib/x86_64-linux-gnu/libnccl.so.2 DIR/libnccl.so`)"
+    )]
+    NoNccl {
+        /// What the probe found.
+        found: &'static str,
+    },
+
+    /// An NCCL call returned an error code.
+    #[error("rank {rank}: {call} ({what}) failed with NCCL's {name} ({code}): {remedy}")]
+    Nccl {
+        /// The rank reporting (`usize::MAX` before the rank is known).
+        rank: usize,
+        /// The NCCL function.
+        call: &'static str,
+        /// What it was for: the collective described, or the
+        /// communicator's creation.
+        what: String,
+        /// Its `ncclResult_t` value.
+        code: u32,
+        /// The code's name (`ncclInvalidUsage`).
+        name: String,
+        /// What the code usually means, and what to do.
+        remedy: &'static str,
+    },
 }
 
 impl CollectiveError {
@@ -130,10 +162,10 @@ impl CollectiveError {
                 "this communicator moves device memory: record its collectives on \
                                a queue of its device"
             }
-            ("cuda", _) => {
-                "NCCL under CUDA queues is not built yet (issue 48): record \
-                            collectives on a CPU queue over an MPI communicator, with the data \
-                            copied to CPU buffers"
+            ("cuda", true) => {
+                "MPI moves host memory: record its collectives on a CPU queue, with the data \
+                 copied to CPU buffers, or make an NCCL communicator of this queue's device \
+                 (`Communicator::nccl_single`, the `nccl` feature)"
             }
             _ => {
                 "record collectives on a CPU queue over an MPI communicator (the `mpi` \

@@ -1,5 +1,5 @@
 //! Collectives: a [`Communicator`] is one rank of a group on an existing
-//! distributed engine (MPI; NCCL is to come), and an `all_reduce`,
+//! distributed engine (MPI, or NCCL on CUDA), and an `all_reduce`,
 //! `all_gather`, `reduce_scatter`, `broadcast`, `send` or `recv` over it is
 //! a *command*, recorded into a queue like a copy and ordered by the queue
 //! and its signals, never a host call between two waits (IREE's
@@ -20,10 +20,11 @@
 //! a bad one rejects the batch at `submit`, naming the rank and the sizes.
 //!
 //! Each engine matches the command: the CPU backend runs it on its queue's
-//! worker over MPI; every other engine (CUDA until NCCL lands, Vulkan, the
-//! simulator, test mocks) refuses it at record time with
-//! [`CollectiveError::Unsupported`], and its match arm fails the batch with
-//! the same error should one reach it.
+//! worker over MPI; the CUDA backend puts it on its queue's stream over
+//! NCCL (below); every other engine (Vulkan, the simulator, test mocks),
+//! and CPU and CUDA queues given the other engine's communicator, refuse
+//! it at record time with [`CollectiveError::Unsupported`], and a match
+//! arm fails the batch with the same error should one reach it.
 //!
 //! # On the CPU, over MPI
 //!
@@ -59,6 +60,43 @@
 //! communicator must run in the same order on every rank: record them on
 //! one queue, or order the queues by signals (the description exchange
 //! catches the rest).
+//!
+//! # On CUDA, over NCCL (the `nccl` feature)
+//!
+//! An NCCL communicator is one rank on one CUDA device:
+//! `Communicator::nccl_single` (rank 0 of 1, `ncclCommInitAll`),
+//! `Communicator::nccl` (rank and size given, with an `NcclId` one
+//! rank made and handed to the others; `ncclCommInitRank`), or, with the
+//! `mpi` feature too, `Communicator::nccl_over` (rank and size from an
+//! MPI world, so from `mpirun`; rank 0's id broadcast over it). A CUDA
+//! queue of that device runs its collectives
+//! ([`Engine::check_collective`](crate::Engine::check_collective) refuses
+//! another device's with [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)):
+//! the worker that enqueues the batch calls `ncclAllReduce`,
+//! `ncclAllGather`, `ncclReduceScatter`, `ncclBroadcast`, `ncclSend` or
+//! `ncclRecv` on the queue's own CUDA stream, so the collective is ordered
+//! after the commands before it and its signals are recorded after it, as
+//! for a kernel; no host thread waits for it. Consecutive collectives of a
+//! batch over one communicator go in one `ncclGroupStart`/`ncclGroupEnd`
+//! (NCCL then launches them together). A signal between two collectives
+//! ends the group, and a plan records one after each operation, so a
+//! plan's collectives run one group each; a rank that sends to and
+//! receives from the same peer must record the two with nothing between
+//! them on one queue, or NCCL deadlocks. A communicator's calls are
+//! serialised across the queues that share it (NCCL forbids concurrent
+//! calls on one). An NCCL error fails the batch from the command that
+//! failed, with [`CollectiveError::Nccl`] (the group is ended first). A
+//! profile times a group as one entry, under its first collective. NCCL
+//! has no timeout of its own here: the communicator's timeout applies to
+//! MPI only, and a peer that never comes stalls the stream.
+//!
+//! NCCL is loaded at run time, like the CUDA driver: every constructor
+//! first probes the library, and answers [`CollectiveError::NoNccl`] with
+//! how to install it where it is absent (never a panic, which is what
+//! cudarc does on a missing library). cudarc opens `libnccl.so` (and
+//! names like `libnccl.so.12`), which only NCCL's development package
+//! installs; the runtime package's `libnccl.so.2` must then be symlinked
+//! as `libnccl.so` on the library path, and the error says so.
 //!
 //! # Use (the `mpi` feature; run under `mpirun -np 4 ...`)
 //!
@@ -97,6 +135,8 @@ mod description;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 #[cfg(feature = "mpi")]
 mod mpi_types;
 #[cfg(feature = "mpi")]
@@ -116,6 +156,10 @@ use crate::view::View;
 pub use error::CollectiveError;
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
+#[cfg(feature = "nccl")]
+pub use nccl::NcclId;
+#[cfg(feature = "nccl")]
+pub(crate) use nccl::enqueue_run as enqueue_nccl_run;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,10 +401,12 @@ struct Shared {
 enum Transport {
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiComm),
+    #[cfg(feature = "nccl")]
+    Nccl(nccl::NcclComm),
 }
 
 impl Communicator {
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
     fn new(rank: usize, size: usize, transport: Transport) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -383,19 +429,24 @@ impl Communicator {
         self.shared.size
     }
 
-    /// The engine it runs on: `"mpi"`.
+    /// The engine it runs on: `"mpi"` or `"nccl"`.
     pub fn engine(&self) -> &'static str {
         match self.shared.transport {
             #[cfg(feature = "mpi")]
             Transport::Mpi(_) => "mpi",
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => "nccl",
         }
     }
 
-    /// Whether it moves host memory (so CPU queues run its collectives).
+    /// Whether it moves host memory (so CPU queues run its collectives):
+    /// MPI's do; NCCL's move memory of their CUDA device.
     pub fn on_host(&self) -> bool {
         match self.shared.transport {
             #[cfg(feature = "mpi")]
             Transport::Mpi(_) => true,
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => false,
         }
     }
 
@@ -433,6 +484,16 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
         match self.shared.transport {
             Transport::Mpi(ref comm) => comm.split(self, color, key),
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => Err(CollectiveError::Invalid {
+                rank: self.rank(),
+                size: self.size(),
+                op: "split",
+                reason: "splitting an NCCL communicator is not built yet: make the smaller \
+                         group's communicator with `Communicator::nccl` and an id of its own"
+                    .to_owned(),
+            }
+            .into()),
         }
     }
 
@@ -459,6 +520,9 @@ impl Communicator {
         match self.shared.transport {
             #[cfg(feature = "mpi")]
             Transport::Mpi(ref comm) => comm.run(self, plan, read, write),
+            // CPU queues refuse device communicators when recording.
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => Err(CollectiveError::unsupported("cpu", self).into()),
         }
     }
 }

@@ -274,6 +274,20 @@ impl Engine for CudaEngine {
             })
     }
 
+    /// NCCL's communicators of this queue's device: the stream runs their
+    /// collectives (see [`crate::collective`]). MPI's move host memory,
+    /// and are refused, as are NCCL's of another device.
+    fn check_collective(&self, communicator: &crate::collective::Communicator) -> Result<()> {
+        #[cfg(feature = "nccl")]
+        if let Some(device) = communicator.nccl_device() {
+            return match device.same_as(&self.device) {
+                true => Ok(()),
+                false => Err(self.wrong_device("the NCCL communicator", device)),
+            };
+        }
+        Err(crate::collective::CollectiveError::unsupported("cuda", communicator).into())
+    }
+
     fn check_buffer(&self, what: &'static str, buffer: &CudaBuffer) -> Result<()> {
         if buffer.device().same_as(&self.device) {
             Ok(())
@@ -435,5 +449,31 @@ impl fmt::Debug for CudaEngine {
             .field("kind", &self.kind)
             .field("device", &self.device.ordinal())
             .finish_non_exhaustive()
+    }
+}
+
+/// Puts the run of collectives that starts at `commands[start]` on
+/// `stream`, grouped (see [`crate::collective`]'s NCCL section): where the
+/// run ends, or the failing command's index and error. Without the `nccl`
+/// feature no communicator passes `check_collective`, and one that
+/// reached the stream would fail here.
+pub(super) fn enqueue_collectives(
+    commands: &[Command<Cuda>],
+    start: usize,
+    stream: &CudaStream,
+) -> std::result::Result<usize, (usize, Error)> {
+    #[cfg(feature = "nccl")]
+    return crate::collective::enqueue_nccl_run(commands, start, stream.cu_stream());
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = stream;
+        match &commands[start] {
+            Command::Collective(collective) => Err((
+                start,
+                crate::collective::CollectiveError::unsupported("cuda", &collective.communicator)
+                    .into(),
+            )),
+            _ => Ok(start + 1),
+        }
     }
 }

@@ -383,14 +383,15 @@ impl Shared {
                     }
                     .map_err(|e| self.fault("a download", e))
                 }
-                // Refused at record time (`Engine::check_collective`'s
-                // default) until NCCL runs them on the stream.
-                Command::Collective(collective) => {
-                    Err(crate::collective::CollectiveError::unsupported(
-                        "cuda",
-                        &collective.communicator,
-                    )
-                    .into())
+                // With those after it, in one NCCL group: profiled as one.
+                Command::Collective(_) => {
+                    match super::queue::enqueue_collectives(batch.commands(), index, &self.stream) {
+                        Ok(end) => {
+                            skip_to = end;
+                            Ok(())
+                        }
+                        Err((at, error)) => return Outcome::Failed(at, error),
+                    }
                 }
                 // A range of the pool, taken when it was recorded.
                 Command::Barrier | Command::Alloca { .. } => Ok(()),

@@ -1,0 +1,410 @@
+//! NCCL communicators (the `nccl` feature) and how a CUDA queue's stream
+//! runs their collectives: the thin layer over cudarc's `nccl::result`
+//! (every call a `Result`), a communicator that owns its `ncclComm_t`, and
+//! [`enqueue_run`], which the stream side calls for a run of collectives.
+//!
+//! cudarc loads NCCL at run time and panics when it is absent, or when a
+//! symbol is missing, so nothing here calls NCCL before [`probe`] found
+//! it: every constructor probes first, and a communicator (or an
+//! [`NcclId`]) exists only once the library loaded.
+
+use std::ffi::c_int;
+
+use cudarc::nccl::{result, sys};
+
+use super::{
+    Collective, CollectiveError, CollectiveOp, Communicator, Element, Reduction, Transport,
+};
+use crate::cuda::{Cuda, CudaDevice};
+use crate::error::{Error, Result};
+use crate::queue::Command;
+use crate::sync::Mutex;
+use crate::view::View;
+
+/// Checks that cudarc can load NCCL; [`CollectiveError::NoNccl`] saying
+/// how to install it where not.
+pub(super) fn probe() -> Result<()> {
+    // SAFETY: a trial load of NCCL by cudarc's own names: it runs the
+    // library's initialisers and nothing else.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    // SAFETY: as above, by the runtime package's name.
+    let found = if unsafe { libloading::Library::new("libnccl.so.2") }.is_ok() {
+        "`libnccl.so.2` is on the library path, but cudarc opens `libnccl.so` (and versioned \
+         names other than `.so.2`)"
+    } else {
+        "no `libnccl.so` on the library path"
+    };
+    Err(CollectiveError::NoNccl { found }.into())
+}
+
+/// NCCL's unique id: made by one rank ([`NcclId::new`]) and handed to the
+/// others (over MPI, a file, the launcher's environment) before each makes
+/// its rank of the communicator ([`Communicator::nccl`]).
+#[derive(Clone, Copy)]
+pub struct NcclId(sys::ncclUniqueId);
+
+impl NcclId {
+    /// A fresh id (`ncclGetUniqueId`).
+    ///
+    /// # Errors
+    /// [`CollectiveError::NoNccl`], [`CollectiveError::Nccl`].
+    pub fn new() -> Result<NcclId> {
+        probe()?;
+        let id = result::get_uniqueid()
+            .map_err(|e| nccl_error(e, usize::MAX, "ncclGetUniqueId", "a unique id"))?;
+        Ok(NcclId(id))
+    }
+
+    /// Its 128 bytes, to send to the other ranks.
+    pub fn to_bytes(&self) -> [u8; 128] {
+        self.0.internal.map(|c| c as u8)
+    }
+
+    /// The id another rank made, from its bytes.
+    pub fn from_bytes(bytes: [u8; 128]) -> NcclId {
+        NcclId(sys::ncclUniqueId {
+            internal: bytes.map(|b| b as std::ffi::c_char),
+        })
+    }
+}
+
+impl std::fmt::Debug for NcclId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NcclId(..)")
+    }
+}
+
+/// One rank's NCCL communicator on one CUDA device: owns its `ncclComm_t`.
+pub(super) struct NcclComm {
+    raw: RawNcclComm,
+    device: CudaDevice,
+    /// Held while a queue's worker puts a group of this communicator's
+    /// collectives on its stream: NCCL forbids concurrent calls on one
+    /// communicator, and several queues may share it.
+    calls: Mutex<()>,
+}
+
+/// An `ncclComm_t`.
+struct RawNcclComm(sys::ncclComm_t);
+
+// SAFETY: an NCCL communicator may be used from any thread, one at a time;
+// `NcclComm::calls` serialises every call that enqueues on it, and the
+// others (creation, destruction) have the only handle.
+unsafe impl Send for RawNcclComm {}
+// SAFETY: as for `Send`: shared use goes through `NcclComm::calls`.
+unsafe impl Sync for RawNcclComm {}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        // Commands hold the communicator until their stream passed them,
+        // so nothing of it is in flight. An error cannot be returned from
+        // here, and a failed destroy leaks only NCCL's resources.
+        // SAFETY: the handle is live and this is its last user.
+        let _ = unsafe { result::comm_destroy(self.raw.0) };
+    }
+}
+
+impl NcclComm {
+    /// The device it runs on.
+    pub(super) fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+}
+
+impl Communicator {
+    /// A communicator of one rank (rank 0 of 1) on `device`
+    /// (`ncclCommInitAll` over that device): collectives copy the send
+    /// view into the receive view, on the queue's stream, through NCCL.
+    ///
+    /// # Errors
+    /// [`CollectiveError::NoNccl`] (how to install NCCL),
+    /// [`CollectiveError::Nccl`], a driver error making the device's
+    /// context current.
+    pub fn nccl_single(device: &CudaDevice) -> Result<Communicator> {
+        probe()?;
+        bind(device)?;
+        let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is one handle and the device list one ordinal, as
+        // the count says; NCCL is loaded (probed).
+        unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
+            .map_err(|e| nccl_error(e, 0, "ncclCommInitAll", "a communicator of one rank"))?;
+        Ok(Self::of_nccl(raw, device, 0, 1))
+    }
+
+    /// Rank `rank` of a communicator of `size` ranks on `device`
+    /// (`ncclCommInitRank`), every rank giving the same `id` (made by one
+    /// of them with [`NcclId::new`]). Blocks until every rank called it.
+    /// With MPI (the `mpi` feature too), `Communicator::nccl_over` hands
+    /// the id round.
+    ///
+    /// # Errors
+    /// [`CollectiveError::Invalid`] for a rank not below `size`;
+    /// [`CollectiveError::NoNccl`], [`CollectiveError::Nccl`].
+    pub fn nccl(device: &CudaDevice, id: NcclId, rank: usize, size: usize) -> Result<Communicator> {
+        let (Ok(rank32), Ok(size32)) = (c_int::try_from(rank), c_int::try_from(size)) else {
+            return Err(invalid(rank, size, "NCCL counts ranks in a C `int`"));
+        };
+        if rank >= size {
+            return Err(invalid(rank, size, "a rank must be below the group's size"));
+        }
+        probe()?;
+        bind(device)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is one handle; the id is NCCL's (made by
+        // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and the
+        // device's context is current, which selects its device.
+        unsafe { result::comm_init_rank(&mut raw, size32, id.0, rank32) }
+            .map_err(|e| nccl_error(e, rank, "ncclCommInitRank", "the communicator's creation"))?;
+        Ok(Self::of_nccl(raw, device, rank, size))
+    }
+
+    /// This rank of an NCCL communicator on `device` with the ranks of
+    /// `world`, an MPI communicator (rank and size from `mpirun`): rank 0
+    /// makes the unique id and broadcasts it over `world`, from the
+    /// calling thread (a host collective at this point of `world`'s order,
+    /// bounded by its timeout, as [`Communicator::split`] is).
+    ///
+    /// # Errors
+    /// Those of the broadcast ([`CollectiveError::Timeout`] where a rank
+    /// never comes; [`CollectiveError::Invalid`] for a `world` that is
+    /// not MPI's) and of [`Communicator::nccl`].
+    #[cfg(feature = "mpi")]
+    pub fn nccl_over(world: &Communicator, device: &CudaDevice) -> Result<Communicator> {
+        let (rank, size) = (world.rank(), world.size());
+        if world.engine() != "mpi" {
+            let reason =
+                "`nccl_over` hands NCCL's id round over an MPI communicator (`Mpi::world`)";
+            return Err(invalid(rank, size, reason));
+        }
+        // Every rank probes before the broadcast, so that none waits for
+        // a root that has no NCCL to make an id with.
+        probe()?;
+        let mut bytes = [0u8; 128];
+        if rank == 0 {
+            bytes = NcclId::new()?.to_bytes();
+        }
+        let plan = super::HostCollective {
+            op: CollectiveOp::Broadcast { root: 0 },
+            element: Element::U32,
+            count: 128 / Element::U32.size(),
+            sequence: world.next_sequence(),
+        };
+        let mut received = bytes;
+        world.run_on_host(
+            &plan,
+            &mut |send| {
+                send.copy_from_slice(&bytes[..send.len()]);
+                Ok(())
+            },
+            &mut |recv| {
+                received.copy_from_slice(recv);
+                Ok(())
+            },
+        )?;
+        Self::nccl(device, NcclId::from_bytes(received), rank, size)
+    }
+
+    fn of_nccl(
+        raw: sys::ncclComm_t,
+        device: &CudaDevice,
+        rank: usize,
+        size: usize,
+    ) -> Communicator {
+        let comm = NcclComm {
+            raw: RawNcclComm(raw),
+            device: device.clone(),
+            calls: Mutex::new(()),
+        };
+        Communicator::new(rank, size, Transport::Nccl(comm))
+    }
+
+    /// Its NCCL communicator, if it is one.
+    fn as_nccl(&self) -> Option<&NcclComm> {
+        match self.shared.transport {
+            Transport::Nccl(ref comm) => Some(comm),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The device of its NCCL communicator, if it is one: a CUDA queue of
+    /// that device runs its collectives.
+    pub fn nccl_device(&self) -> Option<&CudaDevice> {
+        self.as_nccl().map(NcclComm::device)
+    }
+}
+
+/// Makes `device`'s context current on this thread: NCCL's creation calls
+/// take the current device.
+fn bind(device: &CudaDevice) -> Result<()> {
+    let context = device.context();
+    (context.bind_to_thread())
+        .map_err(|e| crate::cuda::context_error(context, "making the context current for NCCL", e))
+}
+
+fn invalid(rank: usize, size: usize, reason: &str) -> Error {
+    CollectiveError::Invalid {
+        rank,
+        size,
+        op: "nccl",
+        reason: reason.to_owned(),
+    }
+    .into()
+}
+
+/// [`CollectiveError::Nccl`] for `call`'s failure.
+fn nccl_error(error: result::NcclError, rank: usize, call: &'static str, what: &str) -> Error {
+    use sys::ncclResult_t as R;
+    let remedy = match error.0 {
+        R::ncclUnhandledCudaError => "a CUDA call inside NCCL failed: check the device's health",
+        R::ncclSystemError => {
+            "a system call failed (in a container, shared memory is often too small: \
+             `--shm-size=1g`); NCCL_DEBUG=WARN prints which"
+        }
+        R::ncclInternalError => "NCCL_DEBUG=WARN prints NCCL's reason",
+        R::ncclInvalidArgument | R::ncclInvalidUsage => {
+            "NCCL refused the call's arguments or their order; NCCL_DEBUG=WARN prints why"
+        }
+        R::ncclRemoteError => "a peer failed or exited: make a new communicator",
+        _ => "NCCL_DEBUG=WARN prints NCCL's reason",
+    };
+    CollectiveError::Nccl {
+        rank,
+        call,
+        what: what.to_owned(),
+        code: error.0 as u32,
+        name: format!("{:?}", error.0),
+        remedy,
+    }
+    .into()
+}
+
+/// Puts the run of collectives that starts at `commands[start]` on
+/// `stream`, in one `ncclGroupStart`/`ncclGroupEnd`: the collectives that
+/// follow it in the batch over the same communicator. Returns where the
+/// run ends, or the index of the command that failed and its error (the
+/// group is ended in either case).
+pub(crate) fn enqueue_run(
+    commands: &[Command<Cuda>],
+    start: usize,
+    stream: cudarc::driver::sys::CUstream,
+) -> std::result::Result<usize, (usize, Error)> {
+    let collective = |index: usize| match commands.get(index) {
+        Some(Command::Collective(collective)) => Some(&**collective),
+        _ => None,
+    };
+    let first = collective(start).expect("a run starts at a collective");
+    let Some(comm) = first.communicator.as_nccl() else {
+        let error = CollectiveError::unsupported("cuda", &first.communicator);
+        return Err((start, error.into()));
+    };
+    let mut end = start + 1;
+    while collective(end).is_some_and(|next| next.communicator.same_as(&first.communicator)) {
+        end += 1;
+    }
+    let _calls = comm.calls.lock();
+    let rank = first.communicator.rank();
+    result::group_start().map_err(|e| (start, nccl_error(e, rank, "ncclGroupStart", "a group")))?;
+    let mut failed = None;
+    for index in start..end {
+        let collective = collective(index).expect("the run holds collectives only");
+        if let Err(error) = issue(comm, collective, stream.cast()) {
+            failed = Some((index, error));
+            break;
+        }
+    }
+    let ended = result::group_end();
+    match (failed, ended) {
+        (Some(failure), _) => Err(failure),
+        (None, Err(e)) => Err((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
+        (None, Ok(_)) => Ok(end),
+    }
+}
+
+/// The device address of a view's first byte.
+fn address(view: Option<&View<Cuda>>) -> u64 {
+    view.map_or(0, |view| {
+        view.buffer().device_pointer() + view.offset() as u64
+    })
+}
+
+/// Puts one collective on `stream` (inside the caller's group).
+fn issue(comm: &NcclComm, collective: &Collective<Cuda>, stream: sys::cudaStream_t) -> Result<()> {
+    let count = collective.count();
+    let datatype = match collective.element {
+        Element::F32 => sys::ncclDataType_t::ncclFloat32,
+        Element::F64 => sys::ncclDataType_t::ncclFloat64,
+        Element::I32 => sys::ncclDataType_t::ncclInt32,
+        Element::U32 => sys::ncclDataType_t::ncclUint32,
+        #[cfg(feature = "half")]
+        Element::F16 => sys::ncclDataType_t::ncclFloat16,
+        #[cfg(feature = "half")]
+        Element::BF16 => sys::ncclDataType_t::ncclBfloat16,
+    };
+    let reduction = |reduction: Reduction| match reduction {
+        Reduction::Sum => sys::ncclRedOp_t::ncclSum,
+        Reduction::Product => sys::ncclRedOp_t::ncclProd,
+        Reduction::Min => sys::ncclRedOp_t::ncclMin,
+        Reduction::Max => sys::ncclRedOp_t::ncclMax,
+    };
+    let send = address(collective.send.as_ref()) as *const std::ffi::c_void;
+    let recv = address(collective.recv.as_ref()) as *mut std::ffi::c_void;
+    let raw = comm.raw.0;
+    // The checks at record time: peers and roots below the group's size
+    // (so they fit NCCL's `int`), views of this queue's device.
+    let peer = |peer: usize| c_int::try_from(peer).unwrap_or(c_int::MAX);
+    // SAFETY: every view lies in a buffer of the communicator's device
+    // (checked at record time: the queue's device is the communicator's),
+    // of the lengths the operation needs for `count` elements (checked at
+    // record time), kept alive until the stream passed the batch; `raw`
+    // is live (the command holds its communicator), used by this thread
+    // alone (`calls` is held), and `stream` is the queue's, of the same
+    // device.
+    let (call, done) = unsafe {
+        match collective.op {
+            CollectiveOp::AllReduce(r) => (
+                "ncclAllReduce",
+                result::all_reduce(send, recv, count, datatype, reduction(r), raw, stream),
+            ),
+            CollectiveOp::AllGather => (
+                "ncclAllGather",
+                result::all_gather(send, recv, count, datatype, raw, stream),
+            ),
+            CollectiveOp::ReduceScatter(r) => (
+                "ncclReduceScatter",
+                result::reduce_scatter(send, recv, count, datatype, reduction(r), raw, stream),
+            ),
+            CollectiveOp::Broadcast { root } => {
+                // One view: the root's is sent, the others' received.
+                let view = address(collective.send.as_ref().or(collective.recv.as_ref()));
+                let (send, recv) = (
+                    view as *const std::ffi::c_void,
+                    view as *mut std::ffi::c_void,
+                );
+                (
+                    "ncclBroadcast",
+                    result::broadcast(send, recv, count, datatype, peer(root), raw, stream),
+                )
+            }
+            CollectiveOp::Send { peer: to } => (
+                "ncclSend",
+                result::send(send, count, datatype, peer(to), raw, stream),
+            ),
+            CollectiveOp::Recv { peer: from } => (
+                "ncclRecv",
+                result::recv(recv, count, datatype, peer(from), raw, stream),
+            ),
+        }
+    };
+    done.map(drop).map_err(|e| {
+        nccl_error(
+            e,
+            collective.communicator.rank(),
+            call,
+            &collective.describe(),
+        )
+    })
+}

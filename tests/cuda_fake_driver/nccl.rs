@@ -1,0 +1,478 @@
+//! Issue 48's NCCL under CUDA queues, on the fake driver and the fake NCCL
+//! (`tests/fake_cuda/libnccl.c`, one rank: each collective copies its send
+//! view to its receive view, and logs its stream and group depth to the
+//! call log): collectives recorded between an upload and a download run on
+//! the queue's stream, grouped, ordered by a signal, and move the data; an
+//! NCCL error fails the batch from that command with a typed error; a
+//! missing NCCL is an error saying how to install it (never a panic); a
+//! communicator of another device, or on a CPU queue, is refused.
+
+use std::time::Duration;
+
+use hwqueue::collective::{CollectiveError, Communicator, NcclId, Reduction};
+use hwqueue::cpu::CpuDevice;
+use hwqueue::cuda::CudaDevice;
+use hwqueue::{Device, Download, Error, HardwareQueue, QueueFactory, TimelineSignal};
+
+use super::{NCCL_FAKE, Outcome, on_a_12_2_device, report, run_scenario};
+
+const LONG: Duration = Duration::from_secs(10);
+
+/// `Ok` as `ok`, an error as `<variant> <Display>`: the variant of its
+/// root cause ([`CollectiveError`]'s where it is one), `Display` its own.
+fn outcome<T>(result: Result<T, Error>) -> String {
+    match result {
+        Ok(_) => "ok".to_owned(),
+        Err(error) => {
+            let variant = match error.root_cause() {
+                Error::Collective(CollectiveError::NoNccl { .. }) => "NoNccl",
+                Error::Collective(CollectiveError::Nccl { .. }) => "Nccl",
+                Error::Collective(CollectiveError::Unsupported { .. }) => "Unsupported",
+                Error::Collective(CollectiveError::Invalid { .. }) => "Invalid",
+                Error::DeviceMismatch { .. } => "DeviceMismatch",
+                _ => "other",
+            };
+            format!("{variant} {error}")
+        }
+    }
+}
+
+/// The child's half: `case` names what to do on `device`.
+pub(super) fn run(device: &CudaDevice, case: &str) {
+    match case {
+        "collectives" => collectives(device),
+        "fails" => fails(device),
+        "absent" => {
+            report("single", &outcome(Communicator::nccl_single(device)));
+            report("id", &outcome(NcclId::new()));
+        }
+        "elsewhere" => elsewhere(device),
+        "plan" => plan(device),
+        #[cfg(feature = "mpi")]
+        "over_mpi" => over_mpi(device),
+        #[cfg(feature = "half")]
+        "half" => half(device),
+        other => panic!("no NCCL case `{other}`"),
+    }
+}
+
+/// Uploads on one queue, then on a second queue (after a signal of the
+/// first): `all_reduce` (sum), `all_gather`, `broadcast`, `reduce_scatter`
+/// of one rank, each into a buffer of its own, and downloads them.
+fn collectives(device: &CudaDevice) {
+    let comm = match Communicator::nccl_single(device) {
+        Ok(comm) => comm,
+        Err(error) => return report("comm", &outcome::<()>(Err(error))),
+    };
+    report(
+        "comm",
+        &format!("{} {} of {}", comm.engine(), comm.rank(), comm.size()),
+    );
+    let data = [1.5f32, -2.0, 3.25, 8.0];
+    let buffer = || device.alloc(16).unwrap();
+    let (input, summed, gathered, scattered) = (buffer(), buffer(), buffer(), buffer());
+    let words = device.alloc(16).unwrap();
+    let uploaded = device.new_signal(0).unwrap();
+    let done = device.new_signal(0).unwrap();
+    let mut uploads = device.compute_queue().unwrap();
+    uploads
+        .upload(&input, &data)
+        .upload(&words, &[7u32, 8, 9, 10])
+        .signal(&uploaded, 1)
+        .submit()
+        .unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    report(
+        "stream",
+        &format!("{:p}", queue.engine().stream().cu_stream()),
+    );
+    report(
+        "upload_stream",
+        &format!("{:p}", uploads.engine().stream().cu_stream()),
+    );
+    let downloads: Vec<Download<f32>> = (0..3).map(|_| Download::new(4)).collect();
+    let words_back = Download::<u32>::new(4);
+    let submitted = queue
+        .wait(&uploaded, 1)
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &summed)
+        .all_gather::<f32, _, _>(&comm, &input, &gathered)
+        .broadcast::<u32, _>(&comm, 0, &words)
+        .reduce_scatter::<f32, _, _>(&comm, Reduction::Max, &input, &scattered)
+        .signal(&done, 1)
+        .download(&summed, &downloads[0])
+        .download(&gathered, &downloads[1])
+        .download(&scattered, &downloads[2])
+        .download(&words, &words_back)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("done", &outcome(done.wait(1, LONG)));
+    let taken: Vec<String> = downloads
+        .iter()
+        .map(|d| format!("{:?}", d.take(LONG).unwrap()))
+        .collect();
+    report("floats", &taken.join(" "));
+    report("words", &format!("{:?}", words_back.take(LONG).unwrap()));
+    report("synchronize", &outcome(queue.synchronize()));
+}
+
+/// An f16 `all_reduce` and a bf16 `all_gather` of one rank: NCCL's own
+/// 16-bit types, so the calls move 2 bytes an element.
+#[cfg(feature = "half")]
+fn half(device: &CudaDevice) {
+    use half::{bf16, f16};
+    let comm = Communicator::nccl_single(device).unwrap();
+    let halves = [1.5f32, -2.0, 3.25, 8.0].map(f16::from_f32);
+    let brains = [0.5f32, 4.0, -1.0, 6.5].map(bf16::from_f32);
+    let (a, b, c, d) = (
+        device.alloc(8).unwrap(),
+        device.alloc(8).unwrap(),
+        device.alloc(8).unwrap(),
+        device.alloc(8).unwrap(),
+    );
+    let (got_halves, got_brains) = (Download::<f16>::new(4), Download::<bf16>::new(4));
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .upload(&a, &halves)
+        .upload(&c, &brains)
+        .all_reduce::<f16, _, _>(&comm, Reduction::Sum, &a, &b)
+        .all_gather::<bf16, _, _>(&comm, &c, &d)
+        .download(&b, &got_halves)
+        .download(&d, &got_brains)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("synchronize", &outcome(queue.synchronize()));
+    let back = |values: Vec<f32>| format!("{values:?}");
+    report(
+        "halves",
+        &back(
+            got_halves
+                .take(LONG)
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+        ),
+    );
+    report(
+        "brains",
+        &back(
+            got_brains
+                .take(LONG)
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect(),
+        ),
+    );
+}
+
+/// The fake fails `ncclAllGather` (`HWQUEUE_FAKE_NCCL_FAIL`): the batch
+/// fails from it; the signal before it is set, the one after it failed.
+fn fails(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (before, after) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .signal(&before, 1)
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .all_gather::<u32, _, _>(&comm, &input, &output)
+        .signal(&after, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("before", &outcome(before.wait(1, LONG)));
+    report("after", &outcome(after.wait(1, LONG)));
+    report("synchronize", &outcome(queue.synchronize()));
+}
+
+/// A communicator of device 1 on a queue of device 0, and on a CPU queue.
+fn elsewhere(device: &CudaDevice) {
+    let other = CudaDevice::open(1).unwrap();
+    let comm = Communicator::nccl_single(&other).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .submit();
+    report("cuda_queue", &outcome(submitted));
+    let cpu = CpuDevice::new();
+    let (input, output) = (cpu.alloc(16).unwrap(), cpu.alloc(16).unwrap());
+    let mut queue = cpu.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .submit();
+    report("cpu_queue", &outcome(submitted));
+}
+
+/// `Communicator::nccl_over` an MPI world of one rank (a singleton MPI
+/// process): rank 0 makes the id, the world carries it, and an all_reduce
+/// runs; a world that is not MPI's is refused.
+#[cfg(feature = "mpi")]
+fn over_mpi(device: &CudaDevice) {
+    let mpi = hwqueue::collective::Mpi::init().unwrap();
+    let world = mpi.world(None).unwrap();
+    report("world", &format!("{} of {}", world.rank(), world.size()));
+    let comm = match Communicator::nccl_over(&world, device) {
+        Ok(comm) => comm,
+        Err(error) => return report("comm", &outcome::<()>(Err(error))),
+    };
+    report(
+        "comm",
+        &format!("{} {} of {}", comm.engine(), comm.rank(), comm.size()),
+    );
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let back = Download::<i32>::new(2);
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&input, &[-3i32, 4])
+        .all_reduce::<i32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit()
+        .unwrap();
+    report("data", &format!("{:?}", back.take(LONG).unwrap()));
+    report("not_mpi", &outcome(Communicator::nccl_over(&comm, device)));
+}
+
+/// A plan on the CUDA device: upload `x`, all_reduce it into `sum`,
+/// all_gather `sum` into `all`, download `all`; run three times with new
+/// data. Reports `runs` (`ok`, or the first wrong run).
+fn plan(device: &CudaDevice) {
+    use hwqueue::{Schedule, cuda::Cuda};
+    let comm = Communicator::nccl_single(device).unwrap();
+    let mut schedule = Schedule::<Cuda>::new();
+    let d = schedule.add_device(std::sync::Arc::new(device.clone()));
+    let tensor = |schedule: &mut Schedule<Cuda>, name| schedule.add_tensor(d, name, 64 * 4);
+    let (x, sum, all) = (
+        tensor(&mut schedule, "x"),
+        tensor(&mut schedule, "sum"),
+        tensor(&mut schedule, "all"),
+    );
+    let up = schedule.upload("upload x", x).id();
+    schedule.all_reduce::<u32>("sum x", &comm, Reduction::Sum, x, sum);
+    schedule.all_gather::<u32>("gather sum", &comm, sum, all);
+    let down = schedule.download("download all", all).id();
+    let mut plan = schedule.plan().unwrap();
+    let mut runs = "ok".to_owned();
+    for run in 0..3u32 {
+        let data: Vec<u32> = (0..64).map(|i| i * 10 + run).collect();
+        let out = Download::<u32>::new(64);
+        let outcome = plan
+            .upload(up, &data)
+            .and_then(|()| plan.download(down, &out))
+            .and_then(|()| plan.run())
+            .and_then(|run| run.wait(LONG))
+            .and_then(|()| out.take(LONG));
+        match outcome {
+            Ok(words) if words == data => {}
+            Ok(words) => runs = format!("run {run} brought back {words:?}"),
+            Err(error) => runs = format!("run {run}: {error}"),
+        }
+        if runs != "ok" {
+            break;
+        }
+    }
+    report("runs", &runs);
+}
+
+/// The fake NCCL's log lines (`ncclAllReduce stream=0x... group=1 ...`).
+/// f16 and bf16 go to NCCL as its own 16-bit types: each of 4 elements
+/// comes back whole (a wrong element size would move 8 or 16 bytes).
+#[cfg(feature = "half")]
+#[test]
+fn f16_and_bf16_collectives_move_two_bytes_an_element() {
+    let vars = on_a_12_2_device("nccl:half", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("synchronize"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("halves"), "[1.5, -2.0, 3.25, 8.0]");
+    assert_eq!(outcome.field("brains"), "[0.5, 4.0, -1.0, 6.5]");
+    let calls = nccl_calls(&outcome);
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with("ncclAllReduce") && c.ends_with("count=4")),
+        "{calls:?}"
+    );
+}
+
+fn nccl_calls(outcome: &Outcome) -> Vec<&str> {
+    let calls = outcome.calls.iter().map(String::as_str);
+    calls.filter(|call| call.starts_with("nccl")).collect()
+}
+
+#[test]
+fn collectives_run_on_the_queues_stream_in_one_group_and_move_the_data() {
+    let vars = on_a_12_2_device("nccl:collectives", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("comm"), "nccl 0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("done"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("synchronize"), "ok", "{outcome:#?}");
+    // One rank: a sum, a gather, a max-scatter and a broadcast all copy.
+    let row = "[1.5, -2.0, 3.25, 8.0]";
+    assert_eq!(outcome.field("floats"), format!("{row} {row} {row}"));
+    assert_eq!(outcome.field("words"), "[7, 8, 9, 10]");
+    let stream = outcome.field("stream");
+    assert_ne!(stream, outcome.field("upload_stream"), "{outcome:#?}");
+    // The four in one group, on the queue's stream, in recorded order.
+    let calls = nccl_calls(&outcome);
+    let expected = [
+        "ncclCommInitAll".to_owned(),
+        "ncclGroupStart".to_owned(),
+        format!("ncclAllReduce stream={stream} group=1 count=4"),
+        format!("ncclAllGather stream={stream} group=1 count=4"),
+        format!("ncclBroadcast stream={stream} group=1 count=4"),
+        format!("ncclReduceScatter stream={stream} group=1 count=4"),
+        "ncclGroupEnd".to_owned(),
+        "ncclCommDestroy".to_owned(),
+    ];
+    assert_eq!(calls, expected, "{outcome:#?}");
+}
+
+#[test]
+fn a_plan_runs_its_collectives_on_a_cuda_queue_each_run() {
+    let vars = on_a_12_2_device("nccl:plan", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("runs"), "ok", "{outcome:#?}");
+    // Each run: both collectives, each in a group of its own (the plan
+    // records a signal after each operation, and a group never spans a
+    // signal), all on one stream.
+    let calls = nccl_calls(&outcome);
+    let ops: Vec<_> = calls.iter().filter(|c| c.contains(" stream=")).collect();
+    let starts = calls.iter().filter(|c| **c == "ncclGroupStart").count();
+    assert_eq!((ops.len(), starts), (6, 6), "{outcome:#?}");
+    assert!(ops.iter().all(|c| c.contains(" group=1 ")), "{outcome:#?}");
+    let stream = |call: &str| call.split(' ').nth(1).unwrap().to_owned();
+    assert!(
+        ops.iter().all(|c| stream(c) == stream(ops[0])),
+        "{outcome:#?}"
+    );
+}
+
+#[test]
+fn an_nccl_error_fails_the_batch_from_that_command_with_a_typed_error() {
+    let vars = on_a_12_2_device(
+        "nccl:fails",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_FAIL", "ncclAllGather"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("before"), "ok", "{outcome:#?}");
+    // The signal after it failed, with the NCCL error as its cause.
+    let after = outcome.field("after");
+    assert!(after.starts_with("Nccl "), "{after}");
+    let failed = outcome.field("synchronize");
+    assert!(failed.starts_with("Nccl "), "{failed}");
+    for phrase in [
+        "rank 0: ncclAllGather (all_gather of 4 u32, recorded #1)",
+        "ncclInternalError (3)",
+        "NCCL_DEBUG=WARN",
+    ] {
+        assert!(failed.contains(phrase), "no `{phrase}` in {failed}");
+    }
+    // The group was ended all the same.
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclGroupEnd"), "{outcome:#?}");
+}
+
+#[test]
+fn without_nccl_a_communicator_is_an_error_saying_how_to_install_it() {
+    // A real NCCL on this machine's default path would be found: then
+    // there is nothing to show.
+    // SAFETY: a trial load by the name cudarc opens first.
+    if unsafe { libloading::Library::new("libnccl.so") }.is_ok() {
+        println!("skipped: a real NCCL is installed");
+        return;
+    }
+    let Some(outcome) = run_scenario(&on_a_12_2_device("nccl:absent", &[])) else {
+        return;
+    };
+    for key in ["single", "id"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("NoNccl "), "{key}: {text}");
+        for phrase in [
+            "no `libnccl.so` on the library path",
+            "apt-get install libnccl2",
+        ] {
+            assert!(text.contains(phrase), "{key}: no `{phrase}` in {text}");
+        }
+    }
+    // Only `libnccl.so.2`, as NCCL's runtime package installs it.
+    let vars = on_a_12_2_device("nccl:absent", &[(NCCL_FAKE, "so2")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    let text = outcome.field("single");
+    assert!(text.starts_with("NoNccl "), "{text}");
+    for phrase in [
+        "`libnccl.so.2` is on the library path",
+        "symlink it as `libnccl.so`",
+    ] {
+        assert!(text.contains(phrase), "no `{phrase}` in {text}");
+    }
+    assert!(nccl_calls(&outcome).is_empty(), "{outcome:#?}");
+}
+
+#[test]
+fn a_communicator_of_another_device_or_on_a_cpu_queue_is_refused() {
+    let vars = on_a_12_2_device(
+        "nccl:elsewhere",
+        &[(NCCL_FAKE, "so"), ("HWQUEUE_FAKE_DEVICE_COUNT", "2")],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    let cuda = outcome.field("cuda_queue");
+    assert!(cuda.starts_with("DeviceMismatch "), "{cuda}");
+    assert!(
+        cuda.contains("the NCCL communicator belongs to `cuda:1` but the queue runs on `cuda:0`"),
+        "{cuda}"
+    );
+    let cpu = outcome.field("cpu_queue");
+    assert!(cpu.starts_with("Unsupported "), "{cpu}");
+    assert!(
+        cpu.contains("record its collectives on a queue of its device"),
+        "{cpu}"
+    );
+    // Nothing reached NCCL but the communicator's creation.
+    let calls = nccl_calls(&outcome);
+    assert_eq!(
+        calls,
+        ["ncclCommInitAll", "ncclCommDestroy"],
+        "{outcome:#?}"
+    );
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn nccl_over_an_mpi_world_hands_rank_0s_id_round() {
+    let vars = on_a_12_2_device("nccl:over_mpi", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("world"), "0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("comm"), "nccl 0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("data"), "[-3, 4]", "{outcome:#?}");
+    let refused = outcome.field("not_mpi");
+    assert!(refused.starts_with("Invalid "), "{refused}");
+    assert!(refused.contains("over an MPI communicator"), "{refused}");
+    // The fake's InitRank accepts only the id its GetUniqueId made.
+    let calls = nccl_calls(&outcome);
+    assert_eq!(
+        calls[..2],
+        ["ncclGetUniqueId", "ncclCommInitRank"],
+        "{outcome:#?}"
+    );
+}

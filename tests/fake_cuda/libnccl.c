@@ -1,0 +1,262 @@
+/*
+ * A fake NCCL (`libnccl.so`) for tests/cuda_fake_driver.rs, beside the fake
+ * driver (libcuda.c), whose device pointers are host pointers.
+ *
+ * cudarc dlopens `libnccl.so` by name and resolves each `nccl*` symbol on
+ * its first call (a missing one panics then, not at load), so this exports
+ * what hwqueue calls: communicator creation and destruction, the
+ * collectives, point-to-point, and groups.
+ *
+ * The model: one rank. A communicator is rank 0 of 1 on one device;
+ * ncclCommInitRank with more ranks answers ncclInvalidUsage. Every
+ * collective of one rank copies its send buffer to its receive buffer
+ * (memmove: in place is allowed), at once, whatever the stream; a send to
+ * rank 0 is kept until the matching recv copies it. Groups nest; ops are
+ * not deferred to ncclGroupEnd, but each logs the group depth it was
+ * called at.
+ *
+ * Environment (read at each call):
+ *   HWQUEUE_FAKE_CALLS        the call log libcuda.c writes too: each entry
+ *                             point appends a line, the collectives as
+ *                             `ncclAllReduce stream=0x... group=1 count=4`
+ *   HWQUEUE_FAKE_NCCL_FAIL    the name of an entry point that fails, each
+ *                             call, with HWQUEUE_FAKE_NCCL_RESULT and no
+ *                             other effect. Unset: none
+ *   HWQUEUE_FAKE_NCCL_RESULT  that failure's ncclResult_t (default 3,
+ *                             ncclInternalError)
+ */
+
+#include <stdint.h>
+#include <string.h>
+
+#include "fake_common.h"
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+} ncclResult_t;
+
+typedef enum {
+    ncclInt8 = 0,
+    ncclUint8 = 1,
+    ncclInt32 = 2,
+    ncclUint32 = 3,
+    ncclInt64 = 4,
+    ncclUint64 = 5,
+    ncclFloat16 = 6,
+    ncclFloat32 = 7,
+    ncclFloat64 = 8,
+    ncclBfloat16 = 9,
+} ncclDataType_t;
+
+typedef int ncclRedOp_t;
+typedef void *cudaStream_t;
+
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+
+struct ncclComm {
+    int device;
+};
+typedef struct ncclComm *ncclComm_t;
+
+static __thread int group_depth;
+static __thread const void *pending_send;
+static __thread size_t pending_bytes;
+
+/* The failure HWQUEUE_FAKE_NCCL_FAIL asks of `symbol`, or ncclSuccess. */
+static ncclResult_t injected(const char *symbol) {
+    const char *fail = getenv("HWQUEUE_FAKE_NCCL_FAIL");
+    if (fail == NULL || strcmp(fail, symbol) != 0) {
+        return ncclSuccess;
+    }
+    const char *code = getenv("HWQUEUE_FAKE_NCCL_RESULT");
+    return code != NULL && *code != '\0' ? (ncclResult_t)atoi(code) : (ncclResult_t)3;
+}
+
+/* Logs `symbol` with its stream, the group depth and the count. */
+static void log_op(const char *symbol, cudaStream_t stream, size_t count) {
+    char line[160];
+    snprintf(line, sizeof line, "%s stream=%p group=%d count=%zu", symbol, stream, group_depth, count);
+    log_call(line);
+}
+
+static size_t element_bytes(ncclDataType_t type) {
+    switch (type) {
+    case ncclInt8:
+    case ncclUint8:
+        return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+        return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+        return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+        return 8;
+    }
+    return 0;
+}
+
+/* One rank's collective: `count` elements from `send` to `recv`. */
+static ncclResult_t copy_op(const char *symbol, const void *send, void *recv, size_t count, ncclDataType_t type,
+                            ncclComm_t comm, cudaStream_t stream) {
+    log_op(symbol, stream, count);
+    ncclResult_t result = injected(symbol);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    size_t bytes = element_bytes(type);
+    if (comm == NULL || bytes == 0 || (count > 0 && (send == NULL || recv == NULL))) {
+        return ncclInvalidArgument;
+    }
+    if (count > 0 && send != recv) {
+        memmove(recv, send, count * bytes);
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetVersion(int *version) {
+    log_call(__func__);
+    *version = 22304;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    log_call(__func__);
+    ncclResult_t result = injected(__func__);
+    if (result == ncclSuccess) {
+        memset(id, 0, sizeof *id);
+        strcpy(id->internal, "fake-nccl-id");
+    }
+    return result;
+}
+
+static ncclResult_t new_comm(ncclComm_t *comm, int device) {
+    struct ncclComm *made = malloc(sizeof *made);
+    if (made == NULL) {
+        return (ncclResult_t)2;
+    }
+    made->device = device;
+    *comm = made;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+    log_call(__func__);
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    if (ndev != 1) {
+        return ncclInvalidUsage;
+    }
+    return new_comm(&comms[0], devlist == NULL ? 0 : devlist[0]);
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    log_call(__func__);
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    if (strcmp(id.internal, "fake-nccl-id") != 0) {
+        return ncclInvalidArgument;
+    }
+    if (nranks != 1 || rank != 0) {
+        return ncclInvalidUsage;
+    }
+    return new_comm(comm, 0);
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    log_call(__func__);
+    free(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    log_call(__func__);
+    free(comm);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart(void) {
+    log_call(__func__);
+    ncclResult_t result = injected(__func__);
+    if (result == ncclSuccess) {
+        group_depth++;
+    }
+    return result;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    log_call(__func__);
+    if (group_depth == 0) {
+        return ncclInvalidUsage;
+    }
+    group_depth--;
+    return injected(__func__);
+}
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+    (void)op;
+    return copy_op(__func__, send, recv, count, type, comm, stream);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream) {
+    return copy_op(__func__, send, recv, count, type, comm, stream);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+    (void)op;
+    return copy_op(__func__, send, recv, count, type, comm, stream);
+}
+
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+    if (root != 0) {
+        log_op(__func__, stream, count);
+        return ncclInvalidArgument;
+    }
+    return copy_op(__func__, send, recv, count, type, comm, stream);
+}
+
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    log_op(__func__, stream, count);
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    if (peer != 0 || comm == NULL || pending_send != NULL) {
+        return ncclInvalidUsage;
+    }
+    pending_send = send;
+    pending_bytes = count * element_bytes(type);
+    return ncclSuccess;
+}
+
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    log_op(__func__, stream, count);
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    size_t bytes = count * element_bytes(type);
+    if (peer != 0 || comm == NULL || pending_send == NULL || bytes != pending_bytes) {
+        return ncclInvalidUsage;
+    }
+    memmove(recv, pending_send, bytes);
+    pending_send = NULL;
+    return ncclSuccess;
+}
