@@ -135,10 +135,10 @@ mod description;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
-#[cfg(feature = "nccl")]
-mod nccl;
 #[cfg(feature = "mpi")]
 mod mpi_types;
+#[cfg(feature = "nccl")]
+mod nccl;
 #[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]
