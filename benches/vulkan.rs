@@ -8,7 +8,7 @@
 //! | `vulkan_transfer` | a 16 MiB `upload_vec` (of an `Arc` the host keeps) + `download` (into the last iteration's vector, `Download::from_vec`) of one buffer, submitted, the download taken; `hwqueue_borrowed` (no target) with `upload(&[u32])` and `Download::new` | 16 MiB copied into mapped, host-visible memory and back out into one vector |
 //! | `vulkan_transfer_small` (no target) | the transfer's hwqueue case at 4 KiB: what a batch costs besides its copies | the baseline's copies at 4 KiB |
 //! | `plan_replay_vulkan` (issue 45; here rather than in `benches/executor.rs`, beside `Raw`) | `Plan::run` + wait of a chain of 64 dependent kernels (`x += 1` over 64 words) with replay; `hwqueue_rerecorded` (no target) with replay off; `hwqueue_rebound` (no target) with replay, bound to the next of eight buffers each run | the same 64 dispatches and barriers recorded into one command buffer once, resubmitted with a timeline signal and waited for (`raw_ash_prerecorded`) |
-//! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `raw_ash_over_raw_ash` (dispatch and transfer) is the method's control, the baseline against itself |
+//! | `vulkan_dispatch_paired`, `vulkan_roundtrip_paired`, `vulkan_transfer_paired`, `plan_replay_vulkan_paired` | `hwqueue_over_raw_ash`: each group's hwqueue case, each iteration timed next to one of its baseline; criterion reports the ratio of the two (`x`), not a time | (in the ratio); `raw_ash_over_raw_ash` (dispatch and transfer) is the method's control, the baseline against itself; `rebound_over_unchanged` (plan replay): `hwqueue_rebound` timed next to `hwqueue` |
 //!
 //! The baseline runs on hwqueue's own `VkDevice` and compute `VkQueue`
 //! (`VulkanDevice::raw_device`, `with_compute_queue`): see `Raw`.
@@ -773,6 +773,25 @@ fn vulkan_paired(c: &mut Criterion<Ratio>) {
         "hwqueue_over_raw_ash",
         roundtrip_hwqueue(&device),
         roundtrip_raw(&device),
+    );
+    group.finish();
+
+    // Issue 45's plan replay paired: the replayed 64-kernel plan against
+    // the prerecorded buffer (the target, <= 1.10), and a run rebound to
+    // another buffer against an unchanged one (what a rebinding costs).
+    let mut group = c.benchmark_group("plan_replay_vulkan_paired");
+    support::configure(&mut group, Profile::Latency);
+    pair(
+        &mut group,
+        "hwqueue_over_raw_ash",
+        plan_hwqueue(&device, true),
+        plan_raw_prerecorded(&device),
+    );
+    pair(
+        &mut group,
+        "rebound_over_unchanged",
+        plan_hwqueue_rebound(&device),
+        plan_hwqueue(&device, true),
     );
     group.finish();
 
