@@ -18,7 +18,7 @@ use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
 use super::description::{Description, WORDS};
-use super::mpi_types::{datatype, op, u64_type};
+use super::mpi_types::{check, datatype, op, u64_type};
 use super::small::{self, INLINE};
 use super::staging::{Staging, StagingPool};
 use super::{
@@ -39,6 +39,12 @@ enum Life {
     Finalized,
 }
 
+/// Set once a collective left MPI requests pending (a timeout, or an
+/// error mid-flight): a peer may have died, and `MPI_Finalize` would wait
+/// for it for ever (OpenMPI's does, now and then), so `Mpi`'s drop then
+/// leaves MPI unfinalised, as a crashed peer's process is.
+static REQUESTS_LEFT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn life() -> &'static RwLock<Life> {
     static LIFE: OnceLock<RwLock<Life>> = OnceLock::new();
     LIFE.get_or_init(|| RwLock::new(Life::NotStarted))
@@ -52,7 +58,9 @@ fn life() -> &'static RwLock<Life> {
 ///
 /// Dropping it waits for collectives running on queue workers (each
 /// bounded by its communicator's timeout); collectives after it fail with
-/// [`CollectiveError::Finalized`]. Synchronise the queues first.
+/// [`CollectiveError::Finalized`]. Synchronise the queues first. After a
+/// collective timed out (or failed with requests in flight), it leaves MPI
+/// unfinalised: a dead peer can make `MPI_Finalize` wait for ever.
 pub struct Mpi {
     /// `None` when the program initialised MPI itself (it finalises it).
     universe: Option<Universe>,
@@ -183,8 +191,12 @@ impl Drop for Mpi {
         } else {
             Life::NotStarted
         };
-        // Finalises MPI, when we initialised it.
-        self.universe.take();
+        // Finalises MPI, when we initialised it, and no collective left
+        // requests to a peer that may be dead (`REQUESTS_LEFT`).
+        let universe = self.universe.take();
+        if REQUESTS_LEFT.load(std::sync::atomic::Ordering::Relaxed) {
+            std::mem::forget(universe);
+        }
     }
 }
 
@@ -218,6 +230,13 @@ unsafe impl Sync for RawComm {}
 
 impl MpiComm {
     /// MPI's life, held for a collective, where live and this one not broken.
+    /// Breaks the communicator with `error`, which left MPI requests
+    /// pending: it runs nothing more, and MPI is not finalised.
+    fn break_with(&self, error: &Error) {
+        *self.broken.lock() = Some(Arc::new(error.clone()));
+        REQUESTS_LEFT.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn usable(&self, rank: usize) -> Result<crate::sync::RwLockReadGuard<'static, Life>> {
         let life = life().read();
         if *life != Life::Live {
@@ -323,7 +342,7 @@ impl MpiComm {
             // and the communicator is done.
             std::mem::forget(send);
             std::mem::forget(recv);
-            *self.broken.lock() = Some(Arc::new(error.clone()));
+            self.break_with(&error);
             return Err(error);
         }
         drop(life);
@@ -438,7 +457,7 @@ impl MpiComm {
                 if let Err(error) = done {
                     // The receive may still write `theirs`: MPI's now,
                     // and the communicator is done.
-                    *self.broken.lock() = Some(Arc::new(error.clone()));
+                    self.break_with(&error);
                     std::mem::forget(theirs);
                     std::mem::forget(sent);
                     return Err(error);
@@ -514,7 +533,7 @@ impl MpiComm {
             }),
             Err(error) => error,
         };
-        *self.broken.lock() = Some(Arc::new(error.clone()));
+        self.break_with(&error);
         Err(error)
     }
 
@@ -663,29 +682,4 @@ fn rank_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
 fn null_request() -> ffi::MPI_Request {
     // SAFETY: reading one of MPI's predefined handles, set at load.
     unsafe { ffi::RSMPI_REQUEST_NULL }
-}
-
-/// `code` as a result: MPI's text for it when it is not `MPI_SUCCESS`.
-pub(super) fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
-    if code == ffi::MPI_SUCCESS as c_int {
-        return Ok(());
-    }
-    Err(mpi_error(rank, call, code))
-}
-
-/// The error of `call`, which returned `code` (not `MPI_SUCCESS`), with
-/// MPI's text for it.
-pub(super) fn mpi_error(rank: usize, call: &'static str, code: c_int) -> Error {
-    let mut text = vec![0u8; 512];
-    let mut len: c_int = 0;
-    // SAFETY: `text` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI and
-    // MPICH) characters; `len` receives how many were written.
-    unsafe { ffi::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
-    text.truncate(usize::try_from(len).unwrap_or(0).min(512));
-    Error::from(CollectiveError::Mpi {
-        rank,
-        call,
-        code,
-        message: String::from_utf8_lossy(&text).into_owned(),
-    })
 }

@@ -18,15 +18,16 @@
 //! `Life`), and MPI cannot be initialised again in a process, so no
 //! handle is used after the MPI that made it is gone.
 
+use std::ffi::c_int;
 #[cfg(feature = "half")]
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 #[cfg(feature = "half")]
 use std::sync::OnceLock;
 
 use ::mpi::ffi;
 
-use super::{Element, Reduction};
-use crate::error::Result;
+use super::{CollectiveError, Element, Reduction};
+use crate::error::{Error, Result};
 
 #[cfg(feature = "half")]
 use super::small::{Combine, combine};
@@ -188,7 +189,7 @@ fn half_ops(rank: usize) -> Result<&'static HalfOps> {
     });
     match made {
         Ok(ops) => Ok(ops),
-        Err(code) => Err(super::mpi::mpi_error(rank, "MPI_Op_create", *code)),
+        Err(code) => Err(mpi_error(rank, "MPI_Op_create", *code)),
     }
 }
 
@@ -231,4 +232,29 @@ unsafe extern "C" fn combine_halves<T: Combine, const REDUCTION: u8>(
             slot.write_unaligned(combine(reduction, earlier, slot.read_unaligned()));
         }
     }
+}
+
+/// `code` as a result: MPI's text for it when it is not `MPI_SUCCESS`.
+pub(super) fn check(rank: usize, call: &'static str, code: c_int) -> Result<()> {
+    if code == ffi::MPI_SUCCESS as c_int {
+        return Ok(());
+    }
+    Err(mpi_error(rank, call, code))
+}
+
+/// The error of `call`, which returned `code` (not `MPI_SUCCESS`), with
+/// MPI's text for it.
+pub(super) fn mpi_error(rank: usize, call: &'static str, code: c_int) -> Error {
+    let mut text = vec![0u8; 512];
+    let mut len: c_int = 0;
+    // SAFETY: `text` has room for MPI_MAX_ERROR_STRING (256 in OpenMPI and
+    // MPICH) characters; `len` receives how many were written.
+    unsafe { ffi::MPI_Error_string(code, text.as_mut_ptr().cast(), &mut len) };
+    text.truncate(usize::try_from(len).unwrap_or(0).min(512));
+    Error::from(CollectiveError::Mpi {
+        rank,
+        call,
+        code,
+        message: String::from_utf8_lossy(&text).into_owned(),
+    })
 }
