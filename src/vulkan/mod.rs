@@ -345,7 +345,8 @@ impl VulkanDevice {
     /// bindings by rewriting their descriptor sets (the device writes
     /// storage buffer descriptors after binding:
     /// `descriptorBindingStorageBufferUpdateAfterBind`, on NVIDIA's, AMD's
-    /// and Intel's drivers and Mesa 23's lavapipe on). Without it, another
+    /// and Intel's drivers, and Mesa 25.0's lavapipe, checked in CI; not
+    /// bookworm's Mesa 22.3). Without it, another
     /// binding records the run again (the last few kept per plan queue).
     pub fn rebinds_in_place(&self) -> bool {
         self.context().physical.update_after_bind
