@@ -114,6 +114,71 @@ mod vulkan {
         });
     }
 
+    /// Plans over the CPU and Vulkan (`AnyBackend`), in four threads at
+    /// once, each with its own CPU device and Vulkan handle (one
+    /// `VkDevice` under them all): every run binds the Vulkan slot to the
+    /// next of six buffers, two kernels add to it, the host stage copies
+    /// it to the CPU and the plan downloads it there. Every download is
+    /// what the buffer held plus 3; where the driver rewrites descriptors,
+    /// each thread's rebound runs patched its recording instead of
+    /// recording again (CI runs this on Mesa 25's lavapipe with
+    /// `HWQUEUE_REQUIRE_REBIND`; not under the validation layer, whose
+    /// timeline tracking times out on these CPU + Vulkan plans, as on the
+    /// tests above).
+    #[test]
+    fn plans_over_the_cpu_and_vulkan_rebound_every_run_in_four_threads() {
+        use hwqueue::{Download, Scalar, Timeout};
+        const WORDS: usize = 256;
+        let Some(ordinal) = ordinal() else { return };
+        let rewrites = VulkanDevice::open(ordinal).unwrap().rebinds_in_place();
+        assert!(rewrites || std::env::var_os("HWQUEUE_REQUIRE_REBIND").is_none());
+        let thread = move |seed: u32| {
+            let vulkan = Arc::new(AnyDevice::from(VulkanDevice::open(ordinal).unwrap()));
+            let cpu = Arc::new(AnyDevice::from(CpuDevice::new()));
+            let add = VulkanProgram::from_wgsl("add", hwqueue_cts::ADD_WGSL, "add").unwrap();
+            let add = AnyProgram::from(add);
+            let mut s = Schedule::<AnyBackend>::new();
+            let (d_vulkan, d_cpu) = (s.add_device(vulkan.clone()), s.add_device(cpu));
+            let slot = s.add_slot(d_vulkan, "v", WORDS * 4);
+            let grid = ExecParams::new_1d(WORDS as u32, 64);
+            s.exec("add 1", d_vulkan, &add, &[slot], &[Scalar::U32(1)], grid);
+            s.exec("add 2", d_vulkan, &add, &[slot], &[Scalar::U32(2)], grid);
+            let y = s.add_tensor(d_cpu, "y", WORDS * 4);
+            s.copy("v to y", y, slot);
+            let down = s.download("y", y).id();
+            let mut plan = s.plan().unwrap();
+            let mut held: Vec<u32> = (0..6).map(|b| seed * 1000 + b * 100).collect();
+            let buffers: Vec<_> = held
+                .iter()
+                .map(|&value| {
+                    let buffer = vulkan.alloc(WORDS * 4).unwrap();
+                    buffer.write_at(0, &[value; WORDS]).unwrap();
+                    buffer
+                })
+                .collect();
+            for run in 0..60 {
+                let b = run % buffers.len();
+                plan.bind(slot, &buffers[b]).unwrap();
+                let out = Download::<u32>::new(WORDS);
+                plan.download(down, &out).unwrap();
+                plan.run().unwrap().wait(LONG).unwrap();
+                held[b] += 3;
+                let got = out.take(Timeout::Forever).unwrap();
+                assert_eq!(got, vec![held[b]; WORDS], "thread {seed}, run {run}");
+            }
+            plan.launches()
+        };
+        let threads: Vec<_> = (0..4)
+            .map(|seed| std::thread::spawn(move || thread(seed)))
+            .collect();
+        for handle in threads {
+            let launches = handle.join().expect("a thread's plan failed (see above)");
+            if rewrites {
+                assert!(launches.patched >= 50, "{launches:?}");
+            }
+        }
+    }
+
     /// Gates the CPU kernel of the host-stage tests waits at, by the
     /// index its scalar names.
     fn gates() -> &'static [CpuSignal; 2] {
