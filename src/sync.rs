@@ -76,6 +76,11 @@ mod imp {
         pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
             self.0.write()
         }
+
+        /// Shared, if no writer holds it now.
+        pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+            self.0.try_read()
+        }
     }
 
     /// A condition variable whose `wait` takes and returns the guard.
@@ -451,6 +456,14 @@ mod imp {
             self.0
                 .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
+            match self.0.try_read() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
     }
 

@@ -5,6 +5,8 @@
 //! mpirun --allow-run-as-root --oversubscribe -np 4 target/debug/deps/collective_mpi-*
 //! mpirun --allow-run-as-root --oversubscribe --enable-recovery -np 4 \
 //!     target/debug/deps/collective_mpi-* dead-peer
+//! mpirun --allow-run-as-root --oversubscribe --enable-recovery -np 4 \
+//!     target/debug/deps/collective_mpi-* stalled-peer
 //! ```
 //!
 //! With `half` (as `.ci/run` builds it) the cases run over `f16` and
@@ -19,10 +21,17 @@
 //! collective (`--enable-recovery` keeps `mpirun` from killing the rest);
 //! the others' next collective must fail with a timeout, and the one after
 //! at once with a broken communicator.
+//!
+//! `stalled-peer` (also with `--enable-recovery`): the last rank agrees to
+//! a collective over the views' own memory and never moves its data; the
+//! others time out, and their buffers, which MPI may still use, are
+//! refused from then on (`collective_mpi/stalled.rs`).
 
 mod common;
 #[path = "collective_mpi/plans.rs"]
 mod plans;
+#[path = "collective_mpi/stalled.rs"]
+mod stalled;
 
 use std::time::{Duration, Instant};
 
@@ -68,11 +77,12 @@ fn main() {
             ranks.size
         );
     }
-    let dead_peer_case = std::env::args().any(|a| a == "dead-peer");
-    let mut failed = if dead_peer_case {
-        dead_peer(&ranks)
-    } else {
-        suite(&ranks)
+    let case = std::env::args().nth(1);
+    let dead_peer_case = matches!(case.as_deref(), Some("dead-peer" | "stalled-peer"));
+    let mut failed = match case.as_deref() {
+        Some("dead-peer") => dead_peer(&ranks),
+        Some("stalled-peer") => stalled::stalled_peer(&ranks),
+        _ => suite(&ranks),
     };
     let rank = ranks.rank;
     drop(ranks);

@@ -28,24 +28,29 @@
 //!
 //! # On the CPU, over MPI
 //!
-//! The worker that reaches the command copies the send view into staging
-//! memory (the communicator keeps up to four such buffers, the largest it
-//! used, for its next collectives: fresh pages cost more than the copy),
-//! starts MPI's non-blocking collective
-//! (`MPI_Iallreduce`, ...) and polls it (`MPI_Test`) until it completes or
-//! the communicator's timeout passes, then copies the result into the
-//! receive view. Before the data, the ranks exchange a description of the
-//! collective (operation, element type, counts, root, its place in the
-//! recording order), so ranks that disagree fail with
-//! [`CollectiveError::Mismatch`] naming both sides instead of corrupting
-//! data or hanging. Each rank's description message has room for 1 KiB
-//! of its send view: a collective that small finishes in the exchange
-//! itself, each rank combining the gathered contributions in rank order
-//! (`small.rs`), with no second MPI call. A peer that died or never comes
-//! fails the batch with
-//! [`CollectiveError::Timeout`]; MPI cannot cancel a started collective, so
-//! its staging memory is leaked to MPI and the communicator is broken
-//! ([`CollectiveError::Broken`]) from then on.
+//! The worker that reaches the command first makes sure the ranks agree:
+//! they exchange a description of the collective (operation, element
+//! type, counts, root, its place in the recording order), so ranks that
+//! disagree fail with [`CollectiveError::Mismatch`] naming both sides
+//! instead of corrupting data or hanging. Each rank's description message
+//! has room for 1 KiB of its send view: a collective that small finishes in
+//! the exchange itself, each rank combining the gathered contributions in
+//! rank order (`small.rs`), with no second MPI call; its views are copied
+//! through staging memory the communicator keeps.
+//!
+//! A larger one runs over the views' own memory: the worker holds their
+//! buffers (as a kernel does) from the moment the ranks agreed, starts
+//! MPI's non-blocking collective (`MPI_Iallreduce`, ...) on them and polls
+//! it (`MPI_Test`) until it completes or the communicator's timeout
+//! passes; no copies (an `all_reduce` in place, one view as both, goes
+//! through staging: rsmpi has no `MPI_IN_PLACE`). A peer that died or
+//! never comes fails the batch with [`CollectiveError::Timeout`]. MPI
+//! cannot cancel a started collective, so the communicator is broken
+//! ([`CollectiveError::Broken`]) from then on, and what MPI may still read
+//! or write is given up to it: staging memory is leaked, and a view's
+//! buffer is *lost*: every later access to it fails with
+//! [`Error::MemoryLost`](crate::Error::MemoryLost), and its memory is never
+//! reused.
 //!
 //! 16-bit floats (`half::f16` and `half::bf16`, the `half` feature) have
 //! no MPI type: they move as `MPI_UINT16_T`, and `all_reduce` and
@@ -519,12 +524,88 @@ impl Communicator {
         let _ = (&plan, &read, &write);
         match self.shared.transport {
             #[cfg(feature = "mpi")]
-            Transport::Mpi(ref comm) => comm.run(self, plan, read, write),
+            Transport::Mpi(ref comm) => comm.run(self, plan, HostData::Staged { read, write }),
             // CPU queues refuse device communicators when recording.
             #[cfg(feature = "nccl")]
             Transport::Nccl(_) => Err(CollectiveError::unsupported("cpu", self).into()),
         }
     }
+
+    /// Whether a collective of `plan`'s shape goes through staging memory
+    /// ([`run_on_host`](Self::run_on_host)): over MPI, one small enough to
+    /// ride along the description exchange (`small.rs`); the others run
+    /// over the views' own memory
+    /// ([`run_on_host_direct`](Self::run_on_host_direct)).
+    pub(crate) fn stages(&self, plan: &HostCollective) -> bool {
+        let _ = plan;
+        match self.shared.transport {
+            #[cfg(feature = "mpi")]
+            Transport::Mpi(_) => small::fits(plan.op, plan.element, plan.count, self.size()),
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => true,
+        }
+    }
+
+    /// As [`run_on_host`](Self::run_on_host), over the views' own memory:
+    /// `views` is held from after the ranks agreed until the data moved,
+    /// and lost ([`HostViews::lose`]) when it may still be MPI's.
+    ///
+    /// # Errors
+    /// As [`run_on_host`](Self::run_on_host).
+    pub(crate) fn run_on_host_direct(
+        &self,
+        plan: &HostCollective,
+        views: &mut dyn HostViews,
+    ) -> Result<()> {
+        let _ = (&plan, &views);
+        match self.shared.transport {
+            #[cfg(feature = "mpi")]
+            Transport::Mpi(ref comm) => comm.run(self, plan, HostData::Direct(views)),
+            #[cfg(feature = "nccl")]
+            Transport::Nccl(_) => Err(CollectiveError::unsupported("cpu", self).into()),
+        }
+    }
+}
+
+/// What a host engine moves a collective's data through.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) enum HostData<'a> {
+    /// The communicator's staging memory: `read` fills the send staging
+    /// from the send view before the ranks talk, `write` copies the result
+    /// out to the receive view after.
+    Staged {
+        read: &'a mut dyn FnMut(&mut [u8]) -> Result<()>,
+        write: &'a mut dyn FnMut(&[u8]) -> Result<()>,
+    },
+    /// The views' own memory, held while the data moves.
+    Direct(&'a mut dyn HostViews),
+}
+
+/// A collective's views, handed to a host engine's transfer directly
+/// (no staging copies): what a CPU queue gives a collective that does not
+/// [`stage`](Communicator::stages).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) trait HostViews {
+    /// Whether the views' memory can be reached, before the ranks talk (a
+    /// rank that cannot still describes itself, marked failed).
+    ///
+    /// # Errors
+    /// The buffers' refusal ([`Error::UseAfterDealloca`](crate::Error::UseAfterDealloca), ...).
+    fn check(&mut self) -> Result<()>;
+
+    /// Holds the views for the transfer, which reads the send view and
+    /// writes the receive view until the engine returns: their first bytes
+    /// (null where the collective has none), as long as the collective
+    /// needs.
+    ///
+    /// # Errors
+    /// As [`check`](Self::check).
+    fn hold(&mut self) -> Result<(*const u8, *mut u8)>;
+
+    /// The transfer failed with the memory still the engine's (an MPI
+    /// collective that timed out cannot be cancelled): the held views'
+    /// memory must never be reached or reused again.
+    fn lose(&mut self);
 }
 
 /// What a host engine runs: a collective's shape without its views.

@@ -20,10 +20,10 @@ use ::mpi::ffi;
 use super::description::{Description, WORDS};
 use super::mpi_types::{check, datatype, op, u64_type};
 use super::small::{self, INLINE};
-use super::staging::{Staging, StagingPool};
+use super::staging::StagingPool;
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
-    Transport,
+    HostData, Transport,
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
@@ -266,13 +266,14 @@ impl MpiComm {
         Ok(Communicator::new(rank, size, Transport::Mpi(comm)))
     }
 
-    /// Runs `plan` on the calling thread (see [`Communicator::run_on_host`]).
+    /// Runs `plan` on the calling thread over `data` (see
+    /// [`Communicator::run_on_host`] and
+    /// [`run_on_host_direct`](Communicator::run_on_host_direct)).
     pub(super) fn run(
         &self,
         communicator: &Communicator,
         plan: &HostCollective,
-        read: &mut dyn FnMut(&mut [u8]) -> Result<()>,
-        write: &mut dyn FnMut(&[u8]) -> Result<()>,
+        data: HostData<'_>,
     ) -> Result<()> {
         let (rank, size) = (communicator.rank(), communicator.size());
         let life = self.usable(rank)?;
@@ -288,11 +289,34 @@ impl MpiComm {
             CollectiveOp::Send { .. } => (plan.count, 0),
             CollectiveOp::Recv { .. } => (0, plan.count),
         };
-        let mut send = self.staging.take(send_len * element);
-        let mut recv = self.staging.take(recv_len * element);
+        // Small enough: the send bytes ride along the description, and
+        // the exchange is the whole collective (`small.rs`).
+        let inline = small::fits(plan.op, plan.element, plan.count, size);
+        let (mut staged, mut direct) = match data {
+            HostData::Staged { read, write } => (Some((read, write)), None),
+            // `Communicator::stages` sends every inline one through staging.
+            HostData::Direct(_) if inline => {
+                return Err(CollectiveError::Invalid {
+                    rank,
+                    size,
+                    op: plan.op.name(),
+                    reason: "hwqueue's bug: a collective small enough to ride along the \
+                             exchange was given its views' memory, not staging"
+                        .to_owned(),
+                }
+                .into());
+            }
+            HostData::Direct(views) => (None, Some(views)),
+        };
+        let staging = |len: usize| self.staging.take(if staged.is_some() { len } else { 0 });
+        let (mut send, mut recv) = (staging(send_len * element), staging(recv_len * element));
         // A rank that cannot read its view still describes itself, marked
         // failed, so its peers fail at once rather than at the timeout.
-        let read_error = read(send.bytes()).err();
+        let read_error = match (&mut staged, &mut direct) {
+            (Some((read, _)), _) => read(send.bytes()).err(),
+            (None, Some(views)) => views.check().err(),
+            (None, None) => None,
+        };
         let mine = Description::of(plan, read_error.is_some());
         let p2p = matches!(
             plan.op,
@@ -304,9 +328,6 @@ impl MpiComm {
             &self.collective_start
         };
         let guard = lock.lock();
-        // Small enough: the send bytes ride along the description, and
-        // the exchange is the whole collective (`small.rs`).
-        let inline = small::fits(plan.op, plan.element, plan.count, size);
         let payload: &[u8] = if inline && read_error.is_none() {
             &send.bytes()[..]
         } else {
@@ -324,7 +345,15 @@ impl MpiComm {
                 small::finish(op, element, count, (rank, size), sent, recv.bytes());
                 Ok(Vec::new())
             }
-            None => self.start(rank, plan, &mut send, &mut recv),
+            None => {
+                let memory = match &mut direct {
+                    // Held from here until this returns (the caller's
+                    // guards), so MPI has the views' own memory.
+                    Some(views) => views.hold()?,
+                    None => (send.ptr().cast_const().cast(), recv.ptr().cast()),
+                };
+                self.start(rank, plan, memory)
+            }
         });
         drop(guard);
         let mut flight = started?;
@@ -338,15 +367,20 @@ impl MpiComm {
             })
         });
         if let Err(error) = done {
-            // MPI may still write the staging memory: it is MPI's now,
+            // MPI may still read and write the memory: it is MPI's now,
             // and the communicator is done.
             std::mem::forget(send);
             std::mem::forget(recv);
+            if let Some(views) = direct {
+                views.lose();
+            }
             self.break_with(&error);
             return Err(error);
         }
         drop(life);
-        if recv_len > 0 {
+        if let Some((_, write)) = staged
+            && recv_len > 0
+        {
             write(recv.bytes())?;
         }
         self.staging.give_back(send);
@@ -537,13 +571,14 @@ impl MpiComm {
         Err(error)
     }
 
-    /// Starts the data transfer of `plan` over the staging memory.
+    /// Starts the data transfer of `plan` over `memory`: its send and
+    /// receive memory (staging, or the views' own), each as long as `plan`
+    /// needs and live until the transfer completes, or forever.
     fn start(
         &self,
         rank: usize,
         plan: &HostCollective,
-        send: &mut Staging,
-        recv: &mut Staging,
+        (send, recv): (*const u8, *mut u8),
     ) -> Result<Vec<ffi::MPI_Request>> {
         let mut request = null_request();
         let count = c_int::try_from(plan.count).map_err(|_| CollectiveError::Invalid {
@@ -556,12 +591,14 @@ impl MpiComm {
             ),
         })?;
         let dtype = datatype(plan.element);
-        let (s, r) = (send.ptr(), recv.ptr());
+        let (s, r) = (send.cast_mut().cast::<c_void>(), recv.cast::<c_void>());
         let comm = self.raw.0;
         let reduce = |reduction| op(rank, plan.element, reduction);
-        // SAFETY: the staging buffers are as long as the op needs for
-        // `count` elements (sized in `run`), and live until the request
-        // completes or forever (leaked on a timeout); `comm` is a live
+        // SAFETY: the send and receive memory are as long as the op needs
+        // for `count` elements (staging sized in `run`; views checked at
+        // record time), and stay MPI's until the request completes or
+        // forever (leaked or lost on a timeout); MPI only reads the send
+        // memory, though its C API takes it as `void *`; `comm` is a live
         // communicator; the datatype and op handles are MPI's predefined
         // ones or ours, made while MPI is live and never freed
         // (`mpi_types.rs`); `request` is written before the call returns.

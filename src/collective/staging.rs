@@ -1,12 +1,15 @@
 //! Host memory a collective's data goes through over MPI, kept by each
 //! communicator for its next collectives.
 //!
-//! MPI is handed staging memory, not the views' own, so a collective that
-//! times out can leak what MPI may still write (`mpi.rs`) and the views
-//! stay locked only while they are copied. Fresh memory of a large
-//! collective costs a page fault per page on every call (an all_reduce of
-//! 64 MiB faulted 128 MiB in each time), so a communicator keeps up to
-//! [`KEEP`] buffers, the largest it used, until it is dropped.
+//! Collectives that ride along the description exchange (`small.rs`), an
+//! `all_reduce` in place (MPI would need `MPI_IN_PLACE`), and the host's
+//! own (an NCCL id's broadcast) move through staging memory: a collective
+//! that times out leaks what MPI may still write (`mpi.rs`), and the views
+//! stay locked only while they are copied. (Other collectives run over
+//! the views' own memory: `cpu/queue/collective.rs`.) Fresh memory of a
+//! large collective costs a page fault per page on every call (an
+//! all_reduce of 64 MiB faulted 128 MiB in each time), so a communicator
+//! keeps up to [`KEEP`] buffers, the largest it used, until it is dropped.
 
 use std::ffi::c_void;
 

@@ -128,6 +128,22 @@ impl CpuBuffer {
     pub(crate) fn lock_exclusive(&self) -> Held<'_> {
         self.allocation.lock_exclusive()
     }
+
+    /// Whether a queue may reach the buffer, checked now where no writer
+    /// holds it: [`Allocation::peek`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn peek(&self) -> Result<()> {
+        self.allocation
+            .peek(Access::Queue, || "the collective's buffer".into())
+    }
+
+    /// Gives the buffer's memory up to a transfer that timed out and may
+    /// still use it, under `held` (this buffer's exclusive hold): see
+    /// [`Allocation::lose`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn lose(&self, held: &mut Held<'_>) {
+        self.allocation.lose(held);
+    }
 }
 
 impl Buffer for CpuBuffer {

@@ -77,6 +77,11 @@ pub(crate) enum Memory<S: BlockSource> {
     Range(Range<S::Address>),
     /// A `dealloca` ran and the range went back to the pool.
     Returned,
+    /// An engine handed the range to a transfer it cannot cancel (an MPI
+    /// collective that timed out), which may still read or write it: the
+    /// range is never given back, and nothing reaches it again
+    /// ([`Allocation::lose`]).
+    Lost(Range<S::Address>),
 }
 
 impl<S: BlockSource> Memory<S> {
@@ -92,7 +97,8 @@ impl<S: BlockSource> Memory<S> {
         }
     }
 
-    /// `Err` once the range went back to the pool; `what` names the buffer.
+    /// `Err` once the range went back to the pool, or was lost to a
+    /// transfer; `what` names the buffer.
     #[inline]
     pub(crate) fn check(&self, what: impl FnOnce() -> String) -> Result<()> {
         match self {
@@ -100,6 +106,7 @@ impl<S: BlockSource> Memory<S> {
                 what: what(),
                 detail: returned("on a queue"),
             }),
+            Memory::Lost(_) => Err(Error::MemoryLost { what: what() }),
             Memory::Empty | Memory::Range(_) => Ok(()),
         }
     }
@@ -271,12 +278,41 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
         memory.check(what)
     }
 
+    /// [`Memory::check`] of the allocation now, for `by`, where no writer
+    /// holds it (`Ok` where one does: a later access checks again). For
+    /// an engine that asks before it holds the memory, without waiting.
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub(crate) fn peek(&self, by: Access, what: impl FnOnce() -> String) -> Result<()> {
+        match self.inner.memory.try_read() {
+            Some(guard) => self.check(by, &guard, what),
+            None => Ok(()),
+        }
+    }
+
     /// The lock, held exclusively, for an engine that runs queue work on
     /// the host (the CPU's): queue work holds a use, so the range is never
     /// returned under it; check [`Memory::check`] anyway.
     #[inline]
     pub(crate) fn lock_exclusive(&self) -> RwLockWriteGuard<'_, Memory<S>> {
         self.inner.memory.write()
+    }
+
+    /// Gives the range up to a transfer that may still use it (an MPI
+    /// collective that timed out, which MPI cannot cancel), under the
+    /// caller's exclusive hold `held` of this allocation: from now on every
+    /// access is refused with [`Error::MemoryLost`], and the range, with
+    /// the pool it is of, is never given back (one handle is leaked), so no
+    /// other buffer ever gets these bytes.
+    pub(crate) fn lose(&self, held: &mut Memory<S>) {
+        // An empty allocation has no bytes to lose; a returned one was
+        // under no transfer.
+        *held = match std::mem::replace(held, Memory::Empty) {
+            Memory::Range(range) => Memory::Lost(range),
+            other => other,
+        };
+        std::mem::forget(self.clone());
     }
 
     /// Returns the range to the pool: called once, by the queue core or

@@ -3,6 +3,7 @@
 //! batches, spinning and parking, shutdown); `run.rs` runs one batch's
 //! commands, `profile.rs` times them when the queue profiles.
 
+mod collective;
 mod profile;
 mod run;
 

@@ -6,7 +6,6 @@ use std::mem;
 use std::ops::Range;
 
 use crate::buffer::Buffer;
-use crate::collective::{Collective, HostCollective};
 use crate::error::{Error, Result};
 use crate::memory::Access;
 use crate::params::ExecParams;
@@ -85,7 +84,7 @@ fn run_commands<'a>(
             Command::Download { src, sink } => {
                 sink.complete(|out| src.buffer().read_bytes(Access::Queue, src.offset(), out))
             }
-            Command::Collective(collective) => run_collective(collective),
+            Command::Collective(collective) => super::collective::run_collective(collective),
             Command::Barrier => {
                 fence(Ordering::SeqCst);
                 Ok(())
@@ -111,27 +110,6 @@ fn run_commands<'a>(
         result.map_err(|error| (index, error))?;
     }
     Ok(())
-}
-
-/// Runs a collective on this worker: its send view read into staging
-/// memory, the communicator's engine (MPI) run to completion or its
-/// timeout, the result written to its receive view. Each view is locked
-/// only while it is copied, never while the ranks talk.
-fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
-    let plan = HostCollective::of(collective);
-    let mut read = |out: &mut [u8]| match &collective.send {
-        Some(view) => view.buffer().read_bytes(Access::Queue, view.offset(), out),
-        None => Ok(()),
-    };
-    let mut write = |bytes: &[u8]| match &collective.recv {
-        Some(view) => view
-            .buffer()
-            .write_bytes(Access::Queue, view.offset(), bytes),
-        None => Ok(()),
-    };
-    collective
-        .communicator
-        .run_on_host(&plan, &mut read, &mut write)
 }
 
 fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) -> Result<()> {
