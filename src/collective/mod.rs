@@ -42,8 +42,9 @@
 //! buffers (as a kernel does) from the moment the ranks agreed, starts
 //! MPI's non-blocking collective (`MPI_Iallreduce`, ...) on them and polls
 //! it (`MPI_Test`) until it completes or the communicator's timeout
-//! passes; no copies (an `all_reduce` in place, one view as both, goes
-//! through staging: rsmpi has no `MPI_IN_PLACE`). A peer that died or
+//! passes; no copies (but one for an `all_reduce` in place, one view as
+//! both: MPI sends a staging copy of it, as rsmpi has no `MPI_IN_PLACE`,
+//! and writes the result into the view). A peer that died or
 //! never comes fails the batch with [`CollectiveError::Timeout`]. MPI
 //! cannot cancel a started collective, so the communicator is broken
 //! ([`CollectiveError::Broken`]) from then on, and what MPI may still read
@@ -601,6 +602,11 @@ pub(crate) trait HostViews {
     /// # Errors
     /// As [`check`](Self::check).
     fn hold(&mut self) -> Result<(*const u8, *mut u8)>;
+
+    /// Whether the send view is the receive view (an `all_reduce` in
+    /// place): MPI is then given a copy of it to send (rsmpi has no
+    /// `MPI_IN_PLACE`), and the result goes to the view directly.
+    fn in_place(&self) -> bool;
 
     /// The transfer failed with the memory still the engine's (an MPI
     /// collective that timed out cannot be cancelled): the held views'

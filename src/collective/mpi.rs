@@ -308,8 +308,12 @@ impl MpiComm {
             }
             HostData::Direct(views) => (None, Some(views)),
         };
-        let staging = |len: usize| self.staging.take(if staged.is_some() { len } else { 0 });
-        let (mut send, mut recv) = (staging(send_len * element), staging(recv_len * element));
+        // Direct, the views' own memory, but for the copy an all_reduce in
+        // place sends.
+        let in_place = direct.as_ref().is_some_and(|views| views.in_place());
+        let staging = |len: usize, copied: bool| self.staging.take(if copied { len } else { 0 });
+        let mut send = staging(send_len * element, staged.is_some() || in_place);
+        let mut recv = staging(recv_len * element, staged.is_some());
         // A rank that cannot read its view still describes itself, marked
         // failed, so its peers fail at once rather than at the timeout.
         let read_error = match (&mut staged, &mut direct) {
@@ -349,6 +353,16 @@ impl MpiComm {
                 let memory = match &mut direct {
                     // Held from here until this returns (the caller's
                     // guards), so MPI has the views' own memory.
+                    Some(views) if in_place => {
+                        let (view, result) = views.hold()?;
+                        let bytes = send.bytes();
+                        // SAFETY: `view` is the held send view's first byte,
+                        // and the view is `send_len` elements long (checked
+                        // at record time), as the staging is.
+                        let view = unsafe { std::slice::from_raw_parts(view, bytes.len()) };
+                        bytes.copy_from_slice(view);
+                        (send.ptr().cast_const().cast(), result)
+                    }
                     Some(views) => views.hold()?,
                     None => (send.ptr().cast_const().cast(), recv.ptr().cast()),
                 };

@@ -1,9 +1,10 @@
 //! Host memory a collective's data goes through over MPI, kept by each
 //! communicator for its next collectives.
 //!
-//! Collectives that ride along the description exchange (`small.rs`), an
-//! `all_reduce` in place (MPI would need `MPI_IN_PLACE`), and the host's
-//! own (an NCCL id's broadcast) move through staging memory: a collective
+//! Collectives that ride along the description exchange (`small.rs`) and
+//! the host's own (an NCCL id's broadcast) move through staging memory, as
+//! does what an `all_reduce` in place sends (MPI would need
+//! `MPI_IN_PLACE`, which rsmpi does not export): a collective
 //! that times out leaks what MPI may still write (`mpi.rs`), and the views
 //! stay locked only while they are copied. (Other collectives run over
 //! the views' own memory: `cpu/queue/collective.rs`.) Fresh memory of a

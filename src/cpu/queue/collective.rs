@@ -26,11 +26,7 @@ use crate::cpu::{Cpu, CpuBuffer};
 pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
     let plan = HostCollective::of(collective);
     let (send, recv) = (collective.send.as_ref(), collective.recv.as_ref());
-    // An all_reduce in place (one view as both) goes through staging: MPI
-    // names that `MPI_IN_PLACE`, which rsmpi does not export.
-    let in_place = matches!((send, recv), (Some(s), Some(r))
-        if s.buffer().same_as(r.buffer()) && s.offset() == r.offset());
-    if in_place || collective.communicator.stages(&plan) {
+    if collective.communicator.stages(&plan) {
         let mut read = |out: &mut [u8]| match send {
             Some(view) => view.buffer().read_bytes(Access::Queue, view.offset(), out),
             None => Ok(()),
@@ -45,9 +41,12 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
             .communicator
             .run_on_host(&plan, &mut read, &mut write);
     }
+    let in_place = matches!((send, recv), (Some(s), Some(r))
+        if s.buffer().same_as(r.buffer()) && s.offset() == r.offset());
     let mut views = Views {
         send,
         recv,
+        in_place,
         held: [None, None],
     };
     collective
@@ -55,12 +54,14 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
         .run_on_host_direct(&plan, &mut views)
 }
 
-/// A collective's views (not one view as both: recording refuses views of
-/// one buffer that overlap otherwise), and their buffers' locks while MPI
-/// has their memory.
+/// A collective's views (one view as both, or views that do not overlap:
+/// recording refuses the rest), and their buffers' locks while MPI has
+/// their memory.
 struct Views<'a> {
     send: Option<&'a View<Cpu>>,
     recv: Option<&'a View<Cpu>>,
+    /// One view as both (an `all_reduce` in place).
+    in_place: bool,
     /// The buffers held, in the order of their allocations' ids (as
     /// `run_copy` takes them, so queues never wait on each other in a
     /// cycle): dropped, so released, when the worker is done with the
@@ -108,6 +109,10 @@ impl HostViews for Views<'_> {
             .map_or(std::ptr::null(), |v| first(v).cast_const());
         let recv = self.recv.map_or(std::ptr::null_mut(), first);
         Ok((send, recv))
+    }
+
+    fn in_place(&self) -> bool {
+        self.in_place
     }
 
     fn lose(&mut self) {
