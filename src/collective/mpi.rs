@@ -2,7 +2,7 @@
 //! [`Mpi`] (MPI's life in this process), and `MpiComm`, the communicator's
 //! MPI side, which runs one collective on the calling thread: description
 //! exchange, then the data, each a non-blocking MPI call polled until done
-//! or the deadline (one whose send view fits [`INLINE`] bytes rides along
+//! or the deadline (one whose send view fits [`INLINE`](small::INLINE) bytes rides along
 //! the exchange: `small.rs`). Every raw call's code becomes a
 //! [`CollectiveError::Mpi`] at the call (the communicators are duplicated
 //! with `MPI_ERRORS_RETURN`, so MPI returns errors instead of aborting).
@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use ::mpi::environment::Universe;
 use ::mpi::ffi;
 
+use self::exchange::{Messages, SLOT, poll};
 use super::description::{Description, WORDS};
-use super::mpi_types::{check, datatype, op, u64_type};
-use super::small::{self, INLINE};
+use super::mpi_types::{check, datatype, op};
+use super::small;
 use super::staging::StagingPool;
 use super::{
     CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
@@ -27,6 +28,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
+
+mod exchange;
 
 /// MPI's state in this process, as hwqueue sees it. Collectives hold it
 /// shared while they call MPI; [`Mpi`]'s drop takes it exclusively to
@@ -207,10 +210,11 @@ pub(super) struct MpiComm {
     /// Held from a collective's description exchange until its data
     /// transfer started, so each rank starts the collectives of this
     /// communicator in one order (MPI's rule); bounded, as the holder
-    /// gives up at its deadline.
-    collective_start: Mutex<()>,
-    /// The same for `send`/`recv`, which never block collectives.
-    p2p_start: Mutex<()>,
+    /// gives up at its deadline. It keeps the exchange's messages.
+    collective_start: Mutex<Messages>,
+    /// The same for `send`/`recv`, which never block collectives (their
+    /// exchange needs no kept messages).
+    p2p_start: Mutex<Messages>,
     /// The first failure that left MPI requests pending (a timeout): the
     /// communicator runs nothing after it.
     broken: Mutex<Option<Arc<Error>>>,
@@ -258,8 +262,8 @@ impl MpiComm {
         })?;
         let comm = MpiComm {
             raw: RawComm(raw),
-            collective_start: Mutex::new(()),
-            p2p_start: Mutex::new(()),
+            collective_start: Mutex::default(),
+            p2p_start: Mutex::default(),
             broken: Mutex::new(None),
             staging: StagingPool::default(),
         };
@@ -331,14 +335,16 @@ impl MpiComm {
         } else {
             &self.collective_start
         };
-        let guard = lock.lock();
+        let mut guard = lock.lock();
         let payload: &[u8] = if inline && read_error.is_none() {
             &send.bytes()[..]
         } else {
             &[]
         };
-        let exchanged = self.exchange(rank, size, plan, mine, payload, (deadline, timeout));
-        let started = exchanged.and_then(|gathered| match read_error {
+        let limits = (deadline, timeout);
+        let exchanged = self.exchange((rank, size), plan, mine, payload, &mut guard, limits);
+        let gathered = &guard.gathered;
+        let started = exchanged.and_then(|()| match read_error {
             Some(error) => Err(error),
             None if inline => {
                 let sent = |k: usize| {
@@ -422,10 +428,11 @@ impl MpiComm {
             count: 0,
             sequence,
         };
-        let _start = self.collective_start.lock();
+        let mut messages = self.collective_start.lock();
         let deadline = Instant::now() + timeout;
         let mine = Description::split(sequence);
-        self.exchange(rank, size, &plan, mine, &[], (deadline, timeout))?;
+        let limits = (deadline, timeout);
+        self.exchange((rank, size), &plan, mine, &[], &mut messages, limits)?;
         // SAFETY: reading MPI's predefined constant.
         let undefined = unsafe { ffi::RSMPI_UNDEFINED };
         let color = match color {
@@ -451,138 +458,6 @@ impl MpiComm {
         }
         drop(life);
         MpiComm::adopt(raw).map(Some)
-    }
-
-    /// Exchanges descriptions with the peers of `plan` (every rank, or the
-    /// one peer of a `send`/`recv`) and compares them. A collective's
-    /// message is [`SLOT`] words, the description then `payload` (at most
-    /// [`INLINE`] bytes, zero-padded): every rank's, in rank order, is
-    /// returned (nothing for a `send`/`recv`).
-    fn exchange(
-        &self,
-        rank: usize,
-        size: usize,
-        plan: &HostCollective,
-        mine: Description,
-        payload: &[u8],
-        (deadline, timeout): (Instant, Duration),
-    ) -> Result<Vec<u64>> {
-        let words = mine.0;
-        let mut gathered = Vec::new();
-        let (theirs, peers): (Vec<[u64; WORDS]>, Vec<usize>) = match plan.op {
-            CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => {
-                let mut theirs = Box::new([0u64; WORDS]);
-                let mut requests = [null_request(), null_request()];
-                let (count, dtype) = (WORDS as c_int, u64_type());
-                // SAFETY: `theirs` is `WORDS` u64s, live until the
-                // requests complete, or forever (leaked on a timeout).
-                check(rank, "MPI_Irecv", unsafe {
-                    ffi::MPI_Irecv(
-                        theirs.as_mut_ptr().cast::<c_void>(),
-                        count,
-                        dtype,
-                        peer as c_int,
-                        TAG_DESCRIPTION,
-                        self.raw.0,
-                        &mut requests[0],
-                    )
-                })?;
-                let sent = Box::new(words);
-                // SAFETY: `sent` is `WORDS` u64s, kept alive like `theirs`.
-                let started = check(rank, "MPI_Isend", unsafe {
-                    ffi::MPI_Isend(
-                        sent.as_ptr().cast::<c_void>(),
-                        count,
-                        dtype,
-                        peer as c_int,
-                        TAG_DESCRIPTION,
-                        self.raw.0,
-                        &mut requests[1],
-                    )
-                });
-                let done = started
-                    .and_then(|()| self.settle(rank, plan, &mut requests, deadline, timeout));
-                if let Err(error) = done {
-                    // The receive may still write `theirs`: MPI's now,
-                    // and the communicator is done.
-                    self.break_with(&error);
-                    std::mem::forget(theirs);
-                    std::mem::forget(sent);
-                    return Err(error);
-                }
-                (vec![*theirs], vec![peer])
-            }
-            _ => {
-                let mut sent = vec![0u64; SLOT];
-                sent[..WORDS].copy_from_slice(&words);
-                bytemuck::cast_slice_mut::<u64, u8>(&mut sent[WORDS..])[..payload.len()]
-                    .copy_from_slice(payload);
-                let mut all = vec![0u64; SLOT * size];
-                let mut requests = [null_request()];
-                // SAFETY: `sent` holds `SLOT` u64s and `all` `size` times
-                // as many (their heap memory stays put when the vectors
-                // move), live until the request completes, or leaked.
-                check(rank, "MPI_Iallgather", unsafe {
-                    ffi::MPI_Iallgather(
-                        sent.as_ptr().cast::<c_void>(),
-                        SLOT as c_int,
-                        u64_type(),
-                        all.as_mut_ptr().cast::<c_void>(),
-                        SLOT as c_int,
-                        u64_type(),
-                        self.raw.0,
-                        &mut requests[0],
-                    )
-                })?;
-                if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
-                    std::mem::forget(all);
-                    std::mem::forget(sent);
-                    return Err(error);
-                }
-                let theirs = (all.chunks_exact(SLOT))
-                    .map(|slot| slot[..WORDS].try_into().expect("WORDS words"))
-                    .collect();
-                gathered = all;
-                (theirs, (0..size).collect())
-            }
-        };
-        for (theirs, peer) in theirs.into_iter().zip(peers) {
-            let theirs = Description(theirs);
-            if peer != rank && !mine.agrees(&theirs, rank, peer) {
-                return Err(CollectiveError::Mismatch {
-                    rank,
-                    peer,
-                    here: mine.to_string(),
-                    there: theirs.to_string(),
-                }
-                .into());
-            }
-        }
-        Ok(gathered)
-    }
-
-    /// Polls the description exchange's `requests` to completion. A
-    /// timeout, or an error while they are pending, breaks the
-    /// communicator: the caller leaks their memory to MPI.
-    fn settle(
-        &self,
-        rank: usize,
-        plan: &HostCollective,
-        requests: &mut [ffi::MPI_Request],
-        deadline: Instant,
-        waited: Duration,
-    ) -> Result<()> {
-        let error = match poll(rank, requests, deadline) {
-            Ok(true) => return Ok(()),
-            Ok(false) => Error::from(CollectiveError::Timeout {
-                rank,
-                op: format!("{} (exchanging descriptions)", plan.describe()),
-                waited,
-            }),
-            Err(error) => error,
-        };
-        self.break_with(&error);
-        Err(error)
     }
 
     /// Starts the data transfer of `plan` over `memory`: its send and
@@ -673,49 +548,7 @@ impl Drop for MpiComm {
     }
 }
 
-/// The words of a rank's message in a collective's description exchange:
-/// the description, then room for [`INLINE`] send bytes.
-const SLOT: usize = WORDS + INLINE / 8;
-
-const TAG_DESCRIPTION: c_int = 1;
 const TAG_DATA: c_int = 2;
-
-/// Polls `requests` until all completed (`true`) or `deadline` passed
-/// (`false`: they are still pending). Spins briefly, then yields the core
-/// (MPI progresses only inside its calls, so the polling is the progress),
-/// then sleeps in short steps.
-fn poll(rank: usize, requests: &mut [ffi::MPI_Request], deadline: Instant) -> Result<bool> {
-    let start = Instant::now();
-    let mut tries = 0u32;
-    loop {
-        let mut done: c_int = 0;
-        // SAFETY: `requests` are live requests (or null ones, which MPI
-        // takes as done); statuses are ignored.
-        check(rank, "MPI_Testall", unsafe {
-            ffi::MPI_Testall(
-                requests.len() as c_int,
-                requests.as_mut_ptr(),
-                &mut done,
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
-        })?;
-        if done != 0 {
-            return Ok(true);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(false);
-        }
-        tries = tries.saturating_add(1);
-        if tries < 64 {
-            std::hint::spin_loop();
-        } else if now - start < Duration::from_millis(20) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-}
 
 fn rank_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
     let (mut rank, mut size): (c_int, c_int) = (0, 0);

@@ -506,14 +506,11 @@ pub enum Error {
         detail: String,
     },
 
-    /// A buffer whose memory was handed to a transfer that timed out and
-    /// cannot be cancelled (an MPI collective over the buffer's own
-    /// memory): the transfer may still read or write it, so every access
-    /// is refused from then on and its memory is never reused.
+    /// A buffer whose memory a timed-out MPI collective, which cannot be
+    /// cancelled, may still use: refused from then on, never reused.
     #[error(
-        "{what} was lost to a collective that timed out: MPI cannot cancel it and may still \
-         read or write its memory, so the buffer is unusable (its memory is never reused); \
-         allocate a new buffer, and a new communicator for the collectives"
+        "{what} was lost to a timed-out collective, which MPI cannot cancel and which may still \
+         use its memory (never reused now); allocate a new buffer, and a new communicator"
     )]
     MemoryLost {
         /// The buffer, as the command or call names it.
