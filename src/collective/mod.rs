@@ -86,9 +86,30 @@
 //! serialised across the queues that share it (NCCL forbids concurrent
 //! calls on one). An NCCL error fails the batch from the command that
 //! failed, with [`CollectiveError::Nccl`] (the group is ended first). A
-//! profile times a group as one entry, under its first collective. NCCL
-//! has no timeout of its own here: the communicator's timeout applies to
-//! MPI only, and a peer that never comes stalls the stream.
+//! profile times a group as one entry, under its first collective.
+//!
+//! **The timeout.** NCCL has none of its own: a peer that dies or never
+//! runs its side leaves the collective's kernel spinning, and the stream
+//! with it. So each communicator has a watchdog thread, as PyTorch's
+//! `ProcessGroupNCCL` does (`nccl_watchdog.rs`): each group is followed
+//! by an event on the stream, and a group whose event has not completed
+//! within the communicator's [timeout](Communicator::timeout), counted
+//! from when it was put on the stream (so including the work ahead of it
+//! there), breaks the communicator. The signals and downloads after the
+//! group in its batch fail with [`CollectiveError::Timeout`] (those after
+//! later groups of the communicator still in flight with
+//! [`CollectiveError::Broken`]), even though their events are recorded;
+//! the queue's next `submit` or `synchronize` reports the timeout; then
+//! `ncclCommAbort` makes NCCL's kernels exit, so the stream moves on and
+//! no host waits forever. Every later collective over the communicator
+//! fails at once with [`CollectiveError::Broken`]. An asynchronous NCCL
+//! error (`ncclCommGetAsyncError`, asked every 10 ms while a group is in
+//! flight) breaks it the same way, with [`CollectiveError::Nccl`]. The
+//! launch path pays an event record per group, and nothing per kernel.
+//! Work of *later* batches already on the stream runs once the abort lets
+//! it, over whatever the aborted collective left, and sets its signals:
+//! wait on a collective's own signal (or on a plan's run) to see its
+//! failure.
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
 //! first probes the library, and answers [`CollectiveError::NoNccl`] with
@@ -139,6 +160,8 @@ mod mpi;
 mod mpi_types;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_watchdog;
 #[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]

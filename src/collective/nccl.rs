@@ -2,6 +2,7 @@
 //! runs their collectives: the thin layer over cudarc's `nccl::result`
 //! (every call a `Result`), a communicator that owns its `ncclComm_t`, and
 //! [`enqueue_run`], which the stream side calls for a run of collectives.
+//! The watchdog that bounds a collective's time is `nccl_watchdog.rs`.
 //!
 //! cudarc loads NCCL at run time and panics when it is absent, or when a
 //! symbol is missing, so nothing here calls NCCL before [`probe`] found
@@ -12,13 +13,16 @@ use std::ffi::c_int;
 
 use cudarc::nccl::{result, sys};
 
+use cudarc::driver::CudaStream;
+
+use super::nccl_watchdog::Watchdog;
 use super::{
     Collective, CollectiveError, CollectiveOp, Communicator, Element, Reduction, Transport,
 };
 use crate::cuda::{Cuda, CudaDevice};
 use crate::error::{Error, Result};
-use crate::queue::Command;
-use crate::sync::Mutex;
+use crate::queue::{Command, Ledger};
+use crate::sync::{Arc, Mutex};
 use crate::view::View;
 
 /// Checks that cudarc can load NCCL; [`CollectiveError::NoNccl`] saying
@@ -76,33 +80,61 @@ impl std::fmt::Debug for NcclId {
     }
 }
 
-/// One rank's NCCL communicator on one CUDA device: owns its `ncclComm_t`.
+/// One rank's NCCL communicator on one CUDA device, and its watchdog
+/// (declared first: dropped first, it stops its thread, which holds the
+/// core, before the core goes).
 pub(super) struct NcclComm {
-    raw: RawNcclComm,
+    watchdog: Watchdog,
+    core: Arc<NcclCore>,
     device: CudaDevice,
-    /// Held while a queue's worker puts a group of this communicator's
-    /// collectives on its stream: NCCL forbids concurrent calls on one
-    /// communicator, and several queues may share it.
-    calls: Mutex<()>,
+}
+
+/// What the communicator and its watchdog's thread share: the
+/// `ncclComm_t`, owned (destroyed by the last holder, unless aborted).
+pub(super) struct NcclCore {
+    pub(super) raw: RawNcclComm,
+    pub(super) rank: usize,
+    /// Held while a thread calls NCCL on the communicator (a queue's
+    /// worker putting a group on its stream, the watchdog's abort): NCCL forbids concurrent calls on one communicator, and
+    /// several queues may share it. Guards whether it is broken.
+    pub(super) calls: Mutex<Calls>,
+}
+
+/// The state of an NCCL communicator that its calls check, under
+/// [`NcclCore::calls`].
+#[derive(Default)]
+pub(super) struct Calls {
+    /// Why it runs no more collectives: the watchdog's timeout, or an
+    /// asynchronous NCCL error. Set once, by the watchdog.
+    pub(super) broken: Option<Arc<Error>>,
+    /// `ncclCommAbort` freed the handle: nothing may call NCCL with it,
+    /// destroying it included.
+    pub(super) aborted: bool,
 }
 
 /// An `ncclComm_t`.
-struct RawNcclComm(sys::ncclComm_t);
+pub(super) struct RawNcclComm(pub(super) sys::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time;
-// `NcclComm::calls` serialises every call that enqueues on it, and the
-// others (creation, destruction) have the only handle.
+// `NcclCore::calls` serialises every call on it (groups, the watchdog's
+// abort) but `ncclCommGetAsyncError`, which NCCL lets any
+// thread call at any time, and creation and destruction have the only
+// handle.
 unsafe impl Send for RawNcclComm {}
 // SAFETY: as for `Send`: shared use goes through `NcclComm::calls`.
 unsafe impl Sync for RawNcclComm {}
 
-impl Drop for NcclComm {
+impl Drop for NcclCore {
     fn drop(&mut self) {
         // Commands hold the communicator until their stream passed them,
-        // so nothing of it is in flight. An error cannot be returned from
+        // and the watchdog's thread (the other holder) has ended, so
+        // nothing of it is in flight. An error cannot be returned from
         // here, and a failed destroy leaks only NCCL's resources.
-        // SAFETY: the handle is live and this is its last user.
-        let _ = unsafe { result::comm_destroy(self.raw.0) };
+        if !self.calls.lock().aborted {
+            // SAFETY: the handle is live (not aborted) and this is its
+            // last user.
+            let _ = unsafe { result::comm_destroy(self.raw.0) };
+        }
     }
 }
 
@@ -110,6 +142,18 @@ impl NcclComm {
     /// The device it runs on.
     pub(super) fn device(&self) -> &CudaDevice {
         &self.device
+    }
+
+    /// [`CollectiveError::Broken`] if the watchdog broke it.
+    fn check_broken(&self, calls: &Calls) -> Result<()> {
+        match &calls.broken {
+            Some(cause) => Err(CollectiveError::Broken {
+                rank: self.core.rank,
+                cause: cause.clone(),
+            }
+            .into()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -214,15 +258,19 @@ impl Communicator {
         size: usize,
     ) -> Communicator {
         let comm = NcclComm {
-            raw: RawNcclComm(raw),
+            watchdog: Watchdog::new(),
+            core: Arc::new(NcclCore {
+                raw: RawNcclComm(raw),
+                rank,
+                calls: Mutex::new(Calls::default()),
+            }),
             device: device.clone(),
-            calls: Mutex::new(()),
         };
         Communicator::new(rank, size, Transport::Nccl(comm))
     }
 
     /// Its NCCL communicator, if it is one.
-    fn as_nccl(&self) -> Option<&NcclComm> {
+    pub(super) fn as_nccl(&self) -> Option<&NcclComm> {
         match self.shared.transport {
             Transport::Nccl(ref comm) => Some(comm),
             #[allow(unreachable_patterns)]
@@ -256,7 +304,12 @@ fn invalid(rank: usize, size: usize, reason: &str) -> Error {
 }
 
 /// [`CollectiveError::Nccl`] for `call`'s failure.
-fn nccl_error(error: result::NcclError, rank: usize, call: &'static str, what: &str) -> Error {
+pub(super) fn nccl_error(
+    error: result::NcclError,
+    rank: usize,
+    call: &'static str,
+    what: &str,
+) -> Error {
     use sys::ncclResult_t as R;
     let remedy = match error.0 {
         R::ncclUnhandledCudaError => "a CUDA call inside NCCL failed: check the device's health",
@@ -284,13 +337,18 @@ fn nccl_error(error: result::NcclError, rank: usize, call: &'static str, what: &
 
 /// Puts the run of collectives that starts at `commands[start]` on
 /// `stream`, in one `ncclGroupStart`/`ncclGroupEnd`: the collectives that
-/// follow it in the batch over the same communicator. Returns where the
+/// follow it in the batch over the same communicator; then hands the
+/// group to the communicator's watchdog (an event recorded after it, and
+/// the signals and downloads after it in the batch, to fail should it
+/// time out; `ledger`, the queue's, to report that to). Returns where the
 /// run ends, or the index of the command that failed and its error (the
-/// group is ended in either case).
+/// group is ended in either case). A broken communicator fails the run at
+/// once, calling nothing.
 pub(crate) fn enqueue_run(
     commands: &[Command<Cuda>],
     start: usize,
-    stream: cudarc::driver::sys::CUstream,
+    stream: &CudaStream,
+    ledger: &Ledger,
 ) -> std::result::Result<usize, (usize, Error)> {
     let collective = |index: usize| match commands.get(index) {
         Some(Command::Collective(collective)) => Some(&**collective),
@@ -305,13 +363,17 @@ pub(crate) fn enqueue_run(
     while collective(end).is_some_and(|next| next.communicator.same_as(&first.communicator)) {
         end += 1;
     }
-    let _calls = comm.calls.lock();
+    let calls = comm.core.calls.lock();
+    comm.check_broken(&calls).map_err(|e| (start, e))?;
+    comm.watchdog
+        .start(&comm.core, &comm.device)
+        .map_err(|e| (start, e))?;
     let rank = first.communicator.rank();
     result::group_start().map_err(|e| (start, nccl_error(e, rank, "ncclGroupStart", "a group")))?;
     let mut failed = None;
     for index in start..end {
         let collective = collective(index).expect("the run holds collectives only");
-        if let Err(error) = issue(comm, collective, stream.cast()) {
+        if let Err(error) = issue(comm, collective, stream.cu_stream().cast()) {
             failed = Some((index, error));
             break;
         }
@@ -320,7 +382,14 @@ pub(crate) fn enqueue_run(
     match (failed, ended) {
         (Some(failure), _) => Err(failure),
         (None, Err(e)) => Err((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
-        (None, Ok(_)) => Ok(end),
+        (None, Ok(_)) => {
+            let timeout = first.communicator.timeout();
+            comm.watchdog
+                .watch(stream, first, &commands[end..], ledger, timeout)
+                .map_err(|e| (end, e))?;
+            drop(calls);
+            Ok(end)
+        }
     }
 }
 
@@ -352,7 +421,7 @@ fn issue(comm: &NcclComm, collective: &Collective<Cuda>, stream: sys::cudaStream
     };
     let send = address(collective.send.as_ref()) as *const std::ffi::c_void;
     let recv = address(collective.recv.as_ref()) as *mut std::ffi::c_void;
-    let raw = comm.raw.0;
+    let raw = comm.core.raw.0;
     // The checks at record time: peers and roots below the group's size
     // (so they fit NCCL's `int`), views of this queue's device.
     let peer = |peer: usize| c_int::try_from(peer).unwrap_or(c_int::MAX);
@@ -360,8 +429,10 @@ fn issue(comm: &NcclComm, collective: &Collective<Cuda>, stream: sys::cudaStream
     // (checked at record time: the queue's device is the communicator's),
     // of the lengths the operation needs for `count` elements (checked at
     // record time), kept alive until the stream passed the batch; `raw`
-    // is live (the command holds its communicator), used by this thread
-    // alone (`calls` is held), and `stream` is the queue's, of the same
+    // is live (the command holds its communicator, and `enqueue_run` found
+    // it not broken under `calls`, which the watchdog sets before it
+    // aborts), used by this thread alone (`calls` is held), and `stream`
+    // is the queue's, of the same
     // device.
     let (call, done) = unsafe {
         match collective.op {

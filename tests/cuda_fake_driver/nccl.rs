@@ -5,7 +5,10 @@
 //! the queue's stream, grouped, ordered by a signal, and move the data; an
 //! NCCL error fails the batch from that command with a typed error; a
 //! missing NCCL is an error saying how to install it (never a panic); a
-//! communicator of another device, or on a CPU queue, is refused.
+//! communicator of another device, or on a CPU queue, is refused; a collective that
+//! never completes (`HWQUEUE_FAKE_NCCL_HANG`: it stalls its stream until
+//! `ncclCommAbort`) fails its batch's signal with a typed timeout, breaks
+//! the communicator, and leaves nothing hanging on drop.
 
 use std::time::Duration;
 
@@ -29,6 +32,8 @@ fn outcome<T>(result: Result<T, Error>) -> String {
                 Error::Collective(CollectiveError::Nccl { .. }) => "Nccl",
                 Error::Collective(CollectiveError::Unsupported { .. }) => "Unsupported",
                 Error::Collective(CollectiveError::Invalid { .. }) => "Invalid",
+                Error::Collective(CollectiveError::Timeout { .. }) => "Timeout",
+                Error::Collective(CollectiveError::Broken { .. }) => "Broken",
                 Error::DeviceMismatch { .. } => "DeviceMismatch",
                 _ => "other",
             };
@@ -48,6 +53,8 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         }
         "elsewhere" => elsewhere(device),
         "plan" => plan(device),
+        "hang" => hang(device),
+        "async_error" => async_error(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -231,6 +238,60 @@ fn over_mpi(device: &CudaDevice) {
         .unwrap();
     report("data", &format!("{:?}", back.take(LONG).unwrap()));
     report("not_mpi", &outcome(Communicator::nccl_over(&comm, device)));
+}
+
+/// The fake's `ncclAllReduce` never completes (`HWQUEUE_FAKE_NCCL_HANG`):
+/// with a 200 ms timeout, a host wait on the signal after it returns the
+/// watchdog's typed error (`wait` is how long that took to come, well
+/// under [`LONG`], and not asserted); `synchronize` reports it; the next
+/// collective finds the communicator broken; then the queue
+/// and the communicator drop (`dropped`: it returned).
+fn hang(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (reduced, later) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .upload(&input, &[1u32, 2, 3, 4])
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    let start = std::time::Instant::now();
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    report("wait", &format!("{:?}", start.elapsed()));
+    report("value", &reduced.value().to_string());
+    report("synchronize", &outcome(queue.synchronize()));
+    let submitted = queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&later, 1)
+        .submit();
+    report("submit_after", &outcome(submitted));
+    report("later", &outcome(later.wait(1, LONG)));
+    drop(queue);
+    drop(comm);
+    report("dropped", "ok");
+}
+
+/// The fake's `ncclAllReduce` never completes, and NCCL reports an
+/// asynchronous error for it (`HWQUEUE_FAKE_NCCL_ASYNC_ERROR`, as for a
+/// peer's failure) long before the minute's timeout: the signal after it
+/// fails with that error, and the communicator is aborted.
+fn async_error(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let reduced = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    drop(queue);
+    drop(comm);
+    report("dropped", "ok");
 }
 
 /// A plan on the CUDA device: upload `x`, all_reduce it into `sum`,
@@ -475,4 +536,86 @@ fn nccl_over_an_mpi_world_hands_rank_0s_id_round() {
         ["ncclGetUniqueId", "ncclCommInitRank"],
         "{outcome:#?}"
     );
+}
+
+/// A collective that never completes: the watchdog times it out, aborts
+/// the communicator, and fails what followed it with a typed error.
+#[test]
+fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
+    let vars = on_a_12_2_device(
+        "nccl:hang",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    // The wait returned (well within its 10 s), with the watchdog's error.
+    let reduced = outcome.field("reduced");
+    assert!(reduced.starts_with("Timeout "), "{outcome:#?}");
+    for phrase in [
+        "rank 0: all_reduce (sum) of 4 u32, recorded #0 did not complete within",
+        "this communicator is unusable now",
+    ] {
+        assert!(reduced.contains(phrase), "no `{phrase}` in {reduced}");
+    }
+    // The abort let the stream go on, but the signal stays unreached.
+    assert_eq!(outcome.field("value"), "0", "{outcome:#?}");
+    assert!(
+        outcome.field("synchronize").starts_with("Timeout "),
+        "{outcome:#?}"
+    );
+    // Broken from then on: the next collective fails at once, calling
+    // nothing.
+    assert_eq!(outcome.field("submit_after"), "ok", "{outcome:#?}");
+    let later = outcome.field("later");
+    assert!(later.starts_with("Broken "), "{later}");
+    assert!(later.contains("did not complete within"), "{later}");
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    // One all_reduce reached NCCL; the communicator was aborted, and not
+    // destroyed after (the abort freed it).
+    let calls = nccl_calls(&outcome);
+    let ops = calls.iter().filter(|c| c.starts_with("ncclAllReduce"));
+    assert_eq!(ops.count(), 1, "{calls:?}");
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+    assert!(
+        !calls.iter().any(|c| c.starts_with("ncclCommSplit")),
+        "{calls:?}"
+    );
+}
+
+/// NCCL's asynchronous error (a peer's failure) breaks the communicator
+/// at once, as the timeout would, with NCCL's error.
+#[test]
+fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
+    let vars = on_a_12_2_device(
+        "nccl:async_error",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+            // ncclRemoteError.
+            ("HWQUEUE_FAKE_NCCL_ASYNC_ERROR", "6"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    let reduced = outcome.field("reduced");
+    assert!(reduced.starts_with("Nccl "), "{outcome:#?}");
+    for phrase in [
+        "rank 0: ncclCommGetAsyncError (all_reduce (sum) of 4 f32, recorded #0)",
+        "ncclRemoteError (6)",
+        "a peer failed or exited",
+    ] {
+        assert!(reduced.contains(phrase), "no `{phrase}` in {reduced}");
+    }
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
 }
