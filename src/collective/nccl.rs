@@ -1,8 +1,9 @@
 //! NCCL communicators (the `nccl` feature) and how a CUDA queue's stream
 //! runs their collectives: the thin layer over cudarc's `nccl::result`
 //! (every call a `Result`), a communicator that owns its `ncclComm_t`, and
-//! [`enqueue_run`], which the stream side calls for a run of collectives.
-//! The watchdog that bounds a collective's time is `nccl_watchdog.rs`.
+//! [`enqueue_run`], which the stream side calls for a run of collectives;
+//! [`Communicator::split`]'s NCCL side. The watchdog that bounds a
+//! collective's time is `nccl_watchdog.rs`.
 //!
 //! cudarc loads NCCL at run time and panics when it is absent, or when a
 //! symbol is missing, so nothing here calls NCCL before [`probe`] found
@@ -95,7 +96,8 @@ pub(super) struct NcclCore {
     pub(super) raw: RawNcclComm,
     pub(super) rank: usize,
     /// Held while a thread calls NCCL on the communicator (a queue's
-    /// worker putting a group on its stream, the watchdog's abort): NCCL forbids concurrent calls on one communicator, and
+    /// worker putting a group on its stream, a split, the watchdog's
+    /// abort): NCCL forbids concurrent calls on one communicator, and
     /// several queues may share it. Guards whether it is broken.
     pub(super) calls: Mutex<Calls>,
 }
@@ -116,8 +118,8 @@ pub(super) struct Calls {
 pub(super) struct RawNcclComm(pub(super) sys::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time;
-// `NcclCore::calls` serialises every call on it (groups, the watchdog's
-// abort) but `ncclCommGetAsyncError`, which NCCL lets any
+// `NcclCore::calls` serialises every call on it (groups, splits, the
+// watchdog's abort) but `ncclCommGetAsyncError`, which NCCL lets any
 // thread call at any time, and creation and destruction have the only
 // handle.
 unsafe impl Send for RawNcclComm {}
@@ -155,7 +157,105 @@ impl NcclComm {
             None => Ok(()),
         }
     }
+
+    /// [`Communicator::split`] over NCCL: `ncclCommSplit` with `color`
+    /// (`NCCL_SPLIT_NOCOLOR` for `None`, which makes no communicator) and
+    /// `key`, on this communicator's device; the new one starts with
+    /// `timeout`.
+    pub(super) fn split(
+        &self,
+        size: usize,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Communicator>> {
+        let rank = self.core.rank;
+        let int = |value: u32, what: &str| {
+            c_int::try_from(value).map_err(|_| {
+                let reason = format!(
+                    "NCCL takes the split's {what} as a non-negative C `int`: {value} is above {}",
+                    c_int::MAX
+                );
+                CollectiveError::Invalid {
+                    rank,
+                    size,
+                    op: "split",
+                    reason,
+                }
+            })
+        };
+        let color = match color {
+            Some(color) => int(color, "color")?,
+            None => NCCL_SPLIT_NOCOLOR,
+        };
+        let key = int(key, "key")?;
+        // cudarc panics on a symbol the library lacks: NCCL has
+        // `ncclCommSplit` from 2.18 on.
+        // SAFETY: NCCL is loaded (a communicator exists); a lookup by name
+        // runs nothing.
+        let found = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"ncclCommSplit\0") };
+        if found.is_err() {
+            let reason = "the NCCL loaded has no `ncclCommSplit` (NCCL 2.18 or newer has it): \
+                          upgrade NCCL, or make the smaller group's communicator with \
+                          `Communicator::nccl` and an id of its own";
+            return Err(CollectiveError::Invalid {
+                rank,
+                size,
+                op: "split",
+                reason: reason.to_owned(),
+            }
+            .into());
+        }
+        bind(&self.device)?;
+        let calls = self.core.calls.lock();
+        self.check_broken(&calls)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the parent handle is live (not aborted: `broken` is set
+        // before an abort) and used by this thread alone (`calls` held);
+        // `raw` is one handle; a null config asks for the parent's.
+        unsafe { sys::ncclCommSplit(self.core.raw.0, color, key, &mut raw, std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| nccl_error(e, rank, "ncclCommSplit", "splitting the communicator"))?;
+        drop(calls);
+        if raw.is_null() {
+            if color == NCCL_SPLIT_NOCOLOR {
+                return Ok(None);
+            }
+            let reason = "NCCL's split gave this rank no communicator for its color";
+            return Err(invalid(rank, size, reason));
+        }
+        // SAFETY: `raw` is the live handle the split just made.
+        let counted = unsafe { (result::comm_user_rank(raw), result::comm_count(raw)) };
+        let failed = match counted {
+            (Ok(new_rank), Ok(new_size)) => Ok((new_rank, new_size)),
+            (Err(e), _) => Err((e, "ncclCommUserRank", "the split's rank")),
+            (_, Err(e)) => Err((e, "ncclCommCount", "the split's size")),
+        };
+        let (new_rank, new_size) = match failed {
+            Ok(counts) => counts,
+            Err((e, call, what)) => {
+                // SAFETY: `raw` is live and has no other user.
+                let _ = unsafe { result::comm_destroy(raw) };
+                return Err(nccl_error(e, rank, call, what));
+            }
+        };
+        let (Ok(new_rank), Ok(new_size)) = (usize::try_from(new_rank), usize::try_from(new_size))
+        else {
+            // SAFETY: as above.
+            let _ = unsafe { result::comm_destroy(raw) };
+            return Err(invalid(rank, size, "NCCL reported a negative rank or size"));
+        };
+        Ok(Some(Communicator::of_nccl(
+            raw,
+            &self.device,
+            new_rank,
+            new_size,
+        )))
+    }
 }
+
+/// `NCCL_SPLIT_NOCOLOR` (`nccl.h`): the color of a rank that joins no
+/// communicator of the split.
+const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
 impl Communicator {
     /// A communicator of one rank (rank 0 of 1) on `device`
