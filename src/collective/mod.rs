@@ -102,9 +102,9 @@
 //! from when it was put on the stream (so including the work ahead of it
 //! there), breaks the communicator. The signals and downloads after the
 //! group in its batch fail with [`CollectiveError::Timeout`] (those after
-//! later groups of the communicator still in flight with
+//! the communicator's other groups not done yet, on any queue, with
 //! [`CollectiveError::Broken`]), even though their events are recorded;
-//! the queue's next `submit` or `synchronize` reports the timeout; then
+//! each such queue's next `submit` or `synchronize` reports it; then
 //! `ncclCommAbort` makes NCCL's kernels exit, so the stream moves on and
 //! no host waits forever. Every later collective over the communicator
 //! fails at once with [`CollectiveError::Broken`]. An asynchronous NCCL

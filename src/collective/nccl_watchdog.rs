@@ -8,8 +8,8 @@
 //! with the communicator's timeout and what the batch does after it (its
 //! signals and downloads). One thread per communicator, started with its
 //! first group and ended (joined) when the communicator drops, looks at
-//! the oldest group every [`POLL`] while any is in flight, and sleeps
-//! otherwise:
+//! the groups in flight every [`POLL`] (or at the next deadline, if
+//! sooner) while there are any, and sleeps otherwise:
 //!
 //! - a group whose event completed is done, and is forgotten;
 //! - a group past its deadline, or an asynchronous NCCL error
@@ -17,9 +17,10 @@
 //!   lock (so no queue calls NCCL meanwhile, and every later collective
 //!   fails at once with [`CollectiveError::Broken`]), the signals and
 //!   downloads after every group in flight are failed, even though their
-//!   events are recorded ([`CudaSignal`]'s `abandon`): the oldest group's
-//!   with [`CollectiveError::Timeout`] (or the NCCL error), the later
-//!   ones' with [`CollectiveError::Broken`]; each queue's owner is told at
+//!   events are recorded ([`CudaSignal`]'s `abandon`): the late group's
+//!   with [`CollectiveError::Timeout`] (or the oldest group's with the
+//!   NCCL error), the others' not done yet with
+//!   [`CollectiveError::Broken`]; each queue's owner is told at
 //!   its next `submit` or `synchronize`; and then `ncclCommAbort`, which
 //!   makes NCCL's kernels exit, so the stream moves on and nothing waits
 //!   forever.
@@ -63,9 +64,10 @@ struct WatchShared {
 
 #[derive(Default)]
 struct WatchState {
-    /// The groups in flight, oldest first (one communicator's groups
-    /// complete in the order they were enqueued only per stream, so the
-    /// thread forgets every completed one it finds at the front).
+    /// The groups in flight, oldest first. One communicator's groups
+    /// complete in the order they were enqueued only per stream: the
+    /// thread forgets each completed one wherever it is. Pushed by the
+    /// queues, removed by the thread alone.
     groups: VecDeque<Group>,
     /// Finished groups, kept with their event and list for reuse.
     spare: Vec<Group>,
@@ -216,46 +218,53 @@ fn run(shared: &WatchShared, core: &NcclCore, device: &CudaDevice) {
         if state.closed {
             return;
         }
-        // The completed groups at the front are done. A query error is a
-        // device fault: the stream's queue reports it, and the events of
-        // its signals fail alike.
-        while state
-            .groups
-            .front()
-            .is_some_and(|group| !matches!(group.event.try_is_complete(), Ok(false)))
-        {
-            if let Some(mut group) = state.groups.pop_front() {
+        // Every group whose event completed is done (the groups of
+        // several queues' streams complete in no common order). A query
+        // error is a device fault: the stream's queue reports it, and the
+        // events of its signals fail alike.
+        let mut index = 0;
+        while index < state.groups.len() {
+            if matches!(state.groups[index].event.try_is_complete(), Ok(false)) {
+                index += 1;
+            } else if let Some(mut group) = state.groups.remove(index) {
                 group.clear();
                 state.spare.push(group);
             }
         }
-        let Some(oldest) = state.groups.front() else {
+        if state.groups.is_empty() {
             state = shared.changed.wait(state);
             continue;
-        };
+        }
         let now = Instant::now();
-        let failure = match oldest.deadline {
-            Some(deadline) if now >= deadline => Some(
-                CollectiveError::Timeout {
-                    rank: core.rank,
-                    op: oldest
-                        .first
-                        .map_or_else(String::new, |first| first.describe()),
-                    waited: now - oldest.enqueued,
-                }
-                .into(),
-            ),
-            _ => async_error(core, oldest.first),
+        // The first group past its deadline; else NCCL's asynchronous
+        // error, named after the oldest group.
+        let late = (state.groups.iter())
+            .position(|group| group.deadline.is_some_and(|deadline| now >= deadline));
+        let failure = match late {
+            Some(index) => {
+                let group = &state.groups[index];
+                Some(
+                    CollectiveError::Timeout {
+                        rank: core.rank,
+                        op: group
+                            .first
+                            .map_or_else(String::new, |first| first.describe()),
+                        waited: now - group.enqueued,
+                    }
+                    .into(),
+                )
+            }
+            None => async_error(core, state.groups[0].first),
         };
         if let Some(cause) = failure {
             drop(state);
-            break_communicator(shared, core, cause);
+            // Only this thread removes groups: the index stays valid.
+            break_communicator(shared, core, cause, late.unwrap_or(0));
             state = shared.state.lock();
             continue;
         }
-        let wake = oldest
-            .deadline
-            .map_or(now + POLL, |deadline| deadline.min(now + POLL));
+        let next = state.groups.iter().filter_map(|group| group.deadline).min();
+        let wake = next.map_or(now + POLL, |deadline| deadline.min(now + POLL));
         state = shared.changed.wait_until(state, Some(wake));
     }
 }
@@ -277,9 +286,10 @@ fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> 
 }
 
 /// Breaks the communicator with `cause` (see the module docs): the
-/// oldest group's signals and downloads fail with it, the later groups'
-/// with [`CollectiveError::Broken`], and then `ncclCommAbort`.
-fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error) {
+/// signals and downloads of group `culprit` fail with it, those of the
+/// other groups not done yet with [`CollectiveError::Broken`], and then
+/// `ncclCommAbort`.
+fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
     // Lock order: `calls`, then the watch state (as `enqueue_run`, which
     // holds `calls` while it hands a group over).
     let mut calls = core.calls.lock();
@@ -295,7 +305,11 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error) {
     }
     .into();
     for (index, group) in groups.iter().enumerate() {
-        let failure = if index == 0 { &*cause } else { &broken };
+        // One done meanwhile (another queue's stream) keeps its results.
+        if index != culprit && matches!(group.event.try_is_complete(), Ok(true)) {
+            continue;
+        }
+        let failure = if index == culprit { &*cause } else { &broken };
         // Before the abort: the events after the group complete only once
         // NCCL's kernels exited, and must not pass for the work's end.
         for after in &group.after {

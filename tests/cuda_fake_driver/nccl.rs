@@ -61,6 +61,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         }
         "hang" => hang(device),
         "async_error" => async_error(device),
+        "hang_beside" => hang_beside(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -319,6 +320,36 @@ fn hang(device: &CudaDevice) {
     report("split_after", &outcome(comm.split(Some(0), 0)));
     drop(queue);
     drop(comm);
+    report("dropped", "ok");
+}
+
+/// Two queues share a communicator; the fake's `ncclAllGather` never
+/// completes, its `ncclAllReduce` does: the queue whose all_gather timed
+/// out fails with the timeout, the other queue's all_reduce (done) keeps
+/// its signal and its queue reports nothing.
+fn hang_beside(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (gathered, reduced) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (mut stuck, mut fine) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    stuck
+        .all_gather::<u32, _, _>(&comm, &input, &output)
+        .signal(&gathered, 1)
+        .submit()
+        .unwrap();
+    fine.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit()
+        .unwrap();
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    report("gathered", &outcome(gathered.wait(1, LONG)));
+    report("fine_synchronize", &outcome(fine.synchronize()));
+    report("stuck_synchronize", &outcome(stuck.synchronize()));
+    drop((stuck, fine, comm));
     report("dropped", "ok");
 }
 
@@ -736,4 +767,35 @@ fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
     let calls = nccl_calls(&outcome);
     assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
     assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+}
+
+/// A timeout breaks the communicator, but a collective of another queue
+/// that completed keeps its result: only what was not done fails.
+#[test]
+fn a_timeout_fails_only_the_groups_not_done() {
+    let vars = on_a_12_2_device(
+        "nccl:hang_beside",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("reduced"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("fine_synchronize"), "ok", "{outcome:#?}");
+    for key in ["gathered", "stuck_synchronize"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("Timeout "), "{key}: {text}");
+        assert!(
+            text.contains("rank 0: all_gather of 4 u32, recorded #0"),
+            "{key}: {text}"
+        );
+    }
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    assert!(
+        nccl_calls(&outcome).contains(&"ncclCommAbort"),
+        "{outcome:#?}"
+    );
 }
