@@ -1,8 +1,9 @@
 //! `EventRing`, the CUDA signal's ring of events, with the real ring code on
 //! loom's primitives and a mock event whose completion the model controls:
 //! a waiter racing a recorder, wrap-around while a waiter holds a slot's
-//! event, `value` folding completions racing a record, and a host `set`
-//! racing a record.
+//! event, `value` folding completions racing a record, a host `set`
+//! racing a record, and `abandon` racing a waiter on the abandoned value's
+//! event.
 //!
 //! The rings are built with one or two slots
 //! ([`EventRing::with_slots`]), so wrap-around and back-pressure take a
@@ -244,5 +245,36 @@ fn host_set_racing_a_record_wakes_the_waiter() {
         setter.join().unwrap();
         recorder.join().unwrap();
         assert_eq!(ring.value(), 2);
+    });
+}
+
+/// (f) `abandon` racing a waiter on the abandoned value's event (the NCCL
+/// watchdog's timeout: the value is failed, then the abort lets the event
+/// complete): whether the waiter looks before the failure, while it waits
+/// on the event, or once the event completed, it fails; it never takes the
+/// event's completion for the work's.
+#[test]
+fn abandon_racing_a_waiter_fails_it_though_the_event_completes() {
+    model(None, || {
+        let ring = Arc::new(Ring::with_slots(0, 1));
+        let one = record(&ring, 1).expect("1 is not reached yet");
+        let watchdog = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                let cause = hwqueue::Error::KernelFailed {
+                    program: "all_reduce".into(),
+                    message: "aborted".into(),
+                };
+                ring.abandon(1, cause);
+                one.recording.complete();
+            })
+        };
+        let waited = ring.wait(1, Timeout::Forever);
+        assert!(
+            matches!(waited, Err(hwqueue::Error::SignalFailed { target: 1, .. })),
+            "{waited:?}"
+        );
+        watchdog.join().unwrap();
+        assert_eq!(ring.value(), 0);
     });
 }

@@ -60,6 +60,8 @@ use crate::signal::{
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering, fence};
 use crate::wait_policy::{WaitTuning, spin_until};
 
+mod abandon;
+
 /// How many records one ring holds at once (and how many events it keeps
 /// for reuse). A queue rarely has more than a few values of one signal in
 /// flight; past this many, recording blocks on the oldest (see the module
@@ -146,7 +148,7 @@ pub struct EventRing<E> {
     ///
     /// | written by | how | read by | how |
     /// |------------|-----|---------|-----|
-    /// | `fail`, and a fold that records a device fault, whenever [`Failures::record`] recorded something | `fetch_add(1, Release)`, under `state` | a spinning `wait`: once under `state` before it spins, then on each look | `load(Acquire)` |
+    /// | `fail`, `abandon`, and a fold that records a device fault, whenever [`Failures::record`] recorded something | `fetch_add(1, Release)`, under `state` | a spinning `wait`: once under `state` before it spins, then on each look, and under `state` again once its event completed | `load(Acquire)` |
     ///
     /// It orders nothing itself: a spinner that sees it change takes the
     /// lock and asks the failures there. Incremented only under the lock,
@@ -171,7 +173,7 @@ pub struct EventRing<E> {
 /// |-------|---------|------------|
 /// | `slots` | at most `capacity` `(value, seq, event)`; a slot is *done* when `value <= completed`, *pending* otherwise | `record` (fill, re-record, replace) |
 /// | `completed` | the highest value known completed: a pending slot whose event completed, or a host `set`. Only rises | folds (`value`, `wait`, `record`), a waiter after its event completed, `set` |
-/// | `failures` | which unreached values failed, and why ([`Failures`]); causes `<= completed` are dropped | `fail`, raises |
+/// | `failures` | which unreached values failed, and why ([`Failures`]); causes `<= completed` are dropped | `fail`, `abandon`, raises |
 /// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
 ///
 /// Nothing but a completed event or the host raises `completed`: in
@@ -487,9 +489,15 @@ impl<E: RingEvent> EventRing<E> {
             drop(event);
             match complete {
                 Ok(true) => {
-                    let mut state = self.state.lock();
-                    self.raise(&mut state, value);
-                    drop(state);
+                    let mut guard = self.state.lock();
+                    if self.failed.load(Ordering::Acquire) != failed {
+                        // A failure since: it may have abandoned `value`
+                        // (`abandon`), whose event then says nothing.
+                        state = guard;
+                        continue;
+                    }
+                    self.raise(&mut guard, value);
+                    drop(guard);
                     count(on_event);
                     return Ok(());
                 }

@@ -51,7 +51,7 @@ const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
 const NCCL_FAKE: &str = "HWQUEUE_FAKE_NCCL";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 17] = [
+const FAKE_VARS: [&str; 20] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -68,6 +68,9 @@ const FAKE_VARS: [&str; 17] = [
     NCCL_FAKE,
     "HWQUEUE_FAKE_NCCL_FAIL",
     "HWQUEUE_FAKE_NCCL_RESULT",
+    "HWQUEUE_FAKE_NCCL_HANG",
+    "HWQUEUE_FAKE_NCCL_HANG_S",
+    "HWQUEUE_FAKE_NCCL_ASYNC_ERROR",
     SCENARIO,
 ];
 

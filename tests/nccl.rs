@@ -111,3 +111,38 @@ fn one_rank_all_reduce_in_place_of_each_element_type_on_two_queues() {
     first.synchronize().unwrap();
     second.synchronize().unwrap();
 }
+
+/// `split` of one rank: a color gives rank 0 of 1 on the same device, over
+/// which an `all_reduce` runs; no color gives none. An NCCL older than
+/// 2.18 (no `ncclCommSplit`) answers `Invalid` saying so: the test skips.
+#[test]
+fn one_rank_split_gives_rank_0_of_1_and_none_without_a_color() {
+    let Some((device, comm)) = single_rank() else {
+        return;
+    };
+    let half = match comm.split(Some(0), 0) {
+        Ok(Some(half)) => half,
+        Err(Error::Collective(CollectiveError::Invalid { reason, .. }))
+            if reason.contains("no `ncclCommSplit`") =>
+        {
+            println!("skipped: {reason}");
+            return;
+        }
+        other => panic!("split with a color: {other:?}"),
+    };
+    assert_eq!((half.engine(), half.rank(), half.size()), ("nccl", 0, 1));
+    assert!(half.nccl_device().unwrap().same_as(&device));
+    assert!(comm.split(None, 0).unwrap().is_none());
+    let data: Vec<u32> = (0..256).collect();
+    let (input, output) = (device.alloc(1024).unwrap(), device.alloc(1024).unwrap());
+    let back = Download::<u32>::new(data.len());
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&input, &data)
+        .all_reduce::<u32, _, _>(&half, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit()
+        .unwrap();
+    assert_eq!(back.take(LONG).unwrap(), data);
+    queue.synchronize().unwrap();
+}

@@ -661,3 +661,54 @@ fn an_event_that_reports_a_fault_fails_the_values_it_stands_for() {
     ring.set(3);
     ring.wait(3, Duration::ZERO).unwrap();
 }
+
+// ---------------------------------------------------------------------------
+// abandon: a recorded value whose work was given up on the device.
+
+#[test]
+fn an_abandoned_value_fails_though_its_event_completes() {
+    let device = MockDevice::new();
+    let ring = Ring::new(0);
+    let one = record(&ring, &device, 1);
+    let two = record(&ring, &device, 2);
+    ring.abandon(2, kernel_failed());
+    assert!(matches!(
+        ring.wait(2, Duration::ZERO),
+        Err(Error::SignalFailed { target: 2, .. })
+    ));
+    device.complete(one);
+    device.complete(two);
+    assert_eq!(ring.value(), 1, "1's work was done; 2's was abandoned");
+    assert!(!ring.is_reached(2));
+    assert!(matches!(
+        ring.wait(2, LONG),
+        Err(Error::SignalFailed { target: 2, .. })
+    ));
+    // The abandoned slot is reused, and a later value is reached as usual.
+    let three = record(&ring, &device, 3);
+    device.complete(three);
+    ring.wait(3, LONG).unwrap();
+    assert_eq!(ring.value(), 3);
+}
+
+#[test]
+fn a_waiter_on_an_abandoned_values_event_fails_once_the_event_completes() {
+    let device = MockDevice::new();
+    let ring = Arc::new(Ring::new(0));
+    let event = record(&ring, &device, 1);
+    let waiter = {
+        let ring = ring.clone();
+        thread::spawn(move || ring.wait(1, Timeout::Forever))
+    };
+    // Whether the waiter blocks on the event before or after this, it
+    // must not take the event's completion for the work's.
+    thread::sleep(Duration::from_millis(20));
+    ring.abandon(1, kernel_failed());
+    device.complete(event);
+    let waited = waiter.join().unwrap();
+    assert!(
+        matches!(waited, Err(Error::SignalFailed { target: 1, .. })),
+        "{waited:?}"
+    );
+    assert_eq!(ring.value(), 0);
+}

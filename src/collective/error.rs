@@ -47,8 +47,9 @@ pub enum CollectiveError {
 
     /// A collective did not complete within the communicator's timeout: a
     /// peer exited, failed, or never ran its side. MPI cannot cancel a
-    /// started collective, so the communicator is unusable afterwards
-    /// ([`CollectiveError::Broken`]).
+    /// started collective, and NCCL's is ended by aborting the
+    /// communicator (its watchdog calls `ncclCommAbort`), so the
+    /// communicator is unusable afterwards ([`CollectiveError::Broken`]).
     #[error(
         "rank {rank}: {op} did not complete within {waited:?} (a peer exited, failed, or never \
          ran the matching collective); this communicator is unusable now: make a new one, or \

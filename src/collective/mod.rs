@@ -92,9 +92,35 @@
 //! serialised across the queues that share it (NCCL forbids concurrent
 //! calls on one). An NCCL error fails the batch from the command that
 //! failed, with [`CollectiveError::Nccl`] (the group is ended first). A
-//! profile times a group as one entry, under its first collective. NCCL
-//! has no timeout of its own here: the communicator's timeout applies to
-//! MPI only, and a peer that never comes stalls the stream.
+//! profile times a group as one entry, under its first collective.
+//! [`Communicator::split`] is `ncclCommSplit` (NCCL 2.18 or newer; the
+//! color `None` is `NCCL_SPLIT_NOCOLOR`, and gets no communicator), with
+//! the MPI split's rule: every rank calls it from the host at the same
+//! place of the communicator's order; unlike MPI's it is not bounded by
+//! the timeout (NCCL's blocking split waits for every rank).
+//!
+//! **The timeout.** NCCL has none of its own: a peer that dies or never
+//! runs its side leaves the collective's kernel spinning, and the stream
+//! with it. So each communicator has a watchdog thread, as PyTorch's
+//! `ProcessGroupNCCL` does (`nccl_watchdog.rs`): each group is followed
+//! by an event on the stream, and a group whose event has not completed
+//! within the communicator's [timeout](Communicator::timeout), counted
+//! from when it was put on the stream (so including the work ahead of it
+//! there), breaks the communicator. The signals and downloads after the
+//! group in its batch fail with [`CollectiveError::Timeout`] (those after
+//! the communicator's other groups not done yet, on any queue, with
+//! [`CollectiveError::Broken`]), even though their events are recorded;
+//! each such queue's next `submit` or `synchronize` reports it; then
+//! `ncclCommAbort` makes NCCL's kernels exit, so the stream moves on and
+//! no host waits forever. Every later collective over the communicator
+//! fails at once with [`CollectiveError::Broken`]. An asynchronous NCCL
+//! error (`ncclCommGetAsyncError`, asked every 10 ms while a group is in
+//! flight) breaks it the same way, with [`CollectiveError::Nccl`]. The
+//! launch path pays an event record per group, and nothing per kernel.
+//! Work of *later* batches already on the stream runs once the abort lets
+//! it, over whatever the aborted collective left, and sets its signals:
+//! wait on a collective's own signal (or on a plan's run) to see its
+//! failure.
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
 //! first probes the library, and answers [`CollectiveError::NoNccl`] with
@@ -145,6 +171,8 @@ mod mpi;
 mod mpi_types;
 #[cfg(feature = "nccl")]
 mod nccl;
+#[cfg(feature = "nccl")]
+mod nccl_watchdog;
 #[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]
@@ -477,29 +505,33 @@ impl Communicator {
 
     /// Splits the group: the ranks that give the same `color` form a new
     /// communicator, ranked by `key` (ties by their rank here); a rank
-    /// giving `None` joins none and gets `None` (`MPI_Comm_split`). Every
-    /// rank calls it, from the host, at the same place of this
-    /// communicator's order of collectives: synchronise the queues that
-    /// record collectives on it first. Bounded by the timeout: a rank that
-    /// never calls it fails the others with [`CollectiveError::Timeout`].
+    /// giving `None` joins none and gets `None` (`MPI_Comm_split`,
+    /// `ncclCommSplit`). Every rank calls it, from the host, at the same
+    /// place of this communicator's order of collectives: synchronise the
+    /// queues that record collectives on it first. The new communicator
+    /// is of the same engine (an NCCL one on the same device), with the
+    /// default timeout.
+    ///
+    /// Over MPI it is bounded by the timeout: a rank that never calls it
+    /// fails the others with [`CollectiveError::Timeout`]. Over NCCL it is
+    /// NCCL's blocking `ncclCommSplit` (NCCL 2.18 or newer), which returns
+    /// once every rank called it: a rank that never does blocks the others
+    /// inside NCCL.
     ///
     /// # Errors
     /// [`CollectiveError::Timeout`], [`CollectiveError::Mismatch`] (a rank
-    /// ran a collective where this one splits), [`CollectiveError::Mpi`].
-    #[cfg(feature = "mpi")]
+    /// ran a collective where this one splits), [`CollectiveError::Mpi`];
+    /// [`CollectiveError::Nccl`] (NCCL's split failed),
+    /// [`CollectiveError::Invalid`] (a color or key above `i32::MAX`,
+    /// which NCCL cannot take, or an NCCL without `ncclCommSplit`),
+    /// [`CollectiveError::Broken`] (a collective on it timed out before).
+    #[cfg(any(feature = "mpi", feature = "nccl"))]
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
         match self.shared.transport {
+            #[cfg(feature = "mpi")]
             Transport::Mpi(ref comm) => comm.split(self, color, key),
             #[cfg(feature = "nccl")]
-            Transport::Nccl(_) => Err(CollectiveError::Invalid {
-                rank: self.rank(),
-                size: self.size(),
-                op: "split",
-                reason: "splitting an NCCL communicator is not built yet: make the smaller \
-                         group's communicator with `Communicator::nccl` and an id of its own"
-                    .to_owned(),
-            }
-            .into()),
+            Transport::Nccl(ref comm) => comm.split(self.size(), color, key),
         }
     }
 

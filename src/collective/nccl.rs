@@ -1,7 +1,9 @@
 //! NCCL communicators (the `nccl` feature) and how a CUDA queue's stream
 //! runs their collectives: the thin layer over cudarc's `nccl::result`
 //! (every call a `Result`), a communicator that owns its `ncclComm_t`, and
-//! [`enqueue_run`], which the stream side calls for a run of collectives.
+//! [`enqueue_run`], which the stream side calls for a run of collectives;
+//! [`Communicator::split`]'s NCCL side. The watchdog that bounds a
+//! collective's time is `nccl_watchdog.rs`.
 //!
 //! cudarc loads NCCL at run time and panics when it is absent, or when a
 //! symbol is missing, so nothing here calls NCCL before [`probe`] found
@@ -12,13 +14,16 @@ use std::ffi::c_int;
 
 use cudarc::nccl::{result, sys};
 
+use cudarc::driver::CudaStream;
+
+use super::nccl_watchdog::Watchdog;
 use super::{
     Collective, CollectiveError, CollectiveOp, Communicator, Element, Reduction, Transport,
 };
 use crate::cuda::{Cuda, CudaDevice};
 use crate::error::{Error, Result};
-use crate::queue::Command;
-use crate::sync::Mutex;
+use crate::queue::{Command, Ledger};
+use crate::sync::{Arc, Mutex};
 use crate::view::View;
 
 /// Checks that cudarc can load NCCL; [`CollectiveError::NoNccl`] saying
@@ -76,33 +81,62 @@ impl std::fmt::Debug for NcclId {
     }
 }
 
-/// One rank's NCCL communicator on one CUDA device: owns its `ncclComm_t`.
+/// One rank's NCCL communicator on one CUDA device, and its watchdog
+/// (declared first: dropped first, it stops its thread, which holds the
+/// core, before the core goes).
 pub(super) struct NcclComm {
-    raw: RawNcclComm,
+    watchdog: Watchdog,
+    core: Arc<NcclCore>,
     device: CudaDevice,
-    /// Held while a queue's worker puts a group of this communicator's
-    /// collectives on its stream: NCCL forbids concurrent calls on one
-    /// communicator, and several queues may share it.
-    calls: Mutex<()>,
+}
+
+/// What the communicator and its watchdog's thread share: the
+/// `ncclComm_t`, owned (destroyed by the last holder, unless aborted).
+pub(super) struct NcclCore {
+    pub(super) raw: RawNcclComm,
+    pub(super) rank: usize,
+    /// Held while a thread calls NCCL on the communicator (a queue's
+    /// worker putting a group on its stream, a split, the watchdog's
+    /// abort): NCCL forbids concurrent calls on one communicator, and
+    /// several queues may share it. Guards whether it is broken.
+    pub(super) calls: Mutex<Calls>,
+}
+
+/// The state of an NCCL communicator that its calls check, under
+/// [`NcclCore::calls`].
+#[derive(Default)]
+pub(super) struct Calls {
+    /// Why it runs no more collectives: the watchdog's timeout, or an
+    /// asynchronous NCCL error. Set once, by the watchdog.
+    pub(super) broken: Option<Arc<Error>>,
+    /// `ncclCommAbort` freed the handle: nothing may call NCCL with it,
+    /// destroying it included.
+    pub(super) aborted: bool,
 }
 
 /// An `ncclComm_t`.
-struct RawNcclComm(sys::ncclComm_t);
+pub(super) struct RawNcclComm(pub(super) sys::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time;
-// `NcclComm::calls` serialises every call that enqueues on it, and the
-// others (creation, destruction) have the only handle.
+// `NcclCore::calls` serialises every call on it (groups, splits, the
+// watchdog's abort) but `ncclCommGetAsyncError`, which NCCL lets any
+// thread call at any time, and creation and destruction have the only
+// handle.
 unsafe impl Send for RawNcclComm {}
 // SAFETY: as for `Send`: shared use goes through `NcclComm::calls`.
 unsafe impl Sync for RawNcclComm {}
 
-impl Drop for NcclComm {
+impl Drop for NcclCore {
     fn drop(&mut self) {
         // Commands hold the communicator until their stream passed them,
-        // so nothing of it is in flight. An error cannot be returned from
+        // and the watchdog's thread (the other holder) has ended, so
+        // nothing of it is in flight. An error cannot be returned from
         // here, and a failed destroy leaks only NCCL's resources.
-        // SAFETY: the handle is live and this is its last user.
-        let _ = unsafe { result::comm_destroy(self.raw.0) };
+        if !self.calls.lock().aborted {
+            // SAFETY: the handle is live (not aborted) and this is its
+            // last user.
+            let _ = unsafe { result::comm_destroy(self.raw.0) };
+        }
     }
 }
 
@@ -111,7 +145,117 @@ impl NcclComm {
     pub(super) fn device(&self) -> &CudaDevice {
         &self.device
     }
+
+    /// [`CollectiveError::Broken`] if the watchdog broke it.
+    fn check_broken(&self, calls: &Calls) -> Result<()> {
+        match &calls.broken {
+            Some(cause) => Err(CollectiveError::Broken {
+                rank: self.core.rank,
+                cause: cause.clone(),
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Communicator::split`] over NCCL: `ncclCommSplit` with `color`
+    /// (`NCCL_SPLIT_NOCOLOR` for `None`, which makes no communicator) and
+    /// `key`, on this communicator's device; the new one starts with
+    /// `timeout`.
+    pub(super) fn split(
+        &self,
+        size: usize,
+        color: Option<u32>,
+        key: u32,
+    ) -> Result<Option<Communicator>> {
+        let rank = self.core.rank;
+        let int = |value: u32, what: &str| {
+            c_int::try_from(value).map_err(|_| {
+                let reason = format!(
+                    "NCCL takes the split's {what} as a non-negative C `int`: {value} is above {}",
+                    c_int::MAX
+                );
+                CollectiveError::Invalid {
+                    rank,
+                    size,
+                    op: "split",
+                    reason,
+                }
+            })
+        };
+        let color = match color {
+            Some(color) => int(color, "color")?,
+            None => NCCL_SPLIT_NOCOLOR,
+        };
+        let key = int(key, "key")?;
+        // cudarc panics on a symbol the library lacks: NCCL has
+        // `ncclCommSplit` from 2.18 on.
+        // SAFETY: NCCL is loaded (a communicator exists); a lookup by name
+        // runs nothing.
+        let found = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"ncclCommSplit\0") };
+        if found.is_err() {
+            let reason = "the NCCL loaded has no `ncclCommSplit` (NCCL 2.18 or newer has it): \
+                          upgrade NCCL, or make the smaller group's communicator with \
+                          `Communicator::nccl` and an id of its own";
+            return Err(CollectiveError::Invalid {
+                rank,
+                size,
+                op: "split",
+                reason: reason.to_owned(),
+            }
+            .into());
+        }
+        bind(&self.device)?;
+        let calls = self.core.calls.lock();
+        self.check_broken(&calls)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: the parent handle is live (not aborted: `broken` is set
+        // before an abort) and used by this thread alone (`calls` held);
+        // `raw` is one handle; a null config asks for the parent's.
+        unsafe { sys::ncclCommSplit(self.core.raw.0, color, key, &mut raw, std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| nccl_error(e, rank, "ncclCommSplit", "splitting the communicator"))?;
+        drop(calls);
+        if raw.is_null() {
+            if color == NCCL_SPLIT_NOCOLOR {
+                return Ok(None);
+            }
+            let reason = "NCCL's split gave this rank no communicator for its color";
+            return Err(invalid(rank, size, reason));
+        }
+        // SAFETY: `raw` is the live handle the split just made.
+        let counted = unsafe { (result::comm_user_rank(raw), result::comm_count(raw)) };
+        let failed = match counted {
+            (Ok(new_rank), Ok(new_size)) => Ok((new_rank, new_size)),
+            (Err(e), _) => Err((e, "ncclCommUserRank", "the split's rank")),
+            (_, Err(e)) => Err((e, "ncclCommCount", "the split's size")),
+        };
+        let (new_rank, new_size) = match failed {
+            Ok(counts) => counts,
+            Err((e, call, what)) => {
+                // SAFETY: `raw` is live and has no other user.
+                let _ = unsafe { result::comm_destroy(raw) };
+                return Err(nccl_error(e, rank, call, what));
+            }
+        };
+        let (Ok(new_rank), Ok(new_size)) = (usize::try_from(new_rank), usize::try_from(new_size))
+        else {
+            // SAFETY: as above.
+            let _ = unsafe { result::comm_destroy(raw) };
+            return Err(invalid(rank, size, "NCCL reported a negative rank or size"));
+        };
+        Ok(Some(Communicator::of_nccl(
+            raw,
+            &self.device,
+            new_rank,
+            new_size,
+        )))
+    }
 }
+
+/// `NCCL_SPLIT_NOCOLOR` (`nccl.h`): the color of a rank that joins no
+/// communicator of the split.
+const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
 impl Communicator {
     /// A communicator of one rank (rank 0 of 1) on `device`
@@ -214,15 +358,19 @@ impl Communicator {
         size: usize,
     ) -> Communicator {
         let comm = NcclComm {
-            raw: RawNcclComm(raw),
+            watchdog: Watchdog::new(),
+            core: Arc::new(NcclCore {
+                raw: RawNcclComm(raw),
+                rank,
+                calls: Mutex::new(Calls::default()),
+            }),
             device: device.clone(),
-            calls: Mutex::new(()),
         };
         Communicator::new(rank, size, Transport::Nccl(comm))
     }
 
     /// Its NCCL communicator, if it is one.
-    fn as_nccl(&self) -> Option<&NcclComm> {
+    pub(super) fn as_nccl(&self) -> Option<&NcclComm> {
         match self.shared.transport {
             Transport::Nccl(ref comm) => Some(comm),
             #[allow(unreachable_patterns)]
@@ -256,7 +404,12 @@ fn invalid(rank: usize, size: usize, reason: &str) -> Error {
 }
 
 /// [`CollectiveError::Nccl`] for `call`'s failure.
-fn nccl_error(error: result::NcclError, rank: usize, call: &'static str, what: &str) -> Error {
+pub(super) fn nccl_error(
+    error: result::NcclError,
+    rank: usize,
+    call: &'static str,
+    what: &str,
+) -> Error {
     use sys::ncclResult_t as R;
     let remedy = match error.0 {
         R::ncclUnhandledCudaError => "a CUDA call inside NCCL failed: check the device's health",
@@ -284,13 +437,18 @@ fn nccl_error(error: result::NcclError, rank: usize, call: &'static str, what: &
 
 /// Puts the run of collectives that starts at `commands[start]` on
 /// `stream`, in one `ncclGroupStart`/`ncclGroupEnd`: the collectives that
-/// follow it in the batch over the same communicator. Returns where the
+/// follow it in the batch over the same communicator; then hands the
+/// group to the communicator's watchdog (an event recorded after it, and
+/// the signals and downloads after it in the batch, to fail should it
+/// time out; `ledger`, the queue's, to report that to). Returns where the
 /// run ends, or the index of the command that failed and its error (the
-/// group is ended in either case).
+/// group is ended in either case). A broken communicator fails the run at
+/// once, calling nothing.
 pub(crate) fn enqueue_run(
     commands: &[Command<Cuda>],
     start: usize,
-    stream: cudarc::driver::sys::CUstream,
+    stream: &CudaStream,
+    ledger: &Ledger,
 ) -> std::result::Result<usize, (usize, Error)> {
     let collective = |index: usize| match commands.get(index) {
         Some(Command::Collective(collective)) => Some(&**collective),
@@ -305,13 +463,17 @@ pub(crate) fn enqueue_run(
     while collective(end).is_some_and(|next| next.communicator.same_as(&first.communicator)) {
         end += 1;
     }
-    let _calls = comm.calls.lock();
+    let calls = comm.core.calls.lock();
+    comm.check_broken(&calls).map_err(|e| (start, e))?;
+    comm.watchdog
+        .start(&comm.core, &comm.device)
+        .map_err(|e| (start, e))?;
     let rank = first.communicator.rank();
     result::group_start().map_err(|e| (start, nccl_error(e, rank, "ncclGroupStart", "a group")))?;
     let mut failed = None;
     for index in start..end {
         let collective = collective(index).expect("the run holds collectives only");
-        if let Err(error) = issue(comm, collective, stream.cast()) {
+        if let Err(error) = issue(comm, collective, stream.cu_stream().cast()) {
             failed = Some((index, error));
             break;
         }
@@ -320,7 +482,14 @@ pub(crate) fn enqueue_run(
     match (failed, ended) {
         (Some(failure), _) => Err(failure),
         (None, Err(e)) => Err((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
-        (None, Ok(_)) => Ok(end),
+        (None, Ok(_)) => {
+            let timeout = first.communicator.timeout();
+            comm.watchdog
+                .watch(stream, first, &commands[end..], ledger, timeout)
+                .map_err(|e| (end, e))?;
+            drop(calls);
+            Ok(end)
+        }
     }
 }
 
@@ -352,7 +521,7 @@ fn issue(comm: &NcclComm, collective: &Collective<Cuda>, stream: sys::cudaStream
     };
     let send = address(collective.send.as_ref()) as *const std::ffi::c_void;
     let recv = address(collective.recv.as_ref()) as *mut std::ffi::c_void;
-    let raw = comm.raw.0;
+    let raw = comm.core.raw.0;
     // The checks at record time: peers and roots below the group's size
     // (so they fit NCCL's `int`), views of this queue's device.
     let peer = |peer: usize| c_int::try_from(peer).unwrap_or(c_int::MAX);
@@ -360,8 +529,10 @@ fn issue(comm: &NcclComm, collective: &Collective<Cuda>, stream: sys::cudaStream
     // (checked at record time: the queue's device is the communicator's),
     // of the lengths the operation needs for `count` elements (checked at
     // record time), kept alive until the stream passed the batch; `raw`
-    // is live (the command holds its communicator), used by this thread
-    // alone (`calls` is held), and `stream` is the queue's, of the same
+    // is live (the command holds its communicator, and `enqueue_run` found
+    // it not broken under `calls`, which the watchdog sets before it
+    // aborts), used by this thread alone (`calls` is held), and `stream`
+    // is the queue's, of the same
     // device.
     let (call, done) = unsafe {
         match collective.op {

@@ -453,20 +453,22 @@ impl fmt::Debug for CudaEngine {
 }
 
 /// Puts the run of collectives that starts at `commands[start]` on
-/// `stream`, grouped (see [`crate::collective`]'s NCCL section): where the
-/// run ends, or the failing command's index and error. Without the `nccl`
+/// `stream`, grouped and watched (see [`crate::collective`]'s NCCL
+/// section; `ledger`, the queue's, is told of a timeout): where the run
+/// ends, or the failing command's index and error. Without the `nccl`
 /// feature no communicator passes `check_collective`, and one that
 /// reached the stream would fail here.
 pub(super) fn enqueue_collectives(
     commands: &[Command<Cuda>],
     start: usize,
     stream: &CudaStream,
+    ledger: &Ledger,
 ) -> std::result::Result<usize, (usize, Error)> {
     #[cfg(feature = "nccl")]
-    return crate::collective::enqueue_nccl_run(commands, start, stream.cu_stream());
+    return crate::collective::enqueue_nccl_run(commands, start, stream, ledger);
     #[cfg(not(feature = "nccl"))]
     {
-        let _ = stream;
+        let _ = (stream, ledger);
         match &commands[start] {
             Command::Collective(collective) => Err((
                 start,

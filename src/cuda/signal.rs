@@ -220,6 +220,13 @@ impl CudaSignal {
     pub(crate) fn wait_dependency(&self, value: u64) -> Result<Dependency<SignalEvent>> {
         self.ring.wait_dependency(value, Timeout::Forever)
     }
+
+    /// Fails `value` although its event is recorded: the work before it
+    /// was abandoned on the device (see [`EventRing::abandon`]).
+    #[cfg(feature = "nccl")]
+    pub(crate) fn abandon(&self, value: u64, cause: Error) {
+        self.ring.abandon(value, cause);
+    }
 }
 
 impl TimelineSignal for CudaSignal {

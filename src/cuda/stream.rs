@@ -385,7 +385,12 @@ impl Shared {
                 }
                 // With those after it, in one NCCL group: profiled as one.
                 Command::Collective(_) => {
-                    match super::queue::enqueue_collectives(batch.commands(), index, &self.stream) {
+                    match super::queue::enqueue_collectives(
+                        batch.commands(),
+                        index,
+                        &self.stream,
+                        &self.ledger,
+                    ) {
                         Ok(end) => {
                             skip_to = end;
                             Ok(())

@@ -5,7 +5,11 @@
 //! the queue's stream, grouped, ordered by a signal, and move the data; an
 //! NCCL error fails the batch from that command with a typed error; a
 //! missing NCCL is an error saying how to install it (never a panic); a
-//! communicator of another device, or on a CPU queue, is refused.
+//! communicator of another device, or on a CPU queue, is refused; a split
+//! gives the fake's rank and size, or none for no color; a collective that
+//! never completes (`HWQUEUE_FAKE_NCCL_HANG`: it stalls its stream until
+//! `ncclCommAbort`) fails its batch's signal with a typed timeout, breaks
+//! the communicator, and leaves nothing hanging on drop.
 
 use std::time::Duration;
 
@@ -29,6 +33,8 @@ fn outcome<T>(result: Result<T, Error>) -> String {
                 Error::Collective(CollectiveError::Nccl { .. }) => "Nccl",
                 Error::Collective(CollectiveError::Unsupported { .. }) => "Unsupported",
                 Error::Collective(CollectiveError::Invalid { .. }) => "Invalid",
+                Error::Collective(CollectiveError::Timeout { .. }) => "Timeout",
+                Error::Collective(CollectiveError::Broken { .. }) => "Broken",
                 Error::DeviceMismatch { .. } => "DeviceMismatch",
                 _ => "other",
             };
@@ -48,6 +54,14 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         }
         "elsewhere" => elsewhere(device),
         "plan" => plan(device),
+        "split" => split(device),
+        "split_fails" => {
+            let comm = Communicator::nccl_single(device).unwrap();
+            report("split", &outcome(comm.split(Some(1), 0)));
+        }
+        "hang" => hang(device),
+        "async_error" => async_error(device),
+        "hang_beside" => hang_beside(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -231,6 +245,133 @@ fn over_mpi(device: &CudaDevice) {
         .unwrap();
     report("data", &format!("{:?}", back.take(LONG).unwrap()));
     report("not_mpi", &outcome(Communicator::nccl_over(&comm, device)));
+}
+
+/// `split` of a communicator of one rank: a color gives the one rank of
+/// its group (`nccl 0 of 1`, on the same device), over which an
+/// `all_reduce` runs; no color gives none; a color NCCL's `int` cannot
+/// hold is refused before NCCL is called.
+fn split(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let describe = |split: hwqueue::Result<Option<Communicator>>| match split {
+        Ok(Some(comm)) => format!("{} {} of {}", comm.engine(), comm.rank(), comm.size()),
+        Ok(None) => "none".to_owned(),
+        Err(error) => outcome::<()>(Err(error)),
+    };
+    let half = comm.split(Some(3), 7);
+    report("split", &describe(half.clone()));
+    report("no_color", &describe(comm.split(None, 0)));
+    report("huge_color", &describe(comm.split(Some(u32::MAX), 0)));
+    let Ok(Some(half)) = half else {
+        return;
+    };
+    report(
+        "same_device",
+        &format!(
+            "{}",
+            half.nccl_device().is_some_and(|d| d.same_as(device)) && !half.same_as(&comm)
+        ),
+    );
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let back = Download::<u32>::new(2);
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .upload(&input, &[5u32, 6])
+        .all_reduce::<u32, _, _>(&half, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("data", &format!("{:?}", back.take(LONG)));
+    // The batch lets go of the split communicator once retired: both are
+    // destroyed before the process ends.
+    report("synchronize", &outcome(queue.synchronize()));
+    drop((queue, half, comm));
+}
+
+/// The fake's `ncclAllReduce` never completes (`HWQUEUE_FAKE_NCCL_HANG`):
+/// with a 200 ms timeout, a host wait on the signal after it returns the
+/// watchdog's typed error (`wait` is how long that took to come, well
+/// under [`LONG`], and not asserted); `synchronize` reports it; the next
+/// collective, and a split, find the communicator broken; then the queue
+/// and the communicator drop (`dropped`: it returned).
+fn hang(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (reduced, later) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .upload(&input, &[1u32, 2, 3, 4])
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    let start = std::time::Instant::now();
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    report("wait", &format!("{:?}", start.elapsed()));
+    report("value", &reduced.value().to_string());
+    report("synchronize", &outcome(queue.synchronize()));
+    let submitted = queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&later, 1)
+        .submit();
+    report("submit_after", &outcome(submitted));
+    report("later", &outcome(later.wait(1, LONG)));
+    report("split_after", &outcome(comm.split(Some(0), 0)));
+    drop(queue);
+    drop(comm);
+    report("dropped", "ok");
+}
+
+/// Two queues share a communicator; the fake's `ncclAllGather` never
+/// completes, its `ncclAllReduce` does: the queue whose all_gather timed
+/// out fails with the timeout, the other queue's all_reduce (done) keeps
+/// its signal and its queue reports nothing.
+fn hang_beside(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (gathered, reduced) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (mut stuck, mut fine) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    stuck
+        .all_gather::<u32, _, _>(&comm, &input, &output)
+        .signal(&gathered, 1)
+        .submit()
+        .unwrap();
+    fine.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit()
+        .unwrap();
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    report("gathered", &outcome(gathered.wait(1, LONG)));
+    report("fine_synchronize", &outcome(fine.synchronize()));
+    report("stuck_synchronize", &outcome(stuck.synchronize()));
+    drop((stuck, fine, comm));
+    report("dropped", "ok");
+}
+
+/// The fake's `ncclAllReduce` never completes, and NCCL reports an
+/// asynchronous error for it (`HWQUEUE_FAKE_NCCL_ASYNC_ERROR`, as for a
+/// peer's failure) long before the minute's timeout: the signal after it
+/// fails with that error, and the communicator is broken.
+fn async_error(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let reduced = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    report("split_after", &outcome(comm.split(Some(0), 0)));
+    drop(queue);
+    drop(comm);
+    report("dropped", "ok");
 }
 
 /// A plan on the CUDA device: upload `x`, all_reduce it into `sum`,
@@ -473,6 +614,188 @@ fn nccl_over_an_mpi_world_hands_rank_0s_id_round() {
     assert_eq!(
         calls[..2],
         ["ncclGetUniqueId", "ncclCommInitRank"],
+        "{outcome:#?}"
+    );
+}
+
+#[test]
+fn split_gives_the_groups_rank_and_size_and_none_without_a_color() {
+    let vars = on_a_12_2_device("nccl:split", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    // The fake has one rank: it is its color's whole group.
+    assert_eq!(outcome.field("split"), "nccl 0 of 1", "{outcome:#?}");
+    assert_eq!(outcome.field("no_color"), "none", "{outcome:#?}");
+    assert_eq!(outcome.field("same_device"), "true", "{outcome:#?}");
+    let huge = outcome.field("huge_color");
+    assert!(huge.starts_with("Invalid "), "{huge}");
+    assert!(huge.contains("non-negative C `int`"), "{huge}");
+    // A collective over the split communicator ran, and moved the data.
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("data"), "Ok([5, 6])", "{outcome:#?}");
+    assert_eq!(outcome.field("synchronize"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    for call in [
+        "ncclCommSplit color=3 key=7",
+        "ncclCommUserRank",
+        "ncclCommCount",
+        "ncclCommSplit color=-1 key=0",
+    ] {
+        assert!(calls.contains(&call), "no `{call}` in {calls:?}");
+    }
+    // The huge color never reached NCCL; both communicators were destroyed.
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|c| c.starts_with("ncclCommSplit"))
+            .count(),
+        2,
+        "{calls:?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| **c == "ncclCommDestroy").count(),
+        2,
+        "{calls:?}"
+    );
+    assert!(
+        calls.iter().any(|c| c.starts_with("ncclAllReduce")),
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn an_nccl_split_error_is_a_typed_nccl_error() {
+    let vars = on_a_12_2_device(
+        "nccl:split_fails",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_FAIL", "ncclCommSplit"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    let split = outcome.field("split");
+    assert!(split.starts_with("Nccl "), "{split}");
+    for phrase in ["rank 0: ncclCommSplit", "ncclInternalError (3)"] {
+        assert!(split.contains(phrase), "no `{phrase}` in {split}");
+    }
+}
+
+/// A collective that never completes: the watchdog times it out, aborts
+/// the communicator, and fails what followed it with a typed error.
+#[test]
+fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
+    let vars = on_a_12_2_device(
+        "nccl:hang",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    // The wait returned (well within its 10 s), with the watchdog's error.
+    let reduced = outcome.field("reduced");
+    assert!(reduced.starts_with("Timeout "), "{outcome:#?}");
+    for phrase in [
+        "rank 0: all_reduce (sum) of 4 u32, recorded #0 did not complete within",
+        "this communicator is unusable now",
+    ] {
+        assert!(reduced.contains(phrase), "no `{phrase}` in {reduced}");
+    }
+    // The abort let the stream go on, but the signal stays unreached.
+    assert_eq!(outcome.field("value"), "0", "{outcome:#?}");
+    assert!(
+        outcome.field("synchronize").starts_with("Timeout "),
+        "{outcome:#?}"
+    );
+    // Broken from then on: the next collective fails at once, calling
+    // nothing, and so does a split.
+    assert_eq!(outcome.field("submit_after"), "ok", "{outcome:#?}");
+    for key in ["later", "split_after"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("Broken "), "{key}: {text}");
+        assert!(text.contains("did not complete within"), "{key}: {text}");
+    }
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    // One all_reduce reached NCCL; the communicator was aborted, and not
+    // destroyed after (the abort freed it).
+    let calls = nccl_calls(&outcome);
+    let ops = calls.iter().filter(|c| c.starts_with("ncclAllReduce"));
+    assert_eq!(ops.count(), 1, "{calls:?}");
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+    assert!(
+        !calls.iter().any(|c| c.starts_with("ncclCommSplit")),
+        "{calls:?}"
+    );
+}
+
+/// NCCL's asynchronous error (a peer's failure) breaks the communicator
+/// at once, as the timeout would, with NCCL's error.
+#[test]
+fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
+    let vars = on_a_12_2_device(
+        "nccl:async_error",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+            // ncclRemoteError.
+            ("HWQUEUE_FAKE_NCCL_ASYNC_ERROR", "6"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    let reduced = outcome.field("reduced");
+    assert!(reduced.starts_with("Nccl "), "{outcome:#?}");
+    for phrase in [
+        "rank 0: ncclCommGetAsyncError (all_reduce (sum) of 4 f32, recorded #0)",
+        "ncclRemoteError (6)",
+        "a peer failed or exited",
+    ] {
+        assert!(reduced.contains(phrase), "no `{phrase}` in {reduced}");
+    }
+    let split = outcome.field("split_after");
+    assert!(split.starts_with("Broken "), "{split}");
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+}
+
+/// A timeout breaks the communicator, but a collective of another queue
+/// that completed keeps its result: only what was not done fails.
+#[test]
+fn a_timeout_fails_only_the_groups_not_done() {
+    let vars = on_a_12_2_device(
+        "nccl:hang_beside",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("reduced"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("fine_synchronize"), "ok", "{outcome:#?}");
+    for key in ["gathered", "stuck_synchronize"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("Timeout "), "{key}: {text}");
+        assert!(
+            text.contains("rank 0: all_gather of 4 u32, recorded #0"),
+            "{key}: {text}"
+        );
+    }
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    assert!(
+        nccl_calls(&outcome).contains(&"ncclCommAbort"),
         "{outcome:#?}"
     );
 }

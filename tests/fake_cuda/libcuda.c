@@ -108,6 +108,20 @@
  *     by its thread's CPU time). Only events are delayed: streams and
  *     graph launches still complete at once, and a recording in a graph
  *     completes when the graph runs.
+ *   - Stalls (for the fake NCCL, libnccl.c, whose collective that "never
+ *     completes" stalls its stream; see HWQUEUE_FAKE_NCCL_HANG there): the
+ *     one exception to "work is done when enqueued". `hwqueue_fake_stall`,
+ *     exported for libnccl.c (not a driver symbol), marks a stream stalled
+ *     until a deadline that libnccl.c clears (to 0) when the communicator
+ *     is aborted. While it is not cleared and not passed, an event
+ *     recorded on the stream after the stall is not complete
+ *     (cuEventQuery: CUDA_ERROR_NOT_READY; cuEventSynchronize and
+ *     cuStreamSynchronize sleep in 1 ms steps until it is), and a stream
+ *     that waits on such an event stalls on the same deadline. A stream
+ *     callback behind a stall is not modelled (the process aborts saying
+ *     so). The deadline is libnccl.c's safety valve: a stall nobody
+ *     clears ends by itself, so a test of code that never aborts fails
+ *     instead of hanging.
  *
  * Every CUresult this file returns must be one the `CUDA_ERRORS` table below
  * lists: cudarc reads CUresult as a Rust enum, so a number that enum lacks
@@ -627,7 +641,15 @@ struct fake_handle {
     _Atomic long long ready_at_ns;
     struct capture *capture;         /* a stream's, while it captures */
     unsigned long long captured_in;  /* an event's last record's capture, or 0 */
+    /* The stall (see "Stalls") a stream's work is behind, or an event's
+     * last record was: a deadline (CLOCK_MONOTONIC, ns) that libnccl.c
+     * owns and clears to 0 on abort; NULL: none. Written by the thread
+     * that enqueues, read by queries on others. */
+    _Atomic(_Atomic long long *) stall;
 };
+
+static int stalled(_Atomic(_Atomic long long *) *slot);
+static void sleep_while_stalled(_Atomic(_Atomic long long *) *slot);
 
 /* Aborts on what this fake leaves out, rather than answering what no
  * driver would. */
@@ -811,6 +833,9 @@ CUresult cuStreamSynchronize(CUstream stream) {
     if (result == CUDA_SUCCESS) {
         result = forbidden_in_capture(stream, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
+    if (result == CUDA_SUCCESS && created_stream(stream)) {
+        sleep_while_stalled(&stream->stall);
+    }
     return result;
 }
 
@@ -842,6 +867,9 @@ CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
         if (recorded_in != NULL) {
             unmodelled("a stream joining a capture (waiting on an event another stream captured)");
         }
+        if (created_stream(stream) && stalled(&event->stall)) {
+            atomic_store(&stream->stall, atomic_load(&event->stall));
+        }
         return CUDA_SUCCESS;
     }
     if (recorded_in == stream->capture) {
@@ -867,6 +895,9 @@ CUresult cuStreamAddCallback(CUstream stream, CUstreamCallback callback, void *u
     if (refused != CUDA_SUCCESS) {
         return refused;
     }
+    if (created_stream(stream) && stalled(&stream->stall)) {
+        unmodelled("a stream callback behind a stalled NCCL collective");
+    }
     CUresult status = atomic_load(&faulted) ? env_code("HWQUEUE_FAKE_FAULT", CUDA_ERROR_ILLEGAL_ADDRESS) : CUDA_SUCCESS;
     callback(stream, status, user_data);
     return CUDA_SUCCESS;
@@ -879,6 +910,34 @@ static long long monotonic_ns(void) {
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* Whether the stall `slot` names is still on (see "Stalls"). */
+static int stalled(_Atomic(_Atomic long long *) *slot) {
+    _Atomic long long *stall = atomic_load(slot);
+    if (stall == NULL) {
+        return 0;
+    }
+    long long until = atomic_load(stall);
+    return until != 0 && monotonic_ns() < until;
+}
+
+/* Sleeps in 1 ms steps while the stall `slot` names is on. */
+static void sleep_while_stalled(_Atomic(_Atomic long long *) *slot) {
+    while (stalled(slot)) {
+        struct timespec step = {.tv_sec = 0, .tv_nsec = 1000000};
+        nanosleep(&step, NULL);
+    }
+}
+
+/* Exported for libnccl.c (found there with dlsym): work put on `stream`
+ * from now on is behind `stall` (see "Stalls"). */
+__attribute__((visibility("default"))) void hwqueue_fake_stall(CUstream stream, _Atomic long long *stall) {
+    log_call(__func__);
+    if (!created_stream(stream)) {
+        unmodelled("a stall of the legacy or per-thread stream");
+    }
+    atomic_store(&stream->stall, stall);
 }
 
 CUresult cuEventCreate(CUevent *event, unsigned int flags) {
@@ -914,6 +973,7 @@ static CUresult record_event(const char *symbol, CUevent event, CUstream stream,
         return add_event_node(graph, CU_GRAPH_NODE_TYPE_EVENT_RECORD, event);
     }
     event->captured_in = graph != NULL ? stream->capture->id : 0;
+    atomic_store(&event->stall, graph == NULL && created_stream(stream) ? atomic_load(&stream->stall) : NULL);
     atomic_store(&event->ready_at_ns, graph == NULL && event_delay_ns > 0 ? monotonic_ns() + event_delay_ns : 0);
     return CUDA_SUCCESS;
 }
@@ -940,6 +1000,9 @@ CUresult cuEventQuery(CUevent event) {
     if (result == CUDA_SUCCESS && monotonic_ns() < atomic_load(&event->ready_at_ns)) {
         result = CUDA_ERROR_NOT_READY;
     }
+    if (result == CUDA_SUCCESS && stalled(&event->stall)) {
+        result = CUDA_ERROR_NOT_READY;
+    }
     return result;
 }
 
@@ -959,6 +1022,9 @@ CUresult cuEventSynchronize(CUevent event) {
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
             /* A signal handler ran: sleep on to the same instant. */
         }
+    }
+    if (result == CUDA_SUCCESS) {
+        sleep_while_stalled(&event->stall);
     }
     return result;
 }

@@ -8,7 +8,12 @@
  * collectives, point-to-point, and groups.
  *
  * The model: one rank. A communicator is rank 0 of 1 on one device;
- * ncclCommInitRank with more ranks answers ncclInvalidUsage. Every
+ * ncclCommInitRank with more ranks answers ncclInvalidUsage, and
+ * ncclCommSplit gives, for a color, the split's only rank (rank 0 of 1,
+ * whatever the key: no other process gives a color) on the parent's
+ * device, and for NCCL_SPLIT_NOCOLOR (-1) no communicator (NULL).
+ * ncclCommCount and ncclCommUserRank report a communicator's size and
+ * rank. Every
  * collective of one rank copies its send buffer to its receive buffer
  * (memmove: in place is allowed), at once, whatever the stream; a send to
  * rank 0 is kept until the matching recv copies it. Groups nest; ops are
@@ -24,10 +29,29 @@
  *                             other effect. Unset: none
  *   HWQUEUE_FAKE_NCCL_RESULT  that failure's ncclResult_t (default 3,
  *                             ncclInternalError)
+ *   HWQUEUE_FAKE_NCCL_HANG    the name of a collective (ncclAllReduce, ...)
+ *                             that never completes, as one whose peer died:
+ *                             it moves no data and stalls its stream (the
+ *                             fake driver's "Stalls": events recorded after
+ *                             it are not complete) until ncclCommAbort of
+ *                             its communicator, which makes NCCL's kernels
+ *                             exit. A safety valve ends the stall after
+ *                             HWQUEUE_FAKE_NCCL_HANG_S seconds (default 30)
+ *                             all the same, so code that never aborts fails
+ *                             its test instead of hanging it. Unset: none
+ *   HWQUEUE_FAKE_NCCL_ASYNC_ERROR  an ncclResult_t that ncclCommGetAsyncError
+ *                             reports for a communicator with a collective
+ *                             stalled as above (an asynchronous error of a
+ *                             hung collective, as a peer's failure is).
+ *                             Unset: ncclSuccess. ncclCommGetAsyncError is
+ *                             not logged: a watchdog polls it
  */
 
+#include <dlfcn.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake_common.h"
 
@@ -59,7 +83,16 @@ typedef struct {
 
 struct ncclComm {
     int device;
+    int rank;
+    int nranks;
+    /* The stall of its hung collective (HWQUEUE_FAKE_NCCL_HANG), or NULL:
+     * a deadline the fake driver reads (see "Stalls" in libcuda.c), 0 once
+     * aborted. Never freed: events recorded behind it still point to it
+     * after the communicator is gone (a few bytes per hang, in a test). */
+    _Atomic long long *stall;
 };
+
+#define NCCL_SPLIT_NOCOLOR (-1)
 typedef struct ncclComm *ncclComm_t;
 
 static __thread int group_depth;
@@ -103,6 +136,39 @@ static size_t element_bytes(ncclDataType_t type) {
     return 0;
 }
 
+/* Whether HWQUEUE_FAKE_NCCL_HANG names `symbol`. */
+static int hangs(const char *symbol) {
+    const char *hang = getenv("HWQUEUE_FAKE_NCCL_HANG");
+    return hang != NULL && strcmp(hang, symbol) == 0;
+}
+
+/* Stalls `stream` behind `comm`'s hung collective, through the fake
+ * driver's `hwqueue_fake_stall` (the driver is loaded: hwqueue enqueues
+ * on its streams). */
+static ncclResult_t stall(ncclComm_t comm, cudaStream_t stream) {
+    void *driver = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
+    void (*stall_stream)(cudaStream_t, _Atomic long long *) =
+        driver == NULL ? NULL : (void (*)(cudaStream_t, _Atomic long long *))dlsym(driver, "hwqueue_fake_stall");
+    if (stall_stream == NULL) {
+        fprintf(stderr, "fake libnccl: no fake driver's hwqueue_fake_stall to hang a collective with\n");
+        abort();
+    }
+    if (comm->stall == NULL) {
+        comm->stall = malloc(sizeof *comm->stall);
+        if (comm->stall == NULL) {
+            return (ncclResult_t)2;
+        }
+        const char *limit = getenv("HWQUEUE_FAKE_NCCL_HANG_S");
+        long long seconds = limit != NULL && *limit != '\0' ? atoll(limit) : 30;
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        atomic_store(comm->stall, (now.tv_sec + seconds) * 1000000000LL + now.tv_nsec);
+    }
+    stall_stream(stream, comm->stall);
+    dlclose(driver);
+    return ncclSuccess;
+}
+
 /* One rank's collective: `count` elements from `send` to `recv`. */
 static ncclResult_t copy_op(const char *symbol, const void *send, void *recv, size_t count, ncclDataType_t type,
                             ncclComm_t comm, cudaStream_t stream) {
@@ -114,6 +180,9 @@ static ncclResult_t copy_op(const char *symbol, const void *send, void *recv, si
     size_t bytes = element_bytes(type);
     if (comm == NULL || bytes == 0 || (count > 0 && (send == NULL || recv == NULL))) {
         return ncclInvalidArgument;
+    }
+    if (hangs(symbol)) {
+        return stall(comm, stream);
     }
     if (count > 0 && send != recv) {
         memmove(recv, send, count * bytes);
@@ -138,11 +207,13 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
 }
 
 static ncclResult_t new_comm(ncclComm_t *comm, int device) {
-    struct ncclComm *made = malloc(sizeof *made);
+    struct ncclComm *made = calloc(1, sizeof *made);
     if (made == NULL) {
         return (ncclResult_t)2;
     }
     made->device = device;
+    made->rank = 0;
+    made->nranks = 1;
     *comm = made;
     return ncclSuccess;
 }
@@ -180,9 +251,64 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return ncclSuccess;
 }
 
+/* Ends the stall of its hung collective (NCCL's kernels exit), then
+ * frees it. */
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
     log_call(__func__);
+    if (comm != NULL && comm->stall != NULL) {
+        atomic_store(comm->stall, 0);
+    }
     free(comm);
+    return ncclSuccess;
+}
+
+/* The split's only rank: this process is the one rank of the fake, so
+ * the ranks giving `color` are this one. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, void *config) {
+    char line[96];
+    snprintf(line, sizeof line, "%s color=%d key=%d", __func__, color, key);
+    log_call(line);
+    (void)config;
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    if (comm == NULL || newcomm == NULL || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) {
+        return ncclInvalidArgument;
+    }
+    if (color == NCCL_SPLIT_NOCOLOR) {
+        *newcomm = NULL;
+        return ncclSuccess;
+    }
+    return new_comm(newcomm, comm->device);
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+    log_call(__func__);
+    if (comm == NULL || count == NULL) {
+        return ncclInvalidArgument;
+    }
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+    log_call(__func__);
+    if (comm == NULL || rank == NULL) {
+        return ncclInvalidArgument;
+    }
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+/* Not logged: a watchdog polls it. */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
+    if (comm == NULL || async_error == NULL) {
+        return ncclInvalidArgument;
+    }
+    const char *code = getenv("HWQUEUE_FAKE_NCCL_ASYNC_ERROR");
+    int stalled = comm->stall != NULL && atomic_load(comm->stall) != 0;
+    *async_error = stalled && code != NULL && *code != '\0' ? (ncclResult_t)atoi(code) : ncclSuccess;
     return ncclSuccess;
 }
 

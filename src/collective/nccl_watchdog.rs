@@ -1,0 +1,334 @@
+//! The watchdog of an NCCL communicator: what bounds the time of its
+//! collectives, as PyTorch's `ProcessGroupNCCL` watchdog does.
+//!
+//! NCCL has no timeout of its own: a collective whose peer died or never
+//! comes spins in its kernel forever, and everything behind it on the
+//! stream waits. So each group a queue puts on its stream
+//! ([`super::nccl::enqueue_run`]) is followed by an event, and handed here
+//! with the communicator's timeout and what the batch does after it (its
+//! signals and downloads). One thread per communicator, started with its
+//! first group and ended (joined) when the communicator drops, looks at
+//! the groups in flight every [`POLL`] (or at the next deadline, if
+//! sooner) while there are any, and sleeps otherwise:
+//!
+//! - a group whose event completed is done, and is forgotten;
+//! - a group past its deadline, or an asynchronous NCCL error
+//!   (`ncclCommGetAsyncError`), breaks the communicator: under its call
+//!   lock (so no queue calls NCCL meanwhile, and every later collective
+//!   fails at once with [`CollectiveError::Broken`]), the signals and
+//!   downloads after every group in flight are failed, even though their
+//!   events are recorded ([`CudaSignal`]'s `abandon`): the late group's
+//!   with [`CollectiveError::Timeout`] (or the oldest group's with the
+//!   NCCL error), the others' not done yet with
+//!   [`CollectiveError::Broken`]; each queue's owner is told at
+//!   its next `submit` or `synchronize`; and then `ncclCommAbort`, which
+//!   makes NCCL's kernels exit, so the stream moves on and nothing waits
+//!   forever.
+//!
+//! The launch path pays one event record and two short locks per group
+//! (events and the lists of what to fail are reused), and no allocation
+//! once warm; nothing per kernel.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
+use cudarc::nccl::sys;
+
+use super::nccl::{NcclCore, nccl_error};
+use super::{Collective, CollectiveError, HostCollective};
+use crate::cuda::{Cuda, CudaDevice, CudaSignal};
+use crate::error::{Error, Result};
+use crate::queue::{Command, Ledger};
+use crate::sync::{Arc, Condvar, JoinHandle, Mutex, spawn_joinable};
+use crate::transfer::DownloadSink;
+
+/// How often the thread looks at the oldest group in flight (and asks
+/// NCCL for an asynchronous error) while there is one. A timeout is seen
+/// within this much of its deadline.
+pub(super) const POLL: Duration = Duration::from_millis(10);
+
+/// A communicator's watchdog: its thread (once started) and what the
+/// queues hand it.
+pub(super) struct Watchdog {
+    shared: Arc<WatchShared>,
+    /// The thread, once the first group started it; joined on drop.
+    thread: Mutex<Option<JoinHandle>>,
+}
+
+struct WatchShared {
+    state: Mutex<WatchState>,
+    /// Notified when a group arrives at an empty list, and on close.
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// The groups in flight, oldest first. One communicator's groups
+    /// complete in the order they were enqueued only per stream: the
+    /// thread forgets each completed one wherever it is. Pushed by the
+    /// queues, removed by the thread alone.
+    groups: VecDeque<Group>,
+    /// Finished groups, kept with their event and list for reuse.
+    spare: Vec<Group>,
+    /// The communicator dropped: the thread ends.
+    closed: bool,
+}
+
+/// A group on a stream, watched.
+struct Group {
+    /// Recorded right after the group on its stream.
+    event: CudaEvent,
+    /// When it was enqueued, and when it times out (`None`: never).
+    enqueued: Instant,
+    deadline: Option<Instant>,
+    /// Its first collective, to name in the error.
+    first: Option<HostCollective>,
+    /// What the batch does after it: failed should it time out.
+    after: Vec<After>,
+    /// The queue's failure record, told of a timeout.
+    ledger: Option<Ledger>,
+}
+
+/// A signal value or a download after a group in its batch.
+enum After {
+    Signal(CudaSignal, u64),
+    Download(DownloadSink),
+}
+
+impl Watchdog {
+    pub(super) fn new() -> Self {
+        Self {
+            shared: Arc::new(WatchShared {
+                state: Mutex::new(WatchState::default()),
+                changed: Condvar::new(),
+            }),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Starts the thread, if it is not running yet.
+    ///
+    /// # Errors
+    /// [`Error::System`] when the thread cannot be spawned.
+    pub(super) fn start(&self, core: &Arc<NcclCore>, device: &CudaDevice) -> Result<()> {
+        let mut thread = self.thread.lock();
+        if thread.is_some() {
+            return Ok(());
+        }
+        let (shared, core, device) = (self.shared.clone(), core.clone(), device.clone());
+        let name = format!("hwqueue-nccl{}-watchdog", device.ordinal());
+        let started = spawn_joinable(name, move || run(&shared, &core, &device));
+        *thread = Some(started.map_err(|e| Error::System {
+            what: "spawning an NCCL communicator's watchdog thread",
+            detail: e.to_string(),
+        })?);
+        Ok(())
+    }
+
+    /// Watches the group just put on `stream` (its first collective
+    /// `first`), to complete within `timeout`; `rest` is the batch after
+    /// it. Called with the communicator's call lock held.
+    ///
+    /// # Errors
+    /// A driver error creating or recording the event (the group is on
+    /// the stream, unwatched).
+    pub(super) fn watch(
+        &self,
+        stream: &CudaStream,
+        first: &Collective<Cuda>,
+        rest: &[Command<Cuda>],
+        ledger: &Ledger,
+        timeout: Duration,
+    ) -> Result<()> {
+        let spare = self.shared.state.lock().spare.pop();
+        let mut group = match spare {
+            Some(group) => group,
+            None => Group {
+                event: stream
+                    .context()
+                    .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(|e| crate::cuda::driver_error("creating an NCCL group's event", e))?,
+                enqueued: Instant::now(),
+                deadline: None,
+                first: None,
+                after: Vec::new(),
+                ledger: None,
+            },
+        };
+        // An event reused from a group of a stream of this device: every
+        // queue running this communicator's collectives is of its device.
+        if let Err(e) = group.event.record(stream) {
+            let error =
+                crate::cuda::context_error(stream.context(), "recording an NCCL group's event", e);
+            self.shared.state.lock().spare.push(group);
+            return Err(error);
+        }
+        group.enqueued = Instant::now();
+        group.deadline = group.enqueued.checked_add(timeout);
+        group.first = Some(HostCollective::of(first));
+        group.ledger = Some(ledger.clone());
+        group
+            .after
+            .extend(rest.iter().filter_map(|command| match command {
+                Command::Signal { signal, value } => Some(After::Signal(signal.clone(), *value)),
+                Command::Download { sink, .. } => Some(After::Download(sink.share())),
+                _ => None,
+            }));
+        let mut state = self.shared.state.lock();
+        let idle = state.groups.is_empty();
+        state.groups.push_back(group);
+        drop(state);
+        if idle {
+            self.shared.changed.notify_one();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.state.lock().closed = true;
+        self.shared.changed.notify_one();
+        if let Some(thread) = self.thread.lock().take() {
+            thread.join();
+        }
+    }
+}
+
+impl Group {
+    /// Clears it for reuse (its event and list stay).
+    fn clear(&mut self) {
+        self.first = None;
+        self.after.clear();
+        self.ledger = None;
+    }
+}
+
+/// The thread: see the module docs. Holds the core (so the handle stays
+/// live until it ends) and the device (whose context it binds once, for
+/// its event queries).
+fn run(shared: &WatchShared, core: &NcclCore, device: &CudaDevice) {
+    // Without its context bound, the queries below may fail: a group is
+    // then taken for done, as after a device fault (its queue reports
+    // that), and only the timeout is lost.
+    let _ = device.context().bind_to_thread();
+    let mut state = shared.state.lock();
+    loop {
+        if state.closed {
+            return;
+        }
+        // Every group whose event completed is done (the groups of
+        // several queues' streams complete in no common order). A query
+        // error is a device fault: the stream's queue reports it, and the
+        // events of its signals fail alike.
+        let mut index = 0;
+        while index < state.groups.len() {
+            if matches!(state.groups[index].event.try_is_complete(), Ok(false)) {
+                index += 1;
+            } else if let Some(mut group) = state.groups.remove(index) {
+                group.clear();
+                state.spare.push(group);
+            }
+        }
+        if state.groups.is_empty() {
+            state = shared.changed.wait(state);
+            continue;
+        }
+        let now = Instant::now();
+        // The first group past its deadline; else NCCL's asynchronous
+        // error, named after the oldest group.
+        let late = (state.groups.iter())
+            .position(|group| group.deadline.is_some_and(|deadline| now >= deadline));
+        let failure = match late {
+            Some(index) => {
+                let group = &state.groups[index];
+                Some(
+                    CollectiveError::Timeout {
+                        rank: core.rank,
+                        op: group
+                            .first
+                            .map_or_else(String::new, |first| first.describe()),
+                        waited: now - group.enqueued,
+                    }
+                    .into(),
+                )
+            }
+            None => async_error(core, state.groups[0].first),
+        };
+        if let Some(cause) = failure {
+            drop(state);
+            // Only this thread removes groups: the index stays valid.
+            break_communicator(shared, core, cause, late.unwrap_or(0));
+            state = shared.state.lock();
+            continue;
+        }
+        let next = state.groups.iter().filter_map(|group| group.deadline).min();
+        let wake = next.map_or(now + POLL, |deadline| deadline.min(now + POLL));
+        state = shared.changed.wait_until(state, Some(wake));
+    }
+}
+
+/// NCCL's asynchronous error of the communicator (a peer's failure, a
+/// network error), as [`CollectiveError::Nccl`]; `None` while there is
+/// none.
+fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> {
+    let mut code = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: the handle is live: only this thread aborts it, and the core
+    // (which destroys it) outlives this thread. NCCL lets any thread ask
+    // for a communicator's asynchronous error at any time.
+    let asked = unsafe { sys::ncclCommGetAsyncError(core.raw.0, &mut code) };
+    let what = first.map_or_else(String::new, |first| first.describe());
+    match asked.result().and_then(|_| code.result()) {
+        Ok(_) => None,
+        Err(e) => Some(nccl_error(e, core.rank, "ncclCommGetAsyncError", &what)),
+    }
+}
+
+/// Breaks the communicator with `cause` (see the module docs): the
+/// signals and downloads of group `culprit` fail with it, those of the
+/// other groups not done yet with [`CollectiveError::Broken`], and then
+/// `ncclCommAbort`.
+fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
+    // Lock order: `calls`, then the watch state (as `enqueue_run`, which
+    // holds `calls` while it hands a group over).
+    let mut calls = core.calls.lock();
+    if calls.aborted {
+        return;
+    }
+    let cause = Arc::new(cause);
+    calls.broken = Some(cause.clone());
+    let groups = std::mem::take(&mut shared.state.lock().groups);
+    let broken: Error = CollectiveError::Broken {
+        rank: core.rank,
+        cause: cause.clone(),
+    }
+    .into();
+    for (index, group) in groups.iter().enumerate() {
+        // One done meanwhile (another queue's stream) keeps its results.
+        if index != culprit && matches!(group.event.try_is_complete(), Ok(true)) {
+            continue;
+        }
+        let failure = if index == culprit { &*cause } else { &broken };
+        // Before the abort: the events after the group complete only once
+        // NCCL's kernels exited, and must not pass for the work's end.
+        for after in &group.after {
+            match after {
+                After::Signal(signal, value) => signal.abandon(*value, failure.clone()),
+                After::Download(sink) => sink.fail(failure),
+            }
+        }
+        if let Some(ledger) = &group.ledger {
+            ledger.fail_unbatched(failure.clone());
+        }
+    }
+    // SAFETY: the handle is live (not aborted yet, checked under `calls`,
+    // which is held), and no other thread calls NCCL on it meanwhile: the
+    // queues and splits take `calls` and then find it broken.
+    // `ncclCommAbort` frees the handle; `aborted` keeps everyone off it.
+    let _ = unsafe { cudarc::nccl::result::comm_abort(core.raw.0) };
+    calls.aborted = true;
+    drop(calls);
+    // The events go outside the locks (destroying one calls the driver).
+    drop(groups);
+}

@@ -1,0 +1,50 @@
+//! [`EventRing::abandon`]: failing a value whose event is recorded, for
+//! work that was given up on the device (an aborted NCCL collective), so
+//! that its event completing no longer means its work was done.
+
+use super::{EventRing, RingEvent};
+use crate::error::Error;
+use crate::sync::Ordering;
+
+impl<E: RingEvent> EventRing<E> {
+    /// Fails `value` even where an event recorded for it will complete:
+    /// the work before that event was abandoned on the device (hwqueue's
+    /// NCCL watchdog aborts a communicator whose collective timed out, and
+    /// the aborted kernels then exit, which completes the events behind
+    /// them). Values from just above the highest other recorded value
+    /// below `value` (or the completed value) up to `value` fail with
+    /// `cause`, and their waiters wake with [`Error::SignalFailed`]; a
+    /// waiter already blocked on the event sees the failure once the event
+    /// completes. A value already reached is not affected, nor are other
+    /// recorded values: a later one whose event completes reaches the
+    /// value as usual (a timeline only rises).
+    ///
+    /// The slots recorded for `value` keep their events (a waiter may hold
+    /// them) but stand for no value any more: they are reused like done
+    /// slots.
+    pub fn abandon(&self, value: u64, cause: Error) {
+        let mut guard = self.state.lock();
+        self.fold(&mut guard);
+        let state = &mut *guard;
+        if value <= state.completed {
+            return;
+        }
+        // A slot of value 0 is a done slot: `completed` is never below 0,
+        // and no target is 0 once it is not reached.
+        for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
+            slot.value = 0;
+        }
+        let below = state
+            .slots
+            .iter()
+            .map(|slot| slot.value)
+            .filter(|recorded| *recorded < value)
+            .max()
+            .unwrap_or(0);
+        let above = below.max(state.completed);
+        if state.failures.record(above, value, cause, state.completed) {
+            self.failed.fetch_add(1, Ordering::Release);
+            self.changed.notify_all();
+        }
+    }
+}
