@@ -542,7 +542,11 @@ impl<E: RingEvent> EventRing<E> {
     pub fn fail(&self, upto: u64, cause: Error) {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
-        let state = &mut *guard;
+        self.fail_unrecorded(&mut guard, upto, cause);
+    }
+
+    /// [`fail`](Self::fail)'s work, under the state's lock (folded).
+    fn fail_unrecorded(&self, state: &mut RingState<E>, upto: u64, cause: Error) {
         let recorded = state
             .slots
             .iter()

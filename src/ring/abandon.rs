@@ -4,7 +4,6 @@
 
 use super::{EventRing, RingEvent};
 use crate::error::Error;
-use crate::sync::Ordering;
 
 impl<E: RingEvent> EventRing<E> {
     /// Fails `value` even where an event recorded for it will complete:
@@ -34,17 +33,7 @@ impl<E: RingEvent> EventRing<E> {
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
             slot.value = 0;
         }
-        let below = state
-            .slots
-            .iter()
-            .map(|slot| slot.value)
-            .filter(|recorded| *recorded < value)
-            .max()
-            .unwrap_or(0);
-        let above = below.max(state.completed);
-        if state.failures.record(above, value, cause, state.completed) {
-            self.failed.fetch_add(1, Ordering::Release);
-            self.changed.notify_all();
-        }
+        // No slot stands for `value` now: what `fail` does for it.
+        self.fail_unrecorded(state, value, cause);
     }
 }
