@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::memory::Access;
 use crate::view::View;
 
+use super::run::lock_order;
 use crate::cpu::buffer::Held;
 use crate::cpu::{Cpu, CpuBuffer};
 
@@ -62,22 +63,21 @@ struct Views<'a> {
     recv: Option<&'a View<Cpu>>,
     /// One view as both (an `all_reduce` in place).
     in_place: bool,
-    /// The buffers held, in the order of their allocations' ids (as
-    /// `run_copy` takes them, so queues never wait on each other in a
-    /// cycle): dropped, so released, when the worker is done with the
-    /// collective.
+    /// The buffers held, in [`lock_order`]: dropped, so released, when
+    /// the worker is done with the collective.
     held: [Option<(&'a CpuBuffer, Held<'a>)>; 2],
 }
 
 impl<'a> Views<'a> {
-    /// The views' buffers, each once, in the order of their ids.
+    /// The views' buffers, each once, in the order queues lock them
+    /// ([`lock_order`]).
     fn buffers(&self) -> [Option<&'a CpuBuffer>; 2] {
-        let (send, recv) = (self.send.map(View::buffer), self.recv.map(View::buffer));
-        match (send, recv) {
-            (Some(s), Some(r)) if s.same_as(r) => [Some(s), None],
-            (Some(s), Some(r)) if r.id() < s.id() => [Some(r), Some(s)],
-            (Some(s), r) => [Some(s), r],
-            (None, r) => [r, None],
+        match (self.send.map(View::buffer), self.recv.map(View::buffer)) {
+            (Some(send), Some(recv)) => {
+                let (first, second) = lock_order(send, recv);
+                [Some(first), second]
+            }
+            (send, recv) => [send.or(recv), None],
         }
     }
 }

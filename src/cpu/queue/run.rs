@@ -19,7 +19,7 @@ use super::profile::BatchProfile;
 use crate::cpu::buffer::Held;
 use crate::cpu::pool::{Grid, Pool};
 use crate::cpu::program::{BufferView, KernelArgs};
-use crate::cpu::{Cpu, CpuProgram};
+use crate::cpu::{Cpu, CpuBuffer, CpuProgram};
 
 /// Runs a batch; on failure, the index of the failed command and why.
 pub(super) fn run_batch(
@@ -127,26 +127,38 @@ fn run_copy(dst: &View<Cpu>, src: &View<Cpu>) -> Result<()> {
             );
         }
     };
-    if dst_buffer.same_as(src_buffer) {
-        let held = dst_buffer.lock_exclusive();
-        held.check(|| "the copy's buffer".into())?;
-        copy();
-        return Ok(());
-    }
-    // Lock in the order of the allocations' ids, as `run_exec` does, so two
-    // queues never wait on each other's buffers in a cycle (ids are
-    // distinct; addresses are not: every empty buffer has the same one).
-    let (first, second) = if dst_buffer.id() < src_buffer.id() {
-        (dst_buffer, src_buffer)
-    } else {
-        (src_buffer, dst_buffer)
-    };
+    let (first, second) = lock_order(dst_buffer, src_buffer);
     let a = first.lock_exclusive();
-    let b = second.lock_exclusive();
-    a.check(|| "a buffer of the copy".into())?;
-    b.check(|| "a buffer of the copy".into())?;
+    let b = second.map(CpuBuffer::lock_exclusive);
+    let what = if b.is_some() {
+        "a buffer of the copy"
+    } else {
+        "the copy's buffer"
+    };
+    a.check(|| what.into())?;
+    if let Some(b) = &b {
+        b.check(|| what.into())?;
+    }
     copy();
     Ok(())
+}
+
+/// Two buffers a command holds at once, in the order every queue locks
+/// them, their allocations' ids, as `run_exec` does, so two queues never
+/// wait on each other's buffers in a cycle (ids are distinct; addresses
+/// are not: every empty buffer has the same one); no second when both are
+/// one buffer.
+pub(super) fn lock_order<'a>(
+    a: &'a CpuBuffer,
+    b: &'a CpuBuffer,
+) -> (&'a CpuBuffer, Option<&'a CpuBuffer>) {
+    if a.same_as(b) {
+        (a, None)
+    } else if a.id() < b.id() {
+        (a, Some(b))
+    } else {
+        (b, Some(a))
+    }
 }
 
 /// Fills `dst` with `pattern` (1, 2 or 4 bytes; `dst`'s offset and length
