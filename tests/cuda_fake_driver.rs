@@ -16,6 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "cuda_fake_driver/exec_checks.rs"]
+mod exec_checks;
 #[cfg(feature = "nccl")]
 #[path = "cuda_fake_driver/nccl.rs"]
 mod nccl;
@@ -648,6 +650,7 @@ fn run_child_scenario(scenario: &str) {
         "signal_behind_wait" => signal_behind_wait(&device),
         "plan_rebind" => plan_rebind(device),
         "repeat_order" => repeat::run(&device),
+        "exec_checks" => exec_checks::run(&device),
         "plan_threads" => threads::run(device),
         #[cfg(feature = "nccl")]
         other if other.starts_with("nccl:") => nccl::run(&device, &other["nccl:".len()..]),

@@ -362,6 +362,15 @@ macro_rules! backend_set {
             fn signature(&self) -> &$crate::KernelSignature {
                 match self { $( $(#[$meta])* Self::$V(p) => $crate::Program::signature(p), )+ }
             }
+
+            #[inline]
+            #[allow(unreachable_patterns)]
+            fn same_as(&self, other: &Self) -> bool {
+                match (self, other) {
+                    $( $(#[$meta])* (Self::$V(a), Self::$V(b)) => $crate::Program::same_as(a, b), )+
+                    _ => false,
+                }
+            }
         }
     };
 

@@ -329,6 +329,11 @@ impl Program for CpuProgram {
     fn signature(&self) -> &KernelSignature {
         &self.inner.signature
     }
+
+    #[inline]
+    fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 impl fmt::Debug for CpuProgram {

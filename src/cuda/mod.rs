@@ -42,6 +42,7 @@
 mod buffer;
 mod device;
 mod launch;
+mod launches;
 mod memory;
 mod profiler;
 mod program;

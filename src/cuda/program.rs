@@ -675,6 +675,11 @@ impl Program for CudaProgram {
     fn signature(&self) -> &KernelSignature {
         &self.inner.signature
     }
+
+    #[inline]
+    fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 impl fmt::Debug for CudaProgram {

@@ -52,7 +52,8 @@ use super::repeat::Template;
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
-use super::stream::{Shared, parameter_values};
+use super::launches::parameter_values;
+use super::stream::Shared;
 use super::{Cuda, CudaProgram};
 
 /// Graphs of different shapes kept for one segment.

@@ -5,50 +5,28 @@
 //! [`CudaEngine`](super::CudaEngine) is the queue core's side.
 
 use std::collections::VecDeque;
-use std::ffi::c_void;
-use std::mem::{self, MaybeUninit};
+use std::mem;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::{CudaEvent, CudaStream, result};
 
 use crate::error::{Error, Result, panic_message};
-use crate::params::ExecParams;
-use crate::program::{Program, Scalar};
 use crate::queue::{Admission, Batch, Command, Ledger};
 use crate::ring::Dependency;
 use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
 
-use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::profiler::Profiler;
 use super::repeat::{Mark, Template};
 use super::replay::{Replayed, Replays};
 use super::signal::EVENT_FLAGS;
 use super::transfer::{self, Pinned};
-use super::{Cuda, CudaDevice, CudaProgram, context_error};
+use super::{Cuda, CudaDevice, context_error};
 use crate::view::View;
 
-/// Parameters a launch passes from the stack; more (up to CUDA's
-/// 4 KiB) take two small allocations.
-const INLINE_PARAMETERS: usize = 32;
-
 /// The device address of a view's first byte.
-fn pointer(view: &View<Cuda>) -> u64 {
+pub(super) fn pointer(view: &View<Cuda>) -> u64 {
     view.buffer().device_pointer() + view.offset() as u64
-}
-
-/// An exec's parameters as the kernel takes them, one 8-byte cell each:
-/// the buffers' device addresses, then the scalars, each scalar's bytes
-/// starting its cell (which is what the driver reads for a 4-byte one).
-pub(super) fn parameter_values<'a>(
-    buffers: &'a [View<Cuda>],
-    scalars: &'a [Scalar],
-) -> impl Iterator<Item = u64> + 'a {
-    buffers.iter().map(pointer).chain(
-        scalars
-            .iter()
-            .map(|scalar| u64::from_ne_bytes(scalar.to_ne_bytes().0)),
-    )
 }
 
 /// How far a batch got on the stream.
@@ -235,6 +213,11 @@ impl Shared {
     /// its runs of kernels as graphs, or repeats its template's
     /// (`super::replay`).
     fn enqueue(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
+        // A device lost since the batch's `exec`s were checked (an `exec`
+        // repeating the last is not checked again: `Engine::check_exec`).
+        if let Some(lost) = super::lost(self.device.ordinal()) {
+            return Outcome::Failed(from, lost);
+        }
         // Once, for every raw driver call below (copies, fills, transfers):
         // this thread (the owner's, or the worker's) may not have the
         // stream's context current.
@@ -261,25 +244,35 @@ impl Shared {
             }
             replay => replay,
         };
-        // Commands before `skip_to` are in a graph launched already; execs
-        // before `plain_until` launch one by one.
-        let (mut skip_to, mut plain_until) = (from, from);
-        for (index, command) in batch.commands().iter().enumerate().skip(from) {
-            if index < skip_to {
-                continue;
-            }
+        // Execs before `plain_until` launch one by one.
+        let mut plain_until = from;
+        let mut index = from;
+        while let Some(command) = batch.commands().get(index) {
+            // After this command: the next, or past a graph launched (or
+            // the collectives grouped with it).
+            let mut next = index + 1;
             if let (Some(key), Command::Exec { .. }) = (replay, command)
                 && index >= plain_until
             {
                 match self.replay(batch, key, template, index) {
                     Ok(Replayed::Graph(end)) => {
-                        skip_to = end;
+                        index = end;
                         continue;
                     }
                     Ok(Replayed::Plain(end)) => plain_until = end,
                     Ok(Replayed::Failed(at, error)) => return Outcome::Failed(at, error),
                     Err(error) => return Outcome::Failed(index, error),
                 }
+            }
+            if !profiling
+                && replay.is_none()
+                && let Command::Exec { .. } = command
+            {
+                match self.launch_run(batch, index) {
+                    Ok(end) => index = end,
+                    Err((at, error)) => return Outcome::Failed(at, error),
+                }
+                continue;
             }
             let start = if profiling {
                 Profiler::mark(&self.stream)
@@ -325,6 +318,7 @@ impl Shared {
                         &batch.buffers()[buffers.clone()],
                         &batch.scalars()[scalars.clone()],
                         params,
+                        launch::launch_config(params),
                     )
                 }
                 // The batch holds a use of every buffer `alloca` made that
@@ -392,7 +386,7 @@ impl Shared {
                         &self.ledger,
                     ) {
                         Ok(end) => {
-                            skip_to = end;
+                            next = end;
                             Ok(())
                         }
                         Err((at, error)) => return Outcome::Failed(at, error),
@@ -414,88 +408,12 @@ impl Shared {
             {
                 profiler.push(command, batch.sequence(), index, start, end);
             }
+            index = next;
         }
         if let (Some(template), Some(_)) = (template, replay) {
             template.finish(batch);
         }
         Outcome::Done
-    }
-
-    /// Launches `program`: grid = global / local, block = local; parameters
-    /// are the buffers' device pointers, then the scalars.
-    fn launch(
-        &self,
-        program: &CudaProgram,
-        buffers: &[View<Cuda>],
-        scalars: &[Scalar],
-        params: &ExecParams,
-    ) -> Result<()> {
-        let count = buffers.len() + scalars.len();
-        if count > PARAMETER_BYTES / 8 {
-            return Err(Error::InvalidArguments {
-                program: program.name().to_owned(),
-                reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
-            });
-        }
-        // A launch without dynamic shared memory never needs the opt-in.
-        if params.shared_memory() > 0 {
-            program.opt_in_shared(params.shared_memory())?;
-        }
-        let values = parameter_values(buffers, scalars);
-        // Each parameter in an 8-byte, 8-aligned cell. On the stack for the usual few, left uninitialised but for the
-        // `count` written (clearing even 32 cells per launch was an eighth
-        // of hwqueue's own cost of an `exec`), and no launch builder's
-        // `Vec` of argument pointers: no allocation.
-        let mut cells = [const { MaybeUninit::<u64>::uninit() }; INLINE_PARAMETERS];
-        let mut inline = [const { MaybeUninit::<*mut c_void>::uninit() }; INLINE_PARAMETERS];
-        let mut spilled: (Vec<MaybeUninit<u64>>, Vec<MaybeUninit<*mut c_void>>);
-        let (cells, pointers) = if count <= INLINE_PARAMETERS {
-            (&mut cells[..count], &mut inline[..count])
-        } else {
-            spilled = (
-                vec![MaybeUninit::uninit(); count],
-                vec![MaybeUninit::uninit(); count],
-            );
-            (&mut spilled.0[..], &mut spilled.1[..])
-        };
-        for ((cell, pointer), value) in cells.iter_mut().zip(pointers.iter_mut()).zip(values) {
-            pointer.write(cell.write(value) as *mut u64 as *mut c_void);
-        }
-        // SAFETY: the loop above wrote every one of the `count` pointers
-        // (`values` yields exactly `count` items), and `MaybeUninit<T>` has
-        // `T`'s layout.
-        let pointers = unsafe {
-            std::slice::from_raw_parts_mut(pointers.as_mut_ptr().cast::<*mut c_void>(), count)
-        };
-        let config = launch::launch_config(params);
-        // SAFETY: the context is current (`enqueue`). The parameters are
-        // exactly the kernel ABI of `CudaProgram` (one device pointer per
-        // buffer, then the scalars), in counts checked against the program
-        // at record time; each points at a live 8-byte cell the driver
-        // copies before it returns. Every buffer belongs to this stream's
-        // device and is kept alive until the stream passed this launch
-        // (`InFlight`). What the kernel does with them is the kernel's
-        // contract, as with any GPU kernel.
-        unsafe {
-            result::launch_kernel(
-                program.function().cu_function(),
-                config.grid_dim,
-                config.block_dim,
-                config.shared_mem_bytes,
-                self.stream.cu_stream(),
-                pointers,
-            )
-        }
-        .map_err(|e| {
-            if launch::is_sticky(e.0) {
-                self.fault("launching a kernel", e)
-            } else {
-                Error::KernelFailed {
-                    program: program.name().to_owned(),
-                    message: format!("the launch failed: {e}"),
-                }
-            }
-        })
     }
 
     /// A driver error of this queue's stream, as an [`Error`]: a sticky

@@ -218,10 +218,11 @@ pub struct Batch<B: Backend> {
     /// the queue was dropped): the engine only fails its signals, in queue
     /// order. Boxed: the recording batch lives inside the queue.
     pub(super) abandoned: Option<Box<Error>>,
-    /// The range of `buffers` the last `exec` uses: an `exec` on the same
-    /// buffers shares it instead of cloning the handles again. (`u32`s keep
-    /// the queue small.)
-    pub(super) last_exec_buffers: Range<u32>,
+    /// One past the index in `commands` of the last `exec` (0: none yet):
+    /// an `exec` on the same views shares its range of `buffers` instead
+    /// of cloning the handles again, and one repeating it whole is not
+    /// checked again. (A `u32` keeps the queue small.)
+    pub(super) last_exec: u32,
     /// Buffers made by `alloca` that commands of this batch name, once per
     /// command, each holding a use (see [`QueueOrdered`](crate::memory::QueueOrdered));
     /// and (flagged `true`) those whose `dealloca` it records, which are
@@ -240,7 +241,7 @@ impl<B: Backend> Default for Batch<B> {
             epoch: 0,
             sequence: 0,
             abandoned: None,
-            last_exec_buffers: 0..0,
+            last_exec: 0,
             uses: Vec::new(),
         }
     }
@@ -298,7 +299,7 @@ impl<B: Backend> Batch<B> {
         // profiled (so recording pays nothing for it), and it is 0 until
         // then.
         self.abandoned = None;
-        self.last_exec_buffers = 0..0;
+        self.last_exec = 0;
         self.let_go();
     }
 

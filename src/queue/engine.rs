@@ -48,6 +48,12 @@ pub trait Engine: Send + Sized + 'static {
     /// the queue's kind, the work sizes against [`limits`](Self::limits)
     /// and the argument counts, and each view's alignment.
     ///
+    /// It must be a function of the program, the views, the scalars'
+    /// types (not their values) and `params` alone: an `exec` repeating
+    /// the last one on all four (the program by [`Program::same_as`](crate::Program::same_as)) is
+    /// recorded without it. What can change between two `exec`s (a device
+    /// lost) is checked when the batch is submitted.
+    ///
     /// # Errors
     /// Why the `exec` cannot run; it rejects the batch.
     fn check_exec(

@@ -23,6 +23,11 @@ use super::recording::Queue;
 /// (the kind and limits never change), so an `exec` like the last skips it.
 pub(super) type CheckedExec = (ExecParams, (usize, usize), (usize, usize));
 
+/// The last `exec` of a batch, as `Queue::last_exec` finds it: its
+/// program, the range of its views in the batch, its scalars and work
+/// sizes.
+type LastExec<'a, B> = (&'a ProgramOf<B>, Range<usize>, &'a [Scalar], &'a ExecParams);
+
 impl<E: Engine> Queue<E> {
     #[inline]
     fn check_exec(
@@ -58,6 +63,26 @@ impl<E: Engine> Queue<E> {
     /// the view `get(i)` (buffer, offset, length).
     #[inline]
     pub(super) fn record_exec<'b>(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        count: usize,
+        get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        if self.rejected.is_none()
+            && let Some(buffers) = self.repeats_last_exec(program, count, &get, scalars, &params)
+        {
+            return self.push_exec(program, buffers, scalars, params);
+        }
+        self.check_and_record_exec(program, count, get, scalars, params)
+    }
+
+    /// [`record_exec`](Self::record_exec) of an `exec` that does not
+    /// repeat the last: out of line, so that a repeated one's path saves
+    /// and restores only the registers it needs.
+    #[inline(never)]
+    fn check_and_record_exec<'b>(
         &mut self,
         program: &ProgramOf<E::Backend>,
         count: usize,
@@ -127,15 +152,85 @@ impl<E: Engine> Queue<E> {
         ) {
             return self.reject(e);
         }
-        let first_scalar = self.batch.scalars.len();
-        self.batch.scalars.extend_from_slice(scalars);
-        self.batch.commands.push(Command::Exec {
+        self.push_exec(program, buffers, scalars, params)
+    }
+
+    /// Records an `exec` that passed its checks, on the batch's views
+    /// `buffers`.
+    #[inline]
+    fn push_exec(
+        &mut self,
+        program: &ProgramOf<E::Backend>,
+        buffers: Range<usize>,
+        scalars: &[Scalar],
+        params: ExecParams,
+    ) -> &mut Self {
+        let batch = &mut self.batch;
+        let first_scalar = batch.scalars.len();
+        if !scalars.is_empty() {
+            batch.scalars.extend_from_slice(scalars);
+        }
+        batch.commands.push(Command::Exec {
             program: program.clone(),
             buffers,
-            scalars: first_scalar..self.batch.scalars.len(),
+            scalars: first_scalar..batch.scalars.len(),
             params,
         });
+        // Past `u32::MAX` commands, later `exec`s are checked again.
+        batch.last_exec = u32::try_from(batch.commands.len()).unwrap_or(0);
         self
+    }
+
+    /// The range of the last `exec`'s views, when this `exec` repeats it:
+    /// the same program (a clone of its handle), work sizes, views and
+    /// scalar types. Every check the last one passed then holds again,
+    /// since each is a function of exactly these (see
+    /// [`Engine::check_exec`]) and of the queue, which does not change; so
+    /// a kernel run again and again on the same tensors (a step of a
+    /// training loop) is checked once per batch.
+    #[inline]
+    fn repeats_last_exec<'b>(
+        &self,
+        program: &ProgramOf<E::Backend>,
+        count: usize,
+        get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+        scalars: &[Scalar],
+        params: &ExecParams,
+    ) -> Option<Range<usize>> {
+        let (last, range, last_scalars, last_params) = self.last_exec()?;
+        let same = last.same_as(program)
+            && last_params == params
+            && last_scalars.len() == scalars.len()
+            && last_scalars
+                .iter()
+                .zip(scalars)
+                .all(|(old, new)| std::mem::discriminant(old) == std::mem::discriminant(new));
+        if same {
+            self.same_views(range, count, get)
+        } else {
+            None
+        }
+    }
+
+    /// The last `exec` of the batch: its program, the range of its views
+    /// in the batch, its scalars and work sizes.
+    #[inline]
+    fn last_exec(&self) -> Option<LastExec<'_, E::Backend>> {
+        let index = (self.batch.last_exec as usize).checked_sub(1)?;
+        match self.batch.commands.get(index) {
+            Some(Command::Exec {
+                program,
+                buffers,
+                scalars,
+                params,
+            }) => Some((
+                program,
+                buffers.clone(),
+                &self.batch.scalars[scalars.clone()],
+                params,
+            )),
+            _ => None,
+        }
     }
 
     /// The range of the last `exec`'s views in the batch, when the views
@@ -146,22 +241,39 @@ impl<E: Engine> Queue<E> {
         count: usize,
         get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
     ) -> Option<Range<usize>> {
-        let Range { start, end } = self.batch.last_exec_buffers.clone();
-        let last = &self.batch.buffers[start as usize..end as usize];
-        let same = last.len() == count
-            && last.iter().enumerate().all(|(index, old)| {
-                let (buffer, offset, len) = get(index);
-                old.buffer().same_as(buffer)
-                    && old.offset() == offset
-                    && old.len() == len
-                    && !is_deallocated(buffer)
-            });
-        same.then_some(start as usize..end as usize)
+        let (_, range, _, _) = self.last_exec()?;
+        self.same_views(range, count, get)
     }
 
-    /// Adds the views `get(0..count)` to the batch, as the range the next
-    /// `exec` on the same views shares, with a use of each buffer `alloca`
-    /// made (none before index `ordered_from`, where the caller knows);
+    /// `range` when the batch's views there are the views `get(0..count)`.
+    #[inline(always)]
+    fn same_views<'b>(
+        &self,
+        range: Range<usize>,
+        count: usize,
+        get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
+    ) -> Option<Range<usize>> {
+        let last = &self.batch.buffers[range.clone()];
+        if last.len() != count {
+            return None;
+        }
+        // A plain loop: `Iterator::all` over it was a call even for none.
+        for (index, old) in last.iter().enumerate() {
+            let (buffer, offset, len) = get(index);
+            if !(old.buffer().same_as(buffer)
+                && old.offset() == offset
+                && old.len() == len
+                && !is_deallocated(buffer))
+            {
+                return None;
+            }
+        }
+        Some(range)
+    }
+
+    /// Adds the views `get(0..count)` to the batch with a use of each
+    /// buffer `alloca` made (none before index `ordered_from`, where the
+    /// caller knows);
     /// `Err(index)` for the first whose `dealloca` was recorded (the batch
     /// is then rejected, and lets the uses taken go).
     #[inline]
@@ -180,12 +292,7 @@ impl<E: Engine> Queue<E> {
         if let Some(start) = ordered_from {
             take_uses(batch, start..count, &get)?;
         }
-        let range = first..batch.buffers.len();
-        // Past `u32::MAX` handles, later `exec`s just clone again.
-        batch.last_exec_buffers = u32::try_from(range.start)
-            .and_then(|start| Ok(start..u32::try_from(range.end)?))
-            .unwrap_or(0..0);
-        Ok(range)
+        Ok(first..batch.buffers.len())
     }
 }
 

@@ -453,6 +453,11 @@ impl Program for VulkanProgram {
     fn signature(&self) -> &KernelSignature {
         &self.inner.signature
     }
+
+    #[inline]
+    fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
 }
 
 /// A module's interface, as hwqueue calls it.

@@ -1,0 +1,63 @@
+//! Issue 47: an `exec` repeating the last one of its batch (the same
+//! kernel, views, work sizes and scalar types) is recorded without being
+//! checked again; any difference is checked in full. A scalar of another
+//! width is the difference only the CUDA engine's check can see (it reads
+//! the kernel's parameter sizes), so it shows the repeat was not taken.
+
+use hwqueue::cuda::{CudaDevice, CudaProgram};
+use hwqueue::{Device, ExecParams, HardwareQueue, QueueFactory, Scalar};
+
+use super::{SCALE_PTX, describe, on_a_12_2_device, report, run_scenario};
+
+/// The child's half: a batch of the same `scale` twice (`same`), then one
+/// of `scale` with its 4-byte `n` and again with an 8-byte `n`
+/// (`wider`), then one of a `scale` whose `n` takes 8 bytes and `scale`
+/// after it with the same arguments (`other_kernel`).
+pub(super) fn run(device: &CudaDevice) {
+    let scale = CudaProgram::from_ptx(device, SCALE_PTX, "scale", 2, 1).unwrap();
+    let wide_ptx = SCALE_PTX.replace(".param .u32", ".param .u64");
+    let wide_scale = CudaProgram::from_ptx(device, &wide_ptx, "scale", 2, 1).unwrap();
+    let (a, b) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let grid = ExecParams::new_1d(16, 16);
+    let n = |n: u32| [Scalar::from(n)];
+    let wide = [Scalar::from(16u64)];
+    let outcome = |r| describe(r, |()| String::new());
+    queue
+        .exec(&scale, &[&a, &b], &n(16), grid)
+        .exec(&scale, &[&a, &b], &n(16), grid);
+    report("same", &outcome(queue.submit()));
+    queue
+        .exec(&scale, &[&a, &b], &n(16), grid)
+        .exec(&scale, &[&a, &b], &wide, grid);
+    report("wider", &outcome(queue.submit()));
+    queue
+        .exec(&wide_scale, &[&a, &b], &wide, grid)
+        .exec(&scale, &[&a, &b], &wide, grid);
+    report("other_kernel", &outcome(queue.submit()));
+    report("synchronize", &outcome(queue.synchronize()));
+}
+
+#[test]
+fn an_exec_repeating_the_last_skips_its_checks_and_any_other_is_checked() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("exec_checks", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("same"), "ok ", "{outcome:#?}");
+    for key in ["wider", "other_kernel"] {
+        let refused = outcome.field(key);
+        assert!(
+            refused
+                .contains("scalar 0 is a u64 (8 bytes), but the kernel's parameter takes 4 bytes"),
+            "{key}: {refused}"
+        );
+    }
+    assert_eq!(outcome.field("synchronize"), "ok ", "{outcome:#?}");
+    // Only the first batch reached the stream.
+    let launches = outcome
+        .calls
+        .iter()
+        .filter(|call| *call == "cuLaunchKernel");
+    assert_eq!(launches.count(), 2, "{outcome:#?}");
+}
