@@ -70,18 +70,35 @@ impl<E: Engine> Queue<E> {
         scalars: &[Scalar],
         params: ExecParams,
     ) -> &mut Self {
-        if self.rejected.is_none()
-            && let Some(buffers) = self.repeats_last_exec(program, count, &get, scalars, &params)
-        {
+        if self.rejected.is_some() {
+            return self;
+        }
+        // The last `exec`'s views passed the alignment check when they were
+        // pushed, and the alignment never changes: an `exec` on the same
+        // views (a kernel run again on the same tensors) shares their range
+        // and checks nothing again, so it costs what one on whole buffers
+        // does (whose offset 0 the compiler knows is aligned).
+        let (shared, repeats) = match self.last_exec() {
+            Some((last, range, last_scalars, last_params)) => {
+                let shared = self.same_views(range, count, &get);
+                let repeats = shared.is_some()
+                    && repeats(last, last_scalars, last_params, program, scalars, &params);
+                (shared, repeats)
+            }
+            None => (None, false),
+        };
+        if repeats && let Some(buffers) = shared {
             return self.push_exec(program, buffers, scalars, params);
         }
-        self.check_and_record_exec(program, count, get, scalars, params)
+        self.check_and_record_exec(program, count, get, scalars, params, shared)
     }
 
     /// [`record_exec`](Self::record_exec) of an `exec` that does not
-    /// repeat the last: out of line, so that a repeated one's path saves
-    /// and restores only the registers it needs.
-    #[inline(never)]
+    /// repeat the last, on the last one's views where `shared` says so.
+    /// (Inlined: out of line, the call cost an `exec` of a CPU queue, whose
+    /// engine checks nothing, 45 instructions in `benches/dispatch.rs`'s
+    /// `exec_swapped`; a repeated CUDA `exec` gains 6 from it.)
+    #[inline]
     fn check_and_record_exec<'b>(
         &mut self,
         program: &ProgramOf<E::Backend>,
@@ -89,21 +106,14 @@ impl<E: Engine> Queue<E> {
         get: impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
         scalars: &[Scalar],
         params: ExecParams,
+        shared: Option<Range<usize>>,
     ) -> &mut Self {
-        if self.rejected.is_some() {
-            return self;
-        }
         if let Err(e) = self.check_exec(program, count, scalars.len(), &params) {
             return self.reject(e);
         }
-        // The last `exec`'s views passed the alignment check when they were
-        // pushed, and the alignment never changes: an `exec` on the same
-        // views (a kernel run again on the same tensors) shares their range
-        // and checks nothing again, so it costs what one on whole buffers
-        // does (whose offset 0 the compiler knows is aligned). Otherwise the
-        // check is a plain scan; the error is built after it, out of the
-        // loop.
-        let buffers = match self.last_exec_views(count, &get) {
+        // Views not shared with the last `exec`: the alignment check is a
+        // plain scan; the error is built after it, out of the loop.
+        let buffers = match shared {
             Some(buffers) => buffers,
             None => {
                 let alignment = self.engine.limits().view_alignment;
@@ -181,37 +191,6 @@ impl<E: Engine> Queue<E> {
         self
     }
 
-    /// The range of the last `exec`'s views, when this `exec` repeats it:
-    /// the same program (a clone of its handle), work sizes, views and
-    /// scalar types. Every check the last one passed then holds again,
-    /// since each is a function of exactly these (see
-    /// [`Engine::check_exec`]) and of the queue, which does not change; so
-    /// a kernel run again and again on the same tensors (a step of a
-    /// training loop) is checked once per batch.
-    #[inline]
-    fn repeats_last_exec<'b>(
-        &self,
-        program: &ProgramOf<E::Backend>,
-        count: usize,
-        get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
-        scalars: &[Scalar],
-        params: &ExecParams,
-    ) -> Option<Range<usize>> {
-        let (last, range, last_scalars, last_params) = self.last_exec()?;
-        let same = last.same_as(program)
-            && last_params == params
-            && last_scalars.len() == scalars.len()
-            && last_scalars
-                .iter()
-                .zip(scalars)
-                .all(|(old, new)| std::mem::discriminant(old) == std::mem::discriminant(new));
-        if same {
-            self.same_views(range, count, get)
-        } else {
-            None
-        }
-    }
-
     /// The last `exec` of the batch: its program, the range of its views
     /// in the batch, its scalars and work sizes.
     #[inline]
@@ -231,18 +210,6 @@ impl<E: Engine> Queue<E> {
             )),
             _ => None,
         }
-    }
-
-    /// The range of the last `exec`'s views in the batch, when the views
-    /// `get(0..count)` are the same views.
-    #[inline]
-    fn last_exec_views<'b>(
-        &self,
-        count: usize,
-        get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
-    ) -> Option<Range<usize>> {
-        let (_, range, _, _) = self.last_exec()?;
-        self.same_views(range, count, get)
     }
 
     /// `range` when the batch's views there are the views `get(0..count)`.
@@ -294,6 +261,32 @@ impl<E: Engine> Queue<E> {
         }
         Ok(first..batch.buffers.len())
     }
+}
+
+/// Whether an `exec` of `program` with `scalars` and `params`, on the last
+/// `exec`'s views, repeats that `exec` (of `last`, with `last_scalars` and
+/// `last_params`): the same program (a clone of its handle), work sizes and
+/// scalar types. Every check the last one passed then holds again, since
+/// each is a function of exactly these and the views (see
+/// [`Engine::check_exec`]) and of the queue, which does not change; so a
+/// kernel run again and again on the same tensors (a step of a training
+/// loop) is checked once per batch.
+#[inline]
+fn repeats<P: Program>(
+    last: &P,
+    last_scalars: &[Scalar],
+    last_params: &ExecParams,
+    program: &P,
+    scalars: &[Scalar],
+    params: &ExecParams,
+) -> bool {
+    last.same_as(program)
+        && last_params == params
+        && last_scalars.len() == scalars.len()
+        && last_scalars
+            .iter()
+            .zip(scalars)
+            .all(|(old, new)| std::mem::discriminant(old) == std::mem::discriminant(new))
 }
 
 /// A use of each buffer `alloca` made among the views `get(indices)`, for
