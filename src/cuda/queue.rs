@@ -296,21 +296,30 @@ impl Engine for CudaEngine {
         }
     }
 
-    fn submit(&mut self, batch: Batch<Cuda>) -> Batch<Cuda> {
+    /// A batch of signals only (a queue's `signal` + `submit`) with no
+    /// batch at the worker before it: its events are recorded right here
+    /// (`Shared::signal_only`).
+    fn submit_in_place(&mut self, batch: &mut Batch<Cuda>) -> bool {
         let shared = &*self.shared;
-        let key = shared.replay_key.swap(0, Ordering::Relaxed);
-        if !shared.busy.load(Ordering::Acquire)
-            && batch
+        if shared.busy.load(Ordering::Acquire)
+            || !batch
                 .commands()
                 .iter()
                 .all(|command| matches!(command, Command::Signal { .. }))
         {
-            // Nothing to record or repeat: the key's template stays.
-            if key != 0 {
-                shared.replays.lock().next = None;
-            }
-            return shared.signal_only(batch);
+            return false;
         }
+        // Nothing to record or repeat: the key's template stays.
+        if shared.replay_key.swap(0, Ordering::Relaxed) != 0 {
+            shared.replays.lock().next = None;
+        }
+        shared.signal_only(batch);
+        true
+    }
+
+    fn submit(&mut self, batch: Batch<Cuda>) -> Batch<Cuda> {
+        let shared = &*self.shared;
+        let key = shared.replay_key.swap(0, Ordering::Relaxed);
         let mark = match key {
             0 => Mark::Plain,
             key => shared.mark(u32::try_from(key - 1).unwrap_or(u32::MAX), &batch),

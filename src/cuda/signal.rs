@@ -67,8 +67,8 @@ pub(crate) struct SignalEvent {
 }
 
 // SAFETY: a `CUevent` is a handle the driver lets any thread use (every
-// call below binds the event's context first); the handle is destroyed
-// only by `Drop`, once.
+// call below but the query, which needs none, binds the event's context
+// first); the handle is destroyed only by `Drop`, once.
 unsafe impl Send for SignalEvent {}
 // SAFETY: as above: the driver's event calls are thread-safe, and no method
 // mutates the handle itself.
@@ -125,9 +125,11 @@ impl Drop for SignalEvent {
 }
 
 impl RingEvent for SignalEvent {
+    /// A query needs no context current (as cudarc's
+    /// `CudaEvent::try_is_complete`, which the stream's retirement uses,
+    /// relies on too): a poll costs one driver call, not three.
     fn is_complete(&self) -> Result<bool> {
         let fail = |e| self.fault("querying a signal's event", e);
-        self.context.bind_to_thread().map_err(fail)?;
         // SAFETY: the event is alive until `Drop`; a query only reads it.
         match unsafe { sys::cuEventQuery(self.event) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),

@@ -192,6 +192,55 @@ impl Shared {
         }
     }
 
+    /// What every batch needs before its first command goes on the stream.
+    fn prepare(&self) -> Result<()> {
+        // A device lost since the batch's `exec`s were checked (an `exec`
+        // repeating the last is not checked again: `Engine::check_exec`).
+        if let Some(lost) = super::lost(self.device.ordinal()) {
+            return Err(lost);
+        }
+        // Once, for every raw driver call after it (copies, fills,
+        // transfers, event records): this thread (the owner's, or the
+        // worker's) may not have the stream's context current.
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| self.fault("making the queue's context current", e))?;
+        // Memory the pool zeroed since this stream's last batch: its fill
+        // comes first.
+        self.device
+            .fence()
+            .order(&self.stream, &self.fence_seen)
+            .map_err(|e| self.fault("waiting for the allocation fence", e))
+    }
+
+    /// [`enqueue`](Self::enqueue) of a batch of signals only, when the
+    /// queue does not profile: their events recorded in order, and nothing
+    /// of `enqueue`'s replays, profiling and other commands.
+    fn enqueue_signals(&self, batch: &Batch<Cuda>) -> Outcome {
+        let signals = || {
+            if let Err(error) = self.prepare() {
+                return Outcome::Failed(0, error);
+            }
+            for (index, command) in batch.commands().iter().enumerate() {
+                if let Command::Signal { signal, value } = command
+                    && let Err(error) = signal.record(*value, &self.stream)
+                {
+                    return Outcome::Failed(index, error);
+                }
+            }
+            Outcome::Done
+        };
+        catch_unwind(AssertUnwindSafe(signals)).unwrap_or_else(|payload| {
+            Outcome::Failed(
+                0,
+                Error::EnginePanicked {
+                    message: panic_message(payload),
+                },
+            )
+        })
+    }
+
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
     /// failure of the batch at `from`, so no thread unwinds with a batch
     /// half-enqueued and its signals unset.
@@ -213,21 +262,8 @@ impl Shared {
     /// its runs of kernels as graphs, or repeats its template's
     /// (`super::replay`).
     fn enqueue(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
-        // A device lost since the batch's `exec`s were checked (an `exec`
-        // repeating the last is not checked again: `Engine::check_exec`).
-        if let Some(lost) = super::lost(self.device.ordinal()) {
-            return Outcome::Failed(from, lost);
-        }
-        // Once, for every raw driver call below (copies, fills, transfers):
-        // this thread (the owner's, or the worker's) may not have the
-        // stream's context current.
-        if let Err(e) = self.stream.context().bind_to_thread() {
-            return Outcome::Failed(from, self.fault("making the queue's context current", e));
-        }
-        // Memory the pool zeroed since this stream's last batch: its fill
-        // comes first.
-        if let Err(e) = self.device.fence().order(&self.stream, &self.fence_seen) {
-            return Outcome::Failed(from, self.fault("waiting for the allocation fence", e));
+        if let Err(error) = self.prepare() {
+            return Outcome::Failed(from, error);
         }
         let profiling = self.profiling.load(Ordering::Relaxed);
         let (replay, template) = match mark {
@@ -534,34 +570,37 @@ impl Shared {
     }
 
     /// Takes a batch of signals only (a queue's `signal` + `submit`) with
-    /// no batch at the worker before it, and gives it back cleared: its
-    /// events are recorded right here, with no completion event (its
+    /// no batch at the worker before it, in place (the queue clears it):
+    /// its events are recorded right here, with no completion event (its
     /// signals' rings keep their events), no staging and no hand-over: one
     /// lock per signal, its ring's, and no thread woken.
-    pub(super) fn signal_only(&self, mut batch: Batch<Cuda>) -> Batch<Cuda> {
+    pub(super) fn signal_only(&self, batch: &mut Batch<Cuda>) {
         if self.holding.load(Ordering::Relaxed) {
             self.retire();
         }
-        match self.ledger.admit(&batch) {
-            Admission::Skip(cause) => batch.fail_signals(0, &cause),
-            Admission::Run => match self.enqueue_caught(&batch, 0, &Mark::Plain) {
-                Outcome::Done => {}
-                // Not from signals; as `process` would, should it be.
-                Outcome::Blocked(at) => {
-                    self.hand_over(batch, at, None, Mark::Plain);
-                    return Batch::default();
-                }
-                Outcome::Failed(at, error) if self.ledger.independent() => {
-                    self.hand_over(batch, at, Some(error), Mark::Plain);
-                    return Batch::default();
-                }
-                Outcome::Failed(at, error) => {
-                    self.ledger.fail(&batch, at, error);
-                }
-            },
+        if let Admission::Skip(cause) = self.ledger.admit(batch) {
+            batch.fail_signals(0, &cause);
+            return;
         }
-        batch.clear();
-        batch
+        // Profiled, each signal is an event of its own: `enqueue` times it.
+        let outcome = if self.profiling.load(Ordering::Relaxed) {
+            self.enqueue_caught(batch, 0, &Mark::Plain)
+        } else {
+            self.enqueue_signals(batch)
+        };
+        match outcome {
+            Outcome::Done => {}
+            // Not from signals; as `process` would, should it be.
+            Outcome::Blocked(at) => {
+                self.hand_over(mem::take(batch), at, None, Mark::Plain);
+            }
+            Outcome::Failed(at, error) if self.ledger.independent() => {
+                self.hand_over(mem::take(batch), at, Some(error), Mark::Plain);
+            }
+            Outcome::Failed(at, error) => {
+                self.ledger.fail(batch, at, error);
+            }
+        }
     }
 
     /// Keeps `template` (where there is one) until the stream passed

@@ -172,6 +172,18 @@ pub trait Engine: Send + Sized + 'static {
     /// `hwqueue-cts` checks these against the running engine.
     fn submit(&mut self, batch: Batch<Self::Backend>) -> Batch<Self::Backend>;
 
+    /// Takes `batch` without moving it, where the engine can run it to the
+    /// end right now (the CUDA engine: a batch of signals only, recorded
+    /// on its stream with nothing queued before them): `true` when it did,
+    /// on [`submit`](Self::submit)'s contract, and the core then clears
+    /// the batch. `false`, the default, leaves the batch untouched for
+    /// `submit`. A batch is a few hundred bytes: moving it into `submit`
+    /// and back costs a `signal` + `submit` as much as its event record.
+    fn submit_in_place(&mut self, batch: &mut Batch<Self::Backend>) -> bool {
+        let _ = batch;
+        false
+    }
+
     /// Blocks until every batch submitted has finished: run, failed, or
     /// abandoned. Failures found here go to the ledger.
     fn synchronize(&mut self);

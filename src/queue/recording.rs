@@ -206,6 +206,10 @@ impl<E: Engine> Queue<E> {
     }
 
     fn hand_over(&mut self) {
+        if self.engine.submit_in_place(&mut self.batch) {
+            self.batch.clear();
+            return;
+        }
         let batch = mem::take(&mut self.batch);
         // What the engine hands back is only memory to record into: emptied
         // here, whatever the engine left in it.
