@@ -3,9 +3,11 @@
 //! checked again; any difference is checked in full. A scalar of another
 //! width is the difference only the CUDA engine's check can see (it reads
 //! the kernel's parameter sizes), so it shows the repeat was not taken.
+//! What can change between two `exec`s, the device lost, is checked when a
+//! batch goes on the stream, a batch of signals only included.
 
 use hwqueue::cuda::{CudaDevice, CudaProgram};
-use hwqueue::{Device, ExecParams, HardwareQueue, QueueFactory, Scalar};
+use hwqueue::{Device, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal};
 
 use super::{SCALE_PTX, describe, on_a_12_2_device, report, run_scenario};
 
@@ -60,4 +62,61 @@ fn an_exec_repeating_the_last_skips_its_checks_and_any_other_is_checked() {
         .iter()
         .filter(|call| *call == "cuLaunchKernel");
     assert_eq!(launches.count(), 2, "{outcome:#?}");
+}
+
+/// The child's half of the device-lost case: a batch of `scale` after which
+/// the device faults, seen only by the next launch (`first`); a second
+/// batch of `scale`, whose launch sees it (`second`); then a batch of one
+/// signal only (`signal_after`, its wait's outcome), which no driver call
+/// of its own would fail here.
+pub(super) fn run_lost(device: &CudaDevice) {
+    let scale = CudaProgram::from_ptx(device, SCALE_PTX, "scale", 2, 1).unwrap();
+    let (a, b) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let grid = ExecParams::new_1d(16, 16);
+    let outcome = |r: Result<(), hwqueue::Error>| describe(r, |()| String::new());
+    let long = std::time::Duration::from_secs(10);
+    let signal = |value| device.new_signal(value).unwrap();
+    let (first, second, after) = (signal(0), signal(0), signal(0));
+    queue
+        .exec(&scale, &[&a, &b], &[Scalar::from(16u32)], grid)
+        .signal(&first, 1);
+    let _ = queue.submit();
+    report("first", &outcome(first.wait(1, long).map(drop)));
+    queue
+        .exec(&scale, &[&a, &b], &[Scalar::from(16u32)], grid)
+        .signal(&second, 1);
+    let _ = queue.submit();
+    report("second", &outcome(second.wait(1, long).map(drop)));
+    // The first submit reports the second batch's failure and leaves the
+    // batch recorded; the next submits it.
+    report("reported", &outcome(queue.signal(&after, 1).submit()));
+    report("resubmitted", &outcome(queue.submit()));
+    report("signal_after", &outcome(after.wait(1, long).map(drop)));
+}
+
+/// A device lost between two batches: a batch of signals only, which the
+/// queue records in place without `enqueue`'s general path, still fails
+/// with the loss instead of reaching its value (a real driver would fail
+/// the event record; this fake reports the fault to launches only).
+#[test]
+fn a_signal_submitted_after_the_device_was_lost_fails_with_the_loss() {
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuLaunchKernel"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuLaunchKernel"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("exec_checks_lost", &extra)) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("first"), "ok ", "{outcome:#?}");
+    assert!(outcome.field("reported").contains("lost"), "{outcome:#?}");
+    assert_eq!(outcome.field("resubmitted"), "ok ", "{outcome:#?}");
+    for key in ["second", "signal_after"] {
+        let failed = outcome.field(key);
+        assert!(
+            failed.contains("CUDA_ERROR_ILLEGAL_ADDRESS") && failed.contains("lost"),
+            "{key}: {failed}"
+        );
+    }
 }
