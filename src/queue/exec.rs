@@ -240,9 +240,8 @@ impl<E: Engine> Queue<E> {
 
     /// Adds the views `get(0..count)` to the batch with a use of each
     /// buffer `alloca` made (none before index `ordered_from`, where the
-    /// caller knows);
-    /// `Err(index)` for the first whose `dealloca` was recorded (the batch
-    /// is then rejected, and lets the uses taken go).
+    /// caller knows); `Err(index)` for the first whose `dealloca` was
+    /// recorded (the batch is then rejected, and lets the uses taken go).
     #[inline]
     fn push_buffers<'b>(
         &mut self,
