@@ -386,9 +386,17 @@ static LOST: OnceLock<crate::sync::Mutex<Vec<(u32, String)>>> = OnceLock::new();
 
 /// [`Error::DeviceLost`] if a sticky error hit device `ordinal` in this
 /// process.
+/// Inlined to the one load that says no device was ever lost: every batch
+/// asks (`Shared::prepare`).
+#[inline]
 pub(crate) fn lost(ordinal: u32) -> Option<Error> {
-    let lost = LOST.get()?.lock();
-    lost.iter()
+    lost_among(LOST.get()?, ordinal)
+}
+
+#[cold]
+fn lost_among(lost: &crate::sync::Mutex<Vec<(u32, String)>>, ordinal: u32) -> Option<Error> {
+    lost.lock()
+        .iter()
         .find(|(lost, _)| *lost == ordinal)
         .map(|(_, detail)| device_lost(ordinal, detail.clone()))
 }
