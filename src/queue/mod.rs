@@ -12,7 +12,10 @@
 //!   against the engine's [`Limits`](crate::Limits), copy sizes, signal
 //!   values, another backend's or another device's objects (through
 //!   [`Engine::check_exec`] and [`Engine::check_buffer`]), and which queue
-//!   produces a signal ([`Producer`](crate::signal::Producer));
+//!   produces a signal ([`Producer`](crate::signal::Producer)); an `exec`
+//!   that repeats the batch's last one (the same program by
+//!   [`Program::same_as`](crate::Program::same_as), views, work sizes and
+//!   scalar types) passed all of it already, and is only recorded;
 //! - rejection: the first invalid command rejects its whole batch at
 //!   `submit`, and nothing of it runs;
 //! - abandonment in queue order: a rejected, discarded or dropped batch is

@@ -244,13 +244,35 @@ fn median_cpu(outcome: &Outcome) -> Duration {
 /// machine, and at about half where every core has two busy threads
 /// (`yes >/dev/null` twice on 2 cores), so long spins are held to 30%.
 fn assert_spun(outcome: &Outcome, share: f64) {
+    let spun = spun(outcome, share);
+    assert!(spun >= 2, "{spun} of {TRIES} waits spun: {outcome:#?}");
+}
+
+/// How many of the waits were on the CPU for more than `share` of their
+/// wall time.
+fn spun(outcome: &Outcome, share: f64) -> usize {
     let (cpu, wall) = (times(outcome, "cpu"), times(outcome, "wall"));
-    let spun = cpu
-        .iter()
+    cpu.iter()
         .zip(&wall)
         .filter(|(cpu, wall)| cpu.as_secs_f64() > share * wall.as_secs_f64())
-        .count();
-    assert!(spun >= 2, "{spun} of {TRIES} waits spun: {outcome:#?}");
+        .count()
+}
+
+/// [`case`], run again (up to 3 times in all) while fewer than 2 of its
+/// waits spun at `share`: the outcome to check. A machine busy with other
+/// work can take the CPU from a spinning waiter for a whole short wait
+/// (seen once: 0 of 5 while builds and valgrind ran beside the tests);
+/// it never puts a sleeping one on the CPU for most of a wait, so a retry
+/// cannot pass a policy that does not spin.
+fn case_spinning(name: &str, delay_us: &str, share: f64) -> Option<Outcome> {
+    let mut outcome = case(name, delay_us)?;
+    for _ in 1..3 {
+        if spun(&outcome, share) >= 2 {
+            break;
+        }
+        outcome = case(name, delay_us)?;
+    }
+    Some(outcome)
 }
 
 /// (a) A short wait (an event 150 µs away) under the default policy ends
@@ -259,7 +281,7 @@ fn assert_spun(outcome: &Outcome, share: f64) {
 /// was a few µs of a 150 µs wait.
 #[test]
 fn a_short_wait_spins_under_the_default_policy() {
-    let Some(outcome) = case("adaptive", "150") else {
+    let Some(outcome) = case_spinning("adaptive", "150", 0.8) else {
         return;
     };
     assert_eq!(outcome.field("policy"), "Adaptive");
@@ -309,7 +331,7 @@ fn the_sleep_policy_never_spins() {
 /// (d) `WaitPolicy::Spin`: a 10 ms wait spins all the way.
 #[test]
 fn the_spin_policy_never_sleeps() {
-    let Some(outcome) = case("spin", "10000") else {
+    let Some(outcome) = case_spinning("spin", "10000", 0.3) else {
         return;
     };
     assert_eq!(outcome.field("policy"), "Spin");
@@ -323,7 +345,7 @@ fn the_spin_policy_never_sleeps() {
 /// away) completes.
 #[test]
 fn a_failure_wakes_a_spinning_waiter() {
-    let Some(outcome) = case("fail_spinning", "100000") else {
+    let Some(outcome) = case_spinning("fail_spinning", "100000", 0.3) else {
         return;
     };
     assert_eq!(outcome.field("policy"), "Spin");
@@ -350,7 +372,7 @@ fn a_failure_wakes_a_waiter_polling_after_its_spin() {
 #[test]
 fn multi_waits_on_cuda_signals_spin_then_sleep() {
     for multi in ["wait_any", "wait_all"] {
-        let Some(short) = case(multi, "150") else {
+        let Some(short) = case_spinning(multi, "150", 0.8) else {
             return;
         };
         assert_all_ok(&short);
