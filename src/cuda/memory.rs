@@ -180,7 +180,9 @@ impl Fence {
     }
 
     /// Makes `stream` wait for the newest fence if it moved since `seen`,
-    /// and updates `seen`.
+    /// and updates `seen`. Inlined to its two loads when the fence has not
+    /// moved: every batch asks.
+    #[inline]
     pub(crate) fn order(
         &self,
         stream: &CudaStream,
@@ -189,6 +191,15 @@ impl Fence {
         if self.generation.load(Ordering::Acquire) == seen.load(Ordering::Relaxed) {
             return Ok(());
         }
+        self.order_moved(stream, seen)
+    }
+
+    #[cold]
+    fn order_moved(
+        &self,
+        stream: &CudaStream,
+        seen: &AtomicU64,
+    ) -> std::result::Result<(), DriverError> {
         let event = self.event.lock();
         if let Some(event) = &*event {
             // `cuStreamWaitEvent` waits for the record made before this

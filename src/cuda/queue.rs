@@ -309,8 +309,11 @@ impl Engine for CudaEngine {
         {
             return false;
         }
-        // Nothing to record or repeat: the key's template stays.
-        if shared.replay_key.swap(0, Ordering::Relaxed) != 0 {
+        // Nothing to record or repeat: the key's template stays. (Read
+        // first: a swap is a locked instruction, and a key is rare.)
+        if shared.replay_key.load(Ordering::Relaxed) != 0
+            && shared.replay_key.swap(0, Ordering::Relaxed) != 0
+        {
             shared.replays.lock().next = None;
         }
         shared.signal_only(batch);
