@@ -1271,3 +1271,37 @@ fn a_failed_value_settles_only_after_the_work_submitted_before_it() {
     assert!(queue.synchronize().is_err());
     drop(hold);
 }
+
+/// Issue 47 on Vulkan: an `exec` repeating the last one (same shader,
+/// views, work sizes and scalar types) is recorded without its checks but
+/// with its own scalar values; one whose scalar type differs is checked,
+/// and refused by the shader's push-constant type.
+#[test]
+fn a_repeated_exec_runs_with_its_own_scalars_and_another_type_is_refused() {
+    let Some(device) = device() else { return };
+    let add = VulkanProgram::from_wgsl("add", ADD, "add").unwrap();
+    let data = device.alloc(64 * 4).unwrap();
+    let grid = ExecParams::new_1d(64, 64);
+    let mut queue = device.compute_queue().unwrap();
+    queue.exec(&add, &[&data], &[Scalar::U32(1)], grid).exec(
+        &add,
+        &[&data],
+        &[Scalar::U32(2)],
+        grid,
+    );
+    queue.submit().unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(data.to_vec::<u32>().unwrap(), vec![3; 64]);
+    queue.exec(&add, &[&data], &[Scalar::U32(1)], grid).exec(
+        &add,
+        &[&data],
+        &[Scalar::F32(1.0)],
+        grid,
+    );
+    let refused = queue.submit().unwrap_err().to_string();
+    assert!(
+        refused.contains("scalar 0 is a f32 but the shader's push constant there is a u32"),
+        "{refused}"
+    );
+    assert_eq!(data.to_vec::<u32>().unwrap(), vec![3; 64]);
+}
