@@ -386,6 +386,7 @@ static LOST: OnceLock<crate::sync::Mutex<Vec<(u32, String)>>> = OnceLock::new();
 
 /// [`Error::DeviceLost`] if a sticky error hit device `ordinal` in this
 /// process.
+///
 /// Inlined to the one load that says no device was ever lost: every batch
 /// asks (`Shared::prepare`).
 #[inline]

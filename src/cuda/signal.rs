@@ -127,7 +127,8 @@ impl Drop for SignalEvent {
 impl RingEvent for SignalEvent {
     /// A query needs no context current (as cudarc's
     /// `CudaEvent::try_is_complete`, which the stream's retirement uses,
-    /// relies on too): a poll costs one driver call, not three.
+    /// relies on too): a poll is one driver call, without the
+    /// `cuCtxGetCurrent` (and possibly `cuCtxSetCurrent`) of a bind.
     fn is_complete(&self) -> Result<bool> {
         let fail = |e| self.fault("querying a signal's event", e);
         // SAFETY: the event is alive until `Drop`; a query only reads it.

@@ -50,8 +50,9 @@ pub trait Engine: Send + Sized + 'static {
     ///
     /// It must be a function of the program, the views, the scalars'
     /// types (not their values) and `params` alone: an `exec` repeating
-    /// the last one on all four (the program by [`Program::same_as`](crate::Program::same_as)) is
-    /// recorded without it. What can change between two `exec`s (a device
+    /// the last one on all four (the program by
+    /// [`Program::same_as`](crate::Program::same_as)) is recorded without
+    /// it. What can change between two `exec`s (a device
     /// lost) is checked when the batch is submitted.
     ///
     /// # Errors
