@@ -133,6 +133,20 @@ pub(super) type InFlightBatch = (
 pub(super) const SPARE_BATCHES: usize = 4;
 pub(super) const SPARE_EVENTS: usize = 16;
 
+/// `enqueue` (`work`), with a panic (a bug) turned into a failure of the
+/// batch at `from`, so no thread unwinds with a batch half-enqueued and its
+/// signals unset.
+fn caught(from: usize, work: impl FnOnce() -> Outcome) -> Outcome {
+    catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
+        Outcome::Failed(
+            from,
+            Error::EnginePanicked {
+                message: panic_message(payload),
+            },
+        )
+    })
+}
+
 impl Shared {
     /// Takes `batch` from command `from` on, on the thread that reached it
     /// in queue order (the owner's, or the worker's after a deferred wait):
@@ -218,7 +232,7 @@ impl Shared {
     /// queue does not profile: their events recorded in order, and nothing
     /// of `enqueue`'s replays, profiling and other commands.
     fn enqueue_signals(&self, batch: &Batch<Cuda>) -> Outcome {
-        let signals = || {
+        caught(0, || {
             if let Err(error) = self.prepare() {
                 return Outcome::Failed(0, error);
             }
@@ -230,31 +244,13 @@ impl Shared {
                 }
             }
             Outcome::Done
-        };
-        catch_unwind(AssertUnwindSafe(signals)).unwrap_or_else(|payload| {
-            Outcome::Failed(
-                0,
-                Error::EnginePanicked {
-                    message: panic_message(payload),
-                },
-            )
         })
     }
 
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
-    /// failure of the batch at `from`, so no thread unwinds with a batch
-    /// half-enqueued and its signals unset.
+    /// failure of the batch at `from` (see [`caught`]).
     pub(super) fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
-        catch_unwind(AssertUnwindSafe(|| self.enqueue(batch, from, mark))).unwrap_or_else(
-            |payload| {
-                Outcome::Failed(
-                    from,
-                    Error::EnginePanicked {
-                        message: panic_message(payload),
-                    },
-                )
-            },
-        )
+        caught(from, || self.enqueue(batch, from, mark))
     }
 
     /// Puts the commands of `batch` from `from` on the stream, without ever
