@@ -175,6 +175,7 @@ pub struct EventRing<E> {
 /// | `completed` | the highest value known completed: a pending slot whose event completed, or a host `set`. Only rises | folds (`value`, `wait`, `record`), a waiter after its event completed, `set` |
 /// | `failures` | which unreached values failed, and why ([`Failures`]); causes `<= completed` are dropped | `fail`, `abandon`, raises |
 /// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
+/// | `highest` | the highest value ever recorded: no slot's value is above it, so none is pending while it is `<= completed` (a fold then queries nothing) | `record` |
 ///
 /// Nothing but a completed event or the host raises `completed`: in
 /// particular `record` never does, so a value cannot be reached before its
@@ -184,6 +185,7 @@ struct RingState<E> {
     completed: u64,
     failures: Failures,
     next_seq: u64,
+    highest: u64,
 }
 
 struct Slot<E> {
@@ -229,6 +231,7 @@ impl<E: RingEvent> EventRing<E> {
                 completed: initial,
                 failures: Failures::default(),
                 next_seq: 0,
+                highest: 0,
             }),
             capacity: slots,
             changed: Condvar::new(),
@@ -297,6 +300,7 @@ impl<E: RingEvent> EventRing<E> {
                 slot.value = value;
                 slot.seq = seq;
                 state.next_seq += 1;
+                state.highest = state.highest.max(value);
                 self.changed.notify_all();
                 return Ok(());
             }
@@ -321,6 +325,7 @@ impl<E: RingEvent> EventRing<E> {
                     event: Arc::new(event),
                 };
                 state.next_seq += 1;
+                state.highest = state.highest.max(value);
                 let replaced = match at {
                     Some(index) => Some(std::mem::replace(&mut state.slots[index], slot)),
                     None => {
@@ -612,10 +617,41 @@ impl<E: RingEvent> EventRing<E> {
     /// slot stays (dropping a broken event could call into the faulted
     /// driver under the lock); later folds record the same failure again,
     /// which [`Failures`] ignores.
+    #[inline]
     fn fold(&self, state: &mut RingState<E>) {
+        // Nothing pending: the common case of a record after its signal was
+        // reached, and of a poll once it is. Inlined to this test.
+        if state.highest > state.completed {
+            self.fold_pending(state);
+        }
+    }
+
+    /// [`fold`](Self::fold) once a slot may be pending.
+    #[inline(never)]
+    fn fold_pending(&self, state: &mut RingState<E>) {
         let mut best = state.completed;
-        let mut fault: Option<(u64, Error)> = None;
-        for slot in &state.slots {
+        for (index, slot) in state.slots.iter().enumerate() {
+            if slot.value <= best {
+                continue;
+            }
+            match slot.event.is_complete() {
+                Ok(true) => best = slot.value,
+                Ok(false) => {}
+                Err(cause) => return self.fold_faulted(state, best, index, cause),
+            }
+        }
+        self.raise(state, best);
+    }
+
+    /// The rest of [`fold`](Self::fold) once the event of slot `at` failed
+    /// its query with `cause` (`best`: the highest completed value found
+    /// before it). Out of line, so that the fold of a healthy device
+    /// carries no error on its stack.
+    #[cold]
+    #[inline(never)]
+    fn fold_faulted(&self, state: &mut RingState<E>, mut best: u64, at: usize, cause: Error) {
+        let mut fault = (state.slots[at].value, cause);
+        for slot in &state.slots[at + 1..] {
             if slot.value <= best {
                 continue;
             }
@@ -623,15 +659,15 @@ impl<E: RingEvent> EventRing<E> {
                 Ok(true) => best = slot.value,
                 Ok(false) => {}
                 Err(cause) => {
-                    if fault.as_ref().is_none_or(|(upto, _)| slot.value > *upto) {
-                        fault = Some((slot.value, cause));
+                    if slot.value > fault.0 {
+                        fault = (slot.value, cause);
                     }
                 }
             }
         }
         self.raise(state, best);
-        if let Some((upto, cause)) = fault
-            && upto > state.completed
+        let (upto, cause) = fault;
+        if upto > state.completed
             && state
                 .failures
                 .record(state.completed, upto, cause, state.completed)

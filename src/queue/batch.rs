@@ -366,11 +366,17 @@ impl<B: Backend> Batch<B> {
     /// Lets go of every use and `dealloca` the batch holds: a range whose
     /// `dealloca` ran goes back to the pool with its last use, and a
     /// `dealloca` that never ran leaves its buffer live again.
+    #[inline]
     fn let_go(&mut self) {
         // Most batches name no buffer `alloca` made: no drain to set up.
-        if self.uses.is_empty() {
-            return;
+        if !self.uses.is_empty() {
+            self.let_go_uses();
         }
+    }
+
+    /// [`let_go`](Self::let_go) of a batch that took uses.
+    #[inline(never)]
+    fn let_go_uses(&mut self) {
         for (buffer, dealloca) in self.uses.drain(..) {
             if !dealloca {
                 crate::memory::end_use(&buffer);

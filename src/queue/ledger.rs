@@ -303,10 +303,18 @@ impl Ledger {
     /// For the owner: the unreported failure, once, as
     /// [`Error::QueueFailed`], moving `epoch` on so batches stamped from
     /// now on run. One atomic load when nothing failed.
+    #[inline]
     pub(crate) fn report(&self, epoch: &mut u64) -> crate::Result<()> {
         if !self.inner.unreported.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.report_failure(epoch)
+    }
+
+    /// [`report`](Self::report) once a failure is unreported.
+    #[cold]
+    #[inline(never)]
+    fn report_failure(&self, epoch: &mut u64) -> crate::Result<()> {
         let mut state = self.inner.state.lock();
         self.inner.unreported.store(false, Ordering::Relaxed);
         match state.unreported.take() {
