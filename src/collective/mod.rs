@@ -118,9 +118,14 @@
 //! flight) breaks it the same way, with [`CollectiveError::Nccl`]. The
 //! launch path pays an event record per group, and nothing per kernel.
 //! Work of *later* batches already on the stream runs once the abort lets
-//! it, over whatever the aborted collective left, and sets its signals:
-//! wait on a collective's own signal (or on a plan's run) to see its
-//! failure.
+//! it, over whatever the aborted collective left: under the queue's
+//! cascade ([`FailureScope::Queue`](crate::FailureScope), the default) its
+//! signals and downloads fail all the same, with
+//! [`Error::RanBehindAbandoned`](crate::Error::RanBehindAbandoned) naming
+//! the cause, as do batches the queue had not reached yet (the stream
+//! hands each group what it enqueues behind it: `nccl_behind.rs`); under
+//! `FailureScope::Batch` they keep their values, and only the
+//! collective's own batch fails.
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
 //! first probes the library, and answers [`CollectiveError::NoNccl`] with
@@ -172,6 +177,8 @@ mod mpi_types;
 #[cfg(feature = "nccl")]
 mod nccl;
 #[cfg(feature = "nccl")]
+mod nccl_behind;
+#[cfg(feature = "nccl")]
 mod nccl_watchdog;
 #[cfg(feature = "mpi")]
 mod small;
@@ -194,6 +201,8 @@ pub use mpi::Mpi;
 pub use nccl::NcclId;
 #[cfg(feature = "nccl")]
 pub(crate) use nccl::enqueue_run as enqueue_nccl_run;
+#[cfg(feature = "nccl")]
+pub(crate) use nccl_behind::StreamWatch;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -16,6 +16,7 @@ use cudarc::nccl::{result, sys};
 
 use cudarc::driver::CudaStream;
 
+use super::nccl_behind::StreamWatch;
 use super::nccl_watchdog::Watchdog;
 use super::{
     Collective, CollectiveError, CollectiveOp, Communicator, Element, Reduction, Transport,
@@ -440,15 +441,17 @@ pub(super) fn nccl_error(
 /// follow it in the batch over the same communicator; then hands the
 /// group to the communicator's watchdog (an event recorded after it, and
 /// the signals and downloads after it in the batch, to fail should it
-/// time out; `ledger`, the queue's, to report that to). Returns where the
-/// run ends, or the index of the command that failed and its error (the
-/// group is ended in either case). A broken communicator fails the run at
-/// once, calling nothing.
+/// time out; `ledger`, the queue's, to report that to, with the batch's
+/// `epoch`; `behind`, the stream's watch, to hand the group what the
+/// stream enqueues after it). Returns where the run ends, or the index of
+/// the command that failed and its error (the group is ended in either
+/// case). A broken communicator fails the run at once, calling nothing.
 pub(crate) fn enqueue_run(
     commands: &[Command<Cuda>],
     start: usize,
     stream: &CudaStream,
-    ledger: &Ledger,
+    (ledger, epoch): (&Ledger, u64),
+    behind: &StreamWatch,
 ) -> std::result::Result<usize, (usize, Error)> {
     let collective = |index: usize| match commands.get(index) {
         Some(Command::Collective(collective)) => Some(&**collective),
@@ -485,7 +488,14 @@ pub(crate) fn enqueue_run(
         (None, Ok(_)) => {
             let timeout = first.communicator.timeout();
             comm.watchdog
-                .watch(stream, first, &commands[end..], ledger, timeout)
+                .watch(
+                    stream,
+                    first,
+                    &commands[end..],
+                    (ledger, epoch),
+                    timeout,
+                    behind,
+                )
                 .map_err(|e| (end, e))?;
             drop(calls);
             Ok(end)

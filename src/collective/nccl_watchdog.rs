@@ -20,7 +20,9 @@
 //!   events are recorded ([`CudaSignal`]'s `abandon`): the late group's
 //!   with [`CollectiveError::Timeout`] (or the oldest group's with the
 //!   NCCL error), the others' not done yet with
-//!   [`CollectiveError::Broken`]; each queue's owner is told at
+//!   [`CollectiveError::Broken`]; so are the batches each group's stream
+//!   enqueued behind it, under their queue's cascade (`nccl_behind.rs`);
+//!   each queue's owner is told at
 //!   its next `submit` or `synchronize`; and then `ncclCommAbort`, which
 //!   makes NCCL's kernels exit, so the stream moves on and nothing waits
 //!   forever.
@@ -36,6 +38,7 @@ use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
 use cudarc::nccl::sys;
 
 use super::nccl::{NcclCore, nccl_error};
+use super::nccl_behind::{Behind, StreamWatch};
 use super::{Collective, CollectiveError, HostCollective};
 use crate::cuda::{Cuda, CudaDevice, CudaSignal};
 use crate::error::{Error, Result};
@@ -88,12 +91,43 @@ struct Group {
     after: Vec<After>,
     /// The queue's failure record, told of a timeout.
     ledger: Option<Ledger>,
+    /// What its stream enqueued behind it (`nccl_behind.rs`); a fresh
+    /// one whenever the last group's is still held by its stream.
+    behind: Arc<Behind>,
 }
 
-/// A signal value or a download after a group in its batch.
-enum After {
+impl Drop for Group {
+    fn drop(&mut self) {
+        // Forgotten (the communicator dropped): its stream stops following.
+        self.behind.done();
+    }
+}
+
+/// A signal value or a download after a group: in its batch, or in a
+/// later batch on its stream (`nccl_behind.rs`).
+pub(super) enum After {
     Signal(CudaSignal, u64),
     Download(DownloadSink),
+}
+
+impl After {
+    /// What `command` does that a failure must fail, if anything.
+    pub(super) fn of(command: &Command<Cuda>) -> Option<After> {
+        match command {
+            Command::Signal { signal, value } => Some(After::Signal(signal.clone(), *value)),
+            Command::Download { sink, .. } => Some(After::Download(sink.share())),
+            _ => None,
+        }
+    }
+
+    /// Fails it with `failure`, though its event may complete (the work
+    /// before it was given up on the device).
+    pub(super) fn fail(&self, failure: &Error) {
+        match self {
+            After::Signal(signal, value) => signal.abandon(*value, failure.clone()),
+            After::Download(sink) => sink.fail(failure),
+        }
+    }
 }
 
 impl Watchdog {
@@ -128,7 +162,9 @@ impl Watchdog {
 
     /// Watches the group just put on `stream` (its first collective
     /// `first`), to complete within `timeout`; `rest` is the batch after
-    /// it. Called with the communicator's call lock held.
+    /// it, `epoch` the batch's, and `behind` the stream's watch, which
+    /// hands the group what the stream enqueues after it. Called with the
+    /// communicator's call lock held.
     ///
     /// # Errors
     /// A driver error creating or recording the event (the group is on
@@ -138,8 +174,9 @@ impl Watchdog {
         stream: &CudaStream,
         first: &Collective<Cuda>,
         rest: &[Command<Cuda>],
-        ledger: &Ledger,
+        (ledger, epoch): (&Ledger, u64),
         timeout: Duration,
+        behind: &StreamWatch,
     ) -> Result<()> {
         let spare = self.shared.state.lock().spare.pop();
         let mut group = match spare {
@@ -154,6 +191,7 @@ impl Watchdog {
                 first: None,
                 after: Vec::new(),
                 ledger: None,
+                behind: Arc::default(),
             },
         };
         // An event reused from a group of a stream of this device: every
@@ -168,13 +206,13 @@ impl Watchdog {
         group.deadline = group.enqueued.checked_add(timeout);
         group.first = Some(HostCollective::of(first));
         group.ledger = Some(ledger.clone());
-        group
-            .after
-            .extend(rest.iter().filter_map(|command| match command {
-                Command::Signal { signal, value } => Some(After::Signal(signal.clone(), *value)),
-                Command::Download { sink, .. } => Some(After::Download(sink.share())),
-                _ => None,
-            }));
+        group.after.extend(rest.iter().filter_map(After::of));
+        if Arc::get_mut(&mut group.behind).is_none() {
+            // Its stream still holds the last group's.
+            group.behind = Arc::default();
+        }
+        group.behind.open(epoch);
+        behind.push(group.behind.clone());
         let mut state = self.shared.state.lock();
         let idle = state.groups.is_empty();
         state.groups.push_back(group);
@@ -227,6 +265,7 @@ fn run(shared: &WatchShared, core: &NcclCore, device: &CudaDevice) {
             if matches!(state.groups[index].event.try_is_complete(), Ok(false)) {
                 index += 1;
             } else if let Some(mut group) = state.groups.remove(index) {
+                group.behind.done();
                 group.clear();
                 state.spare.push(group);
             }
@@ -307,19 +346,20 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culpr
     for (index, group) in groups.iter().enumerate() {
         // One done meanwhile (another queue's stream) keeps its results.
         if index != culprit && matches!(group.event.try_is_complete(), Ok(true)) {
+            group.behind.done();
             continue;
         }
         let failure = if index == culprit { &*cause } else { &broken };
         // Before the abort: the events after the group complete only once
         // NCCL's kernels exited, and must not pass for the work's end.
-        for after in &group.after {
-            match after {
-                After::Signal(signal, value) => signal.abandon(*value, failure.clone()),
-                After::Download(sink) => sink.fail(failure),
-            }
-        }
+        // The failure recorded for the queue's owner first (so an owner
+        // that sees a signal fail and then submits is told), with the
+        // later batches its stream enqueued behind the group.
         if let Some(ledger) = &group.ledger {
-            ledger.fail_unbatched(failure.clone());
+            group.behind.abandon(ledger, failure);
+        }
+        for after in &group.after {
+            after.fail(failure);
         }
     }
     // SAFETY: the handle is live (not aborted yet, checked under `calls`,

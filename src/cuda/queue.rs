@@ -158,6 +158,8 @@ impl CudaEngine {
             patched: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             holding: AtomicBool::new(false),
+            #[cfg(feature = "nccl")]
+            behind: crate::collective::StreamWatch::default(),
         });
         let worker = shared.clone();
         spawn(
@@ -301,6 +303,12 @@ impl Engine for CudaEngine {
     /// (`Shared::signal_only`).
     fn submit_in_place(&mut self, batch: &mut Batch<Cuda>) -> bool {
         let shared = &*self.shared;
+        // Behind an NCCL group in flight, a batch goes the whole way, so
+        // that the group's abort can fail it (`collective::StreamWatch`).
+        #[cfg(feature = "nccl")]
+        if shared.behind.watching() {
+            return false;
+        }
         if shared.busy.load(Ordering::Acquire)
             || !batch
                 .commands()
@@ -471,17 +479,22 @@ impl fmt::Debug for CudaEngine {
 /// feature no communicator passes `check_collective`, and one that
 /// reached the stream would fail here.
 pub(super) fn enqueue_collectives(
-    commands: &[Command<Cuda>],
+    batch: &Batch<Cuda>,
     start: usize,
-    stream: &CudaStream,
-    ledger: &Ledger,
+    shared: &Shared,
 ) -> std::result::Result<usize, (usize, Error)> {
     #[cfg(feature = "nccl")]
-    return crate::collective::enqueue_nccl_run(commands, start, stream, ledger);
+    return crate::collective::enqueue_nccl_run(
+        batch.commands(),
+        start,
+        &shared.stream,
+        (&shared.ledger, batch.epoch()),
+        &shared.behind,
+    );
     #[cfg(not(feature = "nccl"))]
     {
-        let _ = (stream, ledger);
-        match &commands[start] {
+        let _ = shared;
+        match &batch.commands()[start] {
             Command::Collective(collective) => Err((
                 start,
                 crate::collective::CollectiveError::unsupported("cuda", &collective.communicator)

@@ -83,6 +83,11 @@ pub(super) struct Shared {
     /// Whether `InFlight::batches` holds a batch (stored under
     /// `in_flight`): a `submit` with nothing to retire takes no lock.
     pub(super) holding: AtomicBool,
+    /// The NCCL groups in flight on the stream, told of every batch
+    /// enqueued behind them, so that an abort fails those too. Used by the
+    /// thread enqueueing, in queue order.
+    #[cfg(feature = "nccl")]
+    pub(super) behind: crate::collective::StreamWatch,
 }
 
 /// A batch for the worker: the command it resumes at (or, with an error,
@@ -261,6 +266,12 @@ impl Shared {
         if let Err(error) = self.prepare() {
             return Outcome::Failed(from, error);
         }
+        // Behind an NCCL group in flight: the group's abort fails this too.
+        #[cfg(feature = "nccl")]
+        (self.behind).follow(
+            batch.commands().get(from..).unwrap_or_default(),
+            batch.epoch(),
+        );
         let profiling = self.profiling.load(Ordering::Relaxed);
         let (replay, template) = match mark {
             Mark::Record(key, template, _) => (Some(*key), Some(&**template)),
@@ -411,12 +422,7 @@ impl Shared {
                 }
                 // With those after it, in one NCCL group: profiled as one.
                 Command::Collective(_) => {
-                    match super::queue::enqueue_collectives(
-                        batch.commands(),
-                        index,
-                        &self.stream,
-                        &self.ledger,
-                    ) {
+                    match super::queue::enqueue_collectives(batch, index, self) {
                         Ok(end) => {
                             next = end;
                             Ok(())

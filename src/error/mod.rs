@@ -5,6 +5,7 @@
 //! `Clone` because one failure fans out: a failed batch hands the same error to
 //! every waiter of every signal it would have set.
 
+mod cause;
 mod external;
 mod wording;
 
@@ -335,6 +336,20 @@ pub enum Error {
     )]
     EarlierBatchFailed {
         /// The first failure.
+        cause: Arc<Error>,
+    },
+
+    /// This batch ran on the device behind an earlier batch's work that
+    /// was then given up there (an NCCL collective its watchdog aborted),
+    /// so over whatever that work left: its signals fail, though their
+    /// events completed.
+    #[error(
+        "ran behind an earlier batch on this queue whose work was abandoned on the device \
+         ({cause}), so over what that work left; check `submit`/`synchronize` errors and \
+         resubmit"
+    )]
+    RanBehindAbandoned {
+        /// The earlier batch's failure.
         cause: Arc<Error>,
     },
 
@@ -678,23 +693,4 @@ pub enum Error {
         /// The panic message.
         message: String,
     },
-}
-
-impl Error {
-    /// The deepest cause of a chain of wrapped errors (`SignalFailed`,
-    /// `QueueFailed`, …): the failure that started it.
-    pub fn root_cause(&self) -> &Error {
-        let mut error = self;
-        loop {
-            match error {
-                Error::SignalFailed { cause, .. }
-                | Error::EarlierBatchFailed { cause }
-                | Error::QueueFailed { cause }
-                | Error::BatchRejected { cause }
-                | Error::OperationFailed { cause, .. }
-                | Error::RunRefused { cause, .. } => error = cause,
-                _ => return error,
-            }
-        }
-    }
 }

@@ -218,6 +218,15 @@ impl Ledger {
     /// Records that `batch` failed with `error`, for the owner and for the
     /// cascade; returns the cause as its signals will carry it.
     fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
+        self.fail_epoch(batch.epoch(), error)
+    }
+
+    /// Records a failure of the work of a batch stamped with `epoch` that
+    /// the engine found after later batches ran (an NCCL group aborted on
+    /// the device): reported to the owner, and, under the cascade, taking
+    /// down every batch stamped before the owner learns of it. Returns the
+    /// cause as their signals will carry it.
+    pub fn fail_epoch(&self, epoch: u64, error: Error) -> std::sync::Arc<Error> {
         let cause = std::sync::Arc::new(error);
         {
             let mut state = self.inner.state.lock();
@@ -228,7 +237,7 @@ impl Ledger {
             self.inner.unreported.store(true, Ordering::Release);
             self.inner
                 .cascade_below
-                .fetch_max(batch.epoch() + 1, Ordering::Release);
+                .fetch_max(epoch + 1, Ordering::Release);
         }
         cause
     }

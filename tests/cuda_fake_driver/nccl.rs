@@ -16,7 +16,7 @@ use std::time::Duration;
 use hwqueue::collective::{CollectiveError, Communicator, NcclId, Reduction};
 use hwqueue::cpu::CpuDevice;
 use hwqueue::cuda::CudaDevice;
-use hwqueue::{Device, Download, Error, HardwareQueue, QueueFactory, TimelineSignal};
+use hwqueue::{Device, Download, Error, FailureScope, HardwareQueue, QueueFactory, TimelineSignal};
 
 use super::{NCCL_FAKE, Outcome, on_a_12_2_device, report, run_scenario};
 
@@ -62,6 +62,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang" => hang(device),
         "async_error" => async_error(device),
         "hang_beside" => hang_beside(device),
+        "hang_behind" => hang_behind(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -351,6 +352,52 @@ fn hang_beside(device: &CudaDevice) {
     report("stuck_synchronize", &outcome(stuck.synchronize()));
     drop((stuck, fine, comm));
     report("dropped", "ok");
+}
+
+/// The fake's `ncclAllReduce` never completes; the queue puts two more
+/// batches on its stream behind it before the watchdog's abort (a signal
+/// alone, and an upload and a signal), whose events complete once the
+/// abort lets the stream go on. Under each [`FailureScope`]
+/// (`<scope>_<key>`): how the three signals end, what a `submit` right
+/// after them reports (`told`), and its batch, submitted again (`fresh`).
+fn hang_behind(device: &CudaDevice) {
+    for (scope, name) in [
+        (FailureScope::Queue, "queue"),
+        (FailureScope::Batch, "batch"),
+    ] {
+        let comm = Communicator::nccl_single(device).unwrap();
+        comm.set_timeout(Duration::from_millis(200));
+        let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+        let signal = || device.new_signal(0).unwrap();
+        let (reduced, alone, uploaded, fresh) = (signal(), signal(), signal(), signal());
+        let mut queue = device.compute_queue().unwrap();
+        queue.set_failure_scope(scope).unwrap();
+        queue
+            .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+            .signal(&reduced, 1)
+            .submit()
+            .unwrap();
+        queue.signal(&alone, 1).submit().unwrap();
+        queue
+            .upload(&input, &[5u32, 6, 7, 8])
+            .signal(&uploaded, 1)
+            .submit()
+            .unwrap();
+        for (key, signal) in [
+            ("reduced", &reduced),
+            ("alone", &alone),
+            ("uploaded", &uploaded),
+        ] {
+            report(&format!("{name}_{key}"), &outcome(signal.wait(1, LONG)));
+        }
+        // Right after a failed signal: the submit is told, and keeps its
+        // batch for the next.
+        let told = queue.signal(&fresh, 1).submit();
+        report(&format!("{name}_told"), &outcome(told));
+        report(&format!("{name}_resubmit"), &outcome(queue.submit()));
+        report(&format!("{name}_fresh"), &outcome(fresh.wait(1, LONG)));
+        drop((queue, comm));
+    }
 }
 
 /// The fake's `ncclAllReduce` never completes, and NCCL reports an
@@ -733,6 +780,52 @@ fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
         !calls.iter().any(|c| c.starts_with("ncclCommSplit")),
         "{calls:?}"
     );
+}
+
+/// Batches already on the stream behind a collective that times out ran
+/// over what the aborted collective left: under the queue's cascade (the
+/// default) their signals fail, naming the earlier batch's timeout, though
+/// their events complete; under `FailureScope::Batch` they keep their
+/// values. Under both, a `submit` right after a signal failed is told of
+/// the timeout, once.
+#[test]
+fn batches_behind_a_collective_that_times_out_fail_with_it() {
+    let vars = on_a_12_2_device(
+        "nccl:hang_behind",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    for scope in ["queue", "batch"] {
+        let reduced = outcome.field(&format!("{scope}_reduced"));
+        assert!(reduced.starts_with("Timeout "), "{scope}: {outcome:#?}");
+        let fresh = format!("{scope}_fresh");
+        assert_eq!(outcome.field(&fresh), "ok", "{outcome:#?}");
+    }
+    for key in ["queue_alone", "queue_uploaded"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("Timeout "), "{key}: {outcome:#?}");
+        assert!(
+            text.contains("ran behind an earlier batch on this queue whose work was abandoned"),
+            "{key}: {text}"
+        );
+        assert!(text.contains("did not complete within"), "{key}: {text}");
+    }
+    for key in ["batch_alone", "batch_uploaded"] {
+        assert_eq!(outcome.field(key), "ok", "{key}: {outcome:#?}");
+    }
+    // Told by the first submit after a signal failed, once: the batch it
+    // kept runs when submitted again.
+    for scope in ["queue", "batch"] {
+        let text = outcome.field(&format!("{scope}_told"));
+        assert!(text.starts_with("Timeout "), "{scope}: {text}");
+        assert!(text.contains("a batch submitted earlier"), "{text}");
+        assert_eq!(outcome.field(&format!("{scope}_resubmit")), "ok");
+    }
 }
 
 /// NCCL's asynchronous error (a peer's failure) breaks the communicator
