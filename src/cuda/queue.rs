@@ -336,7 +336,7 @@ impl Engine for CudaEngine {
             key => shared.mark(u32::try_from(key - 1).unwrap_or(u32::MAX), &batch),
         };
         let mut state = shared.state.lock();
-        if state.worker_busy {
+        let back = if state.worker_busy {
             // Behind a deferred wait: keep the order.
             state.pending.push_back(Pending {
                 batch,
@@ -345,17 +345,21 @@ impl Engine for CudaEngine {
                 mark,
             });
             shared.work.notify_one();
+            None
         } else {
             drop(state);
             shared.retire();
-            shared.process(batch, 0, mark);
+            shared.process(batch, 0, mark)
+        };
+        match back {
+            // The stream holds nothing of it (a plan's repeat, signals):
+            // the next batch records into it.
+            Some(mut batch) => {
+                batch.clear();
+                batch
+            }
+            None => (shared.in_flight.lock().spare_batches.pop()).unwrap_or_default(),
         }
-        shared
-            .in_flight
-            .lock()
-            .spare_batches
-            .pop()
-            .unwrap_or_default()
     }
 
     /// Kept for the next `submit`, whose batch's runs of kernels become

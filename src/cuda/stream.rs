@@ -157,28 +157,38 @@ impl Shared {
     /// in queue order (the owner's, or the worker's after a deferred wait):
     /// fails its signals if the ledger says it must not run, else enqueues
     /// what the stream can take now; what follows a wait the stream cannot
-    /// express goes to the worker.
-    pub(super) fn process(&self, batch: Batch<Cuda>, from: usize, mark: Mark) {
-        let Some(batch) = self.admit(batch, from) else {
+    /// express goes to the worker. Gives `batch` back when nothing keeps
+    /// it (the stream holds nothing of it), to be cleared and reused.
+    pub(super) fn process(
+        &self,
+        batch: Batch<Cuda>,
+        from: usize,
+        mark: Mark,
+    ) -> Option<Batch<Cuda>> {
+        if !self.admit(&batch, from) {
             self.hold(mark.held());
-            return;
-        };
+            return Some(batch);
+        }
         match self.enqueue_caught(&batch, from, &mark) {
             Outcome::Done => {
                 let all = batch.commands().len();
-                self.finish(batch, all, mark.held());
+                self.finish(batch, all, mark.held())
             }
-            Outcome::Blocked(at) => self.hand_over(batch, at, None, mark),
+            Outcome::Blocked(at) => {
+                self.hand_over(batch, at, None, mark);
+                None
+            }
             // Reported by the next `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
             // worker, which may block, and which later batches follow.
             Outcome::Failed(at, error) if self.ledger.independent() => {
                 self.hand_over(batch, at, Some(error), mark);
+                None
             }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(&batch, at, error);
-                self.finish(batch, at, mark.held());
+                self.finish(batch, at, mark.held())
             }
         }
     }
@@ -200,13 +210,12 @@ impl Shared {
 
     /// `batch`, if the ledger says it runs; else its signals from `from` on
     /// fail, and it is kept for reuse.
-    pub(super) fn admit(&self, batch: Batch<Cuda>, from: usize) -> Option<Batch<Cuda>> {
-        match self.ledger.admit(&batch) {
-            Admission::Run => Some(batch),
+    pub(super) fn admit(&self, batch: &Batch<Cuda>, from: usize) -> bool {
+        match self.ledger.admit(batch) {
+            Admission::Run => true,
             Admission::Skip(cause) => {
                 batch.fail_signals(from, &cause);
-                self.recycle(batch, None);
-                None
+                false
             }
         }
     }
@@ -484,13 +493,15 @@ impl Shared {
     }
 
     /// Keeps `batch` (and the template its mark holds) until the stream
-    /// passed what was enqueued of it.
+    /// passed what was enqueued of it; gives it back when the stream holds
+    /// nothing of it (to be cleared and reused).
+    #[must_use]
     pub(super) fn finish(
         &self,
         batch: Batch<Cuda>,
         enqueued: usize,
         template: Option<std::sync::Arc<Template>>,
-    ) {
+    ) -> Option<Batch<Cuda>> {
         let staging = mem::take(&mut *self.staging.lock());
         // A batch of signals and waits only (a queue's `signal` + `submit`)
         // holds nothing the stream uses: no buffer, program, staging or
@@ -505,8 +516,7 @@ impl Shared {
                 command.only_synchronises() || matches!(command, Command::Replay { .. })
             })
         {
-            self.recycle(batch, None);
-            return;
+            return Some(batch);
         }
         let mut in_flight = self.in_flight.lock();
         let event = match in_flight.spare_events.pop() {
@@ -534,9 +544,10 @@ impl Shared {
                 }
                 drop(staging);
                 batch.complete_deallocas(enqueued);
-                self.recycle(batch, None);
+                return Some(batch);
             }
         }
+        None
     }
 
     /// Drops the buffers and programs of batches the stream has passed.
@@ -610,11 +621,11 @@ impl Shared {
     /// that never runs (see `super::replay::Mark`).
     pub(super) fn hold(&self, template: Option<std::sync::Arc<Template>>) {
         if template.is_some() {
-            self.finish(Batch::default(), 0, template);
+            drop(self.finish(Batch::default(), 0, template));
         }
     }
 
-    fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
+    pub(super) fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
         self.in_flight.lock().keep(batch, event);
     }
 

@@ -44,17 +44,11 @@ pub(super) fn run_worker(shared: &Shared) {
         // A batch handed over part-enqueued (`from > 0`) was admitted when
         // its first command went on the stream: it must finish, so the
         // buffers it already uses stay alive until the stream passes it.
-        let batch = if from == 0 && failed.is_none() {
-            match shared.admit(batch, 0) {
-                Some(batch) => batch,
-                None => {
-                    shared.hold(mark.held());
-                    continue;
-                }
-            }
-        } else {
-            batch
-        };
+        if from == 0 && failed.is_none() && !shared.admit(&batch, 0) {
+            shared.hold(mark.held());
+            shared.recycle(batch, None);
+            continue;
+        }
         let outcome = match failed {
             // Failed on the owner's thread, to drain here.
             Some(error) => Outcome::Failed(from, error),
@@ -98,7 +92,9 @@ pub(super) fn run_worker(shared: &Shared) {
             }
             _ => batch.commands().len(),
         };
-        shared.finish(batch, enqueued, mark.held());
+        if let Some(batch) = shared.finish(batch, enqueued, mark.held()) {
+            shared.recycle(batch, None);
+        }
         shared.retire();
     }
 }
