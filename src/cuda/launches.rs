@@ -10,7 +10,7 @@ use cudarc::driver::{LaunchConfig, result};
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
 use crate::program::{Program, Scalar};
-use crate::queue::{Batch, Command};
+use crate::queue::{Batch, ExecAt};
 use crate::sync::Ordering;
 use crate::view::View;
 
@@ -47,16 +47,16 @@ impl Shared {
         batch: &Batch<Cuda>,
         from: usize,
     ) -> std::result::Result<usize, (usize, Error)> {
-        let (buffers, scalars) = (batch.buffers(), batch.scalars());
         let mut last: Option<(&ExecParams, LaunchConfig)> = None;
         let mut index = from;
         let outcome = loop {
-            let Some(Command::Exec {
+            let Some(ExecAt {
                 program,
-                buffers: views,
-                scalars: values,
+                views,
+                scalars,
                 params,
-            }) = batch.commands().get(index)
+                ..
+            }) = batch.exec_at(index)
             else {
                 break Ok(index);
             };
@@ -68,13 +68,7 @@ impl Shared {
                     config
                 }
             };
-            if let Err(error) = self.launch(
-                program,
-                &buffers[views.clone()],
-                &scalars[values.clone()],
-                params,
-                config,
-            ) {
+            if let Err(error) = self.launch(program, views, scalars, params, config) {
                 break Err((index, error));
             }
             index += 1;

@@ -200,6 +200,20 @@ impl<S: TimelineSignal> ForeignWait for SettledForeign<S> {
     }
 }
 
+/// An `exec` of a batch with its arguments ([`Batch::exec_at`]).
+pub struct ExecAt<'a, B: Backend> {
+    /// The kernel.
+    pub program: &'a ProgramOf<B>,
+    /// Its views, and where they lie in [`Batch::buffers`].
+    pub views: &'a [View<B>],
+    /// The range of `views` in [`Batch::buffers`].
+    pub range: Range<usize>,
+    /// Its scalars.
+    pub scalars: &'a [Scalar],
+    /// Its work sizes.
+    pub params: &'a ExecParams,
+}
+
 /// A batch of commands. The buffers and scalars of every `exec` live in two
 /// vectors per batch, so recording an `exec` allocates nothing once they
 /// have grown; engines recycle finished batches.
@@ -257,6 +271,45 @@ impl<B: Backend> Batch<B> {
     /// range.
     pub fn buffers(&self) -> &[View<B>] {
         &self.buffers
+    }
+
+    /// The command at `index`, if it is an `exec`, with its arguments:
+    /// what a launch (and the test whether the next `exec` repeats it)
+    /// reads, without checking its ranges against the batch's vectors
+    /// again.
+    #[inline]
+    pub fn exec_at(&self, index: usize) -> Option<ExecAt<'_, B>> {
+        let Some(Command::Exec {
+            program,
+            buffers,
+            scalars,
+            params,
+        }) = self.commands.get(index)
+        else {
+            return None;
+        };
+        debug_assert!(buffers.start <= buffers.end && buffers.end <= self.buffers.len());
+        debug_assert!(scalars.start <= scalars.end && scalars.end <= self.scalars.len());
+        // SAFETY: an `exec`'s ranges lie within `buffers` and `scalars`:
+        // `Queue::push_exec`, the only place that makes a `Command::Exec`,
+        // takes them from the two vectors' lengths right after extending
+        // them (or from an earlier `exec` of this batch), and the vectors
+        // only grow until `clear` empties them together with the commands
+        // (the fields are private to `queue`, and nothing else there
+        // shrinks them). So both slices are in bounds.
+        let (views, values) = unsafe {
+            (
+                self.buffers.get_unchecked(buffers.clone()),
+                self.scalars.get_unchecked(scalars.clone()),
+            )
+        };
+        Some(ExecAt {
+            program,
+            views,
+            range: buffers.clone(),
+            scalars: values,
+            params,
+        })
     }
 
     /// The bytes of an upload of this batch.

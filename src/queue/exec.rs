@@ -23,11 +23,6 @@ use super::recording::Queue;
 /// (the kind and limits never change), so an `exec` like the last skips it.
 pub(super) type CheckedExec = (ExecParams, (usize, usize), (usize, usize));
 
-/// The last `exec` of a batch, as `Queue::last_exec` finds it: its
-/// program, the range of its views in the batch, its scalars and work
-/// sizes.
-type LastExec<'a, B> = (&'a ProgramOf<B>, Range<usize>, &'a [Scalar], &'a ExecParams);
-
 impl<E: Engine> Queue<E> {
     #[inline]
     fn check_exec(
@@ -78,11 +73,19 @@ impl<E: Engine> Queue<E> {
         // views (a kernel run again on the same tensors) shares their range
         // and checks nothing again, so it costs what one on whole buffers
         // does (whose offset 0 the compiler knows is aligned).
-        let (shared, repeats) = match self.last_exec() {
-            Some((last, range, last_scalars, last_params)) => {
-                let shared = self.same_views(range, count, &get);
+        let last = (self.batch.last_exec as usize).checked_sub(1);
+        let (shared, repeats) = match last.and_then(|index| self.batch.exec_at(index)) {
+            Some(last) => {
+                let shared = same_views(last.views, count, &get).then_some(last.range);
                 let repeats = shared.is_some()
-                    && repeats(last, last_scalars, last_params, program, scalars, &params);
+                    && repeats(
+                        last.program,
+                        last.scalars,
+                        last.params,
+                        program,
+                        scalars,
+                        &params,
+                    );
                 (shared, repeats)
             }
             None => (None, false),
@@ -191,53 +194,6 @@ impl<E: Engine> Queue<E> {
         self
     }
 
-    /// The last `exec` of the batch: its program, the range of its views
-    /// in the batch, its scalars and work sizes.
-    #[inline]
-    fn last_exec(&self) -> Option<LastExec<'_, E::Backend>> {
-        let index = (self.batch.last_exec as usize).checked_sub(1)?;
-        match self.batch.commands.get(index) {
-            Some(Command::Exec {
-                program,
-                buffers,
-                scalars,
-                params,
-            }) => Some((
-                program,
-                buffers.clone(),
-                &self.batch.scalars[scalars.clone()],
-                params,
-            )),
-            _ => None,
-        }
-    }
-
-    /// `range` when the batch's views there are the views `get(0..count)`.
-    #[inline(always)]
-    fn same_views<'b>(
-        &self,
-        range: Range<usize>,
-        count: usize,
-        get: &impl Fn(usize) -> (&'b BufferOf<E::Backend>, usize, usize),
-    ) -> Option<Range<usize>> {
-        let last = &self.batch.buffers[range.clone()];
-        if last.len() != count {
-            return None;
-        }
-        // A plain loop: `Iterator::all` over it was a call even for none.
-        for (index, old) in last.iter().enumerate() {
-            let (buffer, offset, len) = get(index);
-            if !(old.buffer().same_as(buffer)
-                && old.offset() == offset
-                && old.len() == len
-                && !is_deallocated(buffer))
-            {
-                return None;
-            }
-        }
-        Some(range)
-    }
-
     /// Adds the views `get(0..count)` to the batch with a use of each
     /// buffer `alloca` made (none before index `ordered_from`, where the
     /// caller knows); `Err(index)` for the first whose `dealloca` was
@@ -260,6 +216,31 @@ impl<E: Engine> Queue<E> {
         }
         Ok(first..batch.buffers.len())
     }
+}
+
+/// Whether the views `last` (of the last `exec`) are the views
+/// `get(0..count)`.
+#[inline(always)]
+fn same_views<'b, B: crate::backend::Backend>(
+    last: &[View<B>],
+    count: usize,
+    get: &impl Fn(usize) -> (&'b BufferOf<B>, usize, usize),
+) -> bool {
+    if last.len() != count {
+        return false;
+    }
+    // A plain loop: `Iterator::all` over it was a call even for none.
+    for (index, old) in last.iter().enumerate() {
+        let (buffer, offset, len) = get(index);
+        if !(old.buffer().same_as(buffer)
+            && old.offset() == offset
+            && old.len() == len
+            && !is_deallocated(buffer))
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether an `exec` of `program` with `scalars` and `params`, on the last

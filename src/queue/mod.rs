@@ -40,7 +40,7 @@ mod replay;
 
 use std::fmt;
 
-pub use batch::{Batch, Command, ForeignWait};
+pub use batch::{Batch, Command, ExecAt, ForeignWait};
 pub(crate) use collective::check_lengths;
 
 pub use engine::Engine;
