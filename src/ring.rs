@@ -176,6 +176,7 @@ pub struct EventRing<E> {
 /// | `failures` | which unreached values failed, and why ([`Failures`]); causes `<= completed` are dropped | `fail`, `abandon`, raises |
 /// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
 /// | `highest` | the highest value ever recorded: no slot's value is above it, so none is pending while it is `<= completed` (a fold then queries nothing) | `record` |
+/// | `abandoned` | the highest value [`abandon`](EventRing::abandon)ed (0: none): a failed value up to it is not recorded again | `abandon` |
 ///
 /// Nothing but a completed event or the host raises `completed`: in
 /// particular `record` never does, so a value cannot be reached before its
@@ -186,6 +187,7 @@ struct RingState<E> {
     failures: Failures,
     next_seq: u64,
     highest: u64,
+    abandoned: u64,
 }
 
 struct Slot<E> {
@@ -232,6 +234,7 @@ impl<E: RingEvent> EventRing<E> {
                 failures: Failures::default(),
                 next_seq: 0,
                 highest: 0,
+                abandoned: 0,
             }),
             capacity: slots,
             changed: Condvar::new(),
@@ -268,8 +271,9 @@ impl<E: RingEvent> EventRing<E> {
 
     /// Records `value`: the recorder's next event stands for it, and the
     /// value is reached once that event completes. A value already reached
-    /// records nothing. May block when every slot holds unfinished work (see
-    /// the module docs).
+    /// records nothing, and so does a failed value up to one
+    /// [`abandon`](Self::abandon)ed. May block when every slot holds
+    /// unfinished work (see the module docs).
     ///
     /// # Errors
     /// [`Error::SignalValueOutOfRange`]; whatever the recorder or a blocking
@@ -281,6 +285,12 @@ impl<E: RingEvent> EventRing<E> {
             self.fold(&mut guard);
             let state = &mut *guard;
             if value <= state.completed {
+                return Ok(());
+            }
+            // Abandoned on the device and failed: the record of it (work
+            // that came after the abandoned work, once the device let it
+            // run) stands for nothing, and the value stays failed.
+            if value <= state.abandoned && state.failures.check(value, state.completed).is_err() {
                 return Ok(());
             }
             let completed = state.completed;

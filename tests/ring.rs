@@ -691,6 +691,30 @@ fn an_abandoned_value_fails_though_its_event_completes() {
     assert_eq!(ring.value(), 3);
 }
 
+/// An abandoned value not recorded yet (its batch still waited) is not
+/// recorded after: the work before it came after the abandoned work. A
+/// value above it records, and a host `set` reaches it, as usual.
+#[test]
+fn an_abandoned_value_recorded_after_the_abandon_stays_failed() {
+    let device = MockDevice::new();
+    let ring = Ring::new(0);
+    ring.abandon(2, kernel_failed());
+    let mut recorder = device.recorder();
+    ring.record(2, &mut recorder).unwrap();
+    assert!(recorder.last.is_none(), "2 was recorded after its abandon");
+    assert!(matches!(
+        ring.wait(2, LONG),
+        Err(Error::SignalFailed { target: 2, .. })
+    ));
+    let three = record(&ring, &device, 3);
+    device.complete(three);
+    ring.wait(3, LONG).unwrap();
+    let ring = Ring::new(0);
+    ring.abandon(2, kernel_failed());
+    ring.set(2);
+    ring.wait(2, Duration::ZERO).unwrap();
+}
+
 #[test]
 fn a_waiter_on_an_abandoned_values_event_fails_once_the_event_completes() {
     let device = MockDevice::new();

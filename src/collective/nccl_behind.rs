@@ -12,7 +12,11 @@
 //! stream's [`StreamWatch`] hands it the signals and downloads of every
 //! batch it enqueues while the group is in flight, and a break fails them
 //! with [`Error::RanBehindAbandoned`] (under `FailureScope::Batch`, whose
-//! failures are their batch's own, it fails none).
+//! failures are their batch's own, it fails none). A signal value failed
+//! so before its event is recorded (its batch waits at the worker, or is
+//! still being enqueued) stays failed once it is recorded:
+//! [`EventRing::abandon`](crate::ring::EventRing::abandon) makes the ring
+//! record nothing for it.
 //!
 //! The cost where no group is in flight: one relaxed load per batch
 //! enqueued (the signal-only fast path of `submit` included).
@@ -33,58 +37,67 @@ pub(super) struct Behind {
 }
 
 #[derive(Default)]
-enum BehindState {
+struct BehindState {
+    phase: Phase,
+    /// While `Open`: the signals and downloads the stream enqueued behind
+    /// the group. Its memory is kept for the next group.
+    list: Vec<After>,
+}
+
+#[derive(Default)]
+enum Phase {
     /// Not opened for a group.
     #[default]
     Idle,
-    /// The group is in flight: what the stream enqueued since, and the
-    /// highest epoch of those batches (and of the group's own).
-    Open(Vec<After>, u64),
+    /// The group is in flight; the highest epoch of the batches behind it
+    /// (and of the group's own).
+    Open(u64),
     /// The group completed: what came after it ran after finished work.
     Done,
-    /// The group's communicator broke: batches of epochs up to this one
-    /// (submitted before the owner knew) fail with the cause.
+    /// The group's communicator broke: what batches of epochs up to this
+    /// one (submitted before the owner knew) enqueue behind it fails with
+    /// the cause.
     Abandoned(std::sync::Arc<Error>, u64),
 }
 
 impl Behind {
-    /// Opens it for a group of a batch of `epoch`, keeping the list's
-    /// memory from an earlier group.
+    /// Opens it for a group of a batch of `epoch`.
     pub(super) fn open(&self, epoch: u64) {
         let mut state = self.state.lock();
-        let list = match std::mem::take(&mut *state) {
-            BehindState::Open(mut list, _) => {
-                list.clear();
-                list
-            }
-            _ => Vec::new(),
-        };
-        *state = BehindState::Open(list, epoch);
+        state.list.clear();
+        state.phase = Phase::Open(epoch);
     }
 
-    /// Takes the signals and downloads of `commands`, part of a batch of
-    /// `epoch` that the stream enqueues behind the group; fails them at
-    /// once when the group's communicator broke before they came (and the
-    /// owner did not know yet). `false` once it needs nothing more: the
+    /// Takes the signals and downloads of `commands` from `from` on, of a
+    /// batch of `epoch` that the stream enqueues behind the group (from
+    /// `from = 0`, the whole batch; later, where a batch the worker took
+    /// over resumes, which it took already); fails them at once when the
+    /// group's communicator broke (and the owner did not know yet): an
+    /// [`abandon`](crate::ring::EventRing::abandon)ed value stays failed
+    /// though it is recorded after. `false` once it needs nothing more: the
     /// stream forgets it.
-    fn follow(&self, commands: &[Command<Cuda>], epoch: u64) -> bool {
-        let mut state = self.state.lock();
-        match &mut *state {
-            BehindState::Open(list, highest) => {
+    fn follow(&self, commands: &[Command<Cuda>], from: usize, epoch: u64) -> bool {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let rest = commands.get(from..).unwrap_or_default();
+        match &mut state.phase {
+            Phase::Open(highest) => {
                 *highest = (*highest).max(epoch);
-                list.extend(commands.iter().filter_map(After::of));
+                if from == 0 {
+                    state.list.extend(rest.iter().filter_map(After::of));
+                }
                 true
             }
-            BehindState::Abandoned(cause, upto) if epoch <= *upto => {
+            Phase::Abandoned(cause, upto) if epoch <= *upto => {
                 let failure = Error::RanBehindAbandoned {
                     cause: cause.clone(),
                 };
-                for after in commands.iter().filter_map(After::of) {
+                for after in rest.iter().filter_map(After::of) {
                     after.fail(&failure);
                 }
                 true
             }
-            BehindState::Idle | BehindState::Done | BehindState::Abandoned(..) => false,
+            Phase::Idle | Phase::Done | Phase::Abandoned(..) => false,
         }
     }
 
@@ -92,8 +105,9 @@ impl Behind {
     /// any more. A `Behind` already abandoned stays so.
     pub(super) fn done(&self) {
         let mut state = self.state.lock();
-        if matches!(*state, BehindState::Open(..)) {
-            *state = BehindState::Done;
+        if matches!(state.phase, Phase::Open(_)) {
+            state.phase = Phase::Done;
+            state.list.clear();
         }
     }
 
@@ -104,23 +118,25 @@ impl Behind {
     /// with [`Error::RanBehindAbandoned`]; under `FailureScope::Batch`,
     /// only reports it.
     pub(super) fn abandon(&self, ledger: &Ledger, cause: &Error) {
-        let mut state = self.state.lock();
-        let BehindState::Open(list, epoch) = std::mem::take(&mut *state) else {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let Phase::Open(epoch) = state.phase else {
             return;
         };
         if ledger.independent() {
             ledger.fail_unbatched(cause.clone());
-            *state = BehindState::Done;
+            state.phase = Phase::Done;
+            state.list.clear();
             return;
         }
-        let cause = ledger.fail_epoch(epoch, cause.clone());
+        let (cause, upto) = ledger.fail_out_of_order(epoch, cause.clone());
         let failure = Error::RanBehindAbandoned {
             cause: cause.clone(),
         };
-        for after in &list {
+        for after in state.list.drain(..) {
             after.fail(&failure);
         }
-        *state = BehindState::Abandoned(cause, epoch);
+        state.phase = Phase::Abandoned(cause, upto);
     }
 }
 
@@ -129,8 +145,10 @@ impl Behind {
 #[derive(Default)]
 pub(crate) struct StreamWatch {
     groups: Mutex<Vec<Arc<Behind>>>,
-    /// Whether `groups` holds one (stored under its lock; read without):
-    /// only the thread enqueueing, in queue order, pushes and reads it.
+    /// Whether `groups` holds one: stored under its lock by the thread
+    /// enqueueing (in queue order); read without it by that thread, and by
+    /// the owner's signal-only fast path once it read the queue's `busy`
+    /// as false (`Acquire`, after the worker's last enqueue).
     any: AtomicBool,
 }
 
@@ -142,18 +160,19 @@ impl StreamWatch {
         self.any.load(Ordering::Relaxed)
     }
 
-    /// Hands `commands`, of a batch of `epoch` the stream is about to
-    /// enqueue, to the groups in flight before it.
+    /// Hands `commands` from `from` on, of a batch of `epoch` the stream
+    /// is about to enqueue, to the groups in flight before it (see
+    /// [`Behind::follow`]).
     #[inline]
-    pub(crate) fn follow(&self, commands: &[Command<Cuda>], epoch: u64) {
+    pub(crate) fn follow(&self, commands: &[Command<Cuda>], from: usize, epoch: u64) {
         if self.watching() {
-            self.follow_groups(commands, epoch);
+            self.follow_groups(commands, from, epoch);
         }
     }
 
-    fn follow_groups(&self, commands: &[Command<Cuda>], epoch: u64) {
+    fn follow_groups(&self, commands: &[Command<Cuda>], from: usize, epoch: u64) {
         let mut groups = self.groups.lock();
-        groups.retain(|behind| behind.follow(commands, epoch));
+        groups.retain(|behind| behind.follow(commands, from, epoch));
         self.any.store(!groups.is_empty(), Ordering::Relaxed);
     }
 

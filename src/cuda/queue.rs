@@ -303,17 +303,21 @@ impl Engine for CudaEngine {
     /// (`Shared::signal_only`).
     fn submit_in_place(&mut self, batch: &mut Batch<Cuda>) -> bool {
         let shared = &*self.shared;
+        if shared.busy.load(Ordering::Acquire) {
+            return false;
+        }
         // Behind an NCCL group in flight, a batch goes the whole way, so
         // that the group's abort can fail it (`collective::StreamWatch`).
+        // Read after `busy` (`Acquire`): a group the worker put on the
+        // stream happens-before the worker let go of it.
         #[cfg(feature = "nccl")]
         if shared.behind.watching() {
             return false;
         }
-        if shared.busy.load(Ordering::Acquire)
-            || !batch
-                .commands()
-                .iter()
-                .all(|command| matches!(command, Command::Signal { .. }))
+        if !batch
+            .commands()
+            .iter()
+            .all(|command| matches!(command, Command::Signal { .. }))
         {
             return false;
         }
@@ -352,8 +356,9 @@ impl Engine for CudaEngine {
             shared.process(batch, 0, mark)
         };
         match back {
-            // The stream holds nothing of it (a plan's repeat, signals):
-            // the next batch records into it.
+            // The stream holds nothing of it (a plan's repeat, signals and
+            // waits only, a batch that did not run): the next batch records
+            // into it.
             Some(mut batch) => {
                 batch.clear();
                 batch

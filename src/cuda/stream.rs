@@ -208,8 +208,8 @@ impl Shared {
         self.work.notify_one();
     }
 
-    /// `batch`, if the ledger says it runs; else its signals from `from` on
-    /// fail, and it is kept for reuse.
+    /// Whether `batch` runs, as the ledger says; where not, its signals
+    /// from `from` on fail (and the caller lets the batch go).
     pub(super) fn admit(&self, batch: &Batch<Cuda>, from: usize) -> bool {
         match self.ledger.admit(batch) {
             Admission::Run => true,
@@ -277,10 +277,7 @@ impl Shared {
         }
         // Behind an NCCL group in flight: the group's abort fails this too.
         #[cfg(feature = "nccl")]
-        (self.behind).follow(
-            batch.commands().get(from..).unwrap_or_default(),
-            batch.epoch(),
-        );
+        (self.behind).follow(batch.commands(), from, batch.epoch());
         let profiling = self.profiling.load(Ordering::Relaxed);
         let (replay, template) = match mark {
             Mark::Record(key, template, _) => (Some(*key), Some(&**template)),

@@ -96,6 +96,9 @@ struct LedgerInner {
     id: QueueId,
     cascade_below: AtomicU64,
     unreported: AtomicBool,
+    /// The owner's epoch: how many failures it was told of (moved on by
+    /// `report`, under `state`).
+    told: AtomicU64,
     /// The queue's [`FailureScope`] is `Batch`: nothing cascades, and a
     /// failed batch drains.
     independent: AtomicBool,
@@ -141,6 +144,7 @@ impl Ledger {
                 id: QueueId::register(),
                 cascade_below: AtomicU64::new(0),
                 unreported: AtomicBool::new(false),
+                told: AtomicU64::new(0),
                 independent: AtomicBool::new(false),
                 state: Mutex::new(LedgerState::default()),
             }),
@@ -218,28 +222,39 @@ impl Ledger {
     /// Records that `batch` failed with `error`, for the owner and for the
     /// cascade; returns the cause as its signals will carry it.
     fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
-        self.fail_epoch(batch.epoch(), error)
+        let cause = std::sync::Arc::new(error);
+        let mut state = self.inner.state.lock();
+        self.record_locked(&mut state, batch.epoch(), cause.clone());
+        cause
     }
 
-    /// Records a failure of the work of a batch stamped with `epoch` that
-    /// the engine found after later batches ran (an NCCL group aborted on
-    /// the device): reported to the owner, and, under the cascade, taking
-    /// down every batch stamped before the owner learns of it. Returns the
-    /// cause as their signals will carry it.
-    pub fn fail_epoch(&self, epoch: u64, error: Error) -> std::sync::Arc<Error> {
-        let cause = std::sync::Arc::new(error);
-        {
-            let mut state = self.inner.state.lock();
-            state.last = Some(cause.clone());
-            if state.unreported.is_none() {
-                state.unreported = Some(cause.clone());
-            }
-            self.inner.unreported.store(true, Ordering::Release);
-            self.inner
-                .cascade_below
-                .fetch_max(epoch + 1, Ordering::Release);
+    /// Records `cause` for the owner, and for the cascade of batches
+    /// stamped `epoch` or lower.
+    fn record_locked(&self, state: &mut LedgerState, epoch: u64, cause: std::sync::Arc<Error>) {
+        state.last = Some(cause.clone());
+        if state.unreported.is_none() {
+            state.unreported = Some(cause);
         }
-        cause
+        self.inner.unreported.store(true, Ordering::Release);
+        self.inner
+            .cascade_below
+            .fetch_max(epoch + 1, Ordering::Release);
+    }
+
+    /// Records a failure found out of queue order, after later batches ran
+    /// (an NCCL group aborted on the device, behind which the stream went
+    /// on), of work of a batch stamped `epoch`: reported to the owner and,
+    /// under the cascade, taking down every batch the owner submitted
+    /// before it learns of it: those stamped up to `epoch` or the owner's
+    /// epoch now, whichever is higher. Returns the cause as their signals
+    /// will carry it, and that epoch.
+    pub fn fail_out_of_order(&self, epoch: u64, error: Error) -> (std::sync::Arc<Error>, u64) {
+        let cause = std::sync::Arc::new(error);
+        let mut state = self.inner.state.lock();
+        // Under `state`, where a report moves the owner's epoch.
+        let upto = epoch.max(self.inner.told.load(Ordering::Relaxed));
+        self.record_locked(&mut state, upto, cause.clone());
+        (cause, upto)
     }
 
     /// Records a failure that belongs to no batch (a device error found
@@ -329,6 +344,7 @@ impl Ledger {
         match state.unreported.take() {
             Some(cause) => {
                 *epoch += 1;
+                self.inner.told.fetch_max(*epoch, Ordering::Relaxed);
                 Err(Error::QueueFailed { cause })
             }
             None => Ok(()),

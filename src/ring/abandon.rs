@@ -20,7 +20,9 @@ impl<E: RingEvent> EventRing<E> {
     ///
     /// The slots recorded for `value` keep their events (a waiter may hold
     /// them) but stand for no value any more: they are reused like done
-    /// slots.
+    /// slots. A later [`record`](Self::record) of a value that failed up to
+    /// `value` records nothing (it stays failed): the work before it came
+    /// after the abandoned work, over what that left.
     pub fn abandon(&self, value: u64, cause: Error) {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
@@ -28,6 +30,7 @@ impl<E: RingEvent> EventRing<E> {
         if value <= state.completed {
             return;
         }
+        state.abandoned = state.abandoned.max(value);
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {

@@ -63,6 +63,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "async_error" => async_error(device),
         "hang_beside" => hang_beside(device),
         "hang_behind" => hang_behind(device),
+        "hang_gate" => hang_gate(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -398,6 +399,36 @@ fn hang_behind(device: &CudaDevice) {
         report(&format!("{name}_fresh"), &outcome(fresh.wait(1, LONG)));
         drop((queue, comm));
     }
+}
+
+/// The fake's `ncclAllReduce` never completes; behind it the queue puts a
+/// batch that waits for `gate` (not recorded anywhere: the worker takes
+/// the batch over and blocks) and then signals `after`. The watchdog's
+/// abort fails `after` while it is not recorded yet; then the host sets
+/// `gate`, and the worker records `after`, whose event completes. Reports
+/// how `reduced` and `after` end, and `after`'s value.
+fn hang_gate(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let signal = || device.new_signal(0).unwrap();
+    let (reduced, gate, after) = (signal(), signal(), signal());
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&reduced, 1)
+        .submit()
+        .unwrap();
+    queue.wait(&gate, 1).signal(&after, 1).submit().unwrap();
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    gate.set(1);
+    // The worker records `after` once it sees the gate; the stream has
+    // passed everything once `synchronize` returns (it reports the
+    // timeout).
+    report("synchronize", &outcome(queue.synchronize()));
+    report("after", &outcome(after.wait(1, LONG)));
+    report("after_value", &after.value().to_string());
+    drop((queue, comm));
 }
 
 /// The fake's `ncclAllReduce` never completes, and NCCL reports an
@@ -826,6 +857,35 @@ fn batches_behind_a_collective_that_times_out_fail_with_it() {
         assert!(text.contains("a batch submitted earlier"), "{text}");
         assert_eq!(outcome.field(&format!("{scope}_resubmit")), "ok");
     }
+}
+
+/// A batch behind a collective that times out, waiting at the worker when
+/// the abort fails its signal (not recorded yet), keeps that signal
+/// failed once the worker records it and its event completes.
+#[test]
+fn a_signal_failed_by_an_abort_before_it_is_recorded_stays_failed() {
+    let vars = on_a_12_2_device(
+        "nccl:hang_gate",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert!(
+        outcome.field("reduced").starts_with("Timeout "),
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome.field("synchronize").starts_with("Timeout "),
+        "{outcome:#?}"
+    );
+    let after = outcome.field("after");
+    assert!(after.starts_with("Timeout "), "{outcome:#?}");
+    assert!(after.contains("ran behind an earlier batch"), "{after}");
+    assert_eq!(outcome.field("after_value"), "0", "{outcome:#?}");
 }
 
 /// NCCL's asynchronous error (a peer's failure) breaks the communicator
