@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 /// A work-group may also ask for dynamic shared memory
 /// ([`with_shared_memory`](Self::with_shared_memory)): CUDA's `extern
 /// __shared__` array, up to the device's [`Limits::max_shared_memory`].
-#[derive(Debug, Clone, Copy, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Debug, Clone, Copy, Eq, bytemuck::NoUninit)]
 #[repr(C)]
 pub struct ExecParams {
     global: [u32; 3],

@@ -356,13 +356,20 @@ impl<E: RingEvent> EventRing<E> {
             let Some(oldest) = state.slots.iter().min_by_key(|slot| slot.seq) else {
                 unreachable!("a full ring has slots");
             };
-            let (oldest_value, event) = (oldest.value, oldest.event.clone());
+            let (oldest_value, oldest_seq) = (oldest.value, oldest.seq);
+            let event = oldest.event.clone();
             drop(guard);
             let outcome = event.synchronize();
             drop(event);
             outcome?;
             guard = self.state.lock();
-            self.raise(&mut guard, oldest_value);
+            // Its value is reached only if its slot still stands for it:
+            // an `abandon` meanwhile made the event say nothing of it.
+            let still = (guard.slots.iter())
+                .any(|slot| slot.seq == oldest_seq && slot.value == oldest_value);
+            if still {
+                self.raise(&mut guard, oldest_value);
+            }
         }
     }
 

@@ -715,6 +715,30 @@ fn an_abandoned_value_recorded_after_the_abandon_stays_failed() {
     ring.wait(2, Duration::ZERO).unwrap();
 }
 
+/// A record that waits for the oldest slot of a full ring does not reach
+/// that slot's value once it was abandoned meanwhile: its event
+/// completing says nothing of it.
+#[test]
+fn a_record_waiting_on_an_abandoned_oldest_slot_does_not_reach_its_value() {
+    let device = MockDevice::new();
+    let ring = Ring::with_slots(0, 1);
+    let one = record(&ring, &device, 1);
+    thread::scope(|scope| {
+        let second = scope.spawn(|| record(&ring, &device, 2));
+        device.await_synchronize_on(one, LONG);
+        ring.abandon(1, kernel_failed());
+        device.complete(one);
+        let two = second.join().unwrap();
+        assert_eq!(ring.value(), 0, "1 was abandoned");
+        assert!(matches!(
+            ring.wait(1, Duration::ZERO),
+            Err(Error::SignalFailed { target: 1, .. })
+        ));
+        device.complete(two);
+        ring.wait(2, LONG).unwrap();
+    });
+}
+
 #[test]
 fn a_waiter_on_an_abandoned_values_event_fails_once_the_event_completes() {
     let device = MockDevice::new();

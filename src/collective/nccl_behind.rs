@@ -19,7 +19,9 @@
 //! record nothing for it.
 //!
 //! The cost where no group is in flight: one relaxed load per batch
-//! enqueued (the signal-only fast path of `submit` included).
+//! enqueued (the signal-only fast path of `submit` included; that path
+//! steps aside once more after the last group completed, until the next
+//! batch's enqueue finds the stream's groups all done).
 
 use super::nccl_watchdog::After;
 use crate::cuda::Cuda;
@@ -69,13 +71,14 @@ impl Behind {
     }
 
     /// Takes the signals and downloads of `commands` from `from` on, of a
-    /// batch of `epoch` that the stream enqueues behind the group (from
-    /// `from = 0`, the whole batch; later, where a batch the worker took
-    /// over resumes, which it took already); fails them at once when the
-    /// group's communicator broke (and the owner did not know yet): an
-    /// [`abandon`](crate::ring::EventRing::abandon)ed value stays failed
-    /// though it is recorded after. `false` once it needs nothing more: the
-    /// stream forgets it.
+    /// batch of `epoch` that the stream enqueues behind the group: the
+    /// whole batch when `from` is 0 (its first enqueue, or a resume at its
+    /// first command, which lists it again: failing a value twice is
+    /// harmless), nothing more where the worker resumes it later. Fails
+    /// them at once when the group's communicator broke (and the owner did
+    /// not know yet): an [`abandon`](crate::ring::EventRing::abandon)ed
+    /// value stays failed though it is recorded after. `false` once it
+    /// needs nothing more: the stream forgets it.
     fn follow(&self, commands: &[Command<Cuda>], from: usize, epoch: u64) -> bool {
         let mut guard = self.state.lock();
         let state = &mut *guard;
@@ -116,18 +119,19 @@ impl Behind {
     /// records the failure against every batch submitted before the owner
     /// learns of it, and fails what the stream enqueued behind the group
     /// with [`Error::RanBehindAbandoned`]; under `FailureScope::Batch`,
-    /// only reports it.
-    pub(super) fn abandon(&self, ledger: &Ledger, cause: &Error) {
+    /// only reports it. `false` (nothing reported) when the group is not
+    /// in flight.
+    pub(super) fn abandon(&self, ledger: &Ledger, cause: &Error) -> bool {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let Phase::Open(epoch) = state.phase else {
-            return;
+            return false;
         };
         if ledger.independent() {
             ledger.fail_unbatched(cause.clone());
             state.phase = Phase::Done;
             state.list.clear();
-            return;
+            return true;
         }
         let (cause, upto) = ledger.fail_out_of_order(epoch, cause.clone());
         let failure = Error::RanBehindAbandoned {
@@ -137,6 +141,7 @@ impl Behind {
             after.fail(&failure);
         }
         state.phase = Phase::Abandoned(cause, upto);
+        true
     }
 }
 

@@ -355,8 +355,10 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culpr
         // The failure recorded for the queue's owner first (so an owner
         // that sees a signal fail and then submits is told), with the
         // later batches its stream enqueued behind the group.
-        if let Some(ledger) = &group.ledger {
-            group.behind.abandon(ledger, failure);
+        if let Some(ledger) = &group.ledger
+            && !group.behind.abandon(ledger, failure)
+        {
+            ledger.fail_unbatched(failure.clone());
         }
         for after in &group.after {
             after.fail(failure);

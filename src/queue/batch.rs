@@ -204,7 +204,7 @@ impl<S: TimelineSignal> ForeignWait for SettledForeign<S> {
 pub struct ExecAt<'a, B: Backend> {
     /// The kernel.
     pub program: &'a ProgramOf<B>,
-    /// Its views, and where they lie in [`Batch::buffers`].
+    /// Its views.
     pub views: &'a [View<B>],
     /// The range of `views` in [`Batch::buffers`].
     pub range: Range<usize>,
@@ -291,8 +291,8 @@ impl<B: Backend> Batch<B> {
         debug_assert!(buffers.start <= buffers.end && buffers.end <= self.buffers.len());
         debug_assert!(scalars.start <= scalars.end && scalars.end <= self.scalars.len());
         // SAFETY: an `exec`'s ranges lie within `buffers` and `scalars`:
-        // `Queue::push_exec`, the only place that makes a `Command::Exec`,
-        // takes them from the two vectors' lengths right after extending
+        // `Queue::push_exec`, the only place that puts a `Command::Exec`
+        // into a batch (`commands` is private to `queue`), takes them from the two vectors' lengths right after extending
         // them (or from an earlier `exec` of this batch), and the vectors
         // only grow until `clear` empties them together with the commands
         // (the fields are private to `queue`, and nothing else there

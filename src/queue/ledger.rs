@@ -83,6 +83,7 @@ fn live_queues() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
 /// |-------|---------|------------|---------|
 /// | `cascade_below` | batches stamped below this epoch cascade (0: none) | the engine, under `state`, with `Release` | the engine's `admit` (`Acquire`), on every batch |
 /// | `unreported` | a failure awaits the owner | set by the engine under `state` (`Release`); cleared by the owner under `state` | the owner's `submit` (`Acquire`) |
+/// | `told` | the owner's epoch (failures reported to it) | the owner's report, under `state` | [`fail_out_of_order`](Ledger::fail_out_of_order), under `state`: a failure found after later batches ran cascades up to it |
 /// | `state` | the unreported cause, and the cause of the last failed batch | both, under the lock | both |
 ///
 /// Both flags are only hints for a lock-free fast path: a reader that sees

@@ -22,7 +22,9 @@ impl<E: RingEvent> EventRing<E> {
     /// them) but stand for no value any more: they are reused like done
     /// slots. A later [`record`](Self::record) of a value that failed up to
     /// `value` records nothing (it stays failed): the work before it came
-    /// after the abandoned work, over what that left.
+    /// after the abandoned work, over what that left. That holds after the
+    /// queue's owner was told too: signal a higher value (or `set` it from
+    /// the host) rather than the failed one again.
     pub fn abandon(&self, value: u64, cause: Error) {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
