@@ -34,6 +34,22 @@ fn kernel_failed() -> Error {
     }
 }
 
+/// Whether a wait for `target` (within `timeout`) fails with
+/// `SignalFailed` for that target.
+fn wait_fails(ring: &Ring, target: u64, timeout: Duration) -> bool {
+    matches!(
+        ring.wait(target, timeout),
+        Err(Error::SignalFailed { target: failed, .. }) if failed == target
+    )
+}
+
+/// Records `value`, completes its event and waits for it.
+fn record_and_reach(ring: &Ring, device: &MockDevice, value: u64) {
+    let event = record(ring, device, value);
+    device.complete(event);
+    ring.wait(value, LONG).unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // value: completed events only.
 
@@ -672,22 +688,14 @@ fn an_abandoned_value_fails_though_its_event_completes() {
     let one = record(&ring, &device, 1);
     let two = record(&ring, &device, 2);
     ring.abandon(2, kernel_failed());
-    assert!(matches!(
-        ring.wait(2, Duration::ZERO),
-        Err(Error::SignalFailed { target: 2, .. })
-    ));
+    assert!(wait_fails(&ring, 2, Duration::ZERO));
     device.complete(one);
     device.complete(two);
     assert_eq!(ring.value(), 1, "1's work was done; 2's was abandoned");
     assert!(!ring.is_reached(2));
-    assert!(matches!(
-        ring.wait(2, LONG),
-        Err(Error::SignalFailed { target: 2, .. })
-    ));
+    assert!(wait_fails(&ring, 2, LONG));
     // The abandoned slot is reused, and a later value is reached as usual.
-    let three = record(&ring, &device, 3);
-    device.complete(three);
-    ring.wait(3, LONG).unwrap();
+    record_and_reach(&ring, &device, 3);
     assert_eq!(ring.value(), 3);
 }
 
@@ -702,13 +710,8 @@ fn an_abandoned_value_recorded_after_the_abandon_stays_failed() {
     let mut recorder = device.recorder();
     ring.record(2, &mut recorder).unwrap();
     assert!(recorder.last.is_none(), "2 was recorded after its abandon");
-    assert!(matches!(
-        ring.wait(2, LONG),
-        Err(Error::SignalFailed { target: 2, .. })
-    ));
-    let three = record(&ring, &device, 3);
-    device.complete(three);
-    ring.wait(3, LONG).unwrap();
+    assert!(wait_fails(&ring, 2, LONG));
+    record_and_reach(&ring, &device, 3);
     let ring = Ring::new(0);
     ring.abandon(2, kernel_failed());
     ring.set(2);
@@ -730,10 +733,7 @@ fn a_record_waiting_on_an_abandoned_oldest_slot_does_not_reach_its_value() {
         device.complete(one);
         let two = second.join().unwrap();
         assert_eq!(ring.value(), 0, "1 was abandoned");
-        assert!(matches!(
-            ring.wait(1, Duration::ZERO),
-            Err(Error::SignalFailed { target: 1, .. })
-        ));
+        assert!(wait_fails(&ring, 1, Duration::ZERO));
         device.complete(two);
         ring.wait(2, LONG).unwrap();
     });
