@@ -355,16 +355,10 @@ impl Engine for CudaEngine {
             shared.retire();
             shared.process(batch, 0, mark)
         };
-        match back {
-            // The stream holds nothing of it (a plan's repeat, signals and
-            // waits only, a batch that did not run): the next batch records
-            // into it.
-            Some(mut batch) => {
-                batch.clear();
-                batch
-            }
-            None => (shared.in_flight.lock().spare_batches.pop()).unwrap_or_default(),
-        }
+        // The stream holds nothing of it (a plan's repeat, signals and
+        // waits only, a batch that did not run): the next batch records
+        // into it (the queue clears what `submit` hands back).
+        back.unwrap_or_else(|| (shared.in_flight.lock().spare_batches.pop()).unwrap_or_default())
     }
 
     /// Kept for the next `submit`, whose batch's runs of kernels become

@@ -84,8 +84,9 @@ pub(super) struct Shared {
     /// `in_flight`): a `submit` with nothing to retire takes no lock.
     pub(super) holding: AtomicBool,
     /// The NCCL groups in flight on the stream, told of every batch
-    /// enqueued behind them, so that an abort fails those too. Used by the
-    /// thread enqueueing, in queue order.
+    /// enqueued behind them, so that an abort fails those too. Told by the
+    /// thread enqueueing, in queue order; the owner's signal-only fast path
+    /// asks whether it watches any (`StreamWatch::watching`).
     #[cfg(feature = "nccl")]
     pub(super) behind: crate::collective::StreamWatch,
 }
