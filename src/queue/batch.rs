@@ -273,6 +273,28 @@ impl<B: Backend> Batch<B> {
         &self.buffers
     }
 
+    /// Appends the command `make` builds, written straight into the
+    /// vector: `Vec::push` of a command built first put its 80 bytes on
+    /// the stack and copied them in (a sixth of recording a repeated
+    /// `exec`).
+    #[inline(always)]
+    pub(super) fn push_with(&mut self, make: impl FnOnce() -> Command<B>) {
+        let commands = &mut self.commands;
+        if commands.len() == commands.capacity() {
+            commands.reserve(1);
+        }
+        let len = commands.len();
+        let command = make();
+        // SAFETY: the capacity is above `len` (reserved just above, and
+        // `make`, which cannot reach the vector, did not change it), so
+        // slot `len` lies in the allocation, uninitialised; it is written
+        // before the length takes it in.
+        unsafe {
+            commands.as_mut_ptr().add(len).write(command);
+            commands.set_len(len + 1);
+        }
+    }
+
     /// The command at `index`, if it is an `exec`, with its arguments:
     /// what a launch (and the test whether the next `exec` repeats it)
     /// reads, without checking its ranges against the batch's vectors

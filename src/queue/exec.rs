@@ -183,24 +183,13 @@ impl<E: Engine> Queue<E> {
         if !scalars.is_empty() {
             batch.scalars.extend_from_slice(scalars);
         }
-        let commands = &mut batch.commands;
-        if commands.len() == commands.capacity() {
-            commands.reserve(1);
-        }
-        let len = commands.len();
-        // SAFETY: the capacity is above `len` (reserved just above), so
-        // slot `len` lies in the allocation; it is written before the
-        // length takes it in. (`push` built the 80-byte command on the
-        // stack and copied it in, a sixth of recording a repeated `exec`.)
-        unsafe {
-            commands.as_mut_ptr().add(len).write(Command::Exec {
-                program: program.clone(),
-                buffers,
-                scalars: first_scalar..batch.scalars.len(),
-                params,
-            });
-            commands.set_len(len + 1);
-        }
+        let scalars = first_scalar..batch.scalars.len();
+        batch.push_with(|| Command::Exec {
+            program: program.clone(),
+            buffers,
+            scalars,
+            params,
+        });
         // Past `u32::MAX` commands, later `exec`s are checked again.
         batch.last_exec = u32::try_from(batch.commands.len()).unwrap_or(0);
         self

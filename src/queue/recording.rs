@@ -97,7 +97,7 @@ impl<E: Engine> Queue<E> {
         if let Err(e) = check_value(value) {
             return self.reject(e);
         }
-        self.batch.commands.push(command());
+        self.batch.push_with(command);
         self
     }
 
@@ -277,7 +277,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             });
         }
         // Recorded even in a rejected batch, so `submit` can fail it.
-        self.batch.commands.push(Command::Signal {
+        self.batch.push_with(|| Command::Signal {
             signal: signal.clone(),
             value,
         });
