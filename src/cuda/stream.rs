@@ -139,17 +139,14 @@ pub(super) type InFlightBatch = (
 pub(super) const SPARE_BATCHES: usize = 4;
 pub(super) const SPARE_EVENTS: usize = 16;
 
-/// `enqueue` (`work`), with a panic (a bug) turned into a failure of the
-/// batch at `from`, so no thread unwinds with a batch half-enqueued and its
-/// signals unset.
-fn caught(from: usize, work: impl FnOnce() -> Outcome) -> Outcome {
+/// An enqueue (`work`), with a panic (a bug) turned into a failure of the
+/// batch (`panicked` makes it of the error), so no thread unwinds with a
+/// batch half-enqueued and its signals unset.
+fn caught<T>(work: impl FnOnce() -> T, panicked: impl FnOnce(Error) -> T) -> T {
     catch_unwind(AssertUnwindSafe(work)).unwrap_or_else(|payload| {
-        Outcome::Failed(
-            from,
-            Error::EnginePanicked {
-                message: panic_message(payload),
-            },
-        )
+        panicked(Error::EnginePanicked {
+            message: panic_message(payload),
+        })
     })
 }
 
@@ -245,27 +242,31 @@ impl Shared {
 
     /// [`enqueue`](Self::enqueue) of a batch of signals only, when the
     /// queue does not profile: their events recorded in order, and nothing
-    /// of `enqueue`'s replays, profiling and other commands.
-    fn enqueue_signals(&self, batch: &Batch<Cuda>) -> Outcome {
-        caught(0, || {
-            if let Err(error) = self.prepare() {
-                return Outcome::Failed(0, error);
-            }
+    /// of `enqueue`'s replays, profiling and other commands. A failure (the
+    /// command's index and why) is boxed: an `Outcome` returned through the
+    /// panic catch was copied whole, error payload and all, on every signal.
+    fn enqueue_signals(&self, batch: &Batch<Cuda>) -> std::result::Result<(), Box<(usize, Error)>> {
+        let work = || {
+            self.prepare().map_err(|error| Box::new((0, error)))?;
             for (index, command) in batch.commands().iter().enumerate() {
                 if let Command::Signal { signal, value } = command
                     && let Err(error) = signal.record(*value, &self.stream)
                 {
-                    return Outcome::Failed(index, error);
+                    return Err(Box::new((index, error)));
                 }
             }
-            Outcome::Done
-        })
+            Ok(())
+        };
+        caught(work, |error| Err(Box::new((0, error))))
     }
 
     /// [`enqueue`](Self::enqueue), with a panic (a bug) turned into a
     /// failure of the batch at `from` (see [`caught`]).
     pub(super) fn enqueue_caught(&self, batch: &Batch<Cuda>, from: usize, mark: &Mark) -> Outcome {
-        caught(from, || self.enqueue(batch, from, mark))
+        caught(
+            || self.enqueue(batch, from, mark),
+            |error| Outcome::Failed(from, error),
+        )
     }
 
     /// Puts the commands of `batch` from `from` on the stream, without ever
@@ -597,7 +598,13 @@ impl Shared {
         let outcome = if self.profiling.load(Ordering::Relaxed) {
             self.enqueue_caught(batch, 0, &Mark::Plain)
         } else {
-            self.enqueue_signals(batch)
+            match self.enqueue_signals(batch) {
+                Ok(()) => return,
+                Err(failed) => {
+                    let (at, error) = *failed;
+                    Outcome::Failed(at, error)
+                }
+            }
         };
         match outcome {
             Outcome::Done => {}
