@@ -48,13 +48,12 @@ struct BehindState {
 
 #[derive(Default)]
 enum Phase {
-    /// Not opened for a group.
-    #[default]
-    Idle,
     /// The group is in flight; the highest epoch of the batches behind it
     /// (and of the group's own).
     Open(u64),
-    /// The group completed: what came after it ran after finished work.
+    /// The group completed, or none was opened yet: what comes after it
+    /// runs after finished work.
+    #[default]
     Done,
     /// The group's communicator broke: what batches of epochs up to this
     /// one (submitted before the owner knew) enqueue behind it fails with
@@ -100,7 +99,7 @@ impl Behind {
                 }
                 true
             }
-            Phase::Idle | Phase::Done | Phase::Abandoned(..) => false,
+            Phase::Done | Phase::Abandoned(..) => false,
         }
     }
 

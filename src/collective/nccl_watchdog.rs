@@ -345,8 +345,8 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culpr
     .into();
     for (index, group) in groups.iter().enumerate() {
         // One done meanwhile (another queue's stream) keeps its results.
+        // (Its `Behind` is done when `groups` drops, below.)
         if index != culprit && matches!(group.event.try_is_complete(), Ok(true)) {
-            group.behind.done();
             continue;
         }
         let failure = if index == culprit { &*cause } else { &broken };

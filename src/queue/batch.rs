@@ -314,11 +314,12 @@ impl<B: Backend> Batch<B> {
         debug_assert!(scalars.start <= scalars.end && scalars.end <= self.scalars.len());
         // SAFETY: an `exec`'s ranges lie within `buffers` and `scalars`:
         // `Queue::push_exec`, the only place that puts a `Command::Exec`
-        // into a batch (`commands` is private to `queue`), takes them from the two vectors' lengths right after extending
-        // them (or from an earlier `exec` of this batch), and the vectors
-        // only grow until `clear` empties them together with the commands
-        // (the fields are private to `queue`, and nothing else there
-        // shrinks them). So both slices are in bounds.
+        // into a batch (`commands` is private to `queue`), takes them from
+        // the two vectors' lengths right after extending them (or from an
+        // earlier `exec` of this batch), and the vectors only grow until
+        // `clear` empties them together with the commands (the fields are
+        // private to `queue`, and nothing else there shrinks them). So both
+        // slices are in bounds.
         let (views, values) = unsafe {
             (
                 self.buffers.get_unchecked(buffers.clone()),
