@@ -64,6 +64,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang_beside" => hang_beside(device),
         "hang_behind" => hang_behind(device),
         "hang_gate" => hang_gate(device),
+        "hang_behind_threads" => hang_behind_threads(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -399,6 +400,50 @@ fn hang_behind(device: &CudaDevice) {
         report(&format!("{name}_fresh"), &outcome(fresh.wait(1, LONG)));
         drop((queue, comm));
     }
+}
+
+/// Two threads, each with a queue of its own on one communicator whose
+/// `ncclAllReduce` never completes: each records an `all_reduce` and a
+/// signal, then a batch behind it (a signal alone). One abort breaks both
+/// groups; reports how each thread's two signals end (`<thread>_reduced`,
+/// `<thread>_behind`).
+fn hang_behind_threads(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let comm = &comm;
+                scope.spawn(move || {
+                    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+                    let (reduced, behind) =
+                        (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+                    let mut queue = device.compute_queue().unwrap();
+                    queue
+                        .all_reduce::<u32, _, _>(comm, Reduction::Sum, &input, &output)
+                        .signal(&reduced, 1)
+                        .submit()
+                        .unwrap();
+                    queue.signal(&behind, 1).submit().unwrap();
+                    let outcomes = (
+                        outcome(reduced.wait(1, LONG)),
+                        outcome(behind.wait(1, LONG)),
+                    );
+                    drop(queue);
+                    outcomes
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap())
+            .collect()
+    });
+    for (index, (reduced, behind)) in outcomes.iter().enumerate() {
+        report(&format!("{index}_reduced"), reduced);
+        report(&format!("{index}_behind"), behind);
+    }
+    drop(comm);
 }
 
 /// The fake's `ncclAllReduce` never completes; behind it the queue puts a
@@ -856,6 +901,35 @@ fn batches_behind_a_collective_that_times_out_fail_with_it() {
         assert!(text.starts_with("Timeout "), "{scope}: {text}");
         assert!(text.contains("a batch submitted earlier"), "{text}");
         assert_eq!(outcome.field(&format!("{scope}_resubmit")), "ok");
+    }
+}
+
+/// Two threads' queues share a communicator whose collective hangs; each
+/// has a batch behind its group. One abort fails both groups and both
+/// batches behind them.
+#[test]
+fn batches_behind_on_queues_of_two_threads_fail_with_one_abort() {
+    let vars = on_a_12_2_device(
+        "nccl:hang_behind_threads",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    for thread in ["0", "1"] {
+        let reduced = outcome.field(&format!("{thread}_reduced"));
+        assert!(
+            reduced.starts_with("Timeout ") || reduced.starts_with("Broken "),
+            "{thread}: {outcome:#?}"
+        );
+        let behind = outcome.field(&format!("{thread}_behind"));
+        assert!(
+            behind.contains("ran behind an earlier batch"),
+            "{thread}: {behind}"
+        );
     }
 }
 
