@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::mem::MaybeUninit;
 
-use cudarc::driver::{LaunchConfig, result};
+use cudarc::driver::LaunchConfig;
 
 use crate::error::{Error, Result};
 use crate::params::ExecParams;
@@ -138,16 +138,23 @@ impl Shared {
         // device and is kept alive until the stream passed this launch
         // (`InFlight`). What the kernel does with them is the kernel's
         // contract, as with any GPU kernel.
+        // The pointer is the driver's `cuLaunchKernel` (`super::entry`).
         unsafe {
-            result::launch_kernel(
+            (self.entries.launch_kernel)(
                 program.function().cu_function(),
-                config.grid_dim,
-                config.block_dim,
+                config.grid_dim.0,
+                config.grid_dim.1,
+                config.grid_dim.2,
+                config.block_dim.0,
+                config.block_dim.1,
+                config.block_dim.2,
                 config.shared_mem_bytes,
                 self.stream.cu_stream(),
-                pointers,
+                pointers.as_mut_ptr(),
+                std::ptr::null_mut(),
             )
         }
+        .result()
         .map_err(|e| {
             if launch::is_sticky(e.0) {
                 self.fault("launching a kernel", e)

@@ -41,6 +41,7 @@
 
 mod buffer;
 mod device;
+mod entry;
 mod launch;
 mod launches;
 mod memory;

@@ -140,6 +140,7 @@ impl CudaEngine {
             .map_err(|e| driver_error("creating a stream", e))?;
         let shared = Arc::new(Shared {
             stream,
+            entries: super::entry::entries()?,
             device: device.clone(),
             fence_seen: AtomicU64::new(0),
             ledger: Ledger::new(),

@@ -10,6 +10,7 @@ use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
 use crate::wait_policy::WaitTuning;
 
+use super::entry::{Entries, entries};
 use super::{context_error, driver_error};
 
 /// A timeline signal for the CUDA backend; also usable from any host thread.
@@ -64,6 +65,8 @@ pub(crate) const EVENT_FLAGS: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_
 pub(crate) struct SignalEvent {
     event: sys::CUevent,
     context: std::sync::Arc<CudaContext>,
+    /// The driver's record and query, called directly.
+    entries: &'static Entries,
 }
 
 // SAFETY: a `CUevent` is a handle the driver lets any thread use (every
@@ -76,15 +79,20 @@ unsafe impl Sync for SignalEvent {}
 
 impl SignalEvent {
     /// A new event in `context`.
-    fn new(context: &std::sync::Arc<CudaContext>) -> std::result::Result<Self, DriverError> {
-        context.bind_to_thread()?;
+    fn new(context: &std::sync::Arc<CudaContext>) -> Result<Self> {
+        let entries = entries()?;
+        let fail = |e| driver_error("creating a signal's event", e);
+        context.bind_to_thread().map_err(fail)?;
         let mut event = std::ptr::null_mut();
         // SAFETY: the context is bound to this thread; the call writes one
         // handle, owned from here by the returned value.
-        unsafe { sys::cuEventCreate(&mut event, SIGNAL_EVENT_FLAGS) }.result()?;
+        unsafe { sys::cuEventCreate(&mut event, SIGNAL_EVENT_FLAGS) }
+            .result()
+            .map_err(fail)?;
         Ok(Self {
             event,
             context: context.clone(),
+            entries,
         })
     }
 
@@ -132,7 +140,8 @@ impl RingEvent for SignalEvent {
     fn is_complete(&self) -> Result<bool> {
         let fail = |e| self.fault("querying a signal's event", e);
         // SAFETY: the event is alive until `Drop`; a query only reads it.
-        match unsafe { sys::cuEventQuery(self.event) } {
+        // The pointer is the driver's `cuEventQuery` (`super::entry`).
+        match unsafe { (self.entries.event_query)(self.event) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             error => Err(fail(DriverError(error))),
@@ -176,7 +185,6 @@ pub(crate) struct StreamRecorder<'a> {
 impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     fn create(&mut self) -> Result<SignalEvent> {
         SignalEvent::new(self.stream.context())
-            .map_err(|e| driver_error("creating a signal's event", e))
     }
 
     /// An event records only on a stream of its own context.
@@ -189,8 +197,9 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     fn record(&mut self, event: &SignalEvent) -> Result<()> {
         let fail = |e| driver_error("recording a signal's event", e);
         // SAFETY: the event (alive until its `Drop`) and the stream are of
-        // one context (`accepts`), bound to this thread.
-        unsafe { sys::cuEventRecord(event.event, self.stream.cu_stream()) }
+        // one context (`accepts`), bound to this thread. The pointer is the
+        // driver's `cuEventRecord` (`super::entry`).
+        unsafe { (event.entries.event_record)(event.event, self.stream.cu_stream()) }
             .result()
             .map_err(fail)
     }
