@@ -189,7 +189,20 @@ impl Ledger {
 
     /// Whether an engine should run `batch`, which it reached in queue
     /// order. One atomic load when nothing failed.
+    #[inline]
     pub fn admit<B: Backend>(&self, batch: &Batch<B>) -> Admission {
+        if batch.abandoned().is_none()
+            && batch.epoch() >= self.inner.cascade_below.load(Ordering::Acquire)
+        {
+            return Admission::Run;
+        }
+        self.admit_after_failure(batch)
+    }
+
+    /// [`admit`](Self::admit) of a batch abandoned, or stamped before a
+    /// failure that cascades.
+    #[inline(never)]
+    fn admit_after_failure<B: Backend>(&self, batch: &Batch<B>) -> Admission {
         if let Some(cause) = batch.abandoned() {
             return Admission::Skip(cause.clone());
         }
@@ -334,6 +347,13 @@ impl Ledger {
             return Ok(());
         }
         self.report_failure(epoch)
+    }
+
+    /// Whether [`report`](Self::report) has nothing to report (one atomic
+    /// load): a failure comes after it only as it would after `report`.
+    #[inline]
+    pub(crate) fn nothing_to_report(&self) -> bool {
+        !self.inner.unreported.load(Ordering::Acquire)
     }
 
     /// [`report`](Self::report) once a failure is unreported.
