@@ -220,4 +220,7 @@ fn an_architecture_this_nvrtc_cannot_target_is_refused_with_the_ones_it_can() {
         },
         "{error}"
     );
+    // One sentence: on 9d056bd its lines were joined with their
+    // indentation ("pick one of                  those").
+    assert!(error.contains("pick one of those, or install"), "{error}");
 }

@@ -813,6 +813,12 @@ fn a_queue_refuses_to_signal_another_device_s_signal_and_may_wait_on_it() {
         "{error}"
     );
     assert!(error.to_string().contains("new_signal"), "{error}");
+    // One sentence: on 9d056bd its lines were joined with their
+    // indentation ("own device's                      signals").
+    assert!(
+        error.to_string().contains("own device's signals; make it"),
+        "{error}"
+    );
     assert!(matches!(
         foreign.wait(1, LONG),
         Err(Error::SignalFailed { .. })

@@ -407,7 +407,8 @@ pub fn compile(source: &str, name: &str, target: CompileTarget) -> Result<Compil
             program: name.to_owned(),
             compiler: "NVRTC".into(),
             output: format!(
-                "this NVRTC ({}) compiles for architectures {archs:?}, not {}; pick one of                  those, or install the NVRTC of a CUDA toolkit that supports it",
+                "this NVRTC ({}) compiles for architectures {archs:?}, not {}; pick one of \
+                 those, or install the NVRTC of a CUDA toolkit that supports it",
                 nvrtc_version().map_or("version unknown".to_owned(), |(major, minor)| format!(
                     "{major}.{minor}"
                 )),

@@ -264,7 +264,9 @@ impl Engine for VulkanEngine {
         } else {
             Err(Error::DeviceMismatch {
                 what: format!(
-                    "the signal of `signal(_, {value})` (a queue signals only its own device's                      signals; make it with this device's `new_signal`, and let the other                      device's queues `wait` on it)"
+                    "the signal of `signal(_, {value})` (a queue signals only its own device's \
+                     signals; make it with this device's `new_signal`, and let the other \
+                     device's queues `wait` on it)"
                 ),
                 resource: format!("{} (another Vulkan device handle)", signal.device_spec()),
                 queue: self.state.context.spec.clone(),
