@@ -187,13 +187,18 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
         SignalEvent::new(self.stream.context())
     }
 
-    /// An event records only on a stream of its own context.
+    /// An event records only on a stream of its own context. (The handle
+    /// first: an event made for this stream holds a clone of its
+    /// context's.)
+    #[inline]
     fn accepts(&self, event: &SignalEvent) -> bool {
-        *event.context == **self.stream.context()
+        let context = self.stream.context();
+        std::sync::Arc::ptr_eq(&event.context, context) || *event.context == **context
     }
 
     /// The stream's context is current: its queue's enqueue made it so
     /// (the only caller), and `accepts` holds the event to that context.
+    #[inline]
     fn record(&mut self, event: &SignalEvent) -> Result<()> {
         let fail = |e| driver_error("recording a signal's event", e);
         // SAFETY: the event (alive until its `Drop`) and the stream are of
