@@ -235,8 +235,9 @@ pub struct Batch<B: Backend> {
     /// One past the index in `commands` of the last `exec` (0: none yet):
     /// an `exec` on the same views shares its range of `buffers` instead
     /// of cloning the handles again, and one repeating it whole is not
-    /// checked again. (A `u32` keeps the queue small.)
-    pub(super) last_exec: u32,
+    /// checked again. (A `usize`: as a `u32`, storing it took a
+    /// conversion per `exec`.)
+    pub(super) last_exec: usize,
     /// Buffers made by `alloca` that commands of this batch name, once per
     /// command, each holding a use (see [`QueueOrdered`](crate::memory::QueueOrdered));
     /// and (flagged `true`) those whose `dealloca` it records, which are

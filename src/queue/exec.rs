@@ -73,7 +73,7 @@ impl<E: Engine> Queue<E> {
         // views (a kernel run again on the same tensors) shares their range
         // and checks nothing again, so it costs what one on whole buffers
         // does (whose offset 0 the compiler knows is aligned).
-        let last = (self.batch.last_exec as usize).checked_sub(1);
+        let last = self.batch.last_exec.checked_sub(1);
         let (shared, repeats) = match last.and_then(|index| self.batch.exec_at(index)) {
             Some(last) => {
                 let shared = same_views(last.views, count, &get).then_some(last.range);
@@ -190,8 +190,7 @@ impl<E: Engine> Queue<E> {
             scalars,
             params,
         });
-        // Past `u32::MAX` commands, later `exec`s are checked again.
-        batch.last_exec = u32::try_from(batch.commands.len()).unwrap_or(0);
+        batch.last_exec = batch.commands.len();
         self
     }
 
