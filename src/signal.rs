@@ -234,6 +234,13 @@ impl Producer {
         }
     }
 
+    /// Whether `queue` claimed the signal (one load): what
+    /// [`claim`](Self::claim) by `queue` answers first.
+    #[inline]
+    pub fn is_claimed_by(&self, queue: QueueId) -> bool {
+        self.queue.load(Ordering::Relaxed) == queue.get()
+    }
+
     /// The producing queue, if any queue claimed the signal.
     pub fn queue(&self) -> Option<QueueId> {
         QueueId::from_raw(self.queue.load(Ordering::Relaxed))

@@ -93,6 +93,16 @@ pub trait Engine: Send + Sized + 'static {
         Ok(())
     }
 
+    /// Whether [`check_signal`](Self::check_signal) passes for `signal`,
+    /// without building its error: `signal`'s fast path asks this, and
+    /// calls `check_signal` only when it says no. Its verdict must not
+    /// depend on the value (only its message may). The default asks
+    /// `check_signal`; an engine whose check can fail answers directly.
+    #[inline]
+    fn accepts_signal(&self, signal: &SignalOf<Self::Backend>) -> bool {
+        self.check_signal(signal, 1).is_ok()
+    }
+
     /// Checks, when a collective is recorded, that this engine runs
     /// collectives over `communicator` (its engine: MPI moves host memory,
     /// which CPU queues run). The core checked the views' lengths, the

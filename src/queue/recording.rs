@@ -224,6 +224,40 @@ impl<E: Engine> Queue<E> {
         outcome
     }
 
+    /// `signal` past its fast path: every check, each refusal rejecting
+    /// the batch, and the claim of a signal no queue produces yet.
+    #[inline(never)]
+    fn signal_checked(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
+        if let Err(e) = check_value(value) {
+            return self.reject(e);
+        }
+        if let Err(e) = self.engine.check_signal(signal, value) {
+            // Recorded all the same (unclaimed), so that the rejected
+            // batch fails the value and its waiters learn why.
+            self.batch.commands.push(Command::Signal {
+                signal: signal.clone(),
+                value,
+            });
+            return self.reject(e);
+        }
+        let queue = self.id();
+        if let Err(producer) = signal.producer().claim(queue) {
+            // Not recorded: a batch this queue abandons must not fail the
+            // values another queue produces.
+            return self.reject(Error::SignalProducerConflict {
+                value,
+                producer,
+                queue,
+            });
+        }
+        // Recorded even in a rejected batch, so `submit` can fail it.
+        self.batch.push_with(|| Command::Signal {
+            signal: signal.clone(),
+            value,
+        });
+        self
+    }
+
     fn hand_over(&mut self) {
         if self.engine.submit_in_place(&mut self.batch) {
             self.batch.clear();
@@ -280,34 +314,21 @@ impl<E: Engine> HardwareQueue for Queue<E> {
 
     #[inline(never)]
     fn signal(&mut self, signal: &SignalOf<E::Backend>, value: u64) -> &mut Self {
-        if let Err(e) = check_value(value) {
-            return self.reject(e);
-        }
-        if let Err(e) = self.engine.check_signal(signal, value) {
-            // Recorded all the same (unclaimed), so that the rejected
-            // batch fails the value and its waiters learn why.
-            self.batch.commands.push(Command::Signal {
+        // The usual signal, whose checks all pass, with no error on this
+        // frame: a value in range, on a signal this engine takes, that
+        // this queue produces already. Anything else (or a signal no
+        // queue claimed yet) goes through every check again, out of line.
+        if value <= crate::signal::MAX_SIGNAL_VALUE
+            && signal.producer().is_claimed_by(self.id())
+            && self.engine.accepts_signal(signal)
+        {
+            self.batch.push_with(|| Command::Signal {
                 signal: signal.clone(),
                 value,
             });
-            return self.reject(e);
+            return self;
         }
-        let queue = self.id();
-        if let Err(producer) = signal.producer().claim(queue) {
-            // Not recorded: a batch this queue abandons must not fail the
-            // values another queue produces.
-            return self.reject(Error::SignalProducerConflict {
-                value,
-                producer,
-                queue,
-            });
-        }
-        // Recorded even in a rejected batch, so `submit` can fail it.
-        self.batch.push_with(|| Command::Signal {
-            signal: signal.clone(),
-            value,
-        });
-        self
+        self.signal_checked(signal, value)
     }
 
     #[inline(never)]

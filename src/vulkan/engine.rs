@@ -252,14 +252,19 @@ impl Engine for VulkanEngine {
         }
     }
 
+    /// A signal of this device handle (see `check_signal`).
+    #[inline]
+    fn accepts_signal(&self, signal: &VulkanSignal) -> bool {
+        signal.is_of(&self.state.context)
+    }
+
     /// Another device's semaphore would reach `vkQueueSubmit` of this one
     /// (a Vulkan error, then a fault in the driver): refused. Waits on
     /// another device's signals work (the host waits for them). (A value
     /// further from the signal's than the device allows fails the batch
     /// when it is recorded into a submission: the recorder checks it.)
-    #[inline]
     fn check_signal(&self, signal: &VulkanSignal, value: u64) -> Result<()> {
-        if signal.is_of(&self.state.context) {
+        if self.accepts_signal(signal) {
             Ok(())
         } else {
             Err(Error::DeviceMismatch {
