@@ -279,7 +279,60 @@ impl<E: RingEvent> EventRing<E> {
     /// # Errors
     /// [`Error::SignalValueOutOfRange`]; whatever the recorder or a blocking
     /// event reports (nothing is recorded then).
+    #[inline]
     pub fn record(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
+        // The steady state, with nothing of the rarer cases on this frame:
+        // a value in range, above the completed and abandoned ones, whose
+        // record reuses a done slot's event.
+        if value <= MAX_SIGNAL_VALUE {
+            let mut guard = self.state.lock();
+            self.fold(&mut guard);
+            if value > guard.completed
+                && value > guard.abandoned
+                && let Some(recorded) = self.reuse(&mut guard, value, recorder)
+            {
+                return recorded.map_err(|error| *error);
+            }
+        }
+        self.record_anew(value, recorder)
+    }
+
+    /// Case 1 of a record (see the module docs): re-records the event of
+    /// a done slot that nobody else holds, if there is one (`None`: none).
+    /// Under the lock, folded, with `value` above the completed value.
+    /// The recorder's error comes boxed: an `Option<Result<()>>` was
+    /// copied whole, error-sized, on every record.
+    #[inline(always)]
+    fn reuse(
+        &self,
+        state: &mut RingState<E>,
+        value: u64,
+        recorder: &mut impl EventRecorder<E>,
+    ) -> Option<std::result::Result<(), Box<Error>>> {
+        let completed = state.completed;
+        let slot = state.slots.iter_mut().find(|slot| {
+            slot.value <= completed
+                && Arc::strong_count(&slot.event) == 1
+                && recorder.accepts(&slot.event)
+        })?;
+        // Pairs with the `Release` decrement of the last waiter's clone:
+        // its use of the event happens-before the re-record.
+        fence(Ordering::Acquire);
+        if let Err(error) = recorder.record(&slot.event) {
+            return Some(Err(Box::new(error)));
+        }
+        slot.value = value;
+        slot.seq = state.next_seq;
+        state.next_seq += 1;
+        state.highest = state.highest.max(value);
+        self.changed.notify_all();
+        Some(Ok(()))
+    }
+
+    /// [`record`](Self::record) past its steady state: every check, a new
+    /// event, or a wait for the oldest slot.
+    #[inline(never)]
+    fn record_anew(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
         check_value(value)?;
         let mut guard = self.state.lock();
         loop {
@@ -298,22 +351,8 @@ impl<E: RingEvent> EventRing<E> {
             let seq = state.next_seq;
 
             // 1. Reuse a done slot's event that nobody else holds.
-            let reusable = state.slots.iter_mut().find(|slot| {
-                slot.value <= completed
-                    && Arc::strong_count(&slot.event) == 1
-                    && recorder.accepts(&slot.event)
-            });
-            if let Some(slot) = reusable {
-                // Pairs with the `Release` decrement of the last waiter's
-                // clone: its use of the event happens-before the re-record.
-                fence(Ordering::Acquire);
-                recorder.record(&slot.event)?;
-                slot.value = value;
-                slot.seq = seq;
-                state.next_seq += 1;
-                state.highest = state.highest.max(value);
-                self.changed.notify_all();
-                return Ok(());
+            if let Some(recorded) = self.reuse(state, value, recorder) {
+                return recorded.map_err(|error| *error);
             }
 
             // 2. A new event, in an empty slot or a done one (whose old event
