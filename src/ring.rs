@@ -253,8 +253,21 @@ impl<E: RingEvent> EventRing<E> {
     }
 
     /// Whether `value() >= target`. Never blocks.
+    #[inline]
     pub fn is_reached(&self, target: u64) -> bool {
-        self.reached.load(Ordering::Acquire) >= target || self.value() >= target
+        self.reached.load(Ordering::Acquire) >= target || self.poll(target)
+    }
+
+    /// [`is_reached`](Self::is_reached) past its lock-free test: the fold
+    /// inlined into this one frame (a poll, the host's way to wait without
+    /// blocking, paid a second call and frame for it).
+    #[inline(never)]
+    fn poll(&self, target: u64) -> bool {
+        let mut state = self.state.lock();
+        if state.highest > state.completed {
+            self.fold_slots(&mut state);
+        }
+        state.completed >= target
     }
 
     /// Raises the value to `value` from the host; a lower value is ignored.
@@ -547,6 +560,13 @@ impl<E: RingEvent> EventRing<E> {
     /// [`fold`](Self::fold) once a slot may be pending.
     #[inline(never)]
     fn fold_pending(&self, state: &mut RingState<E>) {
+        self.fold_slots(state);
+    }
+
+    /// [`fold_pending`](Self::fold_pending)'s work, for it and
+    /// [`poll`](Self::poll).
+    #[inline(always)]
+    fn fold_slots(&self, state: &mut RingState<E>) {
         let mut best = state.completed;
         for (index, slot) in state.slots.iter().enumerate() {
             if slot.value <= best {
