@@ -41,7 +41,11 @@ impl Shared {
     /// Launches the `exec`s from command `from` of `batch` up to the first
     /// other command, whose index it returns; or the index of the one that
     /// failed, and why. Execs after one with the same work sizes reuse its
-    /// launch configuration.
+    /// launch configuration. Out of line: one call per run of kernels,
+    /// and the loop's code no longer depends on what else is inlined
+    /// into `enqueue` (unrelated changes had moved it by up to 7
+    /// instructions an `exec`, `benches/callgrind.sh`).
+    #[inline(never)]
     pub(super) fn launch_run(
         &self,
         batch: &Batch<Cuda>,
