@@ -294,20 +294,24 @@ impl<E: RingEvent> EventRing<E> {
     /// event reports (nothing is recorded then).
     #[inline]
     pub fn record(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
-        // The steady state, with nothing of the rarer cases on this frame:
-        // a value in range, above the completed and abandoned ones, whose
-        // record reuses a done slot's event.
-        if value <= MAX_SIGNAL_VALUE {
-            let mut guard = self.state.lock();
-            self.fold(&mut guard);
-            if value > guard.completed
-                && value > guard.abandoned
-                && let Some(recorded) = self.reuse(&mut guard, value, recorder)
-            {
-                return recorded.map_err(|error| *error);
-            }
+        if value > MAX_SIGNAL_VALUE {
+            return check_value(value);
         }
-        self.record_anew(value, recorder)
+        let mut guard = self.state.lock();
+        self.fold(&mut guard);
+        // The steady state, with nothing of the rarer cases on this frame:
+        // a value above the completed and abandoned ones, whose record
+        // reuses a done slot's event.
+        if value > guard.completed
+            && value > guard.abandoned
+            && let Some(recorded) = self.reuse(&mut guard, value, recorder)
+        {
+            return recorded.map_err(|error| *error);
+        }
+        // The lock goes along, folded: locking and folding again would
+        // query every pending event twice (a pipelined queue's records
+        // find every slot pending).
+        self.record_anew(guard, value, recorder)
     }
 
     /// Case 1 of a record (see the module docs): re-records the event of
@@ -342,14 +346,17 @@ impl<E: RingEvent> EventRing<E> {
         Some(Ok(()))
     }
 
-    /// [`record`](Self::record) past its steady state: every check, a new
-    /// event, or a wait for the oldest slot.
+    /// [`record`](Self::record) past its steady state, under `guard`
+    /// (folded): every check, a new event, or a wait for the oldest slot.
     #[inline(never)]
-    fn record_anew(&self, value: u64, recorder: &mut impl EventRecorder<E>) -> Result<()> {
-        check_value(value)?;
-        let mut guard = self.state.lock();
+    fn record_anew<'a>(
+        &'a self,
+        mut guard: MutexGuard<'a, RingState<E>>,
+        value: u64,
+        recorder: &mut impl EventRecorder<E>,
+    ) -> Result<()> {
+        // Folded by `record`, and again below after each wait.
         loop {
-            self.fold(&mut guard);
             let state = &mut *guard;
             if value <= state.completed {
                 return Ok(());
@@ -423,6 +430,7 @@ impl<E: RingEvent> EventRing<E> {
             if still {
                 self.raise(&mut guard, oldest_value);
             }
+            self.fold(&mut guard);
         }
     }
 

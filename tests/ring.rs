@@ -50,6 +50,26 @@ fn record_and_reach(ring: &Ring, device: &MockDevice, value: u64) {
     ring.wait(value, LONG).unwrap();
 }
 
+/// A record that finds every slot pending (a queue whose work the device
+/// has not caught up with) asks the device about each pending event once.
+/// On `babd494` it asked twice: the steady-state path folded, found no
+/// slot to reuse, and the rest of `record` locked and folded again.
+#[test]
+fn a_record_behind_pending_work_queries_each_pending_event_once() {
+    let device = MockDevice::new();
+    let ring = Ring::new(0);
+    let pending: Vec<usize> = (1..=3).map(|value| record(&ring, &device, value)).collect();
+    let before: Vec<u64> = pending.iter().map(|&id| device.queries_of(id)).collect();
+    record(&ring, &device, 4);
+    let after: Vec<u64> = pending.iter().map(|&id| device.queries_of(id)).collect();
+    let asked: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        asked,
+        [1, 1, 1],
+        "queries of each pending event by one record"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // value: completed events only.
 

@@ -81,6 +81,8 @@ struct CellState {
     synchronizing: usize,
     /// Its last handle was dropped.
     destroyed: bool,
+    /// How many times it was queried (`is_complete`).
+    queries: u64,
 }
 
 /// One recording of an event: what the device completes.
@@ -179,6 +181,12 @@ impl MockDevice {
         lock(&self.cell(id).state).recorded
     }
 
+    /// How many times event `id` was queried (`RingEvent::is_complete`).
+    #[cfg(not(loom))]
+    pub fn queries_of(&self, id: usize) -> u64 {
+        lock(&self.cell(id).state).queries
+    }
+
     /// Completes the latest recording of event `id`.
     #[cfg(not(loom))]
     pub fn complete(&self, id: usize) {
@@ -241,7 +249,11 @@ impl MockEvent {
 
 impl RingEvent for MockEvent {
     fn is_complete(&self) -> hwqueue::Result<bool> {
-        let state = *lock(&self.cell.state);
+        let state = {
+            let mut state = lock(&self.cell.state);
+            state.queries += 1;
+            *state
+        };
         if state.broken {
             return Err(device_fault());
         }
