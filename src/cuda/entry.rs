@@ -7,7 +7,10 @@
 //! eleven of them): about a tenth of hwqueue's own cost of an `exec` on
 //! the fake driver (`benches/callgrind.sh`). The pointers here are the
 //! very symbols cudarc would call, looked up by the same names in the
-//! same library handle (`sys::culib`), so nothing else changes.
+//! same library handle (`sys::culib`). One difference: a driver library
+//! without one of them (no real driver; every one since CUDA 4 has all
+//! three) fails the queue's or the signal event's creation with an error,
+//! where cudarc would panic at the first call.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::OnceLock;
@@ -46,8 +49,8 @@ pub(super) struct Entries {
 }
 
 /// The entry points, looked up on first use. Call only once the driver
-/// is known present (a device was opened): cudarc's library handle
-/// panics without one.
+/// is known present (the caller holds a context of an opened device):
+/// cudarc's `culib` loads the library, or panics without one.
 ///
 /// # Errors
 /// [`Error::System`] when the driver library lacks one of them (no real
@@ -55,8 +58,9 @@ pub(super) struct Entries {
 pub(super) fn entries() -> Result<&'static Entries> {
     static ENTRIES: OnceLock<std::result::Result<Entries, String>> = OnceLock::new();
     let found = ENTRIES.get_or_init(|| {
-        // SAFETY: a device was opened, so cudarc loaded the library
-        // (`culib` only returns its handle then); each type is the
+        // SAFETY: both callers hold a context of an opened device, so
+        // cudarc has loaded the library and `culib` returns its handle
+        // (it never panics here); each type is the
         // symbol's C signature as cudarc's bindings of the CUDA headers
         // declare it, and the library stays loaded for the process
         // (cudarc's handle is a static), so the pointers never dangle.
@@ -78,6 +82,6 @@ pub(super) fn entries() -> Result<&'static Entries> {
     });
     found.as_ref().map_err(|detail| Error::System {
         what: "looking up the CUDA driver's entry points",
-        detail: format!("{detail}; install a CUDA driver (libcuda.so.1) of version 12 or later"),
+        detail: format!("{detail}; install NVIDIA's CUDA driver (libcuda.so.1)"),
     })
 }

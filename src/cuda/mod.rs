@@ -159,7 +159,9 @@ fn check_driver() -> std::result::Result<(), String> {
 /// on, whatever `cuda-XXXXX` version the bindings were built for.
 ///
 /// cudarc resolves each driver function on its first call and panics when
-/// the loaded driver lacks it. The backend calls only functions that every
+/// the loaded driver lacks it (the three the backend calls per command it
+/// looks up itself, when a queue or a signal's event is made, and reports
+/// a missing one as an error: `entry`). The backend calls only functions that every
 /// driver since CUDA 11.2 exports (contexts, streams, events,
 /// `cuLaunchKernel`, `cuMemcpy*Async_v2`, `cuMemsetD*Async`, modules), and
 /// 11.4 is the oldest CUDA cudarc

@@ -402,8 +402,15 @@ impl<B: Backend> Batch<B> {
             for index in 0..len {
                 let command = base.add(index);
                 match &mut *command {
-                    Command::Exec { program, .. } => std::ptr::drop_in_place(program),
-                    Command::Signal { signal, .. } => std::ptr::drop_in_place(signal),
+                    // Every field named: one added to either variant is a
+                    // compile error here, not a silent leak.
+                    Command::Exec {
+                        program,
+                        buffers: _,
+                        scalars: _,
+                        params: _,
+                    } => std::ptr::drop_in_place(program),
+                    Command::Signal { signal, value: _ } => std::ptr::drop_in_place(signal),
                     _ => std::ptr::drop_in_place(command),
                 }
             }

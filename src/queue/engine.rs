@@ -85,6 +85,10 @@ pub trait Engine: Send + Sized + 'static {
     /// and other backends', may wait on them). The core checked the value
     /// and the producer.
     ///
+    /// Whether it refuses must not depend on `value` (only its message
+    /// may): `signal` asks [`accepts_signal`](Self::accepts_signal) first,
+    /// and calls this only when that says no.
+    ///
     /// # Errors
     /// Why the queue cannot signal it; it rejects the batch (and the
     /// value fails, as every signal of a rejected batch does).
