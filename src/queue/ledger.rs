@@ -183,6 +183,7 @@ impl Ledger {
 
     /// Whether a failure waits to be reported to the owner (by its next
     /// `submit` or `synchronize`). One atomic load; never blocks.
+    #[inline]
     pub fn has_unreported(&self) -> bool {
         self.inner.unreported.load(Ordering::Acquire)
     }
@@ -347,13 +348,6 @@ impl Ledger {
             return Ok(());
         }
         self.report_failure(epoch)
-    }
-
-    /// Whether [`report`](Self::report) has nothing to report (one atomic
-    /// load): a failure comes after it only as it would after `report`.
-    #[inline]
-    pub(crate) fn nothing_to_report(&self) -> bool {
-        !self.inner.unreported.load(Ordering::Acquire)
     }
 
     /// [`report`](Self::report) once a failure is unreported.

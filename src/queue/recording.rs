@@ -608,7 +608,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         if self.profile.is_none()
             && self.rejected.is_none()
             && !self.batch.is_empty()
-            && self.engine.ledger().nothing_to_report()
+            && !self.engine.ledger().has_unreported()
         {
             self.batch.epoch = self.epoch;
             if self.engine.submit_in_place(&mut self.batch) {
