@@ -43,8 +43,8 @@ impl Shared {
     /// failed, and why. Execs after one with the same work sizes reuse its
     /// launch configuration. Out of line: one call per run of kernels,
     /// and the loop's code no longer depends on what else is inlined
-    /// into `enqueue` (unrelated changes had moved it by up to 7
-    /// instructions an `exec`, `benches/callgrind.sh`).
+    /// into `enqueue` (unrelated changes had moved it by 8 instructions
+    /// an `exec`, `benches/callgrind.sh`).
     #[inline(never)]
     pub(super) fn launch_run(
         &self,
