@@ -258,6 +258,7 @@ impl<E: Engine> Queue<E> {
         self
     }
 
+    #[inline]
     fn hand_over(&mut self) {
         if self.engine.submit_in_place(&mut self.batch) {
             self.batch.clear();
@@ -611,11 +612,7 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             && !self.engine.ledger().has_unreported()
         {
             self.batch.epoch = self.epoch;
-            if self.engine.submit_in_place(&mut self.batch) {
-                self.batch.clear();
-            } else {
-                self.submit_whole();
-            }
+            self.hand_over();
             return Ok(());
         }
         self.submit_general()
