@@ -806,18 +806,23 @@ fn an_nccl_split_error_is_a_typed_nccl_error() {
     }
 }
 
-/// A collective that never completes: the watchdog times it out, aborts
-/// the communicator, and fails what followed it with a typed error.
-#[test]
-fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
-    let vars = on_a_12_2_device(
-        "nccl:hang",
+/// Runs `scenario` on the fake NCCL, whose `ncclAllReduce` never
+/// completes (`None`: skipped, as `run_scenario` says).
+fn with_all_reduce_hanging(scenario: &str) -> Option<Outcome> {
+    run_scenario(&on_a_12_2_device(
+        scenario,
         &[
             (NCCL_FAKE, "so"),
             ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
         ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    ))
+}
+
+/// A collective that never completes: the watchdog times it out, aborts
+/// the communicator, and fails what followed it with a typed error.
+#[test]
+fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
+    let Some(outcome) = with_all_reduce_hanging("nccl:hang") else {
         return;
     };
     assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
@@ -866,14 +871,7 @@ fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
 /// the timeout, once.
 #[test]
 fn batches_behind_a_collective_that_times_out_fail_with_it() {
-    let vars = on_a_12_2_device(
-        "nccl:hang_behind",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    let Some(outcome) = with_all_reduce_hanging("nccl:hang_behind") else {
         return;
     };
     for scope in ["queue", "batch"] {
@@ -909,14 +907,7 @@ fn batches_behind_a_collective_that_times_out_fail_with_it() {
 /// batches behind them.
 #[test]
 fn batches_behind_on_queues_of_two_threads_fail_with_one_abort() {
-    let vars = on_a_12_2_device(
-        "nccl:hang_behind_threads",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    let Some(outcome) = with_all_reduce_hanging("nccl:hang_behind_threads") else {
         return;
     };
     for thread in ["0", "1"] {
@@ -938,14 +929,7 @@ fn batches_behind_on_queues_of_two_threads_fail_with_one_abort() {
 /// failed once the worker records it and its event completes.
 #[test]
 fn a_signal_failed_by_an_abort_before_it_is_recorded_stays_failed() {
-    let vars = on_a_12_2_device(
-        "nccl:hang_gate",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    let Some(outcome) = with_all_reduce_hanging("nccl:hang_gate") else {
         return;
     };
     assert!(
