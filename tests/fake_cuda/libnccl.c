@@ -45,6 +45,25 @@
  *                             hung collective, as a peer's failure is).
  *                             Unset: ncclSuccess. ncclCommGetAsyncError is
  *                             not logged: a watchdog polls it
+ *   HWQUEUE_FAKE_NCCL_PENDING the name of a call on a non-blocking
+ *                             communicator (ncclCommInitRankConfig,
+ *                             ncclCommSplit, ncclGroupEnd) that never
+ *                             settles, as one waiting for a peer that died:
+ *                             ncclCommGetAsyncError reports ncclInProgress
+ *                             until ncclCommAbort. Unset: each settles on
+ *                             the second poll
+ *
+ * Non-blocking communicators, as NCCL (2.18 and newer) has them: one made
+ * by ncclCommInitRankConfig with a config whose `blocking` is 0 (the
+ * config is logged: `ncclCommInitRankConfig blocking=0 version=21800
+ * size=48`). Its creation, a split of it, and the end of a group of its
+ * collectives answer ncclInProgress, and its ncclCommGetAsyncError says
+ * ncclInProgress until the call settled (the first poll) and ncclSuccess
+ * from the second on; meanwhile a collective or a split on it answers
+ * ncclInvalidUsage (logged as `<call> busy`). As in NCCL, a split takes
+ * its blocking mode from the parent, and writes the new communicator to
+ * `*newcomm` only once it settled (NULL until then), or when ncclCommAbort
+ * of the parent ends it.
  */
 
 #include <dlfcn.h>
@@ -59,7 +78,18 @@ typedef enum {
     ncclSuccess = 0,
     ncclInvalidArgument = 4,
     ncclInvalidUsage = 5,
+    ncclInProgress = 7,
 } ncclResult_t;
+
+/* The head of NCCL's ncclConfig_t, the same in every version. */
+struct fake_config {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    int blocking;
+};
+
+#define NCCL_API_MAGIC 0xcafebeefu
 
 typedef enum {
     ncclInt8 = 0,
@@ -90,12 +120,24 @@ struct ncclComm {
      * aborted. Never freed: events recorded behind it still point to it
      * after the communicator is gone (a few bytes per hang, in a test). */
     _Atomic long long *stall;
+    /* Non-blocking (see the header): made with `blocking` 0, or split
+     * from such a one. */
+    int nonblocking;
+    /* Polls of ncclCommGetAsyncError left before its pending call
+     * settles; 0: none pending; -1: never (HWQUEUE_FAKE_NCCL_PENDING). */
+    int pending;
+    /* A pending split's new communicator, and where it goes once the
+     * split settles. */
+    struct ncclComm *child;
+    struct ncclComm **child_out;
 };
 
 #define NCCL_SPLIT_NOCOLOR (-1)
 typedef struct ncclComm *ncclComm_t;
 
 static __thread int group_depth;
+/* The communicator of the current group's last collective. */
+static __thread struct ncclComm *group_comm;
 static __thread const void *pending_send;
 static __thread size_t pending_bytes;
 
@@ -142,6 +184,38 @@ static int hangs(const char *symbol) {
     return hang != NULL && strcmp(hang, symbol) == 0;
 }
 
+/* Starts a non-blocking call on `comm` named `symbol`: it settles on
+ * the second poll, or never where HWQUEUE_FAKE_NCCL_PENDING names it. */
+static ncclResult_t start_pending(ncclComm_t comm, const char *symbol) {
+    const char *never = getenv("HWQUEUE_FAKE_NCCL_PENDING");
+    comm->pending = never != NULL && strcmp(never, symbol) == 0 ? -1 : 2;
+    return ncclInProgress;
+}
+
+/* Whether `comm` has a call that has not settled: NCCL refuses another
+ * call on it then ("Attempt to use communicator before the previous
+ * operation returned ncclSuccess"), as the fake does, with `symbol`'s
+ * log line marked ` busy`. */
+static int busy(ncclComm_t comm, const char *symbol) {
+    if (comm == NULL || comm->pending == 0) {
+        return 0;
+    }
+    char line[96];
+    snprintf(line, sizeof line, "%s busy", symbol);
+    log_call(line);
+    return 1;
+}
+
+/* Ends `comm`'s pending call: a split's new communicator is written out. */
+static void settle(ncclComm_t comm) {
+    comm->pending = 0;
+    if (comm->child_out != NULL) {
+        *comm->child_out = comm->child;
+        comm->child_out = NULL;
+        comm->child = NULL;
+    }
+}
+
 /* Stalls `stream` behind `comm`'s hung collective, through the fake
  * driver's `hwqueue_fake_stall` (the driver is loaded: hwqueue enqueues
  * on its streams). */
@@ -181,6 +255,10 @@ static ncclResult_t copy_op(const char *symbol, const void *send, void *recv, si
     if (comm == NULL || bytes == 0 || (count > 0 && (send == NULL || recv == NULL))) {
         return ncclInvalidArgument;
     }
+    if (busy(comm, symbol)) {
+        return ncclInvalidUsage;
+    }
+    group_comm = comm;
     if (hangs(symbol)) {
         return stall(comm, stream);
     }
@@ -245,6 +323,39 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     return new_comm(comm, 0);
 }
 
+/* As ncclCommInitRank; a config whose `blocking` is 0 makes a
+ * non-blocking communicator, whose creation settles later. */
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank, void *config) {
+    const struct fake_config *asked = config;
+    char line[128];
+    if (asked != NULL) {
+        snprintf(line, sizeof line, "%s blocking=%d version=%u size=%zu%s", __func__, asked->blocking, asked->version,
+                 asked->size, asked->magic == NCCL_API_MAGIC ? "" : " magic=bad");
+    } else {
+        snprintf(line, sizeof line, "%s config=NULL", __func__);
+    }
+    log_call(line);
+    ncclResult_t result = injected(__func__);
+    if (result != ncclSuccess) {
+        return result;
+    }
+    if (asked != NULL && asked->magic != NCCL_API_MAGIC) {
+        return ncclInvalidArgument;
+    }
+    if (strcmp(id.internal, "fake-nccl-id") != 0) {
+        return ncclInvalidArgument;
+    }
+    if (nranks != 1 || rank != 0) {
+        return ncclInvalidUsage;
+    }
+    result = new_comm(comm, 0);
+    if (result != ncclSuccess || asked == NULL || asked->blocking != 0) {
+        return result;
+    }
+    (*comm)->nonblocking = 1;
+    return start_pending(*comm, __func__);
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     log_call(__func__);
     free(comm);
@@ -258,6 +369,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (comm != NULL && comm->stall != NULL) {
         atomic_store(comm->stall, 0);
     }
+    /* NCCL joins the call in flight first: a split's new communicator is
+     * written out, to be aborted by its owner. */
+    if (comm != NULL) {
+        settle(comm);
+    }
     free(comm);
     return ncclSuccess;
 }
@@ -266,9 +382,10 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
  * the ranks giving `color` are this one. */
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, void *config) {
     char line[96];
-    snprintf(line, sizeof line, "%s color=%d key=%d", __func__, color, key);
+    const struct fake_config *asked = config;
+    snprintf(line, sizeof line, "%s color=%d key=%d%s", __func__, color, key,
+             asked != NULL && asked->blocking == 0 ? " blocking=0" : "");
     log_call(line);
-    (void)config;
     ncclResult_t result = injected(__func__);
     if (result != ncclSuccess) {
         return result;
@@ -276,11 +393,29 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     if (comm == NULL || newcomm == NULL || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) {
         return ncclInvalidArgument;
     }
-    if (color == NCCL_SPLIT_NOCOLOR) {
-        *newcomm = NULL;
-        return ncclSuccess;
+    if (busy(comm, __func__)) {
+        return ncclInvalidUsage;
     }
-    return new_comm(newcomm, comm->device);
+    if (!comm->nonblocking) {
+        if (color == NCCL_SPLIT_NOCOLOR) {
+            *newcomm = NULL;
+            return ncclSuccess;
+        }
+        return new_comm(newcomm, comm->device);
+    }
+    /* Non-blocking (the parent's mode): the result comes when it settles. */
+    *newcomm = NULL;
+    struct ncclComm *child = NULL;
+    if (color != NCCL_SPLIT_NOCOLOR) {
+        result = new_comm(&child, comm->device);
+        if (result != ncclSuccess) {
+            return result;
+        }
+        child->nonblocking = 1;
+    }
+    comm->child = child;
+    comm->child_out = newcomm;
+    return start_pending(comm, __func__);
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
@@ -306,6 +441,14 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
     if (comm == NULL || async_error == NULL) {
         return ncclInvalidArgument;
     }
+    if (comm->pending != 0) {
+        if (comm->pending > 0 && --comm->pending == 0) {
+            settle(comm);
+        } else {
+            *async_error = ncclInProgress;
+            return ncclSuccess;
+        }
+    }
     const char *code = getenv("HWQUEUE_FAKE_NCCL_ASYNC_ERROR");
     int stalled = comm->stall != NULL && atomic_load(comm->stall) != 0;
     *async_error = stalled && code != NULL && *code != '\0' ? (ncclResult_t)atoi(code) : ncclSuccess;
@@ -327,7 +470,17 @@ ncclResult_t ncclGroupEnd(void) {
         return ncclInvalidUsage;
     }
     group_depth--;
-    return injected(__func__);
+    ncclResult_t result = injected(__func__);
+    if (group_depth > 0) {
+        return result;
+    }
+    struct ncclComm *comm = group_comm;
+    group_comm = NULL;
+    if (result != ncclSuccess) {
+        return result;
+    }
+    /* A group of a non-blocking communicator's collectives settles later. */
+    return comm != NULL && comm->nonblocking ? start_pending(comm, __func__) : ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
@@ -366,6 +519,7 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
     if (peer != 0 || comm == NULL || pending_send != NULL) {
         return ncclInvalidUsage;
     }
+    group_comm = comm;
     pending_send = send;
     pending_bytes = count * element_bytes(type);
     return ncclSuccess;
@@ -382,6 +536,7 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, n
     if (peer != 0 || comm == NULL || pending_send == NULL || bytes != pending_bytes) {
         return ncclInvalidUsage;
     }
+    group_comm = comm;
     memmove(recv, pending_send, bytes);
     pending_send = NULL;
     return ncclSuccess;
