@@ -21,6 +21,9 @@ mod exec_checks;
 #[cfg(feature = "nccl")]
 #[path = "cuda_fake_driver/nccl.rs"]
 mod nccl;
+#[cfg(feature = "nccl")]
+#[path = "cuda_fake_driver/nccl_nonblocking.rs"]
+mod nccl_nonblocking;
 #[path = "cuda_fake_driver/repeat.rs"]
 mod repeat;
 #[path = "cuda_fake_driver/threads.rs"]
@@ -655,6 +658,10 @@ fn run_child_scenario(scenario: &str) {
         "plan_threads" => threads::run(device),
         #[cfg(feature = "nccl")]
         other if other.starts_with("nccl:") => nccl::run(&device, &other["nccl:".len()..]),
+        #[cfg(feature = "nccl")]
+        other if other.starts_with("nccl_nonblocking:") => {
+            nccl_nonblocking::run(&device, &other["nccl_nonblocking:".len()..])
+        }
         other if other.starts_with("wait_policy:") => {
             wait_policy::run(&device, &other["wait_policy:".len()..]);
         }

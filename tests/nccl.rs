@@ -10,7 +10,7 @@
 mod common;
 
 use common::LONG;
-use hwqueue::collective::{CollectiveError, Communicator, Reduction};
+use hwqueue::collective::{CollectiveError, Communicator, NcclConfig, NcclId, Reduction};
 use hwqueue::cuda::CudaDevice;
 use hwqueue::{Device, Download, Error, HardwareQueue, QueueFactory, TimelineSignal};
 
@@ -145,4 +145,39 @@ fn one_rank_split_gives_rank_0_of_1_and_none_without_a_color() {
         .unwrap();
     assert_eq!(back.take(LONG).unwrap(), data);
     queue.synchronize().unwrap();
+}
+
+/// A non-blocking communicator of one rank (`ncclCommInitRankConfig`,
+/// `blocking = 0`): its creation, a group's launch and a split settle on
+/// NCCL's threads, polled for within the timeout; the data still moves.
+#[test]
+fn one_rank_nonblocking_communicator_runs_a_collective_and_splits() {
+    let Some((device, _)) = single_rank() else {
+        return;
+    };
+    let config = NcclConfig::nonblocking().with_timeout(LONG);
+    let comm = match Communicator::nccl_with(&device, NcclId::new().unwrap(), 0, 1, config) {
+        Ok(comm) => comm,
+        // An NCCL older than 2.18 says so; nothing to run then.
+        Err(Error::Collective(error @ CollectiveError::Invalid { .. })) => {
+            println!("skipped: {error}");
+            return;
+        }
+        Err(error) => panic!("making a non-blocking NCCL communicator: {error}"),
+    };
+    let data: Vec<f32> = (0..256).map(|i| i as f32 - 100.0).collect();
+    let (input, output) = (device.alloc(1024).unwrap(), device.alloc(1024).unwrap());
+    let back = Download::<f32>::new(data.len());
+    let mut queue = device.compute_queue().unwrap();
+    queue
+        .upload(&input, &data)
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit()
+        .unwrap();
+    assert_eq!(back.take(LONG).unwrap(), data);
+    queue.synchronize().unwrap();
+    let half = comm.split(Some(0), 0).unwrap().expect("a color's group");
+    assert_eq!((half.rank(), half.size(), half.timeout()), (0, 1, LONG));
+    assert!(comm.split(None, 0).unwrap().is_none());
 }

@@ -62,10 +62,9 @@
 //!
 //! Workers of several queues call MPI at once, so MPI must provide
 //! `MPI_THREAD_MULTIPLE` (`Mpi::init` checks it; `Mpi::threading` reports
-//! it). The collectives of one
-//! communicator must run in the same order on every rank: record them on
-//! one queue, or order the queues by signals (the description exchange
-//! catches the rest).
+//! it). The collectives of one communicator must run in the same order on
+//! every rank: record them on one queue, or order the queues by signals
+//! (the description exchange catches the rest).
 //!
 //! # On CUDA, over NCCL (the `nccl` feature)
 //!
@@ -74,8 +73,9 @@
 //! `Communicator::nccl` (rank and size given, with an `NcclId` one
 //! rank made and handed to the others; `ncclCommInitRank`), or, with the
 //! `mpi` feature too, `Communicator::nccl_over` (rank and size from an
-//! MPI world, so from `mpirun`; rank 0's id broadcast over it). A CUDA
-//! queue of that device runs its collectives
+//! MPI world, so from `mpirun`; rank 0's id broadcast over it); the last
+//! two are blocking, and `nccl_with`/`nccl_over_with` make them as an
+//! [`NcclConfig`] says. A CUDA queue of that device runs its collectives
 //! ([`Engine::check_collective`](crate::Engine::check_collective) refuses
 //! another device's with [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)):
 //! the worker that enqueues the batch calls `ncclAllReduce`,
@@ -96,8 +96,9 @@
 //! [`Communicator::split`] is `ncclCommSplit` (NCCL 2.18 or newer; the
 //! color `None` is `NCCL_SPLIT_NOCOLOR`, and gets no communicator), with
 //! the MPI split's rule: every rank calls it from the host at the same
-//! place of the communicator's order; unlike MPI's it is not bounded by
-//! the timeout (NCCL's blocking split waits for every rank).
+//! place of the communicator's order. A blocking communicator's creation
+//! and splits wait for every rank, unbounded; a non-blocking one's, and
+//! each of its groups' launches, are bounded by the timeout.
 //!
 //! **The timeout.** NCCL has none of its own: a peer that dies or never
 //! runs its side leaves the collective's kernel spinning, and the stream
@@ -124,16 +125,14 @@
 //! [`Error::RanBehindAbandoned`](crate::Error::RanBehindAbandoned) naming
 //! the cause, as do batches the queue had not reached yet (the stream
 //! hands each group what it enqueues behind it: `nccl_behind.rs`); under
-//! `FailureScope::Batch` they keep their values, and only the
-//! collective's own batch fails.
+//! `FailureScope::Batch` they keep their values: only its batch fails.
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
-//! first probes the library, and answers [`CollectiveError::NoNccl`] with
-//! how to install it where it is absent (never a panic, which is what
-//! cudarc does on a missing library). cudarc opens `libnccl.so` (and
-//! names like `libnccl.so.12`), which only NCCL's development package
-//! installs; the runtime package's `libnccl.so.2` must then be symlinked
-//! as `libnccl.so` on the library path, and the error says so.
+//! probes it first, and answers [`CollectiveError::NoNccl`] with how to
+//! install it where it is absent (cudarc would panic). cudarc opens
+//! `libnccl.so` (or `libnccl.so.12` and the like), which only NCCL's
+//! development package installs: the runtime's `libnccl.so.2` must be
+//! linked as `libnccl.so` on the library path, as the error says.
 //!
 //! # Use (the `mpi` feature; run under `mpirun -np 4 ...`)
 //!
@@ -179,6 +178,8 @@ mod nccl;
 #[cfg(feature = "nccl")]
 mod nccl_behind;
 #[cfg(feature = "nccl")]
+mod nccl_create;
+#[cfg(feature = "nccl")]
 mod nccl_watchdog;
 #[cfg(feature = "mpi")]
 mod small;
@@ -203,6 +204,8 @@ pub use nccl::NcclId;
 pub(crate) use nccl::enqueue_run as enqueue_nccl_run;
 #[cfg(feature = "nccl")]
 pub(crate) use nccl_behind::StreamWatch;
+#[cfg(feature = "nccl")]
+pub use nccl_create::NcclConfig;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -540,7 +543,7 @@ impl Communicator {
             #[cfg(feature = "mpi")]
             Transport::Mpi(ref comm) => comm.split(self, color, key),
             #[cfg(feature = "nccl")]
-            Transport::Nccl(ref comm) => comm.split(self.size(), color, key),
+            Transport::Nccl(ref comm) => comm.split((self.size(), self.timeout()), color, key),
         }
     }
 

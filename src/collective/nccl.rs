@@ -11,12 +11,14 @@
 //! [`NcclId`]) exists only once the library loaded.
 
 use std::ffi::c_int;
+use std::time::Duration;
 
 use cudarc::nccl::{result, sys};
 
 use cudarc::driver::CudaStream;
 
 use super::nccl_behind::StreamWatch;
+use super::nccl_create::{Settled, settle};
 use super::nccl_watchdog::Watchdog;
 use super::{
     Collective, CollectiveError, CollectiveOp, Communicator, Element, Reduction, Transport,
@@ -49,7 +51,7 @@ pub(super) fn probe() -> Result<()> {
 /// others (over MPI, a file, the launcher's environment) before each makes
 /// its rank of the communicator ([`Communicator::nccl`]).
 #[derive(Clone, Copy)]
-pub struct NcclId(sys::ncclUniqueId);
+pub struct NcclId(pub(super) sys::ncclUniqueId);
 
 impl NcclId {
     /// A fresh id (`ncclGetUniqueId`).
@@ -86,9 +88,9 @@ impl std::fmt::Debug for NcclId {
 /// (declared first: dropped first, it stops its thread, which holds the
 /// core, before the core goes).
 pub(super) struct NcclComm {
-    watchdog: Watchdog,
-    core: Arc<NcclCore>,
-    device: CudaDevice,
+    pub(super) watchdog: Watchdog,
+    pub(super) core: Arc<NcclCore>,
+    pub(super) device: CudaDevice,
 }
 
 /// What the communicator and its watchdog's thread share: the
@@ -96,6 +98,9 @@ pub(super) struct NcclComm {
 pub(super) struct NcclCore {
     pub(super) raw: RawNcclComm,
     pub(super) rank: usize,
+    /// Made non-blocking ([`NcclConfig::nonblocking`]): its splits and
+    /// groups finish on NCCL's threads, polled for (`settle`).
+    pub(super) nonblocking: bool,
     /// Held while a thread calls NCCL on the communicator (a queue's
     /// worker putting a group on its stream, a split, the watchdog's
     /// abort): NCCL forbids concurrent calls on one communicator, and
@@ -165,7 +170,7 @@ impl NcclComm {
     /// `timeout`.
     pub(super) fn split(
         &self,
-        size: usize,
+        (size, timeout): (usize, Duration),
         color: Option<u32>,
         key: u32,
     ) -> Result<Option<Communicator>> {
@@ -209,14 +214,22 @@ impl NcclComm {
         bind(&self.device)?;
         let calls = self.core.calls.lock();
         self.check_broken(&calls)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: the parent handle is live (not aborted: `broken` is set
-        // before an abort) and used by this thread alone (`calls` held);
-        // `raw` is one handle; a null config asks for the parent's.
-        unsafe { sys::ncclCommSplit(self.core.raw.0, color, key, &mut raw, std::ptr::null_mut()) }
+        let raw = if self.core.nonblocking {
+            self.split_nonblocking(calls, timeout, color, key)?
+        } else {
+            let mut raw = std::ptr::null_mut();
+            // SAFETY: the parent handle is live (not aborted: `broken` is
+            // set before an abort) and used by this thread alone (`calls`
+            // held); `raw` is one handle; a null config asks for the
+            // parent's.
+            unsafe {
+                sys::ncclCommSplit(self.core.raw.0, color, key, &mut raw, std::ptr::null_mut())
+            }
             .result()
             .map_err(|e| nccl_error(e, rank, "ncclCommSplit", "splitting the communicator"))?;
-        drop(calls);
+            drop(calls);
+            raw
+        };
         if raw.is_null() {
             if color == NCCL_SPLIT_NOCOLOR {
                 return Ok(None);
@@ -245,12 +258,14 @@ impl NcclComm {
             let _ = unsafe { result::comm_destroy(raw) };
             return Err(invalid(rank, size, "NCCL reported a negative rank or size"));
         };
-        Ok(Some(Communicator::of_nccl(
+        let split = Communicator::of_nccl(
             raw,
             &self.device,
-            new_rank,
-            new_size,
-        )))
+            (new_rank, new_size),
+            self.core.nonblocking,
+        );
+        split.set_timeout(timeout);
+        Ok(Some(split))
     }
 }
 
@@ -259,110 +274,18 @@ impl NcclComm {
 const NCCL_SPLIT_NOCOLOR: c_int = -1;
 
 impl Communicator {
-    /// A communicator of one rank (rank 0 of 1) on `device`
-    /// (`ncclCommInitAll` over that device): collectives copy the send
-    /// view into the receive view, on the queue's stream, through NCCL.
-    ///
-    /// # Errors
-    /// [`CollectiveError::NoNccl`] (how to install NCCL),
-    /// [`CollectiveError::Nccl`], a driver error making the device's
-    /// context current.
-    pub fn nccl_single(device: &CudaDevice) -> Result<Communicator> {
-        probe()?;
-        bind(device)?;
-        let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is one handle and the device list one ordinal, as
-        // the count says; NCCL is loaded (probed).
-        unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
-            .map_err(|e| nccl_error(e, 0, "ncclCommInitAll", "a communicator of one rank"))?;
-        Ok(Self::of_nccl(raw, device, 0, 1))
-    }
-
-    /// Rank `rank` of a communicator of `size` ranks on `device`
-    /// (`ncclCommInitRank`), every rank giving the same `id` (made by one
-    /// of them with [`NcclId::new`]). Blocks until every rank called it.
-    /// With MPI (the `mpi` feature too), `Communicator::nccl_over` hands
-    /// the id round.
-    ///
-    /// # Errors
-    /// [`CollectiveError::Invalid`] for a rank not below `size`;
-    /// [`CollectiveError::NoNccl`], [`CollectiveError::Nccl`].
-    pub fn nccl(device: &CudaDevice, id: NcclId, rank: usize, size: usize) -> Result<Communicator> {
-        let (Ok(rank32), Ok(size32)) = (c_int::try_from(rank), c_int::try_from(size)) else {
-            return Err(invalid(rank, size, "NCCL counts ranks in a C `int`"));
-        };
-        if rank >= size {
-            return Err(invalid(rank, size, "a rank must be below the group's size"));
-        }
-        probe()?;
-        bind(device)?;
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: `raw` is one handle; the id is NCCL's (made by
-        // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and the
-        // device's context is current, which selects its device.
-        unsafe { result::comm_init_rank(&mut raw, size32, id.0, rank32) }
-            .map_err(|e| nccl_error(e, rank, "ncclCommInitRank", "the communicator's creation"))?;
-        Ok(Self::of_nccl(raw, device, rank, size))
-    }
-
-    /// This rank of an NCCL communicator on `device` with the ranks of
-    /// `world`, an MPI communicator (rank and size from `mpirun`): rank 0
-    /// makes the unique id and broadcasts it over `world`, from the
-    /// calling thread (a host collective at this point of `world`'s order,
-    /// bounded by its timeout, as [`Communicator::split`] is).
-    ///
-    /// # Errors
-    /// Those of the broadcast ([`CollectiveError::Timeout`] where a rank
-    /// never comes; [`CollectiveError::Invalid`] for a `world` that is
-    /// not MPI's) and of [`Communicator::nccl`].
-    #[cfg(feature = "mpi")]
-    pub fn nccl_over(world: &Communicator, device: &CudaDevice) -> Result<Communicator> {
-        let (rank, size) = (world.rank(), world.size());
-        if world.engine() != "mpi" {
-            let reason =
-                "`nccl_over` hands NCCL's id round over an MPI communicator (`Mpi::world`)";
-            return Err(invalid(rank, size, reason));
-        }
-        // Every rank probes before the broadcast, so that none waits for
-        // a root that has no NCCL to make an id with.
-        probe()?;
-        let mut bytes = [0u8; 128];
-        if rank == 0 {
-            bytes = NcclId::new()?.to_bytes();
-        }
-        let plan = super::HostCollective {
-            op: CollectiveOp::Broadcast { root: 0 },
-            element: Element::U32,
-            count: 128 / Element::U32.size(),
-            sequence: world.next_sequence(),
-        };
-        let mut received = bytes;
-        world.run_on_host(
-            &plan,
-            &mut |send| {
-                send.copy_from_slice(&bytes[..send.len()]);
-                Ok(())
-            },
-            &mut |recv| {
-                received.copy_from_slice(recv);
-                Ok(())
-            },
-        )?;
-        Self::nccl(device, NcclId::from_bytes(received), rank, size)
-    }
-
-    fn of_nccl(
+    pub(super) fn of_nccl(
         raw: sys::ncclComm_t,
         device: &CudaDevice,
-        rank: usize,
-        size: usize,
+        (rank, size): (usize, usize),
+        nonblocking: bool,
     ) -> Communicator {
         let comm = NcclComm {
             watchdog: Watchdog::new(),
             core: Arc::new(NcclCore {
                 raw: RawNcclComm(raw),
                 rank,
+                nonblocking,
                 calls: Mutex::new(Calls::default()),
             }),
             device: device.clone(),
@@ -388,13 +311,13 @@ impl Communicator {
 
 /// Makes `device`'s context current on this thread: NCCL's creation calls
 /// take the current device.
-fn bind(device: &CudaDevice) -> Result<()> {
+pub(super) fn bind(device: &CudaDevice) -> Result<()> {
     let context = device.context();
     (context.bind_to_thread())
         .map_err(|e| crate::cuda::context_error(context, "making the context current for NCCL", e))
 }
 
-fn invalid(rank: usize, size: usize, reason: &str) -> Error {
+pub(super) fn invalid(rank: usize, size: usize, reason: &str) -> Error {
     CollectiveError::Invalid {
         rank,
         size,
@@ -481,12 +404,39 @@ pub(crate) fn enqueue_run(
             break;
         }
     }
-    let ended = result::group_end();
+    let timeout = first.communicator.timeout();
+    // A non-blocking communicator's group is put on the stream by NCCL's
+    // thread: nothing else goes on the stream (nor is NCCL called on the
+    // communicator) before it did, or failed to.
+    let ended = match result::group_end() {
+        // SAFETY: the handle is live and NCCL's alone meanwhile
+        // (`calls` is held, so nobody aborts it).
+        Ok(result::NcclStatus::InProgress) => match unsafe { settle(comm.core.raw.0, timeout) } {
+            Settled::Done => Ok(()),
+            // Fatal to the communicator, as an asynchronous error is.
+            Settled::Failed(e) => {
+                let error = nccl_error(e, rank, "ncclGroupEnd", "a group");
+                comm.watchdog.break_now(&comm.core, calls, error.clone());
+                return Err(failed.unwrap_or((start, error)));
+            }
+            Settled::TimedOut(waited) => {
+                let timed_out: Error = CollectiveError::Timeout {
+                    rank,
+                    op: format!("{} (its launch: ncclGroupEnd)", first.describe()),
+                    waited,
+                }
+                .into();
+                comm.watchdog
+                    .break_now(&comm.core, calls, timed_out.clone());
+                return Err(failed.unwrap_or((start, timed_out)));
+            }
+        },
+        other => other.map(drop),
+    };
     match (failed, ended) {
         (Some(failure), _) => Err(failure),
         (None, Err(e)) => Err((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
-        (None, Ok(_)) => {
-            let timeout = first.communicator.timeout();
+        (None, Ok(())) => {
             comm.watchdog
                 .watch(
                     stream,

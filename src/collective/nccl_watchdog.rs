@@ -37,13 +37,13 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
 use cudarc::nccl::sys;
 
-use super::nccl::{NcclCore, nccl_error};
+use super::nccl::{Calls, NcclCore, nccl_error};
 use super::nccl_behind::{Behind, StreamWatch};
 use super::{Collective, CollectiveError, HostCollective};
 use crate::cuda::{Cuda, CudaDevice, CudaSignal};
 use crate::error::{Error, Result};
 use crate::queue::{Command, Ledger};
-use crate::sync::{Arc, Condvar, JoinHandle, Mutex, spawn_joinable};
+use crate::sync::{Arc, Condvar, JoinHandle, Mutex, MutexGuard, spawn_joinable};
 use crate::transfer::DownloadSink;
 
 /// How often the thread looks at the oldest group in flight (and asks
@@ -145,6 +145,15 @@ impl Watchdog {
     ///
     /// # Errors
     /// [`Error::System`] when the thread cannot be spawned.
+    /// Breaks the communicator now with `cause`, under `calls` (held by
+    /// the caller, whose NCCL call on it never finished: a non-blocking
+    /// split or group launch past its timeout): the groups in flight fail
+    /// with [`CollectiveError::Broken`], and `ncclCommAbort` ends the call
+    /// (it joins NCCL's thread before it returns).
+    pub(super) fn break_now(&self, core: &NcclCore, calls: MutexGuard<'_, Calls>, cause: Error) {
+        break_under(&self.shared, core, calls, cause, usize::MAX);
+    }
+
     pub(super) fn start(&self, core: &Arc<NcclCore>, device: &CudaDevice) -> Result<()> {
         let mut thread = self.thread.lock();
         if thread.is_some() {
@@ -331,7 +340,19 @@ fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> 
 fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
     // Lock order: `calls`, then the watch state (as `enqueue_run`, which
     // holds `calls` while it hands a group over).
-    let mut calls = core.calls.lock();
+    break_under(shared, core, core.calls.lock(), cause, culprit);
+}
+
+/// [`break_communicator`] under `calls`, which it lets go of (`culprit`
+/// out of range: every group in flight fails with
+/// [`CollectiveError::Broken`]).
+fn break_under(
+    shared: &WatchShared,
+    core: &NcclCore,
+    mut calls: MutexGuard<'_, Calls>,
+    cause: Error,
+    culprit: usize,
+) {
     if calls.aborted {
         return;
     }

@@ -24,7 +24,7 @@ const LONG: Duration = Duration::from_secs(10);
 
 /// `Ok` as `ok`, an error as `<variant> <Display>`: the variant of its
 /// root cause ([`CollectiveError`]'s where it is one), `Display` its own.
-fn outcome<T>(result: Result<T, Error>) -> String {
+pub(super) fn outcome<T>(result: Result<T, Error>) -> String {
     match result {
         Ok(_) => "ok".to_owned(),
         Err(error) => {
@@ -561,7 +561,7 @@ fn f16_and_bf16_collectives_move_two_bytes_an_element() {
     );
 }
 
-fn nccl_calls(outcome: &Outcome) -> Vec<&str> {
+pub(super) fn nccl_calls(outcome: &Outcome) -> Vec<&str> {
     let calls = outcome.calls.iter().map(String::as_str);
     calls.filter(|call| call.starts_with("nccl")).collect()
 }

@@ -1,0 +1,465 @@
+//! How an NCCL communicator is made ([`NcclConfig`]), and what a
+//! non-blocking one needs: NCCL's `ncclConfig_t`, and [`settle`], the
+//! bounded wait for a call NCCL finishes on a thread of its own.
+//!
+//! NCCL's calls on a *blocking* communicator (its default) return once
+//! done, so a creation or a split whose peer never comes blocks the
+//! calling thread for good, and nothing but the process's end frees it.
+//! On a *non-blocking* one (`ncclConfig_t::blocking = 0`, NCCL 2.14 and
+//! newer) the creation, a split, and the end of every group answer
+//! `ncclInProgress` and finish on a thread of NCCL's;
+//! `ncclCommGetAsyncError` says `ncclInProgress` until they did, and
+//! `ncclCommAbort` ends one that never will (NCCL's guide: fault tolerance
+//! relies on non-blocking communicators). hwqueue polls it, bounded by the
+//! communicator's timeout, and aborts where it runs out.
+
+use std::ffi::{c_char, c_int, c_uint};
+use std::time::{Duration, Instant};
+
+use cudarc::nccl::{result, sys};
+
+use super::nccl::{Calls, NcclComm, NcclId, bind, invalid, nccl_error, probe};
+use super::{CollectiveError, Communicator, DEFAULT_TIMEOUT};
+#[cfg(feature = "mpi")]
+use super::{CollectiveOp, Element};
+use crate::cuda::CudaDevice;
+use crate::error::{Error, Result};
+
+/// How [`Communicator::nccl_with`](super::Communicator::nccl_with) makes an
+/// NCCL communicator.
+///
+/// - **Blocking** ([`NcclConfig::blocking`], the default, and what
+///   [`Communicator::nccl`](super::Communicator::nccl) makes): NCCL's
+///   default. Each group of collectives costs one `ncclGroupEnd`; the
+///   creation and [`split`](super::Communicator::split)s wait for every
+///   rank, with no bound: a peer that never comes blocks the calling
+///   thread for good.
+/// - **Non-blocking** ([`NcclConfig::nonblocking`]): the creation, every
+///   split, and every group's launch are bounded by the communicator's
+///   timeout: one that runs out aborts the communicator
+///   ([`CollectiveError::Timeout`](super::CollectiveError::Timeout), and
+///   the communicator is broken). The cost is NCCL's: each group's launch
+///   finishes on a thread NCCL starts for it, which the queue's thread
+///   polls for (tens of microseconds per group, where the blocking launch
+///   takes a few). Needs NCCL 2.18 or newer.
+///
+/// Either way the communicator starts with `timeout` as its
+/// [timeout](super::Communicator::timeout), which bounds its collectives
+/// on the device ([the watchdog](super)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NcclConfig {
+    nonblocking: bool,
+    timeout: Duration,
+}
+
+impl Default for NcclConfig {
+    fn default() -> Self {
+        Self::blocking()
+    }
+}
+
+impl NcclConfig {
+    /// A blocking communicator (NCCL's default), with [`DEFAULT_TIMEOUT`].
+    pub fn blocking() -> Self {
+        Self {
+            nonblocking: false,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// A non-blocking communicator, with [`DEFAULT_TIMEOUT`].
+    pub fn nonblocking() -> Self {
+        Self {
+            nonblocking: true,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The same, with `timeout` as the communicator's timeout (and, when
+    /// non-blocking, its creation's bound).
+    #[must_use]
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self { timeout, ..self }
+    }
+
+    /// Whether it makes a non-blocking communicator.
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// The communicator's timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// NCCL's `ncclConfig_t` as NCCL 2.18 laid it out (hwqueue's own: cudarc's
+/// follows the headers it was generated from). NCCL reads a config by its
+/// `size` and `version`: the fields a later NCCL added keep their
+/// defaults, and those this one names are "undefined" (NCCL's default)
+/// but `blocking`.
+#[repr(C)]
+pub(super) struct RawConfig {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    blocking: c_int,
+    cga_cluster_size: c_int,
+    min_ctas: c_int,
+    max_ctas: c_int,
+    net_name: *const c_char,
+    split_share: c_int,
+    /// NCCL 2.25's; ignored for a config of 2.18 (it fills what would be
+    /// padding, so that every byte NCCL copies is written).
+    traffic_class: c_int,
+}
+
+/// `NCCL_API_MAGIC` (`nccl.h`).
+const MAGIC: c_uint = 0xcafe_beef;
+/// `NCCL_VERSION(2, 18, 0)`: the first NCCL with `ncclCommSplit`.
+const VERSION: c_uint = 21800;
+/// `NCCL_CONFIG_UNDEF_INT` (`nccl.h`): "NCCL's default".
+const UNDEF: c_int = c_int::MIN;
+
+impl RawConfig {
+    /// A config asking for a non-blocking communicator, the rest NCCL's
+    /// defaults.
+    pub(super) fn nonblocking() -> Self {
+        Self {
+            size: std::mem::size_of::<Self>(),
+            magic: MAGIC,
+            version: VERSION,
+            blocking: 0,
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+            split_share: UNDEF,
+            traffic_class: UNDEF,
+        }
+    }
+
+    /// The pointer NCCL's calls take (they only read it).
+    pub(super) fn as_ptr(&mut self) -> *mut sys::ncclConfig_t {
+        (self as *mut Self).cast()
+    }
+}
+
+/// How a non-blocking call ended ([`settle`]).
+pub(super) enum Settled {
+    /// Done: the communicator is ready.
+    Done,
+    /// NCCL's error, as `ncclCommGetAsyncError` gave it.
+    Failed(cudarc::nccl::result::NcclError),
+    /// Still in progress after `timeout`: how long it waited.
+    TimedOut(Duration),
+}
+
+/// Waits, at most `timeout`, for the call in flight on `comm` (a
+/// non-blocking communicator) to finish: polls `ncclCommGetAsyncError`,
+/// yielding the core for the first 100 µs (a group's launch takes tens),
+/// then sleeping 50 µs, doubling to 1 ms.
+///
+/// # Safety
+/// `comm` is a live NCCL communicator.
+pub(super) unsafe fn settle(comm: sys::ncclComm_t, timeout: Duration) -> Settled {
+    let start = Instant::now();
+    let mut nap = Duration::from_micros(50);
+    loop {
+        let mut state = sys::ncclResult_t::ncclSuccess;
+        // SAFETY: `comm` is live (the caller's promise); NCCL lets any
+        // thread ask for a communicator's state at any time.
+        let asked = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
+        if let Err(error) = asked.result() {
+            return Settled::Failed(error);
+        }
+        match state {
+            sys::ncclResult_t::ncclSuccess => return Settled::Done,
+            sys::ncclResult_t::ncclInProgress => {}
+            _ => {
+                if let Err(error) = state.result() {
+                    return Settled::Failed(error);
+                }
+                return Settled::Done;
+            }
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Settled::TimedOut(waited);
+        }
+        if waited < Duration::from_micros(100) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(nap.min(timeout - waited));
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Communicator {
+    /// A communicator of one rank (rank 0 of 1) on `device`
+    /// (`ncclCommInitAll` over that device): collectives copy the send
+    /// view into the receive view, on the queue's stream, through NCCL.
+    ///
+    /// # Errors
+    /// [`CollectiveError::NoNccl`] (how to install NCCL),
+    /// [`CollectiveError::Nccl`], a driver error making the device's
+    /// context current.
+    pub fn nccl_single(device: &CudaDevice) -> Result<Communicator> {
+        probe()?;
+        bind(device)?;
+        let ordinal = c_int::try_from(device.ordinal()).unwrap_or(c_int::MAX);
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is one handle and the device list one ordinal, as
+        // the count says; NCCL is loaded (probed).
+        unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
+            .map_err(|e| nccl_error(e, 0, "ncclCommInitAll", "a communicator of one rank"))?;
+        Ok(Self::of_nccl(raw, device, (0, 1), false))
+    }
+
+    /// Rank `rank` of a blocking communicator of `size` ranks on `device`
+    /// (`ncclCommInitRank`), every rank giving the same `id` (made by one
+    /// of them with [`NcclId::new`]). Blocks until every rank called it,
+    /// with no bound: [`nccl_with`](Self::nccl_with) and
+    /// [`NcclConfig::nonblocking`] bound it. With MPI (the `mpi` feature
+    /// too), `Communicator::nccl_over` hands the id round.
+    ///
+    /// # Errors
+    /// [`CollectiveError::Invalid`] for a rank not below `size`;
+    /// [`CollectiveError::NoNccl`], [`CollectiveError::Nccl`].
+    pub fn nccl(device: &CudaDevice, id: NcclId, rank: usize, size: usize) -> Result<Communicator> {
+        Self::nccl_with(device, id, rank, size, NcclConfig::blocking())
+    }
+
+    /// Rank `rank` of a communicator of `size` ranks on `device`, as
+    /// [`nccl`](Self::nccl) makes it, made as `config` says: a
+    /// non-blocking one (`ncclCommInitRankConfig`) waits for the other
+    /// ranks at most `config`'s timeout, as its splits and its groups'
+    /// launches do (see [`NcclConfig`]).
+    ///
+    /// # Errors
+    /// Those of [`nccl`](Self::nccl); [`CollectiveError::Timeout`] where a
+    /// non-blocking creation did not finish within the timeout (a rank
+    /// never came: NCCL's attempt is aborted); [`CollectiveError::Invalid`]
+    /// for an NCCL without `ncclCommInitRankConfig` and `ncclCommSplit`
+    /// (older than 2.18) asked for a non-blocking one.
+    pub fn nccl_with(
+        device: &CudaDevice,
+        id: NcclId,
+        rank: usize,
+        size: usize,
+        config: NcclConfig,
+    ) -> Result<Communicator> {
+        let (Ok(rank32), Ok(size32)) = (c_int::try_from(rank), c_int::try_from(size)) else {
+            return Err(invalid(rank, size, "NCCL counts ranks in a C `int`"));
+        };
+        if rank >= size {
+            return Err(invalid(rank, size, "a rank must be below the group's size"));
+        }
+        probe()?;
+        if config.is_nonblocking() {
+            for symbol in [&b"ncclCommInitRankConfig\0"[..], b"ncclCommSplit\0"] {
+                // SAFETY: NCCL is loaded (probed); a lookup by name runs
+                // nothing.
+                if unsafe { sys::culib().get::<unsafe extern "C" fn()>(symbol) }.is_err() {
+                    let reason = "a non-blocking communicator needs NCCL 2.18 or newer \
+                                  (`ncclCommInitRankConfig`, `ncclCommSplit`): upgrade NCCL, or \
+                                  make a blocking one (`NcclConfig::blocking`)";
+                    return Err(invalid(rank, size, reason));
+                }
+            }
+        }
+        bind(device)?;
+        let mut raw = std::ptr::null_mut();
+        let what = "the communicator's creation";
+        if !config.is_nonblocking() {
+            // SAFETY: `raw` is one handle; the id is NCCL's (made by
+            // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and
+            // the device's context is current, which selects its device.
+            unsafe { result::comm_init_rank(&mut raw, size32, id.0, rank32) }
+                .map_err(|e| nccl_error(e, rank, "ncclCommInitRank", what))?;
+        } else {
+            let call = "ncclCommInitRankConfig";
+            let mut raw_config = RawConfig::nonblocking();
+            // SAFETY: as above; NCCL writes the handle before it returns
+            // (its creation then goes on on NCCL's thread) and reads the
+            // config only during the call.
+            let started = unsafe {
+                sys::ncclCommInitRankConfig(&mut raw, size32, id.0, rank32, raw_config.as_ptr())
+            };
+            let abort = |raw: sys::ncclComm_t| {
+                if !raw.is_null() {
+                    // SAFETY: the handle the creation made, unused by
+                    // anyone else; the abort joins NCCL's thread.
+                    let _ = unsafe { result::comm_abort(raw) };
+                }
+            };
+            // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
+            if let Err(e) = started.result() {
+                abort(raw);
+                return Err(nccl_error(e, rank, call, what));
+            }
+            if raw.is_null() {
+                let reason = "NCCL's non-blocking creation gave no communicator";
+                return Err(invalid(rank, size, reason));
+            }
+            // SAFETY: `raw` is the live handle just made.
+            match unsafe { settle(raw, config.timeout()) } {
+                Settled::Done => {}
+                Settled::Failed(e) => {
+                    abort(raw);
+                    return Err(nccl_error(e, rank, call, what));
+                }
+                Settled::TimedOut(waited) => {
+                    abort(raw);
+                    return Err(CollectiveError::Timeout {
+                        rank,
+                        op: format!("{what} ({call}, {size} ranks)"),
+                        waited,
+                    }
+                    .into());
+                }
+            }
+        }
+        let comm = Self::of_nccl(raw, device, (rank, size), config.is_nonblocking());
+        comm.set_timeout(config.timeout());
+        Ok(comm)
+    }
+
+    /// This rank of an NCCL communicator on `device` with the ranks of
+    /// `world`, an MPI communicator (rank and size from `mpirun`): rank 0
+    /// makes the unique id and broadcasts it over `world`, from the
+    /// calling thread (a host collective at this point of `world`'s order,
+    /// bounded by its timeout, as [`Communicator::split`] is).
+    ///
+    /// # Errors
+    /// Those of the broadcast ([`CollectiveError::Timeout`] where a rank
+    /// never comes; [`CollectiveError::Invalid`] for a `world` that is
+    /// not MPI's) and of [`Communicator::nccl`].
+    #[cfg(feature = "mpi")]
+    pub fn nccl_over(world: &Communicator, device: &CudaDevice) -> Result<Communicator> {
+        Self::nccl_over_with(world, device, NcclConfig::blocking())
+    }
+
+    /// [`nccl_over`](Self::nccl_over), the communicator made as `config`
+    /// says ([`nccl_with`](Self::nccl_with)).
+    ///
+    /// # Errors
+    /// Those of [`nccl_over`](Self::nccl_over) and
+    /// [`nccl_with`](Self::nccl_with).
+    #[cfg(feature = "mpi")]
+    pub fn nccl_over_with(
+        world: &Communicator,
+        device: &CudaDevice,
+        config: NcclConfig,
+    ) -> Result<Communicator> {
+        let (rank, size) = (world.rank(), world.size());
+        if world.engine() != "mpi" {
+            let reason =
+                "`nccl_over` hands NCCL's id round over an MPI communicator (`Mpi::world`)";
+            return Err(invalid(rank, size, reason));
+        }
+        // Every rank probes before the broadcast, so that none waits for
+        // a root that has no NCCL to make an id with.
+        probe()?;
+        let mut bytes = [0u8; 128];
+        if rank == 0 {
+            bytes = NcclId::new()?.to_bytes();
+        }
+        let plan = super::HostCollective {
+            op: CollectiveOp::Broadcast { root: 0 },
+            element: Element::U32,
+            count: 128 / Element::U32.size(),
+            sequence: world.next_sequence(),
+        };
+        let mut received = bytes;
+        world.run_on_host(
+            &plan,
+            &mut |send| {
+                send.copy_from_slice(&bytes[..send.len()]);
+                Ok(())
+            },
+            &mut |recv| {
+                received.copy_from_slice(recv);
+                Ok(())
+            },
+        )?;
+        Self::nccl_with(device, NcclId::from_bytes(received), rank, size, config)
+    }
+}
+
+impl NcclComm {
+    /// `ncclCommSplit` of a non-blocking communicator (whose mode the new
+    /// one takes), under `calls`: NCCL writes the new handle from its own
+    /// thread once the split finished, so the place it writes to is on
+    /// the heap, and read only once the split settled or the abort of
+    /// this communicator (which joins NCCL's thread) ended it. A split
+    /// still running after `timeout` breaks this communicator (its peers
+    /// are stuck in the exchange) and aborts it, and the new one too.
+    pub(super) fn split_nonblocking(
+        &self,
+        calls: crate::sync::MutexGuard<'_, Calls>,
+        timeout: Duration,
+        color: c_int,
+        key: c_int,
+    ) -> Result<sys::ncclComm_t> {
+        let rank = self.core.rank;
+        let parent = self.core.raw.0;
+        let out = Box::into_raw(Box::new(std::ptr::null_mut::<sys::ncclComm>()));
+        // Takes the new handle back from where NCCL wrote it (NULL where
+        // it made none), once NCCL's thread ended; frees the box.
+        let take = || {
+            // SAFETY: `out` is the box made above, whose writer (NCCL's
+            // thread) has ended: the split settled, or failed to start, or
+            // the parent's abort joined it.
+            unsafe { *Box::from_raw(out) }
+        };
+        let abort = |raw: sys::ncclComm_t| {
+            if !raw.is_null() {
+                // SAFETY: a live handle of the split's, with no other
+                // user: nothing is given it but this abort.
+                let _ = unsafe { result::comm_abort(raw) };
+            }
+        };
+        let mut config = RawConfig::nonblocking();
+        // SAFETY: the parent handle is live (not aborted: `broken` is set
+        // before an abort) and used by this thread alone (`calls` held);
+        // `out` stays valid until NCCL's thread ended (see `take`); NCCL
+        // reads `config` only during the call.
+        let started = unsafe { sys::ncclCommSplit(parent, color, key, out, config.as_ptr()) };
+        let what = "splitting the communicator";
+        // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
+        if let Err(e) = started.result() {
+            abort(take());
+            return Err(nccl_error(e, rank, "ncclCommSplit", what));
+        }
+        // SAFETY: the parent is live: `calls` is held, so nobody aborts it.
+        match unsafe { settle(parent, timeout) } {
+            Settled::Done => {
+                drop(calls);
+                Ok(take())
+            }
+            // NCCL's errors on a communicator are fatal to it: broken and
+            // aborted, which joins NCCL's thread (should it still run).
+            Settled::Failed(e) => {
+                let failed = nccl_error(e, rank, "ncclCommSplit", what);
+                self.watchdog.break_now(&self.core, calls, failed.clone());
+                abort(take());
+                Err(failed)
+            }
+            Settled::TimedOut(waited) => {
+                let timed_out: Error = CollectiveError::Timeout {
+                    rank,
+                    op: "the split of the communicator (ncclCommSplit)".to_owned(),
+                    waited,
+                }
+                .into();
+                // Aborts the parent, which joins NCCL's thread.
+                self.watchdog
+                    .break_now(&self.core, calls, timed_out.clone());
+                abort(take());
+                Err(timed_out)
+            }
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! Non-blocking NCCL communicators (`NcclConfig::nonblocking`), on the
+//! fake NCCL, which models them as NCCL 2.18+ has them: creation, a split
+//! and a group's end answer `ncclInProgress` and settle on a later poll of
+//! `ncclCommGetAsyncError` (the split's new handle written only then), or,
+//! where `HWQUEUE_FAKE_NCCL_PENDING` names the call, never, until
+//! `ncclCommAbort` (a peer that never comes). What is shown: the usual
+//! path works (collectives move data, a split gives a communicator that
+//! runs them), and each call that never settles returns a typed timeout
+//! within the communicator's timeout, aborts what it must, and leaves
+//! nothing hanging.
+
+use std::time::Duration;
+
+use hwqueue::collective::{Communicator, NcclConfig, NcclId, Reduction};
+use hwqueue::cuda::CudaDevice;
+use hwqueue::{Device, Download, HardwareQueue, QueueFactory, TimelineSignal};
+
+use super::nccl::{nccl_calls, outcome};
+use super::{NCCL_FAKE, on_a_12_2_device, report, run_scenario};
+
+const LONG: Duration = Duration::from_secs(10);
+const SHORT: Duration = Duration::from_millis(200);
+
+/// The child's half: `case` names what to do on `device`.
+pub(super) fn run(device: &CudaDevice, case: &str) {
+    match case {
+        "works" => works(device),
+        "creation_never_settles" => {
+            let config = NcclConfig::nonblocking().with_timeout(SHORT);
+            let made = Communicator::nccl_with(device, NcclId::new().unwrap(), 0, 1, config);
+            report("comm", &outcome(made));
+        }
+        "split_never_settles" => split_never_settles(device),
+        "launch_never_settles" => launch_never_settles(device),
+        other => panic!("no non-blocking NCCL case `{other}`"),
+    }
+}
+
+/// A non-blocking communicator of one rank, with `timeout`.
+fn communicator(device: &CudaDevice, timeout: Duration) -> Communicator {
+    let config = NcclConfig::nonblocking().with_timeout(timeout);
+    Communicator::nccl_with(device, NcclId::new().unwrap(), 0, 1, config).unwrap()
+}
+
+/// Uploads `[5, 6]`, all-reduces it over `comm` on `queue`, downloads the
+/// result and waits for it: the submit's outcome, then the data's.
+fn reduce(device: &CudaDevice, comm: &Communicator) -> (String, String) {
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let back = Download::<u32>::new(2);
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .upload(&input, &[5u32, 6])
+        .all_reduce::<u32, _, _>(comm, Reduction::Sum, &input, &output)
+        .download(&output, &back)
+        .submit();
+    let data = format!("{:?}", back.take(LONG));
+    let _ = queue.synchronize();
+    (outcome(submitted), data)
+}
+
+fn works(device: &CudaDevice) {
+    let comm = communicator(device, LONG);
+    report(
+        "comm",
+        &format!(
+            "{} {} of {} {:?}",
+            comm.engine(),
+            comm.rank(),
+            comm.size(),
+            comm.timeout()
+        ),
+    );
+    let (submitted, data) = reduce(device, &comm);
+    report("submit", &submitted);
+    report("data", &data);
+    let split = comm.split(Some(3), 7);
+    report(
+        "split",
+        &match &split {
+            Ok(Some(half)) => format!("{} of {} {:?}", half.rank(), half.size(), half.timeout()),
+            Ok(None) => "none".to_owned(),
+            Err(error) => format!("{error}"),
+        },
+    );
+    report(
+        "no_color",
+        &match comm.split(None, 0) {
+            Ok(None) => "none".to_owned(),
+            other => format!("{:?}", other.map(|made| made.is_some())),
+        },
+    );
+    if let Ok(Some(half)) = split {
+        let (submitted, data) = reduce(device, &half);
+        report("split_submit", &submitted);
+        report("split_data", &data);
+    }
+}
+
+/// The split never settles: it times out within the parent's 200 ms, and
+/// leaves the parent broken (a later collective on it fails at once).
+fn split_never_settles(device: &CudaDevice) {
+    let comm = communicator(device, SHORT);
+    report("split", &outcome(comm.split(Some(1), 0)));
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let _ = queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&done, 1)
+        .submit();
+    report("after", &outcome(done.wait(1, LONG)));
+    drop((queue, comm));
+    report("dropped", "ok");
+}
+
+/// A group's launch never settles: the batch fails from the collective
+/// with a typed timeout within 200 ms, and the communicator is broken.
+fn launch_never_settles(device: &CudaDevice) {
+    let comm = communicator(device, SHORT);
+    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+    let done = device.new_signal(0).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&done, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("done", &outcome(done.wait(1, LONG)));
+    report("synchronize", &outcome(queue.synchronize()));
+    report("split_after", &outcome(comm.split(Some(0), 0)));
+    drop((queue, comm));
+    report("dropped", "ok");
+}
+
+/// Runs `case` on the fake NCCL, with `pending` (if any) never settling.
+fn scenario(case: &str, pending: Option<&str>) -> Option<super::Outcome> {
+    let scenario = format!("nccl_nonblocking:{case}");
+    let mut extra = vec![(NCCL_FAKE, "so")];
+    if let Some(call) = pending {
+        extra.push(("HWQUEUE_FAKE_NCCL_PENDING", call));
+    }
+    run_scenario(&on_a_12_2_device(&scenario, &extra))
+}
+
+#[test]
+fn a_nonblocking_communicator_settles_its_creation_groups_and_splits() {
+    let Some(outcome) = scenario("works", None) else {
+        return;
+    };
+    assert_eq!(outcome.field("comm"), "nccl 0 of 1 10s", "{outcome:#?}");
+    // The group's end answered ncclInProgress and settled: the batch ran.
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("data"), "Ok([5, 6])", "{outcome:#?}");
+    // The split's handle came once it settled; it keeps the timeout.
+    assert_eq!(outcome.field("split"), "0 of 1 10s", "{outcome:#?}");
+    assert_eq!(outcome.field("no_color"), "none", "{outcome:#?}");
+    assert_eq!(outcome.field("split_submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("split_data"), "Ok([5, 6])", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    for call in [
+        "ncclCommInitRankConfig blocking=0 version=21800 size=48",
+        "ncclCommSplit color=3 key=7 blocking=0",
+        "ncclCommSplit color=-1 key=0 blocking=0",
+    ] {
+        assert!(calls.contains(&call), "no `{call}` in {calls:?}");
+    }
+    assert!(!calls.contains(&"ncclCommAbort"), "{calls:?}");
+    // The parent and the split one, each destroyed once.
+    let destroyed = calls.iter().filter(|c| **c == "ncclCommDestroy").count();
+    assert_eq!(destroyed, 2, "{calls:?}");
+}
+
+#[test]
+fn a_nonblocking_creation_that_never_settles_times_out_and_is_aborted() {
+    let Some(outcome) = scenario("creation_never_settles", Some("ncclCommInitRankConfig")) else {
+        return;
+    };
+    let comm = outcome.field("comm");
+    assert!(comm.starts_with("Timeout "), "{outcome:#?}");
+    assert!(
+        comm.contains("the communicator's creation (ncclCommInitRankConfig, 1 ranks)"),
+        "{comm}"
+    );
+    let calls = nccl_calls(&outcome);
+    assert_eq!(
+        calls.iter().filter(|c| **c == "ncclCommAbort").count(),
+        1,
+        "{calls:?}"
+    );
+}
+
+#[test]
+fn a_nonblocking_split_that_never_settles_times_out_and_breaks_the_parent() {
+    let Some(outcome) = scenario("split_never_settles", Some("ncclCommSplit")) else {
+        return;
+    };
+    let split = outcome.field("split");
+    assert!(split.starts_with("Timeout "), "{outcome:#?}");
+    assert!(
+        split.contains("the split of the communicator (ncclCommSplit) did not complete"),
+        "{split}"
+    );
+    // The parent is broken: its next collective fails at once.
+    let after = outcome.field("after");
+    assert!(after.starts_with("Broken "), "{outcome:#?}");
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    // The parent was aborted (which wrote the split's handle out), then
+    // the split's new communicator; neither destroyed after its abort.
+    let calls = nccl_calls(&outcome);
+    let aborted = calls.iter().filter(|c| **c == "ncclCommAbort").count();
+    assert_eq!(aborted, 2, "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+}
+
+#[test]
+fn a_nonblocking_group_launch_that_never_settles_fails_its_batch_with_a_timeout() {
+    let Some(outcome) = scenario("launch_never_settles", Some("ncclGroupEnd")) else {
+        return;
+    };
+    let done = outcome.field("done");
+    assert!(done.starts_with("Timeout "), "{outcome:#?}");
+    assert!(done.contains("(its launch: ncclGroupEnd)"), "{done}");
+    assert!(
+        outcome.field("synchronize").starts_with("Timeout "),
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome.field("split_after").starts_with("Broken "),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    let aborted = calls.iter().filter(|c| **c == "ncclCommAbort").count();
+    assert_eq!(aborted, 1, "{calls:?}");
+}
