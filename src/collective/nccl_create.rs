@@ -9,9 +9,10 @@
 //! newer) the creation, a split, and the end of every group answer
 //! `ncclInProgress` and finish on a thread of NCCL's;
 //! `ncclCommGetAsyncError` says `ncclInProgress` until they did, and
-//! `ncclCommAbort` ends one that never will (NCCL's guide: fault tolerance
-//! relies on non-blocking communicators). hwqueue polls it, bounded by the
-//! communicator's timeout, and aborts where it runs out.
+//! `ncclCommAbort` ends one that never will (RCCL's fault-tolerance
+//! guide, which follows NCCL's model, says recovery relies on them).
+//! hwqueue polls it, bounded by the communicator's timeout, and aborts
+//! where it runs out. The constructors of NCCL communicators are here too.
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::time::{Duration, Instant};
@@ -38,10 +39,11 @@ use crate::error::{Error, Result};
 ///   split, and every group's launch are bounded by the communicator's
 ///   timeout: one that runs out aborts the communicator
 ///   ([`CollectiveError::Timeout`](super::CollectiveError::Timeout), and
-///   the communicator is broken). The cost is NCCL's: each group's launch
-///   finishes on a thread NCCL starts for it, which the queue's thread
-///   polls for (tens of microseconds per group, where the blocking launch
-///   takes a few). Needs NCCL 2.18 or newer.
+///   the communicator is broken). The cost is NCCL's: its `ncclGroupEnd`
+///   starts a thread for each group's launch (NCCL's `group.cc`), which
+///   the queue's thread polls for, a cost per group the blocking launch
+///   does not pay (not measured yet: no GPU was lent). Needs NCCL 2.18 or
+///   newer.
 ///
 /// Either way the communicator starts with `timeout` as its
 /// [timeout](super::Communicator::timeout), which bounds its collectives
@@ -157,8 +159,9 @@ pub(super) enum Settled {
 
 /// Waits, at most `timeout`, for the call in flight on `comm` (a
 /// non-blocking communicator) to finish: polls `ncclCommGetAsyncError`,
-/// yielding the core for the first 100 µs (a group's launch takes tens),
-/// then sleeping 50 µs, doubling to 1 ms.
+/// yielding the core between polls for the first 100 µs (a group's
+/// launch is short work on NCCL's thread), then sleeping 50 µs, doubling
+/// to 1 ms (a creation or split waits for its peers).
 ///
 /// # Safety
 /// `comm` is a live NCCL communicator.
