@@ -141,10 +141,6 @@ impl Watchdog {
         }
     }
 
-    /// Starts the thread, if it is not running yet.
-    ///
-    /// # Errors
-    /// [`Error::System`] when the thread cannot be spawned.
     /// Breaks the communicator now with `cause`, under `calls` (held by
     /// the caller, whose NCCL call on it never finished: a non-blocking
     /// split or group launch past its timeout): the groups in flight fail
@@ -154,6 +150,10 @@ impl Watchdog {
         break_under(&self.shared, core, calls, cause, usize::MAX);
     }
 
+    /// Starts the thread, if it is not running yet.
+    ///
+    /// # Errors
+    /// [`Error::System`] when the thread cannot be spawned.
     pub(super) fn start(&self, core: &Arc<NcclCore>, device: &CudaDevice) -> Result<()> {
         let mut thread = self.thread.lock();
         if thread.is_some() {
