@@ -39,6 +39,17 @@
 # (`callgrind: cuda_signal ...`, issue 47: <= 1.5). The counts include the
 # fake driver's own work, which stands in for the real driver's.
 #
+# BENCH=nccl (built with FEATURES=nccl) counts benches/nccl.rs's cases on
+# the fake driver and the fake NCCL (tests/fake_cuda/libnccl.c): one 1 KiB
+# all-reduce issued through a CUDA queue over a blocking communicator
+# (`all_reduce_hwqueue`), over a non-blocking one
+# (`all_reduce_hwqueue_nonblocking`), and through cudarc's `Comm`
+# (`all_reduce_cudarc`), on the calling thread; printed as `callgrind:
+# nccl_all_reduce hwqueue=<Ir> cudarc=<Ir> ratio=<r>`. The fake NCCL does
+# next to nothing where the real one launches a kernel, so the difference
+# (hwqueue's own host work per collective) is the figure to read, not the
+# ratio.
+#
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
 # inside its timed loop (`dispatch::repeat`), for LOW and HIGH iterations;
@@ -50,17 +61,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BENCH=${BENCH:-dispatch}
-if [ "$BENCH" = cuda ]; then
+if [ "$BENCH" = cuda ] || [ "$BENCH" = nccl ]; then
     LOW=${LOW:-10}
     HIGH=${HIGH:-110}
-    CASES=${CASES:-plan_replay plan_plain exec_hwqueue exec_cudarc signal_hwqueue signal_cudarc}
+    if [ "$BENCH" = cuda ]; then
+        CASES=${CASES:-plan_replay plan_plain exec_hwqueue exec_cudarc signal_hwqueue signal_cudarc}
+    else
+        CASES=${CASES:-all_reduce_hwqueue all_reduce_hwqueue_nonblocking all_reduce_cudarc}
+    fi
     PER=1
     fake=$(mktemp -d)
     cc -shared -fPIC -O2 -o "$fake/libcuda.so" tests/fake_cuda/libcuda.c
     cp "$fake/libcuda.so" "$fake/libcuda.so.1"
+    # The fake NCCL (BENCH=nccl), under the name cudarc opens.
+    cc -shared -fPIC -O2 -o "$fake/libnccl.so" tests/fake_cuda/libnccl.c
     export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export HWQUEUE_FAKE_DEVICE_COUNT=1 HWQUEUE_FAKE_DRIVER_VERSION=12020 HWQUEUE_FAKE_MAX_PTX_ISA=82
-    unset HWQUEUE_FAKE_LAUNCHES HWQUEUE_FAKE_CALLS
+    unset HWQUEUE_FAKE_LAUNCHES HWQUEUE_FAKE_CALLS HWQUEUE_FAKE_NCCL_FAIL HWQUEUE_FAKE_NCCL_HANG \
+        HWQUEUE_FAKE_NCCL_PENDING HWQUEUE_FAKE_NCCL_ASYNC_ERROR
 elif [ "$BENCH" = memory ]; then
     LOW=${LOW:-2}
     HIGH=${HIGH:-12}
@@ -74,7 +92,11 @@ else
 fi
 VAR=HWQUEUE_$(echo "$BENCH" | tr '[:lower:]' '[:upper:]')
 
-FEATURES=${FEATURES-cuda}
+if [ "$BENCH" = nccl ]; then
+    FEATURES=${FEATURES-nccl}
+else
+    FEATURES=${FEATURES-cuda}
+fi
 exe=$(cargo bench --bench "$BENCH" --no-run --features "$FEATURES" --message-format=json 2>/dev/null |
     BENCH=$BENCH python3 -c 'import json, os, sys
 for line in sys.stdin:
@@ -116,4 +138,9 @@ if [ "$BENCH" = cuda ]; then
     line plan_replay plan_replay plan_plain replay plain 1
     line cuda_exec exec_hwqueue exec_cudarc hwqueue cudarc 1000
     line cuda_signal signal_hwqueue signal_cudarc hwqueue cudarc 1
+fi
+if [ "$BENCH" = nccl ]; then
+    echo
+    line nccl_all_reduce all_reduce_hwqueue all_reduce_cudarc hwqueue cudarc 1
+    line nccl_all_reduce_nonblocking all_reduce_hwqueue_nonblocking all_reduce_cudarc hwqueue cudarc 1
 fi

@@ -1171,6 +1171,21 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr *pointer, size_t bytes, CUmemoryPoo
     return result != CUDA_SUCCESS ? result : device_alloc(pointer, bytes);
 }
 
+/* From the device's default pool: cudarc's own stream allocations (its
+ * `CudaStream::alloc`, where the device reports memory pools). */
+CUresult cuMemAllocAsync(CUdeviceptr *pointer, size_t bytes, CUstream stream) {
+    log_call(__func__);
+    CUresult result = check_context();
+    struct fake_graph *graph = NULL;
+    if (result == CUDA_SUCCESS) {
+        result = begin_work(stream, __func__, &graph);
+    }
+    if (graph != NULL) {
+        unmodelled("capturing cuMemAllocAsync (a memory alloc node)");
+    }
+    return result != CUDA_SUCCESS ? result : device_alloc(pointer, bytes);
+}
+
 CUresult cuMemFreeAsync(CUdeviceptr pointer, CUstream stream) {
     log_call(__func__);
     if (created_stream(stream) && stream->capture != NULL) {
