@@ -98,8 +98,9 @@ pub(super) struct NcclComm {
 pub(super) struct NcclCore {
     pub(super) raw: RawNcclComm,
     pub(super) rank: usize,
-    /// Made non-blocking ([`NcclConfig::nonblocking`]): its splits and
-    /// groups finish on NCCL's threads, polled for (`settle`).
+    /// Made non-blocking ([`NcclConfig::nonblocking`](super::NcclConfig::nonblocking)):
+    /// its splits and groups finish on NCCL's threads, polled for
+    /// (`settle`, under `calls`).
     pub(super) nonblocking: bool,
     /// Held while a thread calls NCCL on the communicator (a queue's
     /// worker putting a group on its stream, a split, the watchdog's
@@ -125,9 +126,10 @@ pub(super) struct RawNcclComm(pub(super) sys::ncclComm_t);
 
 // SAFETY: an NCCL communicator may be used from any thread, one at a time;
 // `NcclCore::calls` serialises every call on it (groups, splits, the
-// watchdog's abort) but `ncclCommGetAsyncError`, which NCCL lets any
-// thread call at any time, and creation and destruction have the only
-// handle.
+// watchdog's abort, and a non-blocking one's `ncclCommGetAsyncError`,
+// which finishes NCCL's call in flight); a blocking one's
+// `ncclCommGetAsyncError`, which any thread may call at any time, is the
+// exception, and creation and destruction have the only handle.
 unsafe impl Send for RawNcclComm {}
 // SAFETY: as for `Send`: shared use goes through `NcclComm::calls`.
 unsafe impl Sync for RawNcclComm {}
@@ -409,8 +411,9 @@ pub(crate) fn enqueue_run(
     // thread: nothing else goes on the stream (nor is NCCL called on the
     // communicator) before it did, or failed to.
     let ended = match result::group_end() {
-        // SAFETY: the handle is live and NCCL's alone meanwhile
-        // (`calls` is held, so nobody aborts it).
+        // SAFETY: the handle is live (`calls` is held, so nobody aborts
+        // it), and this thread is the one that asks for its state
+        // meanwhile (the watchdog asks only when `calls` is free).
         Ok(result::NcclStatus::InProgress) => match unsafe { settle(comm.core.raw.0, timeout) } {
             Settled::Done => Ok(()),
             // Fatal to the communicator, as an asynchronous error is.
@@ -433,24 +436,33 @@ pub(crate) fn enqueue_run(
         },
         other => other.map(drop),
     };
-    match (failed, ended) {
-        (Some(failure), _) => Err(failure),
-        (None, Err(e)) => Err((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
-        (None, Ok(())) => {
+    let failure = match (failed, ended) {
+        (Some(failure), _) => Some(failure),
+        (None, Err(e)) => Some((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
+        (None, Ok(())) => None,
+    };
+    if let Some(failure) = failure {
+        // A non-blocking communicator's state holds the error from now on
+        // (every later call answers it): broken, as by an asynchronous
+        // error. A blocking one's call failed alone.
+        if comm.core.nonblocking {
             comm.watchdog
-                .watch(
-                    stream,
-                    first,
-                    &commands[end..],
-                    (ledger, epoch),
-                    timeout,
-                    behind,
-                )
-                .map_err(|e| (end, e))?;
-            drop(calls);
-            Ok(end)
+                .break_now(&comm.core, calls, failure.1.clone());
         }
+        return Err(failure);
     }
+    comm.watchdog
+        .watch(
+            stream,
+            first,
+            &commands[end..],
+            (ledger, epoch),
+            timeout,
+            behind,
+        )
+        .map_err(|e| (end, e))?;
+    drop(calls);
+    Ok(end)
 }
 
 /// The device address of a view's first byte.

@@ -5,14 +5,23 @@
 //! NCCL's calls on a *blocking* communicator (its default) return once
 //! done, so a creation or a split whose peer never comes blocks the
 //! calling thread for good, and nothing but the process's end frees it.
-//! On a *non-blocking* one (`ncclConfig_t::blocking = 0`, NCCL 2.14 and
-//! newer) the creation, a split, and the end of every group answer
-//! `ncclInProgress` and finish on a thread of NCCL's;
-//! `ncclCommGetAsyncError` says `ncclInProgress` until they did, and
-//! `ncclCommAbort` ends one that never will (RCCL's fault-tolerance
-//! guide, which follows NCCL's model, says recovery relies on them).
+//! On a *non-blocking* one (`ncclConfig_t::blocking = 0`) the creation, a
+//! split, and the end of a group go on on a thread of NCCL's (the
+//! creation and a group's end answer `ncclInProgress`; `ncclCommSplit`
+//! answers `ncclSuccess` all the same); the communicator's
+//! `ncclCommGetAsyncError` says `ncclInProgress` until they are done, and
+//! `ncclCommAbort` ends one that never will be (RCCL's fault-tolerance
+//! guide, which follows NCCL's model, says recovery relies on them:
+//! rocm.docs.amd.com/projects/rccl/en/develop/how-to/fault-tolerance.html).
 //! hwqueue polls it, bounded by the communicator's timeout, and aborts
-//! where it runs out. The constructors of NCCL communicators are here too.
+//! where it runs out. On NCCL 2.26 and newer that poll also finishes the
+//! call (it joins NCCL's thread), so one thread at a time asks: the one
+//! that started the call, under the communicator's call lock (the
+//! watchdog skips its look while that is held). hwqueue needs NCCL 2.27 or
+//! newer for this: before it, NCCL kept the call's state in the calling
+//! thread's thread-local storage, which several queues' threads and the
+//! watchdog sharing a communicator break. The constructors of NCCL
+//! communicators are here too.
 
 use std::ffi::{c_char, c_int, c_uint};
 use std::time::{Duration, Instant};
@@ -42,8 +51,10 @@ use crate::error::{Error, Result};
 ///   the communicator is broken). The cost is NCCL's: its `ncclGroupEnd`
 ///   starts a thread for each group's launch (NCCL's `group.cc`), which
 ///   the queue's thread polls for, a cost per group the blocking launch
-///   does not pay (not measured yet: no GPU was lent). Needs NCCL 2.18 or
-///   newer.
+///   does not pay (not measured yet: no GPU was lent). Needs NCCL 2.27 or
+///   newer (see the module docs). NCCL's environment can override it:
+///   `NCCL_COMM_BLOCKING=1` makes every communicator blocking, and then
+///   nothing bounds the creation or a split again.
 ///
 /// Either way the communicator starts with `timeout` as its
 /// [timeout](super::Communicator::timeout), which bounds its collectives
@@ -118,7 +129,8 @@ pub(super) struct RawConfig {
 
 /// `NCCL_API_MAGIC` (`nccl.h`).
 const MAGIC: c_uint = 0xcafe_beef;
-/// `NCCL_VERSION(2, 18, 0)`: the first NCCL with `ncclCommSplit`.
+/// `NCCL_VERSION(2, 18, 0)`: the version of the layout above (NCCL reads
+/// a config by its `size` and `version`, so any later NCCL reads this one).
 const VERSION: c_uint = 21800;
 /// `NCCL_CONFIG_UNDEF_INT` (`nccl.h`): "NCCL's default".
 const UNDEF: c_int = c_int::MIN;
@@ -199,6 +211,40 @@ pub(super) unsafe fn settle(comm: sys::ncclComm_t, timeout: Duration) -> Settled
     }
 }
 
+/// The first NCCL whose non-blocking calls hwqueue can drive from several
+/// threads (see the module docs): `NCCL_VERSION(2, 27, 0)`.
+const NONBLOCKING_SINCE: c_int = 22700;
+
+/// [`CollectiveError::Invalid`] unless the NCCL loaded is 2.27 or newer
+/// (`ncclGetVersion`).
+fn check_nonblocking_version(rank: usize, size: usize) -> Result<()> {
+    let mut version: c_int = 0;
+    // SAFETY: NCCL is loaded (probed); `version` is one `int`.
+    unsafe { sys::ncclGetVersion(&mut version) }
+        .result()
+        .map_err(|e| nccl_error(e, rank, "ncclGetVersion", "NCCL's version"))?;
+    if version >= NONBLOCKING_SINCE {
+        return Ok(());
+    }
+    // NCCL_VERSION: X * 10000 + Y * 100 + Z from 2.9 on (X * 1000 + ... before).
+    let (major, minor, patch) = if version >= 20900 {
+        (version / 10000, version / 100 % 100, version % 100)
+    } else {
+        (version / 1000, version / 100 % 10, version % 100)
+    };
+    let reason = format!(
+        "a non-blocking communicator needs NCCL 2.27 or newer, and this one is \
+         {major}.{minor}.{patch}: upgrade NCCL, or make a blocking one (`NcclConfig::blocking`)"
+    );
+    Err(CollectiveError::Invalid {
+        rank,
+        size,
+        op: "nccl",
+        reason,
+    }
+    .into())
+}
+
 impl Communicator {
     /// A communicator of one rank (rank 0 of 1) on `device`
     /// (`ncclCommInitAll` over that device): collectives copy the send
@@ -244,8 +290,7 @@ impl Communicator {
     /// Those of [`nccl`](Self::nccl); [`CollectiveError::Timeout`] where a
     /// non-blocking creation did not finish within the timeout (a rank
     /// never came: NCCL's attempt is aborted); [`CollectiveError::Invalid`]
-    /// for an NCCL without `ncclCommInitRankConfig` and `ncclCommSplit`
-    /// (older than 2.18) asked for a non-blocking one.
+    /// for an NCCL older than 2.27 asked for a non-blocking one.
     pub fn nccl_with(
         device: &CudaDevice,
         id: NcclId,
@@ -261,16 +306,7 @@ impl Communicator {
         }
         probe()?;
         if config.is_nonblocking() {
-            for symbol in [&b"ncclCommInitRankConfig\0"[..], b"ncclCommSplit\0"] {
-                // SAFETY: NCCL is loaded (probed); a lookup by name runs
-                // nothing.
-                if unsafe { sys::culib().get::<unsafe extern "C" fn()>(symbol) }.is_err() {
-                    let reason = "a non-blocking communicator needs NCCL 2.18 or newer \
-                                  (`ncclCommInitRankConfig`, `ncclCommSplit`): upgrade NCCL, or \
-                                  make a blocking one (`NcclConfig::blocking`)";
-                    return Err(invalid(rank, size, reason));
-                }
-            }
+            check_nonblocking_version(rank, size)?;
         }
         bind(device)?;
         let mut raw = std::ptr::null_mut();
@@ -317,7 +353,7 @@ impl Communicator {
                     abort(raw);
                     return Err(CollectiveError::Timeout {
                         rank,
-                        op: format!("{what} ({call}, {size} ranks)"),
+                        op: format!("{what} ({call}, rank {rank} of {size})"),
                         waited,
                     }
                     .into());
@@ -436,7 +472,9 @@ impl NcclComm {
             abort(take());
             return Err(nccl_error(e, rank, "ncclCommSplit", what));
         }
-        // SAFETY: the parent is live: `calls` is held, so nobody aborts it.
+        // SAFETY: the parent is live (`calls` is held, so nobody aborts
+        // it), and this thread is the one that asks for its state meanwhile
+        // (the watchdog asks only when `calls` is free).
         match unsafe { settle(parent, timeout) } {
             Settled::Done => {
                 drop(calls);

@@ -320,11 +320,30 @@ fn run(shared: &WatchShared, core: &NcclCore, device: &CudaDevice) {
 /// NCCL's asynchronous error of the communicator (a peer's failure, a
 /// network error), as [`CollectiveError::Nccl`]; `None` while there is
 /// none.
+///
+/// Called under the watch state with a group in flight. On a non-blocking
+/// communicator, `ncclCommGetAsyncError` also finishes (joins and frees,
+/// NCCL 2.26 and newer) the call NCCL ran on its own thread once it is
+/// done, so only one thread may ask at a time: the thread that started
+/// the call asks under `calls` (`settle`), and this one only when `calls`
+/// is free (`try_lock`: it never waits under the watch state, which
+/// `enqueue_run` takes after `calls`); it skips this look otherwise.
 fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> {
+    let _calls = if core.nonblocking {
+        match core.calls.try_lock() {
+            Some(calls) if !calls.aborted => Some(calls),
+            _ => return None,
+        }
+    } else {
+        None
+    };
     let mut code = sys::ncclResult_t::ncclSuccess;
-    // SAFETY: the handle is live: only this thread aborts it, and the core
-    // (which destroys it) outlives this thread. NCCL lets any thread ask
-    // for a communicator's asynchronous error at any time.
+    // SAFETY: the handle is live: a communicator is aborted only by
+    // `break_under`, which empties the groups in flight under the watch
+    // state (held here, with a group in flight) before it aborts, and the
+    // core (which destroys it) outlives this thread. A blocking
+    // communicator's state may be asked from any thread at any time; a
+    // non-blocking one's by one thread at a time (`calls` is held).
     let asked = unsafe { sys::ncclCommGetAsyncError(core.raw.0, &mut code) };
     let what = first.map_or_else(String::new, |first| first.describe());
     match asked.result().and_then(|_| code.result()) {

@@ -31,7 +31,13 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             report("comm", &outcome(made));
         }
         "split_never_settles" => split_never_settles(device),
+        "old_nccl" => {
+            let config = NcclConfig::nonblocking();
+            let made = Communicator::nccl_with(device, NcclId::new().unwrap(), 0, 1, config);
+            report("comm", &outcome(made));
+        }
         "launch_never_settles" => launch_never_settles(device),
+        "watchdog_beside_a_launch" => watchdog_beside_a_launch(device),
         other => panic!("no non-blocking NCCL case `{other}`"),
     }
 }
@@ -132,14 +138,111 @@ fn launch_never_settles(device: &CudaDevice) {
     report("dropped", "ok");
 }
 
+/// A group in flight (the fake's `ncclAllGather` hangs for a second), so
+/// the watchdog looks at the communicator every 10 ms, while another
+/// queue's launch on it takes a few hundred polls to settle: only the
+/// launching thread may poll meanwhile.
+fn watchdog_beside_a_launch(device: &CudaDevice) {
+    let comm = communicator(device, LONG);
+    let buffer = || device.alloc(8).unwrap();
+    let (input, gathered, reduced) = (buffer(), buffer(), buffer());
+    let (gather_done, reduce_done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (mut stuck, mut other) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    let submitted = stuck
+        .all_gather::<u32, _, _>(&comm, &input, &gathered)
+        .signal(&gather_done, 1)
+        .submit();
+    report("gather_submit", &outcome(submitted));
+    let submitted = other
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &reduced)
+        .signal(&reduce_done, 1)
+        .submit();
+    report("reduce_submit", &outcome(submitted));
+    report("reduced", &outcome(reduce_done.wait(1, LONG)));
+    report("gathered", &outcome(gather_done.wait(1, LONG)));
+    drop((stuck, other, comm));
+    report("dropped", "ok");
+}
+
+#[test]
+fn the_watchdog_does_not_poll_a_nonblocking_communicator_while_a_launch_settles() {
+    let vars = on_a_12_2_device(
+        "nccl_nonblocking:watchdog_beside_a_launch",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
+            ("HWQUEUE_FAKE_NCCL_HANG_S", "1"),
+            ("HWQUEUE_FAKE_NCCL_SETTLE_POLLS", "400"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    for field in [
+        "gather_submit",
+        "reduce_submit",
+        "reduced",
+        "gathered",
+        "dropped",
+    ] {
+        assert_eq!(outcome.field(field), "ok", "{field}: {outcome:#?}");
+    }
+    let calls = nccl_calls(&outcome);
+    // The all_gather's group stayed in flight through the launch.
+    assert!(
+        calls.iter().any(|c| c.starts_with("ncclAllGather")),
+        "{calls:?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.contains("from another thread")),
+        "{calls:?}"
+    );
+}
+
 /// Runs `case` on the fake NCCL, with `pending` (if any) never settling.
 fn scenario(case: &str, pending: Option<&str>) -> Option<super::Outcome> {
+    scenario_with(
+        case,
+        pending.map(|call| ("HWQUEUE_FAKE_NCCL_PENDING", call)),
+    )
+}
+
+/// Runs `case` on the fake NCCL with `extra` set.
+fn scenario_with(case: &str, extra: Option<(&str, &str)>) -> Option<super::Outcome> {
     let scenario = format!("nccl_nonblocking:{case}");
-    let mut extra = vec![(NCCL_FAKE, "so")];
-    if let Some(call) = pending {
-        extra.push(("HWQUEUE_FAKE_NCCL_PENDING", call));
+    let mut vars = vec![(NCCL_FAKE, "so")];
+    vars.extend(extra);
+    run_scenario(&on_a_12_2_device(&scenario, &vars))
+}
+
+/// Before 2.27, NCCL kept a non-blocking call's state in the calling
+/// thread's storage, which hwqueue's threads sharing a communicator break:
+/// an older NCCL is refused, saying which it is and what to do.
+#[test]
+fn a_nonblocking_communicator_on_an_nccl_older_than_2_27_is_refused() {
+    let Some(outcome) = scenario_with("old_nccl", Some(("HWQUEUE_FAKE_NCCL_VERSION", "22304")))
+    else {
+        return;
+    };
+    let comm = outcome.field("comm");
+    assert!(comm.starts_with("Invalid "), "{outcome:#?}");
+    for phrase in [
+        "needs NCCL 2.27 or newer, and this one is 2.23.4",
+        "make a blocking one (`NcclConfig::blocking`)",
+    ] {
+        assert!(comm.contains(phrase), "no `{phrase}` in {comm}");
     }
-    run_scenario(&on_a_12_2_device(&scenario, &extra))
+    // Nothing was made.
+    let calls = nccl_calls(&outcome);
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("ncclCommInitRankConfig")),
+        "{calls:?}"
+    );
 }
 
 #[test]
@@ -178,7 +281,7 @@ fn a_nonblocking_creation_that_never_settles_times_out_and_is_aborted() {
     let comm = outcome.field("comm");
     assert!(comm.starts_with("Timeout "), "{outcome:#?}");
     assert!(
-        comm.contains("the communicator's creation (ncclCommInitRankConfig, 1 ranks)"),
+        comm.contains("the communicator's creation (ncclCommInitRankConfig, rank 0 of 1)"),
         "{comm}"
     );
     let calls = nccl_calls(&outcome);

@@ -45,6 +45,16 @@
  *                             hung collective, as a peer's failure is).
  *                             Unset: ncclSuccess. ncclCommGetAsyncError is
  *                             not logged: a watchdog polls it
+ *   HWQUEUE_FAKE_NCCL_SETTLE_POLLS  how many polls a non-blocking call takes
+ *                             to settle (default 2: it says ncclInProgress
+ *                             once). A poll from a thread other than the
+ *                             one that started the call, while it is in
+ *                             progress, is logged: `ncclCommGetAsyncError
+ *                             from another thread while a call is in
+ *                             progress` (two pollers can finish one call
+ *                             twice in NCCL 2.26+)
+ *   HWQUEUE_FAKE_NCCL_VERSION what ncclGetVersion answers (default 22703:
+ *                             2.27.3)
  *   HWQUEUE_FAKE_NCCL_PENDING the name of a call on a non-blocking
  *                             communicator (ncclCommInitRankConfig,
  *                             ncclCommSplit, ncclGroupEnd) that never
@@ -53,20 +63,22 @@
  *                             until ncclCommAbort. Unset: each settles on
  *                             the second poll
  *
- * Non-blocking communicators, as NCCL (2.18 and newer) has them: one made
+ * Non-blocking communicators, as NCCL (2.27 and newer) has them: one made
  * by ncclCommInitRankConfig with a config whose `blocking` is 0 (the
  * config is logged: `ncclCommInitRankConfig blocking=0 version=21800
  * size=48`). Its creation, a split of it, and the end of a group of its
- * collectives answer ncclInProgress, and its ncclCommGetAsyncError says
- * ncclInProgress until the call settled (the first poll) and ncclSuccess
- * from the second on; meanwhile a collective or a split on it answers
- * ncclInvalidUsage (logged as `<call> busy`). As in NCCL, a split takes
- * its blocking mode from the parent, and writes the new communicator to
- * `*newcomm` only once it settled (NULL until then), or when ncclCommAbort
- * of the parent ends it.
+ * collectives go on after the call (the creation and a group's end answer
+ * ncclInProgress, a split ncclSuccess, as NCCL's do); its
+ * ncclCommGetAsyncError says ncclInProgress until the call settled (the
+ * first poll) and ncclSuccess from the second on; meanwhile a collective
+ * or a split on it answers ncclInvalidUsage (logged as `<call> busy`). As
+ * in NCCL, a split takes its blocking mode from the parent, and writes the
+ * new communicator to `*newcomm` only once it settled (NULL until then),
+ * or when ncclCommAbort of the parent ends it.
  */
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -125,7 +137,13 @@ struct ncclComm {
     int nonblocking;
     /* Polls of ncclCommGetAsyncError left before its pending call
      * settles; 0: none pending; -1: never (HWQUEUE_FAKE_NCCL_PENDING). */
-    int pending;
+    _Atomic int pending;
+    /* The thread that started the pending call: NCCL 2.26+ finishes (joins)
+     * the call in the ncclCommGetAsyncError that sees it done, so two
+     * threads polling one communicator can finish it twice; the fake logs
+     * a poll from another thread while a call is pending (see
+     * ncclCommGetAsyncError). */
+    pthread_t pending_thread;
     /* A pending split's new communicator, and where it goes once the
      * split settles. */
     struct ncclComm *child;
@@ -188,7 +206,10 @@ static int hangs(const char *symbol) {
  * the second poll, or never where HWQUEUE_FAKE_NCCL_PENDING names it. */
 static ncclResult_t start_pending(ncclComm_t comm, const char *symbol) {
     const char *never = getenv("HWQUEUE_FAKE_NCCL_PENDING");
-    comm->pending = never != NULL && strcmp(never, symbol) == 0 ? -1 : 2;
+    const char *polls = getenv("HWQUEUE_FAKE_NCCL_SETTLE_POLLS");
+    int settle_after = polls != NULL && *polls != '\0' ? atoi(polls) : 2;
+    comm->pending_thread = pthread_self();
+    atomic_store(&comm->pending, never != NULL && strcmp(never, symbol) == 0 ? -1 : settle_after);
     return ncclInProgress;
 }
 
@@ -197,7 +218,7 @@ static ncclResult_t start_pending(ncclComm_t comm, const char *symbol) {
  * operation returned ncclSuccess"), as the fake does, with `symbol`'s
  * log line marked ` busy`. */
 static int busy(ncclComm_t comm, const char *symbol) {
-    if (comm == NULL || comm->pending == 0) {
+    if (comm == NULL || atomic_load(&comm->pending) == 0) {
         return 0;
     }
     char line[96];
@@ -208,7 +229,7 @@ static int busy(ncclComm_t comm, const char *symbol) {
 
 /* Ends `comm`'s pending call: a split's new communicator is written out. */
 static void settle(ncclComm_t comm) {
-    comm->pending = 0;
+    atomic_store(&comm->pending, 0);
     if (comm->child_out != NULL) {
         *comm->child_out = comm->child;
         comm->child_out = NULL;
@@ -270,7 +291,8 @@ static ncclResult_t copy_op(const char *symbol, const void *send, void *recv, si
 
 ncclResult_t ncclGetVersion(int *version) {
     log_call(__func__);
-    *version = 22304;
+    const char *asked = getenv("HWQUEUE_FAKE_NCCL_VERSION");
+    *version = asked != NULL && *asked != '\0' ? atoi(asked) : 22703;
     return ncclSuccess;
 }
 
@@ -415,7 +437,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     }
     comm->child = child;
     comm->child_out = newcomm;
-    return start_pending(comm, __func__);
+    /* NCCL's split swallows its group's ncclInProgress: the state says it. */
+    start_pending(comm, __func__);
+    return ncclSuccess;
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
@@ -441,13 +465,20 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
     if (comm == NULL || async_error == NULL) {
         return ncclInvalidArgument;
     }
-    if (comm->pending != 0) {
-        if (comm->pending > 0 && --comm->pending == 0) {
-            settle(comm);
-        } else {
-            *async_error = ncclInProgress;
-            return ncclSuccess;
-        }
+    /* One poll moves a pending call one step; the poll that takes it to
+     * 0 settles it (alone: hwqueue polls from one thread at a time, and
+     * the compare-and-swap keeps the fake sound even if it did not). */
+    int pending = atomic_load(&comm->pending);
+    if (pending != 0 && !pthread_equal(pthread_self(), comm->pending_thread)) {
+        log_call("ncclCommGetAsyncError from another thread while a call is in progress");
+    }
+    while (pending > 0 && !atomic_compare_exchange_weak(&comm->pending, &pending, pending - 1)) {
+    }
+    if (pending == 1) {
+        settle(comm);
+    } else if (pending != 0) {
+        *async_error = ncclInProgress;
+        return ncclSuccess;
     }
     const char *code = getenv("HWQUEUE_FAKE_NCCL_ASYNC_ERROR");
     int stalled = comm->stall != NULL && atomic_load(comm->stall) != 0;
