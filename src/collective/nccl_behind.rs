@@ -21,7 +21,18 @@
 //! The cost where no group is in flight: one relaxed load per batch
 //! enqueued (the signal-only fast path of `submit` included; that path
 //! steps aside once more after the last group completed, until the next
-//! batch's enqueue finds the stream's groups all done).
+//! batch's enqueue finds the stream's groups all done). Where groups are
+//! in flight: the watch first forgets those whose event completed (one
+//! stream's groups complete in its order, so it queries from the oldest
+//! and stops at the first still running: one query per batch in the
+//! steady state), then hands the batch to the ones left, which are truly
+//! in flight. (It used to wait for the watchdog, which looks every 10 ms,
+//! to mark them done: a queue issuing collectives faster than that handed
+//! each batch to every group of the last 10 ms.)
+
+use std::collections::VecDeque;
+
+use cudarc::driver::CudaEvent;
 
 use super::nccl_watchdog::After;
 use crate::cuda::Cuda;
@@ -103,6 +114,22 @@ impl Behind {
         }
     }
 
+    /// The stream saw the group's event complete: done, unless it was
+    /// abandoned (what follows it may still have to fail). Whether the
+    /// stream may forget it.
+    fn finished(&self) -> bool {
+        let mut state = self.state.lock();
+        match state.phase {
+            Phase::Open(_) => {
+                state.phase = Phase::Done;
+                state.list.clear();
+                true
+            }
+            Phase::Done => true,
+            Phase::Abandoned(..) => false,
+        }
+    }
+
     /// The group completed (or is forgotten): nothing behind it is failed
     /// any more. A `Behind` already abandoned stays so.
     pub(super) fn done(&self) {
@@ -148,7 +175,8 @@ impl Behind {
 /// enqueues after them. Its queue's stream side holds one.
 #[derive(Default)]
 pub(crate) struct StreamWatch {
-    groups: Mutex<Vec<Arc<Behind>>>,
+    /// Oldest first, each with the event recorded right after its group.
+    groups: Mutex<VecDeque<(Arc<Behind>, Arc<CudaEvent>)>>,
     /// Whether `groups` holds one: stored under its lock by the thread
     /// enqueueing (in queue order); read without it by that thread, and by
     /// the owner's signal-only fast path once it read the queue's `busy`
@@ -176,14 +204,29 @@ impl StreamWatch {
 
     fn follow_groups(&self, commands: &[Command<Cuda>], from: usize, epoch: u64) {
         let mut groups = self.groups.lock();
-        groups.retain(|behind| behind.follow(commands, from, epoch));
+        // The groups that completed lead (one stream runs in order). A
+        // query error (a device fault, which the stream's queue reports)
+        // stops the pruning: the group stays followed, as before its end.
+        while let Some((behind, event)) = groups.front()
+            && matches!(event.try_is_complete(), Ok(true))
+            && behind.finished()
+        {
+            groups.pop_front();
+        }
+        groups.retain(|(behind, _)| behind.follow(commands, from, epoch));
         self.any.store(!groups.is_empty(), Ordering::Relaxed);
     }
 
-    /// A group just put on the stream.
-    pub(super) fn push(&self, behind: Arc<Behind>) {
+    /// How many groups it still follows (some may have completed since
+    /// the last batch looked).
+    pub(crate) fn followed(&self) -> usize {
+        self.groups.lock().len()
+    }
+
+    /// A group just put on the stream, and the event recorded after it.
+    pub(super) fn push(&self, behind: Arc<Behind>, event: Arc<CudaEvent>) {
         let mut groups = self.groups.lock();
-        groups.push(behind);
+        groups.push_back((behind, event));
         self.any.store(true, Ordering::Relaxed);
     }
 }

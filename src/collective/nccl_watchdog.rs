@@ -80,8 +80,10 @@ struct WatchState {
 
 /// A group on a stream, watched.
 struct Group {
-    /// Recorded right after the group on its stream.
-    event: CudaEvent,
+    /// Recorded right after the group on its stream; the stream's watch
+    /// holds it too, to forget the group once it completed
+    /// ([`StreamWatch::follow`]).
+    event: Arc<CudaEvent>,
     /// When it was enqueued, and when it times out (`None`: never).
     enqueued: Instant,
     deadline: Option<Instant>,
@@ -188,12 +190,18 @@ impl Watchdog {
         behind: &StreamWatch,
     ) -> Result<()> {
         let spare = self.shared.state.lock().spare.pop();
+        // A spare group's event may still be held by a stream's watch,
+        // next to a `Behind` done by then (a group is spare only once
+        // completed): recorded again, it delays only that entry's
+        // forgetting, which `StreamWatch::follow` does for a done
+        // `Behind` anyway.
         let mut group = match spare {
             Some(group) => group,
             None => Group {
                 event: stream
                     .context()
                     .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map(Arc::new)
                     .map_err(|e| crate::cuda::driver_error("creating an NCCL group's event", e))?,
                 enqueued: Instant::now(),
                 deadline: None,
@@ -221,7 +229,7 @@ impl Watchdog {
             group.behind = Arc::default();
         }
         group.behind.open(epoch);
-        behind.push(group.behind.clone());
+        behind.push(group.behind.clone(), group.event.clone());
         let mut state = self.shared.state.lock();
         let idle = state.groups.is_empty();
         state.groups.push_back(group);

@@ -189,6 +189,15 @@ impl CudaEngine {
         &self.device
     }
 
+    /// How many NCCL groups this queue's stream still hands its batches
+    /// to (see `collective::nccl_behind`): those in flight when its last
+    /// batch was enqueued. For tests and diagnostics.
+    #[cfg(feature = "nccl")]
+    #[doc(hidden)]
+    pub fn nccl_groups_followed(&self) -> usize {
+        self.shared.behind.followed()
+    }
+
     fn wrong_device(&self, what: &str, other: &CudaDevice) -> Error {
         Error::DeviceMismatch {
             what: what.to_owned(),

@@ -65,6 +65,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang_behind" => hang_behind(device),
         "hang_gate" => hang_gate(device),
         "hang_behind_threads" => hang_behind_threads(device),
+        "many_groups" => many_groups(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -289,6 +290,38 @@ fn split(device: &CudaDevice) {
     // destroyed before the process ends.
     report("synchronize", &outcome(queue.synchronize()));
     drop((queue, half, comm));
+}
+
+/// A group that stays in flight on one queue (the fake's `ncclAllGather`
+/// hangs for a second), so the watchdog looks only every 10 ms; then fifty
+/// batches of an all-reduce and a signal on another queue, one after the
+/// other (the fake completes each at once): how many groups that queue's
+/// stream still hands its batches to after each (`followed`: the most).
+fn many_groups(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (gathered, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (mut stuck, mut queue) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    stuck
+        .all_gather::<u32, _, _>(&comm, &input, &output)
+        .signal(&gathered, 1)
+        .submit()
+        .unwrap();
+    let mut most = 0;
+    for value in 1..=50 {
+        queue
+            .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+            .signal(&done, value)
+            .submit()
+            .unwrap();
+        most = most.max(queue.engine().nccl_groups_followed());
+    }
+    report("followed", &most.to_string());
+    report("done", &outcome(done.wait(50, LONG)));
+    report("gathered", &outcome(gathered.wait(1, LONG)));
 }
 
 /// The fake's `ncclAllReduce` never completes (`HWQUEUE_FAKE_NCCL_HANG`):
@@ -804,6 +837,32 @@ fn an_nccl_split_error_is_a_typed_nccl_error() {
     for phrase in ["rank 0: ncclCommSplit", "ncclInternalError (3)"] {
         assert!(split.contains(phrase), "no `{phrase}` in {split}");
     }
+}
+
+/// A stream forgets the groups whose event completed before it hands them
+/// its next batch: it used to wait for the watchdog (which looks every
+/// 10 ms) to mark them done, so a queue issuing collectives faster than
+/// that handed each batch to every group of the last 10 ms (an extend of
+/// the batch's signals per group: linear cost per batch, quadratic memory).
+#[test]
+fn a_stream_hands_its_batches_only_to_the_groups_still_in_flight() {
+    let vars = on_a_12_2_device(
+        "nccl:many_groups",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
+            ("HWQUEUE_FAKE_NCCL_HANG_S", "1"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("done"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("gathered"), "ok", "{outcome:#?}");
+    // The fake completes each all-reduce at once: at most the last
+    // batch's own group is followed (the one before it was seen complete).
+    let followed: usize = outcome.field("followed").parse().unwrap();
+    assert!(followed <= 1, "{outcome:#?}");
 }
 
 /// Runs `scenario` on the fake NCCL, whose `ncclAllReduce` never
