@@ -24,11 +24,13 @@
 //! batch's enqueue finds the stream's groups all done). Where groups are
 //! in flight: the watch first forgets those whose event completed (one
 //! stream's groups complete in its order, so it queries from the oldest
-//! and stops at the first still running: one query per batch in the
-//! steady state), then hands the batch to the ones left, which are truly
-//! in flight. (It used to wait for the watchdog, which looks every 10 ms,
-//! to mark them done: a queue issuing collectives faster than that handed
-//! each batch to every group of the last 10 ms.)
+//! and stops at the first still running, or abandoned: one query per batch
+//! in the steady state), then hands the batch to the ones left: those in
+//! flight, and any behind an abandoned one or one whose query failed. (It
+//! used to wait for the watchdog, which looks every 10 ms, to mark them
+//! done: a queue issuing collectives faster than that handed each batch to
+//! every group of the last 10 ms.) Forgetting a group leaves its `Behind`
+//! as it was, for the watchdog to settle.
 
 use std::collections::VecDeque;
 
@@ -114,20 +116,14 @@ impl Behind {
         }
     }
 
-    /// The stream saw the group's event complete: done, unless it was
-    /// abandoned (what follows it may still have to fail). Whether the
-    /// stream may forget it.
-    fn finished(&self) -> bool {
-        let mut state = self.state.lock();
-        match state.phase {
-            Phase::Open(_) => {
-                state.phase = Phase::Done;
-                state.list.clear();
-                true
-            }
-            Phase::Done => true,
-            Phase::Abandoned(..) => false,
-        }
+    /// Whether the stream may forget it, its group's event having
+    /// completed: not once abandoned (what the stream enqueues may still
+    /// have to fail). Its phase stays as it is, for the watchdog to settle:
+    /// should the communicator break before the watchdog saw the group
+    /// complete (a group blamed for a timeout that ended meanwhile),
+    /// [`abandon`](Self::abandon) must still cascade from its epoch.
+    fn forgettable(&self) -> bool {
+        !matches!(self.state.lock().phase, Phase::Abandoned(..))
     }
 
     /// The group completed (or is forgotten): nothing behind it is failed
@@ -209,7 +205,7 @@ impl StreamWatch {
         // stops the pruning: the group stays followed, as before its end.
         while let Some((behind, event)) = groups.front()
             && matches!(event.try_is_complete(), Ok(true))
-            && behind.finished()
+            && behind.forgettable()
         {
             groups.pop_front();
         }
@@ -228,5 +224,35 @@ impl StreamWatch {
         let mut groups = self.groups.lock();
         groups.push_back((behind, event));
         self.any.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::CollectiveError;
+
+    /// The stream forgets a group once its event completed; should the
+    /// watchdog then blame that group for its communicator's break (it
+    /// timed out, and ended meanwhile), its `Behind` still cascades from
+    /// the group's epoch: the stream left it as it was. (When forgetting
+    /// marked it done, `abandon` found nothing in flight and the queue's
+    /// earlier batches ran on.)
+    #[test]
+    fn a_group_the_stream_forgot_still_cascades_when_its_communicator_breaks() {
+        let behind = Behind::default();
+        behind.open(3);
+        assert!(behind.forgettable());
+        let ledger = Ledger::new();
+        let cause: Error = CollectiveError::Timeout {
+            rank: 0,
+            op: "all_reduce".to_owned(),
+            waited: std::time::Duration::ZERO,
+        }
+        .into();
+        assert!(behind.abandon(&ledger, &cause), "nothing cascaded");
+        assert!(ledger.has_unreported());
+        // Abandoned: the stream keeps it for the batches still to fail.
+        assert!(!behind.forgettable());
     }
 }

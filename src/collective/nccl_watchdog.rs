@@ -191,10 +191,10 @@ impl Watchdog {
     ) -> Result<()> {
         let spare = self.shared.state.lock().spare.pop();
         // A spare group's event may still be held by a stream's watch,
-        // next to a `Behind` done by then (a group is spare only once
-        // completed): recorded again, it delays only that entry's
-        // forgetting, which `StreamWatch::follow` does for a done
-        // `Behind` anyway.
+        // next to a `Behind` done by then (a group is spare only once this
+        // thread took it for done): recorded again, it stops that watch's
+        // forgetting at that entry for one batch, whose `follow` drops a
+        // done `Behind` all the same.
         let mut group = match spare {
             Some(group) => group,
             None => Group {
@@ -419,6 +419,8 @@ fn break_under(
     let _ = unsafe { cudarc::nccl::result::comm_abort(core.raw.0) };
     calls.aborted = true;
     drop(calls);
-    // The events go outside the locks (destroying one calls the driver).
+    // This thread's handles to the events go outside the locks
+    // (destroying one calls the driver; a stream's watch may hold the last
+    // one, and drops it when it forgets the group).
     drop(groups);
 }

@@ -189,9 +189,11 @@ impl CudaEngine {
         &self.device
     }
 
-    /// How many NCCL groups this queue's stream still hands its batches
-    /// to (see `collective::nccl_behind`): those in flight when its last
-    /// batch was enqueued. For tests and diagnostics.
+    /// How many NCCL groups this queue's stream's watch holds (see
+    /// `collective::nccl_behind`): those not seen complete when its last
+    /// batch was enqueued, the groups that batch launched, and any
+    /// abandoned one kept for batches still to fail. For tests and
+    /// diagnostics; not part of the API.
     #[cfg(feature = "nccl")]
     #[doc(hidden)]
     pub fn nccl_groups_followed(&self) -> usize {
