@@ -52,7 +52,7 @@
 #
 # Each case runs the dispatch bench binary without criterion
 # (HWQUEUE_DISPATCH_COUNT=CASE, HWQUEUE_DISPATCH_ITERS=N), collecting only
-# inside its timed loop (`dispatch::repeat`), for LOW and HIGH iterations;
+# inside its timed loop (`support::repeat`), for LOW and HIGH iterations;
 # (HIGH count - LOW count) / (HIGH - LOW) is the count per iteration, free
 # of one-time costs (the batch's vectors growing on the first iteration).
 # It also prints the addresses of `record_direct` and `record_generic`:
@@ -111,7 +111,7 @@ echo
 
 count() { # CASE ITERS -> instructions collected inside the loop
     env "${VAR}_COUNT=$1" "${VAR}_ITERS=$2" \
-        valgrind --tool=callgrind --toggle-collect="$BENCH::repeat*" \
+        valgrind --tool=callgrind --toggle-collect="$BENCH::support::repeat*" \
         --callgrind-out-file=/dev/null "$exe" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }

@@ -15,7 +15,7 @@
 //! **Instruction counts** (`benches/callgrind.sh`, `BENCH=cuda`), which
 //! need no GPU: with `HWQUEUE_CUDA_COUNT=CASE` and `HWQUEUE_CUDA_ITERS=N`
 //! the binary runs only CASE, N times, without criterion, inside
-//! `cuda::repeat` (the function callgrind collects in), on whatever
+//! `support::repeat` (the function callgrind collects in), on whatever
 //! `libcuda` it loads (the script puts the fake driver,
 //! `tests/fake_cuda/libcuda.c`, first). Cases: `plan_replay` and
 //! `plan_plain`, one `Plan::run` + wait of the 64-kernel chain each, with
@@ -421,22 +421,10 @@ fn plan_replay_cuda(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `routine` `iters` times: callgrind collects only inside it
-/// (`--toggle-collect='cuda::repeat*'`).
-#[inline(never)]
-fn repeat(iters: u64, mut routine: impl FnMut()) {
-    for _ in 0..iters {
-        routine();
-    }
-}
-
 /// `HWQUEUE_CUDA_COUNT=CASE`: runs only that case, `HWQUEUE_CUDA_ITERS`
 /// times (default 100), without criterion (see the module docs).
 fn count(case: &str) {
-    let iters = std::env::var("HWQUEUE_CUDA_ITERS")
-        .ok()
-        .map(|iters| iters.parse().expect("HWQUEUE_CUDA_ITERS is a number"))
-        .unwrap_or(100);
+    let iters = support::count_iters("HWQUEUE_CUDA_ITERS", 100);
     let device = Arc::new(Cuda::open(0).expect("a CUDA device, or the fake driver"));
     let one = ExecParams::new_1d(1, 1);
     match case {
@@ -447,7 +435,7 @@ fn count(case: &str) {
             // The first runs build the graphs.
             run_once(&mut plan);
             run_once(&mut plan);
-            repeat(iters, || run_once(&mut plan));
+            support::repeat(iters, || run_once(&mut plan));
             eprintln!("{case}: {:?}", plan.launches());
         }
         // Issue 47: 1,000 `exec`s of an empty kernel and a `submit`, against
@@ -462,7 +450,7 @@ fn count(case: &str) {
                 queue.submit().expect("submit");
             };
             batch();
-            repeat(iters, batch);
+            support::repeat(iters, batch);
             queue.synchronize().expect("ran");
         }
         "exec_cudarc" => {
@@ -489,7 +477,7 @@ fn count(case: &str) {
                 }
             };
             batch();
-            repeat(iters, batch);
+            support::repeat(iters, batch);
             stream.synchronize().expect("ran");
         }
         // Issue 47: `signal` + `submit`, polled until reached, against one
@@ -506,7 +494,7 @@ fn count(case: &str) {
                 }
             };
             once();
-            repeat(iters, once);
+            support::repeat(iters, once);
         }
         "signal_cudarc" => {
             let context = device.context();
@@ -523,7 +511,7 @@ fn count(case: &str) {
                 }
             };
             once();
-            repeat(iters, once);
+            support::repeat(iters, once);
         }
         other => panic!(
             "no case `{other}`: plan_replay, plan_plain, exec_hwqueue, exec_cudarc, \

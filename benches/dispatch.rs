@@ -219,19 +219,10 @@ impl Runner<'_, '_> {
             }
             Runner::Count { case, iters } => {
                 if case == name {
-                    repeat(*iters, routine);
+                    support::repeat(*iters, routine);
                 }
             }
         }
-    }
-}
-
-/// The counted loop: a function of its own, so that callgrind can collect
-/// only inside it (`--toggle-collect='dispatch::repeat*'`).
-#[inline(never)]
-fn repeat(iters: u64, mut routine: impl FnMut()) {
-    for _ in 0..iters {
-        routine();
     }
 }
 
@@ -368,10 +359,7 @@ fn dispatch(c: &mut Criterion) {
 /// `HWQUEUE_DISPATCH_COUNT=CASE`: run only that case,
 /// `HWQUEUE_DISPATCH_ITERS` times (default 10,000), without criterion.
 fn count(case: String) {
-    let iters = std::env::var("HWQUEUE_DISPATCH_ITERS")
-        .ok()
-        .map(|iters| iters.parse().expect("HWQUEUE_DISPATCH_ITERS is a number"))
-        .unwrap_or(10_000);
+    let iters = support::count_iters("HWQUEUE_DISPATCH_ITERS", 10_000);
     let fixture = Fixture::new();
     let mut runner = Runner::Count { case, iters };
     for case in CASES.iter().copied() {

@@ -257,31 +257,19 @@ fn alloca_cycle(c: &mut Criterion) {
     black_box(device.memory_stats());
 }
 
-/// Runs `routine` `iters` times: the only place `benches/callgrind.sh`
-/// collects instructions.
-#[inline(never)]
-fn repeat(iters: u64, mut routine: impl FnMut()) {
-    for _ in 0..iters {
-        routine();
-    }
-}
-
 /// `HWQUEUE_MEMORY_COUNT=CASE` (`pooled_uninit`, `pooled_zeroed`,
 /// `system_uninit`, `device_alloc`): run that case of `alloc_free_small`
 /// (10,000 cycles an iteration) `HWQUEUE_MEMORY_ITERS` times (default 10),
 /// without criterion, for `BENCH=memory bash benches/callgrind.sh`.
 fn count(case: &str) {
-    let iters = std::env::var("HWQUEUE_MEMORY_ITERS")
-        .ok()
-        .map(|iters| iters.parse().expect("HWQUEUE_MEMORY_ITERS is a number"))
-        .unwrap_or(10);
+    let iters = support::count_iters("HWQUEUE_MEMORY_ITERS", 10);
     let sizes = log_uniform_sizes(CYCLES, 64, 4096, 11);
     let device = CpuDevice::new();
     match case {
-        "pooled_uninit" => repeat(iters, || pooled(&device, &sizes, false)),
-        "pooled_zeroed" => repeat(iters, || pooled(&device, &sizes, true)),
-        "system_uninit" => repeat(iters, || system_uninit(&sizes)),
-        "device_alloc" => repeat(iters, || device_alloc(&sizes)),
+        "pooled_uninit" => support::repeat(iters, || pooled(&device, &sizes, false)),
+        "pooled_zeroed" => support::repeat(iters, || pooled(&device, &sizes, true)),
+        "system_uninit" => support::repeat(iters, || system_uninit(&sizes)),
+        "device_alloc" => support::repeat(iters, || device_alloc(&sizes)),
         other => panic!("HWQUEUE_MEMORY_COUNT: no case {other:?}"),
     }
 }

@@ -15,7 +15,7 @@
 //! **Instruction counts** (`BENCH=nccl bash benches/callgrind.sh`), which
 //! need no GPU: with `HWQUEUE_NCCL_COUNT=CASE` and `HWQUEUE_NCCL_ITERS=N`
 //! the binary runs only CASE, N times, without criterion, inside
-//! `nccl::repeat` (the function callgrind collects in, on the calling
+//! `support::repeat` (the function callgrind collects in, on the calling
 //! thread only), on whatever `libcuda` and `libnccl` it loads (the script
 //! puts the fake ones first: `tests/fake_cuda/`). Cases: `all_reduce_hwqueue`,
 //! `all_reduce_hwqueue_nonblocking` and `all_reduce_cudarc`, one 1 KiB
@@ -219,38 +219,26 @@ fn nccl_all_reduce(c: &mut Criterion) {
     group.finish();
 }
 
-/// Runs `routine` `iters` times: callgrind collects only inside it
-/// (`--toggle-collect='nccl::repeat*'`).
-#[inline(never)]
-fn repeat(iters: u64, mut routine: impl FnMut()) {
-    for _ in 0..iters {
-        routine();
-    }
-}
-
 /// `HWQUEUE_NCCL_COUNT=CASE`: runs only that case, `HWQUEUE_NCCL_ITERS`
 /// times (default 100), without criterion (see the module docs).
 fn count(case: &str) {
-    let iters = std::env::var("HWQUEUE_NCCL_ITERS")
-        .ok()
-        .map(|iters| iters.parse().expect("HWQUEUE_NCCL_ITERS is a number"))
-        .unwrap_or(100);
+    let iters = support::count_iters("HWQUEUE_NCCL_ITERS", 100);
     let device = Cuda::open(0).expect("a CUDA device, or the fake driver");
     let mut setup = setup(&device).expect("NCCL, or the fake one");
     match case {
         "all_reduce_hwqueue" => {
             setup.blocking.issue();
-            repeat(iters, || setup.blocking.issue());
+            support::repeat(iters, || setup.blocking.issue());
             setup.blocking.finish();
         }
         "all_reduce_hwqueue_nonblocking" => {
             setup.nonblocking.issue();
-            repeat(iters, || setup.nonblocking.issue());
+            support::repeat(iters, || setup.nonblocking.issue());
             setup.nonblocking.finish();
         }
         "all_reduce_cudarc" => {
             setup.cudarc.issue();
-            repeat(iters, || setup.cudarc.issue());
+            support::repeat(iters, || setup.cudarc.issue());
             setup.cudarc.finish();
         }
         other => panic!(

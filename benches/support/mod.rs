@@ -139,3 +139,25 @@ pub fn paired(iters: u64, ours: &mut impl FnMut(), baseline: &mut impl FnMut()) 
     }
     iters as f64 * a.as_secs_f64() / b.as_secs_f64()
 }
+
+/// The loop `benches/callgrind.sh` counts instructions in: runs `routine`
+/// `iters` times, and callgrind collects only inside it
+/// (`--toggle-collect='<bench>::support::repeat*'`), so a bench's setup
+/// and teardown stay out of the count.
+#[inline(never)]
+pub fn repeat(iters: u64, mut routine: impl FnMut()) {
+    for _ in 0..iters {
+        routine();
+    }
+}
+
+/// In a bench's instruction-count mode (`benches/callgrind.sh`): the
+/// iterations the environment variable `var` (`HWQUEUE_<BENCH>_ITERS`)
+/// asks for, or `default`.
+pub fn count_iters(var: &str, default: u64) -> u64 {
+    std::env::var(var).ok().map_or(default, |iters| {
+        iters
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} is a number, not {iters:?}"))
+    })
+}
