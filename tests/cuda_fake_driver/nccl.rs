@@ -846,15 +846,8 @@ fn an_nccl_split_error_is_a_typed_nccl_error() {
 /// the batch's signals per group: linear cost per batch, quadratic memory).
 #[test]
 fn a_stream_hands_its_batches_only_to_the_groups_still_in_flight() {
-    let vars = on_a_12_2_device(
-        "nccl:many_groups",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
-            ("HWQUEUE_FAKE_NCCL_HANG_S", "1"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    let hang_1_s = [("HWQUEUE_FAKE_NCCL_HANG_S", "1")];
+    let Some(outcome) = with_hanging("nccl:many_groups", "ncclAllGather", &hang_1_s) else {
         return;
     };
     assert_eq!(outcome.field("done"), "ok", "{outcome:#?}");
@@ -868,13 +861,15 @@ fn a_stream_hands_its_batches_only_to_the_groups_still_in_flight() {
 /// Runs `scenario` on the fake NCCL, whose `ncclAllReduce` never
 /// completes (`None`: skipped, as `run_scenario` says).
 fn with_all_reduce_hanging(scenario: &str) -> Option<Outcome> {
-    run_scenario(&on_a_12_2_device(
-        scenario,
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
-        ],
-    ))
+    with_hanging(scenario, "ncclAllReduce", &[])
+}
+
+/// Runs `scenario` on the fake NCCL, whose collective `call` never
+/// completes, with `extra` set too.
+fn with_hanging(scenario: &str, call: &str, extra: &[(&str, &str)]) -> Option<Outcome> {
+    let mut vars = vec![(NCCL_FAKE, "so"), ("HWQUEUE_FAKE_NCCL_HANG", call)];
+    vars.extend_from_slice(extra);
+    run_scenario(&on_a_12_2_device(scenario, &vars))
 }
 
 /// A collective that never completes: the watchdog times it out, aborts
@@ -1009,16 +1004,9 @@ fn a_signal_failed_by_an_abort_before_it_is_recorded_stays_failed() {
 /// at once, as the timeout would, with NCCL's error.
 #[test]
 fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
-    let vars = on_a_12_2_device(
-        "nccl:async_error",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllReduce"),
-            // ncclRemoteError.
-            ("HWQUEUE_FAKE_NCCL_ASYNC_ERROR", "6"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    // ncclRemoteError.
+    let remote_error = [("HWQUEUE_FAKE_NCCL_ASYNC_ERROR", "6")];
+    let Some(outcome) = with_hanging("nccl:async_error", "ncclAllReduce", &remote_error) else {
         return;
     };
     assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
@@ -1043,14 +1031,7 @@ fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
 /// that completed keeps its result: only what was not done fails.
 #[test]
 fn a_timeout_fails_only_the_groups_not_done() {
-    let vars = on_a_12_2_device(
-        "nccl:hang_beside",
-        &[
-            (NCCL_FAKE, "so"),
-            ("HWQUEUE_FAKE_NCCL_HANG", "ncclAllGather"),
-        ],
-    );
-    let Some(outcome) = run_scenario(&vars) else {
+    let Some(outcome) = with_hanging("nccl:hang_beside", "ncclAllGather", &[]) else {
         return;
     };
     assert_eq!(outcome.field("reduced"), "ok", "{outcome:#?}");
