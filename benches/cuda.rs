@@ -40,18 +40,10 @@ use support::Profile;
 
 const LAUNCHES: usize = 1_000;
 
-fn device() -> Option<CudaDevice> {
-    match Cuda::probe() {
-        Ok(devices) if !devices.is_empty() => Some(Cuda::open(0).expect("a probed device opens")),
-        _ => {
-            println!("skipped: no CUDA driver");
-            None
-        }
-    }
-}
-
 fn cuda_launch(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let mut group = c.benchmark_group("cuda_launch");
     support::configure(&mut group, Profile::Latency);
     let one = ExecParams::new_1d(1, 1);
@@ -98,7 +90,9 @@ fn cuda_launch(c: &mut Criterion) {
 }
 
 fn cuda_signal(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let mut group = c.benchmark_group("cuda_signal");
     support::configure(&mut group, Profile::Latency);
 
@@ -137,7 +131,9 @@ fn cuda_signal(c: &mut Criterion) {
 /// The pool against the driver's allocator: a buffer taken and given back
 /// (issue 37's target: the pool at most 0.2x of `cuMemAlloc`/`cuMemFree`).
 fn cuda_alloc(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let mut group = c.benchmark_group("cuda_alloc");
     support::configure(&mut group, Profile::Latency);
     const SIZE: usize = 1 << 20;
@@ -170,7 +166,9 @@ const SPIN_CYCLES: u64 = 35_000;
 /// off only, whose `synchronize` spins a core. Before the spin (issue 47)
 /// the ratio was the wake-up cost of sleeping (2.51 on an H200).
 fn cuda_signal_wait(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let mut group = c.benchmark_group("cuda_signal_wait");
     support::configure(&mut group, Profile::Latency);
     let (buffers, scalars) = test_signature("spin");
@@ -228,7 +226,9 @@ fn cuda_signal_wait(c: &mut Criterion) {
 /// against 8.8 µs; with it (driver 580.159.04, criterion medians):
 /// adaptive 11.4 µs, spin 10.6 µs, sleep 43.3 µs, cudarc 8.36 µs.
 fn cuda_roundtrip(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let mut group = c.benchmark_group("cuda_roundtrip");
     support::configure(&mut group, Profile::Latency);
     let empty = CudaProgram::from_cuda_c(&device, EMPTY, "empty", 0, 0).expect("compile");
@@ -335,7 +335,9 @@ fn run_once(plan: &mut Plan<Cuda>) {
 /// graph captured through cudarc (the issue's table: 456 µs against
 /// 73.9 µs on an H200 before replay).
 fn plan_replay_cuda(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let device = Arc::new(device);
     let mut group = c.benchmark_group("plan_replay_cuda");
     support::configure(&mut group, Profile::Latency);

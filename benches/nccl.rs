@@ -41,17 +41,6 @@ const BURST: usize = 64;
 /// The all-reduce's length: 1 KiB of f32.
 const WORDS: usize = 256;
 
-/// Device 0, or `None` after printing why the bench skips.
-fn device() -> Option<CudaDevice> {
-    match Cuda::probe() {
-        Ok(devices) if !devices.is_empty() => Some(Cuda::open(0).expect("a probed device opens")),
-        _ => {
-            println!("skipped: no CUDA driver");
-            None
-        }
-    }
-}
-
 /// The three ways to issue one all-reduce, over the same buffers' sizes.
 struct Setup {
     blocking: Issuer,
@@ -178,7 +167,9 @@ fn setup(device: &CudaDevice) -> Option<Setup> {
 }
 
 fn nccl_all_reduce(c: &mut Criterion) {
-    let Some(device) = device() else { return };
+    let Some(device) = support::cuda_device() else {
+        return;
+    };
     let Some(mut setup) = setup(&device) else {
         return;
     };

@@ -161,3 +161,19 @@ pub fn count_iters(var: &str, default: u64) -> u64 {
             .unwrap_or_else(|_| panic!("{var} is a number, not {iters:?}"))
     })
 }
+
+/// CUDA device 0, or `None` after printing `skipped: no CUDA driver` (no
+/// driver, or no device): the CUDA benches measure nothing then.
+#[cfg(feature = "cuda")]
+pub fn cuda_device() -> Option<hwqueue::cuda::CudaDevice> {
+    use hwqueue::Backend;
+    match hwqueue::cuda::Cuda::probe() {
+        Ok(devices) if !devices.is_empty() => {
+            Some(hwqueue::cuda::Cuda::open(0).expect("a probed device opens"))
+        }
+        _ => {
+            println!("skipped: no CUDA driver");
+            None
+        }
+    }
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use hwqueue::collective::{CollectiveError, Communicator, NcclId, Reduction};
 use hwqueue::cpu::CpuDevice;
-use hwqueue::cuda::CudaDevice;
+use hwqueue::cuda::{CudaBuffer, CudaDevice, CudaQueue, CudaSignal};
 use hwqueue::{Device, Download, Error, FailureScope, HardwareQueue, QueueFactory, TimelineSignal};
 
 use super::{NCCL_FAKE, Outcome, on_a_12_2_device, report, run_scenario};
@@ -292,6 +292,38 @@ fn split(device: &CudaDevice) {
     drop((queue, half, comm));
 }
 
+/// Two queues of `device`, the first (`stuck`) with an all-gather over
+/// `comm` of `input` into `output` submitted, then `gathered` signalled:
+/// what the scenarios that run beside a (hanging) all-gather start from.
+struct Beside {
+    input: CudaBuffer,
+    output: CudaBuffer,
+    gathered: CudaSignal,
+    stuck: CudaQueue,
+    other: CudaQueue,
+}
+
+fn beside_an_all_gather(device: &CudaDevice, comm: &Communicator) -> Beside {
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let gathered = device.new_signal(0).unwrap();
+    let (mut stuck, other) = (
+        device.compute_queue().unwrap(),
+        device.compute_queue().unwrap(),
+    );
+    stuck
+        .all_gather::<u32, _, _>(comm, &input, &output)
+        .signal(&gathered, 1)
+        .submit()
+        .unwrap();
+    Beside {
+        input,
+        output,
+        gathered,
+        stuck,
+        other,
+    }
+}
+
 /// A group that stays in flight on one queue (the fake's `ncclAllGather`
 /// hangs for a second), so the watchdog looks only every 10 ms; then fifty
 /// batches of an all-reduce and a signal on another queue, one after the
@@ -299,17 +331,14 @@ fn split(device: &CudaDevice) {
 /// stream still hands its batches to after each (`followed`: the most).
 fn many_groups(device: &CudaDevice) {
     let comm = Communicator::nccl_single(device).unwrap();
-    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
-    let (gathered, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
-    let (mut stuck, mut queue) = (
-        device.compute_queue().unwrap(),
-        device.compute_queue().unwrap(),
-    );
-    stuck
-        .all_gather::<u32, _, _>(&comm, &input, &output)
-        .signal(&gathered, 1)
-        .submit()
-        .unwrap();
+    let Beside {
+        input,
+        output,
+        gathered,
+        stuck: _stuck,
+        other: mut queue,
+    } = beside_an_all_gather(device, &comm);
+    let done = device.new_signal(0).unwrap();
     let mut most = 0;
     for value in 1..=50 {
         queue
@@ -366,17 +395,14 @@ fn hang(device: &CudaDevice) {
 fn hang_beside(device: &CudaDevice) {
     let comm = Communicator::nccl_single(device).unwrap();
     comm.set_timeout(Duration::from_millis(200));
-    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
-    let (gathered, reduced) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
-    let (mut stuck, mut fine) = (
-        device.compute_queue().unwrap(),
-        device.compute_queue().unwrap(),
-    );
-    stuck
-        .all_gather::<u32, _, _>(&comm, &input, &output)
-        .signal(&gathered, 1)
-        .submit()
-        .unwrap();
+    let Beside {
+        input,
+        output,
+        gathered,
+        mut stuck,
+        other: mut fine,
+    } = beside_an_all_gather(device, &comm);
+    let reduced = device.new_signal(0).unwrap();
     fine.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
         .signal(&reduced, 1)
         .submit()
