@@ -505,9 +505,8 @@ impl Communicator {
 
     /// Sets the timeout for the collectives that start from now on.
     pub fn set_timeout(&self, timeout: Duration) {
-        self.shared
-            .timeout_ns
-            .store(duration_ns(timeout), Ordering::Relaxed);
+        let nanos = duration_ns(timeout);
+        self.shared.timeout_ns.store(nanos, Ordering::Relaxed);
     }
 
     /// Whether two handles are the same communicator.
@@ -520,15 +519,15 @@ impl Communicator {
     /// giving `None` joins none and gets `None` (`MPI_Comm_split`,
     /// `ncclCommSplit`). Every rank calls it, from the host, at the same
     /// place of this communicator's order of collectives: synchronise the
-    /// queues that record collectives on it first. The new communicator
-    /// is of the same engine (an NCCL one on the same device), with the
-    /// default timeout.
+    /// queues that record collectives on it first. The new communicator is
+    /// of the same engine (NCCL's on the same device, as blocking as this
+    /// one), with this one's timeout.
     ///
-    /// Over MPI it is bounded by the timeout: a rank that never calls it
-    /// fails the others with [`CollectiveError::Timeout`]. Over NCCL it is
-    /// NCCL's blocking `ncclCommSplit` (NCCL 2.18 or newer), which returns
-    /// once every rank called it: a rank that never does blocks the others
-    /// inside NCCL.
+    /// Over MPI and a non-blocking NCCL communicator ([`NcclConfig`]) it
+    /// is bounded by the timeout: a rank that never calls it fails the
+    /// others with [`CollectiveError::Timeout`]. A blocking NCCL one's is
+    /// `ncclCommSplit` (NCCL 2.18+), which waits for every rank: one that
+    /// never calls it blocks the others inside NCCL.
     ///
     /// # Errors
     /// [`CollectiveError::Timeout`], [`CollectiveError::Mismatch`] (a rank
@@ -539,12 +538,13 @@ impl Communicator {
     /// [`CollectiveError::Broken`] (a collective on it timed out before).
     #[cfg(any(feature = "mpi", feature = "nccl"))]
     pub fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Communicator>> {
-        match self.shared.transport {
+        let split = match self.shared.transport {
             #[cfg(feature = "mpi")]
             Transport::Mpi(ref comm) => comm.split(self, color, key),
             #[cfg(feature = "nccl")]
             Transport::Nccl(ref comm) => comm.split((self.size(), self.timeout()), color, key),
-        }
+        }?;
+        Ok(split.inspect(|split| split.set_timeout(self.timeout())))
     }
 
     /// The next recording sequence number.

@@ -168,8 +168,9 @@ impl NcclComm {
 
     /// [`Communicator::split`] over NCCL: `ncclCommSplit` with `color`
     /// (`NCCL_SPLIT_NOCOLOR` for `None`, which makes no communicator) and
-    /// `key`, on this communicator's device; the new one starts with
-    /// `timeout`.
+    /// `key`, on this communicator's device; the new one is as blocking as
+    /// this one, and `timeout` bounds a non-blocking split (`size`: this
+    /// communicator's, for errors).
     pub(super) fn split(
         &self,
         (size, timeout): (usize, Duration),
@@ -260,14 +261,12 @@ impl NcclComm {
             let _ = unsafe { result::comm_destroy(raw) };
             return Err(invalid(rank, size, "NCCL reported a negative rank or size"));
         };
-        let split = Communicator::of_nccl(
+        Ok(Some(Communicator::of_nccl(
             raw,
             &self.device,
             (new_rank, new_size),
             self.core.nonblocking,
-        );
-        split.set_timeout(timeout);
-        Ok(Some(split))
+        )))
     }
 }
 

@@ -257,6 +257,7 @@ fn over_mpi(device: &CudaDevice) {
 /// hold is refused before NCCL is called.
 fn split(device: &CudaDevice) {
     let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_secs(7));
     let describe = |split: hwqueue::Result<Option<Communicator>>| match split {
         Ok(Some(comm)) => format!("{} {} of {}", comm.engine(), comm.rank(), comm.size()),
         Ok(None) => "none".to_owned(),
@@ -269,6 +270,7 @@ fn split(device: &CudaDevice) {
     let Ok(Some(half)) = half else {
         return;
     };
+    report("split_timeout", &format!("{:?}", half.timeout()));
     report(
         "same_device",
         &format!(
@@ -810,6 +812,8 @@ fn split_gives_the_groups_rank_and_size_and_none_without_a_color() {
     assert_eq!(outcome.field("split"), "nccl 0 of 1", "{outcome:#?}");
     assert_eq!(outcome.field("no_color"), "none", "{outcome:#?}");
     assert_eq!(outcome.field("same_device"), "true", "{outcome:#?}");
+    // The parent's timeout, not the default.
+    assert_eq!(outcome.field("split_timeout"), "7s", "{outcome:#?}");
     let huge = outcome.field("huge_color");
     assert!(huge.starts_with("Invalid "), "{huge}");
     assert!(huge.contains("non-negative C `int`"), "{huge}");
