@@ -38,6 +38,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         }
         "launch_never_settles" => launch_never_settles(device),
         "watchdog_beside_a_launch" => watchdog_beside_a_launch(device),
+        "threads" => threads(device),
         other => panic!("no non-blocking NCCL case `{other}`"),
     }
 }
@@ -165,6 +166,76 @@ fn watchdog_beside_a_launch(device: &CudaDevice) {
     report("gathered", &outcome(gather_done.wait(1, LONG)));
     drop((stuck, other, comm));
     report("dropped", "ok");
+}
+
+/// Four threads share one non-blocking communicator, each with a queue
+/// of its own, and issue twenty all-reduces each (every launch settles
+/// on the thread that started it, one at a time under the communicator's
+/// call lock), then one thread splits it: what each thread's last data
+/// reads, and whether the split still works.
+fn threads(device: &CudaDevice) {
+    let comm = communicator(device, LONG);
+    let results: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..4u32)
+            .map(|index| {
+                let comm = comm.clone();
+                scope.spawn(move || {
+                    let (input, output) = (device.alloc(8).unwrap(), device.alloc(8).unwrap());
+                    let done = device.new_signal(0).unwrap();
+                    let back = Download::<u32>::new(2);
+                    let mut queue = device.compute_queue().unwrap();
+                    for value in 1..=20u32 {
+                        queue
+                            .upload(&input, &[index, value])
+                            .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+                            .signal(&done, u64::from(value))
+                            .submit()
+                            .unwrap();
+                    }
+                    queue.download(&output, &back).submit().unwrap();
+                    let waited = done.wait(20, LONG).map(|()| back.take(LONG));
+                    format!("{waited:?}")
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    report("results", &results.join(" "));
+    report(
+        "split",
+        &match comm.split(Some(0), 0) {
+            Ok(Some(half)) => format!("{} of {}", half.rank(), half.size()),
+            other => format!("{:?}", other.map(|made| made.is_some())),
+        },
+    );
+}
+
+/// Concurrency: the launches of four threads' queues on one non-blocking
+/// communicator settle one at a time, each polled by its own thread only.
+#[test]
+fn four_threads_share_a_nonblocking_communicator() {
+    let Some(outcome) = scenario("threads", None) else {
+        return;
+    };
+    assert_eq!(
+        outcome.field("results"),
+        "Ok(Ok([0, 20])) Ok(Ok([1, 20])) Ok(Ok([2, 20])) Ok(Ok([3, 20]))",
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("split"), "0 of 1", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    let reduced = calls
+        .iter()
+        .filter(|c| c.starts_with("ncclAllReduce"))
+        .count();
+    assert_eq!(reduced, 80, "{calls:?}");
+    // No call found the communicator busy, and none was polled by a
+    // thread other than the one that started it.
+    assert!(!calls.iter().any(|c| c.ends_with(" busy")), "{calls:?}");
+    assert!(
+        !calls.iter().any(|c| c.contains("from another thread")),
+        "{calls:?}"
+    );
 }
 
 #[test]
