@@ -409,40 +409,27 @@ pub(crate) fn enqueue_run(
     // A non-blocking communicator's group is put on the stream by NCCL's
     // thread: nothing else goes on the stream (nor is NCCL called on the
     // communicator) before it did, or failed to.
+    let group_failed = |e| nccl_error(e, rank, "ncclGroupEnd", "a group");
     let ended = match result::group_end() {
         // SAFETY: the handle is live (`calls` is held, so nobody aborts
         // it), and this thread is the one that asks for its state
         // meanwhile (the watchdog asks only when `calls` is free).
         Ok(result::NcclStatus::InProgress) => match unsafe { settle(comm.core.raw.0, timeout) } {
             Settled::Done => Ok(()),
-            // Fatal to the communicator, as an asynchronous error is.
-            Settled::Failed(e) => {
-                let error = nccl_error(e, rank, "ncclGroupEnd", "a group");
-                comm.watchdog.break_now(&comm.core, calls, error.clone());
-                return Err(failed.unwrap_or((start, error)));
+            Settled::Failed(e) => Err(group_failed(e)),
+            Settled::TimedOut(waited) => Err(CollectiveError::Timeout {
+                rank,
+                op: format!("{} (its launch: ncclGroupEnd)", first.describe()),
+                waited,
             }
-            Settled::TimedOut(waited) => {
-                let timed_out: Error = CollectiveError::Timeout {
-                    rank,
-                    op: format!("{} (its launch: ncclGroupEnd)", first.describe()),
-                    waited,
-                }
-                .into();
-                comm.watchdog
-                    .break_now(&comm.core, calls, timed_out.clone());
-                return Err(failed.unwrap_or((start, timed_out)));
-            }
+            .into()),
         },
-        other => other.map(drop),
+        ended => ended.map(drop).map_err(group_failed),
     };
-    let failure = match (failed, ended) {
-        (Some(failure), _) => Some(failure),
-        (None, Err(e)) => Some((start, nccl_error(e, rank, "ncclGroupEnd", "a group"))),
-        (None, Ok(())) => None,
-    };
-    if let Some(failure) = failure {
+    if let Some(failure) = failed.or_else(|| ended.err().map(|error| (start, error))) {
         // A non-blocking communicator's state holds the error from now on
-        // (every later call answers it): broken, as by an asynchronous
+        // (every later call answers it, and a launch that never settled
+        // is still NCCL's): broken and aborted, as by an asynchronous
         // error. A blocking one's call failed alone.
         if comm.core.nonblocking {
             comm.watchdog

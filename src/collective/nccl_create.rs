@@ -245,6 +245,19 @@ fn check_nonblocking_version(rank: usize, size: usize) -> Result<()> {
     .into())
 }
 
+/// Aborts `raw`, a handle a creation or a split just made (NULL: none)
+/// and gave nobody else: the way to drop one that failed or ran out of
+/// time (the abort joins NCCL's thread for it).
+///
+/// # Safety
+/// `raw` is NULL, or live with no other user.
+unsafe fn abort_made(raw: sys::ncclComm_t) {
+    if !raw.is_null() {
+        // SAFETY: live and unused elsewhere (the caller's promise).
+        let _ = unsafe { result::comm_abort(raw) };
+    }
+}
+
 impl Communicator {
     /// A communicator of one rank (rank 0 of 1) on `device`
     /// (`ncclCommInitAll` over that device): collectives copy the send
@@ -326,38 +339,30 @@ impl Communicator {
             let started = unsafe {
                 sys::ncclCommInitRankConfig(&mut raw, size32, id.0, rank32, raw_config.as_ptr())
             };
-            let abort = |raw: sys::ncclComm_t| {
-                if !raw.is_null() {
-                    // SAFETY: the handle the creation made, unused by
-                    // anyone else; the abort joins NCCL's thread.
-                    let _ = unsafe { result::comm_abort(raw) };
+            let settled = match started.result() {
+                // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
+                Err(e) => Err(nccl_error(e, rank, call, what)),
+                Ok(_) if raw.is_null() => {
+                    let reason = "NCCL's non-blocking creation gave no communicator";
+                    return Err(invalid(rank, size, reason));
                 }
-            };
-            // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
-            if let Err(e) = started.result() {
-                abort(raw);
-                return Err(nccl_error(e, rank, call, what));
-            }
-            if raw.is_null() {
-                let reason = "NCCL's non-blocking creation gave no communicator";
-                return Err(invalid(rank, size, reason));
-            }
-            // SAFETY: `raw` is the live handle just made.
-            match unsafe { settle(raw, config.timeout()) } {
-                Settled::Done => {}
-                Settled::Failed(e) => {
-                    abort(raw);
-                    return Err(nccl_error(e, rank, call, what));
-                }
-                Settled::TimedOut(waited) => {
-                    abort(raw);
-                    return Err(CollectiveError::Timeout {
+                // SAFETY: `raw` is the live handle just made.
+                Ok(_) => match unsafe { settle(raw, config.timeout()) } {
+                    Settled::Done => Ok(()),
+                    Settled::Failed(e) => Err(nccl_error(e, rank, call, what)),
+                    Settled::TimedOut(waited) => Err(CollectiveError::Timeout {
                         rank,
                         op: format!("{what} ({call}, rank {rank} of {size})"),
                         waited,
                     }
-                    .into());
-                }
+                    .into()),
+                },
+            };
+            if let Err(error) = settled {
+                // SAFETY: the handle the creation made (or NULL), which
+                // nothing else was given.
+                unsafe { abort_made(raw) };
+                return Err(error);
             }
         }
         let comm = Self::of_nccl(raw, device, (rank, size), config.is_nonblocking());
@@ -453,13 +458,6 @@ impl NcclComm {
             // the parent's abort joined it.
             unsafe { *Box::from_raw(out) }
         };
-        let abort = |raw: sys::ncclComm_t| {
-            if !raw.is_null() {
-                // SAFETY: a live handle of the split's, with no other
-                // user: nothing is given it but this abort.
-                let _ = unsafe { result::comm_abort(raw) };
-            }
-        };
         let mut config = RawConfig::nonblocking();
         // SAFETY: the parent handle is live (not aborted: `broken` is set
         // before an abort) and used by this thread alone (`calls` held);
@@ -469,7 +467,8 @@ impl NcclComm {
         let what = "splitting the communicator";
         // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
         if let Err(e) = started.result() {
-            abort(take());
+            // SAFETY: the split's new handle (or NULL), given to nobody.
+            unsafe { abort_made(take()) };
             return Err(nccl_error(e, rank, "ncclCommSplit", what));
         }
         // SAFETY: the parent is live (`calls` is held, so nobody aborts
@@ -485,7 +484,8 @@ impl NcclComm {
             Settled::Failed(e) => {
                 let failed = nccl_error(e, rank, "ncclCommSplit", what);
                 self.watchdog.break_now(&self.core, calls, failed.clone());
-                abort(take());
+                // SAFETY: the split's new handle (or NULL), given to nobody.
+                unsafe { abort_made(take()) };
                 Err(failed)
             }
             Settled::TimedOut(waited) => {
@@ -498,7 +498,8 @@ impl NcclComm {
                 // Aborts the parent, which joins NCCL's thread.
                 self.watchdog
                     .break_now(&self.core, calls, timed_out.clone());
-                abort(take());
+                // SAFETY: the split's new handle (or NULL), given to nobody.
+                unsafe { abort_made(take()) };
                 Err(timed_out)
             }
         }
