@@ -14,7 +14,6 @@ use crate::queue::{Batch, ExecAt};
 use crate::sync::Ordering;
 use crate::view::View;
 
-use super::device::PARAMETER_BYTES;
 use super::launch;
 use super::stream::Shared;
 use super::{Cuda, CudaProgram};
@@ -41,7 +40,8 @@ impl Shared {
     /// Launches the `exec`s from command `from` of `batch` up to the first
     /// other command, whose index it returns; or the index of the one that
     /// failed, and why. Execs after one with the same work sizes reuse its
-    /// launch configuration. Out of line: one call per run of kernels,
+    /// launch configuration (all of them, compared with none, in a batch
+    /// of [`uniform_params`](Batch::uniform_params)). Out of line: one call per run of kernels,
     /// and the loop's code no longer depends on what else is inlined
     /// into `enqueue` (unrelated changes had moved it by 8 instructions
     /// an `exec`, `benches/callgrind.sh`).
@@ -52,6 +52,9 @@ impl Shared {
         from: usize,
     ) -> std::result::Result<usize, (usize, Error)> {
         let mut last: Option<(&ExecParams, LaunchConfig)> = None;
+        // Every `exec` with the same work sizes: the first's configuration
+        // serves them all, with no comparison per `exec`.
+        let uniform = batch.uniform_params();
         let mut index = from;
         let outcome = loop {
             let Some(ExecAt {
@@ -65,7 +68,7 @@ impl Shared {
                 break Ok(index);
             };
             let config = match last {
-                Some((same, config)) if same == params => config,
+                Some((same, config)) if uniform || same == params => config,
                 _ => {
                     let config = launch::launch_config(params);
                     last = Some((params, config));
@@ -97,13 +100,10 @@ impl Shared {
         params: &ExecParams,
         config: LaunchConfig,
     ) -> Result<()> {
+        // At most CUDA's `PARAMETER_BYTES` / 8: `CudaEngine::check_exec`
+        // refused more when the `exec` was recorded (and any count is safe
+        // here: more than the inline cells spill to the heap).
         let count = buffers.len() + scalars.len();
-        if count > PARAMETER_BYTES / 8 {
-            return Err(Error::InvalidArguments {
-                program: program.name().to_owned(),
-                reason: format!("{count} parameters exceed CUDA's {PARAMETER_BYTES} bytes"),
-            });
-        }
         // A launch without dynamic shared memory never needs the opt-in.
         if params.shared_memory() > 0 {
             program.opt_in_shared(params.shared_memory())?;

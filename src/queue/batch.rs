@@ -235,9 +235,20 @@ pub struct Batch<B: Backend> {
     /// One past the index in `commands` of the last `exec` (0: none yet):
     /// an `exec` on the same views shares its range of `buffers` instead
     /// of cloning the handles again, and one repeating it whole is not
-    /// checked again. (A `usize`: as a `u32`, storing it took a
-    /// conversion per `exec`.)
-    pub(super) last_exec: usize,
+    /// checked again. A `u32`, so that it and `mixed_params` take one
+    /// word (a `Batch` lives inside every queue, and an
+    /// [`AnyQueue`](crate::AnyQueue) is bounded): past `u32::MAX`
+    /// commands it wraps, which is harmless, since any `exec` of the
+    /// batch passed its checks and an `exec` on the same views may share
+    /// any one's range, and a wrapped index that finds another command
+    /// shares nothing.
+    pub(super) last_exec: u32,
+    /// Whether an `exec` of this batch has work sizes other than the `exec`
+    /// before it (set, conservatively, whenever an `exec` after the first
+    /// was checked anew): while it is `false`, every `exec` has the first
+    /// one's, and an engine may build their launch once (see
+    /// [`uniform_params`](Self::uniform_params)).
+    pub(super) mixed_params: bool,
     /// Buffers made by `alloca` that commands of this batch name, once per
     /// command, each holding a use (see [`QueueOrdered`](crate::memory::QueueOrdered));
     /// and (flagged `true`) those whose `dealloca` it records, which are
@@ -257,6 +268,7 @@ impl<B: Backend> Default for Batch<B> {
             sequence: 0,
             abandoned: None,
             last_exec: 0,
+            mixed_params: false,
             uses: Vec::new(),
         }
     }
@@ -336,6 +348,15 @@ impl<B: Backend> Batch<B> {
         })
     }
 
+    /// Whether every `exec` of the batch has the same [`ExecParams`] (true
+    /// with none or one): an engine may then derive their launch
+    /// configuration once instead of comparing each `exec`'s work sizes
+    /// with the last. (Conservative: `false` may still hold equal ones.)
+    #[inline]
+    pub fn uniform_params(&self) -> bool {
+        !self.mixed_params
+    }
+
     /// The bytes of an upload of this batch.
     pub fn host_bytes<'a>(&'a self, data: &'a HostBytes) -> &'a [u8] {
         match &data.0 {
@@ -377,6 +398,7 @@ impl<B: Backend> Batch<B> {
         // then.
         self.abandoned = None;
         self.last_exec = 0;
+        self.mixed_params = false;
         self.let_go();
     }
 

@@ -46,6 +46,12 @@ impl<E: Engine> Queue<E> {
                 key.2,
                 params,
             )?;
+            // The key holds the last `exec`'s work sizes (a repeated
+            // `exec`, which skips this, has the same): this one's may
+            // differ, unless it is the batch's first command.
+            if !self.batch.commands.is_empty() {
+                self.batch.mixed_params = true;
+            }
             match &mut self.last_checked {
                 Some(last) => **last = key,
                 None => self.last_checked = Some(Box::new(key)),
@@ -73,7 +79,7 @@ impl<E: Engine> Queue<E> {
         // views (a kernel run again on the same tensors) shares their range
         // and checks nothing again, so it costs what one on whole buffers
         // does (whose offset 0 the compiler knows is aligned).
-        let last = self.batch.last_exec.checked_sub(1);
+        let last = (self.batch.last_exec as usize).checked_sub(1);
         let (shared, repeats) = match last.and_then(|index| self.batch.exec_at(index)) {
             Some(last) => {
                 let shared = same_views(last.views, count, &get).then_some(last.range);
@@ -190,7 +196,8 @@ impl<E: Engine> Queue<E> {
             scalars,
             params,
         });
-        batch.last_exec = batch.commands.len();
+        // Wraps past `u32::MAX` commands, harmlessly (see `Batch::last_exec`).
+        batch.last_exec = batch.commands.len() as u32;
         self
     }
 

@@ -64,6 +64,53 @@ fn an_exec_repeating_the_last_skips_its_checks_and_any_other_is_checked() {
     assert_eq!(launches.count(), 2, "{outcome:#?}");
 }
 
+/// The child's half of the work-size case: one batch of `scale` on work
+/// sizes A, A, B, B, A (1-D, then 2-D), one of A, A; each is launched
+/// with its own grid and block.
+pub(super) fn run_params(device: &CudaDevice) {
+    let scale = CudaProgram::from_ptx(device, SCALE_PTX, "scale", 2, 1).unwrap();
+    let (a, b) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let first = ExecParams::new_1d(64, 16);
+    let second = ExecParams::new_2d([32, 8], [8, 4]);
+    let n = [Scalar::from(16u32)];
+    let outcome = |r| describe(r, |()| String::new());
+    for params in [first, first, second, second, first] {
+        queue.exec(&scale, &[&a, &b], &n, params);
+    }
+    report("mixed", &outcome(queue.submit()));
+    queue
+        .exec(&scale, &[&a, &b], &n, first)
+        .exec(&scale, &[&a, &b], &n, first);
+    report("uniform", &outcome(queue.submit()));
+    report("synchronize", &outcome(queue.synchronize()));
+}
+
+/// A batch's `exec`s of one work size share one launch configuration,
+/// built once (`Batch::uniform_params`); a batch that mixes them launches
+/// each `exec` with its own, the repeated ones (recorded without their
+/// checks) included.
+#[test]
+fn each_exec_is_launched_with_its_own_work_sizes() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("exec_params", &[])) else {
+        return;
+    };
+    for key in ["mixed", "uniform", "synchronize"] {
+        assert_eq!(outcome.field(key), "ok ", "{key}: {outcome:#?}");
+    }
+    let first = "grid=4,1,1 block=16,1,1";
+    let second = "grid=4,2,1 block=8,4,1";
+    let launched: Vec<&str> = (outcome.launches.iter())
+        .filter_map(|line| line.strip_prefix("kernel scale via=stream "))
+        .map(|line| line.split(" shared=").next().unwrap())
+        .collect();
+    assert_eq!(
+        launched,
+        [first, first, second, second, first, first, first],
+        "{outcome:#?}"
+    );
+}
+
 /// The child's half of the device-lost case: a batch of `scale` after which
 /// the device faults, seen only by the next launch (`first`); a second
 /// batch of `scale`, whose launch sees it (`second`); then a batch of one
