@@ -48,8 +48,10 @@ impl<E: Engine> Queue<E> {
             )?;
             // The key holds the last `exec`'s work sizes (a repeated
             // `exec`, which skips this, has the same): this one's may
-            // differ, unless it is the batch's first command.
-            if !self.batch.commands.is_empty() {
+            // differ from the batch's earlier `exec`s', where there are
+            // any (exactly where `last_exec` has not wrapped; a batch
+            // that starts with a wait or an upload keeps the flag clear).
+            if self.batch.last_exec != 0 || self.batch.commands.len() > u32::MAX as usize {
                 self.batch.mixed_params = true;
             }
             match &mut self.last_checked {

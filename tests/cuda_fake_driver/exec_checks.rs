@@ -65,8 +65,8 @@ fn an_exec_repeating_the_last_skips_its_checks_and_any_other_is_checked() {
 }
 
 /// The child's half of the work-size case: one batch of `scale` on work
-/// sizes A, A, B, B, A (1-D, then 2-D), one of A, A; each is launched
-/// with its own grid and block.
+/// sizes A, A, B, B, A (1-D, then 2-D), then, each after a wait, one of
+/// B, B and one of B, A; each is launched with its own grid and block.
 pub(super) fn run_params(device: &CudaDevice) {
     let scale = CudaProgram::from_ptx(device, SCALE_PTX, "scale", 2, 1).unwrap();
     let (a, b) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
@@ -79,10 +79,19 @@ pub(super) fn run_params(device: &CudaDevice) {
         queue.exec(&scale, &[&a, &b], &n, params);
     }
     report("mixed", &outcome(queue.submit()));
+    // After a batch that ended with `first`: one that starts with a wait
+    // and runs `second` only, then one that mixes them after a wait.
+    let ready = device.new_signal(1).unwrap();
     queue
-        .exec(&scale, &[&a, &b], &n, first)
-        .exec(&scale, &[&a, &b], &n, first);
+        .wait(&ready, 1)
+        .exec(&scale, &[&a, &b], &n, second)
+        .exec(&scale, &[&a, &b], &n, second);
     report("uniform", &outcome(queue.submit()));
+    queue
+        .wait(&ready, 1)
+        .exec(&scale, &[&a, &b], &n, second)
+        .exec(&scale, &[&a, &b], &n, first);
+    report("mixed_after_wait", &outcome(queue.submit()));
     report("synchronize", &outcome(queue.synchronize()));
 }
 
@@ -95,7 +104,7 @@ fn each_exec_is_launched_with_its_own_work_sizes() {
     let Some(outcome) = run_scenario(&on_a_12_2_device("exec_params", &[])) else {
         return;
     };
-    for key in ["mixed", "uniform", "synchronize"] {
+    for key in ["mixed", "uniform", "mixed_after_wait", "synchronize"] {
         assert_eq!(outcome.field(key), "ok ", "{key}: {outcome:#?}");
     }
     let first = "grid=4,1,1 block=16,1,1";
@@ -106,7 +115,9 @@ fn each_exec_is_launched_with_its_own_work_sizes() {
         .collect();
     assert_eq!(
         launched,
-        [first, first, second, second, first, first, first],
+        [
+            first, first, second, second, first, second, second, second, first
+        ],
         "{outcome:#?}"
     );
 }
