@@ -139,13 +139,40 @@ impl Drop for NcclCore {
         // Commands hold the communicator until their stream passed them,
         // and the watchdog's thread (the other holder) has ended, so
         // nothing of it is in flight. An error cannot be returned from
-        // here, and a failed destroy leaks only NCCL's resources.
+        // here, and a failed release leaks only NCCL's resources.
         if !self.calls.lock().aborted {
             // SAFETY: the handle is live (not aborted) and this is its
             // last user.
-            let _ = unsafe { result::comm_destroy(self.raw.0) };
+            unsafe { release(self.raw.0) };
         }
     }
+}
+
+/// Frees `raw`: `ncclCommDestroy` when it holds no error, `ncclCommAbort`
+/// when it does (or when NCCL cannot say). NCCL's destroy returns an error
+/// the communicator holds (a peer that failed after its last collective,
+/// which no watchdog saw: it looks only while a group is in flight) from
+/// inside a group it opened and never closes, leaving the calling
+/// thread's group depth raised: every later `ncclGroupEnd` on that thread
+/// would then return success having launched nothing, and a creation
+/// would return an uninitialised communicator.
+///
+/// # Safety
+/// `raw` is a live communicator that nothing else uses, with no call in
+/// flight; it is freed either way.
+pub(super) unsafe fn release(raw: sys::ncclComm_t) {
+    let mut state = sys::ncclResult_t::ncclSuccess;
+    // SAFETY: live and unused elsewhere (the caller's promise).
+    let asked = unsafe { sys::ncclCommGetAsyncError(raw, &mut state) };
+    let healthy =
+        asked == sys::ncclResult_t::ncclSuccess && state == sys::ncclResult_t::ncclSuccess;
+    // SAFETY: as above; each frees the handle, which is not used again.
+    let _ = unsafe {
+        match healthy {
+            true => result::comm_destroy(raw),
+            false => result::comm_abort(raw),
+        }
+    };
 }
 
 impl NcclComm {
@@ -251,14 +278,14 @@ impl NcclComm {
             Ok(counts) => counts,
             Err((e, call, what)) => {
                 // SAFETY: `raw` is live and has no other user.
-                let _ = unsafe { result::comm_destroy(raw) };
+                unsafe { release(raw) };
                 return Err(nccl_error(e, rank, call, what));
             }
         };
         let (Ok(new_rank), Ok(new_size)) = (usize::try_from(new_rank), usize::try_from(new_size))
         else {
             // SAFETY: as above.
-            let _ = unsafe { result::comm_destroy(raw) };
+            unsafe { release(raw) };
             return Err(invalid(rank, size, "NCCL reported a negative rank or size"));
         };
         Ok(Some(Communicator::of_nccl(

@@ -59,6 +59,10 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             let comm = Communicator::nccl_single(device).unwrap();
             report("split", &outcome(comm.split(Some(1), 0)));
         }
+        "idle_error" => {
+            let comm = Communicator::nccl_single(device);
+            report("comm", &outcome(comm.map(drop)));
+        }
         "hang" => hang(device),
         "async_error" => async_error(device),
         "hang_beside" => hang_beside(device),
@@ -867,6 +871,29 @@ fn an_nccl_split_error_is_a_typed_nccl_error() {
     for phrase in ["rank 0: ncclCommSplit", "ncclInternalError (3)"] {
         assert!(split.contains(phrase), "no `{phrase}` in {split}");
     }
+}
+
+/// A communicator that holds an error when it is dropped (a peer that
+/// failed after its last collective, which no watchdog saw) is aborted:
+/// NCCL's destroy would return the error from inside a group it never
+/// closes, leaving the dropping thread's group depth raised, so that its
+/// later `ncclGroupEnd`s launch nothing.
+#[test]
+fn a_communicator_holding_an_error_is_aborted_not_destroyed() {
+    let vars = on_a_12_2_device(
+        "nccl:idle_error",
+        &[(NCCL_FAKE, "so"), ("HWQUEUE_FAKE_NCCL_IDLE_ERROR", "6")],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("comm"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
+    assert!(
+        !calls.iter().any(|call| call.starts_with("ncclCommDestroy")),
+        "{calls:?}"
+    );
 }
 
 /// A stream forgets the groups whose event completed before it hands them

@@ -45,6 +45,14 @@
  *                             hung collective, as a peer's failure is).
  *                             Unset: ncclSuccess. ncclCommGetAsyncError is
  *                             not logged: a watchdog polls it
+ *   HWQUEUE_FAKE_NCCL_IDLE_ERROR  an ncclResult_t that ncclCommGetAsyncError
+ *                             reports for every communicator, a collective
+ *                             in flight or not (a peer that failed after
+ *                             the last collective). ncclCommDestroy then
+ *                             does what NCCL's does: returns it from
+ *                             inside the group it opened, which it never
+ *                             closes (logged: `ncclCommDestroy left its
+ *                             group open`), and frees nothing. Unset: none
  *   HWQUEUE_FAKE_NCCL_SETTLE_POLLS  how many polls a non-blocking call takes
  *                             to settle (default 2: it says ncclInProgress
  *                             once). A poll from a thread other than the
@@ -378,8 +386,22 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
     return start_pending(*comm, __func__);
 }
 
+/* HWQUEUE_FAKE_NCCL_IDLE_ERROR, or ncclSuccess. */
+static ncclResult_t idle_error(void) {
+    const char *code = getenv("HWQUEUE_FAKE_NCCL_IDLE_ERROR");
+    return code != NULL && *code != '\0' ? (ncclResult_t)atoi(code) : ncclSuccess;
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     log_call(__func__);
+    /* NCCL's: ncclGroupStartInternal, then ncclCommEnsureReady's error
+     * returned without ncclGroupEndInternal. */
+    ncclResult_t held = idle_error();
+    if (held != ncclSuccess) {
+        group_depth++;
+        log_call("ncclCommDestroy left its group open");
+        return held;
+    }
     free(comm);
     return ncclSuccess;
 }
@@ -483,6 +505,9 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async_error) {
     const char *code = getenv("HWQUEUE_FAKE_NCCL_ASYNC_ERROR");
     int stalled = comm->stall != NULL && atomic_load(comm->stall) != 0;
     *async_error = stalled && code != NULL && *code != '\0' ? (ncclResult_t)atoi(code) : ncclSuccess;
+    if (*async_error == ncclSuccess) {
+        *async_error = idle_error();
+    }
     return ncclSuccess;
 }
 
