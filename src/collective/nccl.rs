@@ -250,13 +250,26 @@ impl NcclComm {
             let mut raw = std::ptr::null_mut();
             // SAFETY: the parent handle is live (not aborted: `broken` is
             // set before an abort) and used by this thread alone (`calls`
-            // held); `raw` is one handle; a null config asks for the
+            // held); `raw` is one handle, written before the call returns
+            // (the parent blocks: its creation said so, and NCCL gives a
+            // split its parent's mode); a null config asks for the
             // parent's.
-            unsafe {
+            let split = unsafe {
                 sys::ncclCommSplit(self.core.raw.0, color, key, &mut raw, std::ptr::null_mut())
+            };
+            if let Err(e) = split.result() {
+                let failed = nccl_error(e, rank, "ncclCommSplit", "splitting the communicator");
+                if !raw.is_null() {
+                    // NCCL gives out the new communicator of a split that
+                    // failed while making it, and keeps it linked to this
+                    // one until it is aborted: this one first (its peers
+                    // are somewhere in the split), then the new one.
+                    self.watchdog.break_now(&self.core, calls, failed.clone());
+                    // SAFETY: the split's new handle, given to nobody.
+                    unsafe { super::nccl_create::abort_made(raw) };
+                }
+                return Err(failed);
             }
-            .result()
-            .map_err(|e| nccl_error(e, rank, "ncclCommSplit", "splitting the communicator"))?;
             drop(calls);
             raw
         };

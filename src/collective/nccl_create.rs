@@ -54,7 +54,12 @@ use crate::error::{Error, Result};
 ///   does not pay (not measured yet: no GPU was lent). Needs NCCL 2.27 or
 ///   newer (see the module docs). NCCL's environment can override it:
 ///   `NCCL_COMM_BLOCKING=1` makes every communicator blocking, and then
-///   nothing bounds the creation or a split again.
+///   nothing bounds the creation or a split again; `NCCL_COMM_BLOCKING=0`
+///   makes every one non-blocking, those made blocking (and by
+///   [`nccl_single`](super::Communicator::nccl_single)) included. hwqueue
+///   goes by what NCCL did, not by what it asked: a creation that answers
+///   `ncclInProgress` made a non-blocking communicator, treated as one
+///   from then on (bounded by its timeout, refused before NCCL 2.27).
 ///
 /// Either way the communicator starts with `timeout` as its
 /// [timeout](super::Communicator::timeout), which bounds its collectives
@@ -216,8 +221,9 @@ pub(super) unsafe fn settle(comm: sys::ncclComm_t, timeout: Duration) -> Settled
 const NONBLOCKING_SINCE: c_int = 22700;
 
 /// [`CollectiveError::Invalid`] unless the NCCL loaded is 2.27 or newer
-/// (`ncclGetVersion`).
-fn check_nonblocking_version(rank: usize, size: usize) -> Result<()> {
+/// (`ncclGetVersion`); `forced`: the communicator was asked to block, and
+/// `NCCL_COMM_BLOCKING=0` made it non-blocking.
+fn check_nonblocking_version(rank: usize, size: usize, forced: bool) -> Result<()> {
     let mut version: c_int = 0;
     // SAFETY: NCCL is loaded (probed); `version` is one `int`.
     unsafe { sys::ncclGetVersion(&mut version) }
@@ -232,10 +238,18 @@ fn check_nonblocking_version(rank: usize, size: usize) -> Result<()> {
     } else {
         (version / 1000, version / 100 % 10, version % 100)
     };
-    let reason = format!(
-        "a non-blocking communicator needs NCCL 2.27 or newer, and this one is \
-         {major}.{minor}.{patch}: upgrade NCCL, or make a blocking one (`NcclConfig::blocking`)"
-    );
+    let reason = match forced {
+        false => format!(
+            "a non-blocking communicator needs NCCL 2.27 or newer, and this one is \
+             {major}.{minor}.{patch}: upgrade NCCL, or make a blocking one \
+             (`NcclConfig::blocking`)"
+        ),
+        true => format!(
+            "NCCL_COMM_BLOCKING=0 in the environment made this communicator non-blocking, \
+             which needs NCCL 2.27 or newer, and this one is {major}.{minor}.{patch}: \
+             unset NCCL_COMM_BLOCKING, or upgrade NCCL"
+        ),
+    };
     Err(CollectiveError::Invalid {
         rank,
         size,
@@ -251,11 +265,61 @@ fn check_nonblocking_version(rank: usize, size: usize) -> Result<()> {
 ///
 /// # Safety
 /// `raw` is NULL, or live with no other user.
-unsafe fn abort_made(raw: sys::ncclComm_t) {
+pub(super) unsafe fn abort_made(raw: sys::ncclComm_t) {
     if !raw.is_null() {
         // SAFETY: live and unused elsewhere (the caller's promise).
         let _ = unsafe { result::comm_abort(raw) };
     }
+}
+
+/// The end of a creation NCCL accepted with `status`: `ncclInProgress`
+/// means the communicator is non-blocking, asked for or not
+/// (`NCCL_COMM_BLOCKING=0` overrides any config, and
+/// `NCCL_COMM_BLOCKING=1` makes an asked-for one blocking, which answers
+/// `ncclSuccess` once done), and such a creation is settled within
+/// `timeout` on NCCL 2.27 or newer (see the module docs). `Ok(true)` for
+/// a non-blocking communicator, `Ok(false)` for a blocking one; on an
+/// error, `raw` has been aborted.
+///
+/// # Safety
+/// `raw` is the handle the creation just made (or NULL), given to nobody.
+unsafe fn finish_creation(
+    raw: sys::ncclComm_t,
+    status: result::NcclStatus,
+    (rank, size): (usize, usize),
+    (call, asked): (&'static str, bool),
+    timeout: Duration,
+) -> Result<bool> {
+    let what = "the communicator's creation";
+    if raw.is_null() {
+        let reason = "NCCL's creation gave no communicator";
+        return Err(invalid(rank, size, reason));
+    }
+    if !matches!(status, result::NcclStatus::InProgress) {
+        return Ok(false);
+    }
+    // SAFETY: `raw` is the live handle just made, whose creation this
+    // thread started.
+    let settled = match unsafe { settle(raw, timeout) } {
+        Settled::Done => match asked {
+            true => Ok(true),
+            // Settled first: NCCL before 2.27 keeps the call's state in
+            // this thread, which is the one that settles it.
+            false => check_nonblocking_version(rank, size, true).map(|()| true),
+        },
+        Settled::Failed(e) => Err(nccl_error(e, rank, call, what)),
+        Settled::TimedOut(waited) => Err(CollectiveError::Timeout {
+            rank,
+            op: format!("{what} ({call}, rank {rank} of {size})"),
+            waited,
+        }
+        .into()),
+    };
+    if settled.is_err() {
+        // SAFETY: the caller's promise.
+        unsafe { abort_made(raw) };
+    }
+    settled
 }
 
 impl Communicator {
@@ -274,9 +338,19 @@ impl Communicator {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is one handle and the device list one ordinal, as
         // the count says; NCCL is loaded (probed).
-        unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
+        let status = unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
             .map_err(|e| nccl_error(e, 0, "ncclCommInitAll", "a communicator of one rank"))?;
-        Ok(Self::of_nccl(raw, device, (0, 1), false))
+        // SAFETY: the handle just made, given to nobody.
+        let nonblocking = unsafe {
+            finish_creation(
+                raw,
+                status,
+                (0, 1),
+                ("ncclCommInitAll", false),
+                DEFAULT_TIMEOUT,
+            )
+        }?;
+        Ok(Self::of_nccl(raw, device, (0, 1), nonblocking))
     }
 
     /// Rank `rank` of a blocking communicator of `size` ranks on `device`
@@ -319,53 +393,49 @@ impl Communicator {
         }
         probe()?;
         if config.is_nonblocking() {
-            check_nonblocking_version(rank, size)?;
+            check_nonblocking_version(rank, size, false)?;
         }
         bind(device)?;
         let mut raw = std::ptr::null_mut();
-        let what = "the communicator's creation";
-        if !config.is_nonblocking() {
+        let (call, started) = if !config.is_nonblocking() {
             // SAFETY: `raw` is one handle; the id is NCCL's (made by
             // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and
             // the device's context is current, which selects its device.
-            unsafe { result::comm_init_rank(&mut raw, size32, id.0, rank32) }
-                .map_err(|e| nccl_error(e, rank, "ncclCommInitRank", what))?;
+            // NCCL writes the handle before it returns, even where the
+            // creation goes on on its thread (`NCCL_COMM_BLOCKING=0`).
+            let started = unsafe { sys::ncclCommInitRank(&mut raw, size32, id.0, rank32) };
+            ("ncclCommInitRank", started)
         } else {
-            let call = "ncclCommInitRankConfig";
             let mut raw_config = RawConfig::nonblocking();
-            // SAFETY: as above; NCCL writes the handle before it returns
-            // (its creation then goes on on NCCL's thread) and reads the
-            // config only during the call.
+            // SAFETY: as above; NCCL reads the config only during the call.
             let started = unsafe {
                 sys::ncclCommInitRankConfig(&mut raw, size32, id.0, rank32, raw_config.as_ptr())
             };
-            let settled = match started.result() {
-                // `Ok` is done or `ncclInProgress` (cudarc's `NcclStatus`).
-                Err(e) => Err(nccl_error(e, rank, call, what)),
-                Ok(_) if raw.is_null() => {
-                    let reason = "NCCL's non-blocking creation gave no communicator";
-                    return Err(invalid(rank, size, reason));
+            ("ncclCommInitRankConfig", started)
+        };
+        let what = "the communicator's creation";
+        let status = match started.result() {
+            Ok(status) => status,
+            Err(e) => {
+                if config.is_nonblocking() {
+                    // SAFETY: the handle the creation made (or NULL),
+                    // which nothing else was given.
+                    unsafe { abort_made(raw) };
                 }
-                // SAFETY: `raw` is the live handle just made.
-                Ok(_) => match unsafe { settle(raw, config.timeout()) } {
-                    Settled::Done => Ok(()),
-                    Settled::Failed(e) => Err(nccl_error(e, rank, call, what)),
-                    Settled::TimedOut(waited) => Err(CollectiveError::Timeout {
-                        rank,
-                        op: format!("{what} ({call}, rank {rank} of {size})"),
-                        waited,
-                    }
-                    .into()),
-                },
-            };
-            if let Err(error) = settled {
-                // SAFETY: the handle the creation made (or NULL), which
-                // nothing else was given.
-                unsafe { abort_made(raw) };
-                return Err(error);
+                return Err(nccl_error(e, rank, call, what));
             }
-        }
-        let comm = Self::of_nccl(raw, device, (rank, size), config.is_nonblocking());
+        };
+        // SAFETY: as for the abort above.
+        let nonblocking = unsafe {
+            finish_creation(
+                raw,
+                status,
+                (rank, size),
+                (call, config.is_nonblocking()),
+                config.timeout(),
+            )
+        }?;
+        let comm = Self::of_nccl(raw, device, (rank, size), nonblocking);
         comm.set_timeout(config.timeout());
         Ok(comm)
     }

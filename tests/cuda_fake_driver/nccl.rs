@@ -58,6 +58,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "split_fails" => {
             let comm = Communicator::nccl_single(device).unwrap();
             report("split", &outcome(comm.split(Some(1), 0)));
+            report("split_again", &outcome(comm.split(Some(1), 0)));
         }
         "idle_error" => {
             let comm = Communicator::nccl_single(device);
@@ -871,6 +872,41 @@ fn an_nccl_split_error_is_a_typed_nccl_error() {
     for phrase in ["rank 0: ncclCommSplit", "ncclInternalError (3)"] {
         assert!(split.contains(phrase), "no `{phrase}` in {split}");
     }
+    // Refused before making anything: the parent stays usable.
+    assert!(
+        outcome.field("split_again").starts_with("Nccl "),
+        "{outcome:#?}"
+    );
+    assert!(
+        !nccl_calls(&outcome).contains(&"ncclCommAbort"),
+        "{outcome:#?}"
+    );
+}
+
+/// A blocking split whose making failed gives out the new communicator
+/// all the same (NCCL's init job failed), linked to the parent until
+/// aborted: the parent is broken and aborted first (its peers are
+/// somewhere in the split), then the new one; it used to be leaked.
+#[test]
+fn a_split_that_failed_while_making_its_communicator_aborts_both() {
+    let vars = on_a_12_2_device(
+        "nccl:split_fails",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_NCCL_FAIL", "ncclCommSplit"),
+            ("HWQUEUE_FAKE_NCCL_FAIL_LATE", "1"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert!(outcome.field("split").starts_with("Nccl "), "{outcome:#?}");
+    let again = outcome.field("split_again");
+    assert!(again.starts_with("Broken "), "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    let aborts = calls.iter().filter(|c| **c == "ncclCommAbort").count();
+    assert_eq!(aborts, 2, "{calls:?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
 }
 
 /// A communicator that holds an error when it is dropped (a peer that

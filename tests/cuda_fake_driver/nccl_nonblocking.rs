@@ -24,7 +24,22 @@ const SHORT: Duration = Duration::from_millis(200);
 /// The child's half: `case` names what to do on `device`.
 pub(super) fn run(device: &CudaDevice, case: &str) {
     match case {
-        "works" => works(device),
+        "works" => works(device, communicator(device, LONG)),
+        // Made blocking, but NCCL_COMM_BLOCKING=0 (set by the test).
+        "forced" => works(
+            device,
+            Communicator::nccl(device, NcclId::new().unwrap(), 0, 1).unwrap(),
+        ),
+        "forced_single" => {
+            let comm = Communicator::nccl_single(device).unwrap();
+            let (submitted, data) = reduce(device, &comm);
+            report("submit", &submitted);
+            report("data", &data);
+        }
+        "forced_old_nccl" => {
+            let made = Communicator::nccl(device, NcclId::new().unwrap(), 0, 1);
+            report("comm", &outcome(made));
+        }
         "creation_never_settles" => {
             let config = NcclConfig::nonblocking().with_timeout(SHORT);
             let made = Communicator::nccl_with(device, NcclId::new().unwrap(), 0, 1, config);
@@ -65,8 +80,8 @@ fn reduce(device: &CudaDevice, comm: &Communicator) -> (String, String) {
     (outcome(submitted), data)
 }
 
-fn works(device: &CudaDevice) {
-    let comm = communicator(device, LONG);
+/// Collectives over `comm`, a split of it and collectives over that.
+fn works(device: &CudaDevice, comm: Communicator) {
     report(
         "comm",
         &format!(
@@ -287,6 +302,88 @@ fn scenario_with(case: &str, extra: Option<(&str, &str)>) -> Option<super::Outco
     let mut vars = vec![(NCCL_FAKE, "so")];
     vars.extend(extra);
     run_scenario(&on_a_12_2_device(&scenario, &vars))
+}
+
+/// NCCL's environment overrides the config: `NCCL_COMM_BLOCKING=0` makes
+/// a communicator made blocking (`Communicator::nccl`, `nccl_single`)
+/// non-blocking. Its creation answers `ncclInProgress` and is settled
+/// before anything uses it, and its split writes the new handle late, to
+/// the heap (it was a stack slot the split had returned from).
+#[test]
+fn nccl_comm_blocking_0_makes_a_blocking_communicator_nonblocking_and_it_is_settled() {
+    let forced = Some(("NCCL_COMM_BLOCKING", "0"));
+    let Some(outcome) = scenario_with("forced", forced) else {
+        return;
+    };
+    assert!(
+        outcome.field("comm").starts_with("nccl 0 of 1 "),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("data"), "Ok([5, 6])", "{outcome:#?}");
+    assert!(
+        outcome.field("split").starts_with("0 of 1 "),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("no_color"), "none", "{outcome:#?}");
+    assert_eq!(outcome.field("split_data"), "Ok([5, 6])", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommInitRank"), "{calls:?}");
+    // The splits went the non-blocking way (a heap slot, settled).
+    assert!(
+        calls.contains(&"ncclCommSplit color=3 key=7 blocking=0"),
+        "{calls:?}"
+    );
+    for bad in ["busy", "from another thread", "ncclCommAbort"] {
+        assert!(
+            !calls.iter().any(|c| c.contains(bad)),
+            "`{bad}` in {calls:?}"
+        );
+    }
+    let Some(single) = scenario_with("forced_single", forced) else {
+        return;
+    };
+    assert_eq!(single.field("data"), "Ok([5, 6])", "{single:#?}");
+    let calls = nccl_calls(&single);
+    assert!(!calls.iter().any(|c| c.contains("busy")), "{calls:?}");
+}
+
+/// `NCCL_COMM_BLOCKING=1` makes a communicator asked to be non-blocking
+/// blocking: its creation answers `ncclSuccess`, and hwqueue treats it as
+/// the blocking one it is (its split passes no config).
+#[test]
+fn nccl_comm_blocking_1_makes_a_nonblocking_communicator_blocking() {
+    let Some(outcome) = scenario_with("works", Some(("NCCL_COMM_BLOCKING", "1"))) else {
+        return;
+    };
+    assert_eq!(outcome.field("data"), "Ok([5, 6])", "{outcome:#?}");
+    assert_eq!(outcome.field("split_data"), "Ok([5, 6])", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommSplit color=3 key=7"), "{calls:?}");
+}
+
+/// `NCCL_COMM_BLOCKING=0` on an NCCL older than 2.27 (which hwqueue's
+/// threads cannot share a non-blocking communicator of): the creation is
+/// settled, then aborted, and refused, saying why.
+#[test]
+fn nccl_comm_blocking_0_on_an_nccl_older_than_2_27_is_refused() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device(
+        "nccl_nonblocking:forced_old_nccl",
+        &[
+            (NCCL_FAKE, "so"),
+            ("NCCL_COMM_BLOCKING", "0"),
+            ("HWQUEUE_FAKE_NCCL_VERSION", "22304"),
+        ],
+    )) else {
+        return;
+    };
+    let comm = outcome.field("comm");
+    assert!(comm.starts_with("Invalid "), "{outcome:#?}");
+    for phrase in ["NCCL_COMM_BLOCKING=0", "2.27 or newer", "2.23.4"] {
+        assert!(comm.contains(phrase), "no `{phrase}` in {comm}");
+    }
+    let calls = nccl_calls(&outcome);
+    assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
 }
 
 /// Before 2.27, NCCL kept a non-blocking call's state in the calling

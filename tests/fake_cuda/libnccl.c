@@ -28,6 +28,10 @@
  *                             call, with HWQUEUE_FAKE_NCCL_RESULT and no
  *                             other effect. Unset: none
  *   HWQUEUE_FAKE_NCCL_RESULT  that failure's ncclResult_t (default 3,
+ *   HWQUEUE_FAKE_NCCL_FAIL_LATE  1: a blocking ncclCommSplit that fails
+ *                             (HWQUEUE_FAKE_NCCL_FAIL) still gives out the
+ *                             new communicator, as NCCL's does when the
+ *                             split's init job fails. Unset: it gives none
  *                             ncclInternalError)
  *   HWQUEUE_FAKE_NCCL_HANG    the name of a collective (ncclAllReduce, ...)
  *                             that never completes, as one whose peer died:
@@ -61,6 +65,11 @@
  *                             from another thread while a call is in
  *                             progress` (two pollers can finish one call
  *                             twice in NCCL 2.26+)
+ *   NCCL_COMM_BLOCKING        NCCL's own: 0 or 1 makes every creation
+ *                             (ncclCommInitRank and ncclCommInitAll too)
+ *                             non-blocking or blocking, whatever its
+ *                             config asked, as NCCL's envConfigOverride
+ *                             does. Unset: as asked
  *   HWQUEUE_FAKE_NCCL_VERSION what ncclGetVersion answers (default 22703:
  *                             2.27.3)
  *   HWQUEUE_FAKE_NCCL_PENDING the name of a call on a non-blocking
@@ -326,6 +335,27 @@ static ncclResult_t new_comm(ncclComm_t *comm, int device) {
     return ncclSuccess;
 }
 
+/* The mode a creation asked for (1: blocking), as NCCL's environment
+ * overrides it: NCCL_COMM_BLOCKING=0 or 1 sets every communicator's (its
+ * splits' too, NCCL's copyCommConfig), whatever the config said. */
+static int blocking_mode(int asked) {
+    const char *env = getenv("NCCL_COMM_BLOCKING");
+    if (env != NULL && (strcmp(env, "0") == 0 || strcmp(env, "1") == 0)) {
+        return env[0] == '1';
+    }
+    return asked;
+}
+
+/* A creation's end: a communicator that is non-blocking (after
+ * NCCL_COMM_BLOCKING) settles later. */
+static ncclResult_t created(ncclComm_t comm, int asked_blocking, const char *symbol) {
+    if (blocking_mode(asked_blocking)) {
+        return ncclSuccess;
+    }
+    comm->nonblocking = 1;
+    return start_pending(comm, symbol);
+}
+
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     log_call(__func__);
     ncclResult_t result = injected(__func__);
@@ -335,7 +365,8 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     if (ndev != 1) {
         return ncclInvalidUsage;
     }
-    return new_comm(&comms[0], devlist == NULL ? 0 : devlist[0]);
+    result = new_comm(&comms[0], devlist == NULL ? 0 : devlist[0]);
+    return result != ncclSuccess ? result : created(comms[0], 1, __func__);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
@@ -350,7 +381,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     if (nranks != 1 || rank != 0) {
         return ncclInvalidUsage;
     }
-    return new_comm(comm, 0);
+    result = new_comm(comm, 0);
+    return result != ncclSuccess ? result : created(*comm, 1, __func__);
 }
 
 /* As ncclCommInitRank; a config whose `blocking` is 0 makes a
@@ -379,11 +411,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId i
         return ncclInvalidUsage;
     }
     result = new_comm(comm, 0);
-    if (result != ncclSuccess || asked == NULL || asked->blocking != 0) {
-        return result;
-    }
-    (*comm)->nonblocking = 1;
-    return start_pending(*comm, __func__);
+    return result != ncclSuccess ? result : created(*comm, asked == NULL || asked->blocking != 0, __func__);
 }
 
 /* HWQUEUE_FAKE_NCCL_IDLE_ERROR, or ncclSuccess. */
@@ -432,6 +460,12 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     log_call(line);
     ncclResult_t result = injected(__func__);
     if (result != ncclSuccess) {
+        /* NCCL's init job failing: the new communicator is given out all
+         * the same (ncclCommInitRankFunc's exit), linked to the parent. */
+        const char *late = getenv("HWQUEUE_FAKE_NCCL_FAIL_LATE");
+        if (late != NULL && *late == '1' && newcomm != NULL && comm != NULL && !comm->nonblocking) {
+            new_comm(newcomm, comm->device);
+        }
         return result;
     }
     if (comm == NULL || newcomm == NULL || (color < 0 && color != NCCL_SPLIT_NOCOLOR)) {
