@@ -96,9 +96,9 @@
 //! [`Communicator::split`] is `ncclCommSplit` (NCCL 2.18 or newer; the
 //! color `None` is `NCCL_SPLIT_NOCOLOR`, and gets no communicator), with
 //! the MPI split's rule: every rank calls it from the host at the same
-//! place of the communicator's order. A blocking communicator's creation
-//! and splits wait for every rank, unbounded; a non-blocking one's, and
-//! each of its groups' launches, are bounded by the timeout.
+//! place of the communicator's order. A blocking communicator's creation,
+//! splits and launches (NCCL connects lazily, in `ncclGroupEnd`) wait for
+//! peers unbounded; a non-blocking one's are bounded by the timeout.
 //!
 //! **The timeout.** NCCL has none of its own: a peer that dies or never
 //! runs its side leaves the collective's kernel spinning, and the stream
@@ -112,8 +112,8 @@
 //! the communicator's other groups not done yet, on any queue, with
 //! [`CollectiveError::Broken`]), even though their events are recorded;
 //! each such queue's next `submit` or `synchronize` reports it; then
-//! `ncclCommAbort` makes NCCL's kernels exit, so the stream moves on and
-//! no host waits forever. Every later collective over the communicator
+//! `ncclCommAbort` (once no launch holds the communicator) makes NCCL's
+//! kernels exit, so the stream moves on. Every later collective over it
 //! fails at once with [`CollectiveError::Broken`]. An asynchronous NCCL
 //! error (`ncclCommGetAsyncError`, asked every 10 ms while a group is in
 //! flight) breaks it the same way, with [`CollectiveError::Nccl`]. The

@@ -43,7 +43,9 @@ use crate::error::{Error, Result};
 ///   default. Each group of collectives costs one `ncclGroupEnd`; the
 ///   creation and [`split`](super::Communicator::split)s wait for every
 ///   rank, with no bound: a peer that never comes blocks the calling
-///   thread for good.
+///   thread for good. So can a group's launch, where NCCL first connects
+///   to a peer (lazily, inside `ncclGroupEnd`); the groups already in
+///   flight still fail at their timeout.
 /// - **Non-blocking** ([`NcclConfig::nonblocking`]): the creation, every
 ///   split, and every group's launch are bounded by the communicator's
 ///   timeout: one that runs out aborts the communicator

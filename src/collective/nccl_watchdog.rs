@@ -149,7 +149,7 @@ impl Watchdog {
     /// with [`CollectiveError::Broken`], and `ncclCommAbort` ends the call
     /// (it joins NCCL's thread before it returns).
     pub(super) fn break_now(&self, core: &NcclCore, calls: MutexGuard<'_, Calls>, cause: Error) {
-        break_under(&self.shared, core, calls, cause, usize::MAX);
+        break_under(&self.shared, core, calls, Arc::new(cause), usize::MAX);
     }
 
     /// Starts the thread, if it is not running yet.
@@ -364,10 +364,43 @@ fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> 
 /// signals and downloads of group `culprit` fail with it, those of the
 /// other groups not done yet with [`CollectiveError::Broken`], and then
 /// `ncclCommAbort`.
+///
+/// The abort needs `calls`, which a queue holds while it launches a group,
+/// and a blocking communicator's launch can take it for good (NCCL's
+/// connection to a peer, made lazily inside `ncclGroupEnd`, waits for a
+/// peer that never comes; a full work queue waits behind a hung kernel).
+/// Waiting for it would leave every group in flight unbounded too: so
+/// what is in flight fails at once, and the abort (with whatever was
+/// launched meanwhile) follows once `calls` is free, looked for every
+/// [`POLL`] until the communicator drops.
 fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
-    // Lock order: `calls`, then the watch state (as `enqueue_run`, which
-    // holds `calls` while it hands a group over).
-    break_under(shared, core, core.calls.lock(), cause, culprit);
+    let cause = Arc::new(cause);
+    let mut culprit = culprit;
+    let mut failed = VecDeque::new();
+    loop {
+        // Lock order: `calls`, then the watch state (as `enqueue_run`,
+        // which holds `calls` while it hands a group over).
+        if let Some(calls) = core.calls.try_lock() {
+            break_under(shared, core, calls, cause, culprit);
+            break;
+        }
+        if failed.is_empty() {
+            failed = fail_in_flight(shared, core, &cause, culprit);
+            // Failed, with its cause: what comes later fails as broken.
+            culprit = usize::MAX;
+        }
+        let state = shared.state.lock();
+        if state.closed {
+            break;
+        }
+        drop(
+            shared
+                .changed
+                .wait_until(state, Some(Instant::now() + POLL)),
+        );
+    }
+    // The events go outside the locks (see `break_under`).
+    drop(failed);
 }
 
 /// [`break_communicator`] under `calls`, which it lets go of (`culprit`
@@ -377,14 +410,38 @@ fn break_under(
     shared: &WatchShared,
     core: &NcclCore,
     mut calls: MutexGuard<'_, Calls>,
-    cause: Error,
+    cause: Arc<Error>,
     culprit: usize,
 ) {
     if calls.aborted {
         return;
     }
-    let cause = Arc::new(cause);
     calls.broken = Some(cause.clone());
+    let groups = fail_in_flight(shared, core, &cause, culprit);
+    // SAFETY: the handle is live (not aborted yet, checked under `calls`,
+    // which is held), and no other thread calls NCCL on it meanwhile: the
+    // queues and splits take `calls` and then find it broken.
+    // `ncclCommAbort` frees the handle; `aborted` keeps everyone off it.
+    let _ = unsafe { cudarc::nccl::result::comm_abort(core.raw.0) };
+    calls.aborted = true;
+    drop(calls);
+    // This thread's handles to the events go outside the locks
+    // (destroying one calls the driver; a stream's watch may hold the last
+    // one, and drops it when it forgets the group).
+    drop(groups);
+}
+
+/// Takes the groups in flight out of the watch and fails what each not
+/// done yet does after it: group `culprit`'s signals and downloads with
+/// `cause`, the others' with [`CollectiveError::Broken`], and the batches
+/// each one's stream enqueued behind it. Returns them, to be dropped
+/// outside the locks.
+fn fail_in_flight(
+    shared: &WatchShared,
+    core: &NcclCore,
+    cause: &Arc<Error>,
+    culprit: usize,
+) -> VecDeque<Group> {
     let groups = std::mem::take(&mut shared.state.lock().groups);
     let broken: Error = CollectiveError::Broken {
         rank: core.rank,
@@ -393,11 +450,11 @@ fn break_under(
     .into();
     for (index, group) in groups.iter().enumerate() {
         // One done meanwhile (another queue's stream) keeps its results.
-        // (Its `Behind` is done when `groups` drops, below.)
+        // (Its `Behind` is done when `groups` drops.)
         if index != culprit && matches!(group.event.try_is_complete(), Ok(true)) {
             continue;
         }
-        let failure = if index == culprit { &*cause } else { &broken };
+        let failure = if index == culprit { &**cause } else { &broken };
         // Before the abort: the events after the group complete only once
         // NCCL's kernels exited, and must not pass for the work's end.
         // The failure recorded for the queue's owner first (so an owner
@@ -412,15 +469,5 @@ fn break_under(
             after.fail(failure);
         }
     }
-    // SAFETY: the handle is live (not aborted yet, checked under `calls`,
-    // which is held), and no other thread calls NCCL on it meanwhile: the
-    // queues and splits take `calls` and then find it broken.
-    // `ncclCommAbort` frees the handle; `aborted` keeps everyone off it.
-    let _ = unsafe { cudarc::nccl::result::comm_abort(core.raw.0) };
-    calls.aborted = true;
-    drop(calls);
-    // This thread's handles to the events go outside the locks
-    // (destroying one calls the driver; a stream's watch may hold the last
-    // one, and drops it when it forgets the group).
-    drop(groups);
+    groups
 }

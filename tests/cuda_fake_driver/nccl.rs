@@ -67,6 +67,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang" => hang(device),
         "async_error" => async_error(device),
         "hang_beside" => hang_beside(device),
+        "launch_blocks" => launch_blocks(device),
         "hang_behind" => hang_behind(device),
         "hang_gate" => hang_gate(device),
         "hang_behind_threads" => hang_behind_threads(device),
@@ -420,6 +421,68 @@ fn hang_beside(device: &CudaDevice) {
     report("stuck_synchronize", &outcome(stuck.synchronize()));
     drop((stuck, fine, comm));
     report("dropped", "ok");
+}
+
+/// An all-gather hangs on one queue's stream while another queue's
+/// launch (`ncclGroupEnd`, on a thread of its own) blocks the host for
+/// three seconds holding the communicator's call lock. The all-gather's
+/// signal, waited for two seconds once that launch blocks (`gathered`),
+/// then the other queue's (`reduced`).
+fn launch_blocks(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let Beside {
+        input,
+        output,
+        gathered,
+        stuck,
+        other: mut blocked,
+    } = beside_an_all_gather(device, &comm);
+    let reduced = device.new_signal(0).unwrap();
+    let launcher = {
+        let (comm, reduced) = (comm.clone(), reduced.clone());
+        std::thread::spawn(move || {
+            let submitted = blocked
+                .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+                .signal(&reduced, 1)
+                .submit();
+            (blocked, outcome(submitted))
+        })
+    };
+    // Gated on the fake's log: the launch is blocked, holding the lock.
+    logged("ncclGroupEnd blocks the host");
+    report(
+        "gathered",
+        &outcome(gathered.wait(1, Duration::from_secs(2))),
+    );
+    let (mut blocked, submitted) = launcher.join().unwrap();
+    report("blocked_submit", &submitted);
+    report("reduced", &outcome(reduced.wait(1, LONG)));
+    // Once the lock is free, the watchdog aborts: later collectives fail.
+    logged("ncclCommAbort");
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let after = blocked
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .submit();
+    report(
+        "after",
+        &outcome(after.and_then(|()| blocked.synchronize())),
+    );
+    drop((stuck, blocked, comm));
+    report("dropped", "ok");
+}
+
+/// Waits (at most `LONG`) until the fake's call log holds `line`.
+fn logged(line: &str) {
+    let log = std::env::var("HWQUEUE_FAKE_CALLS").unwrap();
+    let start = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(line)
+    {
+        assert!(start.elapsed() < LONG, "the fake never logged `{line}`");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The fake's `ncclAllReduce` never completes; the queue puts two more
@@ -1118,6 +1181,40 @@ fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
     let calls = nccl_calls(&outcome);
     assert!(calls.contains(&"ncclCommAbort"), "{calls:?}");
     assert!(!calls.contains(&"ncclCommDestroy"), "{calls:?}");
+}
+
+/// A blocking launch that holds the communicator's call lock (NCCL
+/// connecting to a peer inside `ncclGroupEnd`) no longer keeps the
+/// watchdog from failing the groups already in flight: the all-gather
+/// that timed out fails within its timeout, not once the launch returns
+/// (three seconds later); the abort follows once the lock is free, and
+/// the launched group fails with it.
+#[test]
+fn a_launch_holding_the_call_lock_does_not_delay_a_timeout() {
+    let Some(outcome) = with_hanging(
+        "nccl:launch_blocks",
+        "ncclAllGather",
+        &[
+            ("HWQUEUE_FAKE_NCCL_BLOCK_HOST", "ncclGroupEnd:2"),
+            ("HWQUEUE_FAKE_NCCL_HANG_S", "3"),
+        ],
+    ) else {
+        return;
+    };
+    let gathered = outcome.field("gathered");
+    for phrase in ["all_gather of 4 u32", "did not complete within"] {
+        assert!(gathered.contains(phrase), "no `{phrase}` in {outcome:#?}");
+    }
+    // Launched (and, on the fake, done at once) before the abort.
+    assert_eq!(outcome.field("reduced"), "ok", "{outcome:#?}");
+    assert!(
+        outcome.field("after").starts_with("Broken "),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    let aborts = calls.iter().filter(|c| **c == "ncclCommAbort").count();
+    assert_eq!(aborts, 1, "{calls:?}");
 }
 
 /// A timeout breaks the communicator, but a collective of another queue

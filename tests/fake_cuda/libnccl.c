@@ -43,6 +43,10 @@
  *                             HWQUEUE_FAKE_NCCL_HANG_S seconds (default 30)
  *                             all the same, so code that never aborts fails
  *                             its test instead of hanging it. Unset: none
+ *   HWQUEUE_FAKE_NCCL_BLOCK_HOST  NAME:N: the Nth call of NAME blocks the
+ *                             calling thread for HWQUEUE_FAKE_NCCL_HANG_S
+ *                             seconds (a blocking ncclGroupEnd waiting for
+ *                             a peer to connect). Unset: none
  *   HWQUEUE_FAKE_NCCL_ASYNC_ERROR  an ncclResult_t that ncclCommGetAsyncError
  *                             reports for a communicator with a collective
  *                             stalled as above (an asynchronous error of a
@@ -554,8 +558,33 @@ ncclResult_t ncclGroupStart(void) {
     return result;
 }
 
+/* HWQUEUE_FAKE_NCCL_BLOCK_HOST=NAME:N: the Nth call of NAME (the
+ * process's) blocks its thread for HWQUEUE_FAKE_NCCL_HANG_S seconds
+ * (default 30), as a blocking communicator's ncclGroupEnd does while it
+ * connects to a peer that never comes; logged `NAME blocks the host`,
+ * then `NAME released`. */
+static void block_host(const char *symbol) {
+    static atomic_int seen;
+    const char *spec = getenv("HWQUEUE_FAKE_NCCL_BLOCK_HOST");
+    size_t len = strlen(symbol);
+    if (spec == NULL || strncmp(spec, symbol, len) != 0 || spec[len] != ':') {
+        return;
+    }
+    if (atomic_fetch_add(&seen, 1) + 1 != atoi(spec + len + 1)) {
+        return;
+    }
+    char line[96];
+    snprintf(line, sizeof line, "%s blocks the host", symbol);
+    log_call(line);
+    const char *limit = getenv("HWQUEUE_FAKE_NCCL_HANG_S");
+    sleep((unsigned)(limit != NULL && *limit != '\0' ? atoi(limit) : 30));
+    snprintf(line, sizeof line, "%s released", symbol);
+    log_call(line);
+}
+
 ncclResult_t ncclGroupEnd(void) {
     log_call(__func__);
+    block_host(__func__);
     if (group_depth == 0) {
         return ncclInvalidUsage;
     }
