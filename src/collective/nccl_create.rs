@@ -146,11 +146,17 @@ impl RawConfig {
     /// A config asking for a non-blocking communicator, the rest NCCL's
     /// defaults.
     pub(super) fn nonblocking() -> Self {
+        Self::with_blocking(false)
+    }
+
+    /// A config asking for a blocking communicator or not, the rest NCCL's
+    /// defaults.
+    fn with_blocking(blocking: bool) -> Self {
         Self {
             size: std::mem::size_of::<Self>(),
             magic: MAGIC,
             version: VERSION,
-            blocking: 0,
+            blocking: c_int::from(blocking),
             cga_cluster_size: UNDEF,
             min_ctas: UNDEF,
             max_ctas: UNDEF,
@@ -222,15 +228,21 @@ pub(super) unsafe fn settle(comm: sys::ncclComm_t, timeout: Duration) -> Settled
 /// threads (see the module docs): `NCCL_VERSION(2, 27, 0)`.
 const NONBLOCKING_SINCE: c_int = 22700;
 
-/// [`CollectiveError::Invalid`] unless the NCCL loaded is 2.27 or newer
-/// (`ncclGetVersion`); `forced`: the communicator was asked to block, and
-/// `NCCL_COMM_BLOCKING=0` made it non-blocking.
-fn check_nonblocking_version(rank: usize, size: usize, forced: bool) -> Result<()> {
+/// The NCCL loaded's version (`ncclGetVersion`: `NCCL_VERSION(X, Y, Z)`).
+fn nccl_version(rank: usize) -> Result<c_int> {
     let mut version: c_int = 0;
     // SAFETY: NCCL is loaded (probed); `version` is one `int`.
     unsafe { sys::ncclGetVersion(&mut version) }
         .result()
         .map_err(|e| nccl_error(e, rank, "ncclGetVersion", "NCCL's version"))?;
+    Ok(version)
+}
+
+/// [`CollectiveError::Invalid`] unless the NCCL loaded is 2.27 or newer
+/// (`ncclGetVersion`); `forced`: the communicator was asked to block, and
+/// `NCCL_COMM_BLOCKING=0` made it non-blocking.
+fn check_nonblocking_version(rank: usize, size: usize, forced: bool) -> Result<()> {
+    let version = nccl_version(rank)?;
     if version >= NONBLOCKING_SINCE {
         return Ok(());
     }
@@ -249,7 +261,8 @@ fn check_nonblocking_version(rank: usize, size: usize, forced: bool) -> Result<(
         true => format!(
             "NCCL_COMM_BLOCKING=0 in the environment made this communicator non-blocking, \
              which needs NCCL 2.27 or newer, and this one is {major}.{minor}.{patch}: \
-             unset NCCL_COMM_BLOCKING, or upgrade NCCL"
+             unset NCCL_COMM_BLOCKING (NCCL reads it from /etc/nccl.conf and \
+             ~/.nccl.conf too), or upgrade NCCL"
         ),
     };
     Err(CollectiveError::Invalid {
@@ -340,8 +353,22 @@ impl Communicator {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is one handle and the device list one ordinal, as
         // the count says; NCCL is loaded (probed).
-        let status = unsafe { result::comm_init_all(&mut raw, 1, &ordinal) }
-            .map_err(|e| nccl_error(e, 0, "ncclCommInitAll", "a communicator of one rank"))?;
+        let status = match unsafe { result::comm_init_all(&mut raw, 1, &ordinal) } {
+            Ok(status) => status,
+            Err(e) => {
+                // NCCL gives out the communicator of a creation that
+                // failed in its launch.
+                // SAFETY: the handle the creation made (or NULL), which
+                // nothing else was given.
+                unsafe { abort_made(raw) };
+                return Err(nccl_error(
+                    e,
+                    0,
+                    "ncclCommInitAll",
+                    "a communicator of one rank",
+                ));
+            }
+        };
         // SAFETY: the handle just made, given to nobody.
         let nonblocking = unsafe {
             finish_creation(
@@ -399,31 +426,45 @@ impl Communicator {
         }
         bind(device)?;
         let mut raw = std::ptr::null_mut();
-        let (call, started) = if !config.is_nonblocking() {
+        // A blocking one through the config call too, asking for it
+        // (`blocking = 1`): `NCCL_COMM_BLOCKING=0` overrides any config,
+        // and only a creation run in a group, as this call runs it,
+        // answers `ncclInProgress` then (`ncclCommInitRank` creates on
+        // the calling thread and answers `ncclSuccess` for a communicator
+        // that is non-blocking all the same). hwqueue's config is NCCL
+        // 2.18's: an older NCCL gets `ncclCommInitRank`, refused where that
+        // variable would make it non-blocking.
+        let blocking_by_config = config.is_nonblocking() || nccl_version(rank)? >= VERSION as c_int;
+        let (call, started) = if blocking_by_config {
+            let mut raw_config = RawConfig::with_blocking(!config.is_nonblocking());
             // SAFETY: `raw` is one handle; the id is NCCL's (made by
             // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and
             // the device's context is current, which selects its device.
-            // NCCL writes the handle before it returns, even where the
-            // creation goes on on its thread (`NCCL_COMM_BLOCKING=0`).
-            let started = unsafe { sys::ncclCommInitRank(&mut raw, size32, id.0, rank32) };
-            ("ncclCommInitRank", started)
-        } else {
-            let mut raw_config = RawConfig::nonblocking();
-            // SAFETY: as above; NCCL reads the config only during the call.
+            // NCCL writes the handle before it returns (a non-blocking
+            // creation then goes on on its thread) and reads the config
+            // only during the call.
             let started = unsafe {
                 sys::ncclCommInitRankConfig(&mut raw, size32, id.0, rank32, raw_config.as_ptr())
             };
             ("ncclCommInitRankConfig", started)
+        } else {
+            if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|value| value.trim() == "0") {
+                // Refused: this NCCL is older than 2.18.
+                check_nonblocking_version(rank, size, true)?;
+            }
+            // SAFETY: as above.
+            let started = unsafe { sys::ncclCommInitRank(&mut raw, size32, id.0, rank32) };
+            ("ncclCommInitRank", started)
         };
         let what = "the communicator's creation";
         let status = match started.result() {
             Ok(status) => status,
             Err(e) => {
-                if config.is_nonblocking() {
-                    // SAFETY: the handle the creation made (or NULL),
-                    // which nothing else was given.
-                    unsafe { abort_made(raw) };
-                }
+                // NCCL gives out the communicator of a creation that
+                // failed while it was made.
+                // SAFETY: the handle the creation made (or NULL), which
+                // nothing else was given.
+                unsafe { abort_made(raw) };
                 return Err(nccl_error(e, rank, call, what));
             }
         };

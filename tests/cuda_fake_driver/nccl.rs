@@ -861,11 +861,15 @@ fn nccl_over_an_mpi_world_hands_rank_0s_id_round() {
     let refused = outcome.field("not_mpi");
     assert!(refused.starts_with("Invalid "), "{refused}");
     assert!(refused.contains("over an MPI communicator"), "{refused}");
-    // The fake's InitRank accepts only the id its GetUniqueId made.
-    let calls = nccl_calls(&outcome);
+    // The fake's creation accepts only the id its GetUniqueId made.
+    let mut calls = nccl_calls(&outcome);
+    calls.retain(|call| *call != "ncclGetVersion");
     assert_eq!(
         calls[..2],
-        ["ncclGetUniqueId", "ncclCommInitRank"],
+        [
+            "ncclGetUniqueId",
+            "ncclCommInitRankConfig blocking=1 version=21800 size=48"
+        ],
         "{outcome:#?}"
     );
 }

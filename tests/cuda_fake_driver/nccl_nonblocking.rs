@@ -328,7 +328,9 @@ fn nccl_comm_blocking_0_makes_a_blocking_communicator_nonblocking_and_it_is_sett
     assert_eq!(outcome.field("no_color"), "none", "{outcome:#?}");
     assert_eq!(outcome.field("split_data"), "Ok([5, 6])", "{outcome:#?}");
     let calls = nccl_calls(&outcome);
-    assert!(calls.contains(&"ncclCommInitRank"), "{calls:?}");
+    // Asked to block, by config: NCCL_COMM_BLOCKING=0 overrode it.
+    let asked = "ncclCommInitRankConfig blocking=1 version=21800 size=48";
+    assert!(calls.contains(&asked), "{calls:?}");
     // The splits went the non-blocking way (a heap slot, settled).
     assert!(
         calls.contains(&"ncclCommSplit color=3 key=7 blocking=0"),

@@ -73,7 +73,9 @@
  *                             (ncclCommInitRank and ncclCommInitAll too)
  *                             non-blocking or blocking, whatever its
  *                             config asked, as NCCL's envConfigOverride
- *                             does. Unset: as asked
+ *                             does; ncclCommInitRank still creates at once
+ *                             (NCCL's runs outside a group) and answers
+ *                             ncclSuccess. Unset: as asked
  *   HWQUEUE_FAKE_NCCL_VERSION what ncclGetVersion answers (default 22703:
  *                             2.27.3)
  *   HWQUEUE_FAKE_NCCL_PENDING the name of a call on a non-blocking
@@ -386,7 +388,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
         return ncclInvalidUsage;
     }
     result = new_comm(comm, 0);
-    return result != ncclSuccess ? result : created(*comm, 1, __func__);
+    /* NCCL's creates on the calling thread, outside a group: done when it
+     * returns, whatever NCCL_COMM_BLOCKING made the communicator (which
+     * its later calls follow). */
+    if (result == ncclSuccess && !blocking_mode(1)) {
+        (*comm)->nonblocking = 1;
+    }
+    return result;
 }
 
 /* As ncclCommInitRank; a config whose `blocking` is 0 makes a
