@@ -56,7 +56,7 @@ const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
 const NCCL_FAKE: &str = "HWQUEUE_FAKE_NCCL";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 24] = [
+const FAKE_VARS: [&str; 26] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -80,6 +80,8 @@ const FAKE_VARS: [&str; 24] = [
     "NCCL_COMM_BLOCKING",
     "HWQUEUE_FAKE_NCCL_FAIL_LATE",
     "HWQUEUE_FAKE_NCCL_BLOCK_HOST",
+    "HWQUEUE_FAKE_NCCL_DESTROY_RAISES",
+    "HWQUEUE_FAKE_NCCL_BLOCK_S",
     SCENARIO,
 ];
 

@@ -107,6 +107,10 @@ pub(super) struct NcclCore {
     /// abort): NCCL forbids concurrent calls on one communicator, and
     /// several queues may share it. Guards whether it is broken.
     pub(super) calls: Mutex<Calls>,
+    /// Why the watchdog is breaking it while a launch holds `calls` (see
+    /// `nccl_watchdog::break_communicator`): a launch or split that takes
+    /// `calls` meanwhile finds it broken, as it will be.
+    pub(super) breaking: std::sync::OnceLock<Arc<Error>>,
 }
 
 /// The state of an NCCL communicator that its calls check, under
@@ -166,13 +170,22 @@ pub(super) unsafe fn release(raw: sys::ncclComm_t) {
     let asked = unsafe { sys::ncclCommGetAsyncError(raw, &mut state) };
     let healthy =
         asked == sys::ncclResult_t::ncclSuccess && state == sys::ncclResult_t::ncclSuccess;
-    // SAFETY: as above; each frees the handle, which is not used again.
-    let _ = unsafe {
-        match healthy {
-            true => result::comm_destroy(raw),
-            false => result::comm_abort(raw),
-        }
-    };
+    if !healthy {
+        // SAFETY: as above; the abort frees the handle.
+        let _ = unsafe { result::comm_abort(raw) };
+        return;
+    }
+    // SAFETY: as above; the destroy frees the handle (or leaves it to
+    // NCCL, on the error below), which is not used again.
+    if unsafe { result::comm_destroy(raw) }.is_err() {
+        // An error raised after the look above (a peer failing just
+        // then), which the destroy returned from inside its group: closed
+        // here, so that this thread's group depth is right again. (Where
+        // the error came from closing it, this answers
+        // `ncclInvalidUsage`, and does nothing.)
+        // SAFETY: no handle is passed; it ends this thread's group.
+        let _ = unsafe { sys::ncclGroupEnd() };
+    }
 }
 
 impl NcclComm {
@@ -183,7 +196,7 @@ impl NcclComm {
 
     /// [`CollectiveError::Broken`] if the watchdog broke it.
     fn check_broken(&self, calls: &Calls) -> Result<()> {
-        match &calls.broken {
+        match calls.broken.as_ref().or_else(|| self.core.breaking.get()) {
             Some(cause) => Err(CollectiveError::Broken {
                 rank: self.core.rank,
                 cause: cause.clone(),
@@ -328,6 +341,7 @@ impl Communicator {
                 rank,
                 nonblocking,
                 calls: Mutex::new(Calls::default()),
+                breaking: std::sync::OnceLock::new(),
             }),
             device: device.clone(),
         };

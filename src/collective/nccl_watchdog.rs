@@ -370,13 +370,16 @@ fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> 
 /// connection to a peer, made lazily inside `ncclGroupEnd`, waits for a
 /// peer that never comes; a full work queue waits behind a hung kernel).
 /// Waiting for it would leave every group in flight unbounded too: so
-/// what is in flight fails at once, and the abort (with whatever was
-/// launched meanwhile) follows once `calls` is free, looked for every
-/// [`POLL`] until the communicator drops.
+/// while a launch holds it, the communicator is marked breaking (a launch
+/// or split that takes `calls` next refuses, as on a broken one), what
+/// is in flight fails at once, and again at each look (the group the
+/// holder hands over when its launch returns), and the abort follows
+/// once `calls` is free, looked for every [`POLL`] until the communicator
+/// drops.
 fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
     let cause = Arc::new(cause);
     let mut culprit = culprit;
-    let mut failed = VecDeque::new();
+    let mut failed = Vec::new();
     loop {
         // Lock order: `calls`, then the watch state (as `enqueue_run`,
         // which holds `calls` while it hands a group over).
@@ -384,11 +387,10 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culpr
             break_under(shared, core, calls, cause, culprit);
             break;
         }
-        if failed.is_empty() {
-            failed = fail_in_flight(shared, core, &cause, culprit);
-            // Failed, with its cause: what comes later fails as broken.
-            culprit = usize::MAX;
-        }
+        let _ = core.breaking.set(cause.clone());
+        failed.push(fail_in_flight(shared, core, &cause, culprit));
+        // Failed, with its cause: what comes later fails as broken.
+        culprit = usize::MAX;
         let state = shared.state.lock();
         if state.closed {
             break;

@@ -68,6 +68,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "async_error" => async_error(device),
         "hang_beside" => hang_beside(device),
         "launch_blocks" => launch_blocks(device),
+        "launches_block" => launches_block(device),
         "hang_behind" => hang_behind(device),
         "hang_gate" => hang_gate(device),
         "hang_behind_threads" => hang_behind_threads(device),
@@ -469,6 +470,52 @@ fn launch_blocks(device: &CudaDevice) {
         &outcome(after.and_then(|()| blocked.synchronize())),
     );
     drop((stuck, blocked, comm));
+    report("dropped", "ok");
+}
+
+/// As `launch_blocks`, with both further launches all-gathers (which
+/// the fake hangs on the stream): the second's `ncclGroupEnd` blocks for
+/// three seconds holding the call lock, and a third queue's launch waits
+/// for the lock meanwhile, and would block too. Once the second returns:
+/// its group's signal, waited for two seconds (`second`), and the third's
+/// (`third`).
+fn launches_block(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let Beside {
+        input,
+        output,
+        gathered,
+        stuck,
+        other,
+    } = beside_an_all_gather(device, &comm);
+    let launch = |mut queue: CudaQueue| {
+        let (comm, done) = (comm.clone(), device.new_signal(0).unwrap());
+        let (input, output) = (input.clone(), output.clone());
+        let signal = done.clone();
+        let thread = std::thread::spawn(move || {
+            let submitted = queue
+                .all_gather::<u32, _, _>(&comm, &input, &output)
+                .signal(&signal, 1)
+                .submit();
+            (queue, outcome(submitted))
+        });
+        (thread, done)
+    };
+    let (second, second_done) = launch(other);
+    logged("ncclGroupEnd blocks the host");
+    let (third, third_done) = launch(device.compute_queue().unwrap());
+    report("gathered", &outcome(gathered.wait(1, LONG)));
+    let (second_queue, submitted) = second.join().unwrap();
+    report("second_submit", &submitted);
+    report(
+        "second",
+        &outcome(second_done.wait(1, Duration::from_secs(2))),
+    );
+    let (third_queue, submitted) = third.join().unwrap();
+    report("third_submit", &submitted);
+    report("third", &outcome(third_done.wait(1, LONG)));
+    drop((stuck, second_queue, third_queue, comm));
     report("dropped", "ok");
 }
 
@@ -1200,7 +1247,7 @@ fn a_launch_holding_the_call_lock_does_not_delay_a_timeout() {
         "ncclAllGather",
         &[
             ("HWQUEUE_FAKE_NCCL_BLOCK_HOST", "ncclGroupEnd:2"),
-            ("HWQUEUE_FAKE_NCCL_HANG_S", "3"),
+            ("HWQUEUE_FAKE_NCCL_BLOCK_S", "3"),
         ],
     ) else {
         return;
@@ -1219,6 +1266,65 @@ fn a_launch_holding_the_call_lock_does_not_delay_a_timeout() {
     let calls = nccl_calls(&outcome);
     let aborts = calls.iter().filter(|c| **c == "ncclCommAbort").count();
     assert_eq!(aborts, 1, "{calls:?}");
+}
+
+/// While the watchdog waits for a launch to let go of the call lock, the
+/// group that launch hands over when it returns fails within the look
+/// after (it used to wait, unwatched, until the lock was free), and a
+/// launch waiting for the lock meanwhile refuses (the communicator is
+/// breaking) instead of blocking again, so the abort follows.
+#[test]
+fn groups_launched_while_the_watchdog_waits_for_the_lock_still_fail() {
+    let Some(outcome) = with_hanging(
+        "nccl:launches_block",
+        "ncclAllGather",
+        &[
+            (
+                "HWQUEUE_FAKE_NCCL_BLOCK_HOST",
+                "ncclGroupEnd:2,ncclGroupEnd:3",
+            ),
+            ("HWQUEUE_FAKE_NCCL_BLOCK_S", "3"),
+        ],
+    ) else {
+        return;
+    };
+    assert!(
+        outcome
+            .field("gathered")
+            .contains("did not complete within"),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("second_submit"), "ok", "{outcome:#?}");
+    let second = outcome.field("second");
+    assert!(second.contains("runs no more collectives"), "{outcome:#?}");
+    let third = outcome.field("third");
+    assert!(third.contains("runs no more collectives"), "{outcome:#?}");
+    assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    let blocked = calls
+        .iter()
+        .filter(|c| **c == "ncclGroupEnd blocks the host");
+    assert_eq!(blocked.count(), 1, "{calls:?}");
+}
+
+/// A communicator whose error is raised between hwqueue's look and its
+/// destroy: NCCL's destroy returns it from inside the group it opened,
+/// which hwqueue then closes, so the dropping thread's later groups run.
+#[test]
+fn an_error_raised_just_before_the_destroy_leaves_no_group_open() {
+    let vars = on_a_12_2_device(
+        "nccl:idle_error",
+        &[(NCCL_FAKE, "so"), ("HWQUEUE_FAKE_NCCL_DESTROY_RAISES", "6")],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    let calls = nccl_calls(&outcome);
+    let left = calls
+        .iter()
+        .position(|c| *c == "ncclCommDestroy left its group open");
+    let left = left.unwrap_or_else(|| panic!("{calls:?}"));
+    assert_eq!(calls.get(left + 1), Some(&"ncclGroupEnd"), "{calls:?}");
 }
 
 /// A timeout breaks the communicator, but a collective of another queue

@@ -43,9 +43,9 @@
  *                             HWQUEUE_FAKE_NCCL_HANG_S seconds (default 30)
  *                             all the same, so code that never aborts fails
  *                             its test instead of hanging it. Unset: none
- *   HWQUEUE_FAKE_NCCL_BLOCK_HOST  NAME:N: the Nth call of NAME blocks the
- *                             calling thread for HWQUEUE_FAKE_NCCL_HANG_S
- *                             seconds (a blocking ncclGroupEnd waiting for
+ *   HWQUEUE_FAKE_NCCL_BLOCK_HOST  NAME:N[,NAME:N...]: the Nth call of NAME blocks the
+ *                             calling thread for HWQUEUE_FAKE_NCCL_BLOCK_S
+ *                             seconds (default 30) (a blocking ncclGroupEnd waiting for
  *                             a peer to connect). Unset: none
  *   HWQUEUE_FAKE_NCCL_ASYNC_ERROR  an ncclResult_t that ncclCommGetAsyncError
  *                             reports for a communicator with a collective
@@ -61,6 +61,11 @@
  *                             inside the group it opened, which it never
  *                             closes (logged: `ncclCommDestroy left its
  *                             group open`), and frees nothing. Unset: none
+ *   HWQUEUE_FAKE_NCCL_DESTROY_RAISES  an ncclResult_t that ncclCommDestroy
+ *                             finds raised (a peer failing just after the
+ *                             caller's ncclCommGetAsyncError said none),
+ *                             handled as under HWQUEUE_FAKE_NCCL_IDLE_ERROR.
+ *                             Unset: none
  *   HWQUEUE_FAKE_NCCL_SETTLE_POLLS  how many polls a non-blocking call takes
  *                             to settle (default 2: it says ncclInProgress
  *                             once). A poll from a thread other than the
@@ -437,6 +442,11 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     /* NCCL's: ncclGroupStartInternal, then ncclCommEnsureReady's error
      * returned without ncclGroupEndInternal. */
     ncclResult_t held = idle_error();
+    if (held == ncclSuccess) {
+        /* An error raised after the caller's last look. */
+        const char *raised = getenv("HWQUEUE_FAKE_NCCL_DESTROY_RAISES");
+        held = raised != NULL && *raised != '\0' ? (ncclResult_t)atoi(raised) : ncclSuccess;
+    }
     if (held != ncclSuccess) {
         group_depth++;
         log_call("ncclCommDestroy left its group open");
@@ -566,8 +576,8 @@ ncclResult_t ncclGroupStart(void) {
     return result;
 }
 
-/* HWQUEUE_FAKE_NCCL_BLOCK_HOST=NAME:N: the Nth call of NAME (the
- * process's) blocks its thread for HWQUEUE_FAKE_NCCL_HANG_S seconds
+/* HWQUEUE_FAKE_NCCL_BLOCK_HOST=NAME:N[,NAME:N...]: the Nth call of NAME
+ * (the process's) blocks its thread for HWQUEUE_FAKE_NCCL_BLOCK_S seconds
  * (default 30), as a blocking communicator's ncclGroupEnd does while it
  * connects to a peer that never comes; logged `NAME blocks the host`,
  * then `NAME released`. */
@@ -575,16 +585,26 @@ static void block_host(const char *symbol) {
     static atomic_int seen;
     const char *spec = getenv("HWQUEUE_FAKE_NCCL_BLOCK_HOST");
     size_t len = strlen(symbol);
-    if (spec == NULL || strncmp(spec, symbol, len) != 0 || spec[len] != ':') {
+    if (spec == NULL) {
         return;
     }
-    if (atomic_fetch_add(&seen, 1) + 1 != atoi(spec + len + 1)) {
+    int call = atomic_fetch_add(&seen, 1) + 1;
+    /* A comma-separated list of NAME:N. */
+    int blocks = 0;
+    for (const char *entry = spec; entry != NULL && *entry != '\0';) {
+        if (strncmp(entry, symbol, len) == 0 && entry[len] == ':' && atoi(entry + len + 1) == call) {
+            blocks = 1;
+        }
+        entry = strchr(entry, ',');
+        entry = entry != NULL ? entry + 1 : NULL;
+    }
+    if (!blocks) {
         return;
     }
     char line[96];
     snprintf(line, sizeof line, "%s blocks the host", symbol);
     log_call(line);
-    const char *limit = getenv("HWQUEUE_FAKE_NCCL_HANG_S");
+    const char *limit = getenv("HWQUEUE_FAKE_NCCL_BLOCK_S");
     sleep((unsigned)(limit != NULL && *limit != '\0' ? atoi(limit) : 30));
     snprintf(line, sizeof line, "%s released", symbol);
     log_call(line);
