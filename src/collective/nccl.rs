@@ -175,16 +175,22 @@ pub(super) unsafe fn release(raw: sys::ncclComm_t) {
         let _ = unsafe { result::comm_abort(raw) };
         return;
     }
-    // SAFETY: as above; the destroy frees the handle (or leaves it to
-    // NCCL, on the error below), which is not used again.
+    // SAFETY: as above; the destroy frees the handle, but for the case
+    // below.
     if unsafe { result::comm_destroy(raw) }.is_err() {
         // An error raised after the look above (a peer failing just
-        // then), which the destroy returned from inside its group: closed
-        // here, so that this thread's group depth is right again. (Where
-        // the error came from closing it, this answers
-        // `ncclInvalidUsage`, and does nothing.)
+        // then), which the destroy returned from inside its group, before
+        // it freed anything: that group is closed here, so that this
+        // thread's group depth is right again, and the handle aborted.
+        // Where the error came from closing its group (the handle may be
+        // freed then), no group is open: this answers `ncclInvalidUsage`,
+        // and the handle is left alone.
         // SAFETY: no handle is passed; it ends this thread's group.
-        let _ = unsafe { sys::ncclGroupEnd() };
+        let closed = unsafe { sys::ncclGroupEnd() };
+        if closed == sys::ncclResult_t::ncclSuccess {
+            // SAFETY: the destroy stopped before it freed the handle.
+            let _ = unsafe { result::comm_abort(raw) };
+        }
     }
 }
 
