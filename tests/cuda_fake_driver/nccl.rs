@@ -312,6 +312,15 @@ struct Beside {
     other: CudaQueue,
 }
 
+/// A communicator of one rank that times out after 200 ms, and an
+/// all-gather over it ([`beside_an_all_gather`]).
+fn timing_out_beside(device: &CudaDevice) -> (Communicator, Beside) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    comm.set_timeout(Duration::from_millis(200));
+    let beside = beside_an_all_gather(device, &comm);
+    (comm, beside)
+}
+
 fn beside_an_all_gather(device: &CudaDevice, comm: &Communicator) -> Beside {
     let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
     let gathered = device.new_signal(0).unwrap();
@@ -402,15 +411,16 @@ fn hang(device: &CudaDevice) {
 /// out fails with the timeout, the other queue's all_reduce (done) keeps
 /// its signal and its queue reports nothing.
 fn hang_beside(device: &CudaDevice) {
-    let comm = Communicator::nccl_single(device).unwrap();
-    comm.set_timeout(Duration::from_millis(200));
-    let Beside {
-        input,
-        output,
-        gathered,
-        mut stuck,
-        other: mut fine,
-    } = beside_an_all_gather(device, &comm);
+    let (
+        comm,
+        Beside {
+            input,
+            output,
+            gathered,
+            mut stuck,
+            other: mut fine,
+        },
+    ) = timing_out_beside(device);
     let reduced = device.new_signal(0).unwrap();
     fine.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
         .signal(&reduced, 1)
@@ -430,15 +440,16 @@ fn hang_beside(device: &CudaDevice) {
 /// signal, waited for two seconds once that launch blocks (`gathered`),
 /// then the other queue's (`reduced`).
 fn launch_blocks(device: &CudaDevice) {
-    let comm = Communicator::nccl_single(device).unwrap();
-    comm.set_timeout(Duration::from_millis(200));
-    let Beside {
-        input,
-        output,
-        gathered,
-        stuck,
-        other: mut blocked,
-    } = beside_an_all_gather(device, &comm);
+    let (
+        comm,
+        Beside {
+            input,
+            output,
+            gathered,
+            stuck,
+            other: mut blocked,
+        },
+    ) = timing_out_beside(device);
     let reduced = device.new_signal(0).unwrap();
     let launcher = {
         let (comm, reduced) = (comm.clone(), reduced.clone());
@@ -480,15 +491,16 @@ fn launch_blocks(device: &CudaDevice) {
 /// its group's signal, waited for two seconds (`second`), and the third's
 /// (`third`).
 fn launches_block(device: &CudaDevice) {
-    let comm = Communicator::nccl_single(device).unwrap();
-    comm.set_timeout(Duration::from_millis(200));
-    let Beside {
-        input,
-        output,
-        gathered,
-        stuck,
-        other,
-    } = beside_an_all_gather(device, &comm);
+    let (
+        comm,
+        Beside {
+            input,
+            output,
+            gathered,
+            stuck,
+            other,
+        },
+    ) = timing_out_beside(device);
     let launch = |mut queue: CudaQueue| {
         let (comm, done) = (comm.clone(), device.new_signal(0).unwrap());
         let (input, output) = (input.clone(), output.clone());
