@@ -179,15 +179,23 @@ pub(super) unsafe fn release(raw: sys::ncclComm_t) {
     // below.
     if unsafe { result::comm_destroy(raw) }.is_err() {
         // An error raised after the look above (a peer failing just
-        // then), which the destroy returned from inside its group, before
-        // it freed anything: that group is closed here, so that this
-        // thread's group depth is right again, and the handle aborted.
-        // Where the error came from closing its group (the handle may be
-        // freed then), no group is open: this answers `ncclInvalidUsage`,
-        // and the handle is left alone.
+        // then). NCCL 2.24 to 2.26 and 2.27.6 on return it from inside the
+        // destroy's group, before anything was freed: that group is
+        // closed here, so that this thread's group depth is right again,
+        // and the handle aborted. Where the error came from closing that
+        // group (the handle may be freed then), no group is open and this
+        // answers `ncclInvalidUsage`. NCCL 2.23, 2.27.3 and 2.27.5 open
+        // no group, and free nothing on an error: aborted too. (Before
+        // 2.23 an error may come after the handle was freed: left.)
         // SAFETY: no handle is passed; it ends this thread's group.
-        let closed = unsafe { sys::ncclGroupEnd() };
-        if closed == sys::ncclResult_t::ncclSuccess {
+        let closed = unsafe { sys::ncclGroupEnd() } == sys::ncclResult_t::ncclSuccess;
+        let groupless = || {
+            let mut version: std::ffi::c_int = 0;
+            // SAFETY: NCCL is loaded (a communicator exists); one `int`.
+            let _ = unsafe { sys::ncclGetVersion(&mut version) };
+            (22300..22400).contains(&version) || matches!(version, 22703 | 22705)
+        };
+        if closed || groupless() {
             // SAFETY: the destroy stopped before it freed the handle.
             let _ = unsafe { result::comm_abort(raw) };
         }

@@ -379,7 +379,6 @@ fn async_error(core: &NcclCore, first: Option<HostCollective>) -> Option<Error> 
 fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culprit: usize) {
     let cause = Arc::new(cause);
     let mut culprit = culprit;
-    let mut failed = Vec::new();
     loop {
         // Lock order: `calls`, then the watch state (as `enqueue_run`,
         // which holds `calls` while it hands a group over).
@@ -387,22 +386,20 @@ fn break_communicator(shared: &WatchShared, core: &NcclCore, cause: Error, culpr
             break_under(shared, core, calls, cause, culprit);
             break;
         }
+        // Set before anything fails: whoever sees a failure and then
+        // calls on the communicator (a split, a launch) finds it broken.
         let _ = core.breaking.set(cause.clone());
-        failed.push(fail_in_flight(shared, core, &cause, culprit));
+        // Dropped at once: no lock is held here (see `break_under`).
+        drop(fail_in_flight(shared, core, &cause, culprit));
         // Failed, with its cause: what comes later fails as broken.
         culprit = usize::MAX;
         let state = shared.state.lock();
         if state.closed {
             break;
         }
-        drop(
-            shared
-                .changed
-                .wait_until(state, Some(Instant::now() + POLL)),
-        );
+        let wake = Instant::now() + POLL;
+        drop(shared.changed.wait_until(state, Some(wake)));
     }
-    // The events go outside the locks (see `break_under`).
-    drop(failed);
 }
 
 /// [`break_communicator`] under `calls`, which it lets go of (`culprit`
