@@ -56,7 +56,7 @@ const NVRTC_VERSION: &str = "HWQUEUE_FAKE_NVRTC_VERSION";
 const NCCL_FAKE: &str = "HWQUEUE_FAKE_NCCL";
 /// The variables the fakes read (see `tests/fake_cuda/libcuda.c`), and
 /// [`SCENARIO`].
-const FAKE_VARS: [&str; 26] = [
+const FAKE_VARS: [&str; 27] = [
     "HWQUEUE_FAKE_CUINIT",
     "HWQUEUE_FAKE_DRIVER_VERSION",
     "HWQUEUE_FAKE_DEVICE_COUNT",
@@ -82,6 +82,7 @@ const FAKE_VARS: [&str; 26] = [
     "HWQUEUE_FAKE_NCCL_BLOCK_HOST",
     "HWQUEUE_FAKE_NCCL_DESTROY_RAISES",
     "HWQUEUE_FAKE_NCCL_BLOCK_S",
+    "HWQUEUE_FAKE_NCCL_INIT_SETTLED",
     SCENARIO,
 ];
 

@@ -98,7 +98,9 @@ pub(super) struct NcclComm {
 pub(super) struct NcclCore {
     pub(super) raw: RawNcclComm,
     pub(super) rank: usize,
-    /// Made non-blocking ([`NcclConfig::nonblocking`](super::NcclConfig::nonblocking)):
+    /// Non-blocking, as NCCL made it (asked for with
+    /// [`NcclConfig::nonblocking`](super::NcclConfig::nonblocking), or
+    /// forced by `NCCL_COMM_BLOCKING=0`; see `nccl_create::finish_creation`):
     /// its splits and groups finish on NCCL's threads, polled for
     /// (`settle`, under `calls`).
     pub(super) nonblocking: bool,
@@ -117,8 +119,9 @@ pub(super) struct NcclCore {
 /// [`NcclCore::calls`].
 #[derive(Default)]
 pub(super) struct Calls {
-    /// Why it runs no more collectives: the watchdog's timeout, or an
-    /// asynchronous NCCL error. Set once, by the watchdog.
+    /// Why it runs no more collectives: the watchdog's timeout, an
+    /// asynchronous NCCL error, or a call that failed or never finished
+    /// (`Watchdog::break_now`). Set once, before the abort.
     pub(super) broken: Option<Arc<Error>>,
     /// `ncclCommAbort` freed the handle: nothing may call NCCL with it,
     /// destroying it included.

@@ -287,14 +287,12 @@ pub(super) unsafe fn abort_made(raw: sys::ncclComm_t) {
     }
 }
 
-/// The end of a creation NCCL accepted with `status`: `ncclInProgress`
-/// means the communicator is non-blocking, asked for or not
-/// (`NCCL_COMM_BLOCKING=0` overrides any config, and
-/// `NCCL_COMM_BLOCKING=1` makes an asked-for one blocking, which answers
-/// `ncclSuccess` once done), and such a creation is settled within
-/// `timeout` on NCCL 2.27 or newer (see the module docs). `Ok(true)` for
-/// a non-blocking communicator, `Ok(false)` for a blocking one; on an
-/// error, `raw` has been aborted.
+/// The end of a creation NCCL accepted with `status`, asked to make a
+/// non-blocking communicator or not (`asked`): whether NCCL made one
+/// non-blocking ([`made_nonblocking`]), and such a creation settled
+/// within `timeout` and on NCCL 2.27 or newer (see the module docs).
+/// `Ok(true)` for a non-blocking communicator, `Ok(false)` for a blocking
+/// one; on an error, `raw` has been aborted.
 ///
 /// # Safety
 /// `raw` is the handle the creation just made (or NULL), given to nobody.
@@ -310,12 +308,18 @@ unsafe fn finish_creation(
         let reason = "NCCL's creation gave no communicator";
         return Err(invalid(rank, size, reason));
     }
-    if !matches!(status, result::NcclStatus::InProgress) {
+    let in_progress = matches!(status, result::NcclStatus::InProgress);
+    if !made_nonblocking(in_progress, asked) {
         return Ok(false);
     }
-    // SAFETY: `raw` is the live handle just made, whose creation this
-    // thread started.
-    let settled = match unsafe { settle(raw, timeout) } {
+    let settled = match in_progress {
+        // SAFETY: `raw` is the live handle just made, whose creation this
+        // thread started.
+        true => unsafe { settle(raw, timeout) },
+        // Done before NCCL's answer (its thread was quicker).
+        false => Settled::Done,
+    };
+    let settled = match settled {
         Settled::Done => match asked {
             true => Ok(true),
             // Settled first: NCCL before 2.27 keeps the call's state in
@@ -335,6 +339,27 @@ unsafe fn finish_creation(
         unsafe { abort_made(raw) };
     }
     settled
+}
+
+/// Whether NCCL made a communicator it just created non-blocking: it
+/// did where its creation answered `ncclInProgress` (`in_progress`), and
+/// otherwise as NCCL decides, from the environment over the config
+/// (`asked`): `NCCL_COMM_BLOCKING=0` makes every communicator non-blocking
+/// and `1` blocking (NCCL's `envConfigOverride`). A non-blocking creation
+/// can answer `ncclSuccess` (NCCL's thread finished before the call's
+/// last look), and `ncclCommInitRank` always does. Read after the
+/// creation, once NCCL has put the settings of its config files
+/// (`/etc/nccl.conf`, `~/.nccl.conf`) into the environment.
+fn made_nonblocking(in_progress: bool, asked: bool) -> bool {
+    if in_progress {
+        return true;
+    }
+    let env = std::env::var("NCCL_COMM_BLOCKING").ok();
+    match env.and_then(|value| value.trim().parse::<i64>().ok()) {
+        Some(0) => true,
+        Some(1) => false,
+        _ => asked,
+    }
 }
 
 impl Communicator {
@@ -383,7 +408,8 @@ impl Communicator {
     }
 
     /// Rank `rank` of a blocking communicator of `size` ranks on `device`
-    /// (`ncclCommInitRank`), every rank giving the same `id` (made by one
+    /// (`ncclCommInitRankConfig` asking `blocking = 1`; `ncclCommInitRank`
+    /// before NCCL 2.18), every rank giving the same `id` (made by one
     /// of them with [`NcclId::new`]). Blocks until every rank called it,
     /// with no bound: [`nccl_with`](Self::nccl_with) and
     /// [`NcclConfig::nonblocking`] bound it. With MPI (the `mpi` feature
@@ -428,12 +454,11 @@ impl Communicator {
         let mut raw = std::ptr::null_mut();
         // A blocking one through the config call too, asking for it
         // (`blocking = 1`): `NCCL_COMM_BLOCKING=0` overrides any config,
-        // and only a creation run in a group, as this call runs it,
-        // answers `ncclInProgress` then (`ncclCommInitRank` creates on
-        // the calling thread and answers `ncclSuccess` for a communicator
-        // that is non-blocking all the same). hwqueue's config is NCCL
-        // 2.18's: an older NCCL gets `ncclCommInitRank`, refused where that
-        // variable would make it non-blocking.
+        // and a creation run in a group, as this call runs it, answers
+        // `ncclInProgress` then, while it goes on (`ncclCommInitRank`
+        // creates on the calling thread). Either way `finish_creation`
+        // also reads the variable, as NCCL does. hwqueue's config is NCCL
+        // 2.18's: an older NCCL gets `ncclCommInitRank`.
         let blocking_by_config = config.is_nonblocking() || nccl_version(rank)? >= VERSION as c_int;
         let (call, started) = if blocking_by_config {
             let mut raw_config = RawConfig::with_blocking(!config.is_nonblocking());
@@ -448,10 +473,6 @@ impl Communicator {
             };
             ("ncclCommInitRankConfig", started)
         } else {
-            if std::env::var("NCCL_COMM_BLOCKING").is_ok_and(|value| value.trim() == "0") {
-                // Refused: this NCCL is older than 2.18.
-                check_nonblocking_version(rank, size, true)?;
-            }
             // SAFETY: as above.
             let started = unsafe { sys::ncclCommInitRank(&mut raw, size32, id.0, rank32) };
             ("ncclCommInitRank", started)

@@ -15,7 +15,10 @@
 //! - a group past its deadline, or an asynchronous NCCL error
 //!   (`ncclCommGetAsyncError`), breaks the communicator: under its call
 //!   lock (so no queue calls NCCL meanwhile, and every later collective
-//!   fails at once with [`CollectiveError::Broken`]), the signals and
+//!   fails at once with [`CollectiveError::Broken`]; while a launch holds
+//!   that lock, which a blocking one can do with no bound, the
+//!   communicator is marked breaking instead, to the same effect, and what
+//!   follows happens without the lock, but for the abort), the signals and
 //!   downloads after every group in flight are failed, even though their
 //!   events are recorded ([`CudaSignal`]'s `abandon`): the late group's
 //!   with [`CollectiveError::Timeout`] (or the oldest group's with the
@@ -23,9 +26,9 @@
 //!   [`CollectiveError::Broken`]; so are the batches each group's stream
 //!   enqueued behind it, under their queue's cascade (`nccl_behind.rs`);
 //!   each queue's owner is told at
-//!   its next `submit` or `synchronize`; and then `ncclCommAbort`, which
-//!   makes NCCL's kernels exit, so the stream moves on and nothing waits
-//!   forever.
+//!   its next `submit` or `synchronize`; and then, once the lock is free,
+//!   `ncclCommAbort`, which makes NCCL's kernels exit, so the stream moves
+//!   on.
 //!
 //! The launch path pays one event record and two short locks per group
 //! (events and the lists of what to fail are reused), and no allocation
@@ -144,10 +147,12 @@ impl Watchdog {
     }
 
     /// Breaks the communicator now with `cause`, under `calls` (held by
-    /// the caller, whose NCCL call on it never finished: a non-blocking
-    /// split or group launch past its timeout): the groups in flight fail
-    /// with [`CollectiveError::Broken`], and `ncclCommAbort` ends the call
-    /// (it joins NCCL's thread before it returns).
+    /// the caller, whose NCCL call on it failed or never finished: a
+    /// non-blocking split or group launch past its timeout or failed, a
+    /// blocking split that failed while making its communicator): the
+    /// groups in flight fail with [`CollectiveError::Broken`], and
+    /// `ncclCommAbort` ends the call (it joins NCCL's thread before it
+    /// returns).
     pub(super) fn break_now(&self, core: &NcclCore, calls: MutexGuard<'_, Calls>, cause: Error) {
         break_under(&self.shared, core, calls, Arc::new(cause), usize::MAX);
     }

@@ -350,6 +350,38 @@ fn nccl_comm_blocking_0_makes_a_blocking_communicator_nonblocking_and_it_is_sett
     assert!(!calls.iter().any(|c| c.contains("busy")), "{calls:?}");
 }
 
+/// A non-blocking creation can answer `ncclSuccess` (NCCL's thread done
+/// before the call's last look): the communicator is non-blocking all the
+/// same, asked for or made so by `NCCL_COMM_BLOCKING=0`, and its split
+/// goes the non-blocking way (a heap slot; it used to take the blocking
+/// one, whose stack slot NCCL's thread wrote after the split returned).
+#[test]
+fn a_nonblocking_creation_that_answers_success_is_still_nonblocking() {
+    let settled = ("HWQUEUE_FAKE_NCCL_INIT_SETTLED", "1");
+    for (case, extra) in [
+        ("works", vec![(NCCL_FAKE, "so"), settled]),
+        (
+            "forced",
+            vec![(NCCL_FAKE, "so"), settled, ("NCCL_COMM_BLOCKING", "0")],
+        ),
+    ] {
+        let scenario = format!("nccl_nonblocking:{case}");
+        let Some(outcome) = run_scenario(&on_a_12_2_device(&scenario, &extra)) else {
+            return;
+        };
+        assert!(
+            outcome.field("split").starts_with("0 of 1 "),
+            "{outcome:#?}"
+        );
+        assert_eq!(outcome.field("split_data"), "Ok([5, 6])", "{outcome:#?}");
+        let calls = nccl_calls(&outcome);
+        assert!(
+            calls.contains(&"ncclCommSplit color=3 key=7 blocking=0"),
+            "{calls:?}"
+        );
+    }
+}
+
 /// `NCCL_COMM_BLOCKING=1` makes a communicator asked to be non-blocking
 /// blocking: its creation answers `ncclSuccess`, and hwqueue treats it as
 /// the blocking one it is (its split passes no config).
