@@ -44,8 +44,10 @@ use crate::error::{Error, Result};
 ///   creation and [`split`](super::Communicator::split)s wait for every
 ///   rank, with no bound: a peer that never comes blocks the calling
 ///   thread for good. So can a group's launch, where NCCL first connects
-///   to a peer (lazily, inside `ncclGroupEnd`); the groups already in
-///   flight still fail at their timeout.
+///   to a peer (lazily, inside `ncclGroupEnd`) or waits for room in its
+///   work queue behind a hung kernel; the groups already in flight still
+///   fail at their timeout, but the abort that would end such a launch
+///   needs the call lock the launch holds, so the launch stays stuck.
 /// - **Non-blocking** ([`NcclConfig::nonblocking`]): the creation, every
 ///   split, and every group's launch are bounded by the communicator's
 ///   timeout: one that runs out aborts the communicator

@@ -66,6 +66,12 @@ struct WatchShared {
     state: Mutex<WatchState>,
     /// Notified when a group arrives at an empty list, and on close.
     changed: Condvar,
+    /// Held while groups taken from `state` are failed, and by
+    /// `break_under` until its abort is done: an abort (which lets the
+    /// aborted kernels' events complete) never overtakes a failing pass
+    /// the watchdog makes without `calls` (`break_communicator`), which
+    /// would then take a group it has not failed yet for done.
+    failing: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -141,6 +147,7 @@ impl Watchdog {
             shared: Arc::new(WatchShared {
                 state: Mutex::new(WatchState::default()),
                 changed: Condvar::new(),
+                failing: Mutex::new(()),
             }),
             thread: Mutex::new(None),
         }
@@ -421,13 +428,17 @@ fn break_under(
         return;
     }
     calls.broken = Some(cause.clone());
-    let groups = fail_in_flight(shared, core, &cause, culprit);
+    // Held through the abort: a failing pass of the watchdog's (without
+    // `calls`) ends first.
+    let failing = shared.failing.lock();
+    let groups = fail_taken(shared, core, &cause, culprit);
     // SAFETY: the handle is live (not aborted yet, checked under `calls`,
     // which is held), and no other thread calls NCCL on it meanwhile: the
     // queues and splits take `calls` and then find it broken.
     // `ncclCommAbort` frees the handle; `aborted` keeps everyone off it.
     let _ = unsafe { cudarc::nccl::result::comm_abort(core.raw.0) };
     calls.aborted = true;
+    drop(failing);
     drop(calls);
     // This thread's handles to the events go outside the locks
     // (destroying one calls the driver; a stream's watch may hold the last
@@ -435,12 +446,24 @@ fn break_under(
     drop(groups);
 }
 
+/// [`fail_taken`] under `failing`, for a pass the watchdog makes without
+/// `calls`.
+fn fail_in_flight(
+    shared: &WatchShared,
+    core: &NcclCore,
+    cause: &Arc<Error>,
+    culprit: usize,
+) -> VecDeque<Group> {
+    let _failing = shared.failing.lock();
+    fail_taken(shared, core, cause, culprit)
+}
+
 /// Takes the groups in flight out of the watch and fails what each not
 /// done yet does after it: group `culprit`'s signals and downloads with
 /// `cause`, the others' with [`CollectiveError::Broken`], and the batches
 /// each one's stream enqueued behind it. Returns them, to be dropped
 /// outside the locks.
-fn fail_in_flight(
+fn fail_taken(
     shared: &WatchShared,
     core: &NcclCore,
     cause: &Arc<Error>,
