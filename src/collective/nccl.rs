@@ -193,9 +193,7 @@ pub(super) unsafe fn release(raw: sys::ncclComm_t) {
         // SAFETY: no handle is passed; it ends this thread's group.
         let closed = unsafe { sys::ncclGroupEnd() } == sys::ncclResult_t::ncclSuccess;
         let groupless = || {
-            let mut version: std::ffi::c_int = 0;
-            // SAFETY: NCCL is loaded (a communicator exists); one `int`.
-            let _ = unsafe { sys::ncclGetVersion(&mut version) };
+            let version = super::nccl_create::nccl_version(0).unwrap_or(0);
             (22300..22400).contains(&version) || matches!(version, 22703 | 22705)
         };
         if closed || groupless() {

@@ -231,7 +231,7 @@ pub(super) unsafe fn settle(comm: sys::ncclComm_t, timeout: Duration) -> Settled
 const NONBLOCKING_SINCE: c_int = 22700;
 
 /// The NCCL loaded's version (`ncclGetVersion`: `NCCL_VERSION(X, Y, Z)`).
-fn nccl_version(rank: usize) -> Result<c_int> {
+pub(super) fn nccl_version(rank: usize) -> Result<c_int> {
     let mut version: c_int = 0;
     // SAFETY: NCCL is loaded (probed); `version` is one `int`.
     unsafe { sys::ncclGetVersion(&mut version) }
@@ -289,23 +289,31 @@ pub(super) unsafe fn abort_made(raw: sys::ncclComm_t) {
     }
 }
 
-/// The end of a creation NCCL accepted with `status`, asked to make a
-/// non-blocking communicator or not (`asked`): whether NCCL made one
-/// non-blocking ([`made_nonblocking`]), and such a creation settled
-/// within `timeout` and on NCCL 2.27 or newer (see the module docs).
-/// `Ok(true)` for a non-blocking communicator, `Ok(false)` for a blocking
-/// one; on an error, `raw` has been aborted.
+/// The end of a creation `call` (making `what`) that answered `started`,
+/// asked to make a non-blocking communicator or not (`asked`): refused, or
+/// whether NCCL made it non-blocking ([`made_nonblocking`]), and such a
+/// creation settled within `timeout` and on NCCL 2.27 or newer (see the
+/// module docs). `Ok(true)` for a non-blocking communicator, `Ok(false)`
+/// for a blocking one; on an error, `raw` has been aborted (NCCL gives
+/// out the communicator of a creation that failed while it was made).
 ///
 /// # Safety
 /// `raw` is the handle the creation just made (or NULL), given to nobody.
 unsafe fn finish_creation(
     raw: sys::ncclComm_t,
-    status: result::NcclStatus,
+    started: std::result::Result<result::NcclStatus, result::NcclError>,
     (rank, size): (usize, usize),
-    (call, asked): (&'static str, bool),
+    (call, what, asked): (&'static str, &'static str, bool),
     timeout: Duration,
 ) -> Result<bool> {
-    let what = "the communicator's creation";
+    let status = match started {
+        Ok(status) => status,
+        Err(e) => {
+            // SAFETY: the caller's promise.
+            unsafe { abort_made(raw) };
+            return Err(nccl_error(e, rank, call, what));
+        }
+    };
     if raw.is_null() {
         let reason = "NCCL's creation gave no communicator";
         return Err(invalid(rank, size, reason));
@@ -380,32 +388,10 @@ impl Communicator {
         let mut raw = std::ptr::null_mut();
         // SAFETY: `raw` is one handle and the device list one ordinal, as
         // the count says; NCCL is loaded (probed).
-        let status = match unsafe { result::comm_init_all(&mut raw, 1, &ordinal) } {
-            Ok(status) => status,
-            Err(e) => {
-                // NCCL gives out the communicator of a creation that
-                // failed in its launch.
-                // SAFETY: the handle the creation made (or NULL), which
-                // nothing else was given.
-                unsafe { abort_made(raw) };
-                return Err(nccl_error(
-                    e,
-                    0,
-                    "ncclCommInitAll",
-                    "a communicator of one rank",
-                ));
-            }
-        };
-        // SAFETY: the handle just made, given to nobody.
-        let nonblocking = unsafe {
-            finish_creation(
-                raw,
-                status,
-                (0, 1),
-                ("ncclCommInitAll", false),
-                DEFAULT_TIMEOUT,
-            )
-        }?;
+        let started = unsafe { result::comm_init_all(&mut raw, 1, &ordinal) };
+        let call = ("ncclCommInitAll", "a communicator of one rank", false);
+        // SAFETY: the handle just made (or NULL), given to nobody.
+        let nonblocking = unsafe { finish_creation(raw, started, (0, 1), call, DEFAULT_TIMEOUT) }?;
         Ok(Self::of_nccl(raw, device, (0, 1), nonblocking))
     }
 
@@ -461,8 +447,8 @@ impl Communicator {
         // creates on the calling thread). Either way `finish_creation`
         // also reads the variable, as NCCL does. hwqueue's config is NCCL
         // 2.18's: an older NCCL gets `ncclCommInitRank`.
-        let blocking_by_config = config.is_nonblocking() || nccl_version(rank)? >= VERSION as c_int;
-        let (call, started) = if blocking_by_config {
+        let by_config = config.is_nonblocking() || nccl_version(rank)? >= VERSION as c_int;
+        let (call, started) = if by_config {
             let mut raw_config = RawConfig::with_blocking(!config.is_nonblocking());
             // SAFETY: `raw` is one handle; the id is NCCL's (made by
             // `ncclGetUniqueId` on some rank); NCCL is loaded (probed), and
@@ -480,24 +466,13 @@ impl Communicator {
             ("ncclCommInitRank", started)
         };
         let what = "the communicator's creation";
-        let status = match started.result() {
-            Ok(status) => status,
-            Err(e) => {
-                // NCCL gives out the communicator of a creation that
-                // failed while it was made.
-                // SAFETY: the handle the creation made (or NULL), which
-                // nothing else was given.
-                unsafe { abort_made(raw) };
-                return Err(nccl_error(e, rank, call, what));
-            }
-        };
-        // SAFETY: as for the abort above.
+        // SAFETY: the handle the creation made (or NULL), given to nobody.
         let nonblocking = unsafe {
             finish_creation(
                 raw,
-                status,
+                started.result(),
                 (rank, size),
-                (call, config.is_nonblocking()),
+                (call, what, config.is_nonblocking()),
                 config.timeout(),
             )
         }?;

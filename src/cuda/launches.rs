@@ -41,10 +41,10 @@ impl Shared {
     /// other command, whose index it returns; or the index of the one that
     /// failed, and why. Execs after one with the same work sizes reuse its
     /// launch configuration (all of them, compared with none, in a batch
-    /// of [`uniform_params`](Batch::uniform_params)). Out of line: one call per run of kernels,
-    /// and the loop's code no longer depends on what else is inlined
-    /// into `enqueue` (unrelated changes had moved it by 8 instructions
-    /// an `exec`, `benches/callgrind.sh`).
+    /// of [`uniform_params`](Batch::uniform_params)). Out of line: one
+    /// call per run of kernels, and the loop's code no longer depends on
+    /// what else is inlined into `enqueue` (unrelated changes had moved it
+    /// by 8 instructions an `exec`, `benches/callgrind.sh`).
     #[inline(never)]
     pub(super) fn launch_run(
         &self,
