@@ -490,7 +490,8 @@ impl<E: RingEvent> EventRing<E> {
     }
 
     /// [`fail`](Self::fail)'s work, under the state's lock (folded).
-    fn fail_unrecorded(&self, state: &mut RingState<E>, upto: u64, cause: Error) {
+    /// Whether it recorded a new failure (and woke the waiters).
+    fn fail_unrecorded(&self, state: &mut RingState<E>, upto: u64, cause: Error) -> bool {
         let recorded = state
             .slots
             .iter()
@@ -499,10 +500,12 @@ impl<E: RingEvent> EventRing<E> {
             .max()
             .unwrap_or(0);
         let above = recorded.max(state.completed);
-        if state.failures.record(above, upto, cause, state.completed) {
+        let recorded = state.failures.record(above, upto, cause, state.completed);
+        if recorded {
             self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
+        recorded
     }
 
     /// The [`WaitTuning`] a host wait for `target` spins by: that of the
@@ -555,7 +558,7 @@ impl<E: RingEvent> EventRing<E> {
     /// the queues waiting on them learn it at once instead of never. The
     /// slot stays (dropping a broken event could call into the faulted
     /// driver under the lock); later folds record the same failure again,
-    /// which [`Failures`] ignores.
+    /// which [`Failures`] ignores, and wake no one for it.
     #[inline]
     fn fold(&self, state: &mut RingState<E>) {
         // Nothing pending: the common case of a record after its signal was

@@ -267,9 +267,11 @@ pub struct Failures(Vec<(u64, u64, std::sync::Arc<Error>)>);
 
 impl Failures {
     /// Records that values in `above + 1 ..= upto` failed with `cause`, the
-    /// signal being at `reached <= above`. Whether anything was recorded
-    /// (nothing is when the range is empty): the caller then wakes its
-    /// waiters.
+    /// signal being at `reached <= above`. Whether anything new was
+    /// recorded: the caller then wakes its waiters. Nothing is when the
+    /// range is empty, or an entry already covers it (a device fault that
+    /// every fold finds again): waking the waiters for it would only have
+    /// them look, find the same failure, and wake each other again.
     pub fn record(&mut self, above: u64, upto: u64, cause: Error, reached: u64) -> bool {
         if upto <= above {
             return false;
@@ -287,7 +289,7 @@ impl Failures {
             let at = self.0.partition_point(|(_, old, _)| *old <= upto);
             self.0.insert(at, (above, upto, std::sync::Arc::new(cause)));
         }
-        true
+        !covered
     }
 
     /// Drops the causes of values now reached.

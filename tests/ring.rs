@@ -628,6 +628,67 @@ fn a_device_fault_fails_the_waiter_instead_of_hanging() {
     assert_eq!(ring.value(), 0);
 }
 
+/// A device fault is one failure, however often folds find it again.
+/// On f672715 every fold that queried the broken event counted the fault
+/// as new and woke every parked waiter, so two waiters parked for a value
+/// not recorded yet woke each other, each querying the broken event,
+/// without end (a core each, for as long as the value stayed unsettled).
+#[test]
+fn a_fault_found_again_wakes_no_one() {
+    let device = MockDevice::new();
+    let ring = Arc::new(Ring::new(0));
+    let three = record(&ring, &device, 3);
+    device.break_event(three);
+    assert!(wait_fails(&ring, 3, Duration::ZERO));
+    let before = device.queries_of(three);
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let ring = ring.clone();
+            thread::spawn(move || ring.wait(10, Timeout::Forever))
+        })
+        .collect();
+    // Each waiter folds (querying the broken event) before it parks.
+    let start = Instant::now();
+    while device.queries_of(three) < before + 2 {
+        assert!(start.elapsed() < LONG, "the waiters never looked");
+        thread::yield_now();
+    }
+    thread::sleep(Duration::from_millis(100));
+    let parked = device.queries_of(three);
+    thread::sleep(Duration::from_millis(100));
+    let woken = device.queries_of(three) - parked;
+    assert!(woken < 100, "parked waiters woke {woken} times");
+    // A failure of their value still wakes them.
+    ring.fail(10, kernel_failed());
+    for waiter in waiters {
+        let waited = waiter.join().unwrap();
+        assert!(
+            matches!(waited, Err(Error::SignalFailed { target: 10, .. })),
+            "{waited:?}"
+        );
+    }
+}
+
+/// A value the host set is reached, even if the event the waiter slept on
+/// broke afterwards. On f672715 the wait returned `SignalFailed` (its
+/// `current` naming the value it said failed) without looking at the
+/// ring again.
+#[test]
+fn a_value_set_while_its_waiter_slept_is_reached_though_the_event_broke() {
+    let device = MockDevice::new();
+    let ring = Arc::new(Ring::new(0));
+    let two = record(&ring, &device, 2);
+    let waiter = {
+        let ring = ring.clone();
+        thread::spawn(move || ring.wait(2, Timeout::Forever))
+    };
+    device.await_synchronize_on(two, LONG);
+    ring.set(2);
+    device.break_event(two);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(ring.value(), 2);
+}
+
 // ---------------------------------------------------------------------------
 // Model test: the ring against `hwqueue_testkit`'s reference model (shared
 // with the `event_ring` fuzz target), with proptest choosing the operations.

@@ -4,6 +4,7 @@
 
 use super::{EventRing, RingEvent};
 use crate::error::Error;
+use crate::sync::Ordering;
 
 impl<E: RingEvent> EventRing<E> {
     /// Fails `value` even where an event recorded for it will complete:
@@ -35,10 +36,22 @@ impl<E: RingEvent> EventRing<E> {
         state.abandoned = state.abandoned.max(value);
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
+        let mut moved = false;
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
             slot.value = 0;
+            moved = true;
         }
         // No slot stands for `value` now: what `fail` does for it.
-        self.fail_unrecorded(state, value, cause);
+        if !self.fail_unrecorded(state, value, cause) && moved {
+            // The range had failed before (a `fail` of `value` before it
+            // was recorded), so nothing new was recorded. Every waiter for
+            // a value in it fails at its look, so none should be spinning
+            // on a moved slot's event; should one be, it must learn that
+            // the event stands for nothing now, or it would raise the
+            // value once the event completes. (A rare path: the wake is
+            // free.)
+            self.failed.fetch_add(1, Ordering::Release);
+            self.changed.notify_all();
+        }
     }
 }

@@ -78,8 +78,10 @@ impl<E: RingEvent> EventRing<E> {
             let since = on_event.map_or_else(Instant::now, |(since, _)| since);
             on_event = Some((since, tuning));
             let budget = tuning.map_or(std::time::Duration::ZERO, WaitTuning::spin_budget);
-            // The spin's budget runs from the wait's start (a wait that
-            // comes back here after a change spins only what is left).
+            // The spin's budget runs from when the wait first found an
+            // event to wait on (a wait that comes back here after a change
+            // spins only what is left; time parked for a record before
+            // that is neither spun nor counted).
             let spun = spin_until(since, budget, deadline, || {
                 if self.reached.load(Ordering::Acquire) >= target
                     || self.failed.load(Ordering::Acquire) != failed
@@ -123,9 +125,19 @@ impl<E: RingEvent> EventRing<E> {
                 }
                 Ok(false) => {}
                 Err(cause) => {
+                    // The event broke, but the host may have set the value
+                    // meanwhile: a reached value is never reported failed.
+                    // (No fold: it would only query the broken event again.)
+                    let guard = self.state.lock();
+                    let current = guard.completed;
+                    drop(guard);
+                    if current >= target {
+                        count(on_event);
+                        return Ok(());
+                    }
                     return Err(Error::SignalFailed {
                         target,
-                        current: self.value(),
+                        current,
                         cause: std::sync::Arc::new(cause),
                     });
                 }
