@@ -288,6 +288,10 @@ fn check_values<S: TimelineSignal>(waits: &[(&S, u64)]) -> Result<()> {
 fn tuned_spin<S: TimelineSignal>(waits: &[(&S, u64)]) -> Option<Duration> {
     waits
         .iter()
+        // A reached signal's device is not waited on: its policy (a
+        // `Spin` device's endless budget) must not make the wait for the
+        // others spin.
+        .filter(|&&(signal, target)| !signal.is_reached(target))
         .filter_map(|&(signal, target)| signal.wait_tuning(target))
         .map(WaitTuning::spin_budget)
         .max()
@@ -358,15 +362,19 @@ fn block_until<S: TimelineSignal, R>(
             Some(watching) if deadline.is_none_or(|deadline| now < deadline) => watching,
             _ => return Err(timed_out(pending)),
         };
-        if watching.polls && !watching.watched {
-            let step = poll.step();
+        // One step of the back-off a round: the signals' own multi-wait
+        // sleeps it, or else the waker does.
+        let step = watching.polls.then(|| poll.step());
+        if let Some(step) = step
+            && !watching.watched
+        {
             let slice = deadline.map_or(step, |deadline| step.min(deadline - now));
             if S::wait_native(waits, all, slice) {
                 continue;
             }
         }
-        let wake_by = if watching.polls {
-            let until = now.checked_add(poll.step());
+        let wake_by = if let Some(step) = step {
+            let until = now.checked_add(step);
             match (deadline, until) {
                 (Some(deadline), Some(until)) => Some(deadline.min(until)),
                 (deadline, until) => deadline.or(until),

@@ -31,9 +31,10 @@
 //! # The adaptive budget
 //!
 //! Each device keeps one [`WaitTuning`]: its policy and an exponential
-//! moving average of how long its host waits took (from the wait's start
-//! to the moment it saw the completion; waits that returned at once, and
-//! zero-timeout looks, are not counted). A wait under `Adaptive` spins for
+//! moving average of how long its host waits took (from the moment the
+//! wait found the event to wait on, so not time spent parked until a value
+//! was recorded, to the moment it saw the completion; waits that returned
+//! at once, and zero-timeout looks, are not counted). A wait under `Adaptive` spins for
 //! [`adaptive_budget`]`(average)`:
 //!
 //! - while the average is at most [`MAX_SPIN`] (200 µs), twice the

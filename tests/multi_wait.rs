@@ -6,6 +6,9 @@
 
 mod common;
 
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
@@ -14,7 +17,7 @@ use common::mock::{MixedSignal, MockSignal};
 use hwqueue::cpu::CpuSignal;
 use hwqueue::{
     AnySignal, Error, MAX_SIGNAL_VALUE, Producer, Result, SignalWaker, TimelineSignal, Timeout,
-    wait_all, wait_any,
+    WaitPolicy, WaitTuning, wait_all, wait_any,
 };
 
 fn kernel_failed() -> Error {
@@ -438,4 +441,108 @@ fn a_mixed_list_wakes_on_either_backend() {
         assert_eq!(wait_any(&pairs(&watched, &[1, 2]), LONG).unwrap(), 0);
     });
     wait_all(&[(&cpu, 1), (&mock, 1)], Duration::ZERO).unwrap();
+}
+
+/// A signal that declines `watch` (so a multi-wait polls it, as it polls a
+/// CUDA signal) and answers a device tuning of the test's choosing, as a
+/// CUDA signal answers its event's device's. It counts the multi-wait's
+/// looks at it, and records the time slices its multi-waits are given.
+#[derive(Clone, Debug)]
+struct Tuned {
+    inner: CpuSignal,
+    tuning: Option<&'static WaitTuning>,
+    looks: Arc<AtomicUsize>,
+}
+
+thread_local! {
+    /// The `timeout` of each `Tuned::wait_native` on this thread.
+    static SLICES: RefCell<Vec<Duration>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Tuned {
+    fn new(initial: u64, tuning: Option<&'static WaitTuning>) -> Self {
+        Self {
+            inner: CpuSignal::new(initial),
+            tuning,
+            looks: Arc::default(),
+        }
+    }
+}
+
+impl TimelineSignal for Tuned {
+    fn value(&self) -> u64 {
+        self.inner.value()
+    }
+    fn set(&self, value: u64) {
+        self.inner.set(value)
+    }
+    fn is_reached(&self, target: u64) -> bool {
+        self.looks.fetch_add(1, Ordering::Relaxed);
+        self.inner.is_reached(target)
+    }
+    fn wait(&self, target: u64, timeout: impl Into<Timeout>) -> Result<()> {
+        self.inner.wait(target, timeout)
+    }
+    fn fail(&self, upto: u64, cause: Error) {
+        self.inner.fail(upto, cause)
+    }
+    fn producer(&self) -> &Producer {
+        self.inner.producer()
+    }
+    fn wait_tuning(&self, _target: u64) -> Option<&'static WaitTuning> {
+        self.tuning
+    }
+    /// Sleeps nothing, as the default does: the caller sleeps its back-off.
+    fn wait_native(_waits: &[(&Self, u64)], _all: bool, timeout: Duration) -> bool {
+        SLICES.with(|slices| slices.borrow_mut().push(timeout));
+        false
+    }
+}
+
+/// Issue 47's sleep-only setting per device: a multi-wait spins by the
+/// tunings of the signals it still waits for. On f672715 it took every
+/// signal's, reached ones too, so a signal reached long ago through a
+/// `Spin` device made a `wait_all` for a signal of a `Sleep` device (or a
+/// CPU signal) spin its whole timeout: here millions of looks in 200 ms,
+/// where backing off from 10 µs to 1 ms looks a few hundred times.
+#[test]
+fn a_reached_signal_of_a_spinning_device_does_not_make_a_multi_wait_spin() {
+    static SPINNING: WaitTuning = WaitTuning::new();
+    static SLEEPING: WaitTuning = WaitTuning::new();
+    SPINNING.set_policy(WaitPolicy::Spin);
+    SLEEPING.set_policy(WaitPolicy::Sleep);
+    let done = Tuned::new(1, Some(&SPINNING));
+    for (pending, name) in [
+        (Tuned::new(0, Some(&SLEEPING)), "a sleep-only device's"),
+        (Tuned::new(0, None), "an untuned"),
+    ] {
+        let waits = [(&done, 1), (&pending, 1)];
+        let waited = wait_all(&waits, Duration::from_millis(200));
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        let looks = pending.looks.load(Ordering::Relaxed);
+        assert!(
+            looks < 20_000,
+            "the wait for {name} signal spun: {looks} looks at it"
+        );
+    }
+}
+
+/// The back-off of a multi-wait over polled signals doubles once a round,
+/// from 10 µs, as documented. On f672715 each round took two steps (one
+/// for the signals' own multi-wait, which the CUDA signal does not have,
+/// and one for the sleep), so it went 10, 40, 160 µs: a completion was
+/// seen up to four times later than the back-off promised.
+#[test]
+fn a_multi_wait_over_polled_signals_backs_off_one_step_a_round() {
+    let pending = [Tuned::new(0, None), Tuned::new(0, None)];
+    SLICES.with(|slices| slices.borrow_mut().clear());
+    let waited = wait_any(&pairs(&pending, &[1, 1]), Duration::from_millis(20));
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    let slices = SLICES.with(|slices| slices.borrow().clone());
+    let micros = |us: u64| Duration::from_micros(us);
+    assert!(slices.len() >= 4, "{slices:?}");
+    assert_eq!(
+        slices[..4],
+        [micros(10), micros(20), micros(40), micros(80)]
+    );
 }

@@ -198,7 +198,8 @@ impl CudaDevice {
     ///
     /// The setting is the device's, for the whole process: every handle
     /// of this ordinal shares it (as they share its primary context), and
-    /// it applies to waits that start after the call.
+    /// it applies to waits that start after the call. Ordinals 64 and up
+    /// share one setting (and one average) among them.
     pub fn set_wait_policy(&self, policy: WaitPolicy) {
         self.wait_tuning().set_policy(policy);
     }
