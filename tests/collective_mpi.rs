@@ -120,6 +120,10 @@ fn suite(ranks: &Ranks) -> bool {
         unsupported(ranks),
     );
     run("split into even and odd ranks".into(), split(ranks));
+    run(
+        "a split's color or key above i32::MAX fails every rank".into(),
+        split_out_of_range(ranks),
+    );
     let failed: Vec<_> = cases.iter().filter(|(_, o)| o.is_err()).collect();
     for (name, outcome) in &failed {
         println!(
@@ -673,6 +677,54 @@ fn split(ranks: &Ranks) -> Outcome {
         "all_gather in the group",
         recv.to_vec::<u32>().map_err(text)?,
         want,
+    )
+}
+
+/// A color or key MPI cannot take (above `i32::MAX`) fails the split on
+/// every rank at once: the rank that gave it with `Invalid`, the others
+/// with a mismatch naming it; and the communicator runs on. On f672715
+/// both were clamped to `i32::MAX`: ranks giving different colors above it
+/// were put in one group, silently.
+fn split_out_of_range(ranks: &Ranks) -> Outcome {
+    let (rank, size) = (ranks.rank, ranks.size);
+    let invalid = |what: &str, split: Result<Option<Communicator>, Error>| match split {
+        Err(Error::Collective(CollectiveError::Invalid {
+            rank: r, reason, ..
+        })) if r == rank && reason.contains(what) => Ok(()),
+        other => Err(format!(
+            "a {what} above i32::MAX: {:?}",
+            other.map(|group| group.map(|group| group.size()))
+        )),
+    };
+    // Each rank a color of its own: singletons, were MPI to take them.
+    invalid("color", ranks.comm.split(Some(u32::MAX - rank as u32), 0))?;
+    // Rank 0's key alone: every other rank learns it from the exchange.
+    let key = if rank == 0 { u32::MAX } else { 0 };
+    let split = ranks.comm.split(Some(0), key);
+    if rank == 0 {
+        invalid("key", split)?;
+    } else {
+        match split {
+            Err(Error::Collective(CollectiveError::Mismatch { peer: 0, there, .. }))
+                if there.contains("above i32::MAX") => {}
+            other => {
+                return Err(format!(
+                    "a peer's key above i32::MAX: {:?}",
+                    other.map(|group| group.map(|group| group.size()))
+                ));
+            }
+        }
+    }
+    let ones = buffer::<u32>(ranks, 4);
+    ones.write_from(&[1; 4]).map_err(text)?;
+    run_batch(ranks, |q| {
+        q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
+    })
+    .map_err(text)?;
+    check(
+        "after",
+        ones.to_vec::<u32>().map_err(text)?,
+        vec![size as u32; 4],
     )
 }
 

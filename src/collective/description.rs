@@ -40,9 +40,12 @@ impl Description {
         Description([plan.sequence, op | failed, arg, element, plan.count as u64])
     }
 
-    /// A split of the communicator, `sequence`th in its order.
-    pub(super) fn split(sequence: u64) -> Self {
-        Description([sequence, SPLIT, 0, 0, 0])
+    /// A split of the communicator, `sequence`th in its order; `invalid`
+    /// where this rank's color or key is one MPI cannot take, so that
+    /// its peers fail the split too, at once, naming it.
+    pub(super) fn split(sequence: u64, invalid: bool) -> Self {
+        let invalid = if invalid { FAILED } else { 0 };
+        Description([sequence, SPLIT | invalid, 0, 0, 0])
     }
 
     /// Whether `theirs` (of `peer`) matches this (of `rank`): equal for a
@@ -67,8 +70,12 @@ impl Description {
 impl std::fmt::Display for Description {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [sequence, op, arg, element, count] = self.0;
-        if op == SPLIT {
-            return write!(f, "split of the communicator, #{sequence} in its order");
+        if op & !FAILED == SPLIT {
+            write!(f, "split of the communicator, #{sequence} in its order")?;
+            if op & FAILED != 0 {
+                f.write_str(" (with a color or key above i32::MAX)")?;
+            }
+            return Ok(());
         }
         let reduction = match arg {
             0 => Reduction::Sum,

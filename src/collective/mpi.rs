@@ -171,14 +171,22 @@ impl Mpi {
         })?;
         let deadline = Instant::now() + timeout.unwrap_or(DEFAULT_TIMEOUT);
         let mut requests = [request];
-        if !poll(rank, &mut requests, deadline)? {
+        // Not done (timed out, or the poll failed): MPI may still write
+        // `raw`, so it is MPI's, and MPI is not finalised under the
+        // pending request.
+        let done = poll(rank, &mut requests, deadline).and_then(|done| {
+            done.then_some(()).ok_or_else(|| {
+                Error::from(CollectiveError::Timeout {
+                    rank,
+                    op: "making the world communicator (MPI_Comm_idup)".into(),
+                    waited: timeout.unwrap_or(DEFAULT_TIMEOUT),
+                })
+            })
+        });
+        if let Err(error) = done {
+            REQUESTS_LEFT.store(true, std::sync::atomic::Ordering::Relaxed);
             std::mem::forget(raw);
-            return Err(CollectiveError::Timeout {
-                rank,
-                op: "making the world communicator (MPI_Comm_idup)".into(),
-                waited: timeout.unwrap_or(DEFAULT_TIMEOUT),
-            }
-            .into());
+            return Err(error);
         }
         // SAFETY: the request completed, so MPI wrote the new handle.
         MpiComm::adopt(unsafe { raw.assume_init_read() })
@@ -233,14 +241,15 @@ unsafe impl Send for RawComm {}
 unsafe impl Sync for RawComm {}
 
 impl MpiComm {
-    /// MPI's life, held for a collective, where live and this one not broken.
     /// Breaks the communicator with `error`, which left MPI requests
-    /// pending: it runs nothing more, and MPI is not finalised.
+    /// pending (or this rank out of step with its peers): it runs nothing
+    /// more, and MPI is not finalised.
     fn break_with(&self, error: &Error) {
         *self.broken.lock() = Some(Arc::new(error.clone()));
         REQUESTS_LEFT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// MPI's life, held for a collective, where live and this one not broken.
     fn usable(&self, rank: usize) -> Result<crate::sync::RwLockReadGuard<'static, Life>> {
         let life = life().read();
         if *life != Life::Live {
@@ -336,6 +345,11 @@ impl MpiComm {
             &self.collective_start
         };
         let mut guard = lock.lock();
+        // Broken while this waited for the lock: the holder's timeout left
+        // its messages pending, and an exchange now could pair with them.
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
         let payload: &[u8] = if inline && read_error.is_none() {
             &send.bytes()[..]
         } else {
@@ -344,9 +358,14 @@ impl MpiComm {
         let limits = (deadline, timeout);
         let exchanged = self.exchange((rank, size), plan, mine, payload, &mut guard, limits);
         let gathered = &guard.gathered;
-        let started = exchanged.and_then(|()| match read_error {
-            Some(error) => Err(error),
-            None if inline => {
+        let started = match (exchanged, read_error) {
+            // This rank's own failure to read its send view, which its
+            // peers learned in the exchange (as a mismatch naming it).
+            (Err(Error::Collective(CollectiveError::Mismatch { .. })), Some(error)) => Err(error),
+            (Err(error), _) => Err(error),
+            // Every rank failed to read its send view: none moves data.
+            (Ok(()), Some(error)) => Err(error),
+            (Ok(()), None) if inline => {
                 let sent = |k: usize| {
                     let words = &gathered[k * SLOT + WORDS..(k + 1) * SLOT];
                     bytemuck::cast_slice::<u64, u8>(words)
@@ -355,7 +374,7 @@ impl MpiComm {
                 small::finish(op, element, count, (rank, size), sent, recv.bytes());
                 Ok(Vec::new())
             }
-            None => {
+            (Ok(()), None) => (|| {
                 let memory = match &mut direct {
                     // Held from here until this returns (the caller's
                     // guards), so MPI has the views' own memory.
@@ -373,8 +392,15 @@ impl MpiComm {
                     None => (send.ptr().cast_const().cast(), recv.ptr().cast()),
                 };
                 self.start(rank, plan, memory)
-            }
-        });
+            })()
+            .inspect_err(|error| {
+                // The peers agreed too and started their part of the
+                // transfer: this rank, which did not, would start its next
+                // collective where they are still in this one, so the
+                // communicator is done (they time out, and are done too).
+                self.break_with(error);
+            }),
+        };
         drop(guard);
         let mut flight = started?;
         let done = poll(rank, &mut flight, deadline).and_then(|done| {
@@ -428,27 +454,40 @@ impl MpiComm {
             count: 0,
             sequence,
         };
-        let mut messages = self.collective_start.lock();
-        let deadline = Instant::now() + timeout;
-        let mine = Description::split(sequence);
-        let limits = (deadline, timeout);
-        self.exchange((rank, size), &plan, mine, &[], &mut messages, limits)?;
+        // MPI takes both as C `int`s: a rank with one it cannot take still
+        // exchanges (marked), so every rank fails the split at once.
+        let int = |value: u32, what: &str| {
+            c_int::try_from(value).map_err(|_| CollectiveError::Invalid {
+                rank,
+                size,
+                op: "split",
+                reason: format!(
+                    "MPI takes the split's {what} as a non-negative C `int`: {value} is \
+                     above {}",
+                    c_int::MAX
+                ),
+            })
+        };
         // SAFETY: reading MPI's predefined constant.
         let undefined = unsafe { ffi::RSMPI_UNDEFINED };
-        let color = match color {
-            Some(color) => c_int::try_from(color).unwrap_or(c_int::MAX),
-            None => undefined,
-        };
+        let color = color.map_or(Ok(undefined), |color| int(color, "color"));
+        let key = int(key, "key");
+        let invalid = color.is_err() || key.is_err();
+        let mut messages = self.collective_start.lock();
+        if let Some(cause) = self.broken.lock().clone() {
+            return Err(CollectiveError::Broken { rank, cause }.into());
+        }
+        let deadline = Instant::now() + timeout;
+        let mine = Description::split(sequence, invalid);
+        let limits = (deadline, timeout);
+        let exchanged = self.exchange((rank, size), &plan, mine, &[], &mut messages, limits);
+        let (color, key) = (color?, key?);
+        exchanged?;
         let mut raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
         // SAFETY: the communicator is live; `raw` is written before the
         // call returns success.
         check(rank, "MPI_Comm_split", unsafe {
-            ffi::MPI_Comm_split(
-                self.raw.0,
-                color,
-                c_int::try_from(key).unwrap_or(c_int::MAX),
-                raw.as_mut_ptr(),
-            )
+            ffi::MPI_Comm_split(self.raw.0, color, key, raw.as_mut_ptr())
         })?;
         // SAFETY: MPI_Comm_split succeeded, so it wrote the handle.
         let raw = unsafe { raw.assume_init() };
