@@ -120,6 +120,12 @@ fn suite(ranks: &Ranks) -> bool {
         unsupported(ranks),
     );
     run("split into even and odd ranks".into(), split(ranks));
+    if ranks.size > 1 {
+        run(
+            "sends and receives one after another run as a group".into(),
+            p2p_groups(ranks),
+        );
+    }
     run(
         "a split's color or key above i32::MAX fails every rank".into(),
         split_out_of_range(ranks),
@@ -719,6 +725,73 @@ fn split_out_of_range(ranks: &Ranks) -> Outcome {
     ones.write_from(&[1; 4]).map_err(text)?;
     run_batch(ranks, |q| {
         q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
+    })
+    .map_err(text)?;
+    check(
+        "after",
+        ones.to_vec::<u32>().map_err(text)?,
+        vec![size as u32; 4],
+    )
+}
+
+/// Sends and receives recorded one after another in a batch run as one
+/// group, as over NCCL: a ring (each rank sends to the next and receives
+/// from the one before) and an exchange between two ranks that both send
+/// first complete. On f672715 each ran alone, in turn, so the ring timed
+/// out (every rank's send waited for the next rank's receive, which waited
+/// behind its own send) and the exchange failed with "send to rank 1 ...
+/// against send to rank 0". A receive overlapping another member's view
+/// is refused on both ranks, and the communicator runs on.
+fn p2p_groups(ranks: &Ranks) -> Outcome {
+    let (rank, size) = (ranks.rank, ranks.size);
+    // Its own communicator, with a short timeout: a hang here breaks it
+    // alone.
+    let comm = ranks.comm.split(Some(0), rank as u32).map_err(text)?;
+    let comm = comm.ok_or("the split gave no communicator")?;
+    comm.set_timeout(Duration::from_secs(5));
+    let (next, before) = ((rank + 1) % size, (rank + size - 1) % size);
+    for len in [16, 4096] {
+        let (out, into) = (view_in::<u32>(ranks, 1, len), view_in::<u32>(ranks, 2, len));
+        out.write_from(&input::<u32>(rank, len, 21)).map_err(text)?;
+        run_batch(ranks, |q| {
+            q.send::<u32, _>(&comm, next, &out)
+                .recv::<u32, _>(&comm, before, &into);
+        })
+        .map_err(|error| format!("ring of {len}: {error}"))?;
+        check(
+            "ring",
+            into.to_vec().map_err(text)?,
+            input::<u32>(before, len, 21),
+        )?;
+    }
+    if size % 2 == 0 {
+        let peer = rank ^ 1;
+        let (out, into) = (view_in::<u32>(ranks, 0, 64), view_in::<u32>(ranks, 3, 64));
+        out.write_from(&input::<u32>(rank, 64, 22)).map_err(text)?;
+        run_batch(ranks, |q| {
+            q.send::<u32, _>(&comm, peer, &out)
+                .recv::<u32, _>(&comm, peer, &into);
+        })
+        .map_err(|error| format!("pair exchange: {error}"))?;
+        check(
+            "pair exchange",
+            into.to_vec().map_err(text)?,
+            input::<u32>(peer, 64, 22),
+        )?;
+        // One view sent and received into in one group.
+        match failure_of(ranks, |q| {
+            q.send::<u32, _>(&comm, peer, &out)
+                .recv::<u32, _>(&comm, peer, &out);
+        })? {
+            CollectiveError::Mismatch { peer: p, there, .. }
+                if p == peer && there.contains("failed on its rank") => {}
+            other => return Err(format!("an overlapping receive: {other}")),
+        }
+    }
+    let ones = buffer::<u32>(ranks, 4);
+    ones.write_from(&[1; 4]).map_err(text)?;
+    run_batch(ranks, |q| {
+        q.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &ones, &ones);
     })
     .map_err(text)?;
     check(

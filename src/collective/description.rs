@@ -8,7 +8,8 @@ pub(super) const WORDS: usize = 5;
 
 /// What a rank says of a collective before its data: `[sequence, op,
 /// reduction or root or peer, element, count]`, the op's high bit set
-/// when the rank could not read its send view.
+/// when the rank failed it itself (it could not reach its views, or a
+/// receive overlaps another view of its group of sends and receives).
 #[derive(Clone, Copy)]
 pub(super) struct Description(pub(super) [u64; WORDS]);
 
@@ -103,7 +104,10 @@ impl std::fmt::Display for Description {
         };
         let described = super::describe(what, element, count as usize, sequence);
         if op & FAILED != 0 {
-            write!(f, "{described} (which could not read its send view)")
+            write!(
+                f,
+                "{described} (which failed on its rank: see that rank's error)"
+            )
         } else {
             f.write_str(&described)
         }

@@ -64,7 +64,8 @@
 //! `MPI_THREAD_MULTIPLE` (`Mpi::init` checks it; `Mpi::threading` reports
 //! it). The collectives of one communicator must run in the same order on
 //! every rank: record them on one queue, or order the queues by signals
-//! (the description exchange catches the rest).
+//! (the description exchange catches the rest). Sends and receives one
+//! after another in a batch run as one group, as over NCCL (`p2p.rs`).
 //!
 //! # On CUDA, over NCCL (the `nccl` feature)
 //!
@@ -181,6 +182,7 @@ mod nccl_behind;
 mod nccl_create;
 #[cfg(feature = "nccl")]
 mod nccl_watchdog;
+mod p2p;
 #[cfg(feature = "mpi")]
 mod small;
 #[cfg(feature = "mpi")]
@@ -206,6 +208,7 @@ pub(crate) use nccl::enqueue_run as enqueue_nccl_run;
 pub(crate) use nccl_behind::StreamWatch;
 #[cfg(feature = "nccl")]
 pub use nccl_create::NcclConfig;
+pub(crate) use p2p::HostGroupViews;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

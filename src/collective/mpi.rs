@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
 
 mod exchange;
+mod p2p;
 
 /// MPI's state in this process, as hwqueue sees it. Collectives hold it
 /// shared while they call MPI; [`Mpi`]'s drop takes it exclusively to
@@ -220,9 +221,9 @@ pub(super) struct MpiComm {
     /// communicator in one order (MPI's rule); bounded, as the holder
     /// gives up at its deadline. It keeps the exchange's messages.
     collective_start: Mutex<Messages>,
-    /// The same for `send`/`recv`, which never block collectives (their
-    /// exchange needs no kept messages).
-    p2p_start: Mutex<Messages>,
+    /// The same for groups of `send`s and `recv`s (`p2p.rs`), which never
+    /// block collectives.
+    p2p_start: Mutex<()>,
     /// The first failure that left MPI requests pending (a timeout): the
     /// communicator runs nothing after it.
     broken: Mutex<Option<Arc<Error>>>,
@@ -307,14 +308,22 @@ impl MpiComm {
         let inline = small::fits(plan.op, plan.element, plan.count, size);
         let (mut staged, mut direct) = match data {
             HostData::Staged { read, write } => (Some((read, write)), None),
-            // `Communicator::stages` sends every inline one through staging.
-            HostData::Direct(_) if inline => {
+            // `Communicator::stages` sends every inline one through staging,
+            // and a queue every `send` and `recv` through `run_p2p`.
+            HostData::Direct(_)
+                if inline
+                    || matches!(
+                        plan.op,
+                        CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
+                    ) =>
+            {
                 return Err(CollectiveError::Invalid {
                     rank,
                     size,
                     op: plan.op.name(),
                     reason: "hwqueue's bug: a collective small enough to ride along the \
-                             exchange was given its views' memory, not staging"
+                             exchange was given its views' memory, not staging, or a \
+                             point-to-point command was run alone, not in its group"
                         .to_owned(),
                 }
                 .into());
@@ -335,16 +344,7 @@ impl MpiComm {
             (None, None) => None,
         };
         let mine = Description::of(plan, read_error.is_some());
-        let p2p = matches!(
-            plan.op,
-            CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
-        );
-        let lock = if p2p {
-            &self.p2p_start
-        } else {
-            &self.collective_start
-        };
-        let mut guard = lock.lock();
+        let mut guard = self.collective_start.lock();
         // Broken while this waited for the lock: the holder's timeout left
         // its messages pending, and an exchange now could pair with them.
         if let Some(cause) = self.broken.lock().clone() {

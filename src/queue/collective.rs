@@ -92,7 +92,10 @@ impl<E: Engine> Queue<E> {
     }
 
     /// Records: `view` to rank `peer`, whose [`recv`](Self::recv) from this
-    /// rank, of the same length and type, receives it.
+    /// rank, of the same length and type, receives it. Sends and receives
+    /// recorded one after another over one communicator, with nothing
+    /// between them, run as one group (over MPI and NCCL alike): a rank
+    /// may send to and receive from its peers in any order within it.
     pub fn send<T, V>(&mut self, communicator: &Communicator, peer: usize, view: &V) -> &mut Self
     where
         T: CollectiveElement,

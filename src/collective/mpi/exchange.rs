@@ -18,15 +18,13 @@ use ::mpi::ffi;
 use super::super::description::{Description, WORDS};
 use super::super::mpi_types::{check, u64_type};
 use super::super::small::INLINE;
-use super::super::{CollectiveError, CollectiveOp, HostCollective};
+use super::super::{CollectiveError, HostCollective};
 use super::{MpiComm, null_request};
 use crate::error::{Error, Result};
 
 /// The words of a rank's message in a collective's description exchange:
 /// the description, then room for [`INLINE`] send bytes.
 pub(super) const SLOT: usize = WORDS + INLINE / 8;
-
-const TAG_DESCRIPTION: c_int = 1;
 
 /// A collective exchange's memory, kept by the communicator: this rank's
 /// message, and every rank's gathered.
@@ -38,11 +36,11 @@ pub(super) struct Messages {
 }
 
 impl MpiComm {
-    /// Exchanges descriptions with the peers of `plan` (every rank, or the
-    /// one peer of a `send`/`recv`) and compares them. A collective's
-    /// message is [`SLOT`] words, the description then `payload` (at most
-    /// [`INLINE`] bytes, zero-padded): every rank's, in rank order, is left
-    /// in `messages.gathered` (nothing for a `send`/`recv`). On a failure
+    /// Exchanges descriptions of the collective `plan` with every rank and
+    /// compares them (a `send` or `recv` exchanges with its peer alone, in
+    /// its group: `p2p.rs`). A message is [`SLOT`] words, the description
+    /// then `payload` (at most [`INLINE`] bytes, zero-padded): every
+    /// rank's, in rank order, is left in `messages.gathered`. On a failure
     /// while MPI has the messages, they are leaked to it and `messages` is
     /// left empty.
     pub(super) fn exchange(
@@ -67,88 +65,42 @@ impl MpiComm {
             }
             .into())
         };
-        match plan.op {
-            CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => {
-                let mut theirs = Box::new([0u64; WORDS]);
-                let mut requests = [null_request(), null_request()];
-                let (count, dtype) = (WORDS as c_int, u64_type());
-                // SAFETY: `theirs` is `WORDS` u64s, live until the
-                // requests complete, or forever (leaked on a timeout).
-                check(rank, "MPI_Irecv", unsafe {
-                    ffi::MPI_Irecv(
-                        theirs.as_mut_ptr().cast::<c_void>(),
-                        count,
-                        dtype,
-                        peer as c_int,
-                        TAG_DESCRIPTION,
-                        self.raw.0,
-                        &mut requests[0],
-                    )
-                })?;
-                let sent = Box::new(mine.0);
-                // SAFETY: `sent` is `WORDS` u64s, kept alive like `theirs`.
-                let started = check(rank, "MPI_Isend", unsafe {
-                    ffi::MPI_Isend(
-                        sent.as_ptr().cast::<c_void>(),
-                        count,
-                        dtype,
-                        peer as c_int,
-                        TAG_DESCRIPTION,
-                        self.raw.0,
-                        &mut requests[1],
-                    )
-                });
-                let done = started
-                    .and_then(|()| self.settle(rank, plan, &mut requests, deadline, timeout));
-                if let Err(error) = done {
-                    // The receive may still write `theirs`: MPI's now,
-                    // and the communicator is done.
-                    self.break_with(&error);
-                    std::mem::forget(theirs);
-                    std::mem::forget(sent);
-                    return Err(error);
-                }
-                compare(*theirs, peer)
-            }
-            _ => {
-                let mut sent = std::mem::take(&mut messages.sent);
-                sent.clear();
-                sent.extend_from_slice(&mine.0);
-                sent.resize(SLOT, 0);
-                bytemuck::cast_slice_mut::<u64, u8>(&mut sent[WORDS..])[..payload.len()]
-                    .copy_from_slice(payload);
-                let mut all = std::mem::take(&mut messages.gathered);
-                // Every word is MPI's to write: kept as it was otherwise.
-                all.resize(SLOT * size, 0);
-                let mut requests = [null_request()];
-                // SAFETY: `sent` holds `SLOT` u64s and `all` `size` times
-                // as many (their heap memory stays put when the vectors
-                // move), live until the request completes, or leaked.
-                check(rank, "MPI_Iallgather", unsafe {
-                    ffi::MPI_Iallgather(
-                        sent.as_ptr().cast::<c_void>(),
-                        SLOT as c_int,
-                        u64_type(),
-                        all.as_mut_ptr().cast::<c_void>(),
-                        SLOT as c_int,
-                        u64_type(),
-                        self.raw.0,
-                        &mut requests[0],
-                    )
-                })?;
-                if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
-                    std::mem::forget(all);
-                    std::mem::forget(sent);
-                    return Err(error);
-                }
-                messages.sent = sent;
-                let compared = (all.chunks_exact(SLOT).enumerate()).try_for_each(|(peer, slot)| {
-                    compare(slot[..WORDS].try_into().expect("WORDS words"), peer)
-                });
-                messages.gathered = all;
-                compared
-            }
+        let mut sent = std::mem::take(&mut messages.sent);
+        sent.clear();
+        sent.extend_from_slice(&mine.0);
+        sent.resize(SLOT, 0);
+        bytemuck::cast_slice_mut::<u64, u8>(&mut sent[WORDS..])[..payload.len()]
+            .copy_from_slice(payload);
+        let mut all = std::mem::take(&mut messages.gathered);
+        // Every word is MPI's to write: kept as it was otherwise.
+        all.resize(SLOT * size, 0);
+        let mut requests = [null_request()];
+        // SAFETY: `sent` holds `SLOT` u64s and `all` `size` times
+        // as many (their heap memory stays put when the vectors
+        // move), live until the request completes, or leaked.
+        check(rank, "MPI_Iallgather", unsafe {
+            ffi::MPI_Iallgather(
+                sent.as_ptr().cast::<c_void>(),
+                SLOT as c_int,
+                u64_type(),
+                all.as_mut_ptr().cast::<c_void>(),
+                SLOT as c_int,
+                u64_type(),
+                self.raw.0,
+                &mut requests[0],
+            )
+        })?;
+        if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
+            std::mem::forget(all);
+            std::mem::forget(sent);
+            return Err(error);
         }
+        messages.sent = sent;
+        let compared = (all.chunks_exact(SLOT).enumerate()).try_for_each(|(peer, slot)| {
+            compare(slot[..WORDS].try_into().expect("WORDS words"), peer)
+        });
+        messages.gathered = all;
+        compared
     }
 
     /// Polls the description exchange's `requests` to completion. A

@@ -11,9 +11,12 @@
 //! memory never reused.
 
 use crate::buffer::Buffer;
-use crate::collective::{Collective, HostCollective, HostViews};
-use crate::error::Result;
+use crate::collective::{
+    Collective, CollectiveError, CollectiveOp, HostCollective, HostGroupViews, HostViews,
+};
+use crate::error::{Error, Result};
 use crate::memory::Access;
+use crate::queue::Command;
 use crate::view::View;
 
 use super::run::lock_order;
@@ -117,6 +120,131 @@ impl HostViews for Views<'_> {
 
     fn lose(&mut self) {
         for (buffer, held) in self.held.iter_mut().flatten() {
+            buffer.lose(held);
+        }
+    }
+}
+
+/// Whether `command` is a `send` or `recv`, which runs in a group with
+/// those right after it over the same communicator ([`p2p_group`]).
+pub(super) fn is_p2p(command: &Command<Cpu>) -> bool {
+    matches!(command, Command::Collective(collective)
+        if matches!(collective.op, CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }))
+}
+
+/// The group of point-to-point commands that starts `commands`: the
+/// first, and each `send` or `recv` right after it over the same
+/// communicator (see `crate::collective` on groups).
+pub(super) fn p2p_group(commands: &[Command<Cpu>]) -> Vec<&Collective<Cpu>> {
+    let mut group: Vec<&Collective<Cpu>> = Vec::new();
+    for command in commands {
+        let Command::Collective(collective) = command else {
+            break;
+        };
+        let joins = is_p2p(command)
+            && group
+                .first()
+                .is_none_or(|first| first.communicator.same_as(&collective.communicator));
+        if !joins {
+            break;
+        }
+        group.push(collective);
+    }
+    group
+}
+
+/// Runs a group of point-to-point commands (from [`p2p_group`]) over the
+/// views' own memory; on failure, the index in the group of the first
+/// member that failed.
+pub(super) fn run_p2p_group(group: &[&Collective<Cpu>]) -> std::result::Result<(), (usize, Error)> {
+    let plans: Vec<HostCollective> = group
+        .iter()
+        .map(|member| HostCollective::of(member))
+        .collect();
+    let mut views = GroupViews {
+        members: group,
+        held: Vec::new(),
+    };
+    group[0].communicator.run_p2p_on_host(&plans, &mut views)
+}
+
+/// The views of a group's members (one each), and their buffers' locks
+/// while MPI has their memory.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+struct GroupViews<'a> {
+    members: &'a [&'a Collective<Cpu>],
+    /// Each buffer once, locked in the order of their ids (as an `exec`
+    /// holds its buffers).
+    held: Vec<(&'a CpuBuffer, Held<'a>)>,
+}
+
+/// A point-to-point command's one view: a `send`'s, or a `recv`'s.
+fn view_of(member: &Collective<Cpu>) -> Option<&View<Cpu>> {
+    member.send.as_ref().or(member.recv.as_ref())
+}
+
+impl HostGroupViews for GroupViews<'_> {
+    fn check(&mut self, index: usize) -> Result<()> {
+        let member = self.members[index];
+        if let Some(view) = view_of(member) {
+            view.buffer().peek()?;
+        }
+        // A receive overlapping another member's view would be written
+        // while that member's transfer reads or writes it.
+        let Some(recv) = &member.recv else {
+            return Ok(());
+        };
+        let clash = (self.members.iter().enumerate())
+            .filter(|&(other, _)| other != index)
+            .find(|(_, other)| view_of(other).is_some_and(|view| view.overlaps(recv)));
+        match clash {
+            None => Ok(()),
+            Some((other, _)) => Err(CollectiveError::Invalid {
+                rank: member.communicator.rank(),
+                size: member.communicator.size(),
+                op: member.op.name(),
+                reason: format!(
+                    "its receive view overlaps the view of command {} of its group of {} \
+                     (sends and receives one after another in a batch run together, \
+                     counted from 1): receive into memory no other of them uses, or put a \
+                     signal between them",
+                    other + 1,
+                    self.members.len()
+                ),
+            }
+            .into()),
+        }
+    }
+
+    fn hold(&mut self) -> Result<Vec<(*const u8, *mut u8)>> {
+        let mut buffers: Vec<&CpuBuffer> = (self.members.iter().copied())
+            .filter_map(view_of)
+            .map(View::buffer)
+            .collect();
+        buffers.sort_unstable_by_key(|buffer| buffer.id());
+        buffers.dedup_by(|a, b| a.same_as(b));
+        for buffer in buffers {
+            let held = buffer.lock_exclusive();
+            held.check(|| "the point-to-point command's buffer".into())?;
+            self.held.push((buffer, held));
+        }
+        // SAFETY: each view lies in its buffer (checked when it was made),
+        // so its offset is within the allocation.
+        let first = |view: &View<Cpu>| unsafe { view.buffer().as_ptr().add(view.offset()) };
+        Ok((self.members.iter())
+            .map(|member| {
+                let send = member
+                    .send
+                    .as_ref()
+                    .map_or(std::ptr::null(), |view| first(view).cast_const());
+                let recv = member.recv.as_ref().map_or(std::ptr::null_mut(), first);
+                (send, recv)
+            })
+            .collect())
+    }
+
+    fn lose(&mut self) {
+        for (buffer, held) in &mut self.held {
             buffer.lose(held);
         }
     }

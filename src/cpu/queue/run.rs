@@ -40,10 +40,33 @@ fn run_commands<'a>(
     held: &mut HeldBuffers<'a>,
     mut profile: Option<&mut BatchProfile<'_>>,
 ) -> std::result::Result<(), (usize, Error)> {
-    for (index, command) in batch.commands().iter().enumerate() {
+    let commands = batch.commands();
+    // Past the group of sends and receives the loop just ran.
+    let mut next = 0;
+    for (index, command) in commands.iter().enumerate() {
+        if index < next {
+            continue;
+        }
         if !matches!(command, Command::Exec { .. }) {
             // Buffers stay held only from one `exec` to the next.
             held.release();
+        }
+        if super::collective::is_p2p(command) {
+            let group = super::collective::p2p_group(&commands[index..]);
+            next = index + group.len();
+            let outcome = super::collective::run_p2p_group(&group);
+            if let Some(profile) = profile.as_deref_mut() {
+                // One end for every member, up to the one that failed.
+                let failed = outcome.as_ref().err().map_or(group.len(), |(at, _)| *at);
+                for _ in 0..failed {
+                    profile.record(&Ok(()));
+                }
+                if let Err((_, error)) = &outcome {
+                    profile.record(&Err(error.clone()));
+                }
+            }
+            outcome.map_err(|(at, error)| (index + at, error))?;
+            continue;
         }
         let result = match command {
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
