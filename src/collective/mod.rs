@@ -36,7 +36,9 @@
 //! has room for 1 KiB of its send view: a collective that small finishes in
 //! the exchange itself, each rank combining the gathered contributions in
 //! rank order (`small.rs`), with no second MPI call; its views are copied
-//! through staging memory the communicator keeps.
+//! through staging memory the communicator keeps. (A `send` or `recv`
+//! exchanges with its peer alone, and one whose peer runs no matching
+//! command waits for it until the timeout: `p2p.rs`.)
 //!
 //! A larger one runs over the views' own memory: the worker holds their
 //! buffers (as a kernel does) from the moment the ranks agreed, starts
@@ -65,7 +67,7 @@
 //! it). The collectives of one communicator must run in the same order on
 //! every rank: record them on one queue, or order the queues by signals
 //! (the description exchange catches the rest). Sends and receives one
-//! after another in a batch run as one group, as over NCCL (`p2p.rs`).
+//! after another in a batch run as one group (`p2p.rs`).
 //!
 //! # On CUDA, over NCCL (the `nccl` feature)
 //!
@@ -170,6 +172,7 @@
 #[cfg(feature = "mpi")]
 mod description;
 mod error;
+mod host;
 #[cfg(feature = "mpi")]
 mod mpi;
 #[cfg(feature = "mpi")]
@@ -198,6 +201,8 @@ use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::view::View;
 
 pub use error::CollectiveError;
+#[cfg_attr(not(feature = "mpi"), allow(unused_imports))]
+pub(crate) use host::{HostData, HostGroupViews, HostViews};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
 #[cfg(feature = "nccl")]
@@ -208,7 +213,6 @@ pub(crate) use nccl::enqueue_run as enqueue_nccl_run;
 pub(crate) use nccl_behind::StreamWatch;
 #[cfg(feature = "nccl")]
 pub use nccl_create::NcclConfig;
-pub(crate) use p2p::HostGroupViews;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -613,52 +617,6 @@ impl Communicator {
             Transport::Nccl(_) => Err(CollectiveError::unsupported("cpu", self).into()),
         }
     }
-}
-
-/// What a host engine moves a collective's data through.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) enum HostData<'a> {
-    /// The communicator's staging memory: `read` fills the send staging
-    /// from the send view before the ranks talk, `write` copies the result
-    /// out to the receive view after.
-    Staged {
-        read: &'a mut dyn FnMut(&mut [u8]) -> Result<()>,
-        write: &'a mut dyn FnMut(&[u8]) -> Result<()>,
-    },
-    /// The views' own memory, held while the data moves.
-    Direct(&'a mut dyn HostViews),
-}
-
-/// A collective's views, handed to a host engine's transfer directly
-/// (no staging copies): what a CPU queue gives a collective that does not
-/// [`stage`](Communicator::stages).
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) trait HostViews {
-    /// Whether the views' memory can be reached, before the ranks talk (a
-    /// rank that cannot still describes itself, marked failed).
-    ///
-    /// # Errors
-    /// The buffers' refusal ([`Error::UseAfterDealloca`](crate::Error::UseAfterDealloca), ...).
-    fn check(&mut self) -> Result<()>;
-
-    /// Holds the views for the transfer, which reads the send view and
-    /// writes the receive view until the engine returns: their first bytes
-    /// (null where the collective has none), as long as the collective
-    /// needs.
-    ///
-    /// # Errors
-    /// As [`check`](Self::check).
-    fn hold(&mut self) -> Result<(*const u8, *mut u8)>;
-
-    /// Whether the send view is the receive view (an `all_reduce` in
-    /// place): MPI is then given a copy of it to send (rsmpi has no
-    /// `MPI_IN_PLACE`), and the result goes to the view directly.
-    fn in_place(&self) -> bool;
-
-    /// The transfer failed with the memory still the engine's (an MPI
-    /// collective that timed out cannot be cancelled): the held views'
-    /// memory must never be reached or reused again.
-    fn lose(&mut self);
 }
 
 /// What a host engine runs: a collective's shape without its views.

@@ -4,45 +4,22 @@
 //! `ncclGroupStart`/`ncclGroupEnd`. So a rank may send to and receive from
 //! its peers in any order within the group (a ring's send to the next rank
 //! and receive from the one before, two ranks' exchange, each sending
-//! first) without each transfer waiting for the one before it, and the
-//! same recording runs on a CPU queue over MPI and on a CUDA queue over
-//! NCCL. Across groups the order is the communicator's, as for every
-//! collective.
+//! first) without each transfer waiting for the one before it, and such a
+//! recording runs alike on a CPU queue over MPI and on a CUDA queue over
+//! NCCL. (NCCL groups the other collectives of such a run too; MPI runs
+//! them alone, so a collective between a send and its receive ends the
+//! group there.) Across groups the order is the communicator's, as for
+//! every collective.
+//!
+//! A member that fails (on its rank, or refused by its peer) fails the
+//! batch from there, but the members whose peers agreed still move their
+//! data, on both ranks: their receive views are written though the batch
+//! failed before them.
 
 #[cfg(feature = "nccl")]
 use super::CollectiveError;
-use super::{Communicator, HostCollective};
-use crate::error::{Error, Result};
-
-/// The views of a group of point-to-point commands, handed to a host
-/// engine's transfer directly (as [`HostViews`](super::HostViews) are for
-/// one collective).
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-pub(crate) trait HostGroupViews {
-    /// Whether member `index`'s view can be reached, and its receive view
-    /// (if it has one) overlaps no other member's view, before the ranks
-    /// talk: a member that fails is described failed, so its peer fails
-    /// it too, at once.
-    ///
-    /// # Errors
-    /// The buffer's refusal ([`Error::UseAfterDealloca`], ...);
-    /// [`CollectiveError::Invalid`](super::CollectiveError::Invalid) for
-    /// an overlap.
-    fn check(&mut self, index: usize) -> Result<()>;
-
-    /// Holds every member's buffer for the transfers, which read the send
-    /// views and write the receive views until the engine returns: each
-    /// member's first bytes (send, receive; null where it has none).
-    ///
-    /// # Errors
-    /// As [`check`](Self::check).
-    fn hold(&mut self) -> Result<Vec<(*const u8, *mut u8)>>;
-
-    /// A transfer failed with the memory still the engine's: every held
-    /// buffer's memory must never be reached or reused again (see
-    /// [`HostViews::lose`](super::HostViews::lose)).
-    fn lose(&mut self);
-}
+use super::{Communicator, HostCollective, HostGroupViews};
+use crate::error::Error;
 
 impl Communicator {
     /// Runs a group of point-to-point commands over this communicator on

@@ -96,8 +96,58 @@ fn run(ranks: &Ranks) -> Outcome {
     // Fresh memory works, and the stalled rank is let go whatever happened.
     let fresh = buffer::<f32>(ranks, 4);
     let fresh_ok = fresh.write_from(&[1.0f32; 4]).map_err(text);
+    let grouped = if rank < 2 && size >= 3 {
+        group_past_a_lost_buffer(ranks, &side, &send)
+    } else {
+        Ok(())
+    };
     release(ranks, &side)?;
-    outcome.and(fresh_ok)
+    outcome.and(fresh_ok).and(grouped)
+}
+
+/// Ranks 0 and 1, over `side`: rank 0 sends its lost `send` and then a
+/// fresh buffer to rank 1, which receives both. The first member fails on
+/// both ranks (rank 0 cannot reach its buffer; rank 1 is told so), and the
+/// second still moves its data, on a communicator that runs on (`release`
+/// uses it next). On 86cdf0c rank 0 held the lost buffer too, for the
+/// second member's transfer: the hold failed, broke `side`, and rank 1's
+/// second receive timed out.
+fn group_past_a_lost_buffer(ranks: &Ranks, side: &Communicator, lost: &CpuBuffer) -> Outcome {
+    side.set_timeout(Duration::from_secs(3));
+    let fresh = buffer::<u32>(ranks, 16);
+    let data: Vec<u32> = (0..16).collect();
+    let outcome = if ranks.rank == 0 {
+        fresh.write_from(&data).map_err(text)?;
+        run_batch(ranks, |q| {
+            q.send::<f32, _>(side, 1, lost)
+                .send::<u32, _>(side, 1, &fresh);
+        })
+    } else {
+        let into = buffer::<f32>(ranks, LEN);
+        run_batch(ranks, |q| {
+            q.recv::<f32, _>(side, 0, &into)
+                .recv::<u32, _>(side, 0, &fresh);
+        })
+    };
+    let cause = match outcome {
+        Err(Error::SignalFailed { cause, .. }) => cause,
+        other => return Err(format!("the group past a lost buffer: {other:?}")),
+    };
+    let expected = match &*cause {
+        Error::MemoryLost { .. } => ranks.rank == 0,
+        Error::Collective(CollectiveError::Mismatch { peer: 0, there, .. }) => {
+            ranks.rank == 1 && there.contains("failed on its rank")
+        }
+        _ => false,
+    };
+    if !expected {
+        return Err(format!("the group past a lost buffer failed with {cause}"));
+    }
+    check(
+        "the second member's data",
+        fresh.to_vec().map_err(text)?,
+        data,
+    )
 }
 
 /// The last rank: holds `recv` in a kernel, records the collective, waits

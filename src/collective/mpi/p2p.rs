@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
 
+use super::super::HostGroupViews;
 use super::super::description::{Description, WORDS};
 use super::super::mpi_types::{check, u64_type};
-use super::super::p2p::HostGroupViews;
 use super::super::{CollectiveError, CollectiveOp, Communicator, HostCollective};
 use super::exchange::poll;
 use super::{MpiComm, null_request};
@@ -99,19 +99,24 @@ impl MpiComm {
             }
         }
         let Some(&first) = agreed.first() else {
-            return Err(failed.expect("a member that did not agree failed"));
+            return failed.map_or(Ok(()), Err);
         };
         // The peers of the members that agreed start their transfers: a
         // failure before this rank started all of its own leaves it out
-        // of step with them, so the communicator is done.
-        let broken = |at: usize, error: Error| {
+        // of step with them, so the communicator is done. The batch fails
+        // from its first member that failed, this one or an earlier one
+        // that its peer refused.
+        let mut broken = |at: usize, error: Error| {
             self.break_with(&error);
-            (at, error)
+            match failed.take() {
+                Some(earlier) if earlier.0 < at => earlier,
+                _ => (at, error),
+            }
         };
-        let memory = views.hold().map_err(|error| broken(first, error))?;
+        let memory = views.hold(&agreed).map_err(|error| broken(first, error))?;
         let mut requests = Vec::with_capacity(agreed.len());
-        for &index in &agreed {
-            match self.start(rank, &plans[index], memory[index]) {
+        for (&index, &memory) in agreed.iter().zip(&memory) {
+            match self.start(rank, &plans[index], memory) {
                 Ok(started) => requests.extend(started),
                 Err(error) => {
                     // Those started may still use the memory.

@@ -9,6 +9,14 @@
 //! are then [lost](crate::memory::Allocation::lose): refused with
 //! [`Error::MemoryLost`](crate::Error::MemoryLost) from then on, their
 //! memory never reused.
+//!
+//! A collective holds its views' buffers exclusively, as a kernel does,
+//! the send view's too (losing it takes the exclusive hold). So two
+//! collectives over two communicators that read one buffer, on two queues
+//! not ordered by a signal, take it in turn: where ranks take it in
+//! opposite orders, each waits for a peer that waits for the buffer, and
+//! both time out. Order such queues by a signal, or send from distinct
+//! buffers.
 
 use crate::buffer::Buffer;
 use crate::collective::{
@@ -216,8 +224,9 @@ impl HostGroupViews for GroupViews<'_> {
         }
     }
 
-    fn hold(&mut self) -> Result<Vec<(*const u8, *mut u8)>> {
-        let mut buffers: Vec<&CpuBuffer> = (self.members.iter().copied())
+    fn hold(&mut self, which: &[usize]) -> Result<Vec<(*const u8, *mut u8)>> {
+        let members = which.iter().map(|&index| self.members[index]);
+        let mut buffers: Vec<&CpuBuffer> = (members.clone())
             .filter_map(view_of)
             .map(View::buffer)
             .collect();
@@ -231,7 +240,7 @@ impl HostGroupViews for GroupViews<'_> {
         // SAFETY: each view lies in its buffer (checked when it was made),
         // so its offset is within the allocation.
         let first = |view: &View<Cpu>| unsafe { view.buffer().as_ptr().add(view.offset()) };
-        Ok((self.members.iter())
+        Ok(members
             .map(|member| {
                 let send = member
                     .send
