@@ -95,7 +95,9 @@ impl<E: Engine> Queue<E> {
     /// rank, of the same length and type, receives it. Sends and receives
     /// recorded one after another over one communicator, with nothing
     /// between them, run as one group (over MPI and NCCL alike): a rank
-    /// may send to and receive from its peers in any order within it.
+    /// may send to and receive from its peers in any order within it. Over
+    /// MPI, members whose peers agreed move their data even where another
+    /// member of the group failed (see `collective::p2p`).
     pub fn send<T, V>(&mut self, communicator: &Communicator, peer: usize, view: &V) -> &mut Self
     where
         T: CollectiveElement,
@@ -303,7 +305,13 @@ pub(crate) fn check_lengths(
             if which == "send" { recv_len } else { send_len }
         ));
     }
-    let count = send_len.max(recv_len) / width;
+    // What each rank contributes, as MPI counts it (an all_gather's
+    // receive view and a reduce_scatter's send view are `size` of them).
+    let count = match op {
+        CollectiveOp::AllGather => send_len,
+        CollectiveOp::ReduceScatter(_) => recv_len,
+        _ => send_len.max(recv_len),
+    } / width;
     if count > i32::MAX as usize {
         return invalid(format!(
             "{count} elements are more than one collective moves (2^31 - 1): split it"
