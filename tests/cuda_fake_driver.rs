@@ -18,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 #[path = "cuda_fake_driver/exec_checks.rs"]
 mod exec_checks;
+#[path = "cuda_fake_driver/failure_order.rs"]
+mod failure_order;
 #[cfg(feature = "nccl")]
 #[path = "cuda_fake_driver/nccl.rs"]
 mod nccl;
@@ -669,6 +671,9 @@ fn run_child_scenario(scenario: &str) {
         #[cfg(feature = "nccl")]
         other if other.starts_with("nccl_nonblocking:") => {
             nccl_nonblocking::run(&device, &other["nccl_nonblocking:".len()..])
+        }
+        other if other.starts_with("failure_order:") => {
+            failure_order::run(&device, &other["failure_order:".len()..]);
         }
         other if other.starts_with("wait_policy:") => {
             wait_policy::run(&device, &other["wait_policy:".len()..]);

@@ -181,8 +181,13 @@ impl Shared {
             // Reported by the next `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
-            // worker, which may block, and which later batches follow.
-            Outcome::Failed(at, error) if self.ledger.independent() => {
+            // worker, which may block, and which later batches follow. So
+            // does one with work on the stream before the failure: its
+            // values from there on fail once that work completed (the
+            // worker waits for the stream), not while it still runs,
+            // which a waiter let through by the failure (a settled wait)
+            // would race with.
+            Outcome::Failed(at, error) if at > 0 || self.ledger.independent() => {
                 self.hand_over(batch, at, Some(error), mark);
                 None
             }
@@ -617,7 +622,8 @@ impl Shared {
             Outcome::Blocked(at) => {
                 self.hand_over(mem::take(batch), at, None, Mark::Plain);
             }
-            Outcome::Failed(at, error) if self.ledger.independent() => {
+            // As `process` would: after the signals recorded before it.
+            Outcome::Failed(at, error) if at > 0 || self.ledger.independent() => {
                 self.hand_over(mem::take(batch), at, Some(error), Mark::Plain);
             }
             Outcome::Failed(at, error) => {

@@ -25,7 +25,8 @@
  *                                Unset: every version loads
  *   HWQUEUE_FAKE_FAULT_AFTER     the name of an entry point that puts work on
  *                                a stream (cuMemcpyHtoDAsync_v2, cuLaunchKernel,
- *                                ...): once it has been called, the device has
+ *                                cuEventRecord, ...): once it has been called
+ *                                (successfully), the device has
  *                                faulted (see "Faults" below). Unset: never
  *   HWQUEUE_FAKE_FAULT           the fault's CUresult (default 700,
  *                                CUDA_ERROR_ILLEGAL_ADDRESS)
@@ -105,9 +106,10 @@
  *     long: cuEventQuery answers CUDA_ERROR_NOT_READY until then, and
  *     cuEventSynchronize sleeps until then (clock_nanosleep: really
  *     sleeps, so a test can tell a waiter that sleeps from one that spins
- *     by its thread's CPU time). Only events are delayed: streams and
- *     graph launches still complete at once, and a recording in a graph
- *     completes when the graph runs.
+ *     by its thread's CPU time). cuStreamSynchronize waits for the last
+ *     event recorded on its stream (the stream's work ends then); nothing
+ *     else is delayed: graph launches still complete at once, and a
+ *     recording in a graph completes when the graph runs.
  *   - Stalls (for the fake NCCL, libnccl.c, whose collective that "never
  *     completes" stalls its stream; see HWQUEUE_FAKE_NCCL_HANG there): the
  *     one exception to "work is done when enqueued". `hwqueue_fake_stall`,
@@ -637,7 +639,9 @@ struct fake_handle {
     unsigned int flags;
     /* An event's completion time (CLOCK_MONOTONIC, ns) under
      * HWQUEUE_FAKE_EVENT_DELAY_US; 0: complete. Written by a record, read
-     * by queries and synchronisations on other threads. */
+     * by queries and synchronisations on other threads. A stream's: that
+     * of the last event recorded on it, which cuStreamSynchronize waits
+     * for. */
     _Atomic long long ready_at_ns;
     struct capture *capture;         /* a stream's, while it captures */
     unsigned long long captured_in;  /* an event's last record's capture, or 0 */
@@ -650,6 +654,17 @@ struct fake_handle {
 
 static int stalled(_Atomic(_Atomic long long *) *slot);
 static void sleep_while_stalled(_Atomic(_Atomic long long *) *slot);
+
+/* Sleeps (never spins) until `ready_at` (CLOCK_MONOTONIC, ns; 0: at once). */
+static void sleep_until_ns(long long ready_at) {
+    if (ready_at <= 0) {
+        return;
+    }
+    struct timespec until = {.tv_sec = ready_at / 1000000000LL, .tv_nsec = ready_at % 1000000000LL};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+        /* A signal handler ran: sleep on to the same instant. */
+    }
+}
 
 /* Aborts on what this fake leaves out, rather than answering what no
  * driver would. */
@@ -834,6 +849,8 @@ CUresult cuStreamSynchronize(CUstream stream) {
         result = forbidden_in_capture(stream, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     if (result == CUDA_SUCCESS && created_stream(stream)) {
+        /* The events recorded on it are its work's end (event delay). */
+        sleep_until_ns(atomic_load(&stream->ready_at_ns));
         sleep_while_stalled(&stream->stall);
     }
     return result;
@@ -974,7 +991,13 @@ static CUresult record_event(const char *symbol, CUevent event, CUstream stream,
     }
     event->captured_in = graph != NULL ? stream->capture->id : 0;
     atomic_store(&event->stall, graph == NULL && created_stream(stream) ? atomic_load(&stream->stall) : NULL);
-    atomic_store(&event->ready_at_ns, graph == NULL && event_delay_ns > 0 ? monotonic_ns() + event_delay_ns : 0);
+    long long ready_at = graph == NULL && event_delay_ns > 0 ? monotonic_ns() + event_delay_ns : 0;
+    atomic_store(&event->ready_at_ns, ready_at);
+    if (ready_at > 0 && created_stream(stream)) {
+        /* Later records are later: the stream's work is done by then. */
+        atomic_store(&stream->ready_at_ns, ready_at);
+    }
+    after_work(symbol);
     return CUDA_SUCCESS;
 }
 
@@ -1016,14 +1039,8 @@ CUresult cuEventSynchronize(CUevent event) {
     if (result == CUDA_SUCCESS) {
         result = captured_event_check(event);
     }
-    long long ready_at = atomic_load(&event->ready_at_ns);
-    if (result == CUDA_SUCCESS && ready_at > 0) {
-        struct timespec until = {.tv_sec = ready_at / 1000000000LL, .tv_nsec = ready_at % 1000000000LL};
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
-            /* A signal handler ran: sleep on to the same instant. */
-        }
-    }
     if (result == CUDA_SUCCESS) {
+        sleep_until_ns(atomic_load(&event->ready_at_ns));
         sleep_while_stalled(&event->stall);
     }
     return result;

@@ -1,0 +1,91 @@
+//! A batch that fails on the thread that submits it, after some of its
+//! work went on the stream: under `FailureScope::Queue` (the default) its
+//! signals from the failure on fail only once that work completed, as the
+//! `Engine::submit` contract says (a waiter the failure lets through, a
+//! settled wait or a plan's next run, must not race the batch's earlier
+//! work). The fake's `HWQUEUE_FAKE_EVENT_DELAY_US` makes the earlier work
+//! run that long: its event completes then, and `cuStreamSynchronize`
+//! waits for it.
+
+use std::time::Duration;
+
+use hwqueue::cuda::CudaDevice;
+use hwqueue::{Error, HardwareQueue, QueueFactory, TimelineSignal};
+
+use super::{on_a_12_2_device, report, run_scenario};
+
+/// The child's half. `behind_wait`: `signal(a, 1)`, then a wait on a value
+/// failed on the host, then `signal(b, 1)`, submitted on the caller's
+/// thread. `behind_record`: `signal(a, 1)` and `signal(b, 1)` alone (the
+/// in-place path), `b`'s event record refused by the fake. Reports how
+/// `b` ended and whether `a` was reached by then.
+pub(super) fn run(device: &CudaDevice, case: &str) {
+    let mut queue = device.compute_queue().unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    match case {
+        "behind_wait" => {
+            let failed = device.new_signal(0).unwrap();
+            failed.fail(
+                1,
+                Error::KernelFailed {
+                    program: "elsewhere".into(),
+                    message: "failed on another queue".into(),
+                },
+            );
+            queue.signal(&a, 1).wait(&failed, 1).signal(&b, 1);
+        }
+        "behind_record" => {
+            queue.signal(&a, 1).signal(&b, 1);
+        }
+        other => panic!("no failure_order case `{other}`"),
+    }
+    queue.submit().unwrap();
+    let ended = b.wait(1, Duration::from_secs(60));
+    let a_reached = a.is_reached(1);
+    report(
+        "b",
+        match &ended {
+            Err(Error::SignalFailed { .. }) => "failed",
+            Ok(()) => "reached",
+            Err(_) => "other",
+        },
+    );
+    report("a_reached_when_b_failed", &a_reached.to_string());
+}
+
+fn scenario(case: &str, extra: &[(&str, &str)]) {
+    let name = format!("failure_order:{case}");
+    let mut vars = vec![("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000")];
+    vars.extend_from_slice(extra);
+    let Some(outcome) = run_scenario(&on_a_12_2_device(&name, &vars)) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
+    assert_eq!(
+        outcome.field("a_reached_when_b_failed"),
+        "true",
+        "{outcome:#?}"
+    );
+}
+
+/// On 5af1e38 `b` failed as `submit` returned, two seconds before `a`'s
+/// work completed.
+#[test]
+fn a_failed_wait_fails_the_values_after_it_once_the_work_before_it_completed() {
+    scenario("behind_wait", &[]);
+}
+
+/// The same on the in-place path of a batch of signals only: on 5af1e38
+/// `b` failed at once.
+#[test]
+fn a_refused_record_fails_the_values_after_it_once_the_work_before_it_completed() {
+    scenario(
+        "behind_record",
+        &[
+            ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT", "2"),
+        ],
+    );
+}
