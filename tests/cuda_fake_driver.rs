@@ -16,6 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
+#[path = "cuda_fake_driver/contexts.rs"]
+mod contexts;
 #[path = "cuda_fake_driver/exec_checks.rs"]
 mod exec_checks;
 #[path = "cuda_fake_driver/failure_order.rs"]
@@ -672,6 +674,7 @@ fn run_child_scenario(scenario: &str) {
         other if other.starts_with("nccl_nonblocking:") => {
             nccl_nonblocking::run(&device, &other["nccl_nonblocking:".len()..])
         }
+        "other_device_event" => contexts::run(),
         other if other.starts_with("failure_order:") => {
             failure_order::run(&device, &other["failure_order:".len()..]);
         }

@@ -121,14 +121,38 @@ impl SignalEvent {
     }
 }
 
+/// Runs `f` with `context` current on this thread, then makes current
+/// again the context that was (if it was another): a signal's event may be
+/// dropped or waited on in the middle of a queue's enqueue of another
+/// device, which made its stream's context current once for the whole
+/// batch (a ring replacing a done slot's event of another device, a
+/// wait's handle let go, a full ring waiting for its oldest event).
+fn in_context<T>(
+    context: &CudaContext,
+    f: impl FnOnce() -> std::result::Result<T, DriverError>,
+) -> std::result::Result<T, DriverError> {
+    let mut previous = std::ptr::null_mut();
+    // SAFETY: the call writes one handle (null: none current).
+    unsafe { sys::cuCtxGetCurrent(&mut previous) }.result()?;
+    context.bind_to_thread()?;
+    let outcome = f();
+    if previous != context.cu_ctx() {
+        // SAFETY: `previous` was current on this thread just now (or is
+        // null, which leaves none current); a context outlives the
+        // handles of it that the thread's caller holds.
+        unsafe { sys::cuCtxSetCurrent(previous) }.result()?;
+    }
+    outcome
+}
+
 impl Drop for SignalEvent {
     fn drop(&mut self) {
-        if self.context.bind_to_thread().is_ok() {
-            // SAFETY: the event was created by `new` and is destroyed only
-            // here; the driver lets an event be destroyed while recorded
-            // work is still pending (it is released once that completes).
-            let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
-        }
+        // SAFETY: the event was created by `new` and is destroyed only
+        // here; the driver lets an event be destroyed while recorded
+        // work is still pending (it is released once that completes).
+        let _ = in_context(&self.context, || unsafe {
+            sys::cuEventDestroy_v2(self.event).result()
+        });
     }
 }
 
@@ -153,14 +177,15 @@ impl RingEvent for SignalEvent {
         Some(wait_tuning(self.context.ordinal()))
     }
 
+    /// The caller's current context stays current (see `in_context`).
     fn synchronize(&self) -> Result<()> {
         let fail = |e| self.fault("waiting for a signal's event", e);
-        self.context.bind_to_thread().map_err(fail)?;
         // SAFETY: the event is alive until `Drop`; the call blocks
         // (sleeping: `CU_EVENT_BLOCKING_SYNC`) until it completes.
-        unsafe { sys::cuEventSynchronize(self.event) }
-            .result()
-            .map_err(fail)
+        in_context(&self.context, || unsafe {
+            sys::cuEventSynchronize(self.event).result()
+        })
+        .map_err(fail)
     }
 }
 

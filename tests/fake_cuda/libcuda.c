@@ -54,7 +54,9 @@
  *     context is per thread, as in the driver; the calls that create
  *     something in "the current context" (streams, events, memory, modules)
  *     answer CUDA_ERROR_INVALID_CONTEXT on a thread that has none, so a
- *     caller that forgets to bind its context on a thread fails here too.
+ *     caller that forgets to bind its context on a thread fails here too;
+ *     so does cuLaunchKernel on a stream created in another context than
+ *     the thread's current one.
  *   - Device pointers are host pointers: cuMemAlloc & co. are aligned
  *     malloc, and copies and fills are memcpy/memset, done at once.
  *     Page-locked memory (cuMemHostAlloc) is plain malloc too.
@@ -644,6 +646,7 @@ struct fake_handle {
      * for. */
     _Atomic long long ready_at_ns;
     struct capture *capture;         /* a stream's, while it captures */
+    CUcontext context;               /* current when it was created */
     unsigned long long captured_in;  /* an event's last record's capture, or 0 */
     /* The stall (see "Stalls") a stream's work is behind, or an event's
      * last record was: a deadline (CLOCK_MONOTONIC, ns) that libnccl.c
@@ -816,6 +819,7 @@ static CUresult new_handle(struct fake_handle **handle, unsigned int flags) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     (*handle)->flags = flags;
+    (*handle)->context = current_context;
     return CUDA_SUCCESS;
 }
 
@@ -1559,6 +1563,11 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int g
     if (function == NULL || grid_x == 0 || grid_y == 0 || grid_z == 0 || block_x == 0 || block_y == 0 ||
         block_z == 0) {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* As the driver: a launch on a stream of a context that is not the
+     * thread's current one is refused. */
+    if (created_stream(stream) && stream->context != current_context) {
+        return CUDA_ERROR_INVALID_CONTEXT;
     }
     struct fake_graph *graph;
     CUresult result = begin_work(stream, __func__, &graph);

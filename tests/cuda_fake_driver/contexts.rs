@@ -1,0 +1,67 @@
+//! A signal's event of another device, destroyed in the middle of a
+//! queue's enqueue, leaves the queue's context current. The fake refuses a
+//! launch on a stream of a context that is not current, as the driver does.
+
+use hwqueue::cuda::{Cuda, CudaProgram};
+use hwqueue::{Backend, Device, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal};
+
+use super::{SCALE_PTX, describe, on_a_12_2_device, report, run_scenario};
+
+/// The child's half, over two devices: a queue of device 1 signals `s`
+/// sixteen times (every slot of its ring holds an event of device 1, all
+/// done once the queue synchronised) and is dropped; then a queue of device 0 signals `s` 17 and runs
+/// a kernel in the same batch. Device 1's events cannot be recorded on
+/// device 0's stream, so the ring replaces one, destroying it mid-batch.
+/// Reports the batch's outcome (`batch`) and whether `s` reached 17.
+pub(super) fn run() {
+    let (zero, one) = (Cuda::open(0).unwrap(), Cuda::open(1).unwrap());
+    let signal = one.new_signal(0).unwrap();
+    {
+        let mut queue = one.compute_queue().unwrap();
+        for value in 1..=16 {
+            queue.signal(&signal, value).submit().unwrap();
+        }
+        queue.synchronize().unwrap();
+    }
+    // The worker lets the dropped queue go: then another may signal.
+    while signal
+        .producer()
+        .queue()
+        .is_some_and(|queue| queue.is_live())
+    {
+        std::thread::yield_now();
+    }
+    let scale = CudaProgram::from_ptx(&zero, SCALE_PTX, "scale", 2, 1).unwrap();
+    let (a, b) = (zero.alloc(64).unwrap(), zero.alloc(64).unwrap());
+    let mut queue = zero.compute_queue().unwrap();
+    queue.signal(&signal, 17).exec(
+        &scale,
+        &[&a, &b],
+        &[Scalar::from(16u32)],
+        ExecParams::new_1d(16, 16),
+    );
+    queue.submit().unwrap();
+    let ran = queue.synchronize();
+    report("batch", &describe(ran, |()| String::new()));
+    report("reached", &signal.is_reached(17).to_string());
+}
+
+/// On 5af1e38 the replaced event's drop made device 1's context current on
+/// the enqueuing thread, and the kernel after the signal was refused
+/// (`CUDA_ERROR_INVALID_CONTEXT`): the batch failed.
+#[test]
+fn a_signal_event_of_another_device_dropped_mid_batch_leaves_the_queue_s_context_current() {
+    // Events that take 50 ms: each of the sixteen records finds the ones
+    // before it pending, so it takes a slot of its own.
+    let extra = [
+        ("HWQUEUE_FAKE_DEVICE_COUNT", "2"),
+        ("HWQUEUE_FAKE_EVENT_DELAY_US", "50000"),
+    ];
+    let vars = on_a_12_2_device("other_device_event", &extra);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("batch"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("reached"), "true", "{outcome:#?}");
+}
