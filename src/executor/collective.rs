@@ -10,6 +10,13 @@
 //! operations in schedule order, so the planner requires every collective
 //! over one communicator to be on one queue: then each rank that builds
 //! the same schedule runs them in the same order, run after run.
+//!
+//! A run records a signal after each operation (what the other queues and
+//! the next run wait for), so a plan's sends and receives never form one
+//! group (see `crate::collective`'s groups): each meets its peer's alone.
+//! Order them so that every send meets its receive in turn (in a ring,
+//! even ranks send first and odd ranks receive first), or record such an
+//! exchange on a queue directly.
 
 use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
 
