@@ -465,7 +465,11 @@ pub(crate) fn enqueue_run(
         .start(&comm.core, &comm.device)
         .map_err(|e| (start, e))?;
     let rank = first.communicator.rank();
-    result::group_start().map_err(|e| (start, nccl_error(e, rank, "ncclGroupStart", "a group")))?;
+    let group = comm.watchdog.take_group(stream).map_err(|e| (start, e))?;
+    if let Err(e) = result::group_start() {
+        comm.watchdog.give_back(group);
+        return Err((start, nccl_error(e, rank, "ncclGroupStart", "a group")));
+    }
     let mut failed = None;
     for index in start..end {
         let collective = collective(index).expect("the run holds collectives only");
@@ -496,26 +500,33 @@ pub(crate) fn enqueue_run(
         ended => ended.map(drop).map_err(group_failed),
     };
     if let Some(failure) = failed.or_else(|| ended.err().map(|error| (start, error))) {
+        // NCCL launches none of a group that failed (an error of any of
+        // its calls is the group's, `group.cc`), where the peers may have
+        // launched theirs: this rank would start its next collective where
+        // they are still in this one, and nothing here compares the two.
         // A non-blocking communicator's state holds the error from now on
-        // (every later call answers it, and a launch that never settled
-        // is still NCCL's): broken and aborted, as by an asynchronous
-        // error. A blocking one's call failed alone.
-        if comm.core.nonblocking {
-            comm.watchdog
-                .break_now(&comm.core, calls, failure.1.clone());
-        }
+        // too (and a launch that never settled is still NCCL's). So it is
+        // broken and aborted, as by an asynchronous error.
+        comm.watchdog.give_back(group);
+        comm.watchdog
+            .break_now(&comm.core, calls, failure.1.clone());
         return Err(failure);
     }
-    comm.watchdog
-        .watch(
-            stream,
-            first,
-            &commands[end..],
-            (ledger, epoch),
-            timeout,
-            behind,
-        )
-        .map_err(|e| (end, e))?;
+    let watched = comm.watchdog.watch(
+        group,
+        stream,
+        first,
+        &commands[end..],
+        (ledger, epoch, timeout),
+        behind,
+    );
+    if let Err(error) = watched {
+        // On the stream, with nothing to end it should a peer never come:
+        // broken and aborted now (its kernels exit), failing from its
+        // start.
+        comm.watchdog.break_now(&comm.core, calls, error.clone());
+        return Err((start, error));
+    }
     drop(calls);
     Ok(end)
 }

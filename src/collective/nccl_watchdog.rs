@@ -88,7 +88,7 @@ struct WatchState {
 }
 
 /// A group on a stream, watched.
-struct Group {
+pub(super) struct Group {
     /// Recorded right after the group on its stream; the stream's watch
     /// holds it too, to forget the group once it completed
     /// ([`StreamWatch::follow`]).
@@ -183,33 +183,25 @@ impl Watchdog {
         Ok(())
     }
 
-    /// Watches the group just put on `stream` (its first collective
-    /// `first`), to complete within `timeout`; `rest` is the batch after
-    /// it, `epoch` the batch's, and `behind` the stream's watch, which
-    /// hands the group what the stream enqueues after it. Called with the
-    /// communicator's call lock held.
+    /// The group the next launch on `stream` will be watched as: a spare
+    /// one, or one with a new event. Taken before the launch, so that a
+    /// driver that cannot make the event fails the run with nothing on the
+    /// stream (the group would be on it unwatched: no timeout, no abort).
+    /// Give it to [`watch`](Self::watch), or back with
+    /// [`give_back`](Self::give_back) when the launch failed.
     ///
     /// # Errors
-    /// A driver error creating or recording the event (the group is on
-    /// the stream, unwatched).
-    pub(super) fn watch(
-        &self,
-        stream: &CudaStream,
-        first: &Collective<Cuda>,
-        rest: &[Command<Cuda>],
-        (ledger, epoch): (&Ledger, u64),
-        timeout: Duration,
-        behind: &StreamWatch,
-    ) -> Result<()> {
+    /// A driver error creating the event.
+    pub(super) fn take_group(&self, stream: &CudaStream) -> Result<Group> {
         let spare = self.shared.state.lock().spare.pop();
         // A spare group's event may still be held by a stream's watch,
         // next to a `Behind` done by then (a group is spare only once this
         // thread took it for done): recorded again, it stops that watch's
         // forgetting at that entry for one batch, whose `follow` drops a
         // done `Behind` all the same.
-        let mut group = match spare {
-            Some(group) => group,
-            None => Group {
+        match spare {
+            Some(group) => Ok(group),
+            None => Ok(Group {
                 event: stream
                     .context()
                     .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -221,8 +213,33 @@ impl Watchdog {
                 after: Vec::new(),
                 ledger: None,
                 behind: Arc::default(),
-            },
-        };
+            }),
+        }
+    }
+
+    /// A group [`take_group`](Self::take_group) gave that watches nothing.
+    pub(super) fn give_back(&self, group: Group) {
+        self.shared.state.lock().spare.push(group);
+    }
+
+    /// Watches the group just put on `stream` as `group` (its first
+    /// collective `first`), to complete within `timeout`; `rest` is the
+    /// batch after it, `epoch` the batch's, and `behind` the stream's
+    /// watch, which hands the group what the stream enqueues after it.
+    /// Called with the communicator's call lock held.
+    ///
+    /// # Errors
+    /// A driver error recording the event (the group is on the stream,
+    /// unwatched: the caller breaks the communicator).
+    pub(super) fn watch(
+        &self,
+        mut group: Group,
+        stream: &CudaStream,
+        first: &Collective<Cuda>,
+        rest: &[Command<Cuda>],
+        (ledger, epoch, timeout): (&Ledger, u64, Duration),
+        behind: &StreamWatch,
+    ) -> Result<()> {
         // An event reused from a group of a stream of this device: every
         // queue running this communicator's collectives is of its device.
         if let Err(e) = group.event.record(stream) {

@@ -48,6 +48,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     match case {
         "collectives" => collectives(device),
         "fails" => fails(device),
+        "unwatched" => unwatched(device),
         "absent" => {
             report("single", &outcome(Communicator::nccl_single(device)));
             report("id", &outcome(NcclId::new()));
@@ -193,6 +194,9 @@ fn half(device: &CudaDevice) {
 
 /// The fake fails `ncclAllGather` (`HWQUEUE_FAKE_NCCL_FAIL`): the batch
 /// fails from it; the signal before it is set, the one after it failed.
+/// Then an all_reduce alone (`again`): NCCL launched none of the failed
+/// group, where the peers may have launched theirs, so the communicator
+/// is broken.
 fn fails(device: &CudaDevice) {
     let comm = Communicator::nccl_single(device).unwrap();
     let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
@@ -208,6 +212,34 @@ fn fails(device: &CudaDevice) {
     report("before", &outcome(before.wait(1, LONG)));
     report("after", &outcome(after.wait(1, LONG)));
     report("synchronize", &outcome(queue.synchronize()));
+    let again = device.new_signal(0).unwrap();
+    queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&again, 1)
+        .submit()
+        .unwrap();
+    report("again", &outcome(again.wait(1, LONG)));
+}
+
+/// `signal(a, 1)`, an all_reduce, `signal(b, 1)`, where the fake refuses
+/// every event record after `a`'s (HWQUEUE_FAKE_FAULT_AFTER): the group is
+/// on the stream, but the event its watch needs is not recorded.
+fn unwatched(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (
+        device.alloc_uninit(16).unwrap(),
+        device.alloc_uninit(16).unwrap(),
+    );
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .signal(&a, 1)
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&b, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    report("b", &outcome(b.wait(1, LONG)));
+    report("synchronize", &format!("{:?}", queue.synchronize()));
 }
 
 /// A communicator of device 1 on a queue of device 0, and on a CPU queue.
@@ -808,6 +840,38 @@ fn a_plan_runs_its_collectives_on_a_cuda_queue_each_run() {
     );
 }
 
+/// A group on the stream that its watch cannot follow (the event after it
+/// not recorded) would have nothing to end it should a peer never come:
+/// the communicator is broken and aborted at once, and the batch fails
+/// from the group. On 25ef09c the group stayed on the stream unwatched
+/// (no abort) and the failure was charged to the command after it.
+#[test]
+fn a_group_its_watch_cannot_follow_breaks_the_communicator() {
+    let vars = on_a_12_2_device(
+        "nccl:unwatched",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT", "2"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert!(outcome.field("b").starts_with("other "), "{outcome:#?}");
+    let failed = outcome.field("synchronize");
+    assert!(
+        failed.contains("recording an NCCL group's event"),
+        "{failed}"
+    );
+    assert!(
+        nccl_calls(&outcome).contains(&"ncclCommAbort"),
+        "{outcome:#?}"
+    );
+}
+
 #[test]
 fn an_nccl_error_fails_the_batch_from_that_command_with_a_typed_error() {
     let vars = on_a_12_2_device(
@@ -837,6 +901,14 @@ fn an_nccl_error_fails_the_batch_from_that_command_with_a_typed_error() {
     // The group was ended all the same.
     let calls = nccl_calls(&outcome);
     assert!(calls.contains(&"ncclGroupEnd"), "{outcome:#?}");
+    // NCCL launched none of the group, so this rank is out of step with
+    // its peers: broken and aborted (on 25ef09c, a blocking
+    // communicator ran on, and the all_reduce after it was launched).
+    let again = outcome.field("again");
+    assert!(again.starts_with("Broken "), "{again}");
+    assert!(calls.contains(&"ncclCommAbort"), "{outcome:#?}");
+    let starts = calls.iter().filter(|c| **c == "ncclGroupStart").count();
+    assert_eq!(starts, 1, "{outcome:#?}");
 }
 
 #[test]
