@@ -306,15 +306,16 @@ pub(crate) fn check_lengths(
         ));
     }
     // What each rank contributes, as MPI counts it (an all_gather's
-    // receive view and a reduce_scatter's send view are `size` of them).
+    // receive view and a reduce_scatter's send view are `size` of them):
+    // an `int`. NCCL's counts are `size_t`.
     let count = match op {
         CollectiveOp::AllGather => send_len,
         CollectiveOp::ReduceScatter(_) => recv_len,
         _ => send_len.max(recv_len),
     } / width;
-    if count > i32::MAX as usize {
+    if communicator.on_host() && count > i32::MAX as usize {
         return invalid(format!(
-            "{count} elements are more than one collective moves (2^31 - 1): split it"
+            "{count} elements per rank are more than MPI counts (2^31 - 1): split it"
         ));
     }
     Ok(())
