@@ -9,7 +9,13 @@
 //! queue runs its commands in order and a plan records each queue's
 //! operations in schedule order, so the planner requires every collective
 //! over one communicator to be on one queue: then each rank that builds
-//! the same schedule runs them in the same order, run after run.
+//! the same schedule runs them in the same order, run after run. It also
+//! requires every collective of one device to be on one queue: over two
+//! communicators on two queues, unordered, ranks could start them in
+//! different orders and each wait for what the other holds (a CPU
+//! collective holds its buffers, parts of the device's one arena, while
+//! its data moves; NCCL kernels of two communicators on two streams can
+//! wait for each other).
 //!
 //! A run records a signal after each operation (what the other queues and
 //! the next run wait for), so a plan's sends and receives never form one
@@ -193,7 +199,9 @@ pub(super) fn validate<B: Backend>(
 }
 
 /// What `plan` checks of the collectives together: those over one
-/// communicator on one queue, so that every rank runs them in one order.
+/// communicator on one queue, so that every rank runs them in one order,
+/// and those of one device on one queue, so that no two wait for each
+/// other across ranks.
 pub(super) fn validate_order<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
     let collectives: Vec<(&Op<B>, &CollectiveWork)> = (schedule.ops.iter())
         .filter_map(|op| match &op.work {
@@ -219,6 +227,25 @@ pub(super) fn validate_order<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
                     later.name,
                     later.device.0,
                     later.kind
+                ),
+            });
+        }
+        // Over two communicators, two queues of one device could each hold
+        // what the other's peers wait for: a CPU collective holds its
+        // buffers (here, parts of the device's one arena) while its data
+        // moves, and NCCL kernels of two communicators on two streams can
+        // wait for each other when ranks launch them in different orders.
+        let beside = collectives[..at]
+            .iter()
+            .find(|(a_op, _)| a_op.device == later.device && a_op.kind != later.kind);
+        if let Some((earlier, _)) = beside {
+            return Err(Error::InvalidSchedule {
+                reason: format!(
+                    "collectives `{}` ({} queue) and `{}` ({} queue) run on two queues of \
+                     device {}, unordered, so ranks could wait for each other across them \
+                     (a collective holds its buffers, here parts of the device's one arena, \
+                     while its data moves); put every collective of a device on one queue",
+                    earlier.name, earlier.kind, later.name, later.kind, later.device.0
                 ),
             });
         }

@@ -252,7 +252,8 @@ fn every_collective(ranks: &Ranks) -> Outcome {
 }
 
 /// What `plan` refuses, naming the collective and this rank: lengths that
-/// cannot be right, and one communicator's collectives on two queues.
+/// cannot be right, one communicator's collectives on two queues, and two
+/// communicators' on two queues of one device.
 /// Nothing runs, so no peer is involved.
 fn refused_at_plan(ranks: &Ranks) -> Outcome {
     let (size, comm) = (ranks.size, &ranks.comm);
@@ -300,6 +301,31 @@ fn refused_at_plan(ranks: &Ranks) -> Outcome {
         "one communicator's collectives on two queues",
         refusal(schedule),
         &["`first`", "`second`", "one queue"],
+    )?;
+
+    // Two communicators on two queues of one device, unordered: their
+    // collectives would each hold parts of the device's one arena while
+    // waiting for peers that may hold the other's (on f672715 planned, and
+    // could time out with the arena lost).
+    let other = (comm.split(Some(0), ranks.rank as u32).map_err(text)?)
+        .ok_or("the split gave no communicator")?;
+    let (mut schedule, d) = new_schedule();
+    let (a, b, c, e) = (
+        schedule.add_tensor(d, "a", 64),
+        schedule.add_tensor(d, "b", 64),
+        schedule.add_tensor(d, "c", 64),
+        schedule.add_tensor(d, "e", 64),
+    );
+    schedule.fill("fill a", a, 0u32);
+    schedule.fill("fill c", c, 0u32);
+    schedule.all_reduce::<u32>("over world", comm, Reduction::Sum, a, b);
+    schedule
+        .all_reduce::<u32>("over the other", &other, Reduction::Sum, c, e)
+        .on(hwqueue::QueueKind::Copy);
+    expect(
+        "two communicators' collectives on two queues of one device",
+        refusal(schedule),
+        &["`over world`", "`over the other`", "device 0", "one queue"],
     )
 }
 
