@@ -433,6 +433,13 @@ fn hang(device: &CudaDevice) {
     report("submit_after", &outcome(submitted));
     report("later", &outcome(later.wait(1, LONG)));
     report("split_after", &outcome(comm.split(Some(0), 0)));
+    // The stream lets go of the batch (and its handle to the
+    // communicator) before the communicator is dropped: then the drop is
+    // the last, and it aborts the communicator here if the watchdog did
+    // not (its look may have found the call lock held by the split, and
+    // its thread ends with the drop). Without it, the queue's worker could
+    // drop the last handle after this process reported and exited.
+    let _ = queue.synchronize();
     drop(queue);
     drop(comm);
     report("dropped", "ok");
@@ -712,6 +719,13 @@ fn async_error(device: &CudaDevice) {
     report("submit", &outcome(submitted));
     report("reduced", &outcome(reduced.wait(1, LONG)));
     report("split_after", &outcome(comm.split(Some(0), 0)));
+    // The stream lets go of the batch (and its handle to the
+    // communicator) before the communicator is dropped: then the drop is
+    // the last, and it aborts the communicator here if the watchdog did
+    // not (its look may have found the call lock held by the split, and
+    // its thread ends with the drop). Without it, the queue's worker could
+    // drop the last handle after this process reported and exited.
+    let _ = queue.synchronize();
     drop(queue);
     drop(comm);
     report("dropped", "ok");
