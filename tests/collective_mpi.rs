@@ -114,6 +114,10 @@ fn suite(ranks: &Ranks) -> bool {
     );
     if ranks.size > 1 {
         run("ranks that disagree fail".into(), disagreement(ranks));
+        run(
+            "a batch refused on one rank takes no place in the order".into(),
+            refused_batch(ranks),
+        );
     }
     run(
         "engines without collectives refuse them".into(),
@@ -638,6 +642,35 @@ fn disagreement(ranks: &Ranks) -> Outcome {
         "after",
         ones.to_vec::<u32>().map_err(text)?,
         vec![ranks.size as u32; 8],
+    )
+}
+
+/// Rank 1 records an all_reduce and then a send to itself, which refuses
+/// the batch at submit; then every rank runs an all_reduce. On 4107a66 the
+/// refused batch's all_reduce had taken its place in the communicator's
+/// order on rank 1 alone, so the next one was a mismatch on every rank (and
+/// every later one too, for good); places are taken at submit now.
+fn refused_batch(ranks: &Ranks) -> Outcome {
+    let ones = buffer::<u32>(ranks, 4);
+    ones.write_from(&[1; 4]).map_err(text)?;
+    if ranks.rank == 1 {
+        let mut queue = ranks.device.compute_queue().map_err(text)?;
+        queue
+            .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
+            .send::<u32, _>(&ranks.comm, 1, &ones);
+        match queue.submit() {
+            Err(Error::BatchRejected { .. }) => {}
+            other => return Err(format!("the batch was not refused: {other:?}")),
+        }
+    }
+    run_batch(ranks, |q| {
+        q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
+    })
+    .map_err(text)?;
+    check(
+        "after",
+        ones.to_vec::<u32>().map_err(text)?,
+        vec![ranks.size as u32; 4],
     )
 }
 

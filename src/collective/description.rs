@@ -155,7 +155,7 @@ mod tests {
         for &a in &elements {
             let told = of(a).to_string();
             assert!(
-                told.ends_with(&format!("of 8 {}, recorded #2", a.name())),
+                told.ends_with(&format!("of 8 {}, submitted #2", a.name())),
                 "{told}"
             );
             for &b in &elements {

@@ -372,9 +372,10 @@ pub struct Collective<B: Backend> {
     pub op: CollectiveOp,
     /// Its element type.
     pub element: Element,
-    /// Its place in the order collectives were recorded on this
-    /// communicator by this rank (0, 1, ...; point-to-point commands count
-    /// too). Ranks compare it to find collectives that run out of order.
+    /// Its place in the order collectives were submitted on this
+    /// communicator by this rank (0, 1, ...; taken when its batch is
+    /// submitted; `send` and `recv` take none: 0). Ranks compare it to find
+    /// collectives that run out of order.
     pub sequence: u64,
     /// The view it reads, if any (`recv` reads none; a broadcast reads its
     /// one view on the root only).
@@ -398,7 +399,7 @@ impl<B: Backend> Collective<B> {
     }
 
     /// The collective in words, as errors and profiles name it:
-    /// `all_reduce (sum) of 256 f32, recorded #3`.
+    /// `all_reduce (sum) of 256 f32, submitted #3`.
     pub fn describe(&self) -> String {
         describe(self.op, self.element, self.count(), self.sequence)
     }
@@ -410,7 +411,7 @@ impl<B: Backend> fmt::Debug for Collective<B> {
     }
 }
 
-/// `all_reduce (sum) of 256 f32, recorded #3`.
+/// `all_reduce (sum) of 256 f32, submitted #3`.
 pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequence: u64) -> String {
     let what = match op {
         CollectiveOp::AllReduce(r) | CollectiveOp::ReduceScatter(r) => {
@@ -421,7 +422,10 @@ pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequenc
         CollectiveOp::Recv { peer } => format!("recv from rank {peer}"),
         CollectiveOp::AllGather => op.name().to_owned(),
     };
-    format!("{what} of {count} {}, recorded #{sequence}", element.name())
+    format!(
+        "{what} of {count} {}, submitted #{sequence}",
+        element.name()
+    )
 }
 
 /// The timeout a communicator starts with: a minute.

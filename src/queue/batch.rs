@@ -249,6 +249,10 @@ pub struct Batch<B: Backend> {
     /// one's, and an engine may build their launch once (see
     /// [`uniform_params`](Self::uniform_params)).
     pub(super) mixed_params: bool,
+    /// Whether it holds a collective (not a `send` or `recv`) whose place
+    /// in its communicator's order is taken when the batch is submitted
+    /// (see `Queue::stamp_collectives`).
+    pub(super) collectives: bool,
     /// Buffers made by `alloca` that commands of this batch name, once per
     /// command, each holding a use (see [`QueueOrdered`](crate::memory::QueueOrdered));
     /// and (flagged `true`) those whose `dealloca` it records, which are
@@ -269,6 +273,7 @@ impl<B: Backend> Default for Batch<B> {
             abandoned: None,
             last_exec: 0,
             mixed_params: false,
+            collectives: false,
             uses: Vec::new(),
         }
     }
@@ -399,6 +404,7 @@ impl<B: Backend> Batch<B> {
         self.abandoned = None;
         self.last_exec = 0;
         self.mixed_params = false;
+        self.collectives = false;
         self.let_go();
     }
 

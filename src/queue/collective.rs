@@ -150,22 +150,42 @@ impl<E: Engine> Queue<E> {
             Err(error) => return self.reject(error),
         };
         // Point-to-point commands are between two ranks only, so they
-        // take no place in the order every rank shares.
-        let sequence = match op {
-            CollectiveOp::Send { .. } | CollectiveOp::Recv { .. } => 0,
-            _ => communicator.next_sequence(),
-        };
+        // take no place in the order every rank shares; the others take
+        // theirs when the batch is submitted (`stamp_collectives`).
+        self.batch.collectives |=
+            !matches!(op, CollectiveOp::Send { .. } | CollectiveOp::Recv { .. });
         self.batch
             .commands
             .push(Command::Collective(Box::new(Collective {
                 communicator: communicator.clone(),
                 op,
                 element,
-                sequence,
+                sequence: 0,
                 send,
                 recv,
             })));
         self
+    }
+
+    /// Gives each collective of the batch, about to be submitted, its place
+    /// in its communicator's order. Taken at submit, not when recorded: a
+    /// batch refused (a later command of it rejected) or dropped unsubmitted
+    /// never runs its collectives, and had it taken their places, this rank
+    /// would be one behind its peers for good (every later collective a
+    /// mismatch), where now a corrected batch meets the peers' collectives
+    /// as the refused one would have.
+    #[inline(never)]
+    pub(super) fn stamp_collectives(&mut self) {
+        for command in &mut self.batch.commands {
+            if let Command::Collective(collective) = command
+                && !matches!(
+                    collective.op,
+                    CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
+                )
+            {
+                collective.sequence = collective.communicator.next_sequence();
+            }
+        }
     }
 
     /// `view` for a collective, once the engine accepted its buffer and the

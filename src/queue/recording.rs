@@ -120,6 +120,9 @@ impl<E: Engine> Queue<E> {
             profile.submitted += 1;
             self.batch.sequence = profile.submitted;
         }
+        if self.batch.collectives {
+            self.stamp_collectives();
+        }
         self.hand_over();
         Ok(())
     }
@@ -612,6 +615,9 @@ impl<E: Engine> HardwareQueue for Queue<E> {
             && !self.engine.ledger().has_unreported()
         {
             self.batch.epoch = self.epoch;
+            if self.batch.collectives {
+                self.stamp_collectives();
+            }
             self.hand_over();
             return Ok(());
         }

@@ -906,7 +906,7 @@ fn an_nccl_error_fails_the_batch_from_that_command_with_a_typed_error() {
     let failed = outcome.field("synchronize");
     assert!(failed.starts_with("Nccl "), "{failed}");
     for phrase in [
-        "rank 0: ncclAllGather (all_gather of 4 u32, recorded #1)",
+        "rank 0: ncclAllGather (all_gather of 4 u32, submitted #1)",
         "ncclInternalError (3)",
         "NCCL_DEBUG=WARN",
     ] {
@@ -1189,7 +1189,7 @@ fn a_collective_that_never_completes_times_out_and_breaks_the_communicator() {
     let reduced = outcome.field("reduced");
     assert!(reduced.starts_with("Timeout "), "{outcome:#?}");
     for phrase in [
-        "rank 0: all_reduce (sum) of 4 u32, recorded #0 did not complete within",
+        "rank 0: all_reduce (sum) of 4 u32, submitted #0 did not complete within",
         "this communicator is unusable now",
     ] {
         assert!(reduced.contains(phrase), "no `{phrase}` in {reduced}");
@@ -1318,7 +1318,7 @@ fn an_asynchronous_nccl_error_fails_the_collective_with_a_typed_error() {
     let reduced = outcome.field("reduced");
     assert!(reduced.starts_with("Nccl "), "{outcome:#?}");
     for phrase in [
-        "rank 0: ncclCommGetAsyncError (all_reduce (sum) of 4 f32, recorded #0)",
+        "rank 0: ncclCommGetAsyncError (all_reduce (sum) of 4 f32, submitted #0)",
         "ncclRemoteError (6)",
         "a peer failed or exited",
     ] {
@@ -1444,7 +1444,7 @@ fn a_timeout_fails_only_the_groups_not_done() {
         let text = outcome.field(key);
         assert!(text.starts_with("Timeout "), "{key}: {text}");
         assert!(
-            text.contains("rank 0: all_gather of 4 u32, recorded #0"),
+            text.contains("rank 0: all_gather of 4 u32, submitted #0"),
             "{key}: {text}"
         );
     }
