@@ -645,6 +645,26 @@ fn disagreement(ranks: &Ranks) -> Outcome {
     )
 }
 
+/// That `comm` runs on: an all_reduce of ones over it sums to its size.
+fn runs_on(ranks: &Ranks, comm: &Communicator) -> Outcome {
+    let ones = buffer::<u32>(ranks, 4);
+    ones.write_from(&[1; 4]).map_err(text)?;
+    runs_on_with(ranks, comm, &ones)
+}
+
+/// [`runs_on`] over `ones`, four ones.
+fn runs_on_with(ranks: &Ranks, comm: &Communicator, ones: &CpuBuffer) -> Outcome {
+    run_batch(ranks, |q| {
+        q.all_reduce::<u32, _, _>(comm, Reduction::Sum, ones, ones);
+    })
+    .map_err(text)?;
+    check(
+        "after",
+        ones.to_vec::<u32>().map_err(text)?,
+        vec![comm.size() as u32; 4],
+    )
+}
+
 /// Rank 1 records an all_reduce and then a send to itself, which refuses
 /// the batch at submit; then every rank runs an all_reduce. On 4107a66 the
 /// refused batch's all_reduce had taken its place in the communicator's
@@ -663,15 +683,7 @@ fn refused_batch(ranks: &Ranks) -> Outcome {
             other => return Err(format!("the batch was not refused: {other:?}")),
         }
     }
-    run_batch(ranks, |q| {
-        q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
-    })
-    .map_err(text)?;
-    check(
-        "after",
-        ones.to_vec::<u32>().map_err(text)?,
-        vec![ranks.size as u32; 4],
-    )
+    runs_on_with(ranks, &ranks.comm, &ones)
 }
 
 /// Even and odd ranks split into two groups, ranked in reverse; an
@@ -725,7 +737,7 @@ fn split(ranks: &Ranks) -> Outcome {
 /// both were clamped to `i32::MAX`: ranks giving different colors above it
 /// were put in one group, silently.
 fn split_out_of_range(ranks: &Ranks) -> Outcome {
-    let (rank, size) = (ranks.rank, ranks.size);
+    let rank = ranks.rank;
     let invalid = |what: &str, split: Result<Option<Communicator>, Error>| match split {
         Err(Error::Collective(CollectiveError::Invalid {
             rank: r, reason, ..
@@ -754,17 +766,7 @@ fn split_out_of_range(ranks: &Ranks) -> Outcome {
             }
         }
     }
-    let ones = buffer::<u32>(ranks, 4);
-    ones.write_from(&[1; 4]).map_err(text)?;
-    run_batch(ranks, |q| {
-        q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
-    })
-    .map_err(text)?;
-    check(
-        "after",
-        ones.to_vec::<u32>().map_err(text)?,
-        vec![size as u32; 4],
-    )
+    runs_on(ranks, &ranks.comm)
 }
 
 /// Sends and receives recorded one after another in a batch run as one
@@ -821,17 +823,7 @@ fn p2p_groups(ranks: &Ranks) -> Outcome {
             other => return Err(format!("an overlapping receive: {other}")),
         }
     }
-    let ones = buffer::<u32>(ranks, 4);
-    ones.write_from(&[1; 4]).map_err(text)?;
-    run_batch(ranks, |q| {
-        q.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &ones, &ones);
-    })
-    .map_err(text)?;
-    check(
-        "after",
-        ones.to_vec::<u32>().map_err(text)?,
-        vec![size as u32; 4],
-    )
+    runs_on(ranks, &comm)
 }
 
 /// A queue of the mock backend (no collectives) refuses one at record

@@ -43,6 +43,16 @@ fn wait_fails(ring: &Ring, target: u64, timeout: Duration) -> bool {
     )
 }
 
+/// A thread waiting on `ring` for `target` within `timeout`.
+fn waiter(
+    ring: &Arc<Ring>,
+    target: u64,
+    timeout: impl Into<Timeout> + Send + 'static,
+) -> thread::JoinHandle<hwqueue::Result<()>> {
+    let ring = ring.clone();
+    thread::spawn(move || ring.wait(target, timeout))
+}
+
 /// Records `value`, completes its event and waits for it.
 fn record_and_reach(ring: &Ring, device: &MockDevice, value: u64) {
     let event = record(ring, device, value);
@@ -141,10 +151,7 @@ fn wait_synchronises_on_the_smallest_recorded_value_at_or_above_the_target() {
     let five = record(&ring, &device, 5);
     let seven = record(&ring, &device, 7);
 
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(4, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 4, Timeout::Forever);
     device.await_synchronize_on(five, LONG);
     // Neither the smaller 3 (which does not imply 4) nor the larger 7
     // (which would wait longer than needed).
@@ -163,10 +170,7 @@ fn wait_on_an_exact_recorded_value_picks_that_value() {
     record(&ring, &device, 3);
     let five = record(&ring, &device, 5);
     record(&ring, &device, 7);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(5, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 5, Timeout::Forever);
     device.await_synchronize_on(five, LONG);
     device.complete(five);
     waiter.join().unwrap().unwrap();
@@ -178,10 +182,7 @@ fn a_polling_wait_returns_once_its_event_completes() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let two = record(&ring, &device, 2);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(2, LONG))
-    };
+    let waiter = waiter(&ring, 2, LONG);
     thread::sleep(Duration::from_millis(20));
     device.complete(two);
     waiter.join().unwrap().unwrap();
@@ -236,10 +237,7 @@ fn wait_dependency_returns_at_the_record_not_the_completion() {
 fn a_wait_for_an_unrecorded_value_waits_for_its_record() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(10, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 10, Timeout::Forever);
     thread::sleep(Duration::from_millis(20));
     let ten = record(&ring, &device, 10);
     device.await_synchronize_on(ten, LONG);
@@ -252,10 +250,7 @@ fn a_wait_for_an_unrecorded_value_waits_for_its_record() {
 #[test]
 fn a_wait_for_an_unrecorded_value_is_woken_by_a_host_set() {
     let ring = Arc::new(Ring::new(0));
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(10, LONG))
-    };
+    let waiter = waiter(&ring, 10, LONG);
     thread::sleep(Duration::from_millis(20));
     ring.set(9);
     ring.set(10);
@@ -346,10 +341,7 @@ fn wrap_around_never_re_records_an_event_a_waiter_holds() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let one = record(&ring, &device, 1);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(1, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 1, Timeout::Forever);
     device.await_synchronize_on(one, LONG);
     // The host passes 1: its slot is done while the waiter still holds the
     // event. Fill every other slot with pending work, so the only slot left
@@ -417,10 +409,7 @@ fn a_full_ring_of_pending_work_blocks_the_recorder_on_the_oldest() {
     // Waiters on old values hold their slots' events.
     let waiters: Vec<_> = [1u64, 2, 3]
         .into_iter()
-        .map(|target| {
-            let ring = ring.clone();
-            thread::spawn(move || ring.wait(target, Timeout::Forever))
-        })
+        .map(|target| waiter(&ring, target, Timeout::Forever))
         .collect();
     for &event in &events[..3] {
         device.await_synchronize_on(event, LONG);
@@ -533,10 +522,7 @@ fn a_host_set_makes_slots_done_and_their_events_reusable() {
 #[test]
 fn failure_wakes_a_waiter_for_an_unrecorded_value() {
     let ring = Arc::new(Ring::new(1));
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(4, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 4, Timeout::Forever);
     thread::sleep(Duration::from_millis(20));
     ring.fail(5, kernel_failed());
     let error = waiter.join().unwrap().unwrap_err();
@@ -570,10 +556,7 @@ fn a_failure_does_not_fail_a_value_recorded_work_stands_for() {
         ring.wait(4, Duration::ZERO),
         Err(Error::SignalFailed { target: 4, .. })
     ));
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(3, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 3, Timeout::Forever);
     device.await_synchronize_on(three, LONG);
     device.complete(three);
     waiter.join().unwrap().unwrap();
@@ -613,10 +596,7 @@ fn a_device_fault_fails_the_waiter_instead_of_hanging() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let two = record(&ring, &device, 2);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(2, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 2, Timeout::Forever);
     device.await_synchronize_on(two, LONG);
     device.break_event(two);
     let error = waiter.join().unwrap().unwrap_err();
@@ -642,10 +622,7 @@ fn a_fault_found_again_wakes_no_one() {
     assert!(wait_fails(&ring, 3, Duration::ZERO));
     let before = device.queries_of(three);
     let waiters: Vec<_> = (0..2)
-        .map(|_| {
-            let ring = ring.clone();
-            thread::spawn(move || ring.wait(10, Timeout::Forever))
-        })
+        .map(|_| waiter(&ring, 10, Timeout::Forever))
         .collect();
     // Each waiter folds (querying the broken event) before it parks.
     let start = Instant::now();
@@ -678,10 +655,7 @@ fn a_value_set_while_its_waiter_slept_is_reached_though_the_event_broke() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let two = record(&ring, &device, 2);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(2, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 2, Timeout::Forever);
     device.await_synchronize_on(two, LONG);
     ring.set(2);
     device.break_event(two);
@@ -825,10 +799,7 @@ fn a_waiter_on_an_abandoned_values_event_fails_once_the_event_completes() {
     let device = MockDevice::new();
     let ring = Arc::new(Ring::new(0));
     let event = record(&ring, &device, 1);
-    let waiter = {
-        let ring = ring.clone();
-        thread::spawn(move || ring.wait(1, Timeout::Forever))
-    };
+    let waiter = waiter(&ring, 1, Timeout::Forever);
     // Whether the waiter blocks on the event before or after this, it
     // must not take the event's completion for the work's.
     thread::sleep(Duration::from_millis(20));
