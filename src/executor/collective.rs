@@ -160,7 +160,8 @@ impl<B: Backend> Schedule<B> {
 }
 
 /// What `plan` checks of one collective: its buffers known and on one
-/// device, and their lengths right for the operation and the group.
+/// device, their lengths right for the operation and the group, and no
+/// overlap between them but an all_reduce's in place.
 pub(super) fn validate<B: Backend>(
     schedule: &Schedule<B>,
     op: &Op<B>,
@@ -195,7 +196,35 @@ pub(super) fn validate<B: Backend>(
         send.map(|s| s.len),
         recv.map(|r| r.len),
     )
-    .map_err(|error| invalid(format!("collective `{}`: {error}", op.name)))
+    .map_err(|error| invalid(format!("collective `{}`: {error}", op.name)))?;
+    // Views of one buffer that overlap, but for an all_reduce in place (one
+    // view as both), as a queue refuses them when a run records them.
+    if let (Some(send), Some(recv)) = (send, recv)
+        && send.root == recv.root
+    {
+        let (s, r) = (
+            send.offset..send.offset + send.len,
+            recv.offset..recv.offset + recv.len,
+        );
+        let overlap = s.start < r.end && r.start < s.end && !s.is_empty() && !r.is_empty();
+        let in_place = s == r && matches!(collective.op, CollectiveOp::AllReduce(_));
+        if overlap && !in_place {
+            return Err(invalid(format!(
+                "collective `{}` reads `{}` (bytes {}..{} of `{}`) and writes `{}` (bytes \
+                 {}..{}), which overlap; only an all_reduce runs in place (one buffer as \
+                 both): use separate buffers",
+                op.name,
+                send.name,
+                s.start,
+                s.end,
+                schedule.buffers[send.root.0].name,
+                recv.name,
+                r.start,
+                r.end
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What `plan` checks of the collectives together: those over one

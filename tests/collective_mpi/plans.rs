@@ -303,6 +303,20 @@ fn refused_at_plan(ranks: &Ranks) -> Outcome {
         &["`first`", "`second`", "one queue"],
     )?;
 
+    // Two views of one tensor that overlap, as send and receive (on
+    // 246e0c8 planned, and refused by the queue on every run).
+    let (mut schedule, d) = new_schedule();
+    let whole = schedule.add_tensor(d, "whole", 128);
+    let low = schedule.add_view("low", whole, 0, 64).map_err(text)?;
+    let high = schedule.add_view("high", whole, 32, 64).map_err(text)?;
+    schedule.fill("fill whole", whole, 0u32);
+    schedule.all_reduce::<u32>("overlapping", comm, Reduction::Sum, low, high);
+    expect(
+        "an all_reduce between overlapping views",
+        refusal(schedule),
+        &["`overlapping`", "`low`", "`high`", "overlap"],
+    )?;
+
     // Two communicators on two queues of one device, unordered: their
     // collectives would each hold parts of the device's one arena while
     // waiting for peers that may hold the other's (on f672715 planned, and
