@@ -361,6 +361,17 @@ impl CollectiveOp {
             CollectiveOp::Recv { .. } => "recv",
         }
     }
+
+    /// The peer of a `send` or `recv` (a point-to-point command, between
+    /// two ranks only: it takes no place in the order every rank shares,
+    /// and runs in a group with those right after it); `None` for a
+    /// collective of the whole group.
+    pub const fn peer(self) -> Option<usize> {
+        match self {
+            CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => Some(peer),
+            _ => None,
+        }
+    }
 }
 
 /// A recorded collective: what [`Command::Collective`](crate::queue::Command::Collective)

@@ -310,13 +310,7 @@ impl MpiComm {
             HostData::Staged { read, write } => (Some((read, write)), None),
             // `Communicator::stages` sends every inline one through staging,
             // and a queue every `send` and `recv` through `run_p2p`.
-            HostData::Direct(_)
-                if inline
-                    || matches!(
-                        plan.op,
-                        CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
-                    ) =>
-            {
+            HostData::Direct(_) if inline || plan.op.peer().is_some() => {
                 return Err(CollectiveError::Invalid {
                     rank,
                     size,

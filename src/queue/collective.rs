@@ -152,8 +152,7 @@ impl<E: Engine> Queue<E> {
         // Point-to-point commands are between two ranks only, so they
         // take no place in the order every rank shares; the others take
         // theirs when the batch is submitted (`stamp_collectives`).
-        self.batch.collectives |=
-            !matches!(op, CollectiveOp::Send { .. } | CollectiveOp::Recv { .. });
+        self.batch.collectives |= op.peer().is_none();
         self.batch
             .commands
             .push(Command::Collective(Box::new(Collective {
@@ -178,10 +177,7 @@ impl<E: Engine> Queue<E> {
     pub(super) fn stamp_collectives(&mut self) {
         for command in &mut self.batch.commands {
             if let Command::Collective(collective) = command
-                && !matches!(
-                    collective.op,
-                    CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }
-                )
+                && collective.op.peer().is_none()
             {
                 collective.sequence = collective.communicator.next_sequence();
             }

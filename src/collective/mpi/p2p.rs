@@ -49,7 +49,7 @@ impl MpiComm {
         views: &mut dyn HostGroupViews,
     ) -> std::result::Result<(), Failed> {
         let rank = communicator.rank();
-        if let Some(index) = plans.iter().position(|plan| peer_of(plan).is_none()) {
+        if let Some(index) = plans.iter().position(|plan| plan.op.peer().is_none()) {
             let error = CollectiveError::Invalid {
                 rank,
                 size: communicator.size(),
@@ -78,7 +78,7 @@ impl MpiComm {
         let mut failed: Option<Failed> = None;
         let mut agreed = Vec::with_capacity(plans.len());
         for (index, plan) in plans.iter().enumerate() {
-            let peer = peer_of(plan).unwrap_or(rank);
+            let peer = plan.op.peer().unwrap_or(rank);
             let (here, there) = (Description(mine[index]), Description(theirs[index]));
             let verdict = match own[index].take() {
                 Some(error) => Err(error),
@@ -161,7 +161,7 @@ impl MpiComm {
         let mut posted = Ok(());
         for (index, plan) in plans.iter().enumerate() {
             let sends = matches!(plan.op, CollectiveOp::Send { .. });
-            let peer = peer_of(plan).unwrap_or(rank) as c_int;
+            let peer = plan.op.peer().unwrap_or(rank) as c_int;
             let (out, back) = if sends {
                 (TAG_FROM_SENDER, TAG_FROM_RECEIVER)
             } else {
@@ -225,14 +225,6 @@ impl MpiComm {
         std::mem::forget(theirs);
         std::mem::forget(mine);
         Err(failed)
-    }
-}
-
-/// The peer of a `send` or `recv`; `None` for a collective.
-fn peer_of(plan: &HostCollective) -> Option<usize> {
-    match plan.op {
-        CollectiveOp::Send { peer } | CollectiveOp::Recv { peer } => Some(peer),
-        _ => None,
     }
 }
 

@@ -19,9 +19,7 @@
 //! buffers.
 
 use crate::buffer::Buffer;
-use crate::collective::{
-    Collective, CollectiveError, CollectiveOp, HostCollective, HostGroupViews, HostViews,
-};
+use crate::collective::{Collective, CollectiveError, HostCollective, HostGroupViews, HostViews};
 use crate::error::{Error, Result};
 use crate::memory::Access;
 use crate::queue::Command;
@@ -136,8 +134,7 @@ impl HostViews for Views<'_> {
 /// Whether `command` is a `send` or `recv`, which runs in a group with
 /// those right after it over the same communicator ([`p2p_group`]).
 pub(super) fn is_p2p(command: &Command<Cpu>) -> bool {
-    matches!(command, Command::Collective(collective)
-        if matches!(collective.op, CollectiveOp::Send { .. } | CollectiveOp::Recv { .. }))
+    matches!(command, Command::Collective(collective) if collective.op.peer().is_some())
 }
 
 /// The group of point-to-point commands that starts `commands`: the
