@@ -486,18 +486,16 @@ fn launch_blocks(device: &CudaDevice) {
             output,
             gathered,
             stuck,
-            other: mut blocked,
+            other: blocked,
         },
     ) = timing_out_beside(device);
     let reduced = device.new_signal(0).unwrap();
     let launcher = {
         let (comm, reduced) = (comm.clone(), reduced.clone());
-        std::thread::spawn(move || {
-            let submitted = blocked
+        submit_on_thread(blocked, move |queue| {
+            queue
                 .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
-                .signal(&reduced, 1)
-                .submit();
-            (blocked, outcome(submitted))
+                .signal(&reduced, 1);
         })
     };
     // Gated on the fake's log: the launch is blocked, holding the lock.
@@ -540,16 +538,14 @@ fn launches_block(device: &CudaDevice) {
             other,
         },
     ) = timing_out_beside(device);
-    let launch = |mut queue: CudaQueue| {
+    let launch = |queue: CudaQueue| {
         let (comm, done) = (comm.clone(), device.new_signal(0).unwrap());
         let (input, output) = (input.clone(), output.clone());
         let signal = done.clone();
-        let thread = std::thread::spawn(move || {
-            let submitted = queue
+        let thread = submit_on_thread(queue, move |queue| {
+            queue
                 .all_gather::<u32, _, _>(&comm, &input, &output)
-                .signal(&signal, 1)
-                .submit();
-            (queue, outcome(submitted))
+                .signal(&signal, 1);
         });
         (thread, done)
     };
@@ -568,6 +564,20 @@ fn launches_block(device: &CudaDevice) {
     report("third", &outcome(third_done.wait(1, LONG)));
     drop((stuck, second_queue, third_queue, comm));
     report("dropped", "ok");
+}
+
+/// Records on `queue` what `record` says and submits it, on a thread of
+/// its own (a launch that may block the host); the queue back, and how
+/// the submit ended.
+fn submit_on_thread(
+    mut queue: CudaQueue,
+    record: impl FnOnce(&mut CudaQueue) + Send + 'static,
+) -> std::thread::JoinHandle<(CudaQueue, String)> {
+    std::thread::spawn(move || {
+        record(&mut queue);
+        let submitted = queue.submit();
+        (queue, outcome(submitted))
+    })
 }
 
 /// Waits (at most `LONG`) until the fake's call log holds `line`.
