@@ -131,12 +131,6 @@ impl HostViews for Views<'_> {
     }
 }
 
-/// Whether `command` is a `send` or `recv`, which runs in a group with
-/// those right after it over the same communicator ([`p2p_group`]).
-pub(super) fn is_p2p(command: &Command<Cpu>) -> bool {
-    matches!(command, Command::Collective(collective) if collective.op.peer().is_some())
-}
-
 /// The group of point-to-point commands that starts `commands`: the
 /// first, and each `send` or `recv` right after it over the same
 /// communicator (see `crate::collective` on groups).
@@ -146,7 +140,7 @@ pub(super) fn p2p_group(commands: &[Command<Cpu>]) -> Vec<&Collective<Cpu>> {
         let Command::Collective(collective) = command else {
             break;
         };
-        let joins = is_p2p(command)
+        let joins = collective.op.peer().is_some()
             && group
                 .first()
                 .is_none_or(|first| first.communicator.same_as(&collective.communicator));

@@ -51,24 +51,25 @@ fn run_commands<'a>(
             // Buffers stay held only from one `exec` to the next.
             held.release();
         }
-        if super::collective::is_p2p(command) {
-            let group = super::collective::p2p_group(&commands[index..]);
-            next = index + group.len();
-            let outcome = super::collective::run_p2p_group(&group);
-            if let Some(profile) = profile.as_deref_mut() {
-                // One end for every member, up to the one that failed.
-                let failed = outcome.as_ref().err().map_or(group.len(), |(at, _)| *at);
-                for _ in 0..failed {
-                    profile.record(&Ok(()));
-                }
-                if let Err((_, error)) = &outcome {
-                    profile.record(&Err(error.clone()));
-                }
-            }
-            outcome.map_err(|(at, error)| (index + at, error))?;
-            continue;
-        }
         let result = match command {
+            // A send or receive, and those right after it: one group.
+            Command::Collective(collective) if collective.op.peer().is_some() => {
+                let group = super::collective::p2p_group(&commands[index..]);
+                next = index + group.len();
+                let outcome = super::collective::run_p2p_group(&group);
+                if let Some(profile) = profile.as_deref_mut() {
+                    // One end for every member, up to the one that failed.
+                    let failed = outcome.as_ref().err().map_or(group.len(), |(at, _)| *at);
+                    for _ in 0..failed {
+                        profile.record(&Ok(()));
+                    }
+                    if let Err((_, error)) = &outcome {
+                        profile.record(&Err(error.clone()));
+                    }
+                }
+                outcome.map_err(|(at, error)| (index + at, error))?;
+                continue;
+            }
             Command::Wait { signal, value } => signal.wait(*value, Timeout::Forever),
             Command::WaitSettled { signal, value } => {
                 crate::queue::settled(signal.wait(*value, Timeout::Forever))
