@@ -115,7 +115,7 @@ fn suite(ranks: &Ranks) -> bool {
     if ranks.size > 1 {
         run("ranks that disagree fail".into(), disagreement(ranks));
         run(
-            "a batch refused on one rank takes no place in the order".into(),
+            "a collective one rank will not run still takes its place, failed".into(),
             refused_batch(ranks),
         );
     }
@@ -665,25 +665,71 @@ fn runs_on_with(ranks: &Ranks, comm: &Communicator, ones: &CpuBuffer) -> Outcome
     )
 }
 
-/// Rank 1 records an all_reduce and then a send to itself, which refuses
-/// the batch at submit; then every rank runs an all_reduce. On 4107a66 the
-/// refused batch's all_reduce had taken its place in the communicator's
-/// order on rank 1 alone, so the next one was a mismatch on every rank (and
-/// every later one too, for good); places are taken at submit now.
+/// Every rank records an all_reduce of ones, and rank 1's batch does not
+/// run it: refused at submit (a send to itself after it), or failed before
+/// it (a wait on a failed value). Rank 1's worker still exchanges it,
+/// described failed, so the other ranks' all_reduce fails at once naming
+/// rank 1, and the next all_reduce sums ones on every rank. At `d6f873d`
+/// the refused one took no place, so rank 1's next all_reduce met the
+/// others' first (they got 2 * (size - 1) + 1, no error); the failed one
+/// took a place it never used, so every later one mismatched.
 fn refused_batch(ranks: &Ranks) -> Outcome {
     let ones = buffer::<u32>(ranks, 4);
-    ones.write_from(&[1; 4]).map_err(text)?;
-    if ranks.rank == 1 {
-        let mut queue = ranks.device.compute_queue().map_err(text)?;
-        queue
-            .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
-            .send::<u32, _>(&ranks.comm, 1, &ones);
-        match queue.submit() {
-            Err(Error::BatchRejected { .. }) => {}
-            other => return Err(format!("the batch was not refused: {other:?}")),
+    for how in ["refused at submit", "failed before it"] {
+        ones.write_from(&[1; 4]).map_err(text)?;
+        if ranks.rank == 1 {
+            let mut queue = ranks.device.compute_queue().map_err(text)?;
+            let done = ranks.device.new_signal(0).map_err(text)?;
+            if how == "refused at submit" {
+                queue
+                    .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
+                    .send::<u32, _>(&ranks.comm, 1, &ones)
+                    .signal(&done, 1);
+                match queue.submit() {
+                    Err(Error::BatchRejected { .. }) => {}
+                    other => return Err(format!("the batch was not refused: {other:?}")),
+                }
+            } else {
+                let failed = ranks.device.new_signal(0).map_err(text)?;
+                failed.fail(
+                    1,
+                    Error::Abandoned {
+                        reason: "failed by the test",
+                    },
+                );
+                queue
+                    .wait(&failed, 1)
+                    .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
+                    .signal(&done, 1);
+                queue.submit().map_err(text)?;
+            }
+            if done.wait(1, TIMEOUT).is_ok() {
+                return Err(format!("{how}: rank 1's batch ran"));
+            }
+            // Its worker has forfeited the all_reduce once it is idle (the
+            // failed batch is reported here, the refused one was at submit).
+            match queue.synchronize() {
+                Ok(()) | Err(Error::QueueFailed { .. }) => {}
+                Err(error) => return Err(format!("{how}: synchronize: {error}")),
+            }
+        } else {
+            match run_batch(ranks, |q| {
+                q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
+            }) {
+                Err(error) if error.to_string().contains("failed on its rank") => {}
+                other => {
+                    let got = ones.to_vec::<u32>().map_err(text)?;
+                    return Err(format!(
+                        "{how}: the all_reduce did not fail naming rank 1: {other:?}, \
+                         data {got:?}"
+                    ));
+                }
+            }
         }
+        ones.write_from(&[1; 4]).map_err(text)?;
+        runs_on_with(ranks, &ranks.comm, &ones).map_err(|e| format!("{how}, then: {e}"))?;
     }
-    runs_on_with(ranks, &ranks.comm, &ones)
+    Ok(())
 }
 
 /// Even and odd ranks split into two groups, ranked in reverse; an

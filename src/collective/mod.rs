@@ -388,6 +388,11 @@ pub struct Collective<B: Backend> {
     /// submitted; `send` and `recv` take none: 0). Ranks compare it to find
     /// collectives that run out of order.
     pub sequence: u64,
+    /// Whether it took its `sequence`: its batch was submitted (a batch
+    /// discarded, or dropped with its queue, takes none). A CPU queue's
+    /// worker still exchanges a numbered collective it will not run
+    /// (`cpu::queue::collective::forfeit_collectives`).
+    pub(crate) numbered: bool,
     /// The view it reads, if any (`recv` reads none; a broadcast reads its
     /// one view on the root only).
     pub send: Option<View<B>>,

@@ -160,6 +160,7 @@ impl<E: Engine> Queue<E> {
                 op,
                 element,
                 sequence: 0,
+                numbered: false,
                 send,
                 recv,
             })));
@@ -167,12 +168,12 @@ impl<E: Engine> Queue<E> {
     }
 
     /// Gives each collective of the batch, about to be submitted, its place
-    /// in its communicator's order. Taken at submit, not when recorded: a
-    /// batch refused (a later command of it rejected) or dropped unsubmitted
-    /// never runs its collectives, and had it taken their places, this rank
-    /// would be one behind its peers for good (every later collective a
-    /// mismatch), where now a corrected batch meets the peers' collectives
-    /// as the refused one would have.
+    /// in its communicator's order. Taken at submit, not when recorded (a
+    /// batch discarded or dropped unsubmitted takes none), and by a batch
+    /// refused at submit too: its peers submitted theirs, and a CPU queue's
+    /// worker exchanges each numbered collective it will not run, described
+    /// failed, so the peers fail theirs at once and every rank stays in
+    /// step (`cpu::queue::collective::forfeit_collectives`).
     #[inline(never)]
     pub(super) fn stamp_collectives(&mut self) {
         for command in &mut self.batch.commands {
@@ -180,6 +181,7 @@ impl<E: Engine> Queue<E> {
                 && collective.op.peer().is_none()
             {
                 collective.sequence = collective.communicator.next_sequence();
+                collective.numbered = true;
             }
         }
     }

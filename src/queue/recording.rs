@@ -104,6 +104,11 @@ impl<E: Engine> Queue<E> {
     fn submit_recorded(&mut self) -> Result<()> {
         if let Some(error) = self.rejected.take() {
             let cause = std::sync::Arc::new(*error);
+            // Submitted on this rank all the same: its collectives take
+            // their places, which the engine forfeits (see there).
+            if self.batch.collectives {
+                self.stamp_collectives();
+            }
             self.abandon_recorded(Error::BatchRejected {
                 cause: cause.clone(),
             });
@@ -165,7 +170,8 @@ impl<E: Engine> Queue<E> {
     fn abandon_recorded(&mut self, cause: Error) {
         // An abandoned batch is never replayed, nor is the next one by its key.
         self.engine.replay_next(None);
-        if !self.batch.has_something_to_fail() {
+        // A numbered collective goes to the engine too (to forfeit).
+        if !self.batch.has_something_to_fail() && !self.batch.collectives_numbered() {
             self.batch.clear();
             return;
         }

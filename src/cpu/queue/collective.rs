@@ -64,6 +64,59 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
         .run_on_host_direct(&plan, &mut views)
 }
 
+/// Takes the places of the numbered collectives of `batch` from command
+/// `from` on, which this rank will not run (its batch was refused at
+/// submit, skipped, or failed before them): each still meets its peers'
+/// in the description exchange, described failed, so they fail it at once
+/// (a mismatch naming this rank) and every rank stays in step. Numbered at
+/// submit, a collective this rank skipped would otherwise pair the peers'
+/// with this rank's next one: a mismatch for good, or, where the next one
+/// is alike, data of another step. Sends and receives take no number (a
+/// peer's waits for one until the timeout). Blocks, as a collective does,
+/// until the peers reach theirs or the timeout passes.
+pub(super) fn forfeit_collectives(commands: &[Command<Cpu>]) {
+    let not_run = || -> Error {
+        Error::Abandoned {
+            reason: "its batch was refused or failed before it on this rank",
+        }
+    };
+    for command in commands {
+        let Command::Collective(collective) = command else {
+            continue;
+        };
+        if !collective.numbered {
+            continue;
+        }
+        let plan = HostCollective::of(collective);
+        let communicator = &collective.communicator;
+        // Its outcome is this rank's failure, known already.
+        let _ = if communicator.stages(&plan) {
+            communicator.run_on_host(&plan, &mut |_| Err(not_run()), &mut |_| Ok(()))
+        } else {
+            communicator.run_on_host_direct(&plan, &mut Forfeit(not_run))
+        };
+    }
+}
+
+/// The views of a collective that will not run: described failed.
+struct Forfeit<F>(F);
+
+impl<F: Fn() -> Error> HostViews for Forfeit<F> {
+    fn check(&mut self) -> Result<()> {
+        Err((self.0)())
+    }
+
+    fn hold(&mut self) -> Result<(*const u8, *mut u8)> {
+        Err((self.0)())
+    }
+
+    fn in_place(&self) -> bool {
+        false
+    }
+
+    fn lose(&mut self) {}
+}
+
 /// A collective's views (one view as both, or views that do not overlap:
 /// recording refuses the rest), and their buffers' locks while MPI has
 /// their memory.

@@ -192,7 +192,9 @@ impl Engine for CpuEngine {
     fn submit(&mut self, mut batch: Batch<Cpu>) -> Batch<Cpu> {
         let shared = &*self.shared;
         let mut state = shared.state.lock();
-        if batch.abandoned().is_some() && state.in_flight == 0 {
+        // (One whose collectives took places goes to the worker, which
+        // forfeits them: that blocks until the peers reach theirs.)
+        if batch.abandoned().is_some() && state.in_flight == 0 && !batch.collectives_numbered() {
             // Nothing earlier can still set a value: fail now. Only the
             // owner submits, so this stays true.
             drop(state);
@@ -308,9 +310,19 @@ fn run_worker(shared: &Shared) {
             .profiling
             .load(Ordering::Relaxed)
             .then(|| BatchProfile::new(&batch, &mut ticks));
+        // The first command that did not run: all of a batch refused or
+        // skipped, those after a failed one.
+        let mut not_run = 0;
         shared.ledger.settle(&batch, |batch| {
-            run_batch(batch, &shared.pool, &mut scratch, profile.as_mut())
+            let outcome = run_batch(batch, &shared.pool, &mut scratch, profile.as_mut());
+            not_run = outcome
+                .as_ref()
+                .map_or_else(|(at, _)| at + 1, |()| usize::MAX);
+            outcome
         });
+        if not_run < batch.commands().len() && batch.collectives_numbered() {
+            collective::forfeit_collectives(&batch.commands()[not_run..]);
+        }
         if let Some(profile) = profile {
             // Outside `settle`'s catch: a panic making the events (there is
             // nothing but formatting to panic) loses them, not the worker.
