@@ -663,6 +663,25 @@ fn a_value_set_while_its_waiter_slept_is_reached_though_the_event_broke() {
     assert_eq!(ring.value(), 2);
 }
 
+/// A value a later record's completed event reached is reached, even if
+/// the event the waiter slept on broke afterwards (a ring may hold events
+/// of two contexts, so one can break while another completes). On
+/// `3733012` the wait returned `SignalFailed` (current 0) while `value()`
+/// said 3: it looked at the completed value without folding.
+#[test]
+fn a_value_a_later_event_reached_is_reached_though_the_waited_event_broke() {
+    let device = MockDevice::new();
+    let ring = Arc::new(Ring::new(0));
+    let two = record(&ring, &device, 2);
+    let three = record(&ring, &device, 3);
+    let waiter = waiter(&ring, 2, Timeout::Forever);
+    device.await_synchronize_on(two, LONG);
+    device.complete(three);
+    device.break_event(two);
+    waiter.join().unwrap().unwrap();
+    assert_eq!(ring.value(), 3);
+}
+
 // ---------------------------------------------------------------------------
 // Model test: the ring against `hwqueue_testkit`'s reference model (shared
 // with the `event_ring` fuzz target), with proptest choosing the operations.

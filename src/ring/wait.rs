@@ -126,9 +126,12 @@ impl<E: RingEvent> EventRing<E> {
                 Ok(false) => {}
                 Err(cause) => {
                     // The event broke, but the host may have set the value
-                    // meanwhile: a reached value is never reported failed.
-                    // (No fold: it would only query the broken event again.)
-                    let guard = self.state.lock();
+                    // meanwhile, or a later record's event (of another
+                    // context, which did not break) completed: a reached
+                    // value is never reported failed. The fold queries the
+                    // broken event again, on this failure's path only.
+                    let mut guard = self.state.lock();
+                    self.fold(&mut guard);
                     let current = guard.completed;
                     drop(guard);
                     if current >= target {
