@@ -37,10 +37,12 @@
 //! Where signals of the list have a device [`WaitTuning`]
 //! ([`TimelineSignal::wait_tuning`]: CUDA signals), their
 //! [`WaitPolicy`](crate::WaitPolicy) replaces the short spin above: the
-//! wait spins for the longest budget among them (forever under
-//! [`Spin`](crate::WaitPolicy::Spin), not at all under
-//! [`Sleep`](crate::WaitPolicy::Sleep)), looking at every signal of the
-//! list, failures included, then sleeps and polls as above. A multi-wait
+//! wait spins for the longest budget among the signals not reached yet
+//! (forever under [`Spin`](crate::WaitPolicy::Spin), not at all under
+//! [`Sleep`](crate::WaitPolicy::Sleep)), reckoned again every 64 looks, so
+//! a spinning device's signal reached mid-wait stops the spin; it looks at
+//! every signal of the list, failures included, then sleeps and polls as
+//! above. A multi-wait
 //! does not count into a device's average wait length: its length is not
 //! one signal's.
 
@@ -283,6 +285,10 @@ fn check_values<S: TimelineSignal>(waits: &[(&S, u64)]) -> Result<()> {
         .try_for_each(|&(_, target)| check_value(target))
 }
 
+/// How many looks of a multi-wait's spin pass between two reckonings of
+/// its budget (`tuned_spin`, which asks each signal's device).
+const RECHECK_SPIN: u32 = 64;
+
 /// The longest spin budget among the device tunings of the unreached
 /// signals of `waits`; `None` when none has a tuning.
 fn tuned_spin<S: TimelineSignal>(waits: &[(&S, u64)]) -> Option<Duration> {
@@ -340,12 +346,22 @@ fn block_until<S: TimelineSignal, R>(
         _ => Some(Watching::new(waits)),
     };
     if let Some(budget) = spin {
+        let mut looks = 0u32;
         let spun = spin_until(start, budget, deadline, || match look() {
-            Ok(Progress::Done(result)) => Some(Ok(result)),
-            Ok(Progress::Pending(_)) => None,
-            Err(error) => Some(Err(error)),
+            Ok(Progress::Done(result)) => Some(Some(Ok(result))),
+            Ok(Progress::Pending(_)) => {
+                // Every so often, the budget again: once the signals whose
+                // devices spin are reached, the others' budgets decide (a
+                // `Spin` device's signal reached mid-wait must not keep it
+                // spinning for the rest).
+                looks = looks.wrapping_add(1);
+                let stop = looks.is_multiple_of(RECHECK_SPIN)
+                    && tuned_spin(waits).is_none_or(|budget| start.elapsed() >= budget);
+                stop.then_some(None)
+            }
+            Err(error) => Some(Some(Err(error))),
         });
-        if let Some(result) = spun {
+        if let Some(Some(result)) = spun {
             return result;
         }
     }

@@ -149,7 +149,7 @@ pub struct EventRing<E> {
     ///
     /// | written by | how | read by | how |
     /// |------------|-----|---------|-----|
-    /// | `fail`, `abandon`, and a fold that records a device fault, whenever [`Failures::record`] recorded something | `fetch_add(1, Release)`, under `state` | a spinning `wait`: once under `state` before it spins, then on each look, and under `state` again once its event completed | `load(Acquire)` |
+    /// | `fail`, `abandon`, and a fold that records a device fault, whenever [`Failures::record`] recorded something (and `abandon` when it moved a slot, though nothing new was recorded) | `fetch_add(1, Release)`, under `state` | a spinning `wait`: once under `state` before it spins, then on each look, and under `state` again once its event completed | `load(Acquire)` |
     ///
     /// It orders nothing itself: a spinner that sees it change takes the
     /// lock and asks the failures there. Incremented only under the lock,

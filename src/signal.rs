@@ -165,8 +165,9 @@ pub trait TimelineSignal: Clone + Send + Sync + 'static {
     /// The device [`WaitTuning`] by which a host wait for `target` spins
     /// before it sleeps (see [`crate::wait_policy`]), for
     /// [`wait_all`](crate::wait_all) and [`wait_any`](crate::wait_any),
-    /// which spin for the longest budget among their signals' tunings
-    /// (looking at every signal, failures included) and then sleep as
+    /// which spin for the longest budget among the tunings of their
+    /// signals not reached yet (looking at every signal, failures
+    /// included) and then sleep as
     /// usual. The CUDA signal answers its event's device's. The default,
     /// `None`, leaves the signal to the short spin every multi-wait takes
     /// (the thread's adaptive spin, about 25 µs at most). Never blocks.

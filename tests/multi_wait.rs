@@ -527,6 +527,34 @@ fn a_reached_signal_of_a_spinning_device_does_not_make_a_multi_wait_spin() {
     }
 }
 
+/// The same, for a `Spin` device's signal reached during the wait: the
+/// wait stops spinning soon after, rather than for the other signal's whole
+/// wait. On `4e65311` the budget was taken once, before the spin, so here
+/// the wait spun its 200 ms (millions of looks at the sleep-only signal).
+#[test]
+fn a_spinning_device_s_signal_reached_during_a_multi_wait_ends_its_spin() {
+    static SPINNING: WaitTuning = WaitTuning::new();
+    static SLEEPING: WaitTuning = WaitTuning::new();
+    SPINNING.set_policy(WaitPolicy::Spin);
+    SLEEPING.set_policy(WaitPolicy::Sleep);
+    let spinning = Tuned::new(0, Some(&SPINNING));
+    let pending = Tuned::new(0, Some(&SLEEPING));
+    let setter = spinning.clone();
+    let waited = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(5));
+            setter.set(1);
+        });
+        wait_all(&[(&spinning, 1), (&pending, 1)], Duration::from_millis(200))
+    });
+    assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+    let looks = pending.looks.load(Ordering::Relaxed);
+    assert!(
+        looks < 20_000,
+        "the wait spun on: {looks} looks at the pending signal"
+    );
+}
+
 /// The back-off of a multi-wait over polled signals doubles once a round,
 /// from 10 µs, as documented. On f672715 each round took two steps (one
 /// for the signals' own multi-wait, which the CUDA signal does not have,
