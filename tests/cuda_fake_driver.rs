@@ -674,7 +674,8 @@ fn run_child_scenario(scenario: &str) {
         other if other.starts_with("nccl_nonblocking:") => {
             nccl_nonblocking::run(&device, &other["nccl_nonblocking:".len()..])
         }
-        "other_device_event" => contexts::run(),
+        "other_device_event" => contexts::run(false),
+        "other_device_last_event" => contexts::run(true),
         other if other.starts_with("failure_order:") => {
             failure_order::run(&device, &other["failure_order:".len()..]);
         }

@@ -1,6 +1,7 @@
 //! `CudaSignal`: a timeline signal on a ring of CUDA events.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 
@@ -64,7 +65,8 @@ pub(crate) const EVENT_FLAGS: sys::CUevent_flags = sys::CUevent_flags::CU_EVENT_
 /// A CUDA event in a signal's ring, created with [`SIGNAL_EVENT_FLAGS`].
 pub(crate) struct SignalEvent {
     event: sys::CUevent,
-    context: std::sync::Arc<CudaContext>,
+    /// Let go in `Drop`, inside the context (see `in_context`).
+    context: ManuallyDrop<std::sync::Arc<CudaContext>>,
     /// The driver's record and query, called directly.
     entries: &'static Entries,
 }
@@ -91,7 +93,7 @@ impl SignalEvent {
             .map_err(fail)?;
         Ok(Self {
             event,
-            context: context.clone(),
+            context: ManuallyDrop::new(context.clone()),
             entries,
         })
     }
@@ -101,7 +103,7 @@ impl SignalEvent {
     /// context current once and then calls the driver with it (launches,
     /// copies, event records) for the rest of the batch.
     pub(crate) fn order_before(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
-        let same = *self.context == **stream.context();
+        let same = **self.context == **stream.context();
         if !same {
             self.context.bind_to_thread()?;
         }
@@ -127,16 +129,21 @@ impl SignalEvent {
 /// device, which made its stream's context current once for the whole
 /// batch (a ring replacing a done slot's event of another device, a
 /// wait's handle let go, a full ring waiting for its oldest event).
-fn in_context<T>(
-    context: &CudaContext,
+///
+/// `context` is a handle: one given by value (an `Arc`) is let go before
+/// the restore, since cudarc's drop of a context's last handle makes the
+/// context current to release it, and leaves it current.
+fn in_context<C: std::ops::Deref<Target = CudaContext>, T>(
+    context: C,
     f: impl FnOnce() -> std::result::Result<T, DriverError>,
 ) -> std::result::Result<T, DriverError> {
+    let own = context.cu_ctx();
     let mut previous = std::ptr::null_mut();
     // SAFETY: the call writes one handle (null: none current).
     unsafe { sys::cuCtxGetCurrent(&mut previous) }.result()?;
-    context.bind_to_thread()?;
-    let outcome = f();
-    if previous != context.cu_ctx() {
+    let outcome = context.bind_to_thread().and_then(|()| f());
+    drop(context);
+    if previous != own {
         // SAFETY: `previous` was current on this thread just now (or is
         // null, which leaves none current); a context outlives the
         // handles of it that the thread's caller holds.
@@ -147,11 +154,16 @@ fn in_context<T>(
 
 impl Drop for SignalEvent {
     fn drop(&mut self) {
-        // SAFETY: the event was created by `new` and is destroyed only
-        // here; the driver lets an event be destroyed while recorded
-        // work is still pending (it is released once that completes).
-        let _ = in_context(&self.context, || unsafe {
-            sys::cuEventDestroy_v2(self.event).result()
+        // SAFETY: the field is taken once, here, and not used after.
+        let context = unsafe { ManuallyDrop::take(&mut self.context) };
+        let event = self.event;
+        // The handle goes inside `in_context`, before the caller's context
+        // is current again (see there).
+        let _ = in_context(context, || {
+            // SAFETY: the event was created by `new` and is destroyed only
+            // here; the driver lets an event be destroyed while recorded
+            // work is still pending (it is released once that completes).
+            unsafe { sys::cuEventDestroy_v2(event) }.result()
         });
     }
 }
@@ -182,7 +194,7 @@ impl RingEvent for SignalEvent {
         let fail = |e| self.fault("waiting for a signal's event", e);
         // SAFETY: the event is alive until `Drop`; the call blocks
         // (sleeping: `CU_EVENT_BLOCKING_SYNC`) until it completes.
-        in_context(&self.context, || unsafe {
+        in_context(&**self.context, || unsafe {
             sys::cuEventSynchronize(self.event).result()
         })
         .map_err(fail)
@@ -218,7 +230,7 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     #[inline]
     fn accepts(&self, event: &SignalEvent) -> bool {
         let context = self.stream.context();
-        std::sync::Arc::ptr_eq(&event.context, context) || *event.context == **context
+        std::sync::Arc::ptr_eq(&event.context, context) || **event.context == **context
     }
 
     /// The stream's context is current: its queue's enqueue made it so

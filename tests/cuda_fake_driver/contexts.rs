@@ -13,7 +13,13 @@ use super::{SCALE_PTX, describe, on_a_12_2_device, report, run_scenario};
 /// a kernel in the same batch. Device 1's events cannot be recorded on
 /// device 0's stream, so the ring replaces one, destroying it mid-batch.
 /// Reports the batch's outcome (`batch`) and whether `s` reached 17.
-pub(super) fn run() {
+///
+/// `last`: device 1's handle goes too, so the ring's events hold its
+/// context's last handles; device 0's queue then signals `s` 17 to 31, one
+/// batch each (its events delayed, so each replaces a done event of device
+/// 1), and 32 with the kernel: that replacement drops the context's last
+/// handle. Reports as above, for 32.
+pub(super) fn run(last: bool) {
     let (zero, one) = (Cuda::open(0).unwrap(), Cuda::open(1).unwrap());
     let signal = one.new_signal(0).unwrap();
     {
@@ -34,7 +40,15 @@ pub(super) fn run() {
     let scale = CudaProgram::from_ptx(&zero, SCALE_PTX, "scale", 2, 1).unwrap();
     let (a, b) = (zero.alloc(64).unwrap(), zero.alloc(64).unwrap());
     let mut queue = zero.compute_queue().unwrap();
-    queue.signal(&signal, 17).exec(
+    let mut value = 17;
+    if last {
+        drop(one);
+        for _ in 0..15 {
+            queue.signal(&signal, value).submit().unwrap();
+            value += 1;
+        }
+    }
+    queue.signal(&signal, value).exec(
         &scale,
         &[&a, &b],
         &[Scalar::from(16u32)],
@@ -43,7 +57,7 @@ pub(super) fn run() {
     queue.submit().unwrap();
     let ran = queue.synchronize();
     report("batch", &describe(ran, |()| String::new()));
-    report("reached", &signal.is_reached(17).to_string());
+    report("reached", &signal.is_reached(value).to_string());
 }
 
 /// On 5af1e38 the replaced event's drop made device 1's context current on
@@ -58,6 +72,27 @@ fn a_signal_event_of_another_device_dropped_mid_batch_leaves_the_queue_s_context
         ("HWQUEUE_FAKE_EVENT_DELAY_US", "50000"),
     ];
     let vars = on_a_12_2_device("other_device_event", &extra);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("batch"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("reached"), "true", "{outcome:#?}");
+}
+
+/// The same, where the replaced event holds its context's last handle. On
+/// `b4d6606` the handle was let go after the caller's context was made
+/// current again, and cudarc's drop of a context makes it current to
+/// release it, and leaves it so: the kernel after the signal was refused
+/// (`CUDA_ERROR_INVALID_CONTEXT`).
+#[test]
+fn a_signal_event_holding_its_context_s_last_handle_dropped_mid_batch_leaves_the_queue_s_context_current()
+ {
+    let extra = [
+        ("HWQUEUE_FAKE_DEVICE_COUNT", "2"),
+        ("HWQUEUE_FAKE_EVENT_DELAY_US", "50000"),
+    ];
+    let vars = on_a_12_2_device("other_device_last_event", &extra);
     let Some(outcome) = run_scenario(&vars) else {
         return;
     };
