@@ -33,8 +33,9 @@
 //!   completes on its own. See [`CudaEngine`] for the cost.
 //!
 //! Failure never hangs: a launch or driver error while enqueueing, or a
-//! failed wait, fails the signals the rest of the batch would have set and is
-//! reported to the owner by the next `submit` or `synchronize`; a device
+//! failed wait, fails the signals the rest of the batch would have set (once
+//! the work on the stream before it completed) and is reported to the owner
+//! by a later `submit` or `synchronize`; a device
 //! fault shows up to signal waiters as [`Error::SignalFailed`].
 //!
 //! [`HardwareQueue::wait_foreign`]: crate::HardwareQueue::wait_foreign

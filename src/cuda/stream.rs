@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::mem;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::driver::{CudaEvent, CudaStream, result};
+use cudarc::driver::{CudaEvent, CudaStream, result, sys};
 
 use crate::error::{Error, Result, panic_message};
 use crate::queue::{Admission, Batch, Command, Ledger};
@@ -178,7 +178,7 @@ impl Shared {
                 self.hand_over(batch, at, None, mark);
                 None
             }
-            // Reported by the next `submit` or `synchronize`, as for work
+            // Reported by a later `submit` or `synchronize`, as for work
             // that fails on the GPU. A batch whose failure is its own
             // (`FailureScope::Batch`) drains its later waits: on the
             // worker, which may block, and which later batches follow. So
@@ -186,8 +186,9 @@ impl Shared {
             // values from there on fail once that work completed (the
             // worker waits for the stream), not while it still runs,
             // which a waiter let through by the failure (a settled wait)
-            // would race with.
-            Outcome::Failed(at, error) if at > 0 || self.ledger.independent() => {
+            // would race with; and one behind earlier batches' work still
+            // on the stream.
+            Outcome::Failed(at, error) if self.fails_on_the_worker(at) => {
                 self.hand_over(batch, at, Some(error), mark);
                 None
             }
@@ -622,14 +623,32 @@ impl Shared {
             Outcome::Blocked(at) => {
                 self.hand_over(mem::take(batch), at, None, Mark::Plain);
             }
-            // As `process` would: after the signals recorded before it.
-            Outcome::Failed(at, error) if at > 0 || self.ledger.independent() => {
+            // As `process` would: after the work on the stream before it.
+            Outcome::Failed(at, error) if self.fails_on_the_worker(at) => {
                 self.hand_over(mem::take(batch), at, Some(error), Mark::Plain);
             }
             Outcome::Failed(at, error) => {
                 self.ledger.fail(batch, at, error);
             }
         }
+    }
+
+    /// Whether a batch that failed at command `at` on the owner's thread
+    /// goes to the worker: under `FailureScope::Batch` (it drains its
+    /// later waits there), or with work on the stream before the failure
+    /// (its own commands before `at`, or earlier batches' still running),
+    /// since its values from the failure on must not settle before that
+    /// work completed (the worker waits for the stream). A stream whose
+    /// query fails goes too: the worker's wait reports the fault.
+    fn fails_on_the_worker(&self, at: usize) -> bool {
+        let idle = || {
+            // SAFETY: the stream is alive (`self` holds it); a query
+            // blocks for nothing.
+            unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
+                .result()
+                .is_ok()
+        };
+        at > 0 || self.ledger.independent() || !idle()
     }
 
     /// Keeps `template` (where there is one) until the stream passed

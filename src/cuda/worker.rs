@@ -78,13 +78,12 @@ pub(super) fn run_worker(shared: &Shared) {
             // Its later waits honoured first under `FailureScope::Batch`.
             Outcome::Failed(at, error) => {
                 // The values from the failure on settle in queue order:
-                // once the batch's work enqueued before it completed (the
-                // stream holds only work that completes on its own), so a
-                // waiter a failure lets through (a plan's next run) comes
-                // after it. An error is the stream's, reported as usual.
-                if at > 0
-                    && let Err(sync) = shared.stream.synchronize()
-                {
+                // once the work enqueued before it (the batch's own, and
+                // earlier batches') completed (the stream holds only work
+                // that completes on its own), so a waiter a failure lets
+                // through (a plan's next run) comes after it. An error is
+                // the stream's, reported as usual.
+                if let Err(sync) = shared.stream.synchronize() {
                     let _ = shared.fault("waiting for a failed batch's earlier work", sync);
                 }
                 shared.ledger.complete(&batch, Err((at, error)));

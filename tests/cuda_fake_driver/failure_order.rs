@@ -17,7 +17,9 @@ use super::{on_a_12_2_device, report, run_scenario};
 /// The child's half. `behind_wait`: `signal(a, 1)`, then a wait on a value
 /// failed on the host, then `signal(b, 1)`, submitted on the caller's
 /// thread. `behind_record`: `signal(a, 1)` and `signal(b, 1)` alone (the
-/// in-place path), `b`'s event record refused by the fake. Reports how
+/// in-place path), `b`'s event record refused by the fake. `behind_batch`:
+/// `signal(a, 1)` submitted alone, then a batch of the failed wait and
+/// `signal(b, 1)`, which fails at its first command. Reports how
 /// `b` ended and whether `a` was reached by then.
 pub(super) fn run(device: &CudaDevice, case: &str) {
     let mut queue = device.compute_queue().unwrap();
@@ -36,6 +38,18 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         }
         "behind_record" => {
             queue.signal(&a, 1).signal(&b, 1);
+        }
+        "behind_batch" => {
+            let failed = device.new_signal(0).unwrap();
+            failed.fail(
+                1,
+                Error::KernelFailed {
+                    program: "elsewhere".into(),
+                    message: "failed on another queue".into(),
+                },
+            );
+            queue.signal(&a, 1).submit().unwrap();
+            queue.wait(&failed, 1).signal(&b, 1);
         }
         other => panic!("no failure_order case `{other}`"),
     }
@@ -88,4 +102,12 @@ fn a_refused_record_fails_the_values_after_it_once_the_work_before_it_completed(
             ("HWQUEUE_FAKE_FAULT", "2"),
         ],
     );
+}
+
+/// The same where the failure is the batch's first command and the work
+/// before it is an earlier batch's: on `e47a8a7` `b` failed at once (only
+/// a failure after a command of its own batch waited for the stream).
+#[test]
+fn a_batch_failing_at_its_first_command_fails_its_values_once_earlier_batches_completed() {
+    scenario("behind_batch", &[]);
 }

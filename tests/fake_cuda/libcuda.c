@@ -657,6 +657,7 @@ struct fake_handle {
 
 static int stalled(_Atomic(_Atomic long long *) *slot);
 static void sleep_while_stalled(_Atomic(_Atomic long long *) *slot);
+static long long monotonic_ns(void);
 
 /* Sleeps (never spins) until `ready_at` (CLOCK_MONOTONIC, ns; 0: at once). */
 static void sleep_until_ns(long long ready_at) {
@@ -856,6 +857,21 @@ CUresult cuStreamSynchronize(CUstream stream) {
         /* The events recorded on it are its work's end (event delay). */
         sleep_until_ns(atomic_load(&stream->ready_at_ns));
         sleep_while_stalled(&stream->stall);
+    }
+    return result;
+}
+
+/* Whether the stream's work completed: not while its last delayed event
+ * (its work's end) is ahead, or a stall holds it. */
+CUresult cuStreamQuery(CUstream stream) {
+    log_call(__func__);
+    CUresult result = device_fault(__func__);
+    if (result == CUDA_SUCCESS && (stream == NULL || stream == CU_STREAM_LEGACY)) {
+        result = legacy_stream_check(1);
+    }
+    if (result == CUDA_SUCCESS && created_stream(stream)
+        && (monotonic_ns() < atomic_load(&stream->ready_at_ns) || stalled(&stream->stall))) {
+        result = CUDA_ERROR_NOT_READY;
     }
     return result;
 }
