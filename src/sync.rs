@@ -81,6 +81,11 @@ mod imp {
         pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
             self.0.try_read()
         }
+
+        /// Exclusive, if nobody holds it now.
+        pub(crate) fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+            self.0.try_write()
+        }
     }
 
     /// A condition variable whose `wait` takes and returns the guard.
@@ -460,6 +465,14 @@ mod imp {
 
         pub(crate) fn try_read(&self) -> Option<RwLockReadGuard<'_, T>> {
             match self.0.try_read() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+
+        pub(crate) fn try_write(&self) -> Option<RwLockWriteGuard<'_, T>> {
+            match self.0.try_write() {
                 Ok(guard) => Some(guard),
                 Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
                 Err(std::sync::TryLockError::WouldBlock) => None,

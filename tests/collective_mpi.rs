@@ -859,6 +859,35 @@ fn p2p_groups(ranks: &Ranks) -> Outcome {
             into.to_vec().map_err(text)?,
             input::<u32>(peer, 64, 22),
         )?;
+        // A group against the same commands one batch each, received
+        // first: its peer's group starts each transfer once that member
+        // agreed, as NCCL's groups do, not once all did. Twice: a message
+        // MPI sends eagerly, and one it sends only once received.
+        for len in [64, 65536] {
+            let (out, into) = (view_in::<u32>(ranks, 0, len), view_in::<u32>(ranks, 3, len));
+            out.write_from(&input::<u32>(rank, len, 23)).map_err(text)?;
+            if rank % 2 == 0 {
+                run_batch(ranks, |q| {
+                    q.send::<u32, _>(&comm, peer, &out)
+                        .recv::<u32, _>(&comm, peer, &into);
+                })
+            } else {
+                run_batch(ranks, |q| {
+                    q.recv::<u32, _>(&comm, peer, &into);
+                })
+                .and_then(|()| {
+                    run_batch(ranks, |q| {
+                        q.send::<u32, _>(&comm, peer, &out);
+                    })
+                })
+            }
+            .map_err(|error| format!("a group against single commands, {len}: {error}"))?;
+            check(
+                "a group against single commands",
+                into.to_vec().map_err(text)?,
+                input::<u32>(peer, len, 23),
+            )?;
+        }
         // One view sent and received into in one group.
         match failure_of(ranks, |q| {
             q.send::<u32, _>(&comm, peer, &out)

@@ -68,13 +68,16 @@ pub(crate) trait HostGroupViews {
 
     /// Holds the buffers of the members `which` (in order) for their
     /// transfers, which read the send views and write the receive views
-    /// until the engine returns: each member's first bytes (send, receive;
-    /// null where it has none), in the order of `which`. A member left out
-    /// (it failed, on its rank or its peer's) holds nothing.
+    /// until the engine returns, without waiting: each member's first bytes
+    /// (send, receive; null where it has none), in the order of `which`;
+    /// `None` when a buffer is held elsewhere (a kernel of another queue):
+    /// those taken stay held, and the engine asks again. Buffers held for
+    /// earlier members are not taken again. A member never asked for (it
+    /// failed, on its rank or its peer's) holds nothing.
     ///
     /// # Errors
     /// As [`check`](Self::check).
-    fn hold(&mut self, which: &[usize]) -> Result<Vec<(*const u8, *mut u8)>>;
+    fn try_hold(&mut self, which: &[usize]) -> Result<Option<Vec<(*const u8, *mut u8)>>>;
 
     /// A transfer failed with the memory still the engine's: every held
     /// buffer's memory must never be reached or reused again (see

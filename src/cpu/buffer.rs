@@ -129,6 +129,13 @@ impl CpuBuffer {
         self.allocation.lock_exclusive()
     }
 
+    /// [`lock_exclusive`](Self::lock_exclusive), or `None` at once where
+    /// someone holds the buffer.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn try_lock_exclusive(&self) -> Option<Held<'_>> {
+        self.allocation.try_lock_exclusive()
+    }
+
     /// Whether a queue may reach the buffer, checked now where no writer
     /// holds it: [`Allocation::peek`].
     #[cfg_attr(not(feature = "mpi"), allow(dead_code))]

@@ -299,6 +299,13 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
         self.inner.memory.write()
     }
 
+    /// [`lock_exclusive`](Self::lock_exclusive), or `None` at once where
+    /// the lock is held.
+    #[inline]
+    pub(crate) fn try_lock_exclusive(&self) -> Option<RwLockWriteGuard<'_, Memory<S>>> {
+        self.inner.memory.try_write()
+    }
+
     /// Gives the range up to a transfer that may still use it (an MPI
     /// collective that timed out, which MPI cannot cancel), under the
     /// caller's exclusive hold `held` of this allocation: from now on every

@@ -225,8 +225,8 @@ pub(super) fn run_p2p_group(group: &[&Collective<Cpu>]) -> std::result::Result<(
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 struct GroupViews<'a> {
     members: &'a [&'a Collective<Cpu>],
-    /// Each buffer once, locked in the order of their ids (as an `exec`
-    /// holds its buffers).
+    /// Each buffer once, taken as its members agreed, never waiting for
+    /// one (see `try_hold`).
     held: Vec<(&'a CpuBuffer, Held<'a>)>,
 }
 
@@ -268,32 +268,37 @@ impl HostGroupViews for GroupViews<'_> {
         }
     }
 
-    fn hold(&mut self, which: &[usize]) -> Result<Vec<(*const u8, *mut u8)>> {
+    fn try_hold(&mut self, which: &[usize]) -> Result<Option<Vec<(*const u8, *mut u8)>>> {
         let members = which.iter().map(|&index| self.members[index]);
-        let mut buffers: Vec<&CpuBuffer> = (members.clone())
-            .filter_map(view_of)
-            .map(View::buffer)
-            .collect();
-        buffers.sort_unstable_by_key(|buffer| buffer.id());
-        buffers.dedup_by(|a, b| a.same_as(b));
+        let buffers = (members.clone()).filter_map(view_of).map(View::buffer);
         for buffer in buffers {
-            let held = buffer.lock_exclusive();
+            if self.held.iter().any(|(held, _)| held.same_as(buffer)) {
+                continue;
+            }
+            // Never waits: a buffer taken while another is held, in no
+            // particular order, must not block an `exec` that takes them
+            // in id order (a busy one is asked for again).
+            let Some(held) = buffer.try_lock_exclusive() else {
+                return Ok(None);
+            };
             held.check(|| "the point-to-point command's buffer".into())?;
             self.held.push((buffer, held));
         }
         // SAFETY: each view lies in its buffer (checked when it was made),
         // so its offset is within the allocation.
         let first = |view: &View<Cpu>| unsafe { view.buffer().as_ptr().add(view.offset()) };
-        Ok(members
-            .map(|member| {
-                let send = member
-                    .send
-                    .as_ref()
-                    .map_or(std::ptr::null(), |view| first(view).cast_const());
-                let recv = member.recv.as_ref().map_or(std::ptr::null_mut(), first);
-                (send, recv)
-            })
-            .collect())
+        Ok(Some(
+            members
+                .map(|member| {
+                    let send = member
+                        .send
+                        .as_ref()
+                        .map_or(std::ptr::null(), |view| first(view).cast_const());
+                    let recv = member.recv.as_ref().map_or(std::ptr::null_mut(), first);
+                    (send, recv)
+                })
+                .collect(),
+        ))
     }
 
     fn lose(&mut self) {
