@@ -18,14 +18,25 @@
 //! wait for each other).
 //!
 //! A run records a signal after each operation (what the other queues and
-//! the next run wait for), so a plan's sends and receives never form one
-//! group (see `crate::collective`'s groups): each meets its peer's alone.
-//! Order them so that every send meets its receive in turn (in a ring,
-//! even ranks send first and odd ranks receive first), or record such an
-//! exchange on a queue directly.
+//! the next run wait for), but not between the sends and receives of a
+//! *group*: two or more added to the schedule one after another, over one
+//! communicator, on one device, none touching bytes another of them writes,
+//! and none after the first waiting on another operation of the same run.
+//! Their waits on the run before go before the first, and one signal after
+//! the last stands for all of them (a queue's values only rise), so the
+//! queue's batch holds them one after another and they run as one group
+//! (see `crate::collective`'s groups): a ring (send to the next rank,
+//! receive from the one before) completes on every rank. Their tensors are
+//! live through the whole group, so the memory planner gives no two of
+//! them the same bytes. A member that fails fails the group's one value,
+//! the earlier members' too. A send or receive outside such a group meets
+//! its peer's alone: order those so that every send meets its receive in
+//! turn (even ranks send first, odd ranks receive first), or record them
+//! on a queue directly.
 
 use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
 
+use super::ordering::PlannedOp;
 use super::plan::unplaced_bug;
 use super::schedule::*;
 use super::*;
@@ -306,4 +317,83 @@ pub(super) fn record<'a, Q: HardwareQueue>(
             );
         }
     }
+}
+
+/// The runs of sends and receives a plan may group: two or more added to
+/// the schedule one after another, over one communicator, on one device,
+/// none touching bytes another of the run writes (`accesses`: each
+/// operation's reads and writes, in bytes of the roots). Ranges of
+/// operation indices. Their members run at once, so the memory planner
+/// keeps every tensor one of them names live through the whole run.
+pub(super) fn p2p_runs<B: Backend>(
+    schedule: &Schedule<B>,
+    accesses: &[(Vec<Access>, Vec<Access>)],
+) -> Vec<Range<usize>> {
+    let p2p = |op: usize| match &schedule.ops[op].work {
+        Work::Collective(work) if work.op.peer().is_some() => Some(&work.communicator),
+        _ => None,
+    };
+    // Whether `a` writes what `b` touches, or the other way round.
+    let clash = |a: usize, b: usize| {
+        let touches = |(reads, writes): &(Vec<Access>, Vec<Access>), written: &[Access]| {
+            (reads.iter().chain(writes)).any(|x| written.iter().any(|w| x.overlaps(w)))
+        };
+        touches(&accesses[a], &accesses[b].1) || touches(&accesses[b], &accesses[a].1)
+    };
+    let mut runs = Vec::new();
+    let mut index = 0;
+    while index < schedule.ops.len() {
+        let start = index;
+        index += 1;
+        let Some(communicator) = p2p(start) else {
+            continue;
+        };
+        let device = schedule.ops[start].device;
+        let joins = |op: usize| {
+            p2p(op).is_some_and(|other| other.same_as(communicator))
+                && schedule.ops[op].device == device
+                && (start..op).all(|earlier| !clash(earlier, op))
+        };
+        while index < schedule.ops.len() && joins(index) {
+            index += 1;
+        }
+        if index - start >= 2 {
+            runs.push(start..index);
+        }
+    }
+    runs
+}
+
+/// The groups of sends and receives among `ops`, a device queue's
+/// operations in order (positions in `ops`): each stretch of two or more
+/// operations of one of `runs` (see [`p2p_runs`]) that follow each other
+/// on the queue, whose members after the first wait only on the run
+/// before (their waits go before the first member). See the module docs.
+pub(super) fn p2p_groups(
+    ops: &[usize],
+    runs: &[Range<usize>],
+    facts: &[PlannedOp],
+) -> Vec<Range<usize>> {
+    let mut groups = Vec::new();
+    let mut position = 0;
+    while position < ops.len() {
+        let start = position;
+        position += 1;
+        let Some(run) = runs.iter().find(|run| run.contains(&ops[start])) else {
+            continue;
+        };
+        let joins = |position: usize| {
+            let op = ops[position];
+            op == ops[position - 1] + 1
+                && run.contains(&op)
+                && facts[op].waits.iter().all(|wait| wait.previous_run)
+        };
+        while position < ops.len() && joins(position) {
+            position += 1;
+        }
+        if position - start >= 2 {
+            groups.push(start..position);
+        }
+    }
+    groups
 }

@@ -1,7 +1,9 @@
 //! Static memory planning: where a schedule's tensors live.
 //!
 //! A tensor ([`Schedule::add_tensor`]) lives from the first operation that
-//! names it to the last, in program order. Tensors of one device share one
+//! names it to the last, in program order (through the whole of a run of
+//! sends and receives a plan may group, whose members run at once: see
+//! `collective::p2p_runs`). Tensors of one device share one
 //! arena from the device's pool: two whose lifetimes overlap never share a
 //! byte, two whose lifetimes do not may. Offsets come from the "greedy by
 //! size" heuristic of TFLite's and tinygrad's planners: the largest tensor
@@ -79,6 +81,7 @@ pub(super) struct Placement {
 pub(super) fn place<B: Backend>(
     schedule: &Schedule<B>,
     accesses: &[(Vec<Access>, Vec<Access>)],
+    p2p_runs: &[std::ops::Range<usize>],
 ) -> Result<Placement> {
     let is_tensor = |id: BufferId| {
         schedule.buffers[id.0].origin == Origin::Tensor && id == schedule.buffers[id.0].root
@@ -119,6 +122,16 @@ pub(super) fn place<B: Backend>(
                     }
                     *slot = Some((index, index));
                 }
+            }
+        }
+    }
+    // The members of a run of sends and receives a plan may group run at
+    // once: a tensor one of them names is live through the whole run.
+    for run in p2p_runs {
+        let (start, end) = (run.start, run.end - 1);
+        for (first, last) in live.iter_mut().flatten() {
+            if *first <= end && start <= *last {
+                (*first, *last) = ((*first).min(start), (*last).max(end));
             }
         }
     }

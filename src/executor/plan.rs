@@ -27,6 +27,8 @@ pub(super) struct PlannedQueue<B: Backend> {
     pub(super) ops: Vec<usize>,
     /// Its runs of kernels, for runs that repeat their programs.
     pub(super) stretches: Stretches,
+    /// Its groups of sends and receives (`collective::p2p_groups`).
+    pub(super) p2p_groups: Vec<Range<usize>>,
 }
 
 /// A planned schedule: run it as often as needed with [`Plan::run`].
@@ -196,6 +198,9 @@ impl<B: Backend> Plan<B> {
                 && stretches.recorded_at == Some(edits)
                 && queue.replay_recorded(key, &stretches.kernels);
             let mut next_stretch = 0;
+            // The next group of sends and receives, and where the one
+            // being recorded ends (no signal between its members).
+            let (mut next_group, mut group_end) = (0, 0);
             // The operation whose command the queue refused, if one is.
             let mut culprit = None;
             for (signal, value) in barrier_waits(index) {
@@ -211,6 +216,15 @@ impl<B: Backend> Plan<B> {
                 let op_plan = &facts.ops[op];
                 if position > hoisted {
                     record_waits(queue, op);
+                }
+                if let Some(group) = planned.p2p_groups.get(next_group)
+                    && group.start == position - 1
+                {
+                    next_group += 1;
+                    for &later in &planned.ops[group.start + 1..group.end] {
+                        record_waits(queue, later);
+                    }
+                    (hoisted, group_end) = (hoisted.max(group.end), group.end);
                 }
                 if replay
                     && let Some(stretch) = stretches.at.get(next_stretch)
@@ -317,7 +331,9 @@ impl<B: Backend> Plan<B> {
                         None => unplaced_bug(queue, name),
                     },
                 }
-                queue.signal(&timelines.signals[index], own_value(index, op_plan.value));
+                if position >= group_end {
+                    queue.signal(&timelines.signals[index], own_value(index, op_plan.value));
+                }
                 if culprit.is_none() && queue.rejection().is_some() {
                     culprit = Some(op);
                 }

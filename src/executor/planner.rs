@@ -42,7 +42,8 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
         .iter()
         .map(|op| effective_accesses(&schedule, op))
         .collect();
-    let placement = memory::place(&schedule, &accesses)?;
+    let runs = super::collective::p2p_runs(&schedule, &accesses);
+    let placement = memory::place(&schedule, &accesses, &runs)?;
     place_tensors(&mut schedule, &placement)?;
     // Again, now in bytes of the arenas: tensors that share bytes conflict.
     let accesses: Vec<(Vec<Access>, Vec<Access>)> = schedule
@@ -86,6 +87,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
                     queue,
                     ops: Vec::new(),
                     stretches: Default::default(),
+                    p2p_groups: Vec::new(),
                 });
                 devices.push(schedule.devices[device].clone());
                 lane_queue.push(queues.len() - 1);
@@ -217,6 +219,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     };
     for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
         planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
+        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops);
     }
     Ok(Plan {
         queues,

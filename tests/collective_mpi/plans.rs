@@ -30,6 +30,52 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
         "plan: collectives a rank cannot run are refused at plan time".into(),
         refused_at_plan(ranks),
     );
+    if ranks.size > 1 {
+        run(
+            "plan: a ring of sends and receives runs as a group, runs back to back".into(),
+            ring(ranks),
+        );
+    }
+}
+
+/// Every rank sends `out` to the next rank and receives the one before's
+/// into `into`, the send first on every rank: alone, each send would wait
+/// for a receive its peer records only after its own send (until the
+/// timeout, short here); as one group they complete. Two sizes: one
+/// through the exchange, one over the views' own memory.
+fn ring(ranks: &Ranks) -> Outcome {
+    let (rank, size) = (ranks.rank, ranks.size);
+    let (next, before) = ((rank + 1) % size, (rank + size - 1) % size);
+    // A communicator of its own, whose timeout fails the case in seconds.
+    let comm = (ranks.comm.split(Some(0), rank as u32).map_err(text)?)
+        .ok_or("the split gave no communicator")?;
+    comm.set_timeout(Duration::from_secs(5));
+    [16, 4096].into_iter().try_for_each(|len| {
+        let (mut schedule, d) = new_schedule();
+        let bytes = len * size_of::<u32>();
+        let out = schedule.add_tensor(d, "out", bytes);
+        let into = schedule.add_tensor(d, "into", bytes);
+        let upload = schedule.upload("upload out", out).id();
+        schedule.send::<u32>("send to the next rank", &comm, next, out);
+        schedule.recv::<u32>("receive from the rank before", &comm, before, into);
+        let download = schedule.download("download into", into).id();
+        let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        let data = |run: usize, r: usize| input::<u32>(r, len, 60 + run);
+        let mut runs = Vec::new();
+        let mut got = Vec::new();
+        for index in 0..RUNS {
+            plan.upload(upload, &data(index, rank)).map_err(text)?;
+            let into = Download::<u32>::new(len);
+            plan.download(download, &into).map_err(text)?;
+            runs.push(plan.run().map_err(text)?);
+            got.push(into);
+        }
+        wait_all(runs, |index| {
+            let got = got[index].take(Timeout::Forever).map_err(text)?;
+            check("received", got, data(index, before))
+        })
+        .map_err(|error| format!("{len} elements: {error}"))
+    })
 }
 
 fn new_schedule() -> (Schedule<Cpu>, hwqueue::DeviceId) {
