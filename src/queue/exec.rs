@@ -260,7 +260,12 @@ fn same_views<'b, B: crate::backend::Backend>(
 /// [`Engine::check_exec`]) and of the queue, which does not change; so a
 /// kernel run again and again on the same tensors (a step of a training
 /// loop) is checked once per batch.
-#[inline]
+///
+/// Always inlined: left to the compiler, whether it was (and how its scalar
+/// loop came out) changed with unrelated code elsewhere in the crate, and a
+/// repeated CUDA `exec` moved between 323 and 330 instructions
+/// (`BENCH=cuda benches/callgrind.sh`) with it.
+#[inline(always)]
 fn repeats<P: Program>(
     last: &P,
     last_scalars: &[Scalar],
