@@ -472,3 +472,34 @@ fn a_run_recorded_while_a_refused_one_s_values_are_pending_runs() {
         );
     });
 }
+
+/// The same buffer added twice (two handles of it) is one memory: a kernel
+/// writing it through one id on the compute queue and a download reading it
+/// through the other on the copy queue are ordered by a wait. On `f9d6c0d`
+/// the two ids were two roots, so the plan ordered them as different
+/// memory: no wait, and the download could read while the kernel wrote.
+#[test]
+fn a_buffer_added_twice_is_one_memory_to_the_planner() {
+    let mut schedule = Schedule::<Cpu>::new();
+    let device = CpuDevice::new();
+    let d = schedule.add_device(Arc::new(device.clone()));
+    let buffer = device.alloc(64).unwrap();
+    let first = schedule.add_buffer(d, "first", buffer.clone());
+    let again = schedule.add_buffer(d, "again", buffer.clone());
+    let write = CpuProgram::from_fn("write", 1, 0, |_, args: &KernelArgs<'_>| {
+        // SAFETY: one work-group, the only access to the buffer.
+        unsafe { args.buffer(0).slice_mut::<u32>(0..16) }.fill(7);
+    });
+    let writer = (schedule.exec("write", d, &write, &[first], &[], ExecParams::new_1d(1, 1)))
+        .writes(first, ..)
+        .id();
+    let reader = schedule.download("read", again).on(QueueKind::Copy).id();
+    let plan = schedule.plan().unwrap();
+    assert_ne!(plan.queue_of(writer), plan.queue_of(reader), "{plan}");
+    assert!(
+        plan.waits_of(reader)
+            .iter()
+            .any(|wait| wait.after == writer && !wait.previous_run),
+        "the download does not wait for the kernel:\n{plan}"
+    );
+}

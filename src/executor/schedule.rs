@@ -139,6 +139,10 @@ impl<B: Backend> Schedule<B> {
     /// Adds a buffer living on `device`, named for plans and errors: a
     /// caller's memory the plan uses every run (weights, state that
     /// outlives a run).
+    ///
+    /// A buffer added already (another handle of it) names the same
+    /// memory: the new id is a whole view of the first (on its device), so
+    /// the planner orders work on the two as work on one buffer.
     pub fn add_buffer(
         &mut self,
         device: DeviceId,
@@ -146,6 +150,28 @@ impl<B: Backend> Schedule<B> {
         buffer: B::Buffer,
     ) -> BufferId {
         let view = View::whole(&buffer);
+        let added = self.buffers.iter().position(|slot| {
+            slot.origin == Origin::Buffer
+                && slot.buffer.as_ref().is_some_and(|held| {
+                    held.offset() == 0
+                        && held.len() == view.len()
+                        && crate::buffer::Buffer::same_as(held.buffer(), &buffer)
+                })
+        });
+        if let Some(first) = added {
+            let root = &self.buffers[first];
+            let alias = BufferSlot {
+                name: name.into(),
+                device: root.device,
+                len: root.len,
+                buffer: Some(view),
+                root: root.root,
+                offset: root.offset,
+                origin: Origin::Buffer,
+            };
+            self.buffers.push(alias);
+            return BufferId(self.buffers.len() - 1);
+        }
         self.push_root(device, name.into(), view.len(), Some(view), Origin::Buffer)
     }
 
