@@ -427,7 +427,9 @@ impl<B: Backend> fmt::Debug for Collective<B> {
     }
 }
 
-/// `all_reduce (sum) of 256 f32, submitted #3`.
+/// `all_reduce (sum) of 256 f32, submitted #3`; a `send` or `recv`, which
+/// takes no place in the order, without the number: `send to rank 1 of 16
+/// u32`.
 pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequence: u64) -> String {
     let what = match op {
         CollectiveOp::AllReduce(r) | CollectiveOp::ReduceScatter(r) => {
@@ -438,6 +440,9 @@ pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequenc
         CollectiveOp::Recv { peer } => format!("recv from rank {peer}"),
         CollectiveOp::AllGather => op.name().to_owned(),
     };
+    if op.peer().is_some() {
+        return format!("{what} of {count} {}", element.name());
+    }
     format!(
         "{what} of {count} {}, submitted #{sequence}",
         element.name()

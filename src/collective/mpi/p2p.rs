@@ -127,7 +127,7 @@ impl MpiComm {
                 _ => (at, error),
             }
         };
-        if let Err(failed) = outcome {
+        if let Err((at, error)) = outcome {
             if starting.described.contains(&false) {
                 // Descriptions still in flight: MPI's memory now.
                 std::mem::forget(theirs);
@@ -137,7 +137,10 @@ impl MpiComm {
                 // Those started may still use the memory.
                 views.lose();
             }
-            return Err(broken(failed));
+            // Those started never complete now: the batch fails from the
+            // first of them, or from this member.
+            let first = starting.started.iter().copied().chain([at]).min();
+            return Err(broken((first.unwrap_or(at), error)));
         }
         drop(start);
         if let Some(&first) = starting.started.iter().min() {
