@@ -514,31 +514,39 @@ impl Communicator {
                 "`nccl_over` hands NCCL's id round over an MPI communicator (`Mpi::world`)";
             return Err(invalid(rank, size, reason));
         }
-        // Every rank probes before the broadcast, so that none waits for
-        // a root that has no NCCL to make an id with.
-        probe()?;
-        let mut bytes = [0u8; 128];
-        if rank == 0 {
-            bytes = NcclId::new()?.to_bytes();
-        }
+        // Every rank probes, and rank 0 makes the id; a rank that cannot
+        // still joins the broadcast, described failed, so its peers fail
+        // at once (a mismatch naming it) instead of waiting for it until
+        // the timeout breaks `world`, and every rank keeps `world`'s order.
+        let ready = probe().and_then(|()| match rank {
+            0 => NcclId::new().map(|id| id.to_bytes()),
+            _ => Ok([0u8; 128]),
+        });
         let plan = super::HostCollective {
             op: CollectiveOp::Broadcast { root: 0 },
             element: Element::U32,
             count: 128 / Element::U32.size(),
             sequence: world.next_sequence(),
         };
-        let mut received = bytes;
-        world.run_on_host(
+        // The root's own id (a broadcast writes nothing at its root).
+        let mut received = ready.as_ref().map_or([0u8; 128], |bytes| *bytes);
+        let sent = world.run_on_host(
             &plan,
-            &mut |send| {
-                send.copy_from_slice(&bytes[..send.len()]);
-                Ok(())
+            &mut |send| match &ready {
+                Ok(bytes) => {
+                    send.copy_from_slice(&bytes[..send.len()]);
+                    Ok(())
+                }
+                Err(error) => Err(error.clone()),
             },
             &mut |recv| {
                 received.copy_from_slice(recv);
                 Ok(())
             },
-        )?;
+        );
+        // This rank's own failure first: its peers were told of it.
+        ready?;
+        sent?;
         Self::nccl_with(device, NcclId::from_bytes(received), rank, size, config)
     }
 }
