@@ -90,9 +90,11 @@ pub type CudaQueue = Queue<CudaEngine>;
 /// Failure never hangs: a launch or driver error while enqueueing, or a
 /// failed wait, abandons the rest of the batch, fails the signals it would
 /// have set, and is reported by a later `submit` or `synchronize` (the
-/// next, where the stream held no work before the failure; where it did,
-/// the worker fails the signals once that work completed, and reports it
-/// then); batches submitted before the owner was told are not run either. A kernel that
+/// next, where the stream held no work before the failure and the queue's
+/// failures are not its batches' own; else the worker fails the signals,
+/// once that work completed, and reports it then); batches submitted before
+/// the owner was told are not run either. A batch refused at `submit`, or
+/// skipped after a failure, fails its signals after the work before it too. A kernel that
 /// faults on the GPU shows up later, to waiters of its signals as
 /// [`Error::SignalFailed`] and to the owner at `synchronize`. Such faults
 /// (an illegal address, a failed launch) are sticky in CUDA: the context is

@@ -165,9 +165,19 @@ impl Shared {
         from: usize,
         mark: Mark,
     ) -> Option<Batch<Cuda>> {
-        if !self.admit(&batch, from) {
-            self.hold(mark.held());
-            return Some(batch);
+        match self.ledger.admit(&batch) {
+            Admission::Run => {}
+            // Its values must not fail before the work ahead of them
+            // completed: the worker waits for the stream (see `admit`).
+            Admission::Skip(_) if !self.stream_idle() => {
+                self.hand_over(batch, from, None, mark);
+                return None;
+            }
+            Admission::Skip(cause) => {
+                batch.fail_signals(from, &cause);
+                self.hold(mark.held());
+                return Some(batch);
+            }
         }
         match self.enqueue_caught(&batch, from, &mark) {
             Outcome::Done => {
@@ -214,12 +224,17 @@ impl Shared {
         self.work.notify_one();
     }
 
-    /// Whether `batch` runs, as the ledger says; where not, its signals
-    /// from `from` on fail (and the caller lets the batch go).
+    /// On the worker: whether `batch` runs, as the ledger says; where
+    /// not, its signals from `from` on fail once the work on the stream
+    /// before them completed, as a failed batch's do (and the caller lets
+    /// the batch go).
     pub(super) fn admit(&self, batch: &Batch<Cuda>, from: usize) -> bool {
         match self.ledger.admit(batch) {
             Admission::Run => true,
             Admission::Skip(cause) => {
+                if let Err(sync) = self.stream.synchronize() {
+                    let _ = self.fault("waiting for the work before a skipped batch", sync);
+                }
                 batch.fail_signals(from, &cause);
                 false
             }
@@ -602,7 +617,12 @@ impl Shared {
             self.retire();
         }
         if let Admission::Skip(cause) = self.ledger.admit(batch) {
-            batch.fail_signals(0, &cause);
+            // As `process` does.
+            if self.stream_idle() {
+                batch.fail_signals(0, &cause);
+            } else {
+                self.hand_over(mem::take(batch), 0, None, Mark::Plain);
+            }
             return;
         }
         // Profiled, each signal is an event of its own: `enqueue` times it.
@@ -641,14 +661,19 @@ impl Shared {
     /// work completed (the worker waits for the stream). A stream whose
     /// query fails goes too: the worker's wait reports the fault.
     fn fails_on_the_worker(&self, at: usize) -> bool {
-        let idle = || {
-            // SAFETY: the stream is alive (`self` holds it); a query
-            // blocks for nothing.
-            unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
-                .result()
-                .is_ok()
-        };
-        at > 0 || self.ledger.independent() || !idle()
+        at > 0 || self.ledger.independent() || !self.stream_idle()
+    }
+
+    /// Whether the stream completed everything put on it (`false` where
+    /// the query fails: the worker's wait for it reports the fault).
+    #[cold]
+    #[inline(never)]
+    fn stream_idle(&self) -> bool {
+        // SAFETY: the stream is alive (`self` holds it); a query blocks
+        // for nothing.
+        unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
+            .result()
+            .is_ok()
     }
 
     /// Keeps `template` (where there is one) until the stream passed

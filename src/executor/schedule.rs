@@ -141,8 +141,8 @@ impl<B: Backend> Schedule<B> {
     /// outlives a run).
     ///
     /// A buffer added already (another handle of it) names the same
-    /// memory: the new id is a whole view of the first (on its device), so
-    /// the planner orders work on the two as work on one buffer.
+    /// memory: the new id is a whole view of the first, so the planner
+    /// orders work on the two as work on one buffer.
     pub fn add_buffer(
         &mut self,
         device: DeviceId,
@@ -162,7 +162,9 @@ impl<B: Backend> Schedule<B> {
             let root = &self.buffers[first];
             let alias = BufferSlot {
                 name: name.into(),
-                device: root.device,
+                // The caller's: work on it goes to that device's queues,
+                // and the planner checks it as given.
+                device,
                 len: root.len,
                 buffer: Some(view),
                 root: root.root,

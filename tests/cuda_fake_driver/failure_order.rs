@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use hwqueue::cuda::CudaDevice;
-use hwqueue::{Error, HardwareQueue, QueueFactory, TimelineSignal};
+use hwqueue::{Device, Error, HardwareQueue, QueueFactory, TimelineSignal};
 
 use super::{on_a_12_2_device, report, run_scenario};
 
@@ -19,7 +19,9 @@ use super::{on_a_12_2_device, report, run_scenario};
 /// thread. `behind_record`: `signal(a, 1)` and `signal(b, 1)` alone (the
 /// in-place path), `b`'s event record refused by the fake. `behind_batch`:
 /// `signal(a, 1)` submitted alone, then a batch of the failed wait and
-/// `signal(b, 1)`, which fails at its first command. Reports how
+/// `signal(b, 1)`, which fails at its first command. `behind_rejected`:
+/// `signal(a, 1)` submitted alone, then `signal(b, 1)` and a copy between
+/// buffers of two sizes, which `submit` refuses. Reports how
 /// `b` ended and whether `a` was reached by then.
 pub(super) fn run(device: &CudaDevice, case: &str) {
     let mut queue = device.compute_queue().unwrap();
@@ -50,6 +52,16 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             );
             queue.signal(&a, 1).submit().unwrap();
             queue.wait(&failed, 1).signal(&b, 1);
+        }
+        "behind_rejected" => {
+            queue.signal(&a, 1).submit().unwrap();
+            let (small, large) = (device.alloc(16).unwrap(), device.alloc(32).unwrap());
+            queue.signal(&b, 1).copy(&small, &large);
+            let refused = queue.submit();
+            assert!(
+                matches!(refused, Err(Error::BatchRejected { .. })),
+                "{refused:?}"
+            );
         }
         other => panic!("no failure_order case `{other}`"),
     }
@@ -110,4 +122,11 @@ fn a_refused_record_fails_the_values_after_it_once_the_work_before_it_completed(
 #[test]
 fn a_batch_failing_at_its_first_command_fails_its_values_once_earlier_batches_completed() {
     scenario("behind_batch", &[]);
+}
+
+/// The same for a batch refused at submit, whose signals the engine fails
+/// in queue order: on `f3e555d` `b` failed at once, while `a`'s work ran.
+#[test]
+fn a_refused_batch_fails_its_values_once_earlier_batches_completed() {
+    scenario("behind_rejected", &[]);
 }
