@@ -66,18 +66,20 @@ pub(crate) trait HostGroupViews {
     /// an overlap.
     fn check(&mut self, index: usize) -> Result<()>;
 
-    /// Holds the buffers of the members `which` (in order) for their
-    /// transfers, which read the send views and write the receive views
-    /// until the engine returns, without waiting: each member's first bytes
-    /// (send, receive; null where it has none), in the order of `which`;
-    /// `None` when a buffer is held elsewhere (a kernel of another queue):
-    /// those taken stay held, and the engine asks again. Buffers held for
-    /// earlier members are not taken again. A member never asked for (it
-    /// failed, on its rank or its peer's) holds nothing.
+    /// Holds member `index`'s buffer for its transfer, which reads its
+    /// send view or writes its receive view until
+    /// [`release`](Self::release), without waiting: the view's first byte
+    /// (send, receive; null where it has none), or `None` while the buffer
+    /// is held elsewhere (a kernel of another queue): the engine asks
+    /// again. A buffer another member holds already is shared with it.
     ///
     /// # Errors
     /// As [`check`](Self::check).
-    fn try_hold(&mut self, which: &[usize]) -> Result<Option<Vec<(*const u8, *mut u8)>>>;
+    fn try_hold(&mut self, index: usize) -> Result<Option<(*const u8, *mut u8)>>;
+
+    /// Member `index`'s transfer completed: its hold goes (its buffer's
+    /// lock with it, once no other member holds it).
+    fn release(&mut self, index: usize);
 
     /// A transfer failed with the memory still the engine's: every held
     /// buffer's memory must never be reached or reused again (see

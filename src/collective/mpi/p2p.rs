@@ -7,10 +7,12 @@
 //! k-th send to a peer meets that peer's k-th receive from this rank,
 //! whatever else the two groups hold and in whatever order. Each member
 //! starts its transfer as soon as its own pair of descriptions arrived and
-//! agreed: no member waits for another's peer, so a group meets its peers'
-//! commands however they recorded them (one batch each, a group of another
-//! shape), as NCCL's groups do. The transfers are polled until they
-//! complete or the communicator's timeout passes.
+//! agreed, and every earlier member to the same peer the same way started
+//! (data moves under one tag, and MPI pairs a peer's messages in the order
+//! they were posted): no member waits for another peer, so a group meets
+//! its peers' commands however they recorded them (one batch each, a group
+//! of another shape), as NCCL's groups do. The transfers are polled until
+//! they complete or the communicator's timeout passes.
 //!
 //! Agreement is per member and symmetric (each side compares the same two
 //! descriptions), so a member that fails fails on both ranks, and neither
@@ -20,10 +22,11 @@
 //! waits for a description that never comes: the group times out, and the
 //! communicator is broken, as for a dead peer.
 //!
-//! A member's buffers are held from its agreement until the group ends,
-//! each taken without waiting (one a kernel holds is tried again the next
+//! A member's buffer is held from its start until its transfer completed,
+//! taken without waiting (one a kernel holds is tried again the next
 //! round): a group holding one buffer never blocks on another, whatever
-//! order an `exec` of another queue takes them in.
+//! order an `exec` of another queue takes them in, and lets each go as
+//! soon as its transfer no longer needs it.
 
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
@@ -34,7 +37,6 @@ use super::super::HostGroupViews;
 use super::super::description::{Description, WORDS};
 use super::super::mpi_types::{check, u64_type};
 use super::super::{CollectiveError, CollectiveOp, Communicator, HostCollective};
-use super::exchange::poll;
 use super::{MpiComm, null_request};
 use crate::error::Error;
 
@@ -46,26 +48,46 @@ const TAG_FROM_RECEIVER: c_int = 4;
 /// A member's index in its group, and why it failed.
 type Failed = (usize, Error);
 
-/// Where each member of a group stands while the group starts.
-struct Starting {
+/// Where a member of a group stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Its pair of descriptions is in flight.
+    Described,
+    /// Agreed, not started: waiting for an earlier member to the same peer
+    /// the same way, or for its buffer.
+    Agreed,
+    /// Its transfer's requests are `transfers[i]`.
+    Started,
+    /// Its transfer completed, and its buffer was let go.
+    Done,
+    /// Refused, on its rank or its peer's: no transfer.
+    Refused,
+}
+
+/// A group as it runs.
+struct Group {
     /// Two requests a member: its description's receive and send.
     exchange: Vec<ffi::MPI_Request>,
-    /// Whether its pair of descriptions arrived (and its verdict was made).
-    described: Vec<bool>,
-    /// Agreed, waiting for its buffers.
-    ready: Vec<usize>,
-    /// Started: its transfer's requests are among `transfers`.
-    started: Vec<usize>,
-    transfers: Vec<ffi::MPI_Request>,
-    /// The first member that failed its agreement (on its rank or its
-    /// peer's), which the batch fails from.
+    stage: Vec<Stage>,
+    /// Per member, its transfer's requests once started.
+    transfers: Vec<Vec<ffi::MPI_Request>>,
+    /// The first member refused (by index), which the batch fails from.
     refused: Option<Failed>,
+}
+
+impl Group {
+    /// The members still under way (not done, not refused).
+    fn busy(&self) -> impl Iterator<Item = usize> + '_ {
+        (self.stage.iter().enumerate())
+            .filter(|(_, stage)| !matches!(stage, Stage::Done | Stage::Refused))
+            .map(|(index, _)| index)
+    }
 }
 
 impl MpiComm {
     /// Runs `plans` (`send`s and `recv`s only) as one group over `views`:
     /// see the module docs. Held: the communicator's point-to-point start
-    /// lock, from the exchange until every member started or failed.
+    /// lock, from the exchange until every member started or was refused.
     pub(in super::super) fn run_p2p(
         &self,
         communicator: &Communicator,
@@ -98,131 +120,142 @@ impl MpiComm {
         if let Some(cause) = self.broken.lock().clone() {
             return Err((0, CollectiveError::Broken { rank, cause }.into()));
         }
+        // Written by MPI while their receives are pending: reached only
+        // through this pointer, each once its own pair completed.
         let mut theirs = vec![[0u64; WORDS]; plans.len()];
-        let mut starting = Starting {
+        let theirs_at = theirs.as_mut_ptr();
+        let mut group = Group {
             exchange: vec![null_request(); 2 * plans.len()],
-            described: vec![false; plans.len()],
-            ready: Vec::new(),
-            started: Vec::new(),
-            transfers: Vec::new(),
+            stage: vec![Stage::Described; plans.len()],
+            transfers: vec![Vec::new(); plans.len()],
             refused: None,
         };
-        let posted =
-            self.post_descriptions(rank, plans, &mine, &mut theirs, &mut starting.exchange);
+        let posted = self.post_descriptions(rank, plans, &mine, theirs_at, &mut group.exchange);
         let outcome = posted.and_then(|()| {
-            let agree = |index: usize| verdict(rank, plans, index, &mine, &theirs, &own);
-            let limits = (deadline, timeout);
-            self.start_members(rank, plans, views, &mut starting, agree, limits)
+            let agree = |index: usize| {
+                // SAFETY: `index` is a member, whose pair of descriptions
+                // completed (the caller asks no sooner): MPI wrote
+                // `theirs[index]` and no longer touches it; the vector
+                // lives and does not move until this returns.
+                let there = unsafe { theirs_at.add(index).read() };
+                verdict(rank, plans, index, &mine[index], there, &own[index])
+            };
+            let limits = (rank, deadline, timeout);
+            self.drive(plans, views, &mut group, start, agree, limits)
         });
-        // The peers of the members that started start theirs: a failure
-        // before this rank started all of its own leaves it out of step
-        // with them, so the communicator is done. The batch fails from its
-        // first member that failed, this one or an earlier one its peer
-        // refused.
-        let refused = starting.refused.take();
-        let broken = |(at, error): Failed| {
-            self.break_with(&error);
-            match refused.clone() {
-                Some(earlier) if earlier.0 < at => earlier,
-                _ => (at, error),
-            }
+        let refused = group.refused.take();
+        let Err((at, error)) = outcome else {
+            drop(life);
+            return refused.map_or(Ok(()), Err);
         };
-        if let Err((at, error)) = outcome {
-            if starting.described.contains(&false) {
-                // Descriptions still in flight: MPI's memory now.
-                std::mem::forget(theirs);
-                std::mem::forget(mine);
-            }
-            if !starting.started.is_empty() {
-                // Those started may still use the memory.
-                views.lose();
-            }
-            // Those started never complete now: the batch fails from the
-            // first of them, or from this member.
-            let first = starting.started.iter().copied().chain([at]).min();
-            return Err(broken((first.unwrap_or(at), error)));
+        // Their peers started theirs: this rank is out of step with them,
+        // so the communicator is done.
+        self.break_with(&error);
+        if group.stage.contains(&Stage::Described) {
+            // Descriptions still in flight: MPI's memory now.
+            std::mem::forget(theirs);
+            std::mem::forget(mine);
         }
-        drop(start);
-        if let Some(&first) = starting.started.iter().min() {
-            let done = poll(rank, &mut starting.transfers, deadline).and_then(|done| {
-                done.then_some(()).ok_or_else(|| {
-                    Error::from(CollectiveError::Timeout {
-                        rank,
-                        op: described(plans, first, ""),
-                        waited: timeout,
-                    })
-                })
-            });
-            if let Err(error) = done {
-                // MPI may still read and write the views: they are MPI's now.
-                views.lose();
-                return Err(broken((first, error)));
-            }
+        if group.stage.contains(&Stage::Started) {
+            // MPI may still read and write the views of those started.
+            views.lose();
         }
-        drop(life);
-        refused.map_or(Ok(()), Err)
+        // The batch fails from the first member refused, or under way.
+        let first = group.busy().chain([at]).min().unwrap_or(at);
+        Err(match refused {
+            Some(earlier) if earlier.0 < first => earlier,
+            _ => (first, error),
+        })
     }
 
-    /// Polls the descriptions in `exchange` (two requests a member) and
-    /// starts each member once its pair arrived and `agree` says so, and
-    /// its buffers are free, until every member started or was refused
-    /// (into `starting`), or an MPI error, a hold's failure, or the
-    /// deadline (`Err`: the member, and why).
-    fn start_members(
+    /// Runs `group` to its end: polls the descriptions (two requests a
+    /// member) and each member's transfer; starts each member once its
+    /// pair arrived and `agree` says so, every earlier member to the same
+    /// peer the same way started or was refused (MPI pairs one peer's
+    /// messages of one tag in the order they were posted), and its buffer
+    /// is free; lets a member's buffer go once its transfer completed; and
+    /// lets the start lock go once every member started or was refused.
+    /// `Err`: an MPI error, a hold's failure, or the deadline (the member,
+    /// and why).
+    fn drive(
         &self,
-        rank: usize,
         plans: &[HostCollective],
         views: &mut dyn HostGroupViews,
-        starting: &mut Starting,
+        group: &mut Group,
+        start: crate::sync::MutexGuard<'_, ()>,
         agree: impl Fn(usize) -> crate::error::Result<()>,
-        (deadline, timeout): (Instant, Duration),
+        (rank, deadline, timeout): (usize, Instant, Duration),
     ) -> std::result::Result<(), Failed> {
+        let mut start = Some(start);
         let began = Instant::now();
         let mut tries = 0u32;
+        let way = |index: usize| {
+            let sends = matches!(plans[index].op, CollectiveOp::Send { .. });
+            (plans[index].op.peer(), sends)
+        };
         loop {
-            for index in 0..plans.len() {
-                if starting.described[index] {
-                    continue;
-                }
-                let pair = &mut starting.exchange[2 * index..2 * index + 2];
-                if !test_all(rank, pair).map_err(|error| (index, error))? {
-                    continue;
-                }
-                starting.described[index] = true;
-                match agree(index) {
-                    Ok(()) => starting.ready.push(index),
-                    // The batch fails from the first, whichever arrived first.
-                    Err(error) => {
-                        if (starting.refused.as_ref()).is_none_or(|(at, _)| index < *at) {
-                            starting.refused = Some((index, error));
+            for (index, plan) in plans.iter().enumerate() {
+                match group.stage[index] {
+                    Stage::Described => {
+                        let pair = &mut group.exchange[2 * index..2 * index + 2];
+                        if !test_all(rank, pair).map_err(|error| (index, error))? {
+                            continue;
+                        }
+                        match agree(index) {
+                            Ok(()) => group.stage[index] = Stage::Agreed,
+                            Err(error) => {
+                                group.stage[index] = Stage::Refused;
+                                if group.refused.as_ref().is_none_or(|(at, _)| index < *at) {
+                                    group.refused = Some((index, error));
+                                }
+                            }
                         }
                     }
-                }
-            }
-            if let Some(&first) = starting.ready.first() {
-                let held = views.try_hold(&starting.ready);
-                if let Some(memory) = held.map_err(|error| (first, error))? {
-                    for (&index, &memory) in starting.ready.iter().zip(&memory) {
-                        let started = self.start(rank, &plans[index], memory);
-                        starting.started.push(index);
-                        starting
-                            .transfers
-                            .extend(started.map_err(|error| (index, error))?);
+                    Stage::Agreed => {
+                        let behind = (0..index).any(|earlier| {
+                            way(earlier) == way(index)
+                                && matches!(group.stage[earlier], Stage::Described | Stage::Agreed)
+                        });
+                        if behind {
+                            continue;
+                        }
+                        let held = views.try_hold(index).map_err(|error| (index, error))?;
+                        let Some(memory) = held else {
+                            continue;
+                        };
+                        // Started (for the failure paths) even where MPI
+                        // refuses the call: it may hold part of it.
+                        group.stage[index] = Stage::Started;
+                        let started = self.start(rank, plan, memory);
+                        group.transfers[index] = started.map_err(|error| (index, error))?;
                     }
-                    starting.ready.clear();
+                    Stage::Started => {
+                        let requests = &mut group.transfers[index];
+                        if test_all(rank, requests).map_err(|error| (index, error))? {
+                            group.stage[index] = Stage::Done;
+                            views.release(index);
+                        }
+                    }
+                    Stage::Done | Stage::Refused => {}
                 }
             }
-            let pending = starting.described.iter().position(|&done| !done);
-            let waiting = pending.or(starting.ready.first().copied());
-            let Some(stuck) = waiting else {
+            let waiting = |stage: &Stage| matches!(stage, Stage::Described | Stage::Agreed);
+            if !group.stage.iter().any(waiting) {
+                // Every member started or refused: other groups may start.
+                drop(start.take());
+            }
+            let Some(stuck) = group.busy().next() else {
                 return Ok(());
             };
             let now = Instant::now();
             if now >= deadline {
-                let what = if pending.is_some() {
-                    " (exchanging descriptions)"
-                } else {
-                    " (waiting for its buffers, which another queue's work holds)"
+                let what = match group.stage[stuck] {
+                    Stage::Described => " (exchanging descriptions)",
+                    Stage::Agreed => {
+                        " (waiting for its buffer, which another queue's work holds, or for an \
+                         earlier command of the group to the same rank)"
+                    }
+                    _ => "",
                 };
                 let error = CollectiveError::Timeout {
                     rank,
@@ -252,7 +285,7 @@ impl MpiComm {
         rank: usize,
         plans: &[HostCollective],
         mine: &[[u64; WORDS]],
-        theirs: &mut [[u64; WORDS]],
+        theirs: *mut [u64; WORDS],
         exchange: &mut [ffi::MPI_Request],
     ) -> std::result::Result<(), Failed> {
         let (count, dtype) = (WORDS as c_int, u64_type());
@@ -264,14 +297,16 @@ impl MpiComm {
             } else {
                 (TAG_FROM_RECEIVER, TAG_FROM_SENDER)
             };
-            // SAFETY: `theirs[index]` and `mine[index]` are `WORDS` u64s
-            // each, in the caller's vectors, which neither move nor grow
-            // and live until the requests complete, or forever (leaked on
-            // a failure); the communicator is live; each request is
-            // written before its call returns.
+            // SAFETY: `theirs` points at one slot of `WORDS` u64s a
+            // member, and `mine[index]` is `WORDS` u64s, in the caller's
+            // vectors, which neither move nor grow and live until the
+            // requests complete, or forever (leaked on a failure); nothing
+            // else reaches `theirs[index]` until its requests completed;
+            // the communicator is live; each request is written before its
+            // call returns.
             check(rank, "MPI_Irecv", unsafe {
                 ffi::MPI_Irecv(
-                    theirs[index].as_mut_ptr().cast::<c_void>(),
+                    theirs.add(index).cast::<c_void>(),
                     count,
                     dtype,
                     peer,
@@ -306,13 +341,13 @@ fn verdict(
     rank: usize,
     plans: &[HostCollective],
     index: usize,
-    mine: &[[u64; WORDS]],
-    theirs: &[[u64; WORDS]],
-    own: &[Option<Error>],
+    mine: &[u64; WORDS],
+    theirs: [u64; WORDS],
+    own: &Option<Error>,
 ) -> crate::error::Result<()> {
     let peer = plans[index].op.peer().unwrap_or(rank);
-    let (here, there) = (Description(mine[index]), Description(theirs[index]));
-    match &own[index] {
+    let (here, there) = (Description(*mine), Description(theirs));
+    match own {
         Some(error) => Err(error.clone()),
         None if here.agrees(&there, rank, peer) => Ok(()),
         None => Err(CollectiveError::Mismatch {

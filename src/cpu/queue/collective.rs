@@ -225,9 +225,10 @@ pub(super) fn run_p2p_group(group: &[&Collective<Cpu>]) -> std::result::Result<(
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 struct GroupViews<'a> {
     members: &'a [&'a Collective<Cpu>],
-    /// Each buffer once, taken as its members agreed, never waiting for
-    /// one (see `try_hold`).
-    held: Vec<(&'a CpuBuffer, Held<'a>)>,
+    /// Each buffer once, taken as its members start, never waiting for
+    /// one (see `try_hold`), with how many started members hold it; let
+    /// go when the last of them completed.
+    held: Vec<(&'a CpuBuffer, Held<'a>, usize)>,
 }
 
 /// A point-to-point command's one view: a `send`'s, or a `recv`'s.
@@ -268,41 +269,49 @@ impl HostGroupViews for GroupViews<'_> {
         }
     }
 
-    fn try_hold(&mut self, which: &[usize]) -> Result<Option<Vec<(*const u8, *mut u8)>>> {
-        let members = which.iter().map(|&index| self.members[index]);
-        let buffers = (members.clone()).filter_map(view_of).map(View::buffer);
-        for buffer in buffers {
-            if self.held.iter().any(|(held, _)| held.same_as(buffer)) {
-                continue;
+    fn try_hold(&mut self, index: usize) -> Result<Option<(*const u8, *mut u8)>> {
+        let member = self.members[index];
+        let Some(view) = view_of(member) else {
+            return Ok(Some((std::ptr::null(), std::ptr::null_mut())));
+        };
+        let buffer = view.buffer();
+        match self.held.iter_mut().find(|(held, ..)| held.same_as(buffer)) {
+            Some((.., users)) => *users += 1,
+            None => {
+                // Never waits: a buffer taken while another is held must
+                // not block an `exec` that takes them in id order (a busy
+                // one is asked for again).
+                let Some(held) = buffer.try_lock_exclusive() else {
+                    return Ok(None);
+                };
+                held.check(|| "the point-to-point command's buffer".into())?;
+                self.held.push((buffer, held, 1));
             }
-            // Never waits: a buffer taken while another is held, in no
-            // particular order, must not block an `exec` that takes them
-            // in id order (a busy one is asked for again).
-            let Some(held) = buffer.try_lock_exclusive() else {
-                return Ok(None);
-            };
-            held.check(|| "the point-to-point command's buffer".into())?;
-            self.held.push((buffer, held));
         }
-        // SAFETY: each view lies in its buffer (checked when it was made),
+        // SAFETY: the view lies in its buffer (checked when it was made),
         // so its offset is within the allocation.
-        let first = |view: &View<Cpu>| unsafe { view.buffer().as_ptr().add(view.offset()) };
-        Ok(Some(
-            members
-                .map(|member| {
-                    let send = member
-                        .send
-                        .as_ref()
-                        .map_or(std::ptr::null(), |view| first(view).cast_const());
-                    let recv = member.recv.as_ref().map_or(std::ptr::null_mut(), first);
-                    (send, recv)
-                })
-                .collect(),
-        ))
+        let first = unsafe { buffer.as_ptr().add(view.offset()) };
+        Ok(Some(match member.send {
+            Some(_) => (first.cast_const(), std::ptr::null_mut()),
+            None => (std::ptr::null(), first),
+        }))
+    }
+
+    fn release(&mut self, index: usize) {
+        let Some(view) = view_of(self.members[index]) else {
+            return;
+        };
+        let at = (self.held.iter()).position(|(held, ..)| held.same_as(view.buffer()));
+        if let Some(at) = at {
+            self.held[at].2 -= 1;
+            if self.held[at].2 == 0 {
+                drop(self.held.swap_remove(at));
+            }
+        }
     }
 
     fn lose(&mut self) {
-        for (buffer, held) in &mut self.held {
+        for (buffer, held, _) in &mut self.held {
             buffer.lose(held);
         }
     }
