@@ -888,6 +888,7 @@ fn p2p_groups(ranks: &Ranks) -> Outcome {
                 input::<u32>(peer, len, 23),
             )?;
         }
+        two_sends_in_order(ranks, &comm, peer)?;
         // One view sent and received into in one group.
         match failure_of(ranks, |q| {
             q.send::<u32, _>(&comm, peer, &out)
@@ -899,6 +900,65 @@ fn p2p_groups(ranks: &Ranks) -> Outcome {
         }
     }
     runs_on(ranks, &comm)
+}
+
+static GATE_HOLDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static GATE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds its buffer (as a CPU kernel does while it runs) until the gate
+/// opens.
+fn gate(_: &WorkGroup, _: &KernelArgs<'_>) {
+    use std::sync::atomic::Ordering;
+    GATE_HOLDING.store(true, Ordering::Release);
+    while !GATE_OPEN.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Even ranks send `a` then `b` to their odd peer in one group, while a
+/// kernel of another queue holds `a` for 300 ms; the peer receives into
+/// `x` then `y` in one group. `b`'s transfer must wait for `a`'s: both
+/// move under one tag, and MPI pairs them in the order they were posted.
+/// On `9b2571f` `b` started first (its buffer was free) and landed in `x`.
+fn two_sends_in_order(ranks: &Ranks, comm: &Communicator, peer: usize) -> Outcome {
+    use std::sync::atomic::Ordering;
+    let len = 64;
+    if ranks.rank.is_multiple_of(2) {
+        let (a, b) = (buffer::<u32>(ranks, len), buffer::<u32>(ranks, len));
+        a.write_from(&vec![1u32; len]).map_err(text)?;
+        b.write_from(&vec![2u32; len]).map_err(text)?;
+        let program = CpuProgram::from_fn("gate", 1, 0, gate);
+        let mut holder = ranks.device.compute_queue().map_err(text)?;
+        holder.exec(&program, &[&a], &[], ExecParams::new_1d(1, 1));
+        holder.submit().map_err(text)?;
+        while !GATE_HOLDING.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let opener = std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            GATE_OPEN.store(true, Ordering::Release);
+        });
+        let sent = run_batch(ranks, |q| {
+            q.send::<u32, _>(comm, peer, &a)
+                .send::<u32, _>(comm, peer, &b);
+        });
+        opener.join().map_err(|_| "the gate's thread panicked")?;
+        holder.synchronize().map_err(text)?;
+        sent.map_err(|error| format!("two sends: {error}"))
+    } else {
+        let (x, y) = (buffer::<u32>(ranks, len), buffer::<u32>(ranks, len));
+        run_batch(ranks, |q| {
+            q.recv::<u32, _>(comm, peer, &x)
+                .recv::<u32, _>(comm, peer, &y);
+        })
+        .map_err(|error| format!("two receives: {error}"))?;
+        check("the first send", x.to_vec().map_err(text)?, vec![1u32; len])?;
+        check(
+            "the second send",
+            y.to_vec().map_err(text)?,
+            vec![2u32; len],
+        )
+    }
 }
 
 /// A queue of the mock backend (no collectives) refuses one at record
