@@ -20,23 +20,24 @@
 //! A run records a signal after each operation (what the other queues and
 //! the next run wait for), but not between the sends and receives of a
 //! *group*: two or more added to the schedule one after another, over one
-//! communicator, on one device, none touching bytes another of them writes,
-//! and none after the first waiting on another operation of the same run.
-//! Their waits on the run before go before the first, and one signal after
-//! the last stands for all of them (a queue's values only rise), so the
+//! communicator, on one device, none touching bytes another of them writes.
+//! Their waits go before the first (each is on the run before, or on an
+//! operation added before them, which waits on none of them), and one
+//! signal after the last stands for all of them (a queue's values only
+//! rise), so the
 //! queue's batch holds them one after another and they run as one group
 //! (see `crate::collective`'s groups): a ring (send to the next rank,
 //! receive from the one before) completes on every rank. Their tensors are
 //! live through the whole group, so the memory planner gives no two of
 //! them the same bytes. A member that fails fails the group's one value,
-//! the earlier members' too. A send or receive outside such a group meets
-//! its peer's alone: order those so that every send meets its receive in
-//! turn (even ranks send first, odd ranks receive first), or record them
-//! on a queue directly.
+//! the earlier members' too, and an operation of another queue that waits
+//! for one member waits for the whole group. A send or receive outside
+//! such a group meets its peer's alone: order those so that every send
+//! meets its receive in turn (even ranks send first, odd ranks receive
+//! first), or record them on a queue directly.
 
 use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
 
-use super::ordering::PlannedOp;
 use super::plan::unplaced_bug;
 use super::schedule::*;
 use super::*;
@@ -367,13 +368,11 @@ pub(super) fn p2p_runs<B: Backend>(
 /// The groups of sends and receives among `ops`, a device queue's
 /// operations in order (positions in `ops`): each stretch of two or more
 /// operations of one of `runs` (see [`p2p_runs`]) that follow each other
-/// on the queue, whose members after the first wait only on the run
-/// before (their waits go before the first member). See the module docs.
-pub(super) fn p2p_groups(
-    ops: &[usize],
-    runs: &[Range<usize>],
-    facts: &[PlannedOp],
-) -> Vec<Range<usize>> {
+/// on the queue. The waits of its members after the first go before the
+/// first: each is on the run before, or on an operation of this run added
+/// before the group (the members are adjacent, and one queue's order needs
+/// no wait), which waits on nothing of the group. See the module docs.
+pub(super) fn p2p_groups(ops: &[usize], runs: &[Range<usize>]) -> Vec<Range<usize>> {
     let mut groups = Vec::new();
     let mut position = 0;
     while position < ops.len() {
@@ -384,9 +383,7 @@ pub(super) fn p2p_groups(
         };
         let joins = |position: usize| {
             let op = ops[position];
-            op == ops[position - 1] + 1
-                && run.contains(&op)
-                && facts[op].waits.iter().all(|wait| wait.previous_run)
+            op == ops[position - 1] + 1 && run.contains(&op)
         };
         while position < ops.len() && joins(position) {
             position += 1;

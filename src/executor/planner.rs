@@ -219,7 +219,7 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     };
     for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
         planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
-        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops);
+        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs);
     }
     Ok(Plan {
         queues,

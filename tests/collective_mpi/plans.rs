@@ -53,13 +53,35 @@ fn ring(ranks: &Ranks) -> Outcome {
     [16, 4096].into_iter().try_for_each(|len| {
         let (mut schedule, d) = new_schedule();
         let bytes = len * size_of::<u32>();
+        // Before the ring, a tensor filled and read back on the copy
+        // queue: `into` may take its bytes, so the receive waits for that
+        // download (this run's), which its group's first member then
+        // waits for too.
         let out = schedule.add_tensor(d, "out", bytes);
         let into = schedule.add_tensor(d, "into", bytes);
         let upload = schedule.upload("upload out", out).id();
+        let before_ring = schedule.add_tensor(d, "before", bytes);
+        schedule.fill("fill before", before_ring, 7u32);
+        let read_before = schedule.download("read before", before_ring).id();
         schedule.send::<u32>("send to the next rank", &comm, next, out);
         schedule.recv::<u32>("receive from the rank before", &comm, before, into);
         let download = schedule.download("download into", into).id();
         let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        let shares = |a: &str, b: &str| {
+            let at = |name: &str| {
+                plan.memory()
+                    .tensors
+                    .iter()
+                    .find(|t| t.name == name)
+                    .map(|t| t.offset)
+            };
+            at(a).is_some() && at(a) == at(b)
+        };
+        if !shares("into", "before") {
+            return Err(format!(
+                "`into` does not take the bytes of `before`:\n{plan}"
+            ));
+        }
         let data = |run: usize, r: usize| input::<u32>(r, len, 60 + run);
         let mut runs = Vec::new();
         let mut got = Vec::new();
@@ -67,6 +89,8 @@ fn ring(ranks: &Ranks) -> Outcome {
             plan.upload(upload, &data(index, rank)).map_err(text)?;
             let into = Download::<u32>::new(len);
             plan.download(download, &into).map_err(text)?;
+            plan.download(read_before, &Download::<u32>::new(len))
+                .map_err(text)?;
             runs.push(plan.run().map_err(text)?);
             got.push(into);
         }
