@@ -310,18 +310,28 @@ fn run_worker(shared: &Shared) {
             .profiling
             .load(Ordering::Relaxed)
             .then(|| BatchProfile::new(&batch, &mut ticks));
-        // The first command that did not run: all of a batch refused or
-        // skipped, those after a failed one.
-        let mut not_run = 0;
+        // The first command that did not run (all of a batch skipped, those
+        // after a failed one); left 0 by a panic (a bug), which leaves how
+        // far the batch got unknown: nothing is forfeited then, rather than
+        // a collective that ran.
+        let (mut entered, mut not_run) = (false, 0);
         shared.ledger.settle(&batch, |batch| {
+            entered = true;
             let outcome = run_batch(batch, &shared.pool, &mut scratch, profile.as_mut());
             not_run = outcome
                 .as_ref()
                 .map_or_else(|(at, _)| at + 1, |()| usize::MAX);
             outcome
         });
-        if not_run < batch.commands().len() && batch.collectives_numbered() {
-            collective::forfeit_collectives(&batch.commands()[not_run..]);
+        let not_run = (!entered || not_run > 0).then_some(not_run);
+        if let Some(from) = not_run
+            && from < batch.commands().len()
+            && batch.collectives_numbered()
+        {
+            // A panic here (a bug) loses the forfeits, not the worker.
+            let commands = &batch.commands()[from..];
+            let forfeit = || collective::forfeit_collectives(commands);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forfeit));
         }
         if let Some(profile) = profile {
             // Outside `settle`'s catch: a panic making the events (there is
