@@ -129,9 +129,7 @@ impl MpiComm {
 }
 
 /// Polls `requests` until all completed (`true`) or `deadline` passed
-/// (`false`: they are still pending). Spins briefly, then yields the core
-/// (MPI progresses only inside its calls, so the polling is the progress),
-/// then sleeps in short steps.
+/// (`false`: they are still pending), backing off as [`back_off`] does.
 pub(super) fn poll(
     rank: usize,
     requests: &mut [ffi::MPI_Request],
@@ -140,31 +138,44 @@ pub(super) fn poll(
     let start = Instant::now();
     let mut tries = 0u32;
     loop {
-        let mut done: c_int = 0;
-        // SAFETY: `requests` are live requests (or null ones, which MPI
-        // takes as done); statuses are ignored.
-        check(rank, "MPI_Testall", unsafe {
-            ffi::MPI_Testall(
-                requests.len() as c_int,
-                requests.as_mut_ptr(),
-                &mut done,
-                ffi::RSMPI_STATUSES_IGNORE,
-            )
-        })?;
-        if done != 0 {
+        if test_all(rank, requests)? {
             return Ok(true);
         }
         let now = Instant::now();
         if now >= deadline {
             return Ok(false);
         }
-        tries = tries.saturating_add(1);
-        if tries < 64 {
-            std::hint::spin_loop();
-        } else if now - start < Duration::from_millis(20) {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(100));
-        }
+        back_off(&mut tries, now - start);
+    }
+}
+
+/// Whether every request of `requests` completed (each then null).
+pub(super) fn test_all(rank: usize, requests: &mut [ffi::MPI_Request]) -> Result<bool> {
+    let mut done: c_int = 0;
+    // SAFETY: `requests` are live requests (or null ones, which MPI takes
+    // as done); statuses are ignored.
+    check(rank, "MPI_Testall", unsafe {
+        ffi::MPI_Testall(
+            requests.len() as c_int,
+            requests.as_mut_ptr(),
+            &mut done,
+            ffi::RSMPI_STATUSES_IGNORE,
+        )
+    })?;
+    Ok(done != 0)
+}
+
+/// Between two looks of a poll that has looked `tries` times over
+/// `polled`: spins briefly, then yields the core (MPI progresses only
+/// inside its calls, so the polling is the progress), then sleeps in short
+/// steps.
+pub(super) fn back_off(tries: &mut u32, polled: Duration) {
+    *tries = tries.saturating_add(1);
+    if *tries < 64 {
+        std::hint::spin_loop();
+    } else if polled < Duration::from_millis(20) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(100));
     }
 }

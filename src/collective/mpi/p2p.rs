@@ -37,6 +37,7 @@ use super::super::HostGroupViews;
 use super::super::description::{Description, WORDS};
 use super::super::mpi_types::{check, u64_type};
 use super::super::{CollectiveError, CollectiveOp, Communicator, HostCollective};
+use super::exchange::{back_off, test_all};
 use super::{MpiComm, null_request};
 use crate::error::Error;
 
@@ -264,14 +265,7 @@ impl MpiComm {
                 };
                 return Err((stuck, error.into()));
             }
-            tries = tries.saturating_add(1);
-            if tries < 64 {
-                std::hint::spin_loop();
-            } else if now - began < Duration::from_millis(20) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(100));
-            }
+            back_off(&mut tries, now - began);
         }
     }
 
@@ -358,22 +352,6 @@ fn verdict(
         }
         .into()),
     }
-}
-
-/// Whether every request of `requests` completed (each then null).
-fn test_all(rank: usize, requests: &mut [ffi::MPI_Request]) -> crate::error::Result<bool> {
-    let mut done: c_int = 0;
-    // SAFETY: `requests` are live requests (or null ones, which MPI takes
-    // as done); statuses are ignored.
-    check(rank, "MPI_Testall", unsafe {
-        ffi::MPI_Testall(
-            requests.len() as c_int,
-            requests.as_mut_ptr(),
-            &mut done,
-            ffi::RSMPI_STATUSES_IGNORE,
-        )
-    })?;
-    Ok(done != 0)
 }
 
 /// Member `index` of a group, for errors, with `what` it was doing.
