@@ -7,9 +7,10 @@
 //! k-th send to a peer meets that peer's k-th receive from this rank,
 //! whatever else the two groups hold and in whatever order. Each member
 //! starts its transfer as soon as its own pair of descriptions arrived and
-//! agreed, and every earlier member to the same peer the same way started
-//! (data moves under one tag, and MPI pairs a peer's messages in the order
-//! they were posted): no member waits for another peer, so a group meets
+//! agreed, every earlier member to the same peer the same way started or
+//! was refused (data moves under one tag, and MPI pairs a peer's messages
+//! in the order they were posted), and its buffer is free: no member waits
+//! for another peer, so a group meets
 //! its peers' commands however they recorded them (one batch each, a group
 //! of another shape), as NCCL's groups do. The transfers are polled until
 //! they complete or the communicator's timeout passes.
@@ -116,7 +117,11 @@ impl MpiComm {
         let mine: Vec<[u64; WORDS]> = (plans.iter().zip(&own))
             .map(|(plan, own)| Description::of(plan, own.is_some()).0)
             .collect();
-        let start = self.p2p_start.lock();
+        // Held until every member started or was refused, and on a failure
+        // until the communicator is marked broken: a group of another
+        // queue waiting for it must see that, not post data a peer could
+        // pair with what this group left.
+        let mut start = Some(self.p2p_start.lock());
         // Broken while this waited for the lock: see `run`.
         if let Some(cause) = self.broken.lock().clone() {
             return Err((0, CollectiveError::Broken { rank, cause }.into()));
@@ -142,7 +147,7 @@ impl MpiComm {
                 verdict(rank, plans, index, &mine[index], there, &own[index])
             };
             let limits = (rank, deadline, timeout);
-            self.drive(plans, views, &mut group, start, agree, limits)
+            self.drive(plans, views, &mut group, &mut start, agree, limits)
         });
         let refused = group.refused.take();
         let Err((at, error)) = outcome else {
@@ -150,8 +155,9 @@ impl MpiComm {
             return refused.map_or(Ok(()), Err);
         };
         // Their peers started theirs: this rank is out of step with them,
-        // so the communicator is done.
+        // so the communicator is done (marked so before the lock goes).
         self.break_with(&error);
+        drop(start);
         if group.stage.contains(&Stage::Described) {
             // Descriptions still in flight: MPI's memory now.
             std::mem::forget(theirs);
@@ -175,7 +181,8 @@ impl MpiComm {
     /// peer the same way started or was refused (MPI pairs one peer's
     /// messages of one tag in the order they were posted), and its buffer
     /// is free; lets a member's buffer go once its transfer completed; and
-    /// lets the start lock go once every member started or was refused.
+    /// lets the start lock go once every member started or was refused
+    /// (on an `Err`, the caller does, once it broke the communicator).
     /// `Err`: an MPI error, a hold's failure, or the deadline (the member,
     /// and why).
     fn drive(
@@ -183,11 +190,10 @@ impl MpiComm {
         plans: &[HostCollective],
         views: &mut dyn HostGroupViews,
         group: &mut Group,
-        start: crate::sync::MutexGuard<'_, ()>,
+        start: &mut Option<crate::sync::MutexGuard<'_, ()>>,
         agree: impl Fn(usize) -> crate::error::Result<()>,
         (rank, deadline, timeout): (usize, Instant, Duration),
     ) -> std::result::Result<(), Failed> {
-        let mut start = Some(start);
         let began = Instant::now();
         let mut tries = 0u32;
         let way = |index: usize| {
