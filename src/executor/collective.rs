@@ -20,9 +20,11 @@
 //! A run records a signal after each operation (what the other queues and
 //! the next run wait for), but not between the sends and receives of a
 //! *group*: two or more added to the schedule one after another, over one
-//! communicator, on one device, none touching bytes another of them writes.
-//! Their waits go before the first (each is on the run before, or on an
-//! operation added before them, which waits on none of them), and one
+//! communicator, on one device, none touching bytes another of them writes,
+//! none after the first waiting on a collective of the same run (or on an
+//! operation that waits on one: a peer may need the group's data to reach
+//! it). Their waits go before the first (each is on the run before, or on
+//! an operation added before them, which waits on none of them), and one
 //! signal after the last stands for all of them (a queue's values only
 //! rise), so the
 //! queue's batch holds them one after another and they run as one group
@@ -38,6 +40,7 @@
 
 use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
 
+use super::ordering::PlannedOp;
 use super::plan::unplaced_bug;
 use super::schedule::*;
 use super::*;
@@ -368,11 +371,19 @@ pub(super) fn p2p_runs<B: Backend>(
 /// The groups of sends and receives among `ops`, a device queue's
 /// operations in order (positions in `ops`): each stretch of two or more
 /// operations of one of `runs` (see [`p2p_runs`]) that follow each other
-/// on the queue. The waits of its members after the first go before the
-/// first: each is on the run before, or on an operation of this run added
-/// before the group (the members are adjacent, and one queue's order needs
-/// no wait), which waits on nothing of the group. See the module docs.
-pub(super) fn p2p_groups(ops: &[usize], runs: &[Range<usize>]) -> Vec<Range<usize>> {
+/// on the queue, whose members after the first wait on no operation of
+/// this run that `ranked` (see [`waits_on_ranks`]). Their waits go before
+/// the first member: each is on the run before, or on an operation of this
+/// run added before the group (the members are adjacent, and one queue's
+/// order needs no wait), which waits on nothing of the group on this rank,
+/// nor, not being `ranked`, on another rank that could wait for the group.
+/// See the module docs.
+pub(super) fn p2p_groups(
+    ops: &[usize],
+    runs: &[Range<usize>],
+    facts: &[PlannedOp],
+    ranked: &[bool],
+) -> Vec<Range<usize>> {
     let mut groups = Vec::new();
     let mut position = 0;
     while position < ops.len() {
@@ -383,7 +394,9 @@ pub(super) fn p2p_groups(ops: &[usize], runs: &[Range<usize>]) -> Vec<Range<usiz
         };
         let joins = |position: usize| {
             let op = ops[position];
-            op == ops[position - 1] + 1 && run.contains(&op)
+            op == ops[position - 1] + 1
+                && run.contains(&op)
+                && (facts[op].waits.iter()).all(|wait| wait.previous_run || !ranked[wait.after.0])
         };
         while position < ops.len() && joins(position) {
             position += 1;
@@ -393,4 +406,24 @@ pub(super) fn p2p_groups(ops: &[usize], runs: &[Range<usize>]) -> Vec<Range<usiz
         }
     }
     groups
+}
+
+/// Per operation of a run, in program order, whether it is a collective or
+/// waits on one of the same run: through a wait of its own, or its queue's
+/// order. Such an operation can wait on another rank, which can wait for
+/// anything this rank sends after it.
+pub(super) fn waits_on_ranks<B: Backend>(
+    schedule: &Schedule<B>,
+    facts: &[PlannedOp],
+    queues: usize,
+) -> Vec<bool> {
+    let mut ranked = vec![false; facts.len()];
+    let mut last_on: Vec<Option<usize>> = vec![None; queues];
+    for (op, fact) in facts.iter().enumerate() {
+        ranked[op] = matches!(schedule.ops[op].work, Work::Collective(_))
+            || last_on[fact.queue].is_some_and(|before| ranked[before])
+            || (fact.waits.iter()).any(|wait| !wait.previous_run && ranked[wait.after.0]);
+        last_on[fact.queue] = Some(op);
+    }
+    ranked
 }

@@ -36,6 +36,74 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
             ring(ranks),
         );
     }
+    if ranks.size.is_multiple_of(2) {
+        run(
+            "plan: a send waiting on another collective of its run starts a group of its own"
+                .into(),
+            send_behind_a_collective(ranks),
+        );
+    }
+}
+
+/// Pairs of ranks over two communicators. The even rank, over two devices:
+/// a receive over `b` into `u` (device 2), a copy of `u` into `t` (device
+/// 1), then sends of `s` and `t` over `a`, one after another. The odd rank
+/// receives `s` over `a`, sends it back over `b`, and receives `t` over
+/// `a`. The send of `t` waits (through the copy) on the receive over `b`,
+/// which waits for the odd rank's send, which comes after its receive of
+/// `s`: grouped with the send of `s`, its wait would go before both, and
+/// every rank would wait for the other until the timeout. Checked on the
+/// odd rank: `t` arrives, and is `s`.
+fn send_behind_a_collective(ranks: &Ranks) -> Outcome {
+    let (rank, len) = (ranks.rank, 16);
+    let peer = rank ^ 1;
+    let split = |color: u32| -> Result<Communicator, String> {
+        let comm = ranks.comm.split(Some(color), rank as u32).map_err(text)?;
+        let comm = comm.ok_or("the split gave no communicator")?;
+        comm.set_timeout(Duration::from_secs(5));
+        Ok(comm)
+    };
+    let (a, b) = (split(0)?, split(0)?);
+    let bytes = len * size_of::<u32>();
+    let data: Vec<u32> = (0..len as u32).map(|i| i * 3 + 1).collect();
+    let mut schedule = Schedule::<Cpu>::new();
+    let d1 = schedule.add_device(Arc::new(CpuDevice::new()));
+    if rank.is_multiple_of(2) {
+        let d2 = schedule.add_device(Arc::new(CpuDevice::new()));
+        let (s, t, u) = (
+            schedule.add_tensor(d1, "s", bytes),
+            schedule.add_tensor(d1, "t", bytes),
+            schedule.add_tensor(d2, "u", bytes),
+        );
+        let upload = schedule.upload("upload s", s).id();
+        schedule.recv::<u32>("receive u over b", &b, peer, u);
+        schedule.copy("copy u to t", t, u);
+        schedule.send::<u32>("send s over a", &a, peer, s);
+        schedule.send::<u32>("send t over a", &a, peer, t);
+        let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        plan.upload(upload, &data).map_err(text)?;
+        plan.run()
+            .map_err(text)?
+            .wait(Timeout::Forever)
+            .map_err(text)
+    } else {
+        let (s, t) = (
+            schedule.add_tensor(d1, "s", bytes),
+            schedule.add_tensor(d1, "t", bytes),
+        );
+        schedule.recv::<u32>("receive s over a", &a, peer, s);
+        schedule.send::<u32>("send s back over b", &b, peer, s);
+        schedule.recv::<u32>("receive t over a", &a, peer, t);
+        let download = schedule.download("download t", t).id();
+        let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        let got = Download::<u32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        plan.run()
+            .map_err(text)?
+            .wait(Timeout::Forever)
+            .map_err(text)?;
+        check("t", got.take(Timeout::Forever).map_err(text)?, data)
+    }
 }
 
 /// Every rank sends `out` to the next rank and receives the one before's
