@@ -217,10 +217,10 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     } else {
         None
     };
-    let ranked = super::collective::waits_on_ranks(&schedule, &ops, queue_count);
+    let clocks = super::collective::collective_clocks(&schedule, &ops, queue_count);
     for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
         planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
-        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops, &ranked);
+        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops, &clocks);
     }
     Ok(Plan {
         queues,

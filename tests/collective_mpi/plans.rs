@@ -121,15 +121,23 @@ fn ring(ranks: &Ranks) -> Outcome {
     [16, 4096].into_iter().try_for_each(|len| {
         let (mut schedule, d) = new_schedule();
         let bytes = len * size_of::<u32>();
-        // Before the ring, a tensor filled and read back on the copy
-        // queue: `into` may take its bytes, so the receive waits for that
-        // download (this run's), which its group's first member then
-        // waits for too.
+        // Before the ring, a tensor filled, summed over the ranks in place
+        // (on the ring's queue) and read back on the copy queue: `into`
+        // takes its bytes, so the receive waits for that download (this
+        // run's, after a collective the group's first member waits for
+        // already), which the first member then waits for too.
         let out = schedule.add_tensor(d, "out", bytes);
         let into = schedule.add_tensor(d, "into", bytes);
         let upload = schedule.upload("upload out", out).id();
         let before_ring = schedule.add_tensor(d, "before", bytes);
         schedule.fill("fill before", before_ring, 7u32);
+        schedule.all_reduce::<u32>(
+            "sum before",
+            &comm,
+            Reduction::Sum,
+            before_ring,
+            before_ring,
+        );
         let read_before = schedule.download("read before", before_ring).id();
         schedule.send::<u32>("send to the next rank", &comm, next, out);
         schedule.recv::<u32>("receive from the rank before", &comm, before, into);

@@ -89,7 +89,8 @@ impl Group {
 impl MpiComm {
     /// Runs `plans` (`send`s and `recv`s only) as one group over `views`:
     /// see the module docs. Held: the communicator's point-to-point start
-    /// lock, from the exchange until every member started or was refused.
+    /// lock, from the exchange until every member started or was refused,
+    /// or, on a failure, until the communicator is marked broken.
     pub(in super::super) fn run_p2p(
         &self,
         communicator: &Communicator,
