@@ -30,9 +30,12 @@
 //! queue's batch holds them one after another and they run as one group
 //! (see `crate::collective`'s groups): a ring (send to the next rank,
 //! receive from the one before) completes on every rank, after other
-//! collectives of its queue too. Their tensors are
-//! live through the whole group, so the memory planner gives no two of
-//! them the same bytes. A member that fails fails the group's one value,
+//! collectives of its queue too. A plan groups only where every collective
+//! of it runs on one queue: with collectives on two devices' queues, an
+//! operation of another queue that waits for one member, so for the whole
+//! group, could lead through the other queue's collectives and a peer to
+//! what a later member needs. A group's tensors are live through the whole
+//! group, so the memory planner gives no two of them the same bytes. A member that fails fails the group's one value,
 //! the earlier members' too, and an operation of another queue that waits
 //! for one member waits for the whole group. A send or receive outside
 //! such a group meets its peer's alone: order those so that every send
@@ -441,4 +444,23 @@ pub(super) fn collective_clocks<B: Backend>(
         last_on[fact.queue] = Some(op);
     }
     clocks
+}
+
+/// Whether every collective of the schedule runs on one queue (one
+/// device's: see the module docs), where a plan groups sends and receives.
+/// With collectives on two queues, an operation of another queue that
+/// waits for one member of a group (so for the whole group, whose one
+/// signal follows its last) could lead, through the other queue's
+/// collectives and a peer, to what a later member needs: every rank would
+/// wait for the others until the timeout, where members run alone meet
+/// their peers in turn.
+pub(super) fn one_collective_queue<B: Backend>(
+    schedule: &Schedule<B>,
+    facts: &[PlannedOp],
+) -> bool {
+    let mut queues = (schedule.ops.iter().zip(facts))
+        .filter(|(op, _)| matches!(op.work, Work::Collective(_)))
+        .map(|(_, fact)| fact.queue);
+    let first = queues.next();
+    queues.all(|queue| Some(queue) == first)
 }

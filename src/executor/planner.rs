@@ -218,9 +218,12 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
         None
     };
     let clocks = super::collective::collective_clocks(&schedule, &ops, queue_count);
+    let grouped = super::collective::one_collective_queue(&schedule, &ops);
     for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
         planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
-        planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops, &clocks);
+        if grouped {
+            planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops, &clocks);
+        }
     }
     Ok(Plan {
         queues,

@@ -42,6 +42,84 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
                 .into(),
             send_behind_a_collective(ranks),
         );
+        run(
+            "plan: with collectives on two devices, sends and receives run alone".into(),
+            member_waited_on(ranks),
+        );
+    }
+}
+
+/// Pairs of ranks over two communicators; the even rank over two devices:
+/// a send of `s` and a receive into `t` over `a` (device 1), a copy of `u`
+/// (a buffer) into `s`, which waits for the send, and a receive into `u`
+/// over `b` (device 2), which waits for the copy. The odd rank receives
+/// over `a`, sends over `b`, then sends over `a`. Run alone, the even
+/// rank's send meets the odd rank's receive, the copy and the receive over
+/// `b` follow, then the rest. As one group the copy would wait for the
+/// receive into `t` too, which needs the odd rank's last send, which comes
+/// after its send over `b`, which needs the receive behind the copy:
+/// every rank would wait until the timeout.
+fn member_waited_on(ranks: &Ranks) -> Outcome {
+    let (rank, len) = (ranks.rank, 16);
+    let peer = rank ^ 1;
+    let split = |color: u32| -> Result<Communicator, String> {
+        let comm = ranks.comm.split(Some(color), rank as u32).map_err(text)?;
+        let comm = comm.ok_or("the split gave no communicator")?;
+        comm.set_timeout(Duration::from_secs(5));
+        Ok(comm)
+    };
+    let (a, b) = (split(0)?, split(0)?);
+    let bytes = len * size_of::<u32>();
+    let mut schedule = Schedule::<Cpu>::new();
+    let d1 = schedule.add_device(Arc::new(CpuDevice::new()));
+    if rank.is_multiple_of(2) {
+        let device2 = CpuDevice::new();
+        let d2 = schedule.add_device(Arc::new(device2.clone()));
+        let (s, t) = (
+            schedule.add_tensor(d1, "s", bytes),
+            schedule.add_tensor(d1, "t", bytes),
+        );
+        let u = schedule.add_buffer(d2, "u", device2.alloc(bytes).map_err(text)?);
+        let upload = schedule.upload("upload s", s).id();
+        schedule.send::<u32>("send s over a", &a, peer, s);
+        schedule.recv::<u32>("receive t over a", &a, peer, t);
+        schedule.copy("copy u into s", s, u);
+        schedule.recv::<u32>("receive u over b", &b, peer, u);
+        let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        plan.upload(upload, &vec![5u32; len]).map_err(text)?;
+        plan.run()
+            .map_err(text)?
+            .wait(Timeout::Forever)
+            .map_err(text)
+    } else {
+        let (x, y, z) = (
+            schedule.add_tensor(d1, "x", bytes),
+            schedule.add_tensor(d1, "y", bytes),
+            schedule.add_tensor(d1, "z", bytes),
+        );
+        let uploads = [
+            schedule.upload("upload y", y).id(),
+            schedule.upload("upload z", z).id(),
+        ];
+        schedule.recv::<u32>("receive x over a", &a, peer, x);
+        schedule.send::<u32>("send z over b", &b, peer, z);
+        schedule.send::<u32>("send y over a", &a, peer, y);
+        let download = schedule.download("download x", x).id();
+        let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
+        for upload in uploads {
+            plan.upload(upload, &vec![6u32; len]).map_err(text)?;
+        }
+        let got = Download::<u32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        plan.run()
+            .map_err(text)?
+            .wait(Timeout::Forever)
+            .map_err(text)?;
+        check(
+            "x",
+            got.take(Timeout::Forever).map_err(text)?,
+            vec![5u32; len],
+        )
     }
 }
 
