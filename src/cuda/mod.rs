@@ -43,6 +43,7 @@
 mod buffer;
 mod device;
 mod entry;
+mod in_flight;
 mod launch;
 mod launches;
 mod memory;

@@ -1,0 +1,187 @@
+//! The batches a CUDA queue's stream has not passed yet ([`InFlight`]):
+//! each kept, with its buffers, programs, page-locked staging and replay
+//! template, until the stream passed the event recorded after it; then
+//! cleared and kept for reuse, with its event.
+
+use std::collections::VecDeque;
+use std::mem;
+
+use cudarc::driver::CudaEvent;
+
+use crate::queue::{Batch, Command};
+use crate::sync::Ordering;
+
+use super::Cuda;
+use super::repeat::Template;
+use super::signal::EVENT_FLAGS;
+use super::stream::Shared;
+use super::transfer::Pinned;
+
+/// Enqueued batches, kept (with their buffers and programs) until the
+/// stream passed the event recorded after them.
+#[derive(Default)]
+pub(super) struct InFlight {
+    /// Each with the page-locked staging of its transfers, how many of its
+    /// commands were enqueued (all, unless one failed), and the replay
+    /// template it keeps (`super::repeat`).
+    pub(super) batches: VecDeque<InFlightBatch>,
+    pub(super) spare_events: Vec<CudaEvent>,
+    pub(super) spare_batches: Vec<Batch<Cuda>>,
+}
+
+/// A batch the stream has not passed yet, and what it holds: see
+/// [`InFlight::batches`].
+pub(super) type InFlightBatch = (
+    CudaEvent,
+    Batch<Cuda>,
+    Vec<Pinned>,
+    usize,
+    Option<std::sync::Arc<Template>>,
+);
+
+/// How many finished batches and completion events to keep for reuse.
+pub(super) const SPARE_BATCHES: usize = 4;
+pub(super) const SPARE_EVENTS: usize = 16;
+
+impl Shared {
+    /// Keeps `batch` (and the template its mark holds) until the stream
+    /// passed what was enqueued of it; gives it back when the stream holds
+    /// nothing of it (to be cleared and reused).
+    #[must_use]
+    pub(super) fn finish(
+        &self,
+        batch: Batch<Cuda>,
+        enqueued: usize,
+        template: Option<std::sync::Arc<Template>>,
+    ) -> Option<Batch<Cuda>> {
+        let staging = mem::take(&mut *self.staging.lock());
+        // A batch of signals and waits only (a queue's `signal` + `submit`)
+        // holds nothing the stream uses: no buffer, program, staging or
+        // `dealloca`. Its signals' own events are kept by their rings, so
+        // it needs no completion event of its own: one event record per
+        // signal, as raw CUDA does (the cuda_signal bench). Nor does a
+        // repeat of graphs (`Command::Replay`): their template is kept
+        // (`super::replay::Mark`).
+        if staging.is_empty()
+            && template.is_none()
+            && batch.commands()[..enqueued].iter().all(|command| {
+                command.only_synchronises() || matches!(command, Command::Replay { .. })
+            })
+        {
+            return Some(batch);
+        }
+        let mut in_flight = self.in_flight.lock();
+        let event = match in_flight.spare_events.pop() {
+            Some(event) => Ok(event),
+            None => self.stream.context().new_event(Some(EVENT_FLAGS)),
+        };
+        match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
+            Ok(event) => {
+                in_flight
+                    .batches
+                    .push_back((event, batch, staging, enqueued, template));
+                self.holding.store(true, Ordering::Relaxed);
+            }
+            Err(error) => {
+                // No event to tell when the stream is done with the batch:
+                // wait for it here (the stream only holds work that
+                // completes on its own). An error is the stream's, and is
+                // reported by `synchronize`; a sticky one marks the device
+                // lost *before* the staging goes back, so the cache keeps
+                // memory the driver may still copy to (issue 24, defect 8).
+                drop(in_flight);
+                let _ = self.fault("recording a batch's completion event", error);
+                if let Err(error) = self.stream.synchronize() {
+                    let _ = self.fault("waiting for a batch's stream", error);
+                }
+                drop(staging);
+                batch.complete_deallocas(enqueued);
+                return Some(batch);
+            }
+        }
+        None
+    }
+
+    /// Drops the buffers and programs of batches the stream has passed.
+    pub(super) fn retire(&self) {
+        let mut in_flight = self.in_flight.lock();
+        loop {
+            // A query error means the context faulted: the stream will not
+            // use the batch again either. A sticky one marks the device
+            // lost before the staging goes back (see `finish`).
+            let passed = in_flight.batches.front().is_some_and(|(event, ..)| {
+                match event.try_is_complete() {
+                    Ok(complete) => complete,
+                    Err(error) => {
+                        let _ = self.fault("querying a batch's completion event", error);
+                        true
+                    }
+                }
+            });
+            if !passed {
+                break;
+            }
+            if let Some((event, batch, staging, enqueued, template)) = in_flight.batches.pop_front()
+            {
+                drop((staging, template));
+                // Every command enqueued completed: the `dealloca`s among
+                // them too.
+                batch.complete_deallocas(enqueued);
+                in_flight.keep(batch, Some(event));
+            }
+        }
+        self.holding
+            .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Keeps `template` (where there is one) until the stream passed
+    /// everything enqueued so far: for a batch whose mark holds one but
+    /// that never runs (see `super::replay::Mark`).
+    pub(super) fn hold(&self, template: Option<std::sync::Arc<Template>>) {
+        if template.is_some() {
+            drop(self.finish(Batch::default(), 0, template));
+        }
+    }
+
+    pub(super) fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
+        self.in_flight.lock().keep(batch, event);
+    }
+
+    /// After the owner dropped the queue and the worker drained it: wait for
+    /// the stream, then release everything.
+    pub(super) fn shut_down(&self) {
+        // A sticky error marks the device lost before the staging goes
+        // back (see `finish`).
+        if let Err(error) = self.stream.synchronize() {
+            let _ = self.fault("waiting for the stream at shutdown", error);
+        }
+        // The stream passed every graph launch: none is used again.
+        self.replays.lock().clear();
+        let mut in_flight = self.in_flight.lock();
+        let batches = mem::take(&mut in_flight.batches);
+        in_flight.spare_events.clear();
+        in_flight.spare_batches.clear();
+        drop(in_flight);
+        // The stream is synchronised: what was enqueued completed (or the
+        // context is lost, and no stream runs again).
+        for (_, batch, _, enqueued, _) in &batches {
+            batch.complete_deallocas(*enqueued);
+        }
+        drop(batches);
+    }
+}
+
+impl InFlight {
+    /// Clears a finished batch and keeps it, and its event, for reuse.
+    fn keep(&mut self, mut batch: Batch<Cuda>, event: Option<CudaEvent>) {
+        batch.clear();
+        if self.spare_batches.len() < SPARE_BATCHES {
+            self.spare_batches.push(batch);
+        }
+        if let Some(event) = event
+            && self.spare_events.len() < SPARE_EVENTS
+        {
+            self.spare_events.push(event);
+        }
+    }
+}
