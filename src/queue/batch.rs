@@ -577,8 +577,6 @@ impl<B: Backend> Batch<B> {
         }
     }
 
-    /// Whether some signal of the batch is not reached yet, or it holds a
-    /// download (so abandoning the batch has something to fail).
     /// Whether a collective of it took its place in its communicator's
     /// order (see `Queue::stamp_collectives`).
     pub fn collectives_numbered(&self) -> bool {
@@ -587,6 +585,8 @@ impl<B: Backend> Batch<B> {
                 .any(|command| matches!(command, Command::Collective(c) if c.numbered))
     }
 
+    /// Whether some signal of the batch is not reached yet, or it holds a
+    /// download (so abandoning the batch has something to fail).
     pub(super) fn has_something_to_fail(&self) -> bool {
         self.commands.iter().any(|command| match command {
             Command::Signal { signal, value } => !TimelineSignal::is_reached(signal, *value),
