@@ -81,10 +81,7 @@ fn member_waited_on(ranks: &Ranks) -> Outcome {
         schedule.recv::<u32>("receive u over b", &b, peer, u);
         let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
         plan.upload(upload, &vec![5u32; len]).map_err(text)?;
-        plan.run()
-            .map_err(text)?
-            .wait(Timeout::Forever)
-            .map_err(text)
+        run_once(&mut plan)
     } else {
         let (x, y, z) = (
             schedule.add_tensor(d1, "x", bytes),
@@ -103,15 +100,9 @@ fn member_waited_on(ranks: &Ranks) -> Outcome {
         for upload in uploads {
             plan.upload(upload, &vec![6u32; len]).map_err(text)?;
         }
-        let got = Download::<u32>::new(len);
-        plan.download(download, &got).map_err(text)?;
-        plan.run()
-            .map_err(text)?
-            .wait(Timeout::Forever)
-            .map_err(text)?;
         check(
             "x",
-            got.take(Timeout::Forever).map_err(text)?,
+            run_once_for(&mut plan, download, len)?,
             vec![5u32; len],
         )
     }
@@ -148,10 +139,7 @@ fn send_behind_a_collective(ranks: &Ranks) -> Outcome {
         schedule.send::<u32>("send t over a", &a, peer, t);
         let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
         plan.upload(upload, &data).map_err(text)?;
-        plan.run()
-            .map_err(text)?
-            .wait(Timeout::Forever)
-            .map_err(text)
+        run_once(&mut plan)
     } else {
         let (s, t) = (
             schedule.add_tensor(d1, "s", bytes),
@@ -162,13 +150,7 @@ fn send_behind_a_collective(ranks: &Ranks) -> Outcome {
         schedule.recv::<u32>("receive t over a", &a, peer, t);
         let download = schedule.download("download t", t).id();
         let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
-        let got = Download::<u32>::new(len);
-        plan.download(download, &got).map_err(text)?;
-        plan.run()
-            .map_err(text)?
-            .wait(Timeout::Forever)
-            .map_err(text)?;
-        check("t", got.take(Timeout::Forever).map_err(text)?, data)
+        check("t", run_once_for(&mut plan, download, len)?, data)
     }
 }
 
@@ -225,17 +207,14 @@ fn ring(ranks: &Ranks) -> Outcome {
             ));
         }
         let data = |run: usize, r: usize| input::<u32>(r, len, 60 + run);
-        let mut runs = Vec::new();
-        let mut got = Vec::new();
-        for index in 0..RUNS {
+        let (runs, got) = back_to_back(&mut plan, |plan, index| {
             plan.upload(upload, &data(index, rank)).map_err(text)?;
             let into = Download::<u32>::new(len);
             plan.download(download, &into).map_err(text)?;
             plan.download(read_before, &Download::<u32>::new(len))
                 .map_err(text)?;
-            runs.push(plan.run().map_err(text)?);
-            got.push(into);
-        }
+            Ok(into)
+        })?;
         wait_all(runs, |index| {
             let got = got[index].take(Timeout::Forever).map_err(text)?;
             check("received", got, data(index, before))
@@ -260,6 +239,38 @@ fn new_schedule() -> (Schedule<Cpu>, hwqueue::DeviceId) {
 }
 
 /// Waits for every run, then checks each one's downloads with `check_run`.
+/// One run of `plan`, waited for.
+fn run_once(plan: &mut Plan<Cpu>) -> Outcome {
+    plan.run()
+        .map_err(text)?
+        .wait(Timeout::Forever)
+        .map_err(text)
+}
+
+/// One run of `plan`, waited for, and what its download `op` (of `len`
+/// u32s) took.
+fn run_once_for(plan: &mut Plan<Cpu>, op: OpId, len: usize) -> Result<Vec<u32>, String> {
+    let got = Download::<u32>::new(len);
+    plan.download(op, &got).map_err(text)?;
+    run_once(plan)?;
+    got.take(Timeout::Forever).map_err(text)
+}
+
+/// [`RUNS`] runs of `plan` started back to back, each staged first by
+/// `stage` (its uploads and downloads, given the run's index): the runs,
+/// and what each staging gave back (its downloads).
+fn back_to_back<B: hwqueue::Backend, T>(
+    plan: &mut Plan<B>,
+    mut stage: impl FnMut(&mut Plan<B>, usize) -> Result<T, String>,
+) -> Result<(Vec<Run<B>>, Vec<T>), String> {
+    let (mut runs, mut staged) = (Vec::new(), Vec::new());
+    for index in 0..RUNS {
+        staged.push(stage(plan, index)?);
+        runs.push(plan.run().map_err(text)?);
+    }
+    Ok((runs, staged))
+}
+
 fn wait_all(runs: Vec<Run<Cpu>>, mut check_run: impl FnMut(usize) -> Outcome) -> Outcome {
     for (index, run) in runs.into_iter().enumerate() {
         run.wait(Timeout::Forever)
@@ -317,16 +328,13 @@ fn kernels_and_all_reduce(ranks: &Ranks) -> Outcome {
         ));
     }
     let data = |run: usize, r: usize| input::<f32>(r, len, 100 + run);
-    let mut outputs = Vec::new();
-    let mut runs = Vec::new();
-    for index in 0..RUNS {
+    let (runs, outputs) = back_to_back(&mut plan, |plan, index| {
         plan.upload(upload, &data(index, rank)).map_err(text)?;
         let (got_sum, got_x) = (Download::<f32>::new(len), Download::<f32>::new(len));
         plan.download(download_sum, &got_sum).map_err(text)?;
         plan.download(download_x, &got_x).map_err(text)?;
-        runs.push(plan.run().map_err(text)?);
-        outputs.push((got_sum, got_x));
-    }
+        Ok((got_sum, got_x))
+    })?;
     wait_all(runs, |index| {
         let (got_sum, got_x) = &outputs[index];
         let want_x: Vec<f32> = data(index, rank)
@@ -444,9 +452,7 @@ fn every_collective(ranks: &Ranks) -> Outcome {
     }
 
     let mut plan: Plan<Cpu> = schedule.plan().map_err(text)?;
-    let mut downloads = Vec::new();
-    let mut runs = Vec::new();
-    for index in 0..RUNS {
+    let (runs, downloads) = back_to_back(&mut plan, |plan, index| {
         for &(op, salt) in &uploads {
             plan.upload(op, &data(index, rank, salt)).map_err(text)?;
         }
@@ -456,9 +462,8 @@ fn every_collective(ranks: &Ranks) -> Outcome {
             plan.download(*op, &into).map_err(text)?;
             these.push(into);
         }
-        downloads.push(these);
-        runs.push(plan.run().map_err(text)?);
-    }
+        Ok(these)
+    })?;
     wait_all(runs, |index| {
         for ((op, want), got) in expected.iter().zip(&downloads[index]) {
             let name = format!("operation {}", op.index());
@@ -589,15 +594,12 @@ fn any_backend(ranks: &Ranks) -> Outcome {
     let download = schedule.download("download x", x).id();
     let mut plan = schedule.plan().map_err(text)?;
     let data = |run: usize, r: usize| input::<f32>(r, len, 200 + run);
-    let mut outputs = Vec::new();
-    let mut runs = Vec::new();
-    for index in 0..RUNS {
+    let (runs, outputs) = back_to_back(&mut plan, |plan, index| {
         plan.upload(upload, &data(index, rank)).map_err(text)?;
         let got = Download::<f32>::new(len);
         plan.download(download, &got).map_err(text)?;
-        runs.push(plan.run().map_err(text)?);
-        outputs.push(got);
-    }
+        Ok(got)
+    })?;
     for (index, run) in runs.into_iter().enumerate() {
         run.wait(Timeout::Forever)
             .map_err(|e| format!("run {index}: {e}"))?;
