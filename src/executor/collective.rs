@@ -21,21 +21,21 @@
 //! the next run wait for), but not between the sends and receives of a
 //! *group*: two or more added to the schedule one after another, over one
 //! communicator, on one device, none touching bytes another of them writes,
-//! none after the first waiting (through a wait of the same run, or its
-//! queue's order) on a collective that the first does not wait for
-//! already: a peer may need the group's data to reach that one. Their waits
-//! go before the first (each is on the run before, or on an operation
-//! added before them, which waits on none of them), and one signal after
-//! the last stands for all of them (a queue's values only rise), so the
-//! queue's batch holds them one after another and they run as one group
-//! (see `crate::collective`'s groups): a ring (send to the next rank,
-//! receive from the one before) completes on every rank, after other
-//! collectives of its queue too. A plan groups only where every collective
-//! of it runs on one queue: with collectives on two devices' queues, an
-//! operation of another queue that waits for one member, so for the whole
-//! group, could lead through the other queue's collectives and a peer to
-//! what a later member needs. A group's tensors are live through the whole
-//! group, so the memory planner gives no two of them the same bytes. A member that fails fails the group's one value,
+//! in a plan whose collectives all run on one queue. Their waits go before
+//! the first (each is on the run before, or on an operation added before
+//! them, which waits on none of them, and on no collective the first does
+//! not wait for already: those before the group on its queue), and one
+//! signal after the last stands for all of them (a queue's values only
+//! rise), so the queue's batch holds them one after another and they run
+//! as one group (see `crate::collective`'s groups): a ring (send to the
+//! next rank, receive from the one before) completes on every rank, after
+//! other collectives of its queue too. With collectives on two devices'
+//! queues a plan groups none: a later member's wait could lead through the
+//! other queue's collectives to a peer that needs the group's data, and an
+//! operation of another queue that waits for one member (so for the whole
+//! group) could too. A group's tensors are live through the whole group, so
+//! the memory planner gives no two of them the same bytes. A member that
+//! fails fails the group's one value,
 //! the earlier members' too, and an operation of another queue that waits
 //! for one member waits for the whole group. A send or receive outside
 //! such a group meets its peer's alone: order those so that every send
@@ -375,20 +375,15 @@ pub(super) fn p2p_runs<B: Backend>(
 /// The groups of sends and receives among `ops`, a device queue's
 /// operations in order (positions in `ops`): each stretch of two or more
 /// operations of one of `runs` (see [`p2p_runs`]) that follow each other
-/// on the queue, whose members after the first wait on no operation of
-/// this run that waits for a collective the first member does not wait for
-/// already (`clocks`: see [`collective_clocks`]). Their waits go before the
-/// first member: each is on the run before, or on an operation of this run
-/// added before the group (the members are adjacent, and one queue's order
-/// needs no wait), which waits on nothing of the group on this rank, and
-/// on no other rank that the first member does not wait on already.
-/// See the module docs.
-pub(super) fn p2p_groups(
-    ops: &[usize],
-    runs: &[Range<usize>],
-    facts: &[PlannedOp],
-    clocks: &[Vec<Option<usize>>],
-) -> Vec<Range<usize>> {
+/// on the queue. Called only where every collective of the plan runs on
+/// this queue ([`one_collective_queue`]). The waits of its members after
+/// the first go before the first member: each is on the run before, or on
+/// an operation of this run added before the group (the members are
+/// adjacent, and one queue's order needs no wait), which waits on nothing
+/// of the group on this rank, and on no collective but those before the
+/// group on this queue, which the first member waits for already: so on no
+/// peer that could need the group's data. See the module docs.
+pub(super) fn p2p_groups(ops: &[usize], runs: &[Range<usize>]) -> Vec<Range<usize>> {
     let mut groups = Vec::new();
     let mut position = 0;
     while position < ops.len() {
@@ -397,13 +392,9 @@ pub(super) fn p2p_groups(
         let Some(run) = runs.iter().find(|run| run.contains(&ops[start])) else {
             continue;
         };
-        let first = &clocks[ops[start]];
-        let covered = |waited: usize| clocks[waited].iter().zip(first).all(|(w, f)| w <= f);
         let joins = |position: usize| {
             let op = ops[position];
-            op == ops[position - 1] + 1
-                && run.contains(&op)
-                && (facts[op].waits.iter()).all(|wait| wait.previous_run || covered(wait.after.0))
+            op == ops[position - 1] + 1 && run.contains(&op)
         };
         while position < ops.len() && joins(position) {
             position += 1;
@@ -413,37 +404,6 @@ pub(super) fn p2p_groups(
         }
     }
     groups
-}
-
-/// Per operation of a run, in program order, the latest collective of
-/// each queue it waits for (itself, if it is one): through a wait of this
-/// run, or its queue's order. `None` where it waits for none of that queue.
-/// A collective can wait on another rank, which can wait for anything this
-/// rank sends after it.
-pub(super) fn collective_clocks<B: Backend>(
-    schedule: &Schedule<B>,
-    facts: &[PlannedOp],
-    queues: usize,
-) -> Vec<Vec<Option<usize>>> {
-    let mut clocks: Vec<Vec<Option<usize>>> = Vec::with_capacity(facts.len());
-    let mut last_on: Vec<Option<usize>> = vec![None; queues];
-    for (op, fact) in facts.iter().enumerate() {
-        let mut clock = match last_on[fact.queue] {
-            Some(before) => clocks[before].clone(),
-            None => vec![None; queues],
-        };
-        for wait in fact.waits.iter().filter(|wait| !wait.previous_run) {
-            for (mine, theirs) in clock.iter_mut().zip(&clocks[wait.after.0]) {
-                *mine = (*mine).max(*theirs);
-            }
-        }
-        if matches!(schedule.ops[op].work, Work::Collective(_)) {
-            clock[fact.queue] = Some(op);
-        }
-        clocks.push(clock);
-        last_on[fact.queue] = Some(op);
-    }
-    clocks
 }
 
 /// Whether every collective of the schedule runs on one queue (one

@@ -217,12 +217,11 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
     } else {
         None
     };
-    let clocks = super::collective::collective_clocks(&schedule, &ops, queue_count);
     let grouped = super::collective::one_collective_queue(&schedule, &ops);
     for planned in queues.iter_mut().filter(|q| q.queue.is_some()) {
         planned.stretches = Stretches::of(&planned.ops, &schedule, &ops);
         if grouped {
-            planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs, &ops, &clocks);
+            planned.p2p_groups = super::collective::p2p_groups(&planned.ops, &runs);
         }
     }
     Ok(Plan {
