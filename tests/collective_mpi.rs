@@ -489,7 +489,11 @@ fn interleaved(ranks: &Ranks) -> Outcome {
 fn rejection(ranks: &Ranks, record: impl FnOnce(&mut CpuQueue)) -> Result<String, String> {
     let mut queue = ranks.device.compute_queue().map_err(text)?;
     record(&mut queue);
-    match queue.submit() {
+    let submitted = queue.submit();
+    // A refused collective still takes its place, forfeited by the worker:
+    // the next queue's must come after it, as ordered queues' do.
+    let _ = queue.synchronize();
+    match submitted {
         Err(Error::BatchRejected { cause }) => match &*cause {
             Error::Collective(CollectiveError::Invalid { rank, .. }) if *rank == ranks.rank => {
                 Ok(cause.to_string())
@@ -501,7 +505,8 @@ fn rejection(ranks: &Ranks, record: impl FnOnce(&mut CpuQueue)) -> Result<String
 }
 
 /// Shapes one rank can see are wrong reject the batch, naming the rank
-/// and the sizes; nothing runs, so no peer is involved.
+/// and the sizes; nothing runs (each still takes its place, and every
+/// rank forfeits it alike).
 fn shapes_rejected(ranks: &Ranks) -> Outcome {
     let (size, comm) = (ranks.size, &ranks.comm);
     let (a, b) = (
@@ -666,21 +671,32 @@ fn runs_on_with(ranks: &Ranks, comm: &Communicator, ones: &CpuBuffer) -> Outcome
 }
 
 /// Every rank records an all_reduce of ones, and rank 1's batch does not
-/// run it: refused at submit (a send to itself after it), or failed before
-/// it (a wait on a failed value). Rank 1's worker still exchanges it,
-/// described failed, so the other ranks' all_reduce fails at once naming
-/// rank 1, and the next all_reduce sums ones on every rank. At `d6f873d`
-/// the refused one took no place, so rank 1's next all_reduce met the
-/// others' first (they got 2 * (size - 1) + 1, no error); the failed one
-/// took a place it never used, so every later one mismatched.
+/// run it: refused at submit (a send to itself after it), refused itself
+/// (a receive view of half the length), or failed before it (a wait on a
+/// failed value). Rank 1's worker still exchanges it, described failed, so
+/// the other ranks' all_reduce fails at once naming rank 1, and the next
+/// all_reduce sums ones on every rank. At `d6f873d` the one refused at
+/// submit took no place, so rank 1's next all_reduce met the others' first
+/// (they got 2 * (size - 1) + 1, no error); the failed one took a place it
+/// never used, so every later one mismatched. The one refused itself took
+/// no place until `1d3f1b4` (the others got `Ok`).
 fn refused_batch(ranks: &Ranks) -> Outcome {
     let ones = buffer::<u32>(ranks, 4);
-    for how in ["refused at submit", "failed before it"] {
+    for how in ["refused at submit", "refused itself", "failed before it"] {
         ones.write_from(&[1; 4]).map_err(text)?;
         if ranks.rank == 1 {
             let mut queue = ranks.device.compute_queue().map_err(text)?;
             let done = ranks.device.new_signal(0).map_err(text)?;
-            if how == "refused at submit" {
+            if how == "refused itself" {
+                let half = View::new(&ones, 0, 8).map_err(text)?;
+                queue
+                    .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &half)
+                    .signal(&done, 1);
+                match queue.submit() {
+                    Err(Error::BatchRejected { .. }) => {}
+                    other => return Err(format!("the batch was not refused: {other:?}")),
+                }
+            } else if how == "refused at submit" {
                 queue
                     .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
                     .send::<u32, _>(&ranks.comm, 1, &ones)

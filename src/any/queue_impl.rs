@@ -259,10 +259,25 @@ macro_rules! __backend_set_queue {
                             Ok((s, r)) => {
                                 $crate::HardwareQueue::collective(q, communicator, op, element, s.as_ref(), r.as_ref());
                             }
-                            Err(error) => { $crate::HardwareQueue::reject(q, error); }
+                            Err(error) => {
+                                $crate::HardwareQueue::forfeit_collective(q, communicator, op, element, error);
+                            }
                         }
                     } )+
                 }
+                self
+            }
+
+            fn forfeit_collective(
+                &mut self,
+                communicator: &$crate::collective::Communicator,
+                op: $crate::collective::CollectiveOp,
+                element: $crate::collective::Element,
+                cause: $crate::Error,
+            ) -> &mut Self {
+                match self { $( $(#[$meta])* Self::$V(q) => {
+                    $crate::HardwareQueue::forfeit_collective(q, communicator, op, element, cause);
+                } )+ }
                 self
             }
 

@@ -13,7 +13,11 @@ use super::{HardwareQueue, Queue};
 
 /// Collectives, recorded like any other command: they run when the queue
 /// reaches them, in order with its other commands and signals, and a bad
-/// one rejects the batch at `submit` (naming this rank and the sizes).
+/// one rejects the batch at `submit` (naming this rank and the sizes). A
+/// collective refused so, or in a batch refused or failed before it,
+/// still takes its place in the communicator's order (a send or receive
+/// takes none): on a CPU queue its peers' fails at once, naming this rank,
+/// and every rank's next one meets the others' next.
 /// Every rank of `communicator` must record the same collectives in the
 /// same order (a `send` is matched by its peer's `recv`); element counts
 /// are a view's length over `T`'s size.
@@ -147,7 +151,7 @@ impl<E: Engine> Queue<E> {
             });
         let (send, recv) = match checked {
             Ok(views) => views,
-            Err(error) => return self.reject(error),
+            Err(error) => return self.forfeit_place(communicator, op, element, error),
         };
         // Point-to-point commands are between two ranks only, so they
         // take no place in the order every rank shares; the others take
@@ -164,6 +168,38 @@ impl<E: Engine> Queue<E> {
                 send,
                 recv,
             })));
+        self
+    }
+
+    /// Rejects the batch with `cause` and, where the engine runs
+    /// `communicator`'s collectives, records a collective with no views in
+    /// `op`'s place: numbered at `submit` (a rejected batch's collectives
+    /// are), it is forfeited, never run. A rank refusing a collective that
+    /// its peers record would otherwise pair their next one with its own
+    /// next: a mismatch for good, or, where the two are alike, data of
+    /// another step (see [`HardwareQueue::forfeit_collective`]).
+    pub(super) fn forfeit_place(
+        &mut self,
+        communicator: &Communicator,
+        op: CollectiveOp,
+        element: Element,
+        cause: crate::Error,
+    ) -> &mut Self {
+        self.reject(cause);
+        if op.peer().is_none() && self.engine.check_collective(communicator).is_ok() {
+            self.batch.collectives = true;
+            self.batch
+                .commands
+                .push(Command::Collective(Box::new(Collective {
+                    communicator: communicator.clone(),
+                    op,
+                    element,
+                    sequence: 0,
+                    numbered: false,
+                    send: None,
+                    recv: None,
+                })));
+        }
         self
     }
 

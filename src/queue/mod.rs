@@ -279,6 +279,30 @@ pub trait HardwareQueue: Send + Sized {
         self.reject(error.into())
     }
 
+    /// Rejects the batch being recorded with `cause` (where no command was
+    /// refused before) and records in it the place of collective `op`,
+    /// which this rank will not run: at `submit` it is numbered like the
+    /// peers' and, on an engine that describes each collective to its
+    /// peers (a CPU queue over MPI), forfeited, described failed, so the
+    /// peers fail theirs at once and every rank stays in step. What
+    /// [`collective`](Self::collective) does with a collective it refuses;
+    /// for a generic caller that will not record one (a plan whose run
+    /// another queue refused). Sends and receives take no place.
+    ///
+    /// The default, for a queue type that runs no collectives, only
+    /// rejects.
+    #[doc(hidden)]
+    fn forfeit_collective(
+        &mut self,
+        communicator: &crate::collective::Communicator,
+        op: crate::collective::CollectiveOp,
+        element: crate::collective::Element,
+        cause: crate::Error,
+    ) -> &mut Self {
+        let _ = (communicator, op, element);
+        self.reject(cause)
+    }
+
     /// Allocates `size` bytes from the device's memory pool in queue order
     /// (IREE's `queue_alloca`): the buffer is returned at once, and its
     /// memory is valid from this point of the queue on (commands recorded

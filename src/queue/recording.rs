@@ -555,6 +555,16 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.record_collective(communicator, op, element, send, recv)
     }
 
+    fn forfeit_collective(
+        &mut self,
+        communicator: &crate::collective::Communicator,
+        op: crate::collective::CollectiveOp,
+        element: crate::collective::Element,
+        cause: Error,
+    ) -> &mut Self {
+        self.forfeit_place(communicator, op, element, cause)
+    }
+
     fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {
         self.record_foreign_wait(value, || {
             Box::new(super::batch::SettledForeign(signal.clone()))

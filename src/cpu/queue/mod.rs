@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::Limits;
 use crate::profile::{EventNames, Name, ProfileEvent, move_events};
-use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
+use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, SpinWait, spawn_joinable,
 };
@@ -271,6 +271,14 @@ impl fmt::Debug for CpuEngine {
     }
 }
 
+/// Forfeits the numbered collectives among `commands`, which this rank
+/// will not run (`collective::forfeit_collectives`). A panic there (a bug)
+/// loses the forfeits, not the worker, nor the batch's outcome.
+fn forfeit(commands: &[Command<Cpu>]) {
+    let forfeit = || collective::forfeit_collectives(commands);
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forfeit));
+}
+
 /// The worker: runs batches in order until the queue is dropped and drained.
 fn run_worker(shared: &Shared) {
     SpinWait::mark_engine_thread();
@@ -310,28 +318,33 @@ fn run_worker(shared: &Shared) {
             .profiling
             .load(Ordering::Relaxed)
             .then(|| BatchProfile::new(&batch, &mut ticks));
-        // The first command that did not run (all of a batch skipped, those
-        // after a failed one); left 0 by a panic (a bug), which leaves how
-        // far the batch got unknown: nothing is forfeited then, rather than
-        // a collective that ran.
-        let (mut entered, mut not_run) = (false, 0);
+        // The numbered collectives this rank will not run (all of a batch
+        // skipped, those after a failed command) are forfeited before the
+        // batch's signals fail, as they would complete before its signals
+        // were set: a queue ordered after this one by a signal then takes
+        // its places after these (`forfeit`). A panic out of a batch (a
+        // bug) leaves how far it got unknown: nothing is forfeited then,
+        // rather than a collective that ran.
+        let mut forfeited = false;
+        if batch.collectives_numbered() && matches!(shared.ledger.admit(&batch), Admission::Skip(_))
+        {
+            forfeit(batch.commands());
+            forfeited = true;
+        }
         shared.ledger.settle(&batch, |batch| {
-            entered = true;
+            forfeited = true;
             let outcome = run_batch(batch, &shared.pool, &mut scratch, profile.as_mut());
-            not_run = outcome
-                .as_ref()
-                .map_or_else(|(at, _)| at + 1, |()| usize::MAX);
+            if let Err((at, _)) = &outcome
+                && batch.collectives_numbered()
+            {
+                forfeit(batch.commands().get(at + 1..).unwrap_or_default());
+            }
             outcome
         });
-        let not_run = (!entered || not_run > 0).then_some(not_run);
-        if let Some(from) = not_run
-            && from < batch.commands().len()
-            && batch.collectives_numbered()
-        {
-            // A panic here (a bug) loses the forfeits, not the worker.
-            let commands = &batch.commands()[from..];
-            let forfeit = || collective::forfeit_collectives(commands);
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forfeit));
+        if !forfeited && batch.collectives_numbered() {
+            // Skipped though admitted a moment before (a failure of
+            // another thread in between): late, but in this queue's order.
+            forfeit(batch.commands());
         }
         if let Some(profile) = profile {
             // Outside `settle`'s catch: a panic making the events (there is
