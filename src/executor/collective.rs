@@ -327,6 +327,24 @@ pub(super) fn record<'a, Q: HardwareQueue>(
     }
 }
 
+/// Records on `queue`, in a batch rejected with `cause`, the places of
+/// the collectives among `ops` (its operations of a run it will not
+/// record), forfeited at `submit` as a queue forfeits a collective it
+/// refused.
+pub(super) fn forfeit<Q: HardwareQueue>(
+    queue: &mut Q,
+    ops: &[usize],
+    schedule: &[Op<Q::Backend>],
+    cause: &Error,
+) {
+    for &op in ops {
+        if let Work::Collective(work) = &schedule[op].work {
+            let (comm, op, element) = (&work.communicator, work.op, work.element);
+            queue.forfeit_collective(comm, op, element, cause.clone());
+        }
+    }
+}
+
 /// The runs of sends and receives a plan may group: two or more added to
 /// the schedule one after another, over one communicator, on one device,
 /// none touching bytes another of the run writes (`accesses`: each

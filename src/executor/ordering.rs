@@ -49,7 +49,10 @@
 //!   called again until the batch records or the queue refuses it: one
 //!   run's failure is never taken for another's refusal. A refused run's
 //!   batch on the refusing queue is discarded, never sent with the next
-//!   run's.
+//!   run's. The collectives of the queues that recorded nothing of a
+//!   refused run still take their places, forfeited
+//!   ([`HardwareQueue::forfeit_collective`]): this rank's next run meets
+//!   its peers' next, never the run they ran alone.
 //! - **The host stage holds uses** of every buffer made by `alloca` that
 //!   its copies read or write, from when the run is recorded until the
 //!   copy settled, as a device queue's batch does: a `dealloca` recorded
@@ -60,6 +63,27 @@ use std::collections::VecDeque;
 
 use super::schedule::*;
 use super::*;
+
+/// Where a run stopped being recorded (`Plan::fail_in_order`).
+#[derive(Clone, Copy)]
+pub(super) enum Refused {
+    /// Before queue `0`'s batch: it and the later queues recorded nothing.
+    Before(usize),
+    /// By queue `0`, which submitted its batch, refused, with every
+    /// operation of the run recorded; the later queues recorded nothing.
+    By(usize),
+}
+
+impl Refused {
+    /// The first queue whose values the run fails, and the first of those
+    /// that recorded nothing of it.
+    pub(super) fn queues(self) -> (usize, usize) {
+        match self {
+            Refused::Before(queue) => (queue, queue),
+            Refused::By(queue) => (queue, queue + 1),
+        }
+    }
+}
 
 /// A wait the planner inserted before an operation.
 #[derive(Debug, Clone, PartialEq, Eq)]

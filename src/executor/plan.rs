@@ -5,7 +5,7 @@ use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
 use super::host::{HostBatch, HostJob};
-use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Timelines};
+use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Refused, Timelines};
 use super::replay::Stretches;
 use super::run::Run;
 use super::schedule::*;
@@ -146,14 +146,16 @@ impl<B: Backend> Plan<B> {
                     .map(|(signal, value)| (signal.clone(), value, true));
                 let (dst, src) = match view(dst).and_then(|dst| Ok((dst, view(src)?))) {
                     Ok(views) => views,
-                    Err(error) => return Err(self.fail_in_order(timelines, 0, error)),
+                    Err(error) => {
+                        return Err(self.fail_in_order(timelines, Refused::Before(0), error));
+                    }
                 };
                 // Held from now until the job settled, as a batch holds them.
                 let uses = match HostJob::take_uses(&dst, &src) {
                     Ok(uses) => uses,
                     Err(error) => {
                         let error = self.refused(run, index, Some(op), error);
-                        return Err(self.fail_in_order(timelines, 0, error));
+                        return Err(self.fail_in_order(timelines, Refused::Before(0), error));
                     }
                 };
                 host_jobs.push(HostJob {
@@ -366,7 +368,7 @@ impl<B: Backend> Plan<B> {
             let error = self.refused(run, index, culprit, error);
             // From the refusing queue on: where its batch was not abandoned
             // by the core, it is discarded, never sent with the next run's.
-            return Err(self.fail_in_order(timelines, index, error));
+            return Err(self.fail_in_order(timelines, Refused::By(index), error));
         }
         self.scratch = scratch;
         if !host_jobs.is_empty()
@@ -434,6 +436,7 @@ impl<B: Backend> Plan<B> {
     /// after a queue refused its batch (or the run could not be recorded):
     /// those of the device queues from `first` on, which were not
     /// submitted, and those of the host stage, whose jobs were not sent.
+    /// The collectives of the queues that recorded nothing take their places.
     /// Each fails in its queue's order, after the earlier runs' work there
     /// (a batch holding only the run's last signal, rejected with `error`,
     /// so the queue core fails it as it fails every abandoned batch; the
@@ -445,7 +448,8 @@ impl<B: Backend> Plan<B> {
     /// batch it kept is discarded here rather than sent with the next
     /// run's. The waits of the operations not submitted are gone, so the
     /// next run waits for this one whole (`refused`). Returns `error`.
-    fn fail_in_order(&mut self, timelines: &Timelines<B>, first: usize, error: Error) -> Error {
+    fn fail_in_order(&mut self, timelines: &Timelines<B>, first: Refused, error: Error) -> Error {
+        let (first, unrecorded) = first.queues();
         self.refused = Some(timelines.run);
         // The next run records its kernels again.
         self.edits += 1;
@@ -456,6 +460,10 @@ impl<B: Backend> Plan<B> {
             match planned.queue.as_mut() {
                 Some(queue) if index >= first => {
                     queue.discard();
+                    if index >= unrecorded {
+                        let ops = &self.schedule.ops;
+                        super::collective::forfeit(queue, &planned.ops, ops, &error);
+                    }
                     queue.signal(signal, last).reject(error.clone());
                     // Rejected by design: the core fails the signal in order.
                     let _ = queue.submit();

@@ -35,6 +35,11 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
             "plan: a ring of sends and receives runs as a group, runs back to back".into(),
             ring(ranks),
         );
+        run(
+            "plan: a run refused before its collective's queue recorded still takes its place"
+                .into(),
+            refused_before_the_collective(ranks),
+        );
     }
     if ranks.size.is_multiple_of(2) {
         run(
@@ -47,6 +52,66 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
             member_waited_on(ranks),
         );
     }
+}
+
+/// A kernel writing a slot on the compute queue, and an all_reduce of an
+/// upload on the copy queue, which records after the compute queue. In
+/// run 0 rank 1 binds the slot to misaligned bytes, which its compute
+/// queue refuses, so its copy queue records nothing of the run. Its
+/// all_reduce still takes its place, forfeited: the others' run 0 fails
+/// naming rank 1, and run 1 sums every rank's `2`s. On `1d3f1b4` it took
+/// none: the others' run 0 met rank 1's run 1 (`Ok`, a sum of another
+/// run's data) and their run 1 waited until the timeout.
+fn refused_before_the_collective(ranks: &Ranks) -> Outcome {
+    let (rank, size, len) = (ranks.rank, ranks.size, 4);
+    let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
+    let (mut schedule, d) = new_schedule();
+    let slot = schedule.add_slot(d, "s", 64);
+    let params = ExecParams::new_1d(1, 1);
+    let kernel = (schedule.exec("touch s", d, &touch, &[slot], &[], params))
+        .writes(slot, ..)
+        .id();
+    let bytes = len * size_of::<u32>();
+    let (x, sum) = (
+        schedule.add_tensor(d, "x", bytes),
+        schedule.add_tensor(d, "sum", bytes),
+    );
+    let upload = schedule.upload("upload x", x).id();
+    let all_reduce = (schedule.all_reduce::<u32>("sum x", &ranks.comm, Reduction::Sum, x, sum))
+        .on(hwqueue::QueueKind::Copy)
+        .id();
+    let download = schedule.download("download sum", sum).id();
+    let mut plan = schedule.plan().map_err(text)?;
+    if plan.queue_of(kernel) >= plan.queue_of(all_reduce) {
+        return Err(format!("the all_reduce's queue records first:\n{plan}"));
+    }
+    let bytes_for_slot = ranks.device.alloc(128).map_err(text)?;
+    for run in 0..2u32 {
+        let at = if run == 0 && rank == 1 { 4 } else { 0 };
+        let view = View::new(&bytes_for_slot, at, 64).map_err(text)?;
+        plan.bind(slot, &view).map_err(text)?;
+        plan.upload(upload, &vec![run + 1; len]).map_err(text)?;
+        let got = Download::<u32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        let outcome = plan.run().and_then(|r| r.wait(Timeout::Forever));
+        match (run, outcome) {
+            (0, Err(error)) if rank == 1 => {
+                if !matches!(error.root_cause(), Error::ViewMisaligned { .. }) {
+                    return Err(format!("run 0 refused with another error: {error}"));
+                }
+            }
+            (0, Err(error)) if error.to_string().contains("failed on its rank") => {}
+            (1, Ok(())) => {
+                let got = got.take(Timeout::Forever).map_err(text)?;
+                check("run 1's sum", got, vec![2 * size as u32; len])?;
+            }
+            (run, outcome) => {
+                let got = got.take(Timeout::Forever);
+                return Err(format!("run {run}: {outcome:?}, downloaded {got:?}"));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pairs of ranks over two communicators; the even rank over two devices:
