@@ -268,6 +268,13 @@ macro_rules! __backend_set_queue {
                 self
             }
 
+            fn check_collective(
+                &self,
+                communicator: &$crate::collective::Communicator,
+            ) -> $crate::Result<()> {
+                match self { $( $(#[$meta])* Self::$V(q) => $crate::HardwareQueue::check_collective(q, communicator), )+ }
+            }
+
             fn forfeit_collective(
                 &mut self,
                 communicator: &$crate::collective::Communicator,

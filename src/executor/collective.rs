@@ -246,6 +246,21 @@ pub(super) fn validate<B: Backend>(
     Ok(())
 }
 
+/// What `plan` checks of `op` on `queue`, if it is a collective: that the
+/// queue runs its communicator's collectives (an MPI communicator on a CPU
+/// queue, an NCCL one on its device's CUDA queue), so no run is refused
+/// for it. (`None`, the host stage, takes copies only.)
+pub(super) fn check_engine<B: Backend>(op: &Op<B>, queue: Option<&B::Queue>) -> Result<()> {
+    match (&op.work, queue) {
+        (Work::Collective(collective), Some(queue)) => queue
+            .check_collective(&collective.communicator)
+            .map_err(|error| Error::InvalidSchedule {
+                reason: format!("collective `{}`: {error}", op.name),
+            }),
+        _ => Ok(()),
+    }
+}
+
 /// What `plan` checks of the collectives together: those over one
 /// communicator on one queue, so that every rank runs them in one order,
 /// and those of one device on one queue, so that no two wait for each

@@ -95,6 +95,11 @@ fn plan<B: Backend>(mut schedule: Schedule<B>) -> Result<Plan<B>> {
         }
     }
     let queue_count = queues.len();
+    // Each collective's queue runs its communicator's collectives.
+    for (op, lane) in schedule.ops.iter().zip(&op_lane) {
+        let queue = queues[lane_queue[*lane]].queue.as_ref();
+        super::collective::check_engine(op, queue)?;
+    }
 
     let mut ops: Vec<PlannedOp> = Vec::with_capacity(schedule.ops.len());
     // The clock of each queue at its current end, and after each op.

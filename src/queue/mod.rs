@@ -279,6 +279,26 @@ pub trait HardwareQueue: Send + Sized {
         self.reject(error.into())
     }
 
+    /// Whether this queue runs `communicator`'s collectives: the first
+    /// check [`collective`](Self::collective) makes. A plan asks it of
+    /// each collective's queue when it is planned.
+    ///
+    /// # Errors
+    /// [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported)
+    /// for a communicator of another engine (the default, for a queue type
+    /// that runs no collectives); [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)
+    /// for one of another device.
+    fn check_collective(
+        &self,
+        communicator: &crate::collective::Communicator,
+    ) -> crate::Result<()> {
+        Err(crate::collective::CollectiveError::unsupported(
+            <Self::Backend as Backend>::ID,
+            communicator,
+        )
+        .into())
+    }
+
     /// Rejects the batch being recorded with `cause` (where no command was
     /// refused before) and records in it the place of collective `op`,
     /// which this rank will not run: at `submit` it is numbered like the

@@ -555,6 +555,10 @@ impl<E: Engine> HardwareQueue for Queue<E> {
         self.record_collective(communicator, op, element, send, recv)
     }
 
+    fn check_collective(&self, communicator: &crate::collective::Communicator) -> Result<()> {
+        self.engine.check_collective(communicator)
+    }
+
     fn forfeit_collective(
         &mut self,
         communicator: &crate::collective::Communicator,

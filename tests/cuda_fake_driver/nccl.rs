@@ -16,7 +16,9 @@ use std::time::Duration;
 use hwqueue::collective::{CollectiveError, Communicator, NcclId, Reduction};
 use hwqueue::cpu::CpuDevice;
 use hwqueue::cuda::{CudaBuffer, CudaDevice, CudaQueue, CudaSignal};
-use hwqueue::{Device, Download, Error, FailureScope, HardwareQueue, QueueFactory, TimelineSignal};
+use hwqueue::{
+    Device, Download, Error, FailureScope, HardwareQueue, QueueFactory, Schedule, TimelineSignal,
+};
 
 use super::{NCCL_FAKE, Outcome, on_a_12_2_device, report, run_scenario};
 
@@ -259,6 +261,25 @@ fn elsewhere(device: &CudaDevice) {
         .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
         .submit();
     report("cpu_queue", &outcome(submitted));
+    // A plan is refused when planned, not at its first run.
+    let mut schedule = Schedule::<hwqueue::cuda::Cuda>::new();
+    let d = schedule.add_device(std::sync::Arc::new(device.clone()));
+    let (a, b) = (
+        schedule.add_tensor(d, "a", 16),
+        schedule.add_tensor(d, "b", 16),
+    );
+    schedule.fill("fill a", a, 0u32);
+    schedule.all_reduce::<f32>("sum on cuda:0", &comm, Reduction::Sum, a, b);
+    report("cuda_plan", &outcome(schedule.plan()));
+    let mut schedule = Schedule::<hwqueue::cpu::Cpu>::new();
+    let d = schedule.add_device(std::sync::Arc::new(cpu));
+    let (a, b) = (
+        schedule.add_tensor(d, "a", 16),
+        schedule.add_tensor(d, "b", 16),
+    );
+    schedule.fill("fill a", a, 0u32);
+    schedule.all_reduce::<f32>("sum on the cpu", &comm, Reduction::Sum, a, b);
+    report("cpu_plan", &outcome(schedule.plan()));
 }
 
 /// `Communicator::nccl_over` an MPI world of one rank (a singleton MPI
@@ -994,6 +1015,17 @@ fn a_communicator_of_another_device_or_on_a_cpu_queue_is_refused() {
         cpu.contains("record its collectives on a queue of its device"),
         "{cpu}"
     );
+    // Plans are refused when planned, naming the collective (both were
+    // planned on 2bf7434, refused at their first run).
+    let cuda = outcome.field("cuda_plan");
+    assert!(cuda.starts_with("other "), "{cuda}");
+    for phrase in ["collective `sum on cuda:0`", "belongs to `cuda:1`"] {
+        assert!(cuda.contains(phrase), "no `{phrase}` in {cuda}");
+    }
+    let cpu = outcome.field("cpu_plan");
+    for phrase in ["collective `sum on the cpu`", "a queue of its device"] {
+        assert!(cpu.contains(phrase), "no `{phrase}` in {cpu}");
+    }
     // Nothing reached NCCL but the communicator's creation.
     let calls = nccl_calls(&outcome);
     assert_eq!(
