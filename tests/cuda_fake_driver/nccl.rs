@@ -1016,7 +1016,7 @@ fn a_communicator_of_another_device_or_on_a_cpu_queue_is_refused() {
         "{cpu}"
     );
     // Plans are refused when planned, naming the collective (both were
-    // planned on 2bf7434, refused at their first run).
+    // planned on aa60241, refused at their first run).
     let cuda = outcome.field("cuda_plan");
     assert!(cuda.starts_with("other "), "{cuda}");
     for phrase in ["collective `sum on cuda:0`", "belongs to `cuda:1`"] {
