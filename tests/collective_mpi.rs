@@ -118,6 +118,10 @@ fn suite(ranks: &Ranks) -> bool {
             "a collective one rank will not run still takes its place, failed".into(),
             refused_batch(ranks),
         );
+        run(
+            "a failed batch fails the signals before a collective before forfeiting it".into(),
+            forfeited_in_place(ranks),
+        );
     }
     run(
         "engines without collectives refuse them".into(),
@@ -732,7 +736,12 @@ fn refused_batch(ranks: &Ranks) -> Outcome {
             match run_batch(ranks, |q| {
                 q.all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones);
             }) {
-                Err(error) if error.to_string().contains("failed on its rank") => {}
+                // Named as rank 1 recorded it (a refused one too).
+                Err(error)
+                    if error.to_string().contains("failed on its rank")
+                        && error
+                            .to_string()
+                            .contains("rank 1's all_reduce (sum) of 4 u32") => {}
                 other => {
                     let got = ones.to_vec::<u32>().map_err(text)?;
                     return Err(format!(
@@ -744,6 +753,68 @@ fn refused_batch(ranks: &Ranks) -> Outcome {
         }
         ones.write_from(&[1; 4]).map_err(text)?;
         runs_on_with(ranks, &ranks.comm, &ones).map_err(|e| format!("{how}, then: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Rank 1's queue `a` fails at its first command (a wait on a failed
+/// value), before a signal `s`, an all_reduce over the world and a last
+/// signal; its queue `b` waits on `s`, then all_reduces over `other`. The
+/// other ranks all_reduce over `other`, then over the world. `a` fails `s`
+/// before it forfeits its all_reduce, as it would have set `s` before
+/// running it: `b` then fails and forfeits its own, the others' two fail
+/// at once naming rank 1, and both communicators run on. On `a7239ff`
+/// `a` forfeited first, waiting for the others' all_reduce over the
+/// world, which came after theirs over `other`, which waited for `b`'s,
+/// which waited for `s`: until `other`'s timeout.
+fn forfeited_in_place(ranks: &Ranks) -> Outcome {
+    let other = (ranks.comm.split(Some(0), ranks.rank as u32).map_err(text)?)
+        .ok_or("the split gave no communicator")?;
+    other.set_timeout(Duration::from_secs(5));
+    let ones = buffer::<u32>(ranks, 4);
+    ones.write_from(&[1; 4]).map_err(text)?;
+    if ranks.rank == 1 {
+        let device = &ranks.device;
+        let (mut a, mut b) = (device.compute_queue(), device.compute_queue());
+        let (a, b) = (a.as_mut().map_err(text)?, b.as_mut().map_err(text)?);
+        let [failed, s, a_done, b_done] = [(); 4].map(|()| device.new_signal(0).expect("a signal"));
+        let reason = "failed by the test";
+        failed.fail(1, Error::Abandoned { reason });
+        a.wait(&failed, 1)
+            .signal(&s, 1)
+            .all_reduce::<u32, _, _>(&ranks.comm, Reduction::Sum, &ones, &ones)
+            .signal(&a_done, 1)
+            .submit()
+            .map_err(text)?;
+        b.wait(&s, 1)
+            .all_reduce::<u32, _, _>(&other, Reduction::Sum, &ones, &ones)
+            .signal(&b_done, 1)
+            .submit()
+            .map_err(text)?;
+        for (name, done) in [("a", &a_done), ("b", &b_done)] {
+            if done.wait(1, TIMEOUT).is_ok() {
+                return Err(format!("queue {name}'s batch ran"));
+            }
+        }
+        for queue in [a, b] {
+            match queue.synchronize() {
+                Ok(()) | Err(Error::QueueFailed { .. }) => {}
+                Err(error) => return Err(format!("synchronize: {error}")),
+            }
+        }
+    } else {
+        for (name, comm) in [("other", &other), ("the world", &ranks.comm)] {
+            match run_batch(ranks, |q| {
+                q.all_reduce::<u32, _, _>(comm, Reduction::Sum, &ones, &ones);
+            }) {
+                Err(error) if error.to_string().contains("failed on its rank") => {}
+                outcome => return Err(format!("over {name}: {outcome:?}")),
+            }
+        }
+    }
+    for comm in [&ranks.comm, &other] {
+        ones.write_from(&[1; 4]).map_err(text)?;
+        runs_on_with(ranks, comm, &ones)?;
     }
     Ok(())
 }

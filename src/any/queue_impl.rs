@@ -260,7 +260,13 @@ macro_rules! __backend_set_queue {
                                 $crate::HardwareQueue::collective(q, communicator, op, element, s.as_ref(), r.as_ref());
                             }
                             Err(error) => {
-                                $crate::HardwareQueue::forfeit_collective(q, communicator, op, element, error);
+                                let count = $crate::collective::count_of(
+                                    op,
+                                    element,
+                                    send.map(|v| v.len()),
+                                    recv.map(|v| v.len()),
+                                );
+                                $crate::HardwareQueue::forfeit_collective(q, communicator, (op, element, count), error);
                             }
                         }
                     } )+
@@ -278,12 +284,11 @@ macro_rules! __backend_set_queue {
             fn forfeit_collective(
                 &mut self,
                 communicator: &$crate::collective::Communicator,
-                op: $crate::collective::CollectiveOp,
-                element: $crate::collective::Element,
+                what: ($crate::collective::CollectiveOp, $crate::collective::Element, usize),
                 cause: $crate::Error,
             ) -> &mut Self {
                 match self { $( $(#[$meta])* Self::$V(q) => {
-                    $crate::HardwareQueue::forfeit_collective(q, communicator, op, element, cause);
+                    $crate::HardwareQueue::forfeit_collective(q, communicator, what, cause);
                 } )+ }
                 self
             }

@@ -391,8 +391,11 @@ pub struct Collective<B: Backend> {
     /// Whether it took its `sequence`: its batch was submitted (a batch
     /// discarded, or dropped with its queue, takes none). A CPU queue's
     /// worker still exchanges a numbered collective it will not run
-    /// (`cpu::queue::collective::forfeit_collectives`).
+    /// (`cpu::queue::collective::forfeit_collective`).
     pub(crate) numbered: bool,
+    /// A collective refused when recorded keeps no views, only its place
+    /// (`Queue::forfeit_place`), and this: the count its views asked for.
+    pub(crate) refused_count: usize,
     /// The view it reads, if any (`recv` reads none; a broadcast reads its
     /// one view on the root only).
     pub send: Option<View<B>>,
@@ -403,15 +406,19 @@ pub struct Collective<B: Backend> {
 
 impl<B: Backend> Collective<B> {
     /// How many elements each rank contributes: the send view's (the
-    /// receive view's for `recv` and `reduce_scatter`).
+    /// receive view's for `recv` and `reduce_scatter`); for a collective
+    /// refused when recorded, which keeps only its place, what its views
+    /// asked for.
     pub fn count(&self) -> usize {
-        let view = match self.op {
-            CollectiveOp::ReduceScatter(_) | CollectiveOp::Recv { .. } => self.recv.as_ref(),
-            // The root's view is sent, the others' received.
-            CollectiveOp::Broadcast { .. } => self.send.as_ref().or(self.recv.as_ref()),
-            _ => self.send.as_ref(),
-        };
-        view.map_or(0, |v| v.len() / self.element.size())
+        match (&self.send, &self.recv) {
+            (None, None) => self.refused_count,
+            (send, recv) => count_of(
+                self.op,
+                self.element,
+                send.as_ref().map(View::len),
+                recv.as_ref().map(View::len),
+            ),
+        }
     }
 
     /// The collective in words, as errors and profiles name it:
@@ -419,6 +426,25 @@ impl<B: Backend> Collective<B> {
     pub fn describe(&self) -> String {
         describe(self.op, self.element, self.count(), self.sequence)
     }
+}
+
+/// How many elements each rank contributes to `op` over views of
+/// `send` and `recv` bytes (see [`Collective::count`]). Public for the
+/// queue enums [`backend_set!`](crate::backend_set) makes.
+#[doc(hidden)]
+pub fn count_of(
+    op: CollectiveOp,
+    element: Element,
+    send: Option<usize>,
+    recv: Option<usize>,
+) -> usize {
+    let bytes = match op {
+        CollectiveOp::ReduceScatter(_) | CollectiveOp::Recv { .. } => recv,
+        // The root's view is sent, the others' received.
+        CollectiveOp::Broadcast { .. } => send.or(recv),
+        _ => send,
+    };
+    bytes.map_or(0, |bytes| bytes / element.size())
 }
 
 impl<B: Backend> fmt::Debug for Collective<B> {

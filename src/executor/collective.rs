@@ -349,13 +349,16 @@ pub(super) fn record<'a, Q: HardwareQueue>(
 pub(super) fn forfeit<Q: HardwareQueue>(
     queue: &mut Q,
     ops: &[usize],
-    schedule: &[Op<Q::Backend>],
+    schedule: &Schedule<Q::Backend>,
     cause: &Error,
 ) {
     for &op in ops {
-        if let Work::Collective(work) = &schedule[op].work {
-            let (comm, op, element) = (&work.communicator, work.op, work.element);
-            queue.forfeit_collective(comm, op, element, cause.clone());
+        if let Work::Collective(work) = &schedule.ops[op].work {
+            let bytes = |id: Option<BufferId>| id.map(|id| schedule.buffers[id.0].len);
+            let (send, recv) = (bytes(work.send), bytes(work.recv));
+            let count = crate::collective::count_of(work.op, work.element, send, recv);
+            let what = (work.op, work.element, count);
+            queue.forfeit_collective(&work.communicator, what, cause.clone());
         }
     }
 }

@@ -461,8 +461,8 @@ impl<B: Backend> Plan<B> {
                 Some(queue) if index >= first => {
                     queue.discard();
                     if index >= unrecorded {
-                        let ops = &self.schedule.ops;
-                        super::collective::forfeit(queue, &planned.ops, ops, &error);
+                        let schedule = &self.schedule;
+                        super::collective::forfeit(queue, &planned.ops, schedule, &error);
                     }
                     queue.signal(signal, last).reject(error.clone());
                     // Rejected by design: the core fails the signal in order.

@@ -538,13 +538,7 @@ impl<B: Backend> Batch<B> {
     /// Fails every signal the commands from `from` on would have set, and
     /// every download they would have made.
     pub fn fail_signals(&self, from: usize, cause: &Error) {
-        for command in self.commands.get(from..).unwrap_or_default() {
-            match command {
-                Command::Signal { signal, value } => signal.fail(*value, cause.clone()),
-                Command::Download { sink, .. } => sink.fail(cause),
-                _ => {}
-            }
-        }
+        self.fail_from(from, cause, Failed::At, &mut |_| {});
     }
 
     /// For a batch that failed at command `from` while running: goes on in
@@ -556,13 +550,29 @@ impl<B: Backend> Batch<B> {
     /// still comes after that work. Blocks like the waits it honours, so
     /// an engine calls it where it would have run them (its own thread).
     pub fn drain_failed(&self, from: usize, cause: &Error) {
+        self.fail_from(from, cause, Failed::Draining, &mut |_| {});
+    }
+
+    /// [`fail_signals`](Self::fail_signals) (`Failed::At` or
+    /// `Failed::Skipped`) or [`drain_failed`](Self::drain_failed)
+    /// (`Failed::Draining`), handing each numbered collective after `from`
+    /// (from `from` itself where the batch was skipped) to `forfeit` at its
+    /// place among them: the signals before it fail first, the waits
+    /// before it are honoured first, as if it had run.
+    pub(crate) fn fail_from(
+        &self,
+        from: usize,
+        cause: &Error,
+        how: Failed,
+        forfeit: &mut dyn FnMut(&crate::collective::Collective<B>),
+    ) {
         for (index, command) in self.commands.iter().enumerate().skip(from) {
             match command {
                 // The command that failed: nothing more to wait for.
                 Command::Wait { .. }
                 | Command::WaitSettled { .. }
                 | Command::WaitForeign { .. }
-                    if index == from => {}
+                    if index == from || how != Failed::Draining => {}
                 // Reached or failed, either settles it.
                 Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
                     let _ = signal.wait(*value, Timeout::Forever);
@@ -572,6 +582,12 @@ impl<B: Backend> Batch<B> {
                 }
                 Command::Signal { signal, value } => signal.fail(*value, cause.clone()),
                 Command::Download { sink, .. } => sink.fail(cause),
+                // The one that failed took its place.
+                Command::Collective(collective)
+                    if collective.numbered && (index > from || how == Failed::Skipped) =>
+                {
+                    forfeit(collective);
+                }
                 _ => {}
             }
         }
@@ -594,6 +610,19 @@ impl<B: Backend> Batch<B> {
             _ => false,
         })
     }
+}
+
+/// How a batch's commands from some index on did not run
+/// ([`Batch::fail_from`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Failed {
+    /// None of them ran (the batch was skipped or abandoned).
+    Skipped,
+    /// The first failed; the rest fail at once.
+    At,
+    /// The first failed; the rest honour their waits (a failure scoped to
+    /// its batch).
+    Draining,
 }
 
 impl<B: Backend> Drop for Batch<B> {

@@ -151,7 +151,12 @@ impl<E: Engine> Queue<E> {
             });
         let (send, recv) = match checked {
             Ok(views) => views,
-            Err(error) => return self.forfeit_place(communicator, op, element, error),
+            Err(error) => {
+                let bytes = |view: &dyn AsView<E::Backend>| view.view_parts().2;
+                let (send, recv) = (send.map(|v| bytes(v)), recv.map(|v| bytes(v)));
+                let count = crate::collective::count_of(op, element, send, recv);
+                return self.forfeit_place(communicator, (op, element, count), error);
+            }
         };
         // Point-to-point commands are between two ranks only, so they
         // take no place in the order every rank shares; the others take
@@ -165,6 +170,7 @@ impl<E: Engine> Queue<E> {
                 element,
                 sequence: 0,
                 numbered: false,
+                refused_count: 0,
                 send,
                 recv,
             })));
@@ -173,7 +179,7 @@ impl<E: Engine> Queue<E> {
 
     /// Rejects the batch with `cause` and, where the engine runs
     /// `communicator`'s collectives, records a collective with no views in
-    /// `op`'s place: numbered at `submit` (a rejected batch's collectives
+    /// `op`'s place (of `element`s, `count` of them asked for): numbered at `submit` (a rejected batch's collectives
     /// are), it is forfeited, never run. A rank refusing a collective that
     /// its peers record would otherwise pair their next one with its own
     /// next: a mismatch for good, or, where the two are alike, data of
@@ -181,8 +187,7 @@ impl<E: Engine> Queue<E> {
     pub(super) fn forfeit_place(
         &mut self,
         communicator: &Communicator,
-        op: CollectiveOp,
-        element: Element,
+        (op, element, count): (CollectiveOp, Element, usize),
         cause: crate::Error,
     ) -> &mut Self {
         self.reject(cause);
@@ -196,6 +201,7 @@ impl<E: Engine> Queue<E> {
                     element,
                     sequence: 0,
                     numbered: false,
+                    refused_count: count,
                     send: None,
                     recv: None,
                 })));

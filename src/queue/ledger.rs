@@ -10,7 +10,7 @@ use crate::error::{Error, panic_message};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 use super::FailureScope;
-use super::batch::Batch;
+use super::batch::{Batch, Failed};
 use crate::backend::Backend;
 
 /// Identifies a queue for as long as it or its submitted work lives.
@@ -295,11 +295,28 @@ impl Ledger {
         batch: &Batch<B>,
         run: impl FnOnce(&Batch<B>) -> std::result::Result<(), (usize, Error)>,
     ) {
+        self.settle_with(batch, run, &mut |_| {});
+    }
+
+    /// [`settle`](Self::settle), handing each numbered collective that
+    /// `batch` will not run (all of a skipped batch's, those after a
+    /// failed command) to `forfeit` at its place among the signals it
+    /// fails and the waits it honours (`Batch::fail_from`): as it would
+    /// have run, after what comes before it and before what follows. None
+    /// after a panic, which leaves how far the batch got unknown.
+    pub(crate) fn settle_with<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        run: impl FnOnce(&Batch<B>) -> std::result::Result<(), (usize, Error)>,
+        forfeit: &mut dyn FnMut(&crate::collective::Collective<B>),
+    ) {
         match self.admit(batch) {
-            Admission::Skip(cause) => batch.fail_signals(0, &cause),
+            Admission::Skip(cause) => batch.fail_from(0, &cause, Failed::Skipped, forfeit),
             Admission::Run => {
+                let mut panicked = false;
                 let outcome =
                     catch_unwind(AssertUnwindSafe(|| run(batch))).unwrap_or_else(|payload| {
+                        panicked = true;
                         Err((
                             0,
                             Error::EnginePanicked {
@@ -307,7 +324,10 @@ impl Ledger {
                             },
                         ))
                     });
-                self.complete(batch, outcome);
+                match panicked {
+                    false => self.complete_with(batch, outcome, forfeit),
+                    true => self.complete(batch, outcome),
+                }
             }
         }
     }
@@ -329,13 +349,26 @@ impl Ledger {
         batch: &Batch<B>,
         outcome: std::result::Result<(), (usize, Error)>,
     ) {
+        self.complete_with(batch, outcome, &mut |_| {});
+    }
+
+    /// [`complete`](Self::complete), handing each numbered collective
+    /// after the failed command to `forfeit` (see
+    /// [`settle_with`](Self::settle_with)).
+    fn complete_with<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        outcome: std::result::Result<(), (usize, Error)>,
+        forfeit: &mut dyn FnMut(&crate::collective::Collective<B>),
+    ) {
         if let Err((from, error)) = outcome {
-            if self.independent() {
-                let cause = self.record(batch, error);
-                batch.drain_failed(from, &cause);
-            } else {
-                self.fail(batch, from, error);
-            }
+            // Recorded before any signal fails (see the type's docs).
+            let cause = self.record(batch, error);
+            let how = match self.independent() {
+                true => Failed::Draining,
+                false => Failed::At,
+            };
+            batch.fail_from(from, &cause, how, forfeit);
         }
     }
 

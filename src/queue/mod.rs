@@ -307,7 +307,9 @@ pub trait HardwareQueue: Send + Sized {
     /// peers fail theirs at once and every rank stays in step. What
     /// [`collective`](Self::collective) does with a collective it refuses;
     /// for a generic caller that will not record one (a plan whose run
-    /// another queue refused). Sends and receives take no place.
+    /// another queue refused). `count` is how many elements it would have
+    /// contributed (its peers' errors say). Sends and receives take no
+    /// place.
     ///
     /// The default, for a queue type that runs no collectives, only
     /// rejects.
@@ -315,11 +317,14 @@ pub trait HardwareQueue: Send + Sized {
     fn forfeit_collective(
         &mut self,
         communicator: &crate::collective::Communicator,
-        op: crate::collective::CollectiveOp,
-        element: crate::collective::Element,
+        (op, element, count): (
+            crate::collective::CollectiveOp,
+            crate::collective::Element,
+            usize,
+        ),
         cause: crate::Error,
     ) -> &mut Self {
-        let _ = (communicator, op, element);
+        let _ = (communicator, op, element, count);
         self.reject(cause)
     }
 

@@ -562,11 +562,14 @@ impl<E: Engine> HardwareQueue for Queue<E> {
     fn forfeit_collective(
         &mut self,
         communicator: &crate::collective::Communicator,
-        op: crate::collective::CollectiveOp,
-        element: crate::collective::Element,
+        what: (
+            crate::collective::CollectiveOp,
+            crate::collective::Element,
+            usize,
+        ),
         cause: Error,
     ) -> &mut Self {
-        self.forfeit_place(communicator, op, element, cause)
+        self.forfeit_place(communicator, what, cause)
     }
 
     fn wait_foreign_settled<S: TimelineSignal>(&mut self, signal: &S, value: u64) -> &mut Self {

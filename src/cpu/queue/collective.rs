@@ -64,38 +64,30 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
         .run_on_host_direct(&plan, &mut views)
 }
 
-/// Takes the places of the numbered collectives of `batch` from command
-/// `from` on, which this rank will not run (its batch was refused at
-/// submit, skipped, or failed before them): each still meets its peers'
-/// in the description exchange, described failed, so they fail it at once
-/// (a mismatch naming this rank) and every rank stays in step. Numbered at
-/// submit, a collective this rank skipped would otherwise pair the peers'
-/// with this rank's next one: a mismatch for good, or, where the next one
-/// is alike, data of another step. Sends and receives take no number (a
-/// peer's waits for one until the timeout). Blocks, as a collective does,
-/// until the peers reach theirs or the timeout passes.
-pub(super) fn forfeit_collectives(commands: &[Command<Cpu>]) {
+/// Takes the place of `collective`, numbered, which this rank will not run
+/// (its batch was refused at submit, skipped, or failed before it): it
+/// still meets its peers' in the description exchange, described failed,
+/// so they fail it at once (a mismatch naming this rank) and every rank
+/// stays in step. Numbered at submit, a collective this rank skipped would
+/// otherwise pair the peers' with this rank's next one: a mismatch for
+/// good, or, where the next one is alike, data of another step. Sends and
+/// receives take no number (a peer's waits for one until the timeout).
+/// Blocks, as a collective does, until the peers reach theirs or the
+/// timeout passes.
+pub(super) fn forfeit_collective(collective: &Collective<Cpu>) {
     let not_run = || -> Error {
         Error::Abandoned {
             reason: "its batch was refused or failed before it on this rank",
         }
     };
-    for command in commands {
-        let Command::Collective(collective) = command else {
-            continue;
-        };
-        if !collective.numbered {
-            continue;
-        }
-        let plan = HostCollective::of(collective);
-        let communicator = &collective.communicator;
-        // Its outcome is this rank's failure, known already.
-        let _ = if communicator.stages(&plan) {
-            communicator.run_on_host(&plan, &mut |_| Err(not_run()), &mut |_| Ok(()))
-        } else {
-            communicator.run_on_host_direct(&plan, &mut Forfeit(not_run))
-        };
-    }
+    let plan = HostCollective::of(collective);
+    let communicator = &collective.communicator;
+    // Its outcome is this rank's failure, known already.
+    let _ = if communicator.stages(&plan) {
+        communicator.run_on_host(&plan, &mut |_| Err(not_run()), &mut |_| Ok(()))
+    } else {
+        communicator.run_on_host_direct(&plan, &mut Forfeit(not_run))
+    };
 }
 
 /// The views of a collective that will not run: described failed.

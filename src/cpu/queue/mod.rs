@@ -11,11 +11,12 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::OnceLock;
 
+use crate::collective::Collective;
 use crate::error::{Error, Result};
 use crate::memory::MemoryPool;
 use crate::params::Limits;
 use crate::profile::{EventNames, Name, ProfileEvent, move_events};
-use crate::queue::{Admission, Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
+use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
 use crate::sync::{
     Arc, AtomicBool, AtomicUsize, Condvar, JoinHandle, Mutex, Ordering, SpinWait, spawn_joinable,
 };
@@ -271,11 +272,11 @@ impl fmt::Debug for CpuEngine {
     }
 }
 
-/// Forfeits the numbered collectives among `commands`, which this rank
-/// will not run (`collective::forfeit_collectives`). A panic there (a bug)
-/// loses the forfeits, not the worker, nor the batch's outcome.
-fn forfeit(commands: &[Command<Cpu>]) {
-    let forfeit = || collective::forfeit_collectives(commands);
+/// Forfeits `collective`, numbered, which this rank will not run
+/// (`collective::forfeit_collective`). A panic there (a bug) loses the
+/// forfeit, not the worker, nor the batch's outcome.
+fn forfeit(collective: &Collective<Cpu>) {
+    let forfeit = || collective::forfeit_collective(collective);
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forfeit));
 }
 
@@ -318,34 +319,15 @@ fn run_worker(shared: &Shared) {
             .profiling
             .load(Ordering::Relaxed)
             .then(|| BatchProfile::new(&batch, &mut ticks));
-        // The numbered collectives this rank will not run (all of a batch
-        // skipped, those after a failed command) are forfeited before the
-        // batch's signals fail, as they would complete before its signals
-        // were set: a queue ordered after this one by a signal then takes
-        // its places after these (`forfeit`). A panic out of a batch (a
-        // bug) leaves how far it got unknown: nothing is forfeited then,
-        // rather than a collective that ran.
-        let mut forfeited = false;
-        if batch.collectives_numbered() && matches!(shared.ledger.admit(&batch), Admission::Skip(_))
-        {
-            forfeit(batch.commands());
-            forfeited = true;
-        }
-        shared.ledger.settle(&batch, |batch| {
-            forfeited = true;
-            let outcome = run_batch(batch, &shared.pool, &mut scratch, profile.as_mut());
-            if let Err((at, _)) = &outcome
-                && batch.collectives_numbered()
-            {
-                forfeit(batch.commands().get(at + 1..).unwrap_or_default());
-            }
-            outcome
-        });
-        if !forfeited && batch.collectives_numbered() {
-            // Skipped though admitted a moment before (a failure of
-            // another thread in between): late, but in this queue's order.
-            forfeit(batch.commands());
-        }
+        // The numbered collectives this rank will not run (all of a skipped
+        // batch's, those after a failed command) are forfeited each at its
+        // place among the signals the batch fails and the waits it still
+        // honours, as it would have run (`Ledger::settle_with`).
+        shared.ledger.settle_with(
+            &batch,
+            |batch| run_batch(batch, &shared.pool, &mut scratch, profile.as_mut()),
+            &mut forfeit,
+        );
         if let Some(profile) = profile {
             // Outside `settle`'s catch: a panic making the events (there is
             // nothing but formatting to panic) loses them, not the worker.
