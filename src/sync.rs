@@ -55,6 +55,15 @@ mod imp {
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock()
         }
+
+        /// The lock once it is free, waiting at most `timeout`.
+        #[allow(dead_code)]
+        pub(crate) fn try_lock_for(
+            &self,
+            timeout: std::time::Duration,
+        ) -> Option<MutexGuard<'_, T>> {
+            self.0.try_lock_for(timeout)
+        }
     }
 
     /// A reader-writer lock without poisoning (`parking_lot`).

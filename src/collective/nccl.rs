@@ -26,7 +26,7 @@ use super::{
 use crate::cuda::{Cuda, CudaDevice};
 use crate::error::{Error, Result};
 use crate::queue::{Command, Ledger};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::view::View;
 
 /// Checks that cudarc can load NCCL; [`CollectiveError::NoNccl`] saying
@@ -209,6 +209,27 @@ impl NcclComm {
         &self.device
     }
 
+    /// `calls`, for a launch or a split, once it is free and the
+    /// communicator not broken. A blocking launch can hold it for good
+    /// (NCCL connecting to a peer that never comes, inside `ncclGroupEnd`):
+    /// where the watchdog is breaking the communicator meanwhile, this
+    /// refuses at once, as broken, rather than wait behind it.
+    fn take_calls(&self) -> Result<MutexGuard<'_, Calls>> {
+        loop {
+            if let Some(calls) = self.core.calls.try_lock_for(CALLS_LOOK) {
+                self.check_broken(&calls)?;
+                return Ok(calls);
+            }
+            if let Some(cause) = self.core.breaking.get() {
+                return Err(CollectiveError::Broken {
+                    rank: self.core.rank,
+                    cause: cause.clone(),
+                }
+                .into());
+            }
+        }
+    }
+
     /// [`CollectiveError::Broken`] if the watchdog broke it.
     fn check_broken(&self, calls: &Calls) -> Result<()> {
         match calls.broken.as_ref().or_else(|| self.core.breaking.get()) {
@@ -270,8 +291,7 @@ impl NcclComm {
             .into());
         }
         bind(&self.device)?;
-        let calls = self.core.calls.lock();
-        self.check_broken(&calls)?;
+        let calls = self.take_calls()?;
         let raw = if self.core.nonblocking {
             self.split_nonblocking(calls, timeout, color, key)?
         } else {
@@ -341,6 +361,10 @@ impl NcclComm {
 /// `NCCL_SPLIT_NOCOLOR` (`nccl.h`): the color of a rank that joins no
 /// communicator of the split.
 const NCCL_SPLIT_NOCOLOR: c_int = -1;
+
+/// How long a launch or split waits for `calls` between looks at whether
+/// the watchdog is breaking the communicator (`NcclComm::take_calls`).
+const CALLS_LOOK: Duration = Duration::from_millis(1);
 
 impl Communicator {
     pub(super) fn of_nccl(
@@ -459,8 +483,7 @@ pub(crate) fn enqueue_run(
     while collective(end).is_some_and(|next| next.communicator.same_as(&first.communicator)) {
         end += 1;
     }
-    let calls = comm.core.calls.lock();
-    comm.check_broken(&calls).map_err(|e| (start, e))?;
+    let calls = comm.take_calls().map_err(|e| (start, e))?;
     comm.watchdog
         .start(&comm.core, &comm.device)
         .map_err(|e| (start, e))?;

@@ -76,9 +76,10 @@ impl<B: Backend> Plan<B> {
     /// buffer of the schedule, share bytes that the plan writes;
     /// [`Error::TransferNotStaged`] when an upload or download has nothing
     /// staged (in those three cases nothing is recorded, and what was
-    /// staged stays); when a queue refuses the batch (a command the backend
-    /// rejects), in which case every download staged for the run fails
-    /// with that error.
+    /// staged stays: the peers' collectives wait for this rank's next run);
+    /// when a queue refuses the batch (a command the backend rejects), in
+    /// which case every download staged for the run fails with that error,
+    /// and its collectives take their places, failed on this rank.
     pub fn run(&mut self) -> Result<Run<B>> {
         let refused = self
             .refused

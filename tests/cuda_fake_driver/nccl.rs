@@ -574,6 +574,18 @@ fn launches_block(device: &CudaDevice) {
     logged("ncclGroupEnd blocks the host");
     let (third, third_done) = launch(device.compute_queue().unwrap());
     report("gathered", &outcome(gathered.wait(1, LONG)));
+    // The third returns while the second still blocks (the fake holds it
+    // until the gate file exists, or for its seconds).
+    let (returned, third_returned) = std::sync::mpsc::channel();
+    let third = std::thread::spawn(move || {
+        let joined = third.join().unwrap();
+        let _ = returned.send(());
+        joined
+    });
+    let in_time = third_returned.recv_timeout(LONG).is_ok();
+    report("third_while_blocked", &in_time.to_string());
+    let log = std::env::var("HWQUEUE_FAKE_CALLS").unwrap();
+    std::fs::write(format!("{log}.release"), "").unwrap();
     let (second_queue, submitted) = second.join().unwrap();
     report("second_submit", &submitted);
     report(
@@ -1412,7 +1424,10 @@ fn a_launch_holding_the_call_lock_does_not_delay_a_timeout() {
 /// group that launch hands over when it returns fails within the look
 /// after (it used to wait, unwatched, until the lock was free), and a
 /// launch waiting for the lock meanwhile refuses (the communicator is
-/// breaking) instead of blocking again, so the abort follows.
+/// breaking) instead of blocking again, so the abort follows. It refuses
+/// while the launch still blocks (held by the fake until the scenario
+/// lets it go): on `24ab59f` it waited for the lock, for as long as the
+/// launch blocked (for good, where a peer never comes).
 #[test]
 fn groups_launched_while_the_watchdog_waits_for_the_lock_still_fail() {
     let Some(outcome) = with_hanging(
@@ -1423,11 +1438,13 @@ fn groups_launched_while_the_watchdog_waits_for_the_lock_still_fail() {
                 "HWQUEUE_FAKE_NCCL_BLOCK_HOST",
                 "ncclGroupEnd:2,ncclGroupEnd:3",
             ),
-            ("HWQUEUE_FAKE_NCCL_BLOCK_S", "3"),
+            ("HWQUEUE_FAKE_NCCL_BLOCK_S", "20"),
+            ("HWQUEUE_FAKE_NCCL_BLOCK_RELEASE", "1"),
         ],
     ) else {
         return;
     };
+    assert_eq!(outcome.field("third_while_blocked"), "true", "{outcome:#?}");
     assert!(
         outcome
             .field("gathered")

@@ -47,6 +47,9 @@
  *                             calling thread for HWQUEUE_FAKE_NCCL_BLOCK_S
  *                             seconds (default 30) (a blocking ncclGroupEnd waiting for
  *                             a peer to connect). Unset: none
+ *   HWQUEUE_FAKE_NCCL_BLOCK_RELEASE  1: such a block ends early, once the file
+ *                             HWQUEUE_FAKE_CALLS names, with `.release` added,
+ *                             exists (a test's gate). Unset: it lasts its seconds
  *   HWQUEUE_FAKE_NCCL_ASYNC_ERROR  an ncclResult_t that ncclCommGetAsyncError
  *                             reports for a communicator with a collective
  *                             stalled as above (an asynchronous error of a
@@ -116,6 +119,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake_common.h"
 
@@ -615,7 +619,18 @@ static void block_host(const char *symbol) {
     snprintf(line, sizeof line, "%s blocks the host", symbol);
     log_call(line);
     const char *limit = getenv("HWQUEUE_FAKE_NCCL_BLOCK_S");
-    sleep((unsigned)(limit != NULL && *limit != '\0' ? atoi(limit) : 30));
+    int seconds = limit != NULL && *limit != '\0' ? atoi(limit) : 30;
+    const char *release = getenv("HWQUEUE_FAKE_NCCL_BLOCK_RELEASE");
+    if (release != NULL && *release == '1' && calls_path != NULL) {
+        char gate[4096];
+        snprintf(gate, sizeof gate, "%s.release", calls_path);
+        struct timespec step = {0, 10 * 1000 * 1000};
+        for (int looks = 0; looks < seconds * 100 && access(gate, F_OK) != 0; looks++) {
+            nanosleep(&step, NULL);
+        }
+    } else {
+        sleep((unsigned)seconds);
+    }
     snprintf(line, sizeof line, "%s released", symbol);
     log_call(line);
 }
