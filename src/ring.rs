@@ -189,6 +189,9 @@ struct RingState<E> {
     next_seq: u64,
     highest: u64,
     abandoned: u64,
+    /// The events of abandoned records whose work may still run on the
+    /// device, by value (`abandon`), kept until they complete.
+    given_up: Vec<(u64, Arc<E>)>,
 }
 
 struct Slot<E> {
@@ -236,6 +239,7 @@ impl<E: RingEvent> EventRing<E> {
                 next_seq: 0,
                 highest: 0,
                 abandoned: 0,
+                given_up: Vec::new(),
             }),
             capacity: slots,
             changed: Condvar::new(),

@@ -773,6 +773,32 @@ fn an_abandoned_value_fails_though_its_event_completes() {
     assert_eq!(ring.value(), 3);
 }
 
+/// A settled wait on an abandoned value must still order, on the device,
+/// after the abandoned work, which may run until the abort makes it exit:
+/// `given_up` names its event until that completes, and no record reuses
+/// the event meanwhile. On `93bdff2` nothing kept it: a settled wait let
+/// its queue's work run beside the aborted collective.
+#[test]
+fn an_abandoned_value_s_event_is_kept_for_settled_waits_until_it_completes() {
+    let device = MockDevice::new();
+    let ring = Ring::with_slots(0, 1);
+    let two = record(&ring, &device, 2);
+    ring.abandon(2, kernel_failed());
+    let kept = ring.given_up(1).expect("the abandoned work's event");
+    assert_eq!(kept.id(), two);
+    assert_eq!(ring.given_up(2).map(|e| e.id()), Some(two));
+    assert!(ring.given_up(3).is_none(), "3 was not abandoned");
+    drop(kept);
+    // The one slot is free again, but its event still stands for the
+    // abandoned work: a record takes a new one.
+    let three = record(&ring, &device, 3);
+    assert_ne!(three, two);
+    device.complete(two);
+    assert!(ring.given_up(2).is_none(), "the abandoned work exited");
+    device.complete(three);
+    ring.wait(3, LONG).unwrap();
+}
+
 /// An abandoned value not recorded yet (its batch still waited) is not
 /// recorded after: the work before it came after the abandoned work. A
 /// value above it records, and a host `set` reaches it, as usual.

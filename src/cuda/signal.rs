@@ -281,6 +281,12 @@ impl CudaSignal {
     pub(crate) fn abandon(&self, value: u64, cause: Error) {
         self.ring.abandon(value, cause);
     }
+
+    /// The event a settled wait on `value`, failed by an abandon, orders
+    /// after on the device (see [`EventRing::given_up`]).
+    pub(crate) fn given_up(&self, value: u64) -> Option<crate::sync::Arc<SignalEvent>> {
+        self.ring.given_up(value)
+    }
 }
 
 impl TimelineSignal for CudaSignal {

@@ -341,9 +341,15 @@ impl Shared {
                             })
                         }
                         // A settled wait on a failed value: the work that
-                        // would set it never runs.
+                        // would set it never runs, but an aborted
+                        // collective's may still (`given_up`).
                         Err(error) if matches!(command, Command::WaitSettled { .. }) => {
-                            crate::queue::settled(Err(error))
+                            match signal.given_up(*value) {
+                                Some(event) => event.order_before(&self.stream).map_err(|e| {
+                                    self.fault("making the stream wait for aborted work", e)
+                                }),
+                                None => crate::queue::settled(Err(error)),
+                            }
                         }
                         Err(error) => Err(error),
                     }

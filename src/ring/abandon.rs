@@ -4,7 +4,7 @@
 
 use super::{EventRing, RingEvent};
 use crate::error::Error;
-use crate::sync::Ordering;
+use crate::sync::{Arc, Ordering};
 
 impl<E: RingEvent> EventRing<E> {
     /// Fails `value` even where an event recorded for it will complete:
@@ -37,9 +37,13 @@ impl<E: RingEvent> EventRing<E> {
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
         let mut moved = false;
+        let given_up = &mut state.given_up;
+        given_up.retain(|(_, event)| !event.is_complete().unwrap_or(true));
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
             slot.value = 0;
             moved = true;
+            // Held, so never re-recorded until it completed.
+            given_up.push((value, slot.event.clone()));
         }
         // No slot stands for `value` now: what `fail` does for it.
         if !self.fail_unrecorded(state, value, cause) && moved {
@@ -53,5 +57,22 @@ impl<E: RingEvent> EventRing<E> {
             self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
+    }
+
+    /// The event of abandoned work that a settled wait for `target`, a
+    /// value [`abandon`](Self::abandon) failed, must still order after on
+    /// the device: the smallest abandoned value `>= target` whose event has
+    /// not completed. The abandoned work may still run (until the abort
+    /// that makes it exit, which can come later), so work let through by
+    /// the failure would run beside it, over the memory it writes. `None`
+    /// once it exited (those done are let go).
+    pub fn given_up(&self, target: u64) -> Option<Arc<E>> {
+        let mut state = self.state.lock();
+        let given_up = &mut state.given_up;
+        given_up.retain(|(_, event)| !event.is_complete().unwrap_or(true));
+        let pending = given_up.iter().filter(|(value, _)| *value >= target);
+        pending
+            .min_by_key(|(value, _)| *value)
+            .map(|(_, event)| event.clone())
     }
 }

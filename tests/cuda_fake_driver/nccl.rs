@@ -584,8 +584,20 @@ fn launches_block(device: &CudaDevice) {
     });
     let in_time = third_returned.recv_timeout(LONG).is_ok();
     report("third_while_blocked", &in_time.to_string());
+    // A queue's settled wait on the abandoned value waits, on the device,
+    // for the aborted group to exit: not before the abort, which needs the
+    // blocked launch's lock.
+    let (mut fourth, settled) = (
+        device.compute_queue().unwrap(),
+        device.new_signal(0).unwrap(),
+    );
+    let submitted = (fourth.wait_settled(&gathered, 1).signal(&settled, 1)).submit();
+    report("fourth_submit", &outcome(submitted));
+    let early = settled.wait(1, Duration::from_millis(300));
+    report("settled_while_blocked", &outcome(early));
     let log = std::env::var("HWQUEUE_FAKE_CALLS").unwrap();
     std::fs::write(format!("{log}.release"), "").unwrap();
+    report("settled", &outcome(settled.wait(1, LONG)));
     let (second_queue, submitted) = second.join().unwrap();
     report("second_submit", &submitted);
     report(
@@ -595,7 +607,7 @@ fn launches_block(device: &CudaDevice) {
     let (third_queue, submitted) = third.join().unwrap();
     report("third_submit", &submitted);
     report("third", &outcome(third_done.wait(1, LONG)));
-    drop((stuck, second_queue, third_queue, comm));
+    drop((stuck, second_queue, third_queue, fourth, comm));
     report("dropped", "ok");
 }
 
@@ -1445,6 +1457,14 @@ fn groups_launched_while_the_watchdog_waits_for_the_lock_still_fail() {
         return;
     };
     assert_eq!(outcome.field("third_while_blocked"), "true", "{outcome:#?}");
+    // A settled wait on the group's failed value lets its queue go on
+    // only once the aborted group exited (on 93bdff2 at once, beside the
+    // collective still running).
+    assert_eq!(outcome.field("fourth_submit"), "ok", "{outcome:#?}");
+    let early = outcome.field("settled_while_blocked");
+    assert!(early.starts_with("other "), "{outcome:#?}");
+    assert!(early.contains("timed out"), "{outcome:#?}");
+    assert_eq!(outcome.field("settled"), "ok", "{outcome:#?}");
     assert!(
         outcome
             .field("gathered")
