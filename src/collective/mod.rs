@@ -129,6 +129,14 @@
 //! the cause, as do batches the queue had not reached yet (the stream
 //! hands each group what it enqueues behind it: `nccl_behind.rs`); under
 //! `FailureScope::Batch` they keep their values: only its batch fails.
+//! Another queue's settled wait on a failed value, enqueued after the
+//! failure, waits on the device for the aborted group to exit (a plan's
+//! next run goes on after it, never beside it). A device wait another
+//! queue enqueued *before* the failure is not told: once the abort lets
+//! the group's event complete, that queue's work runs over what the
+//! collective left, and its signals are set. Wait on a collective's
+//! signal from the host, or settled after its batch was submitted, where
+//! a timeout must stop the work behind it on other queues.
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
 //! probes it first, and answers [`CollectiveError::NoNccl`] with how to
@@ -177,6 +185,7 @@ mod host;
 mod mpi;
 #[cfg(feature = "mpi")]
 mod mpi_types;
+mod naming;
 #[cfg(feature = "nccl")]
 mod nccl;
 #[cfg(feature = "nccl")]
@@ -205,6 +214,9 @@ pub use error::CollectiveError;
 pub(crate) use host::{HostData, HostGroupViews, HostViews};
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
+#[doc(hidden)]
+pub use naming::count_of;
+pub(crate) use naming::describe;
 #[cfg(feature = "nccl")]
 pub use nccl::NcclId;
 #[cfg(feature = "nccl")]
@@ -428,51 +440,10 @@ impl<B: Backend> Collective<B> {
     }
 }
 
-/// How many elements each rank contributes to `op` over views of
-/// `send` and `recv` bytes (see [`Collective::count`]). Public for the
-/// queue enums [`backend_set!`](crate::backend_set) makes.
-#[doc(hidden)]
-pub fn count_of(
-    op: CollectiveOp,
-    element: Element,
-    send: Option<usize>,
-    recv: Option<usize>,
-) -> usize {
-    let bytes = match op {
-        CollectiveOp::ReduceScatter(_) | CollectiveOp::Recv { .. } => recv,
-        // The root's view is sent, the others' received.
-        CollectiveOp::Broadcast { .. } => send.or(recv),
-        _ => send,
-    };
-    bytes.map_or(0, |bytes| bytes / element.size())
-}
-
 impl<B: Backend> fmt::Debug for Collective<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.describe())
     }
-}
-
-/// `all_reduce (sum) of 256 f32, submitted #3`; a `send` or `recv`, which
-/// takes no place in the order, without the number: `send to rank 1 of 16
-/// u32`.
-pub(crate) fn describe(op: CollectiveOp, element: Element, count: usize, sequence: u64) -> String {
-    let what = match op {
-        CollectiveOp::AllReduce(r) | CollectiveOp::ReduceScatter(r) => {
-            format!("{} ({})", op.name(), r.name())
-        }
-        CollectiveOp::Broadcast { root } => format!("broadcast from rank {root}"),
-        CollectiveOp::Send { peer } => format!("send to rank {peer}"),
-        CollectiveOp::Recv { peer } => format!("recv from rank {peer}"),
-        CollectiveOp::AllGather => op.name().to_owned(),
-    };
-    if op.peer().is_some() {
-        return format!("{what} of {count} {}", element.name());
-    }
-    format!(
-        "{what} of {count} {}, submitted #{sequence}",
-        element.name()
-    )
 }
 
 /// The timeout a communicator starts with: a minute.

@@ -148,6 +148,15 @@ impl Drop for NcclCore {
         // nothing of it is in flight. An error cannot be returned from
         // here, and a failed release leaks only NCCL's resources.
         if !self.calls.lock().aborted {
+            if self.breaking.get().is_some() {
+                // Its watchdog ended before it could abort (a launch held
+                // `calls`): a collective timed out, so no destroy, which
+                // may wait for it.
+                // SAFETY: the handle is live (not aborted) and this is its
+                // last user; the abort frees it.
+                let _ = unsafe { result::comm_abort(self.raw.0) };
+                return;
+            }
             // SAFETY: the handle is live (not aborted) and this is its
             // last user.
             unsafe { release(self.raw.0) };

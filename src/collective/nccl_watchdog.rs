@@ -35,6 +35,7 @@
 //! once warm; nothing per kernel.
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream, sys::CUevent_flags};
@@ -44,7 +45,7 @@ use super::nccl::{Calls, NcclCore, nccl_error};
 use super::nccl_behind::{Behind, StreamWatch};
 use super::{Collective, CollectiveError, HostCollective};
 use crate::cuda::{Cuda, CudaDevice, CudaSignal};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, panic_message};
 use crate::queue::{Command, Ledger};
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex, MutexGuard, spawn_joinable};
 use crate::transfer::DownloadSink;
@@ -175,7 +176,19 @@ impl Watchdog {
         }
         let (shared, core, device) = (self.shared.clone(), core.clone(), device.clone());
         let name = format!("hwqueue-nccl{}-watchdog", device.ordinal());
-        let started = spawn_joinable(name, move || run(&shared, &core, &device));
+        let started = spawn_joinable(name, move || {
+            // A panic (a bug, or cudarc's on a symbol the library lacks)
+            // would leave every group in flight unwatched: none would time
+            // out. The communicator breaks instead, failing them.
+            let watched = catch_unwind(AssertUnwindSafe(|| run(&shared, &core, &device)));
+            if let Err(payload) = watched {
+                let message = panic_message(payload);
+                let cause = Error::EnginePanicked { message };
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    break_communicator(&shared, &core, cause, usize::MAX);
+                }));
+            }
+        });
         *thread = Some(started.map_err(|e| Error::System {
             what: "spawning an NCCL communicator's watchdog thread",
             detail: e.to_string(),

@@ -286,7 +286,7 @@ pub trait HardwareQueue: Send + Sized {
     /// # Errors
     /// [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported)
     /// for a communicator of another engine (the default, for a queue type
-    /// that runs no collectives); [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)
+    /// that runs no collectives); [`Error::DeviceMismatch`]
     /// for one of another device.
     fn check_collective(
         &self,
