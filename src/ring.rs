@@ -191,7 +191,7 @@ struct RingState<E> {
     abandoned: u64,
     /// The events of abandoned records whose work may still run on the
     /// device, by value (`abandon`), kept until they complete.
-    given_up: Vec<(u64, Arc<E>)>,
+    given_up: Vec<abandon::GivenUp<E>>,
 }
 
 struct Slot<E> {

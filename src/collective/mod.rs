@@ -129,14 +129,18 @@
 //! the cause, as do batches the queue had not reached yet (the stream
 //! hands each group what it enqueues behind it: `nccl_behind.rs`); under
 //! `FailureScope::Batch` they keep their values: only its batch fails.
-//! Another queue's settled wait on a failed value, enqueued after the
-//! failure, waits on the device for the aborted group to exit (a plan's
-//! next run goes on after it, never beside it). A device wait another
-//! queue enqueued *before* the failure is not told: once the abort lets
-//! the group's event complete, that queue's work runs over what the
-//! collective left, and its signals are set. Wait on a collective's
-//! signal from the host, or settled after its batch was submitted, where
-//! a timeout must stop the work behind it on other queues.
+//! A CUDA queue's settled wait on a value the break failed, enqueued
+//! after it, waits on the device for the aborted group to exit (a plan's
+//! next run goes on after it, never beside it): for as long as the abort
+//! waits, so for good behind a blocking launch that never returns. What
+//! it does not cover: a value not recorded yet when the group timed out
+//! (its batch waited on something else first), whose settled waiters go
+//! on at once, and a CPU queue's or the host's settled wait, which never
+//! waits on the device. A device wait another queue enqueued *before* the
+//! failure is not told either: once the abort lets the group's event
+//! complete, that queue's work runs over what the collective left, and
+//! its signals are set. Where a timeout must stop the work behind a
+//! collective on other queues, wait on its signal itself (not settled).
 //!
 //! NCCL is loaded at run time, like the CUDA driver: every constructor
 //! probes it first, and answers [`CollectiveError::NoNccl`] with how to

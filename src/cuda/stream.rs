@@ -344,7 +344,11 @@ impl Shared {
                         // would set it never runs, but an aborted
                         // collective's may still (`given_up`).
                         Err(error) if matches!(command, Command::WaitSettled { .. }) => {
-                            match signal.given_up(*value) {
+                            let given_up = match error {
+                                Error::SignalFailed { .. } => signal.given_up(*value),
+                                _ => None,
+                            };
+                            match given_up {
                                 Some(event) => event.order_before(&self.stream).map_err(|e| {
                                     self.fault("making the stream wait for aborted work", e)
                                 }),

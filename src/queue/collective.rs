@@ -215,7 +215,7 @@ impl<E: Engine> Queue<E> {
     /// refused at submit too: its peers submitted theirs, and a CPU queue's
     /// worker exchanges each numbered collective it will not run, described
     /// failed, so the peers fail theirs at once and every rank stays in
-    /// step (`cpu::queue::collective::forfeit_collectives`).
+    /// step (`cpu::queue::collective::forfeit_collective`).
     #[inline(never)]
     pub(super) fn stamp_collectives(&mut self) {
         for command in &mut self.batch.commands {

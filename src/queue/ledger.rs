@@ -75,8 +75,9 @@ fn live_queues() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
 /// report, however the owner's report and the engine's progress interleave.
 /// A batch of a queue whose failures are scoped to the batch
 /// ([`FailureScope::Batch`](super::FailureScope)) never cascades.
-/// A batch that fails on its own is recorded with [`fail`](Self::fail)
-/// before its signals fail, so an owner that sees a failed signal and then
+/// A batch that fails on its own is recorded ([`fail`](Self::fail),
+/// [`complete`](Self::complete), [`settle`](Self::settle)) before its
+/// signals fail, so an owner that sees a failed signal and then
 /// submits finds the failure reported.
 ///
 /// | field | meaning | written by | read by |

@@ -34,16 +34,26 @@ impl<E: RingEvent> EventRing<E> {
             return;
         }
         state.abandoned = state.abandoned.max(value);
+        // The values this fails: above every other recorded one below it.
+        let above = (state.slots.iter().map(|slot| slot.value))
+            .filter(|recorded| *recorded < value)
+            .max()
+            .unwrap_or(0)
+            .max(state.completed);
+        let done = take_done(&mut state.given_up);
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
         let mut moved = false;
-        let given_up = &mut state.given_up;
-        given_up.retain(|(_, event)| !event.is_complete().unwrap_or(true));
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
             slot.value = 0;
             moved = true;
             // Held, so never re-recorded until it completed.
-            given_up.push((value, slot.event.clone()));
+            let event = slot.event.clone();
+            state.given_up.push(GivenUp {
+                above,
+                value,
+                event,
+            });
         }
         // No slot stands for `value` now: what `fail` does for it.
         if !self.fail_unrecorded(state, value, cause) && moved {
@@ -57,22 +67,50 @@ impl<E: RingEvent> EventRing<E> {
             self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
+        drop(guard);
+        // Destroying an event calls the driver: outside the lock.
+        drop(done);
     }
 
     /// The event of abandoned work that a settled wait for `target`, a
     /// value [`abandon`](Self::abandon) failed, must still order after on
-    /// the device: the smallest abandoned value `>= target` whose event has
-    /// not completed. The abandoned work may still run (until the abort
-    /// that makes it exit, which can come later), so work let through by
-    /// the failure would run beside it, over the memory it writes. `None`
-    /// once it exited (those done are let go).
+    /// the device, until it completes: the abandoned work may still run
+    /// (until the abort that makes it exit, which can come later), and
+    /// work let through by the failure would run beside it, over the
+    /// memory it writes. `None` for a value no abandon failed, and once
+    /// the work exited (those done are let go).
     pub fn given_up(&self, target: u64) -> Option<Arc<E>> {
         let mut state = self.state.lock();
-        let given_up = &mut state.given_up;
-        given_up.retain(|(_, event)| !event.is_complete().unwrap_or(true));
-        let pending = given_up.iter().filter(|(value, _)| *value >= target);
-        pending
-            .min_by_key(|(value, _)| *value)
-            .map(|(_, event)| event.clone())
+        let done = take_done(&mut state.given_up);
+        let failed = (state.given_up.iter())
+            .find(|given_up| given_up.above < target && target <= given_up.value);
+        let event = failed.map(|given_up| given_up.event.clone());
+        drop(state);
+        drop(done);
+        event
     }
+}
+
+/// An abandoned record whose work may still run on the device: the
+/// values its abandon failed, `above` (exclusive) to `value`, and its
+/// event, held until it completes.
+pub(super) struct GivenUp<E> {
+    above: u64,
+    value: u64,
+    event: Arc<E>,
+}
+
+/// Takes the entries of `given_up` whose work completed (or whose event
+/// reports a fault), for the caller to drop outside the ring's lock.
+fn take_done<E: RingEvent>(given_up: &mut Vec<GivenUp<E>>) -> Vec<GivenUp<E>> {
+    let mut done = Vec::new();
+    let mut index = 0;
+    while index < given_up.len() {
+        if given_up[index].event.is_complete().unwrap_or(true) {
+            done.push(given_up.swap_remove(index));
+        } else {
+            index += 1;
+        }
+    }
+    done
 }
