@@ -281,7 +281,8 @@ pub trait HardwareQueue: Send + Sized {
 
     /// Whether this queue runs `communicator`'s collectives: the first
     /// check [`collective`](Self::collective) makes. A plan asks it of
-    /// each collective's queue when it is planned.
+    /// each collective's queue when it is planned, so a queue type that
+    /// runs collectives overrides both.
     ///
     /// # Errors
     /// [`CollectiveError::Unsupported`](crate::collective::CollectiveError::Unsupported)
