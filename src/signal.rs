@@ -322,6 +322,14 @@ impl Failures {
         }
     }
 
+    /// The cause `target`'s failure carries, if it failed (the one
+    /// [`check`](Self::check) reports).
+    pub fn cause_of(&self, target: u64) -> Option<std::sync::Arc<Error>> {
+        let mut covering = self.0.iter();
+        let failed = covering.find(|(above, upto, _)| *above < target && target <= *upto);
+        failed.map(|(_, _, cause)| cause.clone())
+    }
+
     /// The highest failed value (0: none), for debugging output.
     pub fn highest(&self) -> u64 {
         self.0.last().map_or(0, |(_, upto, _)| *upto)

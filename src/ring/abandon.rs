@@ -19,13 +19,16 @@ impl<E: RingEvent> EventRing<E> {
     /// recorded values: a later one whose event completes reaches the
     /// value as usual (a timeline only rises).
     ///
-    /// The slots recorded for `value` keep their events (a waiter may hold
-    /// them) but stand for no value any more: they are reused like done
-    /// slots. A later [`record`](Self::record) of a value that failed up to
-    /// `value` records nothing (it stays failed): the work before it came
-    /// after the abandoned work, over what that left. That holds after the
-    /// queue's owner was told too: signal a higher value (or `set` it from
-    /// the host) rather than the failed one again.
+    /// The slots recorded for `value` stand for no value any more, and
+    /// are replaced like done slots; their events are kept (not recorded
+    /// again) until they complete, for a settled wait on a value this
+    /// abandon failed to order after on the device
+    /// ([`given_up`](Self::given_up)). A later [`record`](Self::record) of
+    /// a value that failed up to `value` records nothing (it stays
+    /// failed): the work before it came after the abandoned work, over
+    /// what that left. That holds after the queue's owner was told too:
+    /// signal a higher value (or `set` it from the host) rather than the
+    /// failed one again.
     pub fn abandon(&self, value: u64, cause: Error) {
         let mut guard = self.state.lock();
         self.fold(&mut guard);
@@ -34,29 +37,26 @@ impl<E: RingEvent> EventRing<E> {
             return;
         }
         state.abandoned = state.abandoned.max(value);
-        // The values this fails: above every other recorded one below it.
-        let above = (state.slots.iter().map(|slot| slot.value))
-            .filter(|recorded| *recorded < value)
-            .max()
-            .unwrap_or(0)
-            .max(state.completed);
         let done = take_done(&mut state.given_up);
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
-        let mut moved = false;
+        let mut events = Vec::new();
         for slot in state.slots.iter_mut().filter(|slot| slot.value == value) {
             slot.value = 0;
-            moved = true;
-            // Held, so never re-recorded until it completed.
-            let event = slot.event.clone();
-            state.given_up.push(GivenUp {
-                above,
-                value,
-                event,
-            });
+            events.push(slot.event.clone());
         }
         // No slot stands for `value` now: what `fail` does for it.
-        if !self.fail_unrecorded(state, value, cause) && moved {
+        if self.fail_unrecorded(state, value, cause) {
+            // Held, so never recorded again until they completed; matched
+            // by the cause of the range this abandon failed.
+            if let Some(cause) = state.failures.cause_of(value) {
+                let kept = events.drain(..).map(|event| GivenUp {
+                    cause: cause.clone(),
+                    event,
+                });
+                state.given_up.extend(kept);
+            }
+        } else if !events.is_empty() {
             // The range had failed before (a `fail` of `value` before it
             // was recorded), so nothing new was recorded. Every waiter for
             // a value in it fails at its look, so none should be spinning
@@ -69,7 +69,7 @@ impl<E: RingEvent> EventRing<E> {
         }
         drop(guard);
         // Destroying an event calls the driver: outside the lock.
-        drop(done);
+        drop((done, events));
     }
 
     /// The event of abandoned work that a settled wait for `target`, a
@@ -77,26 +77,30 @@ impl<E: RingEvent> EventRing<E> {
     /// the device, until it completes: the abandoned work may still run
     /// (until the abort that makes it exit, which can come later), and
     /// work let through by the failure would run beside it, over the
-    /// memory it writes. `None` for a value no abandon failed, and once
-    /// the work exited (those done are let go).
+    /// memory it writes. `None` where `target`'s failure is not an
+    /// abandon's (a batch's failure, say), and once the work exited (those
+    /// done are let go here and by the next abandon; until then they
+    /// stay, with the contexts they hold).
     pub fn given_up(&self, target: u64) -> Option<Arc<E>> {
         let mut state = self.state.lock();
         let done = take_done(&mut state.given_up);
-        let failed = (state.given_up.iter())
-            .find(|given_up| given_up.above < target && target <= given_up.value);
-        let event = failed.map(|given_up| given_up.event.clone());
+        let event = state.failures.cause_of(target).and_then(|cause| {
+            let mut kept = state.given_up.iter();
+            let failed = kept.find(|given_up| std::sync::Arc::ptr_eq(&given_up.cause, &cause));
+            failed.map(|given_up| given_up.event.clone())
+        });
         drop(state);
         drop(done);
         event
     }
 }
 
-/// An abandoned record whose work may still run on the device: the
-/// values its abandon failed, `above` (exclusive) to `value`, and its
-/// event, held until it completes.
+/// An abandoned record whose work may still run on the device: the cause
+/// of the values its abandon failed (the range's in the ring's
+/// `Failures`, which a target's failure is matched by), and its event,
+/// held until it completes.
 pub(super) struct GivenUp<E> {
-    above: u64,
-    value: u64,
+    cause: std::sync::Arc<Error>,
     event: Arc<E>,
 }
 
