@@ -178,7 +178,7 @@ pub struct EventRing<E> {
 /// | `next_seq` | record order, to find the oldest pending slot when the ring is full | `record` |
 /// | `highest` | the highest value ever recorded: no slot's value is above it, so none is pending while it is `<= completed` (a fold then queries nothing) | `record` |
 /// | `abandoned` | the highest value [`abandon`](EventRing::abandon)ed (0: none): a failed value up to it is not recorded again | `abandon` |
-/// | `given_up` | the events of abandoned records, with the cause of the values each abandon failed, until they complete: what a settled wait on such a value orders after on the device | `abandon` (adds; drops the done), `given_up` (drops the done) |
+/// | `given_up` | the events of abandoned records, with the values each abandon failed, until they complete: what a settled wait on such a value orders after on the device | `abandon` (adds; drops the done), `given_up` (drops the done) |
 ///
 /// Nothing but a completed event or the host raises `completed`: in
 /// particular `record` never does, so a value cannot be reached before its

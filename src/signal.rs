@@ -322,12 +322,9 @@ impl Failures {
         }
     }
 
-    /// The cause `target`'s failure carries, if it failed (the one
-    /// [`check`](Self::check) reports).
-    pub fn cause_of(&self, target: u64) -> Option<std::sync::Arc<Error>> {
-        let mut covering = self.0.iter();
-        let failed = covering.find(|(above, upto, _)| *above < target && target <= *upto);
-        failed.map(|(_, _, cause)| cause.clone())
+    /// The failed ranges, `(above, upto)`: values `above + 1 ..= upto`.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.0.iter().map(|&(above, upto, _)| (above, upto))
     }
 
     /// The highest failed value (0: none), for debugging output.

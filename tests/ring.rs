@@ -799,11 +799,12 @@ fn an_abandoned_value_s_event_is_kept_for_settled_waits_until_it_completes() {
     ring.wait(3, LONG).unwrap();
 }
 
-/// `given_up` names the event only for the values its abandon failed:
-/// not for a value failed otherwise before (a settled wait on it has no
-/// aborted work to wait for), recorded or not between them, nor for one
-/// recorded below it; and of two abandons, each value's own. On `72205a1`
-/// it named the event of any abandoned value above the target.
+/// `given_up` names the event for the values its abandon failed, and only
+/// those: not a value failed otherwise before (a settled wait on it has no
+/// aborted work to wait for), nor one recorded below it; of two abandons,
+/// each value's own; and still once a later `fail` covers a value too (the
+/// work still runs). On `72205a1` it named the event of any abandoned
+/// value above the target; on `66213bc` a later `fail` of 4 hid 5's.
 #[test]
 fn given_up_names_an_event_only_for_the_values_its_abandon_failed() {
     let device = MockDevice::new();
@@ -822,11 +823,15 @@ fn given_up_names_an_event_only_for_the_values_its_abandon_failed() {
     let three = record(&ring, &device, 3);
     let five = record(&ring, &device, 5);
     let seven = record(&ring, &device, 7);
-    ring.abandon(5, kernel_failed());
     ring.abandon(7, kernel_failed());
+    ring.abandon(5, kernel_failed());
     assert!(ring.given_up(3).is_none(), "3 is recorded, not abandoned");
     assert_eq!(ring.given_up(4).map(|e| e.id()), Some(five));
+    assert_eq!(ring.given_up(5).map(|e| e.id()), Some(five));
     assert_eq!(ring.given_up(6).map(|e| e.id()), Some(seven));
+    assert_eq!(ring.given_up(7).map(|e| e.id()), Some(seven));
+    ring.fail(4, kernel_failed());
+    assert_eq!(ring.given_up(4).map(|e| e.id()), Some(five));
     device.complete(three);
     assert_eq!(ring.value(), 3);
 }

@@ -134,9 +134,9 @@
 //! next run goes on after it, never beside it): for as long as the abort
 //! waits, so for good behind a blocking launch that never returns. What
 //! it does not cover: a value not recorded yet when the group timed out
-//! (its batch waited on something else first), whose settled waiters go
-//! on at once, and a CPU queue's or the host's settled wait, which never
-//! waits on the device. A device wait another queue enqueued *before* the
+//! (its batch waited on something else first), or failed already by
+//! something else, whose settled waiters go on at once, and a CPU queue's
+//! or the host's settled wait, which never waits on the device. A device wait another queue enqueued *before* the
 //! failure is not told either: once the abort lets the group's event
 //! complete, that queue's work runs over what the collective left, and
 //! its signals are set. Where a timeout must stop the work behind a

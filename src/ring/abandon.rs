@@ -38,6 +38,16 @@ impl<E: RingEvent> EventRing<E> {
         }
         state.abandoned = state.abandoned.max(value);
         let done = take_done(&mut state.given_up);
+        // The values this fails (as `fail_unrecorded` counts them), but
+        // for those failed already.
+        let above = (state.slots.iter().map(|slot| slot.value))
+            .filter(|recorded| *recorded < value)
+            .max()
+            .unwrap_or(0)
+            .max(state.completed);
+        let earlier: Vec<(u64, u64)> = (state.failures.ranges())
+            .filter(|&(low, high)| low < value && high > above)
+            .collect();
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
         let mut events = Vec::new();
@@ -47,15 +57,14 @@ impl<E: RingEvent> EventRing<E> {
         }
         // No slot stands for `value` now: what `fail` does for it.
         if self.fail_unrecorded(state, value, cause) {
-            // Held, so never recorded again until they completed; matched
-            // by the cause of the range this abandon failed.
-            if let Some(cause) = state.failures.cause_of(value) {
-                let kept = events.drain(..).map(|event| GivenUp {
-                    cause: cause.clone(),
-                    event,
-                });
-                state.given_up.extend(kept);
-            }
+            // Held, so never recorded again until they completed.
+            let kept = events.drain(..).map(|event| GivenUp {
+                above,
+                value,
+                earlier: earlier.clone(),
+                event,
+            });
+            state.given_up.extend(kept);
         } else if !events.is_empty() {
             // The range had failed before (a `fail` of `value` before it
             // was recorded), so nothing new was recorded. Every waiter for
@@ -77,31 +86,38 @@ impl<E: RingEvent> EventRing<E> {
     /// the device, until it completes: the abandoned work may still run
     /// (until the abort that makes it exit, which can come later), and
     /// work let through by the failure would run beside it, over the
-    /// memory it writes. `None` where `target`'s failure is not an
-    /// abandon's (a batch's failure, say), and once the work exited (those
-    /// done are let go here and by the next abandon; until then they
-    /// stay, with the contexts they hold).
+    /// memory it writes. `None` for a value no abandon failed (one failed
+    /// before it, by a batch's failure, say, whatever failed it after),
+    /// and once the work exited (those done are let go here and by the
+    /// next abandon; until then they stay, with the contexts they hold).
     pub fn given_up(&self, target: u64) -> Option<Arc<E>> {
         let mut state = self.state.lock();
         let done = take_done(&mut state.given_up);
-        let event = state.failures.cause_of(target).and_then(|cause| {
-            let mut kept = state.given_up.iter();
-            let failed = kept.find(|given_up| std::sync::Arc::ptr_eq(&given_up.cause, &cause));
-            failed.map(|given_up| given_up.event.clone())
-        });
+        let failed = (state.given_up.iter()).find(|given_up| given_up.failed(target));
+        let event = failed.map(|given_up| given_up.event.clone());
         drop(state);
         drop(done);
         event
     }
 }
 
-/// An abandoned record whose work may still run on the device: the cause
-/// of the values its abandon failed (the range's in the ring's
-/// `Failures`, which a target's failure is matched by), and its event,
-/// held until it completes.
+/// An abandoned record whose work may still run on the device: the
+/// values its abandon failed (`above`, exclusive, to `value`, but for the
+/// ranges that had failed before it, `earlier`), and its event, held
+/// until it completes.
 pub(super) struct GivenUp<E> {
-    cause: std::sync::Arc<Error>,
+    above: u64,
+    value: u64,
+    earlier: Vec<(u64, u64)>,
     event: Arc<E>,
+}
+
+impl<E> GivenUp<E> {
+    /// Whether its abandon failed `target`.
+    fn failed(&self, target: u64) -> bool {
+        let within = |(low, high): (u64, u64)| low < target && target <= high;
+        within((self.above, self.value)) && !self.earlier.iter().any(|&range| within(range))
+    }
 }
 
 /// Takes the entries of `given_up` whose work completed (or whose event
