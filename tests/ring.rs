@@ -834,6 +834,20 @@ fn given_up_names_an_event_only_for_the_values_its_abandon_failed() {
     assert_eq!(ring.given_up(4).map(|e| e.id()), Some(five));
     device.complete(three);
     assert_eq!(ring.value(), 3);
+
+    // In order: 7's abandon failed only 6 and 7 (4 and 5 were 5's).
+    let ring = Ring::new(0);
+    let _three = record(&ring, &device, 3);
+    let five = record(&ring, &device, 5);
+    let seven = record(&ring, &device, 7);
+    ring.abandon(5, kernel_failed());
+    ring.abandon(7, kernel_failed());
+    device.complete(five);
+    assert!(
+        ring.given_up(4).is_none(),
+        "5's work exited; 7's abandon did not fail 4"
+    );
+    assert_eq!(ring.given_up(6).map(|e| e.id()), Some(seven));
 }
 
 /// An abandoned value not recorded yet (its batch still waited) is not
