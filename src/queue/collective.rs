@@ -162,28 +162,42 @@ impl<E: Engine> Queue<E> {
         // take no place in the order every rank shares; the others take
         // theirs when the batch is submitted (`stamp_collectives`).
         self.batch.collectives |= op.peer().is_none();
+        self.push_collective(communicator, (op, element, 0), send, recv);
+        self
+    }
+
+    /// Pushes a [`Command::Collective`], not numbered yet (`refused_count`:
+    /// see [`Collective::count`]).
+    fn push_collective(
+        &mut self,
+        communicator: &Communicator,
+        (op, element, refused_count): (CollectiveOp, Element, usize),
+        send: Option<View<E::Backend>>,
+        recv: Option<View<E::Backend>>,
+    ) {
+        let collective = Collective {
+            communicator: communicator.clone(),
+            op,
+            element,
+            sequence: 0,
+            numbered: false,
+            refused_count,
+            send,
+            recv,
+        };
         self.batch
             .commands
-            .push(Command::Collective(Box::new(Collective {
-                communicator: communicator.clone(),
-                op,
-                element,
-                sequence: 0,
-                numbered: false,
-                refused_count: 0,
-                send,
-                recv,
-            })));
-        self
+            .push(Command::Collective(Box::new(collective)));
     }
 
     /// Rejects the batch with `cause` and, where the engine runs
     /// `communicator`'s collectives, records a collective with no views in
-    /// `op`'s place (of `element`s, `count` of them asked for): numbered at `submit` (a rejected batch's collectives
-    /// are), it is forfeited, never run. A rank refusing a collective that
-    /// its peers record would otherwise pair their next one with its own
-    /// next: a mismatch for good, or, where the two are alike, data of
-    /// another step (see [`HardwareQueue::forfeit_collective`]).
+    /// `op`'s place (of `element`s, `count` of them asked for): numbered
+    /// at `submit` (a rejected batch's collectives are), it is forfeited,
+    /// never run. A rank refusing a collective that its peers record would
+    /// otherwise pair their next one with its own next: a mismatch for
+    /// good, or, where the two are alike, data of another step (see
+    /// [`HardwareQueue::forfeit_collective`]).
     pub(super) fn forfeit_place(
         &mut self,
         communicator: &Communicator,
@@ -193,18 +207,7 @@ impl<E: Engine> Queue<E> {
         self.reject(cause);
         if op.peer().is_none() && self.engine.check_collective(communicator).is_ok() {
             self.batch.collectives = true;
-            self.batch
-                .commands
-                .push(Command::Collective(Box::new(Collective {
-                    communicator: communicator.clone(),
-                    op,
-                    element,
-                    sequence: 0,
-                    numbered: false,
-                    refused_count: count,
-                    send: None,
-                    recv: None,
-                })));
+            self.push_collective(communicator, (op, element, count), None, None);
         }
         self
     }
