@@ -37,6 +37,7 @@ mod exec;
 mod ledger;
 mod recording;
 mod replay;
+mod submit;
 
 use std::fmt;
 

@@ -2,7 +2,6 @@
 //! [`Engine`] a backend supplies to run the batches.
 
 use std::fmt;
-use std::mem;
 
 use crate::backend::{BufferOf, ProgramOf, SignalOf};
 use crate::buffer::{Buffer, Pod, bytes_of, pattern_bytes};
@@ -25,7 +24,7 @@ use super::{FailureScope, HardwareQueue, QueueKind, queue_label};
 pub(super) struct HostProfile {
     on: bool,
     /// Batches submitted since profiling was first turned on.
-    submitted: u64,
+    pub(super) submitted: u64,
     /// The queue as events name it.
     label: crate::profile::Name,
     /// `submit` and `synchronize`, interned.
@@ -70,7 +69,7 @@ impl<E: Engine> Queue<E> {
 
     /// Records a host call on the queue that started at `start` (called
     /// only while profiling): `batch` is the batch it submitted, or 0.
-    fn host_event(&mut self, name: &str, batch: u64, start: u64, outcome: &Result<()>) {
+    pub(super) fn host_event(&mut self, name: &str, batch: u64, start: u64, outcome: &Result<()>) {
         if let Some(profile) = self.profile.as_deref_mut() {
             let detail = match outcome {
                 Ok(()) => String::new(),
@@ -101,37 +100,6 @@ impl<E: Engine> Queue<E> {
         self
     }
 
-    fn submit_recorded(&mut self) -> Result<()> {
-        if let Some(error) = self.rejected.take() {
-            let cause = std::sync::Arc::new(*error);
-            // Submitted on this rank all the same: its collectives take
-            // their places, which the engine forfeits (see there).
-            if self.batch.collectives {
-                self.stamp_collectives();
-            }
-            self.abandon_recorded(Error::BatchRejected {
-                cause: cause.clone(),
-            });
-            return Err(Error::BatchRejected { cause });
-        }
-        self.engine.ledger().report(&mut self.epoch)?;
-        if self.batch.is_empty() {
-            // A replay key given for it must not reach the next batch.
-            self.engine.replay_next(None);
-            return Ok(());
-        }
-        self.batch.epoch = self.epoch;
-        if let Some(profile) = self.profile.as_deref_mut() {
-            profile.submitted += 1;
-            self.batch.sequence = profile.submitted;
-        }
-        if self.batch.collectives {
-            self.stamp_collectives();
-        }
-        self.hand_over();
-        Ok(())
-    }
-
     /// Records a [`Command::WaitForeign`] on `value` of the signal `boxed`
     /// makes, once the value is in range.
     fn record_foreign_wait(
@@ -159,25 +127,6 @@ impl<E: Engine> Queue<E> {
     #[inline]
     pub fn id(&self) -> QueueId {
         self.engine.ledger().id()
-    }
-
-    /// Hands the recorded batch, which will not run, to the engine to fail
-    /// its signals with `cause` in queue order: after the batches submitted
-    /// before it, since failing at once would fail a value an earlier batch
-    /// is about to set (`fail(upto)` covers every unreached value up to
-    /// `upto`), and its waiters would wake with an error although their
-    /// work completes. With no unreached signal, this hands nothing over.
-    fn abandon_recorded(&mut self, cause: Error) {
-        // An abandoned batch is never replayed, nor is the next one by its key.
-        self.engine.replay_next(None);
-        // A numbered collective goes to the engine too (to forfeit).
-        if !self.batch.has_something_to_fail() && !self.batch.collectives_numbered() {
-            self.batch.clear();
-            return;
-        }
-        self.batch.abandoned = Some(Box::new(cause));
-        self.batch.epoch = self.epoch;
-        self.hand_over();
     }
 
     /// `view` as a command's view, once the engine accepted its buffer
@@ -214,25 +163,6 @@ impl<E: Engine> Queue<E> {
         checked.map_err(|e| self.reject(e)).ok()
     }
 
-    /// `submit` past its fast path (see [`HardwareQueue::submit`]): a
-    /// batch rejected or empty, a failure to report, or a queue that has
-    /// profiled (timed here while profiling is on).
-    #[inline(never)]
-    fn submit_general(&mut self) -> Result<()> {
-        if !self.profiling() {
-            return self.submit_recorded();
-        }
-        let start = now_ns();
-        let before = self.profile.as_deref().map_or(0, |p| p.submitted);
-        let outcome = self.submit_recorded();
-        // The batch this call submitted; 0 when it submitted none (an
-        // empty batch, an earlier failure reported).
-        let after = self.profile.as_deref().map_or(0, |p| p.submitted);
-        let batch = if after > before { after } else { 0 };
-        self.host_event("submit", batch, start, &outcome);
-        outcome
-    }
-
     /// `signal` past its fast path: every check, each refusal rejecting
     /// the batch, and the claim of a signal no queue produces yet.
     #[inline(never)]
@@ -265,26 +195,6 @@ impl<E: Engine> Queue<E> {
             value,
         });
         self
-    }
-
-    #[inline]
-    fn hand_over(&mut self) {
-        if self.engine.submit_in_place(&mut self.batch) {
-            self.batch.clear();
-            return;
-        }
-        self.submit_whole();
-    }
-
-    /// The end of [`hand_over`](Self::hand_over) once the engine did not
-    /// take the batch in place: the batch goes to the engine whole.
-    #[inline(never)]
-    fn submit_whole(&mut self) {
-        let batch = mem::take(&mut self.batch);
-        // What the engine hands back is only memory to record into: emptied
-        // here, whatever the engine left in it.
-        self.batch = self.engine.submit(batch);
-        self.batch.clear();
     }
 }
 
