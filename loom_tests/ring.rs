@@ -2,8 +2,8 @@
 //! loom's primitives and a mock event whose completion the model controls:
 //! a waiter racing a recorder, wrap-around while a waiter holds a slot's
 //! event, `value` folding completions racing a record, a host `set`
-//! racing a record, and `abandon` racing a waiter on the abandoned value's
-//! event.
+//! racing a record, `abandon` racing a waiter on the abandoned value's
+//! event, and `given_up` racing an abandon and a record.
 //!
 //! The rings are built with one or two slots
 //! ([`EventRing::with_slots`]), so wrap-around and back-pressure take a
@@ -276,5 +276,41 @@ fn abandon_racing_a_waiter_fails_it_though_the_event_completes() {
         );
         watchdog.join().unwrap();
         assert_eq!(ring.value(), 0);
+    });
+}
+
+/// (g) `given_up` racing the abandon of 1 and the abort that then
+/// completes 1's event, then a record of 2, on a ring of one slot: a
+/// settled waiter asking for 1 gets 1's event (abandoned, its work maybe
+/// still running) or nothing (not abandoned yet, so it orders on the event
+/// itself; or done already); the record of 2 takes another event while
+/// `given_up` holds 1's (the mock device catches a re-record under a
+/// synchronise), or waits for 1's as the oldest; and once 1's event
+/// completed nothing is kept.
+#[test]
+fn given_up_racing_the_abandon_names_only_the_abandoned_event() {
+    model(None, || {
+        let ring = Arc::new(Ring::with_slots(0, 1));
+        let one = record(&ring, 1).expect("1 is not reached yet");
+        let id = one.recording.event;
+        let watchdog = {
+            let ring = ring.clone();
+            thread::spawn(move || {
+                let cause = hwqueue::Error::KernelFailed {
+                    program: "all_reduce".into(),
+                    message: "aborted".into(),
+                };
+                ring.abandon(1, cause);
+                one.recording.complete();
+            })
+        };
+        if let Some(event) = ring.given_up(1) {
+            assert_eq!(event.id(), id, "given_up named another event");
+        }
+        let two = record(&ring, 2).expect("2 is not reached yet");
+        watchdog.join().unwrap();
+        assert!(ring.given_up(1).is_none(), "1's work exited");
+        two.recording.complete();
+        assert_eq!(ring.value(), 2);
     });
 }
