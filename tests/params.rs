@@ -92,7 +92,7 @@ mod model {
 
     /// The rule, restated: every size at least 1, global a multiple of
     /// local, local sizes, work-items per group and group counts within the
-    /// limits.
+    /// limits, and a total group count a 64-bit counter holds.
     fn reference(global: [u32; 3], local: [u32; 3], limits: &Limits) -> bool {
         (0..3).all(|d| {
             global[d] >= 1
@@ -102,6 +102,10 @@ mod model {
                 && global[d] / local[d] <= limits.max_groups[d]
         }) && local.iter().map(|&l| u64::from(l)).product::<u64>()
             <= u64::from(limits.max_local_count)
+            && (0..3)
+                .map(|d| u128::from(global[d] / local[d]))
+                .product::<u128>()
+                < u128::from(u64::MAX)
     }
 
     /// Sizes near the interesting edges: 0, 1, small, powers of two,
