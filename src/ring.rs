@@ -495,8 +495,9 @@ impl<E: RingEvent> EventRing<E> {
     }
 
     /// [`fail`](Self::fail)'s work, under the state's lock (folded).
-    /// Whether it recorded a new failure (and woke the waiters).
-    fn fail_unrecorded(&self, state: &mut RingState<E>, upto: u64, cause: Error) -> bool {
+    /// Where it recorded a new failure (and woke the waiters), the value
+    /// the failed range starts above; `None` where it recorded none.
+    fn fail_unrecorded(&self, state: &mut RingState<E>, upto: u64, cause: Error) -> Option<u64> {
         let recorded = state
             .slots
             .iter()
@@ -510,7 +511,7 @@ impl<E: RingEvent> EventRing<E> {
             self.failed.fetch_add(1, Ordering::Release);
             self.changed.notify_all();
         }
-        recorded
+        recorded.then_some(above)
     }
 
     /// The [`WaitTuning`] a host wait for `target` spins by: that of the

@@ -38,16 +38,6 @@ impl<E: RingEvent> EventRing<E> {
         }
         state.abandoned = state.abandoned.max(value);
         let done = take_done(&mut state.given_up);
-        // The values this fails (as `fail_unrecorded` counts them), but
-        // for those failed already.
-        let above = (state.slots.iter().map(|slot| slot.value))
-            .filter(|recorded| *recorded < value)
-            .max()
-            .unwrap_or(0)
-            .max(state.completed);
-        let earlier: Vec<(u64, u64)> = (state.failures.ranges())
-            .filter(|&(low, high)| low < value && high > above)
-            .collect();
         // A slot of value 0 is a done slot: `completed` is never below 0,
         // and no target is 0 once it is not reached.
         let mut events = Vec::new();
@@ -56,7 +46,12 @@ impl<E: RingEvent> EventRing<E> {
             events.push(slot.event.clone());
         }
         // No slot stands for `value` now: what `fail` does for it.
-        if self.fail_unrecorded(state, value, cause) {
+        if let Some(above) = self.fail_unrecorded(state, value, cause) {
+            // The values this failed: `above` to `value`, but for those
+            // failed already (the ranges recorded before this one).
+            let earlier: Vec<(u64, u64)> = (state.failures.ranges())
+                .filter(|&(low, high)| low < value && high > above && (low, high) != (above, value))
+                .collect();
             // Held, so never recorded again until they completed.
             let kept = events.drain(..).map(|event| GivenUp {
                 above,
