@@ -564,7 +564,7 @@ impl<B: Backend> Batch<B> {
         from: usize,
         cause: &Error,
         how: Failed,
-        forfeit: &mut dyn FnMut(&crate::collective::Collective<B>),
+        forfeit: &mut impl FnMut(&crate::collective::Collective<B>),
     ) {
         for (index, command) in self.commands.iter().enumerate().skip(from) {
             match command {

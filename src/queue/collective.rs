@@ -152,8 +152,8 @@ impl<E: Engine> Queue<E> {
         let (send, recv) = match checked {
             Ok(views) => views,
             Err(error) => {
-                let bytes = |view: &dyn AsView<E::Backend>| view.view_parts().2;
-                let (send, recv) = (send.map(|v| bytes(v)), recv.map(|v| bytes(v)));
+                let send = send.map(|view| view.view_parts().2);
+                let recv = recv.map(|view| view.view_parts().2);
                 let count = crate::collective::count_of(op, element, send, recv);
                 return self.forfeit_place(communicator, (op, element, count), error);
             }
