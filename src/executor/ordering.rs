@@ -67,8 +67,8 @@ use super::*;
 /// Where a run stopped being recorded (`Plan::fail_in_order`).
 #[derive(Clone, Copy)]
 pub(super) enum Refused {
-    /// Before queue `0`'s batch: it and the later queues recorded nothing.
-    Before(usize),
+    /// Before any queue's batch: none recorded anything.
+    Unrecorded,
     /// By queue `0`, which submitted its batch, refused, with every
     /// operation of the run recorded; the later queues recorded nothing.
     By(usize),
@@ -79,7 +79,7 @@ impl Refused {
     /// that recorded nothing of it.
     pub(super) fn queues(self) -> (usize, usize) {
         match self {
-            Refused::Before(queue) => (queue, queue),
+            Refused::Unrecorded => (0, 0),
             Refused::By(queue) => (queue, queue + 1),
         }
     }

@@ -148,7 +148,7 @@ impl<B: Backend> Plan<B> {
                 let (dst, src) = match view(dst).and_then(|dst| Ok((dst, view(src)?))) {
                     Ok(views) => views,
                     Err(error) => {
-                        return Err(self.fail_in_order(timelines, Refused::Before(0), error));
+                        return Err(self.fail_in_order(timelines, Refused::Unrecorded, error));
                     }
                 };
                 // Held from now until the job settled, as a batch holds them.
@@ -156,7 +156,7 @@ impl<B: Backend> Plan<B> {
                     Ok(uses) => uses,
                     Err(error) => {
                         let error = self.refused(run, index, Some(op), error);
-                        return Err(self.fail_in_order(timelines, Refused::Before(0), error));
+                        return Err(self.fail_in_order(timelines, Refused::Unrecorded, error));
                     }
                 };
                 host_jobs.push(HostJob {
