@@ -95,6 +95,20 @@ fn record(ring: &Ring, value: u64) -> Option<Recording> {
 
 type Ring = EventRing<MockEvent>;
 
+/// The NCCL watchdog's timeout, on a thread of its own: `one`'s value is
+/// abandoned, then the abort lets its event complete.
+fn abort_on_thread(ring: &Arc<Ring>, one: Recording) -> thread::JoinHandle<()> {
+    let ring = ring.clone();
+    thread::spawn(move || {
+        let cause = hwqueue::Error::KernelFailed {
+            program: "all_reduce".into(),
+            message: "aborted".into(),
+        };
+        ring.abandon(one.value, cause);
+        one.recording.complete();
+    })
+}
+
 /// (a) A waiter racing the recorder of the value it waits for: whether it
 /// finds the value unrecorded (and parks until the record) or recorded
 /// (and synchronises on its event), it wakes with `Ok` once the event
@@ -258,17 +272,7 @@ fn abandon_racing_a_waiter_fails_it_though_the_event_completes() {
     model(None, || {
         let ring = Arc::new(Ring::with_slots(0, 1));
         let one = record(&ring, 1).expect("1 is not reached yet");
-        let watchdog = {
-            let ring = ring.clone();
-            thread::spawn(move || {
-                let cause = hwqueue::Error::KernelFailed {
-                    program: "all_reduce".into(),
-                    message: "aborted".into(),
-                };
-                ring.abandon(1, cause);
-                one.recording.complete();
-            })
-        };
+        let watchdog = abort_on_thread(&ring, one);
         let waited = ring.wait(1, Timeout::Forever);
         assert!(
             matches!(waited, Err(hwqueue::Error::SignalFailed { target: 1, .. })),
@@ -293,17 +297,7 @@ fn given_up_racing_the_abandon_names_only_the_abandoned_event() {
         let ring = Arc::new(Ring::with_slots(0, 1));
         let one = record(&ring, 1).expect("1 is not reached yet");
         let id = one.recording.event;
-        let watchdog = {
-            let ring = ring.clone();
-            thread::spawn(move || {
-                let cause = hwqueue::Error::KernelFailed {
-                    program: "all_reduce".into(),
-                    message: "aborted".into(),
-                };
-                ring.abandon(1, cause);
-                one.recording.complete();
-            })
-        };
+        let watchdog = abort_on_thread(&ring, one);
         if let Some(event) = ring.given_up(1) {
             assert_eq!(event.id(), id, "given_up named another event");
         }
