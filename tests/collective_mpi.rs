@@ -82,7 +82,7 @@ fn main() {
     let mut failed = match case.as_deref() {
         Some("dead-peer") => dead_peer(&ranks),
         Some("stalled-peer") => stalled::stalled_peer(&ranks),
-        _ => suite(&ranks),
+        _ => suite(&mpi, &ranks),
     };
     let rank = ranks.rank;
     drop(ranks);
@@ -99,9 +99,13 @@ fn main() {
 }
 
 /// Runs every case; whether any failed on this rank.
-fn suite(ranks: &Ranks) -> bool {
+fn suite(mpi: &Mpi, ranks: &Ranks) -> bool {
     let mut cases: Vec<(String, Outcome)> = Vec::new();
     let mut run = |name: String, outcome: Outcome| cases.push((name, outcome));
+    run(
+        "a world communicator made with no bound (Duration::MAX)".into(),
+        unbounded_world(mpi, ranks),
+    );
     for_each_type(ranks, &mut run);
     run(
         "interleaved with kernels on two queues".into(),
@@ -158,6 +162,23 @@ fn suite(ranks: &Ranks) -> bool {
         Err(error) => println!("rank {}: the totals failed: {error}", ranks.rank),
     }
     !failed.is_empty()
+}
+
+/// `Mpi::world(Some(Duration::MAX))`, a caller's "no bound", makes a
+/// communicator over every rank (it overflowed the deadline and panicked
+/// before `clamp_timeout`).
+fn unbounded_world(mpi: &Mpi, ranks: &Ranks) -> Outcome {
+    let world = mpi.world(Some(Duration::MAX)).map_err(text)?;
+    if (world.rank(), world.size()) != (ranks.rank, ranks.size) {
+        return Err(format!(
+            "rank {} of {}, want {} of {}",
+            world.rank(),
+            world.size(),
+            ranks.rank,
+            ranks.size
+        ));
+    }
+    Ok(())
 }
 
 fn reduce_counts(ranks: &Ranks, counts: &[u32; 2]) -> Result<[u32; 2], String> {

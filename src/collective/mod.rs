@@ -685,3 +685,11 @@ impl fmt::Debug for Communicator {
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
+
+/// `duration`, at most `u64::MAX` nanoseconds (584 years): what a
+/// communicator keeps as its timeout, and short enough to add to an
+/// `Instant` (`Duration::MAX` overflows it).
+#[cfg(feature = "mpi")]
+fn clamp_timeout(duration: Duration) -> Duration {
+    Duration::from_nanos(duration_ns(duration))
+}

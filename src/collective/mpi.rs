@@ -170,7 +170,11 @@ impl Mpi {
         check(rank, "MPI_Comm_idup", unsafe {
             ffi::MPI_Comm_idup(world, raw.as_mut_ptr(), &mut request)
         })?;
-        let deadline = Instant::now() + timeout.unwrap_or(DEFAULT_TIMEOUT);
+        // As a communicator's own timeout: at most `u64::MAX` ns (584
+        // years), so that `Duration::MAX` (no bound) cannot overflow the
+        // deadline.
+        let timeout = super::clamp_timeout(timeout.unwrap_or(DEFAULT_TIMEOUT));
+        let deadline = Instant::now() + timeout;
         let mut requests = [request];
         // Not done (timed out, or the poll failed): MPI may still write
         // `raw`, so it is MPI's, and MPI is not finalised under the
@@ -180,7 +184,7 @@ impl Mpi {
                 Error::from(CollectiveError::Timeout {
                     rank,
                     op: "making the world communicator (MPI_Comm_idup)".into(),
-                    waited: timeout.unwrap_or(DEFAULT_TIMEOUT),
+                    waited: timeout,
                 })
             })
         });
