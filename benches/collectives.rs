@@ -11,6 +11,7 @@
 //! |-------|-----------|----------|
 //! | `all_reduce_1KiB`, `all_reduce_64MiB` | a CPU queue records `all_reduce` and a signal, submits, and the host waits on the signal | `rsmpi`: `all_reduce_into` (`MPI_Allreduce`) on `MPI_COMM_WORLD` from the host; `rsmpi_nonblocking`: `immediate_all_reduce_into` then `wait` (`MPI_Iallreduce` + `MPI_Wait`, the non-blocking collective hwqueue's engine starts, without the queue) |
 //! | `all_reduce_ratio` | the two side by side in each iteration ([`support::paired`]): hwqueue's time over rsmpi's | |
+//! | `all_reduce_added` | the two side by side at 1 KiB ([`support::paired_added`]): the time hwqueue adds to rsmpi's `all_reduce_into`, per all_reduce (issue 48's "added latency") | |
 //!
 //! # Lock step
 //!
@@ -35,7 +36,7 @@ use mpi::collective::SystemOperation;
 use mpi::topology::{Communicator as _, SimpleCommunicator};
 use mpi::traits::{CommunicatorCollectives, Root};
 
-use support::{Profile, Ratio};
+use support::{Added, Profile, Ratio};
 
 /// The sizes measured: name and bytes.
 const SIZES: [(&str, usize); 2] = [("1KiB", 1 << 10), ("64MiB", 64 << 20)];
@@ -52,6 +53,7 @@ enum Case {
     Rsmpi(usize),
     RsmpiNonblocking(usize),
     Paired(usize),
+    Added(usize),
 }
 
 impl Case {
@@ -61,6 +63,7 @@ impl Case {
             Case::Rsmpi(size) => (1, size),
             Case::RsmpiNonblocking(size) => (2, size),
             Case::Paired(size) => (3, size),
+            Case::Added(size) => (4, size),
         };
         (kind * SIZES.len() + size) as u64
     }
@@ -71,7 +74,8 @@ impl Case {
             0 => Case::Hwqueue(size),
             1 => Case::Rsmpi(size),
             2 => Case::RsmpiNonblocking(size),
-            _ => Case::Paired(size),
+            3 => Case::Paired(size),
+            _ => Case::Added(size),
         }
     }
 }
@@ -171,14 +175,16 @@ impl Bench {
             Case::Hwqueue(size) => (0..iters).for_each(|_| self.hwqueue(size)),
             Case::Rsmpi(size) => (0..iters).for_each(|_| self.rsmpi(size)),
             Case::RsmpiNonblocking(size) => (0..iters).for_each(|_| self.rsmpi_nonblocking(size)),
-            Case::Paired(size) => {
-                // `paired` takes two closures over one `self`.
+            Case::Paired(size) | Case::Added(size) => {
+                // Both take two closures over one `self`.
                 let this = std::cell::RefCell::new(self);
-                return support::paired(
-                    iters,
-                    &mut || this.borrow_mut().hwqueue(size),
-                    &mut || this.borrow_mut().rsmpi(size),
-                );
+                let pair = match case {
+                    Case::Paired(_) => support::paired,
+                    _ => support::paired_added,
+                };
+                return pair(iters, &mut || this.borrow_mut().hwqueue(size), &mut || {
+                    this.borrow_mut().rsmpi(size)
+                });
             }
         }
         start.elapsed().as_secs_f64()
@@ -264,6 +270,16 @@ fn benches(c: &mut Criterion, bench: &mut Bench) {
             b.iter_custom(|iters| bench.lead(Case::Paired(index), iters))
         });
     }
+    group.finish();
+    // The added latency the issue states its 1 KiB target in.
+    let mut added = Criterion::default()
+        .with_measurement(Added)
+        .configure_from_args();
+    let mut group = added.benchmark_group("all_reduce_added");
+    support::configure(&mut group, Profile::Latency);
+    group.bench_function(BenchmarkId::new("hwqueue_minus_rsmpi", SIZES[0].0), |b| {
+        b.iter_custom(|iters| bench.lead(Case::Added(0), iters))
+    });
     group.finish();
 }
 

@@ -117,11 +117,81 @@ impl ValueFormatter for Ratio {
     }
 }
 
+/// A paired measurement of the time `ours` adds to its baseline: what
+/// criterion records for an iteration is hwqueue's time less its
+/// baseline's, both timed in the same iteration ([`paired_added`]), in
+/// nanoseconds (criterion's report scales it to ns, µs or ms; it may be
+/// negative).
+///
+/// The same pairing as [`Ratio`], for a target stated as added latency
+/// ("under 5 µs more than the baseline"): two groups timed one after the
+/// other differ by whatever the shared machine did between them, often
+/// more than the difference measured.
+pub struct Added;
+
+impl Measurement for Added {
+    type Intermediate = ();
+    type Value = f64;
+
+    fn start(&self) {}
+
+    fn end(&self, (): ()) -> f64 {
+        panic!(
+            "an Added group is timed by `iter_custom` with `support::paired_added`, not by `iter`"
+        )
+    }
+
+    fn add(&self, a: &f64, b: &f64) -> f64 {
+        a + b
+    }
+
+    fn zero(&self) -> f64 {
+        0.0
+    }
+
+    fn to_f64(&self, value: &f64) -> f64 {
+        *value
+    }
+
+    fn formatter(&self) -> &dyn ValueFormatter {
+        self
+    }
+}
+
+impl ValueFormatter for Added {
+    fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+        let (factor, unit) = match typical.abs() {
+            t if t < 1e3 => (1.0, "ns"),
+            t if t < 1e6 => (1e-3, "µs"),
+            _ => (1e-6, "ms"),
+        };
+        values.iter_mut().for_each(|value| *value *= factor);
+        unit
+    }
+
+    fn scale_throughputs(
+        &self,
+        _typical: f64,
+        _: &Throughput,
+        _values: &mut [f64],
+    ) -> &'static str {
+        "ns"
+    }
+
+    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+        "ns"
+    }
+}
+
 /// `iters` iterations of `ours` and as many of `baseline`, side by side
 /// (`ours` first in even iterations, `baseline` first in odd ones, so
-/// neither always runs in the other's wake), and `iters` times the ratio
-/// of their total times: the value criterion divides by `iters`.
-pub fn paired(iters: u64, ours: &mut impl FnMut(), baseline: &mut impl FnMut()) -> f64 {
+/// that neither always runs on what the other left warm): the total
+/// time of each.
+fn side_by_side(
+    iters: u64,
+    ours: &mut impl FnMut(),
+    baseline: &mut impl FnMut(),
+) -> (Duration, Duration) {
     fn time(f: &mut impl FnMut()) -> Duration {
         let start = Instant::now();
         f();
@@ -137,7 +207,22 @@ pub fn paired(iters: u64, ours: &mut impl FnMut(), baseline: &mut impl FnMut()) 
             a += time(ours);
         }
     }
+    (a, b)
+}
+
+/// [`side_by_side`], as the [`Ratio`] measurement records it: `iters`
+/// times the ratio of `ours`'s total time to `baseline`'s.
+pub fn paired(iters: u64, ours: &mut impl FnMut(), baseline: &mut impl FnMut()) -> f64 {
+    let (a, b) = side_by_side(iters, ours, baseline);
     iters as f64 * a.as_secs_f64() / b.as_secs_f64()
+}
+
+/// [`side_by_side`], as the [`Added`] measurement records it: the
+/// nanoseconds `ours` took beyond `baseline` over the `iters` iterations
+/// (negative where it took less).
+pub fn paired_added(iters: u64, ours: &mut impl FnMut(), baseline: &mut impl FnMut()) -> f64 {
+    let (a, b) = side_by_side(iters, ours, baseline);
+    (a.as_secs_f64() - b.as_secs_f64()) * 1e9
 }
 
 /// The loop `benches/callgrind.sh` counts instructions in: runs `routine`
