@@ -174,11 +174,13 @@ pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeo
         return Ok(());
     }
     let timeout = timeout.into();
+    // The timeout counts from here, spin included.
+    let start = Instant::now();
     let spin = tuned_spin(waits);
-    if spin.is_none() && spin_before_blocking(timeout, all_reached).is_some() {
+    if spin.is_none() && spin_before_blocking(timeout, start, all_reached).is_some() {
         return Ok(());
     }
-    block_until(waits, timeout, true, spin, || {
+    block_until(waits, (timeout, start), true, spin, || {
         let mut first_pending = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
             if !reached(signal, target)? && first_pending.is_none() {
@@ -245,13 +247,15 @@ pub fn wait_any<S: TimelineSignal>(
         return Ok(index);
     }
     let timeout = timeout.into();
+    // The timeout counts from here, spin included.
+    let start = Instant::now();
     let spin = tuned_spin(waits);
     if spin.is_none()
-        && let Some(index) = spin_before_blocking(timeout, first_reached)
+        && let Some(index) = spin_before_blocking(timeout, start, first_reached)
     {
         return Ok(index);
     }
-    block_until(waits, timeout, false, spin, || {
+    block_until(waits, (timeout, start), false, spin, || {
         // The lowest index reached wins over an earlier one's failure.
         let mut failure = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
@@ -317,7 +321,8 @@ fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
 }
 
 /// Looks at the signals with `look` (failures included) until it says done,
-/// it fails, or the timeout passes; sleeps on a [`SignalWaker`] that the
+/// it fails, or the timeout (counted from `start`, when the wait began)
+/// passes; sleeps on a [`SignalWaker`] that the
 /// signals watch between looks, or, where none watches, in the signals'
 /// own multi-wait ([`TimelineSignal::wait_native`], for every value when
 /// `all`) where they have one. First, with a `spin` budget (from the
@@ -325,12 +330,11 @@ fn reached<S: TimelineSignal>(signal: &S, target: u64) -> Result<bool> {
 /// caller found the values not reached.
 fn block_until<S: TimelineSignal, R>(
     waits: &[(&S, u64)],
-    timeout: Timeout,
+    (timeout, start): (Timeout, Instant),
     all: bool,
     spin: Option<Duration>,
     mut look: impl FnMut() -> Result<Progress<R>>,
 ) -> Result<R> {
-    let start = Instant::now();
     let deadline = timeout.deadline_from(start);
     let timed_out = |pending: usize| {
         let (signal, target) = waits[pending];

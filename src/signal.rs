@@ -335,10 +335,15 @@ impl Failures {
 
 /// The spin a host wait takes before it blocks (bounded and adaptive: see
 /// `SpinWait`), looking with `look` until it finds something; `None` when
-/// the spin ran out, or at once for a zero `timeout` (which asks not to
+/// the spin ran out or `timeout`, counted from `start` (when the wait
+/// began), passed, and at once for a zero `timeout` (which asks not to
 /// wait at all). Only values are read while spinning: a failure is seen once
 /// the wait blocks. `CpuSignal::wait`, `wait_all` and `wait_any` share it.
-pub(crate) fn spin_before_blocking<R>(timeout: Timeout, look: impl Fn() -> Option<R>) -> Option<R> {
+pub(crate) fn spin_before_blocking<R>(
+    timeout: Timeout,
+    start: Instant,
+    look: impl Fn() -> Option<R>,
+) -> Option<R> {
     if timeout == Timeout::After(Duration::ZERO) {
         return None;
     }
@@ -347,7 +352,7 @@ pub(crate) fn spin_before_blocking<R>(timeout: Timeout, look: impl Fn() -> Optio
         return None;
     }
     let found = std::cell::Cell::new(None);
-    spin.until(|| {
+    spin.until_before(timeout.deadline_from(start), || {
         let seen = look();
         let done = seen.is_some();
         found.set(seen);

@@ -328,11 +328,26 @@ mod imp {
 
         /// Spins until `done()` or the budget is spent; whether `done()` won.
         /// The outcome sets this thread's budget for its next waits.
-        pub(crate) fn until(mut self, done: impl Fn() -> bool) -> bool {
+        pub(crate) fn until(self, done: impl Fn() -> bool) -> bool {
+            self.until_before(None, done)
+        }
+
+        /// [`until`](Self::until), ending also once `deadline` (the
+        /// caller's timeout) has passed: that outcome, neither a win nor a
+        /// loss of the spin, leaves the thread's budget as it was. The
+        /// clock is read once a step (ten or twelve reads at most).
+        pub(crate) fn until_before(
+            mut self,
+            deadline: Option<Instant>,
+            done: impl Fn() -> bool,
+        ) -> bool {
             loop {
                 if done() {
                     self.won();
                     return true;
+                }
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    return false;
                 }
                 if !self.spin() {
                     self.lost();
@@ -390,6 +405,27 @@ mod imp {
     #[cfg(all(test, not(miri)))]
     mod tests {
         use super::SpinWait;
+
+        #[test]
+        fn a_spin_past_its_deadline_looks_once_and_keeps_the_budget() {
+            use std::cell::Cell;
+            use std::time::Instant;
+            let looks = Cell::new(0);
+            let look = || {
+                looks.set(looks.get() + 1);
+                false
+            };
+            // A wait whose timeout passed as it began (`CpuSignal::wait`
+            // with a few nanoseconds) looks once, where it spun its whole
+            // budget before its timeout counted.
+            assert!(!SpinWait::new().until_before(Some(Instant::now()), look));
+            assert_eq!(looks.get(), 1);
+            // Neither a win nor a loss: the next spin has the full budget,
+            // one look before each of its steps and one after.
+            looks.set(0);
+            assert!(!SpinWait::new().until(look));
+            assert_eq!(looks.get(), SpinWait::STEPS + 1);
+        }
 
         #[test]
         fn a_probe_that_has_to_park_leaves_the_thread_without_a_budget() {
@@ -568,6 +604,14 @@ mod imp {
         }
 
         pub(crate) fn until(self, done: impl Fn() -> bool) -> bool {
+            done()
+        }
+
+        pub(crate) fn until_before(
+            self,
+            _deadline: Option<Instant>,
+            done: impl Fn() -> bool,
+        ) -> bool {
             done()
         }
     }

@@ -142,8 +142,7 @@ impl CpuSignal {
     }
 
     #[cold]
-    fn wait_slow(&self, target: u64, timeout: Timeout) -> Result<()> {
-        let start = Instant::now();
+    fn wait_slow(&self, target: u64, timeout: Timeout, start: Instant) -> Result<()> {
         let deadline = timeout.deadline_from(start);
         let inner = &*self.inner;
         let mut waiters = inner.lock.lock();
@@ -211,13 +210,15 @@ impl TimelineSignal for CpuSignal {
             });
         }
         let timeout = timeout.into();
+        // The timeout counts from here, spin included.
+        let start = Instant::now();
         // A queue about to finish the work waited for then costs no sleep
         // and wake-up.
         let reached = || self.is_reached(target).then_some(());
-        if spin_before_blocking(timeout, reached).is_some() {
+        if spin_before_blocking(timeout, start, reached).is_some() {
             return Ok(());
         }
-        self.wait_slow(target, timeout)
+        self.wait_slow(target, timeout, start)
     }
 
     fn fail(&self, upto: u64, cause: Error) {
