@@ -3,7 +3,8 @@
 //! a waiter racing a recorder, wrap-around while a waiter holds a slot's
 //! event, `value` folding completions racing a record, a host `set`
 //! racing a record, `abandon` racing a waiter on the abandoned value's
-//! event, and `given_up` racing an abandon and a record.
+//! event, `given_up` racing an abandon and a record, and a host `set`
+//! racing a waiter with a timeout, which sleeps between its polls.
 //!
 //! The rings are built with one or two slots
 //! ([`EventRing::with_slots`]), so wrap-around and back-pressure take a
@@ -306,5 +307,30 @@ fn given_up_racing_the_abandon_names_only_the_abandoned_event() {
         assert!(ring.given_up(1).is_none(), "1's work exited");
         two.recording.complete();
         assert_eq!(ring.value(), 2);
+    });
+}
+
+/// (h) A host `set` racing a waiter with a (finite) timeout on a recorded
+/// value whose event does not complete: between its polls the waiter
+/// sleeps on the ring's condvar, not in `thread::sleep`, so that the `set`
+/// ends its sleep at once. Whether the `set` comes before its look, between
+/// the look and the sleep, or while it sleeps, the waiter wakes with `Ok`
+/// (loom's condvar never times out, so a missed notification is a
+/// deadlock here).
+#[test]
+fn host_set_wakes_a_waiter_sleeping_between_polls() {
+    model(None, || {
+        let ring = Arc::new(Ring::with_slots(0, 1));
+        let truth = Truth::new();
+        let one = record(&ring, 1).expect("1 is not reached yet");
+        let setter = {
+            let (ring, truth) = (ring.clone(), truth.clone());
+            thread::spawn(move || truth.set(&ring, 1))
+        };
+        ring.wait(1, std::time::Duration::from_secs(3600)).unwrap();
+        truth.check(1, "wait(1) returned");
+        setter.join().unwrap();
+        drop(one);
+        assert_eq!(ring.value(), 1);
     });
 }

@@ -34,7 +34,8 @@
 //! moving average of how long its host waits took (from the moment the
 //! wait found the event to wait on, so not time spent parked until a value
 //! was recorded, to the moment it saw the completion; waits that returned
-//! at once, and zero-timeout looks, are not counted). A wait under `Adaptive` spins for
+//! at once, and zero-timeout looks, are not counted; one that timed out
+//! first counts only where its length raises the average). A wait under `Adaptive` spins for
 //! [`adaptive_budget`]`(average)`:
 //!
 //! - while the average is at most [`MAX_SPIN`] (200 µs), twice the
@@ -170,6 +171,17 @@ impl WaitTuning {
     pub fn record(&self, waited: Duration) {
         let average = next_average(self.average(), waited);
         self.average_ns.store(nanos(average), Ordering::Relaxed);
+    }
+
+    /// Counts a wait that took at least `waited` (it timed out before its
+    /// event completed): only where that raises the average, since its
+    /// real length is unknown. A caller polling with short timeouts work
+    /// that takes milliseconds would otherwise teach the device that its
+    /// waits are short.
+    pub fn record_at_least(&self, waited: Duration) {
+        if waited > self.average() {
+            self.record(waited);
+        }
     }
 }
 

@@ -22,11 +22,13 @@ impl<E: RingEvent> EventRing<E> {
     /// event itself (a `set` or `fail` arriving meanwhile is seen once that
     /// event completes, which recorded work always does); with a finite
     /// timeout it polls the event with back-off from 10 µs to 1 ms,
-    /// re-checking the ring each time. Under
+    /// asleep on the ring between polls, so that a `set`, `fail` or
+    /// `abandon` ends the sleep at once. Under
     /// [`WaitPolicy::Spin`](crate::WaitPolicy::Spin) the spin lasts until
     /// the wait is over or the timeout passes. A wait that waited on an
     /// event (with a timeout that is not zero) counts its length into the
-    /// tuning's average.
+    /// tuning's average (one that timed out, only where it raises it: it
+    /// never saw how long its event took).
     ///
     /// # Errors
     /// [`Error::Timeout`] with the target, the value reached and the time
@@ -149,10 +151,29 @@ impl<E: RingEvent> EventRing<E> {
             let now = Instant::now();
             match deadline {
                 Some(deadline) if now < deadline => {
-                    std::thread::sleep(poll.step().min(deadline - now));
+                    // Asleep on `changed`, not `thread::sleep`: a `set`, a
+                    // `fail` or an `abandon` (each notifies under the
+                    // lock) ends the nap at once instead of up to 1 ms
+                    // later. Checked under the lock first, so none is
+                    // missed between the look above and the sleep.
+                    let nap = now + poll.step().min(deadline - now);
+                    let mut guard = self.state.lock();
+                    if self.reached.load(Ordering::Acquire) < target
+                        && self.failed.load(Ordering::Acquire) == failed
+                    {
+                        guard = self.changed.wait_until(guard, Some(nap));
+                    }
+                    state = guard;
+                    continue;
                 }
                 _ => {
-                    count(on_event);
+                    // Ran out before its event completed: the wait was at
+                    // least this long, which only raises the average.
+                    if let Some((since, Some(tuning))) = on_event
+                        && counts
+                    {
+                        tuning.record_at_least(since.elapsed());
+                    }
                     return Err(Error::Timeout {
                         target,
                         current: self.value(),
@@ -160,7 +181,6 @@ impl<E: RingEvent> EventRing<E> {
                     });
                 }
             }
-            state = self.state.lock();
         }
     }
 }
