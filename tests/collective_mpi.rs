@@ -126,6 +126,10 @@ fn suite(mpi: &Mpi, ranks: &Ranks) -> bool {
             "a failed batch fails the signals before a collective before forfeiting it".into(),
             forfeited_in_place(ranks),
         );
+        run(
+            "a send one rank skips still meets its peer's receive, failed".into(),
+            skipped_send(ranks),
+        );
     }
     run(
         "engines without collectives refuse them".into(),
@@ -838,6 +842,71 @@ fn forfeited_in_place(ranks: &Ranks) -> Outcome {
         runs_on_with(ranks, comm, &ones)?;
     }
     Ok(())
+}
+
+/// Rank 0's batch fails before its send to rank 1 (a wait on a failed
+/// signal); then it sends again. Rank 1's first receive must fail, not
+/// take the second send's data (as it did before sends and receives were
+/// forfeited: `Ok`, with the second send's data, and its second receive
+/// timed out), and its second receive gets the second send's data.
+fn skipped_send(ranks: &Ranks) -> Outcome {
+    let pair = ranks.rank < 2;
+    let comm = ranks
+        .comm
+        .split(pair.then_some(0), ranks.rank as u32)
+        .map_err(text)?;
+    let Some(comm) = comm else {
+        return Ok(());
+    };
+    comm.set_timeout(Duration::from_secs(5));
+    let (first, second) = ([7u32; 4], [9u32; 4]);
+    if ranks.rank == 0 {
+        let (out, again) = (buffer::<u32>(ranks, 4), buffer::<u32>(ranks, 4));
+        out.write_from(&first).map_err(text)?;
+        again.write_from(&second).map_err(text)?;
+        let failed = ranks.device.new_signal(0).map_err(text)?;
+        failed.fail(
+            1,
+            Error::Abandoned {
+                reason: "failed by the test",
+            },
+        );
+        match run_batch(ranks, |q| {
+            q.wait(&failed, 1).send::<u32, _>(&comm, 1, &out);
+        }) {
+            Err(Error::SignalFailed { .. }) => {}
+            outcome => return Err(format!("the failing batch: {outcome:?}")),
+        }
+        run_batch(ranks, |q| {
+            q.send::<u32, _>(&comm, 1, &again);
+        })
+        .map_err(|error| format!("the second send: {error}"))
+    } else {
+        let (into, again) = (buffer::<u32>(ranks, 4), buffer::<u32>(ranks, 4));
+        match run_batch(ranks, |q| {
+            q.recv::<u32, _>(&comm, 0, &into);
+        }) {
+            Err(error) if error.to_string().contains("rank 0") => {}
+            outcome => {
+                let got = into.to_vec::<u32>().map_err(text)?;
+                return Err(format!("the first receive: {outcome:?}, data {got:?}"));
+            }
+        }
+        check(
+            "the first receive",
+            into.to_vec().map_err(text)?,
+            vec![0u32; 4],
+        )?;
+        run_batch(ranks, |q| {
+            q.recv::<u32, _>(&comm, 0, &again);
+        })
+        .map_err(|error| format!("the second receive: {error}"))?;
+        check(
+            "the second receive",
+            again.to_vec().map_err(text)?,
+            second.to_vec(),
+        )
+    }
 }
 
 /// Even and odd ranks split into two groups, ranked in reverse; an

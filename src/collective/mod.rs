@@ -38,7 +38,10 @@
 //! rank order (`small.rs`), with no second MPI call; its views are copied
 //! through staging memory the communicator keeps. (A `send` or `recv`
 //! exchanges with its peer alone, and one whose peer runs no matching
-//! command waits for it until the timeout: `p2p.rs`.)
+//! command waits for it until the timeout: `p2p.rs`. One that this rank
+//! will not run, its batch refused or failed before it, still meets its
+//! peer's, described failed, so the peer fails at once rather than pair
+//! its receive with this rank's next send.)
 //!
 //! A larger one runs over the views' own memory: the worker holds their
 //! buffers (as a kernel does) from the moment the ranks agreed, starts

@@ -564,9 +564,20 @@ impl<B: Backend> Batch<B> {
         from: usize,
         cause: &Error,
         how: Failed,
-        forfeit: &mut impl FnMut(&crate::collective::Collective<B>),
+        forfeit: &mut impl FnMut(&[&crate::collective::Collective<B>]),
     ) {
-        for (index, command) in self.commands.iter().enumerate().skip(from) {
+        let commands = &self.commands;
+        // Past the sends and receives handed over as a group, and, where
+        // the command that failed is a send or receive, past the rest of
+        // its group: they met their peers' already (a group exchanges all
+        // its descriptions at once).
+        let mut next = match commands.get(from) {
+            Some(Command::Collective(c)) if c.op.peer().is_some() && how != Failed::Skipped => {
+                from + p2p_run(&commands[from..])
+            }
+            _ => from,
+        };
+        for (index, command) in commands.iter().enumerate().skip(from) {
             match command {
                 // The command that failed: nothing more to wait for.
                 Command::Wait { .. }
@@ -584,9 +595,27 @@ impl<B: Backend> Batch<B> {
                 Command::Download { sink, .. } => sink.fail(cause),
                 // The one that failed took its place.
                 Command::Collective(collective)
-                    if collective.numbered && (index > from || how == Failed::Skipped) =>
+                    if collective.numbered
+                        && (index > from || how == Failed::Skipped)
+                        && index >= next =>
                 {
-                    forfeit(collective);
+                    if collective.op.peer().is_none() {
+                        forfeit(&[&**collective]);
+                        continue;
+                    }
+                    // A send or receive, with those its queue would have
+                    // run with it: forfeited together, as they would have
+                    // run (one at a time, two ranks forfeiting a receive
+                    // then a send to each other would each wait for the
+                    // other's send).
+                    next = index + p2p_run(&commands[index..]);
+                    let group: Vec<_> = (commands[index..next].iter())
+                        .filter_map(|command| match command {
+                            Command::Collective(member) => Some(&**member),
+                            _ => None,
+                        })
+                        .collect();
+                    forfeit(&group);
                 }
                 _ => {}
             }
@@ -610,6 +639,27 @@ impl<B: Backend> Batch<B> {
             _ => false,
         })
     }
+}
+
+/// How many of `commands`, from the first, run as one group of sends and
+/// receives: the first, a `send` or `recv`, and those right after it over
+/// the same communicator (0 where the first is neither). A CPU queue runs
+/// each such group at once (`cpu::queue::collective::p2p_group`).
+pub(crate) fn p2p_run<B: Backend>(commands: &[Command<B>]) -> usize {
+    fn over<B: Backend>(command: &Command<B>) -> Option<&crate::collective::Communicator> {
+        match command {
+            Command::Collective(collective) if collective.op.peer().is_some() => {
+                Some(&collective.communicator)
+            }
+            _ => None,
+        }
+    }
+    let Some(first) = commands.first().and_then(over) else {
+        return 0;
+    };
+    (commands.iter())
+        .take_while(|command| over(command).is_some_and(|c| c.same_as(first)))
+        .count()
 }
 
 /// How a batch's commands from some index on did not run

@@ -158,10 +158,11 @@ impl<E: Engine> Queue<E> {
                 return self.forfeit_place(communicator, (op, element, count), error);
             }
         };
-        // Point-to-point commands are between two ranks only, so they
-        // take no place in the order every rank shares; the others take
-        // theirs when the batch is submitted (`stamp_collectives`).
-        self.batch.collectives |= op.peer().is_none();
+        // Each takes its place when the batch is submitted
+        // (`stamp_collectives`): a collective in the order every rank
+        // shares, a send or receive over MPI in its peer's (NCCL's take
+        // none).
+        self.batch.collectives |= forfeits(op, communicator);
         self.push_collective(communicator, (op, element, 0), send, recv);
         self
     }
@@ -205,7 +206,13 @@ impl<E: Engine> Queue<E> {
         cause: crate::Error,
     ) -> &mut Self {
         self.reject(cause);
-        if op.peer().is_none() && self.engine.check_collective(communicator).is_ok() {
+        // A send or receive to no other rank of the group has no peer to
+        // meet (every rank refuses such a collective alike).
+        let meets = op
+            .peer()
+            .is_none_or(|peer| peer < communicator.size() && peer != communicator.rank());
+        if meets && forfeits(op, communicator) && self.engine.check_collective(communicator).is_ok()
+        {
             self.batch.collectives = true;
             self.push_collective(communicator, (op, element, count), None, None);
         }
@@ -218,14 +225,20 @@ impl<E: Engine> Queue<E> {
     /// refused at submit too: its peers submitted theirs, and a CPU queue's
     /// worker exchanges each numbered collective it will not run, described
     /// failed, so the peers fail theirs at once and every rank stays in
-    /// step (`cpu::queue::collective::forfeit_collective`).
+    /// step (`cpu::queue::collective::forfeit_collective`). A `send` or
+    /// `recv` over MPI takes its place too, without a number (MPI pairs a
+    /// peer's messages in order): forfeited, it still meets its peer's,
+    /// described failed, where its peer would otherwise pair the next one
+    /// with it (`cpu::queue::collective::forfeit_p2p_group`).
     #[inline(never)]
     pub(super) fn stamp_collectives(&mut self) {
         for command in &mut self.batch.commands {
             if let Command::Collective(collective) = command
-                && collective.op.peer().is_none()
+                && forfeits(collective.op, &collective.communicator)
             {
-                collective.sequence = collective.communicator.next_sequence();
+                if collective.op.peer().is_none() {
+                    collective.sequence = collective.communicator.next_sequence();
+                }
                 collective.numbered = true;
             }
         }
@@ -243,6 +256,15 @@ impl<E: Engine> Queue<E> {
         self.batch.take_use(buffer, || what.to_owned())?;
         Ok(View::from_parts(buffer.clone(), offset, len))
     }
+}
+
+/// Whether a command of `op` over `communicator` takes a place in the
+/// communicator's order, forfeited where this rank will not run it: every
+/// collective; a `send` or `recv` over MPI (whose forfeits a CPU queue
+/// exchanges as a group, `cpu::queue::collective::forfeit_p2p_group`),
+/// not over NCCL, whose queues forfeit none.
+fn forfeits(op: CollectiveOp, communicator: &Communicator) -> bool {
+    op.peer().is_none() || communicator.on_host()
 }
 
 /// What one rank can check of a collective: whole elements, lengths that

@@ -309,7 +309,7 @@ impl Ledger {
         &self,
         batch: &Batch<B>,
         run: impl FnOnce(&Batch<B>) -> std::result::Result<(), (usize, Error)>,
-        forfeit: &mut impl FnMut(&crate::collective::Collective<B>),
+        forfeit: &mut impl FnMut(&[&crate::collective::Collective<B>]),
     ) {
         match self.admit(batch) {
             Admission::Skip(cause) => batch.fail_from(0, &cause, Failed::Skipped, forfeit),
@@ -360,7 +360,7 @@ impl Ledger {
         &self,
         batch: &Batch<B>,
         outcome: std::result::Result<(), (usize, Error)>,
-        forfeit: &mut impl FnMut(&crate::collective::Collective<B>),
+        forfeit: &mut impl FnMut(&[&crate::collective::Collective<B>]),
     ) {
         if let Err((from, error)) = outcome {
             // Recorded before any signal fails (see the type's docs).

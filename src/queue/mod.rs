@@ -41,6 +41,7 @@ mod submit;
 
 use std::fmt;
 
+pub(crate) use batch::p2p_run;
 pub use batch::{Batch, Command, ExecAt, ForeignWait};
 pub(crate) use collective::check_lengths;
 

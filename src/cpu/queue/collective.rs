@@ -70,16 +70,10 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
 /// so they fail it at once (a mismatch naming this rank) and every rank
 /// stays in step. Numbered at submit, a collective this rank skipped would
 /// otherwise pair the peers' with this rank's next one: a mismatch for
-/// good, or, where the next one is alike, data of another step. Sends and
-/// receives take no number (a peer's waits for one until the timeout).
-/// Blocks, as a collective does, until the peers reach theirs or the
+/// good, or, where the next one is alike, data of another step. (Sends
+/// and receives: [`forfeit_p2p_group`].) Blocks, as a collective does, until the peers reach theirs or the
 /// timeout passes.
 pub(super) fn forfeit_collective(collective: &Collective<Cpu>) {
-    let not_run = || -> Error {
-        Error::Abandoned {
-            reason: "its batch was refused or failed before it on this rank",
-        }
-    };
     let plan = HostCollective::of(collective);
     let communicator = &collective.communicator;
     // Its outcome is this rank's failure, known already.
@@ -88,6 +82,32 @@ pub(super) fn forfeit_collective(collective: &Collective<Cpu>) {
     } else {
         communicator.run_on_host_direct(&plan, &mut Forfeit(not_run))
     };
+}
+
+/// Takes the place of a group of sends and receives (from
+/// [`p2p_group`]), numbered, which this rank will not run, as
+/// [`forfeit_collective`] takes a collective's: each member meets its
+/// peer's, described failed, so the peer fails it at once, where the
+/// peer's would otherwise pair with this rank's next send or receive and
+/// take another step's data. As a group, as it would have run: its
+/// members' descriptions all go at once. Blocks until every member's peer
+/// described its own, or the timeout passes.
+pub(super) fn forfeit_p2p_group(group: &[&Collective<Cpu>]) {
+    let plans: Vec<HostCollective> = group
+        .iter()
+        .map(|member| HostCollective::of(member))
+        .collect();
+    // Its outcome is this rank's failure, known already.
+    let _ = group[0]
+        .communicator
+        .run_p2p_on_host(&plans, &mut Forfeit(not_run));
+}
+
+/// Why a forfeited command did not run.
+fn not_run() -> Error {
+    Error::Abandoned {
+        reason: "its batch was refused or failed before it on this rank",
+    }
 }
 
 /// The views of a collective that will not run: described failed.
@@ -105,6 +125,22 @@ impl<F: Fn() -> Error> HostViews for Forfeit<F> {
     fn in_place(&self) -> bool {
         false
     }
+
+    fn lose(&mut self) {}
+}
+
+/// The views of a group of sends and receives that will not run: each
+/// described failed.
+impl<F: Fn() -> Error> HostGroupViews for Forfeit<F> {
+    fn check(&mut self, _: usize) -> Result<()> {
+        Err((self.0)())
+    }
+
+    fn try_hold(&mut self, _: usize) -> Result<Option<(*const u8, *mut u8)>> {
+        Err((self.0)())
+    }
+
+    fn release(&mut self, _: usize) {}
 
     fn lose(&mut self) {}
 }
@@ -180,21 +216,14 @@ impl HostViews for Views<'_> {
 /// first, and each `send` or `recv` right after it over the same
 /// communicator (see `crate::collective` on groups).
 pub(super) fn p2p_group(commands: &[Command<Cpu>]) -> Vec<&Collective<Cpu>> {
-    let mut group: Vec<&Collective<Cpu>> = Vec::new();
-    for command in commands {
-        let Command::Collective(collective) = command else {
-            break;
-        };
-        let joins = collective.op.peer().is_some()
-            && group
-                .first()
-                .is_none_or(|first| first.communicator.same_as(&collective.communicator));
-        if !joins {
-            break;
-        }
-        group.push(collective);
-    }
-    group
+    // The grouping a forfeit follows too (`Batch::fail_from`).
+    let run = crate::queue::p2p_run(commands);
+    (commands[..run].iter())
+        .filter_map(|command| match command {
+            Command::Collective(collective) => Some(&**collective),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Runs a group of point-to-point commands (from [`p2p_group`]) over the

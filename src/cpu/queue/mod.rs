@@ -272,11 +272,18 @@ impl fmt::Debug for CpuEngine {
     }
 }
 
-/// Forfeits `collective`, numbered, which this rank will not run
-/// (`collective::forfeit_collective`). A panic there (a bug) loses the
-/// forfeit, not the worker, nor the batch's outcome.
-fn forfeit(collective: &Collective<Cpu>) {
-    let forfeit = || collective::forfeit_collective(collective);
+/// Forfeits `group`, numbered, which this rank will not run: a collective
+/// alone (`collective::forfeit_collective`), or a group of sends and
+/// receives (`collective::forfeit_p2p_group`). A panic there (a bug)
+/// loses the forfeit, not the worker, nor the batch's outcome.
+fn forfeit(group: &[&Collective<Cpu>]) {
+    let forfeit = || match group {
+        [collective] if collective.op.peer().is_none() => {
+            collective::forfeit_collective(collective);
+        }
+        [first, ..] if first.op.peer().is_some() => collective::forfeit_p2p_group(group),
+        _ => {}
+    };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(forfeit));
 }
 
