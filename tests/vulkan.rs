@@ -165,6 +165,72 @@ fn a_spirv_module_runs_as_given_and_its_interface_is_read_from_it() {
     assert!(matches!(error, Error::InvalidProgram { .. }), "{error}");
 }
 
+/// A malformed module that panics naga's SPIR-V reader (a type whose
+/// width it cannot lay out) is an error, not a panic of the caller.
+#[test]
+fn a_spirv_module_that_panics_naga_is_refused_with_an_error() {
+    let compiled = VulkanProgram::from_wgsl("axpy", AXPY, "axpy").unwrap();
+    let mut words = compiled.spirv().to_vec();
+    // Found by mutating each word: naga unwraps a `LayoutError` here.
+    words[41] = u32::MAX;
+    let error = VulkanProgram::from_spirv("mutated", &words, "axpy").unwrap_err();
+    assert!(matches!(error, Error::InvalidProgram { .. }), "{error}");
+}
+
+/// The words of the `OpMemberDecorate .. Offset` of the struct whose
+/// member 1 sits at `second` bytes: (index of member 0's offset word).
+fn member_zero_offset(words: &[u32], second: u32) -> usize {
+    const MEMBER_DECORATE: u32 = 72;
+    const OFFSET: u32 = 35;
+    let mut decorations = Vec::new();
+    let mut at = 5;
+    while at < words.len() {
+        let (count, opcode) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+        if opcode == MEMBER_DECORATE && count == 5 && words[at + 3] == OFFSET {
+            decorations.push((words[at + 1], words[at + 2], at + 4));
+        }
+        at += count.max(1);
+    }
+    let params = decorations
+        .iter()
+        .find(|&&(_, member, word)| member == 1 && words[word] == second)
+        .map(|&(id, ..)| id)
+        .expect("a struct with member 1 at `second`");
+    decorations
+        .iter()
+        .find(|&&(id, member, _)| id == params && member == 0)
+        .map(|&(.., word)| word)
+        .expect("its member 0's offset")
+}
+
+/// A SPIR-V module whose push-constant members are not in offset order
+/// (member 0 after member 1, as a SPIR-V writer may lay them out): the
+/// push constants span both (they were sized by the last member alone,
+/// and the exec panicked at record time slicing past them).
+#[test]
+fn push_constant_members_out_of_offset_order_are_placed_where_the_module_says() {
+    let Some(device) = device() else { return };
+    let compiled = VulkanProgram::from_wgsl("axpy", AXPY, "axpy").unwrap();
+    let mut words = compiled.spirv().to_vec();
+    let word = member_zero_offset(&words, 4);
+    assert_eq!(words[word], 0);
+    words[word] = 8;
+    let axpy = VulkanProgram::from_spirv("axpy (a at 8)", &words, "axpy").unwrap();
+    let x = device.alloc(32 * 4).unwrap();
+    let y = device.alloc(32 * 4).unwrap();
+    x.write_at(0, &[3.0f32; 32]).unwrap();
+    let mut queue = device.compute_queue().unwrap();
+    queue.exec(
+        &axpy,
+        &[&x, &y],
+        &[Scalar::F32(0.5), Scalar::U32(32)],
+        ExecParams::new_1d(32, 32),
+    );
+    queue.submit().unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.5f32; 32]);
+}
+
 #[test]
 fn a_shader_that_does_not_compile_says_where_and_why() {
     let error = VulkanProgram::from_wgsl(

@@ -36,6 +36,14 @@ impl ScalarType {
         }
     }
 
+    /// How many bytes it takes in the push constants.
+    fn width(self) -> u32 {
+        match self {
+            ScalarType::U32 | ScalarType::I32 | ScalarType::F32 => 4,
+            ScalarType::U64 | ScalarType::I64 | ScalarType::F64 => 8,
+        }
+    }
+
     /// The bytes `scalar` puts in the push constants, if it is of this type.
     fn bytes(self, scalar: &Scalar) -> Option<Vec<u8>> {
         Some(match (self, scalar) {
@@ -112,6 +120,12 @@ impl VulkanProgram {
     /// its interface is not one hwqueue can call (see above).
     pub fn from_wgsl(name: impl Into<String>, source: &str, entry: &str) -> Result<Self> {
         let name = name.into();
+        guarded(&name, "reading the WGSL", || {
+            Self::read_wgsl(name.clone(), source, entry)
+        })
+    }
+
+    fn read_wgsl(name: String, source: &str, entry: &str) -> Result<Self> {
         let module = naga::front::wgsl::parse_str(source).map_err(|error| {
             let at = error
                 .location(source)
@@ -133,9 +147,17 @@ impl VulkanProgram {
     ///
     /// # Errors
     /// [`Error::InvalidProgram`] when the words are not a SPIR-V module
-    /// naga reads, or its interface is not one hwqueue can call.
+    /// naga reads (naga's SPIR-V reader assumes a valid module and panics
+    /// on some malformed ones: such a panic is caught and reported so), or
+    /// its interface is not one hwqueue can call.
     pub fn from_spirv(name: impl Into<String>, words: &[u32], entry: &str) -> Result<Self> {
         let name = name.into();
+        guarded(&name, "reading the SPIR-V", || {
+            Self::read_spirv(name.clone(), words, entry)
+        })
+    }
+
+    fn read_spirv(name: String, words: &[u32], entry: &str) -> Result<Self> {
         let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let module =
             naga::front::spv::parse_u8_slice(&bytes, &naga::front::spv::Options::default())
@@ -267,8 +289,11 @@ impl VulkanProgram {
                     kind.name().to_uppercase()
                 ),
             })?;
+            // Within `push_size` by construction (`reflect`).
             let at = offset as usize;
-            bytes[at..at + value.len()].copy_from_slice(&value);
+            if let Some(slot) = bytes.get_mut(at..at + value.len()) {
+                slot.copy_from_slice(&value);
+            }
         }
         Ok(bytes)
     }
@@ -307,18 +332,21 @@ impl VulkanProgram {
                     }
                 }
                 let entry = self.inner.entry.to_string_lossy();
-                let (module, info) = naga::back::pipeline_constants::process_overrides(
-                    module,
-                    info,
-                    Some((naga::ShaderStage::Compute, &entry)),
-                    &constants,
-                )
-                .map_err(|error| Error::Compile {
-                    program: self.inner.signature.name.clone(),
-                    compiler: "naga (overrides)".into(),
-                    output: error.to_string(),
-                })?;
-                Some(compile(&self.inner.signature.name, &module, &info, &entry)?)
+                let name = &self.inner.signature.name;
+                Some(guarded(name, "compiling for a local size", || {
+                    let (module, info) = naga::back::pipeline_constants::process_overrides(
+                        module,
+                        info,
+                        Some((naga::ShaderStage::Compute, &entry)),
+                        &constants,
+                    )
+                    .map_err(|error| Error::Compile {
+                        program: name.clone(),
+                        compiler: "naga (overrides)".into(),
+                        output: error.to_string(),
+                    })?;
+                    compile(name, &module, &info, &entry)
+                })?)
             }
         };
         let spirv = spirv.as_deref().unwrap_or(&self.inner.spirv);
@@ -470,6 +498,28 @@ struct Reflected {
     workgroup_size: [u32; 3],
 }
 
+/// The most push-constant bytes a shader may span: Vulkan's required
+/// `maxPushConstantsSize` is 128, and no device offers more than 4 KiB.
+const MAX_PUSH_BYTES: u32 = 4096;
+
+/// Runs `work`, a use of naga on `name`'s module, turning a panic (naga's
+/// SPIR-V reader and its back ends assume a valid module: some malformed
+/// ones panic it) into [`Error::InvalidProgram`] saying what panicked.
+fn guarded<T>(name: &str, what: &str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let message = (panic.downcast_ref::<&str>().copied())
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("no message");
+        Err(Error::InvalidProgram {
+            program: name.into(),
+            reason: format!(
+                "naga panicked {what} ({message}): the module is malformed; check the \
+                 compiler that made it (spirv-val tells what is wrong)"
+            ),
+        })
+    })
+}
+
 fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> {
     let invalid = |reason: String| Error::InvalidProgram {
         program: name.into(),
@@ -568,7 +618,8 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
             match &module.types[ty].inner {
                 naga::TypeInner::Struct { members, .. } => {
                     for member in members {
-                        flatten(module, member.ty, at + member.offset, out);
+                        // Saturated: such an offset fails the span check.
+                        flatten(module, member.ty, at.saturating_add(member.offset), out);
                     }
                 }
                 _ => out.push((ty, at)),
@@ -577,7 +628,18 @@ fn reflect(name: &str, module: &naga::Module, entry: &str) -> Result<Reflected> 
         let mut leaves = Vec::new();
         flatten(module, ty, 0, &mut leaves);
         for (leaf, offset) in leaves {
-            scalars.push((scalar_type(leaf)?, offset));
+            let kind = scalar_type(leaf)?;
+            // The span covers every member, wherever a SPIR-V writer put
+            // it (naga's size of the struct follows its last member only).
+            push_size = push_size.max(offset.saturating_add(kind.width()));
+            scalars.push((kind, offset));
+        }
+        if push_size > MAX_PUSH_BYTES {
+            return Err(invalid(format!(
+                "its push constants span {push_size} bytes, more than the {MAX_PUSH_BYTES} a \
+                 Vulkan device must take at most (check the members' offsets); pass larger \
+                 arguments as buffers"
+            )));
         }
     }
     Ok(Reflected {
