@@ -139,6 +139,12 @@ pub struct Download<T: Pod + Send> {
 
 impl<T: Pod + Send> Download<T> {
     /// Room for `len` elements (zeroed until the data arrives).
+    ///
+    /// # Panics
+    /// As `vec![T::zeroed(); len]` does: where `len` elements exceed
+    /// `isize::MAX` bytes ("capacity overflow"); a length the host cannot
+    /// allocate aborts the process. A length from elsewhere is better
+    /// checked first, or given as [`from_vec`](Self::from_vec)'s vector.
     pub fn new(len: usize) -> Self {
         Self::from_vec(vec![T::zeroed(); len])
     }

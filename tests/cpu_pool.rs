@@ -268,3 +268,14 @@ fn dropping_a_device_while_its_helper_spins_never_hangs() {
         .recv_timeout(LONG)
         .expect("dropping a device hung: a helper parked after the shutdown");
 }
+
+/// An absurd thread count is clamped (it overflowed the pool's arithmetic,
+/// and an `exec` then tried to spawn that many helpers).
+#[test]
+fn an_absurd_thread_count_is_clamped() {
+    for threads in [usize::MAX, 1 << 63, CpuDevice::MAX_THREADS + 1] {
+        let device = CpuDevice::with_threads(threads);
+        assert_eq!(device.threads(), CpuDevice::MAX_THREADS, "{threads}");
+    }
+    assert_eq!(CpuDevice::with_threads(0).threads(), 1);
+}

@@ -146,6 +146,9 @@ fn a_declaration_that_is_not_the_kernels_is_refused_before_any_device() {
     assert_eq!(add.params().unwrap(), vec![8, 8, 8, 4]);
     let count = add.check_signature(2, 1).unwrap_err().to_string();
     assert!(count.contains("takes 4 parameters"), "{count}");
+    // Counts whose sum overflows: an error, not an overflow panic.
+    let absurd = add.check_signature(usize::MAX, 1).unwrap_err().to_string();
+    assert!(absurd.contains("takes 4 parameters"), "{absurd}");
     let scalar_as_buffer = add.check_signature(4, 0).unwrap_err().to_string();
     assert!(
         scalar_as_buffer.contains("parameter 3 is declared a buffer"),

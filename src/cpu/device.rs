@@ -47,21 +47,28 @@ struct Inner {
 }
 
 impl CpuDevice {
+    /// The most execution slots [`with_threads`](Self::with_threads)
+    /// gives a device: more threads than any machine has cores to run.
+    pub const MAX_THREADS: usize = 4096;
+
     /// Opens the CPU, using every core the process may run on.
     pub fn new() -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with_threads(threads)
     }
 
-    /// Opens the CPU with `threads` execution slots (at least 1): its queues
-    /// together run at most that many work-groups at once, on their worker
-    /// threads and `threads - 1` helper threads of the device's own. The
-    /// helpers start at the first `exec` of more than one work-group, and
-    /// end when the device and its last queue are dropped.
+    /// Opens the CPU with `threads` execution slots (at least 1, at most
+    /// [`MAX_THREADS`](Self::MAX_THREADS)): its queues together run at
+    /// most that many work-groups at once, on their worker threads and
+    /// `threads - 1` helper threads of the device's own. The helpers start
+    /// at the first `exec` of more than one work-group, and end when the
+    /// device and its last queue are dropped.
     pub fn with_threads(threads: usize) -> Self {
         Self {
             inner: Arc::new(Inner {
-                pool: Pool::new(threads),
+                // An absurd count spawned threads until the OS refused and
+                // overflowed the pool's arithmetic (`threads * 2`).
+                pool: Pool::new(threads.min(Self::MAX_THREADS)),
                 memory: MemoryPool::new(HostBlocks::new()),
                 name: cpu_name(),
             }),

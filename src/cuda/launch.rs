@@ -160,7 +160,7 @@ pub(crate) fn check_params(
             reason,
         })
     };
-    if sizes.len() != buffers + scalars {
+    if buffers.checked_add(scalars) != Some(sizes.len()) {
         return fail(format!(
             "the kernel takes {} parameters, but was declared with {buffers} buffers and \
              {scalars} scalars; declare the counts the kernel's signature has",
