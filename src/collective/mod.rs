@@ -561,7 +561,11 @@ impl Communicator {
     ///
     /// Over MPI and a non-blocking NCCL communicator ([`NcclConfig`]) it
     /// is bounded by the timeout: a rank that never calls it fails the
-    /// others with [`CollectiveError::Timeout`]. A blocking NCCL one's is
+    /// others with [`CollectiveError::Timeout`]. (Over MPI, only the
+    /// exchange before `MPI_Comm_split` is: a rank that calls it just as
+    /// its peers time out can find the exchange complete and block in
+    /// `MPI_Comm_split`, which they never call; not yet bounded.) A
+    /// blocking NCCL one's is
     /// `ncclCommSplit` (NCCL 2.18+), which waits for every rank: one that
     /// never calls it blocks the others inside NCCL.
     ///
@@ -687,12 +691,4 @@ impl fmt::Debug for Communicator {
 
 fn duration_ns(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// `duration`, at most `u64::MAX` nanoseconds (584 years): what a
-/// communicator keeps as its timeout, and short enough to add to an
-/// `Instant` (`Duration::MAX` overflows it).
-#[cfg(feature = "mpi")]
-fn clamp_timeout(duration: Duration) -> Duration {
-    Duration::from_nanos(duration_ns(duration))
 }

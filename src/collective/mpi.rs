@@ -173,7 +173,7 @@ impl Mpi {
         // As a communicator's own timeout: at most `u64::MAX` ns (584
         // years), so that `Duration::MAX` (no bound) cannot overflow the
         // deadline.
-        let timeout = super::clamp_timeout(timeout.unwrap_or(DEFAULT_TIMEOUT));
+        let timeout = Duration::from_nanos(super::duration_ns(timeout.unwrap_or(DEFAULT_TIMEOUT)));
         let deadline = Instant::now() + timeout;
         let mut requests = [request];
         // Not done (timed out, or the poll failed): MPI may still write
