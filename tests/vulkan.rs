@@ -147,12 +147,21 @@ fn a_spirv_module_runs_as_given_and_its_interface_is_read_from_it() {
         ),
         (2, 2)
     );
+    half_of_three_each(&device, &axpy);
+    // Not a module at all.
+    let error = VulkanProgram::from_spirv("junk", &[1, 2, 3], "main").unwrap_err();
+    assert!(matches!(error, Error::InvalidProgram { .. }), "{error}");
+}
+
+/// Runs `axpy` (`AXPY`'s interface) with a = 0.5 over x = 3 and y = 0,
+/// and checks y = 1.5.
+fn half_of_three_each(device: &VulkanDevice, axpy: &VulkanProgram) {
     let x = device.alloc(32 * 4).unwrap();
     let y = device.alloc(32 * 4).unwrap();
     x.write_at(0, &[3.0f32; 32]).unwrap();
     let mut queue = device.compute_queue().unwrap();
     queue.exec(
-        &axpy,
+        axpy,
         &[&x, &y],
         &[Scalar::F32(0.5), Scalar::U32(32)],
         ExecParams::new_1d(32, 32),
@@ -160,9 +169,6 @@ fn a_spirv_module_runs_as_given_and_its_interface_is_read_from_it() {
     queue.submit().unwrap();
     queue.synchronize().unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.5f32; 32]);
-    // Not a module at all.
-    let error = VulkanProgram::from_spirv("junk", &[1, 2, 3], "main").unwrap_err();
-    assert!(matches!(error, Error::InvalidProgram { .. }), "{error}");
 }
 
 /// A malformed module that panics naga's SPIR-V reader (a type whose
@@ -216,19 +222,7 @@ fn push_constant_members_out_of_offset_order_are_placed_where_the_module_says() 
     assert_eq!(words[word], 0);
     words[word] = 8;
     let axpy = VulkanProgram::from_spirv("axpy (a at 8)", &words, "axpy").unwrap();
-    let x = device.alloc(32 * 4).unwrap();
-    let y = device.alloc(32 * 4).unwrap();
-    x.write_at(0, &[3.0f32; 32]).unwrap();
-    let mut queue = device.compute_queue().unwrap();
-    queue.exec(
-        &axpy,
-        &[&x, &y],
-        &[Scalar::F32(0.5), Scalar::U32(32)],
-        ExecParams::new_1d(32, 32),
-    );
-    queue.submit().unwrap();
-    queue.synchronize().unwrap();
-    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.5f32; 32]);
+    half_of_three_each(&device, &axpy);
 }
 
 #[test]

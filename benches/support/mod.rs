@@ -56,6 +56,45 @@ pub fn configure<M: Measurement>(group: &mut BenchmarkGroup<'_, M>, profile: Pro
     }
 }
 
+/// `Measurement` for a paired measurement `$name`, whose values come
+/// from `iter_custom` with `support::$timer` only.
+macro_rules! paired_measurement {
+    ($name:ident, $timer:literal) => {
+        impl Measurement for $name {
+            type Intermediate = ();
+            type Value = f64;
+
+            fn start(&self) {}
+
+            fn end(&self, (): ()) -> f64 {
+                panic!(concat!(
+                    "a ",
+                    stringify!($name),
+                    " group is timed by `iter_custom` with `support::",
+                    $timer,
+                    "`, not by `iter`"
+                ))
+            }
+
+            fn add(&self, a: &f64, b: &f64) -> f64 {
+                a + b
+            }
+
+            fn zero(&self) -> f64 {
+                0.0
+            }
+
+            fn to_f64(&self, value: &f64) -> f64 {
+                *value
+            }
+
+            fn formatter(&self) -> &dyn ValueFormatter {
+                self
+            }
+        }
+    };
+}
+
 /// A paired measurement: what criterion records for an iteration is the
 /// ratio of hwqueue's time to its baseline's, both timed in the same
 /// iteration ([`paired`]), instead of a time.
@@ -71,32 +110,7 @@ pub fn configure<M: Measurement>(group: &mut BenchmarkGroup<'_, M>, profile: Pro
 /// timing (`iter`) has no baseline to divide by.
 pub struct Ratio;
 
-impl Measurement for Ratio {
-    type Intermediate = ();
-    type Value = f64;
-
-    fn start(&self) {}
-
-    fn end(&self, (): ()) -> f64 {
-        panic!("a Ratio group is timed by `iter_custom` with `support::paired`, not by `iter`")
-    }
-
-    fn add(&self, a: &f64, b: &f64) -> f64 {
-        a + b
-    }
-
-    fn zero(&self) -> f64 {
-        0.0
-    }
-
-    fn to_f64(&self, value: &f64) -> f64 {
-        *value
-    }
-
-    fn formatter(&self) -> &dyn ValueFormatter {
-        self
-    }
-}
+paired_measurement!(Ratio, "paired");
 
 impl ValueFormatter for Ratio {
     fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
@@ -129,34 +143,7 @@ impl ValueFormatter for Ratio {
 /// more than the difference measured.
 pub struct Added;
 
-impl Measurement for Added {
-    type Intermediate = ();
-    type Value = f64;
-
-    fn start(&self) {}
-
-    fn end(&self, (): ()) -> f64 {
-        panic!(
-            "an Added group is timed by `iter_custom` with `support::paired_added`, not by `iter`"
-        )
-    }
-
-    fn add(&self, a: &f64, b: &f64) -> f64 {
-        a + b
-    }
-
-    fn zero(&self) -> f64 {
-        0.0
-    }
-
-    fn to_f64(&self, value: &f64) -> f64 {
-        *value
-    }
-
-    fn formatter(&self) -> &dyn ValueFormatter {
-        self
-    }
-}
+paired_measurement!(Added, "paired_added");
 
 impl ValueFormatter for Added {
     fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
