@@ -131,6 +131,12 @@ fn suite(mpi: &Mpi, ranks: &Ranks) -> bool {
             skipped_send(ranks),
         );
     }
+    if ranks.size > 1 {
+        run(
+            "a split one rank comes to late fails every rank within the timeout".into(),
+            late_split(ranks),
+        );
+    }
     run(
         "engines without collectives refuse them".into(),
         unsupported(ranks),
@@ -906,6 +912,28 @@ fn skipped_send(ranks: &Ranks) -> Outcome {
             again.to_vec().map_err(text)?,
             second.to_vec(),
         )
+    }
+}
+
+/// The last rank calls `split` after its peers' 1 s timeout passed. They
+/// fail the description exchange and leave it pending; their next MPI
+/// calls (the next cases) complete it for the late rank, which then found
+/// its exchange agreed and blocked for ever in `MPI_Comm_split`, which
+/// they never call (the suite hung on 2c009af). Every rank must fail with
+/// a timeout naming the split (it was named "all_gather of 0 u32").
+fn late_split(ranks: &Ranks) -> Outcome {
+    let child = (ranks.comm.split(Some(0), ranks.rank as u32).map_err(text)?)
+        .ok_or("the split gave no communicator")?;
+    child.set_timeout(Duration::from_secs(1));
+    if ranks.rank == ranks.size - 1 {
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    match child.split(Some(0), 0) {
+        Err(Error::Collective(CollectiveError::Timeout { op, .. })) if op.contains("split") => {
+            Ok(())
+        }
+        Ok(_) => Err("the late split succeeded".into()),
+        Err(error) => Err(format!("the late split: {error}")),
     }
 }
 

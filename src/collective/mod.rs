@@ -561,11 +561,10 @@ impl Communicator {
     ///
     /// Over MPI and a non-blocking NCCL communicator ([`NcclConfig`]) it
     /// is bounded by the timeout: a rank that never calls it fails the
-    /// others with [`CollectiveError::Timeout`]. (Over MPI, only the
-    /// exchange before `MPI_Comm_split` is: a rank that calls it just as
-    /// its peers time out can find the exchange complete and block in
-    /// `MPI_Comm_split`, which they never call; not yet bounded.) A
-    /// blocking NCCL one's is
+    /// others with [`CollectiveError::Timeout`] (over MPI the
+    /// `MPI_Comm_split` after the ranks agreed too: a rank that came just
+    /// as its peers timed out fails at its own deadline). A blocking NCCL
+    /// one's is
     /// `ncclCommSplit` (NCCL 2.18+), which waits for every rank: one that
     /// never calls it blocks the others inside NCCL.
     ///

@@ -19,12 +19,12 @@ use ::mpi::ffi;
 
 use self::exchange::{Messages, SLOT, poll};
 use super::description::{Description, WORDS};
-use super::mpi_types::{check, datatype, op};
+use super::mpi_types::{check, datatype, mpi_error, op};
 use super::small;
 use super::staging::StagingPool;
 use super::{
-    CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, Element, HostCollective,
-    HostData, Transport,
+    CollectiveError, CollectiveOp, Communicator, DEFAULT_TIMEOUT, HostCollective, HostData,
+    Transport,
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, Mutex, RwLock};
@@ -231,6 +231,14 @@ pub(super) struct MpiComm {
     /// The first failure that left MPI requests pending (a timeout): the
     /// communicator runs nothing after it.
     broken: Mutex<Option<Arc<Error>>>,
+    /// Set once it broke (`break_with`): requests of it may be pending,
+    /// which a late peer can still complete, or an `MPI_Comm_split` be
+    /// under way on its thread (`split_within` gave up on it). The handle
+    /// is then never freed: OpenMPI crashed (a segfault in its progress)
+    /// when a peer completed a collective of a communicator freed with it
+    /// pending (`tests/collective_mpi.rs`, "a split one rank comes to
+    /// late").
+    keep: std::sync::atomic::AtomicBool,
     /// Staging memory kept for the next collectives.
     staging: StagingPool,
 }
@@ -251,6 +259,7 @@ impl MpiComm {
     /// more, and MPI is not finalised.
     fn break_with(&self, error: &Error) {
         *self.broken.lock() = Some(Arc::new(error.clone()));
+        self.keep.store(true, std::sync::atomic::Ordering::Relaxed);
         REQUESTS_LEFT.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
@@ -279,6 +288,7 @@ impl MpiComm {
             collective_start: Mutex::default(),
             p2p_start: Mutex::default(),
             broken: Mutex::new(None),
+            keep: std::sync::atomic::AtomicBool::new(false),
             staging: StagingPool::default(),
         };
         Ok(Communicator::new(rank, size, Transport::Mpi(comm)))
@@ -354,7 +364,8 @@ impl MpiComm {
             &[]
         };
         let limits = (deadline, timeout);
-        let exchanged = self.exchange((rank, size), plan, mine, payload, &mut guard, limits);
+        let describe = || plan.describe();
+        let exchanged = self.exchange((rank, size), &describe, mine, payload, &mut guard, limits);
         let gathered = &guard.gathered;
         let started = match (exchanged, read_error) {
             // This rank's own failure to read its send view, which its
@@ -446,12 +457,6 @@ impl MpiComm {
         let life = self.usable(rank)?;
         let timeout = communicator.timeout();
         let sequence = communicator.next_sequence();
-        let plan = HostCollective {
-            op: CollectiveOp::AllGather,
-            element: Element::U32,
-            count: 0,
-            sequence,
-        };
         // MPI takes both as C `int`s: a rank with one it cannot take still
         // exchanges (marked), so every rank fails the split at once.
         let int = |value: u32, what: &str| {
@@ -478,23 +483,75 @@ impl MpiComm {
         let deadline = Instant::now() + timeout;
         let mine = Description::split(sequence, invalid);
         let limits = (deadline, timeout);
-        let exchanged = self.exchange((rank, size), &plan, mine, &[], &mut messages, limits);
+        let describe = || format!("split of the communicator, submitted #{sequence}");
+        let exchanged = self.exchange((rank, size), &describe, mine, &[], &mut messages, limits);
         let (color, key) = (color?, key?);
         exchanged?;
-        let mut raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
-        // SAFETY: the communicator is live; `raw` is written before the
-        // call returns success.
-        check(rank, "MPI_Comm_split", unsafe {
-            ffi::MPI_Comm_split(self.raw.0, color, key, raw.as_mut_ptr())
-        })?;
-        // SAFETY: MPI_Comm_split succeeded, so it wrote the handle.
-        let raw = unsafe { raw.assume_init() };
+        let raw = self.split_within(rank, (color, key), (deadline, timeout))?;
         // SAFETY: reading MPI's predefined constant.
         if raw == unsafe { ffi::RSMPI_COMM_NULL } {
             return Ok(None);
         }
         drop(life);
         MpiComm::adopt(raw).map(Some)
+    }
+
+    /// `MPI_Comm_split` of this communicator by `color` and `key`, bounded
+    /// by `deadline`. MPI's split blocks until every rank calls it: a rank
+    /// whose exchange completed just as its peers' timed out (they never
+    /// call it) would block for ever, holding `collective_start`. So it
+    /// runs on a thread of its own; at the deadline the communicator is
+    /// broken, its handle kept (never freed under the split still in it)
+    /// and the thread left to MPI.
+    fn split_within(
+        &self,
+        rank: usize,
+        (color, key): (c_int, c_int),
+        (deadline, timeout): (Instant, Duration),
+    ) -> Result<ffi::MPI_Comm> {
+        let comm = RawComm(self.raw.0);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let split = move || {
+            let comm = comm;
+            let mut raw = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+            // SAFETY: the communicator is live (its handle is freed only
+            // once this sent its result, or never: `keep`); `raw` is
+            // written before the call returns success.
+            let code = unsafe { ffi::MPI_Comm_split(comm.0, color, key, raw.as_mut_ptr()) };
+            // SAFETY: written where the call succeeded.
+            let made =
+                (code == ffi::MPI_SUCCESS as c_int).then(|| RawComm(unsafe { raw.assume_init() }));
+            let _ = sender.send((code, made));
+        };
+        let spawned = std::thread::Builder::new()
+            .name("hwqueue-mpi-split".into())
+            .spawn(split);
+        if let Err(error) = spawned {
+            let error = CollectiveError::Invalid {
+                rank,
+                size: 0,
+                op: "split",
+                reason: format!("no thread to run MPI_Comm_split on: {error}"),
+            };
+            return Err(error.into());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match receiver.recv_timeout(left) {
+            Ok((code, made)) => {
+                check(rank, "MPI_Comm_split", code)?;
+                made.map(|made| made.0)
+                    .ok_or_else(|| mpi_error(rank, "MPI_Comm_split", code))
+            }
+            Err(_) => {
+                let error = Error::from(CollectiveError::Timeout {
+                    rank,
+                    op: "split of the communicator (MPI_Comm_split: a peer never called it)".into(),
+                    waited: timeout,
+                });
+                self.break_with(&error);
+                Err(error)
+            }
+        }
     }
 
     /// Starts the data transfer of `plan` over `memory`: its send and
@@ -575,11 +632,12 @@ impl MpiComm {
 impl Drop for MpiComm {
     fn drop(&mut self) {
         let life = life().read();
-        if *life == Life::Live {
+        // Broken, with requests or a split maybe still in MPI: leaked.
+        if *life == Life::Live && !self.keep.load(std::sync::atomic::Ordering::Relaxed) {
             // SAFETY: MPI is live; the handle is ours (duplicated in
             // `adopt`) and no collective uses it (they hold a clone of the
-            // communicator, and this is its last). Pending (leaked)
-            // requests are allowed: MPI frees it once they complete.
+            // communicator, and this is its last), nor any request: one
+            // that broke it (which may leave requests) sets `keep`.
             unsafe { ffi::MPI_Comm_free(&mut self.raw.0) };
         }
     }

@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
 
+use super::super::CollectiveError;
 use super::super::description::{Description, WORDS};
 use super::super::mpi_types::{check, u64_type};
 use super::super::small::INLINE;
-use super::super::{CollectiveError, HostCollective};
 use super::{MpiComm, null_request};
 use crate::error::{Error, Result};
 
@@ -36,8 +36,8 @@ pub(super) struct Messages {
 }
 
 impl MpiComm {
-    /// Exchanges descriptions of the collective `plan` with every rank and
-    /// compares them (a `send` or `recv` exchanges with its peer alone, in
+    /// Exchanges descriptions of a collective (`describe` names it in
+    /// errors) with every rank and compares them (a `send` or `recv` exchanges with its peer alone, in
     /// its group: `p2p.rs`). A message is [`SLOT`] words, the description
     /// then `payload` (at most [`INLINE`] bytes, zero-padded): every
     /// rank's, in rank order, is left in `messages.gathered`. On a failure
@@ -46,7 +46,7 @@ impl MpiComm {
     pub(super) fn exchange(
         &self,
         (rank, size): (usize, usize),
-        plan: &HostCollective,
+        describe: &impl Fn() -> String,
         mine: Description,
         payload: &[u8],
         messages: &mut Messages,
@@ -90,7 +90,7 @@ impl MpiComm {
                 &mut requests[0],
             )
         })?;
-        if let Err(error) = self.settle(rank, plan, &mut requests, deadline, timeout) {
+        if let Err(error) = self.settle(rank, describe, &mut requests, deadline, timeout) {
             std::mem::forget(all);
             std::mem::forget(sent);
             return Err(error);
@@ -109,7 +109,7 @@ impl MpiComm {
     fn settle(
         &self,
         rank: usize,
-        plan: &HostCollective,
+        describe: &impl Fn() -> String,
         requests: &mut [ffi::MPI_Request],
         deadline: Instant,
         waited: Duration,
@@ -118,7 +118,7 @@ impl MpiComm {
             Ok(true) => return Ok(()),
             Ok(false) => Error::from(CollectiveError::Timeout {
                 rank,
-                op: format!("{} (exchanging descriptions)", plan.describe()),
+                op: format!("{} (exchanging descriptions)", describe()),
                 waited,
             }),
             Err(error) => error,
