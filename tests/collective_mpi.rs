@@ -136,6 +136,11 @@ fn suite(mpi: &Mpi, ranks: &Ranks) -> bool {
             "a split one rank comes to late fails every rank within the timeout".into(),
             late_split(ranks),
         );
+        run(
+            "a collective whose buffer a kernel holds past the timeout fails at its deadline"
+                .into(),
+            buffer_held_past_the_timeout(ranks),
+        );
     }
     run(
         "engines without collectives refuse them".into(),
@@ -1117,6 +1122,73 @@ fn gate(_: &WorkGroup, _: &KernelArgs<'_>) {
     GATE_HOLDING.store(true, Ordering::Release);
     while !GATE_OPEN.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds its buffer until `RELEASE` (a gate of its own: `gate`'s opens once).
+fn hold_until_released(_: &WorkGroup, _: &KernelArgs<'_>) {
+    use std::sync::atomic::Ordering;
+    HELD.store(true, Ordering::Release);
+    while !RELEASE.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Rank 0's send buffer of a 4 KiB all_reduce (over the views' own
+/// memory) is held by a kernel of another queue, released only once the
+/// all_reduce's batch has settled (or after 10 s). The ranks agree, the
+/// peers start their part and time out after 1 s; rank 0 must fail at its
+/// deadline too, the kernel still holding the buffer. On c961566 it waited
+/// for the buffer without a bound, under the communicator's start lock,
+/// until the 10 s release.
+fn buffer_held_past_the_timeout(ranks: &Ranks) -> Outcome {
+    use std::sync::atomic::Ordering;
+    let comm = (ranks.comm.split(Some(0), ranks.rank as u32).map_err(text)?)
+        .ok_or("the split gave no communicator")?;
+    comm.set_timeout(Duration::from_secs(1));
+    let len = 1024;
+    let (send, recv) = (buffer::<f32>(ranks, len), buffer::<f32>(ranks, len));
+    if ranks.rank != 0 {
+        return match run_batch(ranks, |q| {
+            q.all_reduce::<f32, _, _>(&comm, Reduction::Sum, &send, &recv);
+        }) {
+            Err(_) => Ok(()),
+            Ok(()) => Err("the all_reduce ran without rank 0".into()),
+        };
+    }
+    let program = CpuProgram::from_fn("hold", 1, 0, hold_until_released);
+    let mut holder = ranks.device.compute_queue().map_err(text)?;
+    holder.exec(&program, &[&send], &[], ExecParams::new_1d(1, 1));
+    holder.submit().map_err(text)?;
+    while !HELD.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let settled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let release = {
+        let settled = settled.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !settled.load(Ordering::Acquire) && start.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            RELEASE.store(true, Ordering::Release);
+        })
+    };
+    let outcome = run_batch(ranks, |q| {
+        q.all_reduce::<f32, _, _>(&comm, Reduction::Sum, &send, &recv);
+    });
+    let released_first = RELEASE.load(Ordering::Acquire);
+    settled.store(true, Ordering::Release);
+    release.join().map_err(|_| "the release thread panicked")?;
+    holder.synchronize().map_err(text)?;
+    match outcome {
+        Err(error) if !released_first && error.to_string().contains("buffers") => Ok(()),
+        outcome => Err(format!(
+            "{outcome:?}, the kernel released the buffer before: {released_first}"
+        )),
     }
 }
 

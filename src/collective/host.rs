@@ -33,11 +33,13 @@ pub(crate) trait HostViews {
     /// Holds the views for the transfer, which reads the send view and
     /// writes the receive view until the engine returns: their first bytes
     /// (null where the collective has none), as long as the collective
-    /// needs.
+    /// needs. `None` where other work (a kernel of another queue) still
+    /// held a buffer at `deadline`: the peers, which started their part,
+    /// time out by then.
     ///
     /// # Errors
     /// As [`check`](Self::check).
-    fn hold(&mut self) -> Result<(*const u8, *mut u8)>;
+    fn hold(&mut self, deadline: std::time::Instant) -> Result<Option<(*const u8, *mut u8)>>;
 
     /// Whether the send view is the receive view (an `all_reduce` in
     /// place): MPI is then given a copy of it to send (rsmpi has no

@@ -384,11 +384,23 @@ impl MpiComm {
                 Ok(Vec::new())
             }
             (Ok(()), None) => (|| {
+                let held = |views: &mut &mut dyn super::HostViews| {
+                    views.hold(deadline)?.ok_or_else(|| {
+                        Error::from(CollectiveError::Timeout {
+                            rank,
+                            op: format!(
+                                "{} (waiting for its buffers, which other work holds)",
+                                plan.describe()
+                            ),
+                            waited: timeout,
+                        })
+                    })
+                };
                 let memory = match &mut direct {
                     // Held from here until this returns (the caller's
                     // guards), so MPI has the views' own memory.
                     Some(views) if in_place => {
-                        let (view, result) = views.hold()?;
+                        let (view, result) = held(views)?;
                         let bytes = send.bytes();
                         // SAFETY: `view` is the held send view's first byte,
                         // and the view is `send_len` elements long (checked
@@ -397,7 +409,7 @@ impl MpiComm {
                         bytes.copy_from_slice(view);
                         (send.ptr().cast_const().cast(), result)
                     }
-                    Some(views) => views.hold()?,
+                    Some(views) => held(views)?,
                     None => (send.ptr().cast_const().cast(), recv.ptr().cast()),
                 };
                 self.start(rank, plan, memory)

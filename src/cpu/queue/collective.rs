@@ -118,7 +118,7 @@ impl<F: Fn() -> Error> HostViews for Forfeit<F> {
         Err((self.0)())
     }
 
-    fn hold(&mut self) -> Result<(*const u8, *mut u8)> {
+    fn hold(&mut self, _: std::time::Instant) -> Result<Option<(*const u8, *mut u8)>> {
         Err((self.0)())
     }
 
@@ -182,11 +182,22 @@ impl HostViews for Views<'_> {
             .try_for_each(CpuBuffer::peek)
     }
 
-    fn hold(&mut self) -> Result<(*const u8, *mut u8)> {
+    /// Waits for a buffer another queue's work holds in short naps, up to
+    /// `deadline` (it waited unbounded, under the communicator's start
+    /// lock, while its peers timed out).
+    fn hold(&mut self, deadline: std::time::Instant) -> Result<Option<(*const u8, *mut u8)>> {
         let buffers = self.buffers();
         for (slot, buffer) in self.held.iter_mut().zip(buffers) {
             if let Some(buffer) = buffer {
-                let held = buffer.lock_exclusive();
+                let held = loop {
+                    if let Some(held) = buffer.try_lock_exclusive() {
+                        break held;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(std::time::Duration::from_micros(50));
+                };
                 held.check(|| "the collective's buffer".into())?;
                 *slot = Some((buffer, held));
             }
@@ -198,7 +209,7 @@ impl HostViews for Views<'_> {
             .send
             .map_or(std::ptr::null(), |v| first(v).cast_const());
         let recv = self.recv.map_or(std::ptr::null_mut(), first);
-        Ok((send, recv))
+        Ok(Some((send, recv)))
     }
 
     fn in_place(&self) -> bool {
