@@ -316,7 +316,9 @@ fn given_up_racing_the_abandon_names_only_the_abandoned_event() {
 /// ends its sleep at once. Whether the `set` comes before its look, between
 /// the look and the sleep, or while it sleeps, the waiter wakes with `Ok`
 /// (loom's condvar never times out, so a missed notification is a
-/// deadlock here).
+/// deadlock here). Under loom such a nap ends only by a notification: a
+/// model whose waiter with a timeout is released by its event completing
+/// alone (which notifies nothing) would deadlock.
 #[test]
 fn host_set_wakes_a_waiter_sleeping_between_polls() {
     model(None, || {

@@ -504,8 +504,10 @@ impl MpiComm {
         if raw == unsafe { ffi::RSMPI_COMM_NULL } {
             return Ok(None);
         }
+        // Under `life`: MPI is not finalised while `adopt` calls it.
+        let adopted = MpiComm::adopt(raw).map(Some);
         drop(life);
-        MpiComm::adopt(raw).map(Some)
+        adopted
     }
 
     /// `MPI_Comm_split` of this communicator by `color` and `key`, bounded
@@ -514,7 +516,8 @@ impl MpiComm {
     /// call it) would block for ever, holding `collective_start`. So it
     /// runs on a thread of its own; at the deadline the communicator is
     /// broken, its handle kept (never freed under the split still in it)
-    /// and the thread left to MPI.
+    /// and the thread left to MPI (a split it completes later makes a
+    /// communicator nobody frees).
     fn split_within(
         &self,
         rank: usize,
@@ -539,13 +542,15 @@ impl MpiComm {
             .name("hwqueue-mpi-split".into())
             .spawn(split);
         if let Err(error) = spawned {
-            let error = CollectiveError::Invalid {
+            let error = Error::from(CollectiveError::Invalid {
                 rank,
                 size: 0,
                 op: "split",
                 reason: format!("no thread to run MPI_Comm_split on: {error}"),
-            };
-            return Err(error.into());
+            });
+            // The peers agreed and split: this rank is out of step.
+            self.break_with(&error);
+            return Err(error);
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match receiver.recv_timeout(left) {

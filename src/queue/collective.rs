@@ -16,8 +16,9 @@ use super::{HardwareQueue, Queue};
 /// one rejects the batch at `submit` (naming this rank and the sizes). A
 /// collective refused so, or in a batch refused or failed before it,
 /// still takes its place in the communicator's order (a send or receive
-/// takes none): on a CPU queue its peers' fails at once, naming this rank,
-/// and every rank's next one meets the others' next.
+/// over MPI in its peer's; over NCCL, none): on a CPU queue its peers'
+/// fails at once, naming this rank, and every rank's next one meets the
+/// others' next.
 /// Every rank of `communicator` must record the same collectives in the
 /// same order (a `send` is matched by its peer's `recv`); element counts
 /// are a view's length over `T`'s size.

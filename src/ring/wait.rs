@@ -156,10 +156,13 @@ impl<E: RingEvent> EventRing<E> {
                     // lock) ends the nap at once instead of up to 1 ms
                     // later. Checked under the lock first, so none is
                     // missed between the look above and the sleep.
+                    // A record or a raise short of `target` notifies too:
+                    // the nap goes on to its end through those.
                     let nap = now + poll.step().min(deadline - now);
                     let mut guard = self.state.lock();
-                    if self.reached.load(Ordering::Acquire) < target
+                    while self.reached.load(Ordering::Acquire) < target
                         && self.failed.load(Ordering::Acquire) == failed
+                        && Instant::now() < nap
                     {
                         guard = self.changed.wait_until(guard, Some(nap));
                     }
