@@ -234,6 +234,11 @@ pub(crate) use nccl_behind::StreamWatch;
 pub use nccl_create::NcclConfig;
 
 /// How `all_reduce` and `reduce_scatter` combine the ranks' elements.
+///
+/// `Min` and `Max` of floats holding a NaN are not defined across ranks:
+/// the engines compare (`<`, `>`) in their own order, so a NaN is kept or
+/// dropped depending on which rank holds it. Check for NaNs separately
+/// (a `Sum` of a per-rank flag) where they matter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reduction {
     /// The sum.

@@ -280,6 +280,11 @@ impl TimelineSignal for VulkanSignal {
         self.counter().max(deferred)
     }
 
+    /// A jump further than the device's `maxTimelineSemaphoreValueDifference`
+    /// is made in steps of that size (`signal_from_host`), under the
+    /// signal's lock: on a device at the spec's minimum (2^31 - 1) a jump
+    /// of 2^40 is 512 host signals, and one of 2^62 billions (minutes).
+    /// Keep a timeline's values within a few limits of each other.
     fn set(&self, value: u64) {
         assert!(
             value <= MAX_SIGNAL_VALUE,
