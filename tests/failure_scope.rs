@@ -147,3 +147,42 @@ fn every_queue_of_the_crate_takes_both_scopes() {
     let mut any: hwqueue::AnyQueue = hwqueue::acquire("cpu").unwrap().compute_queue().unwrap();
     any.set_failure_scope(FailureScope::Batch).unwrap();
 }
+
+/// A batch failing after its owner was told of another failure takes
+/// down the batches submitted since (they came after it, before the
+/// owner knew of its failure): its cascade counts from the owner's epoch,
+/// not from the one it was stamped with. Here the first failure is
+/// reported while the second batch, scoped to itself, waits on a gate;
+/// the queue is then scoped to the queue, a third batch submitted, and the
+/// second fails. On bf76f69 the third ran (found by a review, helper-47).
+#[test]
+fn a_failure_after_another_was_reported_cascades_over_what_was_submitted_since() {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let buffer = device.alloc(4).unwrap();
+    let [gate, first, second, third] = [(); 4].map(|()| CpuSignal::new(0));
+    let params = ExecParams::new_1d(1, 1);
+    queue
+        .exec(&failing(), &[&buffer], &[], params)
+        .signal(&first, 1);
+    queue.submit().unwrap();
+    queue
+        .wait(&gate, 1)
+        .exec(&failing(), &[&buffer], &[], params)
+        .signal(&second, 1);
+    queue.submit().unwrap();
+    first.wait(1, LONG).unwrap_err();
+    // The owner is told of the first failure (an empty submit reports it).
+    assert!(queue.submit().is_err());
+    queue.set_failure_scope(FailureScope::Queue).unwrap();
+    queue.signal(&third, 1);
+    queue.submit().unwrap();
+    gate.set(1);
+    second.wait(1, LONG).unwrap_err();
+    let third = third.wait(1, LONG);
+    assert!(
+        matches!(&third, Err(Error::SignalFailed { .. })),
+        "the batch submitted after the first failure was reported, before the second, ran: {third:?}"
+    );
+}

@@ -236,11 +236,18 @@ impl Ledger {
     }
 
     /// Records that `batch` failed with `error`, for the owner and for the
-    /// cascade; returns the cause as its signals will carry it.
+    /// cascade; returns the cause as its signals will carry it. The
+    /// cascade takes every batch submitted so far: stamped up to the
+    /// owner's epoch now, which is above `batch`'s where the owner was told
+    /// of another failure since (the batches it submitted after that came
+    /// after `batch`, before it knew of this failure), as
+    /// [`fail_out_of_order`](Self::fail_out_of_order) counts.
     fn record<B: Backend>(&self, batch: &Batch<B>, error: Error) -> std::sync::Arc<Error> {
         let cause = std::sync::Arc::new(error);
         let mut state = self.inner.state.lock();
-        self.record_locked(&mut state, batch.epoch(), cause.clone());
+        // Under `state`, where a report moves the owner's epoch.
+        let upto = batch.epoch().max(self.inner.told.load(Ordering::Relaxed));
+        self.record_locked(&mut state, upto, cause.clone());
         cause
     }
 
