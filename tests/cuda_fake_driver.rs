@@ -666,6 +666,7 @@ fn run_child_scenario(scenario: &str) {
         "repeat_order" => repeat::run(&device),
         "exec_checks" => exec_checks::run(&device),
         "exec_checks_lost" => exec_checks::run_lost(&device),
+        "record_lost" => exec_checks::run_record_lost(&device),
         "exec_params" => exec_checks::run_params(&device),
         "plan_threads" => threads::run(device),
         #[cfg(feature = "nccl")]

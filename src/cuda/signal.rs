@@ -11,8 +11,8 @@ use crate::signal::{Producer, TimelineSignal, Timeout};
 use crate::sync::Arc;
 use crate::wait_policy::WaitTuning;
 
+use super::context_error;
 use super::entry::{Entries, entries};
-use super::{context_error, driver_error};
 
 /// A timeline signal for the CUDA backend; also usable from any host thread.
 ///
@@ -83,7 +83,7 @@ impl SignalEvent {
     /// A new event in `context`.
     fn new(context: &std::sync::Arc<CudaContext>) -> Result<Self> {
         let entries = entries()?;
-        let fail = |e| driver_error("creating a signal's event", e);
+        let fail = |e| context_error(context, "creating a signal's event", e);
         context.bind_to_thread().map_err(fail)?;
         let mut event = std::ptr::null_mut();
         // SAFETY: the context is bound to this thread; the call writes one
@@ -237,7 +237,8 @@ impl EventRecorder<SignalEvent> for StreamRecorder<'_> {
     /// (the only caller), and `accepts` holds the event to that context.
     #[inline]
     fn record(&mut self, event: &SignalEvent) -> Result<()> {
-        let fail = |e| driver_error("recording a signal's event", e);
+        // A sticky error marks the device lost, as a launch's does.
+        let fail = |e| context_error(self.stream.context(), "recording a signal's event", e);
         // SAFETY: the event (alive until its `Drop`) and the stream are of
         // one context (`accepts`), bound to this thread. The pointer is the
         // driver's `cuEventRecord` (`super::entry`).

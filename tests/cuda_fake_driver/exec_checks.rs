@@ -122,6 +122,48 @@ fn each_exec_is_launched_with_its_own_work_sizes() {
     );
 }
 
+/// A sticky fault that only an event record sees (the work that faulted
+/// ran on another queue, or its batch retired already): the signal's
+/// batch fails with the device lost, and the device says so
+/// (`health`), as a launch that saw it would have made it. On 93fee42 the
+/// record's error was a plain driver error and the device stayed healthy
+/// (found by a review, helper-47).
+#[test]
+fn a_fault_seen_by_a_signal_s_event_record_marks_the_device_lost() {
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventRecord"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("record_lost", &extra)) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    for key in ["second", "health"] {
+        let failed = outcome.field(key);
+        assert!(
+            failed.contains("CUDA_ERROR_ILLEGAL_ADDRESS") && failed.to_lowercase().contains("lost"),
+            "{key}: {failed}: {outcome:#?}"
+        );
+    }
+}
+
+/// The child's half of [`a_fault_seen_by_a_signal_s_event_record_marks_the_device_lost`]:
+/// two batches of one signal each (`first`, `second`: their waits'
+/// outcomes), then the device's `health`.
+pub(super) fn run_record_lost(device: &CudaDevice) {
+    use hwqueue::Device;
+    let mut queue = device.compute_queue().unwrap();
+    let outcome = |r: Result<(), hwqueue::Error>| describe(r, |()| String::new());
+    let long = std::time::Duration::from_secs(10);
+    for name in ["first", "second"] {
+        let signal = device.new_signal(0).unwrap();
+        queue.signal(&signal, 1);
+        let _ = queue.submit();
+        report(name, &outcome(signal.wait(1, long).map(drop)));
+    }
+    report("health", &outcome(device.health()));
+}
+
 /// The child's half of the device-lost case: a batch of `scale` after which
 /// the device faults, seen only by the next launch (`first`); a second
 /// batch of `scale`, whose launch sees it (`second`); then a batch of one
