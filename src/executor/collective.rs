@@ -45,7 +45,6 @@
 use crate::collective::{CollectiveElement, CollectiveOp, Communicator, Reduction};
 
 use super::ordering::PlannedOp;
-use super::plan::unplaced_bug;
 use super::schedule::*;
 use super::*;
 
@@ -329,7 +328,21 @@ pub(super) fn record<'a, Q: HardwareQueue>(
     let send = collective.send.as_ref().map(&bytes);
     let recv = collective.recv.as_ref().map(&bytes);
     match (send, recv) {
-        (Some(None), _) | (_, Some(None)) => unplaced_bug(queue, name),
+        // Rejected (a bug), still taking its place, as the peers' take theirs.
+        (Some(None), _) | (_, Some(None)) => {
+            let len = |view: Option<Option<&View<Q::Backend>>>| view.flatten().map(View::len);
+            let count = crate::collective::count_of(
+                collective.op,
+                collective.element,
+                len(send),
+                len(recv),
+            );
+            let what = (collective.op, collective.element, count);
+            let cause = crate::Error::InvalidSchedule {
+                reason: format!("operation `{name}` lost its bytes (a bug in the executor)"),
+            };
+            queue.forfeit_collective(&collective.communicator, what, cause);
+        }
         (send, recv) => {
             queue.collective(
                 &collective.communicator,

@@ -86,11 +86,11 @@ impl<B: Backend> Plan<B> {
             .filter(|&run| self.in_flight.in_flight(&self.facts, run));
         let barrier = self.check_bindings()?.max(refused);
         let mut staged = self.take_staged()?;
-        self.bindings_used(self.runs);
-        let result = self
-            .in_flight
-            .start(&self.facts, self.runs)
-            .and_then(|timelines| self.record_and_submit(&mut staged, barrier, &timelines));
+        let result = (self.in_flight.start(&self.facts, self.runs)).and_then(|timelines| {
+            // Used once it starts: a run without values leaves the barrier.
+            self.bindings_used(self.runs);
+            self.record_and_submit(&mut staged, barrier, &timelines)
+        });
         if let Err(error) = &result {
             // What was staged and never recorded: its downloads learn why.
             for leftover in staged.into_iter().flatten() {
