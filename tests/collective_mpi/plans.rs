@@ -40,6 +40,11 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
                 .into(),
             refused_before_the_collective(ranks),
         );
+        run(
+            "plan: a run refused before its sends' queue recorded still meets the peers' receives"
+                .into(),
+            refused_before_the_sends(ranks),
+        );
     }
     if ranks.size.is_multiple_of(2) {
         run(
@@ -108,6 +113,75 @@ fn refused_before_the_collective(ranks: &Ranks) -> Outcome {
             (1, Ok(())) => {
                 let got = got.take(Timeout::Forever).map_err(text)?;
                 check("run 1's sum", got, vec![2 * size as u32; len])?;
+            }
+            (run, outcome) => {
+                let got = got.take(Timeout::Forever);
+                return Err(format!("run {run}: {outcome:?}, downloaded {got:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// As `refused_before_the_collective`, over a ring of sends and receives
+/// on the copy queue (a send to the next rank, a receive from the one
+/// before: one group). In run 0 rank 1's compute queue refuses, so its
+/// copy queue records nothing: its send and receive still take their
+/// places, forfeited, so rank 2 (rank 0 of two ranks) fails its run 0's
+/// receive, and run 1 moves run 1's data. Before sends and receives took
+/// places (daac295), rank 2's run 0 received rank 1's run 1 data (`Ok`)
+/// and its run 1 waited until the timeout.
+fn refused_before_the_sends(ranks: &Ranks) -> Outcome {
+    let (rank, size, len) = (ranks.rank, ranks.size, 4);
+    let (next, before) = ((rank + 1) % size, (rank + size - 1) % size);
+    let comm = short_lived(ranks)?;
+    let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
+    let (mut schedule, d) = new_schedule();
+    let slot = schedule.add_slot(d, "s", 64);
+    let params = ExecParams::new_1d(1, 1);
+    let kernel = (schedule.exec("touch s", d, &touch, &[slot], &[], params))
+        .writes(slot, ..)
+        .id();
+    let bytes = len * size_of::<u32>();
+    let (out, into) = (
+        schedule.add_tensor(d, "out", bytes),
+        schedule.add_tensor(d, "into", bytes),
+    );
+    let upload = schedule.upload("upload out", out).id();
+    let send = (schedule.send::<u32>("send to the next rank", &comm, next, out))
+        .on(hwqueue::QueueKind::Copy)
+        .id();
+    (schedule.recv::<u32>("receive from the rank before", &comm, before, into))
+        .on(hwqueue::QueueKind::Copy);
+    let download = schedule.download("download into", into).id();
+    let mut plan = schedule.plan().map_err(text)?;
+    if plan.queue_of(kernel) >= plan.queue_of(send) {
+        return Err(format!("the sends' queue records first:\n{plan}"));
+    }
+    let bytes_for_slot = ranks.device.alloc(128).map_err(text)?;
+    let data = |run: u32, r: usize| vec![run * 100 + r as u32 + 1; len];
+    for run in 0..2u32 {
+        let at = if run == 0 && rank == 1 { 4 } else { 0 };
+        let view = View::new(&bytes_for_slot, at, 64).map_err(text)?;
+        plan.bind(slot, &view).map_err(text)?;
+        plan.upload(upload, &data(run, rank)).map_err(text)?;
+        let got = Download::<u32>::new(len);
+        plan.download(download, &got).map_err(text)?;
+        let outcome = plan.run().and_then(|r| r.wait(Timeout::Forever));
+        match (run, outcome) {
+            (0, Err(error)) if rank == 1 => {
+                if !matches!(error.root_cause(), Error::ViewMisaligned { .. }) {
+                    return Err(format!("run 0 refused with another error: {error}"));
+                }
+            }
+            // Rank 1's peers: the one it sends to fails its receive; the
+            // one it receives from may complete its send (an eager one)
+            // or fail it, as the description exchange decides.
+            (0, Err(error)) if error.to_string().contains("rank 1") => {}
+            (0, Ok(())) if before != 1 => {}
+            (1, Ok(())) => {
+                let got = got.take(Timeout::Forever).map_err(text)?;
+                check("run 1's receive", got, data(1, before))?;
             }
             (run, outcome) => {
                 let got = got.take(Timeout::Forever);
