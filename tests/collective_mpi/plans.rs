@@ -48,7 +48,7 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
     }
     if ranks.size.is_multiple_of(2) {
         run(
-            "plan: a send waiting on another collective of its run starts a group of its own"
+            "plan: with collectives on two devices, a send waiting on a receive runs after it"
                 .into(),
             send_behind_a_collective(ranks),
         );
@@ -259,7 +259,9 @@ fn member_waited_on(ranks: &Ranks) -> Outcome {
 /// which waits for the odd rank's send, which comes after its receive of
 /// `s`: grouped with the send of `s`, its wait would go before both, and
 /// every rank would wait for the other until the timeout. Checked on the
-/// odd rank: `t` arrives, and is `s`.
+/// odd rank: `t` arrives, and is `s`. (With collectives on two devices the
+/// plan groups none of them, so this guards the two-device rule, as
+/// `member_waited_on` does, not the grouping's handling of waits.)
 fn send_behind_a_collective(ranks: &Ranks) -> Outcome {
     let (rank, len) = (ranks.rank, 16);
     let peer = rank ^ 1;
