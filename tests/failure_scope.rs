@@ -161,18 +161,21 @@ fn a_failure_after_another_was_reported_cascades_over_what_was_submitted_since()
     let mut queue = device.compute_queue().unwrap();
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let buffer = device.alloc(4).unwrap();
-    let [gate, first, second, third] = [(); 4].map(|()| CpuSignal::new(0));
+    let [gate, admitted, first, second, third] = [(); 5].map(|()| CpuSignal::new(0));
     let params = ExecParams::new_1d(1, 1);
     queue
         .exec(&failing(), &[&buffer], &[], params)
         .signal(&first, 1);
     queue.submit().unwrap();
     queue
+        .signal(&admitted, 1)
         .wait(&gate, 1)
         .exec(&failing(), &[&buffer], &[], params)
         .signal(&second, 1);
     queue.submit().unwrap();
     first.wait(1, LONG).unwrap_err();
+    // Admitted (under the batch scope) before the scope changes.
+    admitted.wait(1, LONG).unwrap();
     // The owner is told of the first failure (an empty submit reports it).
     assert!(queue.submit().is_err());
     queue.set_failure_scope(FailureScope::Queue).unwrap();

@@ -174,9 +174,9 @@ fn refused_before_the_sends(ranks: &Ranks) -> Outcome {
                     return Err(format!("run 0 refused with another error: {error}"));
                 }
             }
-            // Rank 1's peers: the one it sends to fails its receive; the
-            // one it receives from may complete its send (an eager one)
-            // or fail it, as the description exchange decides.
+            // Rank 1's peers: the one it sends to fails its receive, and
+            // the one it receives from fails its send (each pair of
+            // descriptions disagrees on both sides); the others run.
             (0, Err(error)) if error.to_string().contains("rank 1") => {}
             (0, Ok(())) if before != 1 => {}
             (1, Ok(())) => {
