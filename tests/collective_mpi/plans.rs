@@ -69,13 +69,7 @@ pub(super) fn cases(ranks: &Ranks, run: &mut impl FnMut(String, Outcome)) {
 /// run's data) and their run 1 waited until the timeout.
 fn refused_before_the_collective(ranks: &Ranks) -> Outcome {
     let (rank, size, len) = (ranks.rank, ranks.size, 4);
-    let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
-    let (mut schedule, d) = new_schedule();
-    let slot = schedule.add_slot(d, "s", 64);
-    let params = ExecParams::new_1d(1, 1);
-    let kernel = (schedule.exec("touch s", d, &touch, &[slot], &[], params))
-        .writes(slot, ..)
-        .id();
+    let (mut schedule, d, slot, kernel) = refusable_schedule();
     let bytes = len * size_of::<u32>();
     let (x, sum) = (
         schedule.add_tensor(d, "x", bytes),
@@ -92,9 +86,7 @@ fn refused_before_the_collective(ranks: &Ranks) -> Outcome {
     }
     let bytes_for_slot = ranks.device.alloc(128).map_err(text)?;
     for run in 0..2u32 {
-        let at = if run == 0 && rank == 1 { 4 } else { 0 };
-        let view = View::new(&bytes_for_slot, at, 64).map_err(text)?;
-        plan.bind(slot, &view).map_err(text)?;
+        bind_refused_on_rank_1(&mut plan, slot, &bytes_for_slot, run == 0 && rank == 1)?;
         plan.upload(upload, &vec![run + 1; len]).map_err(text)?;
         let got = Download::<u32>::new(len);
         plan.download(download, &got).map_err(text)?;
@@ -135,13 +127,7 @@ fn refused_before_the_sends(ranks: &Ranks) -> Outcome {
     let (rank, size, len) = (ranks.rank, ranks.size, 4);
     let (next, before) = ((rank + 1) % size, (rank + size - 1) % size);
     let comm = short_lived(ranks)?;
-    let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
-    let (mut schedule, d) = new_schedule();
-    let slot = schedule.add_slot(d, "s", 64);
-    let params = ExecParams::new_1d(1, 1);
-    let kernel = (schedule.exec("touch s", d, &touch, &[slot], &[], params))
-        .writes(slot, ..)
-        .id();
+    let (mut schedule, d, slot, kernel) = refusable_schedule();
     let bytes = len * size_of::<u32>();
     let (out, into) = (
         schedule.add_tensor(d, "out", bytes),
@@ -161,9 +147,7 @@ fn refused_before_the_sends(ranks: &Ranks) -> Outcome {
     let bytes_for_slot = ranks.device.alloc(128).map_err(text)?;
     let data = |run: u32, r: usize| vec![run * 100 + r as u32 + 1; len];
     for run in 0..2u32 {
-        let at = if run == 0 && rank == 1 { 4 } else { 0 };
-        let view = View::new(&bytes_for_slot, at, 64).map_err(text)?;
-        plan.bind(slot, &view).map_err(text)?;
+        bind_refused_on_rank_1(&mut plan, slot, &bytes_for_slot, run == 0 && rank == 1)?;
         plan.upload(upload, &data(run, rank)).map_err(text)?;
         let got = Download::<u32>::new(len);
         plan.download(download, &got).map_err(text)?;
@@ -375,6 +359,33 @@ fn short_lived(ranks: &Ranks) -> Result<Communicator, String> {
     let comm = comm.ok_or("the split gave no communicator")?;
     comm.set_timeout(Duration::from_secs(5));
     Ok(comm)
+}
+
+/// A schedule whose first operation, a kernel on the compute queue,
+/// writes slot `s`: bound to misaligned bytes, the queue refuses the run
+/// ([`bind_refused_on_rank_1`]). Returns it, its device, the slot and the
+/// kernel.
+fn refusable_schedule() -> (Schedule<Cpu>, hwqueue::DeviceId, hwqueue::BufferId, OpId) {
+    let touch = CpuProgram::from_fn("touch", 1, 0, |_, _| {});
+    let (mut schedule, d) = new_schedule();
+    let slot = schedule.add_slot(d, "s", 64);
+    let params = ExecParams::new_1d(1, 1);
+    let kernel = (schedule.exec("touch s", d, &touch, &[slot], &[], params))
+        .writes(slot, ..)
+        .id();
+    (schedule, d, slot, kernel)
+}
+
+/// Binds `slot` to 64 bytes of `bytes`: misaligned (4 bytes in) where
+/// `refused`, so the run that takes them is refused.
+fn bind_refused_on_rank_1(
+    plan: &mut Plan<Cpu>,
+    slot: hwqueue::BufferId,
+    bytes: &CpuBuffer,
+    refused: bool,
+) -> Outcome {
+    let view = View::new(bytes, if refused { 4 } else { 0 }, 64).map_err(text)?;
+    plan.bind(slot, &view).map_err(text)
 }
 
 fn new_schedule() -> (Schedule<Cpu>, hwqueue::DeviceId) {
