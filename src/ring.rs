@@ -393,7 +393,13 @@ impl<E: RingEvent> EventRing<E> {
             };
             if let Some(at) = free {
                 let event = recorder.create()?;
-                recorder.record(&event)?;
+                if let Err(error) = recorder.record(&event) {
+                    // Destroyed outside the lock, as every event is: its
+                    // drop may call the driver.
+                    drop(guard);
+                    drop(event);
+                    return Err(error);
+                }
                 let slot = Slot {
                     value,
                     seq,

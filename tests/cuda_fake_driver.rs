@@ -1599,9 +1599,11 @@ fn signal_behind_wait(device: &CudaDevice) {
     );
 }
 
-/// A batch of signals only goes on the stream at once (no hand-over, no
-/// completion event), but not past a batch the worker holds for a wait:
-/// behind one, its signals stay unreached until the wait is satisfied.
+/// A batch of signals only goes on the stream at once, but not past a
+/// batch the worker holds for a wait: behind one, its signals stay
+/// unreached until the wait is satisfied; with the queue idle, it reaches
+/// its value. (It checks the values; which path recorded the idle batch,
+/// in place or through the worker, it does not see.)
 #[test]
 fn a_signal_only_batch_behind_a_deferred_wait_keeps_its_place() {
     let Some(outcome) = run_scenario(&on_a_12_2_device("signal_behind_wait", &[])) else {

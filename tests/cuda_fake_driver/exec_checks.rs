@@ -40,6 +40,11 @@ pub(super) fn run(device: &CudaDevice) {
     report("synchronize", &outcome(queue.synchronize()));
 }
 
+/// What it can see from outside: a repeat runs, and an `exec` that differs
+/// from the last only in what the CUDA engine's check reads (a scalar's
+/// width, another kernel) is checked, not taken for a repeat. That the
+/// repeat skips its checks is not observable here (they would pass); the
+/// instruction counts show it (`BENCH=cuda benches/callgrind.sh`).
 #[test]
 fn an_exec_repeating_the_last_skips_its_checks_and_any_other_is_checked() {
     let Some(outcome) = run_scenario(&on_a_12_2_device("exec_checks", &[])) else {
