@@ -50,7 +50,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::signal::{PollBackoff, TimelineSignal, Timeout, check_value, spin_before_blocking};
+use crate::signal::{
+    PollBackoff, TimelineSignal, Timeout, check_value, spin_before_blocking, timed_start,
+};
 use crate::sync::{Arc, Condvar, Mutex};
 use crate::wait_policy::{WaitTuning, spin_until};
 
@@ -174,12 +176,13 @@ pub fn wait_all<S: TimelineSignal>(waits: &[(&S, u64)], timeout: impl Into<Timeo
         return Ok(());
     }
     let timeout = timeout.into();
-    // The timeout counts from here, spin included.
-    let start = Instant::now();
+    // A finite timeout counts from here, spin included.
+    let start = timed_start(timeout);
     let spin = tuned_spin(waits);
     if spin.is_none() && spin_before_blocking(timeout, start, all_reached).is_some() {
         return Ok(());
     }
+    let start = start.unwrap_or_else(Instant::now);
     block_until(waits, (timeout, start), true, spin, || {
         let mut first_pending = None;
         for (index, &(signal, target)) in waits.iter().enumerate() {
@@ -247,14 +250,15 @@ pub fn wait_any<S: TimelineSignal>(
         return Ok(index);
     }
     let timeout = timeout.into();
-    // The timeout counts from here, spin included.
-    let start = Instant::now();
+    // A finite timeout counts from here, spin included.
+    let start = timed_start(timeout);
     let spin = tuned_spin(waits);
     if spin.is_none()
         && let Some(index) = spin_before_blocking(timeout, start, first_reached)
     {
         return Ok(index);
     }
+    let start = start.unwrap_or_else(Instant::now);
     block_until(waits, (timeout, start), false, spin, || {
         // The lowest index reached wins over an earlier one's failure.
         let mut failure = None;

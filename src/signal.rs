@@ -335,13 +335,13 @@ impl Failures {
 
 /// The spin a host wait takes before it blocks (bounded and adaptive: see
 /// `SpinWait`), looking with `look` until it finds something; `None` when
-/// the spin ran out or `timeout`, counted from `start` (when the wait
-/// began), passed, and at once for a zero `timeout` (which asks not to
-/// wait at all). Only values are read while spinning: a failure is seen once
+/// the spin ran out or a finite `timeout`, counted from `start` (when the
+/// wait began: [`timed_start`]), passed, and at once for a zero `timeout`
+/// (which asks not to wait at all). Only values are read while spinning: a failure is seen once
 /// the wait blocks. `CpuSignal::wait`, `wait_all` and `wait_any` share it.
 pub(crate) fn spin_before_blocking<R>(
     timeout: Timeout,
-    start: Instant,
+    start: Option<Instant>,
     look: impl Fn() -> Option<R>,
 ) -> Option<R> {
     if timeout == Timeout::After(Duration::ZERO) {
@@ -352,13 +352,21 @@ pub(crate) fn spin_before_blocking<R>(
         return None;
     }
     let found = std::cell::Cell::new(None);
-    spin.until_before(timeout.deadline_from(start), || {
+    let deadline = start.and_then(|start| timeout.deadline_from(start));
+    spin.until_before(deadline, || {
         let seen = look();
         let done = seen.is_some();
         found.set(seen);
         done
     });
     found.into_inner()
+}
+
+/// When a wait with `timeout` began, for its deadline: now where the
+/// timeout is finite; `None` for [`Timeout::Forever`], which has no
+/// deadline to count, so that its spin reads no clock.
+pub(crate) fn timed_start(timeout: Timeout) -> Option<Instant> {
+    matches!(timeout, Timeout::After(_)).then(Instant::now)
 }
 
 /// Checks a timeline value given to `set` or `signal`: at most

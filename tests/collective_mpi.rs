@@ -1108,27 +1108,31 @@ fn p2p_groups(ranks: &Ranks) -> Outcome {
     runs_on(ranks, &comm)
 }
 
-static GATE_HOLDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static GATE_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+use std::sync::atomic::AtomicBool;
+
+static GATE_HOLDING: AtomicBool = AtomicBool::new(false);
+static GATE_OPEN: AtomicBool = AtomicBool::new(false);
 
 /// Holds its buffer (as a CPU kernel does while it runs) until the gate
 /// opens.
 fn gate(_: &WorkGroup, _: &KernelArgs<'_>) {
-    use std::sync::atomic::Ordering;
-    GATE_HOLDING.store(true, Ordering::Release);
-    while !GATE_OPEN.load(Ordering::Acquire) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    hold_until(&GATE_HOLDING, &GATE_OPEN);
 }
 
-static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static HELD: AtomicBool = AtomicBool::new(false);
+static RELEASE: AtomicBool = AtomicBool::new(false);
 
 /// Holds its buffer until `RELEASE` (a gate of its own: `gate`'s opens once).
 fn hold_until_released(_: &WorkGroup, _: &KernelArgs<'_>) {
+    hold_until(&HELD, &RELEASE);
+}
+
+/// A kernel's body that holds its buffer: says so in `holding`, then
+/// returns once `open` is set.
+fn hold_until(holding: &AtomicBool, open: &AtomicBool) {
     use std::sync::atomic::Ordering;
-    HELD.store(true, Ordering::Release);
-    while !RELEASE.load(Ordering::Acquire) {
+    holding.store(true, Ordering::Release);
+    while !open.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }

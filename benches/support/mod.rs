@@ -56,10 +56,12 @@ pub fn configure<M: Measurement>(group: &mut BenchmarkGroup<'_, M>, profile: Pro
     }
 }
 
-/// `Measurement` for a paired measurement `$name`, whose values come
-/// from `iter_custom` with `support::$timer` only.
+/// `Measurement` and `ValueFormatter` for a paired measurement `$name`,
+/// whose values come from `iter_custom` with `support::$timer` only: its
+/// values scaled by its own `scale`, its unscaled units `$unit` (for
+/// throughputs) and `$machine` (for machines).
 macro_rules! paired_measurement {
-    ($name:ident, $timer:literal) => {
+    ($name:ident, $timer:literal, $unit:literal, $machine:literal) => {
         impl Measurement for $name {
             type Intermediate = ();
             type Value = f64;
@@ -92,6 +94,25 @@ macro_rules! paired_measurement {
                 self
             }
         }
+
+        impl ValueFormatter for $name {
+            fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+                self.scale(typical, values)
+            }
+
+            fn scale_throughputs(
+                &self,
+                _typical: f64,
+                _: &Throughput,
+                _values: &mut [f64],
+            ) -> &'static str {
+                $unit
+            }
+
+            fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
+                $machine
+            }
+        }
     };
 }
 
@@ -110,24 +131,12 @@ macro_rules! paired_measurement {
 /// timing (`iter`) has no baseline to divide by.
 pub struct Ratio;
 
-paired_measurement!(Ratio, "paired");
+paired_measurement!(Ratio, "paired", "x", "ratio");
 
-impl ValueFormatter for Ratio {
-    fn scale_values(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
+impl Ratio {
+    /// A ratio, as it is.
+    fn scale(&self, _typical: f64, _values: &mut [f64]) -> &'static str {
         "x"
-    }
-
-    fn scale_throughputs(
-        &self,
-        _typical: f64,
-        _: &Throughput,
-        _values: &mut [f64],
-    ) -> &'static str {
-        "x"
-    }
-
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "ratio"
     }
 }
 
@@ -143,10 +152,11 @@ impl ValueFormatter for Ratio {
 /// more than the difference measured.
 pub struct Added;
 
-paired_measurement!(Added, "paired_added");
+paired_measurement!(Added, "paired_added", "ns", "ns");
 
-impl ValueFormatter for Added {
-    fn scale_values(&self, typical: f64, values: &mut [f64]) -> &'static str {
+impl Added {
+    /// Nanoseconds, in ns, µs or ms as `typical` is.
+    fn scale(&self, typical: f64, values: &mut [f64]) -> &'static str {
         let (factor, unit) = match typical.abs() {
             t if t < 1e3 => (1.0, "ns"),
             t if t < 1e6 => (1e-3, "µs"),
@@ -154,19 +164,6 @@ impl ValueFormatter for Added {
         };
         values.iter_mut().for_each(|value| *value *= factor);
         unit
-    }
-
-    fn scale_throughputs(
-        &self,
-        _typical: f64,
-        _: &Throughput,
-        _values: &mut [f64],
-    ) -> &'static str {
-        "ns"
-    }
-
-    fn scale_for_machines(&self, _values: &mut [f64]) -> &'static str {
-        "ns"
     }
 }
 

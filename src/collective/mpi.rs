@@ -534,9 +534,10 @@ impl MpiComm {
             // written before the call returns success.
             let code = unsafe { ffi::MPI_Comm_split(comm.0, color, key, raw.as_mut_ptr()) };
             // SAFETY: written where the call succeeded.
-            let made =
-                (code == ffi::MPI_SUCCESS as c_int).then(|| RawComm(unsafe { raw.assume_init() }));
-            let _ = sender.send((code, made));
+            let made = (code == ffi::MPI_SUCCESS as c_int)
+                .then(|| RawComm(unsafe { raw.assume_init() }))
+                .ok_or(code);
+            let _ = sender.send(made);
         };
         let spawned = std::thread::Builder::new()
             .name("hwqueue-mpi-split".into())
@@ -554,11 +555,9 @@ impl MpiComm {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match receiver.recv_timeout(left) {
-            Ok((code, made)) => {
-                check(rank, "MPI_Comm_split", code)?;
-                made.map(|made| made.0)
-                    .ok_or_else(|| mpi_error(rank, "MPI_Comm_split", code))
-            }
+            Ok(made) => made
+                .map(|made| made.0)
+                .map_err(|code| mpi_error(rank, "MPI_Comm_split", code)),
             Err(_) => {
                 let error = Error::from(CollectiveError::Timeout {
                     rank,

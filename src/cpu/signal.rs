@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::multi_wait::SignalWaker;
 use crate::signal::{
     Failures, MAX_SIGNAL_VALUE, Producer, TimelineSignal, Timeout, spin_before_blocking,
-    value_out_of_range,
+    timed_start, value_out_of_range,
 };
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering};
 
@@ -142,7 +142,8 @@ impl CpuSignal {
     }
 
     #[cold]
-    fn wait_slow(&self, target: u64, timeout: Timeout, start: Instant) -> Result<()> {
+    fn wait_slow(&self, target: u64, timeout: Timeout, start: Option<Instant>) -> Result<()> {
+        let start = start.unwrap_or_else(Instant::now);
         let deadline = timeout.deadline_from(start);
         let inner = &*self.inner;
         let mut waiters = inner.lock.lock();
@@ -210,8 +211,8 @@ impl TimelineSignal for CpuSignal {
             });
         }
         let timeout = timeout.into();
-        // The timeout counts from here, spin included.
-        let start = Instant::now();
+        // A finite timeout counts from here, spin included.
+        let start = timed_start(timeout);
         // A queue about to finish the work waited for then costs no sleep
         // and wake-up.
         let reached = || self.is_reached(target).then_some(());

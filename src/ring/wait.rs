@@ -57,11 +57,13 @@ impl<E: RingEvent> EventRing<E> {
         // tuning: counted into the average once the wait is over.
         let mut on_event: Option<(Instant, Option<&'static WaitTuning>)> = None;
         let counts = deadline.is_none_or(|deadline| deadline > start);
-        let count = |on_event: Option<(Instant, Option<&'static WaitTuning>)>| {
+        // `record`, or for a wait that timed out `record_at_least`.
+        let count = |on_event: Option<(Instant, Option<&'static WaitTuning>)>,
+                     how: fn(&WaitTuning, std::time::Duration)| {
             if let Some((since, Some(tuning))) = on_event
                 && counts
             {
-                tuning.record(since.elapsed());
+                how(tuning, since.elapsed());
             }
         };
         let mut state = self.state.lock();
@@ -70,7 +72,7 @@ impl<E: RingEvent> EventRing<E> {
             let (value, event) = match step {
                 Ok(Step::Reached) => {
                     drop(state);
-                    count(on_event);
+                    count(on_event, WaitTuning::record);
                     return Ok(());
                 }
                 Err(error) => return Err(error),
@@ -129,7 +131,7 @@ impl<E: RingEvent> EventRing<E> {
                     }
                     self.raise(&mut guard, value);
                     drop(guard);
-                    count(on_event);
+                    count(on_event, WaitTuning::record);
                     return Ok(());
                 }
                 Ok(false) => {}
@@ -144,7 +146,7 @@ impl<E: RingEvent> EventRing<E> {
                     let current = guard.completed;
                     drop(guard);
                     if current >= target {
-                        count(on_event);
+                        count(on_event, WaitTuning::record);
                         return Ok(());
                     }
                     return Err(Error::SignalFailed {
@@ -162,8 +164,8 @@ impl<E: RingEvent> EventRing<E> {
                     // `fail` or an `abandon` (each notifies under the
                     // lock) ends the nap at once instead of up to 1 ms
                     // later. Checked under the lock first, so none is
-                    // missed between the look above and the sleep.
-                    // A record or a raise short of `target` notifies too:
+                    // missed between the look above and the sleep. A
+                    // record or a raise short of `target` notifies too:
                     // the nap goes on to its end through those.
                     let nap = now + poll.step().min(deadline - now);
                     let mut guard = self.state.lock();
@@ -179,11 +181,7 @@ impl<E: RingEvent> EventRing<E> {
                 _ => {
                     // Ran out before its event completed: the wait was at
                     // least this long, which only raises the average.
-                    if let Some((since, Some(tuning))) = on_event
-                        && counts
-                    {
-                        tuning.record_at_least(since.elapsed());
-                    }
+                    count(on_event, WaitTuning::record_at_least);
                     return Err(Error::Timeout {
                         target,
                         current: self.value(),

@@ -289,11 +289,20 @@ impl VulkanProgram {
                     kind.name().to_uppercase()
                 ),
             })?;
-            // Within `push_size` by construction (`reflect`).
-            let at = offset as usize;
-            if let Some(slot) = bytes.get_mut(at..at + value.len()) {
-                slot.copy_from_slice(&value);
-            }
+            // Within `push_size` by construction (`reflect`); said, not
+            // skipped, should that ever not hold.
+            let (at, size) = (offset as usize, bytes.len());
+            let slot =
+                bytes
+                    .get_mut(at..at + value.len())
+                    .ok_or_else(|| Error::InvalidProgram {
+                        program: self.inner.signature.name.clone(),
+                        reason: format!(
+                            "scalar {index} lies at bytes {at}.. past the push constants' {size} \
+                         (hwqueue's bug: `reflect` sizes them to cover every member)"
+                        ),
+                    })?;
+            slot.copy_from_slice(&value);
         }
         Ok(bytes)
     }

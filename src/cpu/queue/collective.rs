@@ -71,8 +71,8 @@ pub(super) fn run_collective(collective: &Collective<Cpu>) -> Result<()> {
 /// stays in step. Numbered at submit, a collective this rank skipped would
 /// otherwise pair the peers' with this rank's next one: a mismatch for
 /// good, or, where the next one is alike, data of another step. (Sends
-/// and receives: [`forfeit_p2p_group`].) Blocks, as a collective does, until the peers reach theirs or the
-/// timeout passes.
+/// and receives: [`forfeit_p2p_group`].) Blocks, as a collective does,
+/// until the peers reach theirs or the timeout passes.
 pub(super) fn forfeit_collective(collective: &Collective<Cpu>) {
     let plan = HostCollective::of(collective);
     let communicator = &collective.communicator;
