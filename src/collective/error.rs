@@ -76,6 +76,28 @@ pub enum CollectiveError {
         cause: Arc<Error>,
     },
 
+    /// A collective (or send, or receive) over NCCL that this rank did not
+    /// run (its batch was refused, or failed before it), where its peers
+    /// run theirs. NCCL cannot tell them (an MPI communicator forfeits it,
+    /// described failed, and stays usable), and their call would pair
+    /// with this rank's next one: so the communicator runs no more
+    /// collectives on this rank (each fails with
+    /// [`CollectiveError::Broken`] naming this), and the peers' call times
+    /// out.
+    #[error(
+        "rank {rank}: {op} was not run ({cause}) where its peers run theirs; NCCL cannot tell \
+         them, and their call would pair with this rank's next one, so this communicator runs \
+         no more collectives (the peers' call times out): make a new communicator"
+    )]
+    Skipped {
+        /// The rank reporting.
+        rank: usize,
+        /// The collective, described.
+        op: String,
+        /// Why it was not run.
+        cause: Arc<Error>,
+    },
+
     /// A queue whose engine runs no collectives, or not over this
     /// communicator's engine.
     #[error("a `{backend}` queue cannot run collectives over a `{engine}` communicator: {remedy}")]

@@ -97,8 +97,10 @@
 //! them on one queue, or NCCL deadlocks. A communicator's calls are
 //! serialised across the queues that share it (NCCL forbids concurrent
 //! calls on one). An NCCL error fails the batch from the command that
-//! failed, with [`CollectiveError::Nccl`] (the group is ended first). A
-//! profile times a group as one entry, under its first collective.
+//! failed, with [`CollectiveError::Nccl`] (the group is ended first); one
+//! this rank skips (its batch refused or failed before it) breaks the
+//! communicator here ([`CollectiveError::Skipped`]). A profile times a
+//! group as one entry, under its first collective.
 //! [`Communicator::split`] is `ncclCommSplit` (NCCL 2.18 or newer; the
 //! color `None` is `NCCL_SPLIT_NOCOLOR`, and gets no communicator), with
 //! the MPI split's rule: every rank calls it from the host at the same

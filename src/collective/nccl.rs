@@ -10,15 +10,17 @@
 //! it: every constructor probes first, and a communicator (or an
 //! [`NcclId`]) exists only once the library loaded.
 //!
-//! Not yet handled: a collective (or send, or receive) that this rank
-//! skips, its batch refused or failed before it, is not forfeited as a
-//! CPU queue forfeits one over MPI (NCCL has no description to send
-//! failed). The peers' matching call waits for this rank's next one:
-//! where that comes before their watchdog's timeout and is alike, they
-//! pair with it and get another step's data. The remedy planned is to
-//! break (abort) the communicator on such a skip, so the peers time out
-//! and this rank's later calls fail at once; until then, make a new
-//! communicator after a failed batch that held NCCL collectives.
+//! A collective (or send, or receive) that this rank skips, its batch
+//! refused or failed before it, cannot be forfeited as a CPU queue
+//! forfeits one over MPI (NCCL has no description to send failed), and
+//! the peers' matching call would pair with this rank's next one: where
+//! that came before their watchdog's timeout and was alike, they would
+//! get another step's data. So a skip breaks the communicator on this
+//! rank ([`NcclComm::skipped`], called in queue order where the batch
+//! fails, `Batch::fail_from`): its later collectives fail at once with
+//! [`CollectiveError::Broken`] naming the skipped one
+//! ([`CollectiveError::Skipped`]), and the peers' call times out. The
+//! groups already in flight are not aborted: they were issued in step.
 
 use std::ffi::c_int;
 use std::time::Duration;
@@ -97,7 +99,7 @@ impl std::fmt::Debug for NcclId {
 /// One rank's NCCL communicator on one CUDA device, and its watchdog
 /// (declared first: dropped first, it stops its thread, which holds the
 /// core, before the core goes).
-pub(super) struct NcclComm {
+pub(crate) struct NcclComm {
     pub(super) watchdog: Watchdog,
     pub(super) core: Arc<NcclCore>,
     pub(super) device: CudaDevice,
@@ -245,6 +247,40 @@ impl NcclComm {
                     cause: cause.clone(),
                 }
                 .into());
+            }
+        }
+    }
+
+    /// Breaks it on this rank because `collective` will not run here
+    /// (see the module docs), for `cause`: where nothing broke it before,
+    /// every later launch or split fails with [`CollectiveError::Broken`]
+    /// naming it. What is in flight goes on (it was issued in step), and
+    /// nothing calls NCCL here: dropped, the communicator is destroyed as
+    /// usual (or aborted, where a launch held `calls` just now, as by the
+    /// watchdog: see `NcclCore`'s drop).
+    pub(crate) fn skipped<B: crate::Backend>(&self, collective: &Collective<B>, cause: &Error) {
+        let error = || -> Arc<Error> {
+            Arc::new(
+                CollectiveError::Skipped {
+                    rank: self.core.rank,
+                    op: collective.describe(),
+                    cause: Arc::new(cause.clone()),
+                }
+                .into(),
+            )
+        };
+        match self.core.calls.try_lock() {
+            Some(mut calls) => {
+                if calls.broken.is_none() && self.core.breaking.get().is_none() {
+                    calls.broken = Some(error());
+                }
+            }
+            // A launch on another queue holds it (a blocking one may for
+            // good): refused as breaking, as the watchdog does then.
+            None => {
+                if self.core.breaking.get().is_none() {
+                    let _ = self.core.breaking.set(error());
+                }
             }
         }
     }
@@ -407,7 +443,7 @@ impl Communicator {
     }
 
     /// Its NCCL communicator, if it is one.
-    pub(super) fn as_nccl(&self) -> Option<&NcclComm> {
+    pub(crate) fn as_nccl(&self) -> Option<&NcclComm> {
         match self.shared.transport {
             Transport::Nccl(ref comm) => Some(comm),
             #[allow(unreachable_patterns)]

@@ -558,7 +558,8 @@ impl<B: Backend> Batch<B> {
     /// (`Failed::Draining`), handing each numbered collective after `from`
     /// (from `from` itself where the batch was skipped) to `forfeit` at its
     /// place among them: the signals before it fail first, the waits
-    /// before it are honoured first, as if it had run.
+    /// before it are honoured first, as if it had run. Each one over NCCL
+    /// from `from` on (not on the device) breaks its communicator there.
     pub(crate) fn fail_from(
         &self,
         from: usize,
@@ -578,6 +579,12 @@ impl<B: Backend> Batch<B> {
             _ => from,
         };
         for (index, command) in commands.iter().enumerate().skip(from) {
+            #[cfg(feature = "nccl")] // Not run here: it breaks (`NcclComm::skipped`).
+            if let Command::Collective(collective) = command
+                && let Some(nccl) = collective.communicator.as_nccl()
+            {
+                nccl.skipped(collective, cause);
+            }
             match command {
                 // The command that failed: nothing more to wait for.
                 Command::Wait { .. }

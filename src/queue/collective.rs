@@ -16,9 +16,11 @@ use super::{HardwareQueue, Queue};
 /// one rejects the batch at `submit` (naming this rank and the sizes). A
 /// collective refused so, or in a batch refused or failed before it,
 /// still takes its place in the communicator's order (a send or receive
-/// over MPI in its peer's; over NCCL, none): on a CPU queue its peers'
-/// fails at once, naming this rank, and every rank's next one meets the
-/// others' next.
+/// in its peer's): on a CPU queue over MPI its peers' fails at once,
+/// naming this rank, and every rank's next one meets the others' next; on
+/// a CUDA queue over NCCL, which cannot tell the peers, the communicator
+/// breaks on this rank ([`CollectiveError::Skipped`](crate::collective::CollectiveError::Skipped)),
+/// and the peers' times out.
 /// Every rank of `communicator` must record the same collectives in the
 /// same order (a `send` is matched by its peer's `recv`); element counts
 /// are a view's length over `T`'s size.
@@ -161,9 +163,8 @@ impl<E: Engine> Queue<E> {
         };
         // Each takes its place when the batch is submitted
         // (`stamp_collectives`): a collective in the order every rank
-        // shares, a send or receive over MPI in its peer's (NCCL's take
-        // none).
-        self.batch.collectives |= forfeits(op, communicator);
+        // shares, a send or receive in its peer's.
+        self.batch.collectives = true;
         self.push_collective(communicator, (op, element, 0), send, recv);
         self
     }
@@ -212,8 +213,7 @@ impl<E: Engine> Queue<E> {
         let meets = op
             .peer()
             .is_none_or(|peer| peer < communicator.size() && peer != communicator.rank());
-        if meets && forfeits(op, communicator) && self.engine.check_collective(communicator).is_ok()
-        {
+        if meets && self.engine.check_collective(communicator).is_ok() {
             self.batch.collectives = true;
             self.push_collective(communicator, (op, element, count), None, None);
         }
@@ -230,13 +230,13 @@ impl<E: Engine> Queue<E> {
     /// `recv` over MPI takes its place too, without a number (MPI pairs a
     /// peer's messages in order): forfeited, it still meets its peer's,
     /// described failed, where its peer would otherwise pair the next one
-    /// with it (`cpu::queue::collective::forfeit_p2p_group`).
+    /// with it (`cpu::queue::collective::forfeit_p2p_group`). A CUDA queue
+    /// cannot forfeit one over NCCL: it breaks the communicator instead
+    /// (`NcclComm::skipped`).
     #[inline(never)]
     pub(super) fn stamp_collectives(&mut self) {
         for command in &mut self.batch.commands {
-            if let Command::Collective(collective) = command
-                && forfeits(collective.op, &collective.communicator)
-            {
+            if let Command::Collective(collective) = command {
                 if collective.op.peer().is_none() {
                     collective.sequence = collective.communicator.next_sequence();
                 }
@@ -257,15 +257,6 @@ impl<E: Engine> Queue<E> {
         self.batch.take_use(buffer, || what.to_owned())?;
         Ok(View::from_parts(buffer.clone(), offset, len))
     }
-}
-
-/// Whether a command of `op` over `communicator` takes a place in the
-/// communicator's order, forfeited where this rank will not run it: every
-/// collective; a `send` or `recv` over MPI (whose forfeits a CPU queue
-/// exchanges as a group, `cpu::queue::collective::forfeit_p2p_group`),
-/// not over NCCL, whose queues forfeit none.
-fn forfeits(op: CollectiveOp, communicator: &Communicator) -> bool {
-    op.peer().is_none() || communicator.on_host()
 }
 
 /// What one rank can check of a collective: whole elements, lengths that

@@ -311,8 +311,10 @@ pub trait HardwareQueue: Send + Sized {
     /// [`collective`](Self::collective) does with a collective it refuses;
     /// for a generic caller that will not record one (a plan whose run
     /// another queue refused). `count` is how many elements it would have
-    /// contributed (its peers' errors say). A send or receive over MPI
-    /// takes its place too (its peer's fails at once); over NCCL, none.
+    /// contributed (its peers' errors say). A send or receive takes its
+    /// place too (over MPI, its peer's fails at once). Over NCCL, which
+    /// cannot tell the peers, the communicator breaks on this rank
+    /// instead ([`CollectiveError::Skipped`](crate::collective::CollectiveError::Skipped)).
     ///
     /// The default, for a queue type that runs no collectives, only
     /// rejects.

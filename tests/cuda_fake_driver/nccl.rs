@@ -76,6 +76,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang_gate" => hang_gate(device),
         "hang_behind_threads" => hang_behind_threads(device),
         "many_groups" => many_groups(device),
+        "skipped" => skipped(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -827,6 +828,54 @@ fn plan(device: &CudaDevice) {
     report("runs", &runs);
 }
 
+/// A collective this rank does not run, where its peers run theirs: an
+/// all_reduce behind a wait whose signal the host fails (its batch fails
+/// before it), then one refused when recorded (its output too short);
+/// each communicator's next all_reduce (`again`, `refused_again`).
+fn skipped(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (gate, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let submitted = queue
+        .wait(&gate, 1)
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&done, 1)
+        .submit();
+    report("submit", &outcome(submitted));
+    gate.fail(
+        1,
+        Error::Abandoned {
+            reason: "the gate's producer gave up",
+        },
+    );
+    report("done", &outcome(done.wait(1, LONG)));
+    report("synchronize", &outcome(queue.synchronize()));
+    let again = device.new_signal(0).unwrap();
+    let mut other = device.compute_queue().unwrap();
+    other
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&again, 1)
+        .submit()
+        .unwrap();
+    report("again", &outcome(again.wait(1, LONG)));
+    report("reported", &outcome(other.synchronize()));
+
+    let refusing = Communicator::nccl_single(device).unwrap();
+    let short = device.alloc(8).unwrap();
+    let refused = other
+        .all_reduce::<u32, _, _>(&refusing, Reduction::Sum, &input, &short)
+        .submit();
+    report("refused", &outcome(refused));
+    let after = device.new_signal(0).unwrap();
+    other
+        .all_reduce::<u32, _, _>(&refusing, Reduction::Sum, &input, &output)
+        .signal(&after, 1)
+        .submit()
+        .unwrap();
+    report("refused_again", &outcome(after.wait(1, LONG)));
+}
+
 /// The fake NCCL's log lines (`ncclAllReduce stream=0x... group=1 ...`).
 /// f16 and bf16 go to NCCL as its own 16-bit types: each of 4 elements
 /// comes back whole (a wrong element size would move 8 or 16 bytes).
@@ -1530,6 +1579,52 @@ fn a_timeout_fails_only_the_groups_not_done() {
     assert_eq!(outcome.field("dropped"), "ok", "{outcome:#?}");
     assert!(
         nccl_calls(&outcome).contains(&"ncclCommAbort"),
+        "{outcome:#?}"
+    );
+}
+
+#[test]
+fn a_collective_this_rank_skips_breaks_the_communicator_here() {
+    let vars = on_a_12_2_device("nccl:skipped", &[(NCCL_FAKE, "so")]);
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
+    assert!(outcome.field("done").starts_with("other "), "{outcome:#?}");
+    // The peers would pair their all_reduce with this rank's next one
+    // (on 7af95f3 `again` ran, `ok`): it fails, naming the skipped one.
+    for key in ["again", "refused_again"] {
+        let text = outcome.field(key);
+        assert!(text.starts_with("Broken "), "{key}: {text}");
+        for phrase in [
+            "all_reduce (sum) of 4 u32",
+            "was not run",
+            "NCCL cannot tell them",
+            "make a new communicator",
+        ] {
+            assert!(text.contains(phrase), "{key}: no `{phrase}` in {text}");
+        }
+    }
+    assert!(
+        outcome
+            .field("again")
+            .contains("the gate's producer gave up"),
+        "{outcome:#?}"
+    );
+    let refused = outcome.field("refused");
+    assert!(refused.starts_with("Invalid "), "{refused}");
+    // Nothing was launched, and nothing aborted: what was in flight (here
+    // nothing) was issued in step, and each communicator is destroyed.
+    let calls = nccl_calls(&outcome);
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.starts_with("ncclAllReduce") || *c == "ncclCommAbort"),
+        "{outcome:#?}"
+    );
+    assert_eq!(
+        calls.iter().filter(|c| **c == "ncclCommDestroy").count(),
+        2,
         "{outcome:#?}"
     );
 }
