@@ -1437,3 +1437,53 @@ fn the_host_stage_writes_a_destination_deallocated_after_run() {
         host_stage_after_a_dealloca(false)
     });
 }
+
+/// A plan copying from a mock buffer to a CPU buffer (through the host
+/// stage) whose copy panics: the mock buffer's lock is poisoned, so its
+/// read panics. Each run fails with the panic, the next run too, and the
+/// plan drops. On 60721ae the panic ended the host stage's thread: the
+/// first run's copy signal was never set (its wait timed out), the
+/// second `run` was refused ("its thread has exited") after its device
+/// queues were submitted, waiting for values nothing would set.
+#[test]
+fn a_copy_that_panics_on_the_host_stage_fails_its_run_and_the_next() {
+    no_hang("a panicking host-stage copy", || {
+        let cpu = Arc::new(MixedDevice::from(CpuDevice::new()));
+        let mock = Arc::new(MixedDevice::from(Mock::open(4).unwrap()));
+        let mut schedule = Schedule::<Mixed>::new();
+        let (dm, dc) = (
+            schedule.add_device(mock.clone()),
+            schedule.add_device(cpu.clone()),
+        );
+        let on_mock = mock.alloc(16).unwrap();
+        let on_cpu = cpu.alloc(16).unwrap();
+        let m = schedule.add_buffer(dm, "on mock", on_mock.clone());
+        let c = schedule.add_buffer(dc, "on cpu", on_cpu.clone());
+        schedule.copy("mock to cpu", c, m);
+        let mut plan = schedule.plan().unwrap();
+        assert!(plan.queue_labels().contains(&"host"), "{plan}");
+        plan.run().unwrap().wait(LONG).unwrap();
+        // Poisoned: the mock's read unwraps its lock.
+        let inner = on_mock.as_mock().unwrap().0.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = inner.lock().unwrap();
+            panic!("poisoning the mock buffer's lock");
+        })
+        .join();
+        for run in 0..2 {
+            let waited = plan
+                .run()
+                .and_then(|run| run.wait(std::time::Duration::from_secs(5)));
+            let error = waited.expect_err("the copy panicked");
+            assert!(
+                matches!(error.root_cause(), Error::EnginePanicked { .. }),
+                "run {run}: {error:?}"
+            );
+            assert!(
+                format!("{error}").contains("PoisonError"),
+                "run {run}: {error}"
+            );
+        }
+        drop(plan);
+    });
+}

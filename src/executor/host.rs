@@ -1,7 +1,10 @@
 //! The host stage: copies between devices that cannot see each other's
 //! memory, staged through host memory on a thread of the plan's own.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
 use crate::buffer::Buffer;
+use crate::error::panic_message;
 use crate::sync::mpsc;
 
 use super::*;
@@ -12,6 +15,31 @@ pub(super) struct HostBatch<B: Backend> {
     /// For a run that was refused: the host stage's signal, the run's last
     /// value on it, and why, to fail in order after the earlier runs' jobs.
     pub(super) fail: Option<(B::Signal, u64, Error)>,
+}
+
+impl<B: Backend> HostBatch<B> {
+    /// Hands it to the host stage's thread; where that thread has exited
+    /// (a bug: a copy that panics fails its value, not the thread), fails
+    /// the values it would have set or failed, which nothing else will,
+    /// and says so.
+    pub(super) fn send(self, host: &mpsc::Sender<HostBatch<B>>) -> Result<()> {
+        let Err(refused) = host.send(self) else {
+            return Ok(());
+        };
+        let error = Error::System {
+            what: "handing copies to the executor's host stage",
+            detail: "its thread has exited".into(),
+        };
+        let batch = refused.0;
+        if let Some((signal, last, cause)) = &batch.fail {
+            signal.fail(*last, cause.clone());
+        }
+        for mut job in batch.jobs {
+            job.let_go();
+            job.signal.fail(job.value, error.clone());
+        }
+        Err(error)
+    }
 }
 
 pub(super) struct HostJob<B: Backend> {
@@ -104,12 +132,21 @@ pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) 
                 continue;
             }
             // As queue work: the job holds a use of each buffer, so a
-            // `dealloca` recorded after the run does not refuse it.
+            // `dealloca` recorded after the run does not refuse it. A
+            // backend's read or write that panics (a bug) fails the copy,
+            // not this thread, whose later values nothing else would set.
             let outcome = waited.and_then(|()| {
-                staging.resize(job.src.len(), 0);
-                let (src, dst) = (&job.src, &job.dst);
-                src.buffer().queue_read_at(src.offset(), &mut staging)?;
-                dst.buffer().queue_write_at(dst.offset(), &staging)
+                let copy = || {
+                    staging.resize(job.src.len(), 0);
+                    let (src, dst) = (&job.src, &job.dst);
+                    src.buffer().queue_read_at(src.offset(), &mut staging)?;
+                    dst.buffer().queue_write_at(dst.offset(), &staging)
+                };
+                catch_unwind(AssertUnwindSafe(copy)).unwrap_or_else(|payload| {
+                    Err(Error::EnginePanicked {
+                        message: panic_message(payload),
+                    })
+                })
             });
             // Done with the bytes: whoever sees the value sees the uses
             // gone (a range whose `dealloca` ran is back in the pool).

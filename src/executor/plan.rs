@@ -375,14 +375,11 @@ impl<B: Backend> Plan<B> {
         if !host_jobs.is_empty()
             && let Some(host) = &self.host
         {
-            host.send(HostBatch {
+            let jobs = HostBatch {
                 jobs: host_jobs,
                 fail: None,
-            })
-            .map_err(|_| Error::System {
-                what: "handing copies to the executor's host stage",
-                detail: "its thread has exited".into(),
-            })?;
+            };
+            jobs.send(host)?;
         }
         Ok(Run {
             run,
@@ -472,11 +469,12 @@ impl<B: Backend> Plan<B> {
                 Some(_) => {}
                 None => {
                     if let Some(host) = &self.host {
-                        // A thread that exited has failed its values already.
-                        let _ = host.send(HostBatch {
+                        // Failed here, where its thread has exited.
+                        let failed = HostBatch {
                             jobs: Vec::new(),
                             fail: Some((signal.clone(), last, error.clone())),
-                        });
+                        };
+                        let _ = failed.send(host);
                     }
                 }
             }
