@@ -23,6 +23,7 @@
 //! groups already in flight are not aborted: they were issued in step.
 
 use std::ffi::c_int;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use cudarc::nccl::{result, sys};
@@ -255,9 +256,9 @@ impl NcclComm {
     /// (see the module docs), for `cause`: where nothing broke it before,
     /// every later launch or split fails with [`CollectiveError::Broken`]
     /// naming it. What is in flight goes on (it was issued in step), and
-    /// nothing calls NCCL here: dropped, the communicator is destroyed as
-    /// usual (or aborted, where a launch held `calls` just now, as by the
-    /// watchdog: see `NcclCore`'s drop).
+    /// nothing calls NCCL here. It is marked breaking, as the watchdog
+    /// marks one a launch holds, so that dropped it is aborted, not
+    /// destroyed: the peers may still be in the call it skipped.
     pub(crate) fn skipped<B: crate::Backend>(&self, collective: &Collective<B>, cause: &Error) {
         let error = || -> Arc<Error> {
             Arc::new(
@@ -269,19 +270,11 @@ impl NcclComm {
                 .into(),
             )
         };
-        match self.core.calls.try_lock() {
-            Some(mut calls) => {
-                if calls.broken.is_none() && self.core.breaking.get().is_none() {
-                    calls.broken = Some(error());
-                }
-            }
-            // A launch on another queue holds it (a blocking one may for
-            // good): refused as breaking, as the watchdog does then.
-            None => {
-                if self.core.breaking.get().is_none() {
-                    let _ = self.core.breaking.set(error());
-                }
-            }
+        // Without `calls`, which a launch on another queue may hold (a
+        // blocking one for good). Where the watchdog broke it already, its
+        // cause stays first (`check_broken` looks at `broken` first).
+        if self.core.breaking.get().is_none() {
+            let _ = self.core.breaking.set(error());
         }
     }
 
@@ -590,14 +583,24 @@ pub(crate) fn enqueue_run(
             .break_now(&comm.core, calls, failure.1.clone());
         return Err(failure);
     }
-    let watched = comm.watchdog.watch(
-        group,
-        stream,
-        first,
-        &commands[end..],
-        (ledger, epoch, timeout),
-        behind,
-    );
+    // A panic there (a bug) must not leave the group on the stream
+    // unwatched, nor pass it for skipped (`Batch::fail_from`): aborted too.
+    let watched = catch_unwind(AssertUnwindSafe(|| {
+        let after = &commands[end..];
+        (comm.watchdog).watch(
+            group,
+            stream,
+            first,
+            after,
+            (ledger, epoch, timeout),
+            behind,
+        )
+    }))
+    .unwrap_or_else(|payload| {
+        Err(Error::EnginePanicked {
+            message: crate::error::panic_message(payload),
+        })
+    });
     if let Err(error) = watched {
         // On the stream, with nothing to end it should a peer never come:
         // broken and aborted now (its kernels exit), failing from its

@@ -102,63 +102,75 @@ impl<B: Backend> Drop for HeldUse<B> {
 /// that fails (or whose input failed) fails its value; the copies after it
 /// in the run still honour their waits, in order, before failing theirs,
 /// as a device queue drains (`FailureScope::Batch`), so a value this
-/// stage fails settles only after what it waited for.
+/// stage fails settles only after what it waited for. A job that panics
+/// (a bug: a backend's read or write, a signal's wait) fails its value
+/// with [`Error::EnginePanicked`], as a failed copy does, and the thread
+/// goes on: the later runs' values are its alone to set or fail.
 pub(super) fn run_host_stage<B: Backend>(batches: mpsc::Receiver<HostBatch<B>>) {
     let mut staging: Vec<u8> = Vec::new();
     while let Ok(batch) = batches.recv() {
-        if let Some((signal, last, error)) = &batch.fail {
-            signal.fail(*last, error.clone());
+        if let Some((signal, last, error)) = batch.fail {
+            let _ = catch_unwind(AssertUnwindSafe(|| signal.fail(last, error)));
         }
         let mut failed: Option<std::sync::Arc<Error>> = None;
         // By value: each job lets its uses go once it settled.
-        for mut job in batch.jobs {
-            let waited = job.waits.iter().try_for_each(|(signal, value, settled)| {
-                let outcome = signal.wait(*value, Timeout::Forever);
-                if *settled || failed.is_some() {
-                    crate::queue::settled(outcome)
-                } else {
-                    outcome
-                }
-            });
-            if let Some(cause) = &failed {
-                // Draining: the waits were honoured; the copy does not run.
-                job.let_go();
-                job.signal.fail(
-                    job.value,
-                    Error::EarlierBatchFailed {
-                        cause: cause.clone(),
-                    },
-                );
-                continue;
+        for job in batch.jobs {
+            let (signal, value) = (job.signal.clone(), job.value);
+            let ran = catch_unwind(AssertUnwindSafe(|| run_job(job, &mut failed, &mut staging)));
+            if let Err(payload) = ran {
+                let cause = std::sync::Arc::new(Error::EnginePanicked {
+                    message: panic_message(payload),
+                });
+                let _ = catch_unwind(AssertUnwindSafe(|| signal.fail(value, (*cause).clone())));
+                failed = Some(cause);
             }
-            // As queue work: the job holds a use of each buffer, so a
-            // `dealloca` recorded after the run does not refuse it. A
-            // backend's read or write that panics (a bug) fails the copy,
-            // not this thread, whose later values nothing else would set.
-            let outcome = waited.and_then(|()| {
-                let copy = || {
-                    staging.resize(job.src.len(), 0);
-                    let (src, dst) = (&job.src, &job.dst);
-                    src.buffer().queue_read_at(src.offset(), &mut staging)?;
-                    dst.buffer().queue_write_at(dst.offset(), &staging)
-                };
-                catch_unwind(AssertUnwindSafe(copy)).unwrap_or_else(|payload| {
-                    Err(Error::EnginePanicked {
-                        message: panic_message(payload),
-                    })
-                })
-            });
-            // Done with the bytes: whoever sees the value sees the uses
-            // gone (a range whose `dealloca` ran is back in the pool).
-            job.let_go();
-            match outcome {
-                Ok(()) => job.signal.set(job.value),
-                Err(error) => {
-                    let cause = std::sync::Arc::new(error);
-                    job.signal.fail(job.value, (*cause).clone());
-                    failed = Some(cause);
-                }
-            }
+        }
+    }
+}
+
+/// One job of [`run_host_stage`]: its waits, then its copy (where nothing
+/// before it in the run failed, else `failed` fails it), then its value.
+fn run_job<B: Backend>(
+    mut job: HostJob<B>,
+    failed: &mut Option<std::sync::Arc<Error>>,
+    staging: &mut Vec<u8>,
+) {
+    let waited = job.waits.iter().try_for_each(|(signal, value, settled)| {
+        let outcome = signal.wait(*value, Timeout::Forever);
+        if *settled || failed.is_some() {
+            crate::queue::settled(outcome)
+        } else {
+            outcome
+        }
+    });
+    if let Some(cause) = failed {
+        // Draining: the waits were honoured; the copy does not run.
+        job.let_go();
+        job.signal.fail(
+            job.value,
+            Error::EarlierBatchFailed {
+                cause: cause.clone(),
+            },
+        );
+        return;
+    }
+    // As queue work: the job holds a use of each buffer, so a `dealloca`
+    // recorded after the run does not refuse it.
+    let outcome = waited.and_then(|()| {
+        staging.resize(job.src.len(), 0);
+        let (src, dst) = (&job.src, &job.dst);
+        src.buffer().queue_read_at(src.offset(), staging)?;
+        dst.buffer().queue_write_at(dst.offset(), staging)
+    });
+    // Done with the bytes: whoever sees the value sees the uses gone (a
+    // range whose `dealloca` ran is back in the pool).
+    job.let_go();
+    match outcome {
+        Ok(()) => job.signal.set(job.value),
+        Err(error) => {
+            let cause = std::sync::Arc::new(error);
+            job.signal.fail(job.value, (*cause).clone());
+            *failed = Some(cause);
         }
     }
 }

@@ -375,11 +375,12 @@ impl<B: Backend> Plan<B> {
         if !host_jobs.is_empty()
             && let Some(host) = &self.host
         {
-            let jobs = HostBatch {
-                jobs: host_jobs,
-                fail: None,
-            };
-            jobs.send(host)?;
+            let (jobs, fail) = (host_jobs, None);
+            if let Err(error) = (HostBatch { jobs, fail }).send(host) {
+                // Its values failed at once: the next run waits for it whole.
+                self.refused = Some(timelines.run);
+                return Err(error);
+            }
         }
         Ok(Run {
             run,

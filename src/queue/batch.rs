@@ -558,8 +558,9 @@ impl<B: Backend> Batch<B> {
     /// (`Failed::Draining`), handing each numbered collective after `from`
     /// (from `from` itself where the batch was skipped) to `forfeit` at its
     /// place among them: the signals before it fail first, the waits
-    /// before it are honoured first, as if it had run. Each one over NCCL
-    /// from `from` on (not on the device) breaks its communicator there.
+    /// before it are honoured first, as if it had run. Each numbered one
+    /// over NCCL from `from` on (not on the device) breaks its
+    /// communicator there (after the waits before it, when draining).
     pub(crate) fn fail_from(
         &self,
         from: usize,
@@ -581,6 +582,7 @@ impl<B: Backend> Batch<B> {
         for (index, command) in commands.iter().enumerate().skip(from) {
             #[cfg(feature = "nccl")] // Not run here: it breaks (`NcclComm::skipped`).
             if let Command::Collective(collective) = command
+                && collective.numbered
                 && let Some(nccl) = collective.communicator.as_nccl()
             {
                 nccl.skipped(collective, cause);

@@ -837,6 +837,21 @@ fn skipped(device: &CudaDevice) {
     let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
     let (gate, done) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let mut queue = device.compute_queue().unwrap();
+    // Discarded, it never took a place: the communicator stays whole.
+    queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&done, 1)
+        .discard();
+    let kept = device.new_signal(0).unwrap();
+    let submitted = queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&kept, 1)
+        .submit();
+    report(
+        "discarded",
+        &outcome(submitted.and_then(|()| kept.wait(1, LONG))),
+    );
+    let done = device.new_signal(0).unwrap();
     let submitted = queue
         .wait(&gate, 1)
         .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
@@ -1589,6 +1604,7 @@ fn a_collective_this_rank_skips_breaks_the_communicator_here() {
     let Some(outcome) = run_scenario(&vars) else {
         return;
     };
+    assert_eq!(outcome.field("discarded"), "ok", "{outcome:#?}");
     assert_eq!(outcome.field("submit"), "ok", "{outcome:#?}");
     assert!(outcome.field("done").starts_with("other "), "{outcome:#?}");
     // The peers would pair their all_reduce with this rank's next one
@@ -1613,18 +1629,13 @@ fn a_collective_this_rank_skips_breaks_the_communicator_here() {
     );
     let refused = outcome.field("refused");
     assert!(refused.starts_with("Invalid "), "{refused}");
-    // Nothing was launched, and nothing aborted: what was in flight (here
-    // nothing) was issued in step, and each communicator is destroyed.
+    // Only the discarded batch's successor was launched; each broken
+    // communicator is aborted when dropped (its peers may still be in the
+    // call it skipped), not destroyed.
     let calls = nccl_calls(&outcome);
-    assert!(
-        !calls
-            .iter()
-            .any(|c| c.starts_with("ncclAllReduce") || *c == "ncclCommAbort"),
-        "{outcome:#?}"
-    );
-    assert_eq!(
-        calls.iter().filter(|c| **c == "ncclCommDestroy").count(),
-        2,
-        "{outcome:#?}"
-    );
+    let launches = calls.iter().filter(|c| c.starts_with("ncclAllReduce"));
+    assert_eq!(launches.count(), 1, "{outcome:#?}");
+    let aborts = calls.iter().filter(|c| **c == "ncclCommAbort").count();
+    assert_eq!(aborts, 2, "{outcome:#?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{outcome:#?}");
 }
