@@ -1371,3 +1371,49 @@ fn a_repeated_exec_runs_with_its_own_scalars_and_another_type_is_refused() {
     );
     assert_eq!(data.to_vec::<u32>().unwrap(), vec![3; 64]);
 }
+
+/// A `dealloca` that never ran, in a batch rejected at `submit` (its last
+/// `dealloca` is of a buffer not made by `alloca`) or failed before it (a
+/// wait on a failed value), leaves its buffer live, as on the CPU. On
+/// fbc0795 the retire thread completed every `dealloca` of a batch
+/// whatever ran: the buffer was `Returned`, its host access refused
+/// (review helper-53).
+#[test]
+fn a_dealloca_of_a_rejected_or_failed_batch_leaves_the_buffer_live() {
+    use hwqueue::memory::Phase;
+    let Some(device) = device() else { return };
+    let mut queue = device.compute_queue().unwrap();
+    let phase = |buffer: &hwqueue::vulkan::VulkanBuffer| buffer.queue_ordered().unwrap().phase();
+
+    let (rejected, signal) = (queue.alloca(256).unwrap(), device.new_signal(0).unwrap());
+    let plain = device.alloc(64).unwrap();
+    queue
+        .dealloca(&rejected)
+        .signal(&signal, 1)
+        .dealloca(&plain);
+    assert!(queue.submit().is_err(), "a dealloca of a plain buffer");
+    assert!(signal.wait(1, LONG).is_err());
+    let _ = queue.synchronize();
+    assert_eq!(phase(&rejected), Phase::Live, "rejected");
+
+    let (failed, bad) = (queue.alloca(256).unwrap(), device.new_signal(0).unwrap());
+    bad.fail(1, Error::Abandoned { reason: "a test" });
+    queue
+        .wait(&bad, 1)
+        .dealloca(&failed)
+        .signal(&signal, 2)
+        .submit()
+        .unwrap();
+    assert!(signal.wait(2, LONG).is_err());
+    let _ = queue.synchronize();
+    assert_eq!(phase(&failed), Phase::Live, "failed before it");
+    failed
+        .write_at(0, &[1u8; 4])
+        .expect("a live buffer's host access");
+
+    // One that ran still goes back.
+    queue.dealloca(&failed).signal(&signal, 3).submit().unwrap();
+    signal.wait(3, LONG).unwrap();
+    queue.synchronize().unwrap();
+    assert_eq!(phase(&failed), Phase::Returned);
+}

@@ -229,6 +229,7 @@ impl Recorder {
             held_ns: vec![(0, 0); if profile { batch.commands().len() } else { 0 }],
             stamped: 0,
             upto: 0,
+            ran: 0,
             timed: Vec::new(),
             profile,
         });
@@ -240,13 +241,20 @@ impl Recorder {
             // A batch-scoped failure drains the batch's later waits on the
             // host, values only the caller may set among them.
             let _held = ledger.independent().then(|| self.holding());
-            let mut ran = None;
+            let (mut ran, mut ran_upto) = (None, 0);
             ledger.settle(&batch, |batch| {
                 let outcome = self.run_batch(batch);
                 ran = Some(outcome.is_ok());
+                // Skipped, or panicked: none ran.
+                ran_upto = outcome
+                    .as_ref()
+                    .map_or_else(|(from, _)| *from, |()| usize::MAX);
                 outcome
             });
             self.end_replay(ran);
+            if let Some(current) = self.current.as_mut() {
+                current.ran = ran_upto;
+            }
         }
         // One writer (whoever holds the recorder): plain stores.
         self.shared.kernels.store(self.kernels, Ordering::Relaxed);

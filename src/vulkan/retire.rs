@@ -44,6 +44,10 @@ pub(super) struct Retire {
     /// Commands `stamped..upto` are recorded and not yet submitted.
     pub(super) stamped: usize,
     pub(super) upto: usize,
+    /// How many of its commands ran (`usize::MAX`: all): those after a
+    /// failure, or all of a batch skipped or rejected, did not, and their
+    /// `dealloca`s leave their buffers live.
+    pub(super) ran: usize,
     /// Commands timed on the device: index, query pool, first query.
     pub(super) timed: Vec<(usize, vk::QueryPool, u32)>,
     pub(super) profile: bool,
@@ -161,11 +165,7 @@ pub(super) fn retire_one(
             }
         }
     }
-    for command in done.batch.commands() {
-        if let Command::Dealloca { buffer } = command {
-            crate::memory::dealloca_completed(buffer);
-        }
-    }
+    done.batch.complete_deallocas(done.ran);
     if let (true, Some((label, names, clock))) = (done.profile, profile) {
         // Device times where the command was timed, else from its
         // submission to the host seeing it complete.
