@@ -217,3 +217,34 @@ fn a_range_is_not_handed_out_while_another_queue_s_earlier_batch_uses_it() {
     assert_eq!(z.as_ptr() as usize, x_at, "returned once B was done");
     drop((others, y, z, fill_program()));
 }
+
+/// `Buffer::give_back` is the queue core's, but public: called on a buffer
+/// that a batch still uses (a fill behind a gate), it must not hand the
+/// range to the next allocation. On fbc0795 the next `alloc` got the same
+/// address while the fill was pending (review helper-53).
+#[test]
+fn give_back_outside_the_lifecycle_returns_nothing() {
+    let device = CpuDevice::new();
+    let mut queue = device.compute_queue().unwrap();
+    let gate = device.new_signal(0).unwrap();
+    let plain = device.alloc(4096).unwrap();
+    let ordered = queue.alloca(4096).unwrap();
+    queue
+        .wait(&gate, 1)
+        .fill(&plain, 7u8)
+        .fill(&ordered, 9u8)
+        .submit()
+        .unwrap();
+    plain.give_back();
+    ordered.give_back();
+    let taken: Vec<_> = (0..4).map(|_| device.alloc(4096).unwrap()).collect();
+    for buffer in &taken {
+        assert_ne!(buffer.as_ptr(), plain.as_ptr(), "the plain buffer's range");
+        assert_ne!(buffer.as_ptr(), ordered.as_ptr(), "the live alloca's range");
+    }
+    gate.set(1);
+    queue.synchronize().unwrap();
+    assert_eq!(plain.to_vec::<u8>().unwrap(), [7u8; 4096]);
+    assert_eq!(phase(&ordered), Phase::Live);
+    assert_eq!(ordered.to_vec::<u8>().unwrap(), [9u8; 4096]);
+}

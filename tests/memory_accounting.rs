@@ -268,3 +268,65 @@ fn small_ranges_kept_for_reuse_are_cached_and_trim_gives_their_block_back() {
     drop(pool.alloc_uninit(100).unwrap());
     assert_eq!(pool.stats().reserved, 0);
 }
+
+/// A source whose memory is exhausted until it frees a block; on its first
+/// refusal it drops the range it was handed (`slot`), as another thread's
+/// buffer going away while the pool grows would. The range's return, with
+/// the pool's lock held by the growing request, waits in the pool's
+/// `returned` list.
+#[derive(Clone, Default)]
+struct ExhaustedBlocks {
+    inner: CountingBlocks,
+    freed_one: Arc<std::sync::atomic::AtomicBool>,
+    slot: Arc<std::sync::Mutex<Option<hwqueue::memory::PooledRange<ExhaustedBlocks>>>>,
+}
+
+impl BlockSource for ExhaustedBlocks {
+    type Block = usize;
+    type Address = usize;
+    const ALIGNMENT: usize = 64;
+    const ZEROED_BLOCKS: bool = true;
+
+    fn device(&self) -> String {
+        "exhausted:0".into()
+    }
+
+    fn allocate(&self, size: usize) -> Result<usize, BlockError> {
+        if self.inner.blocks.load(Ordering::Relaxed) == 0 || self.freed_one.load(Ordering::Relaxed)
+        {
+            return self.inner.allocate(size);
+        }
+        drop(self.slot.lock().unwrap().take());
+        Err(BlockError::OutOfMemory("exhausted".into()))
+    }
+
+    fn address(&self, block: &usize, offset: usize) -> usize {
+        self.inner.address(block, offset)
+    }
+
+    fn free(&self, size: usize) {
+        self.freed_one.store(true, Ordering::Relaxed);
+        self.inner.free(size)
+    }
+
+    unsafe fn zero(&self, _: usize, _: usize) -> hwqueue::Result<()> {
+        Ok(())
+    }
+}
+
+/// Out of memory, the pool frees its empty blocks and tries once more: a
+/// range given back while it grew (waiting in `returned`) counts. On
+/// fbc0795 the request failed with `OutOfMemory` although the range just
+/// given back emptied the only block (review helper-53).
+#[test]
+fn a_range_given_back_while_the_pool_grows_is_counted_before_out_of_memory() {
+    let source = ExhaustedBlocks::default();
+    let pool = MemoryPool::new(source.clone());
+    let first = pool.alloc_uninit(12 * MIB).unwrap();
+    *source.slot.lock().unwrap() = Some(first);
+    let second = pool.alloc_uninit(12 * MIB);
+    assert!(second.is_ok(), "{:?}", second.err());
+    let stats = pool.stats();
+    assert_eq!(stats.oom_retries, 1, "{stats}");
+    assert_eq!(stats.blocks, 1, "{stats}");
+}

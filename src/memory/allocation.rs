@@ -324,9 +324,15 @@ impl<S: BlockSource, T: Send + Sync + 'static> Allocation<S, T> {
 
     /// Returns the range to the pool: called once, by the queue core or
     /// [`dealloca_completed`](super::dealloca_completed), when the
-    /// lifecycle says so (the `dealloca` ran and no batch uses the buffer).
-    /// Waits only for a host access in progress.
+    /// lifecycle says so (the `dealloca` ran and no batch uses the buffer:
+    /// [`Phase::Returned`]). Anywhere else (a buffer not made by `alloca`,
+    /// or one still live or in use) it does nothing: work already on a
+    /// device may still write the range, which must not go to another
+    /// buffer. Waits only for a host access in progress.
     pub fn give_back(&self) {
+        if self.queue_ordered().map(QueueOrdered::phase) != Some(Phase::Returned) {
+            return;
+        }
         // The pool's lock is taken after the allocation's is dropped.
         let range = self.inner.memory.write().take_range();
         if let Some(range) = range {

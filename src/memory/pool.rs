@@ -311,6 +311,10 @@ impl<S: BlockSource> MemoryPool<S> {
                 }
             }
             let detail = refused.unwrap_or_default();
+            // Ranges given back while this held the lock (a buffer dropped
+            // on another thread) wait in `returned`: they count first.
+            let returned = self.take_returned(state);
+            self.free_blocks(returned);
             if retried || state.empty_blocks().next().is_none() {
                 state.stats.oom_failures += 1;
                 return Err(self.out_of_memory(state, size, detail));
