@@ -212,8 +212,13 @@ impl Recorder {
     /// for an empty buffer.
     pub(super) fn device_range(&self, view: &View<Vulkan>) -> Result<(vk::Buffer, u64)> {
         Ok(match view.buffer().queue_address()? {
-            Some(address) => (address.buffer, address.offset + view.offset() as u64),
-            None => (self.dummy.buffer(), 0),
+            // An empty view binds the dummy, as an empty buffer does: its
+            // buffer's `VkBuffer` is the whole pool block, and a binding of
+            // the rest of it (`WHOLE_SIZE`) would reach other buffers.
+            Some(address) if !view.is_empty() => {
+                (address.buffer, address.offset + view.offset() as u64)
+            }
+            _ => (self.dummy.buffer(), 0),
         })
     }
 

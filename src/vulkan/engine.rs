@@ -225,12 +225,19 @@ impl Engine for VulkanEngine {
                 ),
             });
         }
-        let max = self
-            .state
-            .device
-            .context()
-            .limits()
-            .max_storage_buffer_range as usize;
+        let limits = self.state.device.context().limits();
+        if program.push_size() > limits.max_push_constants_size {
+            return Err(Error::InvalidArguments {
+                program: program.signature().name.clone(),
+                reason: format!(
+                    "the shader's push constants span {} bytes, past the device's \
+                     maxPushConstantsSize ({}); pass fewer scalars, or pass the rest in a buffer",
+                    program.push_size(),
+                    limits.max_push_constants_size
+                ),
+            });
+        }
+        let max = limits.max_storage_buffer_range as usize;
         if let Some(view) = buffers.iter().find(|v| v.len() > max) {
             return Err(Error::InvalidArguments {
                 program: program.signature().name.clone(),

@@ -364,6 +364,14 @@ impl VulkanDevice {
         self.staging_pool().stats()
     }
 
+    /// The most bytes a kernel's scalars (its push constants) may span on
+    /// this device (`maxPushConstantsSize`: 128 on lavapipe and many
+    /// GPUs, 256 on NVIDIA's): an `exec` of a kernel whose push constants
+    /// span more is refused. A compiler passes the rest in a buffer.
+    pub fn max_push_constant_bytes(&self) -> u32 {
+        self.context().limits().max_push_constants_size
+    }
+
     /// Whether the device is a software one on the CPU (lavapipe).
     pub fn is_software(&self) -> bool {
         self.context().physical.is_cpu()

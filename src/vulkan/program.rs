@@ -269,6 +269,11 @@ impl VulkanProgram {
         self.inner.writes.get(index).copied().unwrap_or(true)
     }
 
+    /// How many bytes its push constants span (0: none).
+    pub(super) fn push_size(&self) -> u32 {
+        self.inner.push_size
+    }
+
     /// The push-constant bytes of `scalars`.
     ///
     /// # Errors
