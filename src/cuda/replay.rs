@@ -34,9 +34,14 @@
 //!
 //! **Fallback.** A segment the driver refuses to build or patch runs kernel
 //! by kernel, as without replay, with the reason in
-//! [`Launches::fallback`](crate::Launches); a refused build is not tried
-//! again for that shape. A profiling queue launches kernel by kernel too,
-//! so that each is timed.
+//! [`Launches::fallback`](crate::Launches). A build refused for good (no
+//! graph entry points, a kernel's shared memory) is not tried again for
+//! that shape; one refused for want of memory is, after [`RETRY_FIRST`]
+//! more segments marked for replay on the queue, then after twice as many
+//! each time it is refused again, up to [`RETRY_LAST`]. A driver error that
+//! poisons the context (a fault seen while building or patching) fails the
+//! batch and marks the device lost, as a launch's would. A profiling queue
+//! launches kernel by kernel too, so that each is timed.
 
 use std::ffi::c_void;
 use std::ptr;
@@ -63,6 +68,11 @@ pub(super) const GRAPHS: usize = 32;
 /// Segments of fewer kernels launch plainly: a graph launch of one kernel
 /// costs what the kernel's own launch does.
 pub(super) const MIN_KERNELS: usize = 2;
+/// Segments marked for replay on a queue after which a graph the driver
+/// refused for want of memory is built again; doubled at each refusal.
+pub(super) const RETRY_FIRST: u64 = 8;
+/// The longest wait between two tries of such a graph, in segments.
+pub(super) const RETRY_LAST: u64 = 1024;
 /// The most parameters a kernel takes (`check_exec` bounds them).
 const CELLS: usize = PARAMETER_BYTES / 8;
 
@@ -112,6 +122,10 @@ struct Graph {
     nodes: Vec<sys::CUgraphNode>,
     made: Arc<Executable>,
     used: u64,
+    /// For a build refused for want of memory: the clock from which it is
+    /// tried again, and the wait it was given (`None`: refused for good,
+    /// or built).
+    retry: Option<(u64, u64)>,
 }
 
 /// A graph's driver handles, shared by the cache and the templates that
@@ -223,7 +237,17 @@ impl Shared {
         }
         replays.clock += 1;
         let clock = replays.clock;
-        let found = replays.find(key, start);
+        let mut found = replays.find(key, start);
+        // A graph refused for want of memory, due to be tried again.
+        let mut wait = RETRY_FIRST;
+        if let Some((at, _)) = found
+            && let Some((due, waited)) = replays.graphs[at].retry
+            && clock >= due
+        {
+            wait = (waited * 2).min(RETRY_LAST);
+            replays.graphs.swap_remove(at);
+            found = None;
+        }
         // The segment launches plainly unless a graph launches below.
         let broken = |template: Option<&Template>| {
             if let Some(template) = template {
@@ -233,7 +257,7 @@ impl Shared {
         let at = match found {
             Some((at, _)) => at,
             None => {
-                let graph = self.build(replays, batch, key, start, end);
+                let graph = self.build(replays, batch, (key, start, end), wait)?;
                 replays.make_room(key, start);
                 replays.graphs.push(graph);
                 replays.graphs.len() - 1
@@ -255,9 +279,12 @@ impl Shared {
         }
         if let Some((_, exact)) = found {
             if !exact && let Err(error) = graph.patch(shapes, cells) {
-                *fallback = Some(refused("new kernel parameters for a graph", error));
                 graphs.swap_remove(at);
                 broken(template);
+                if launch::is_sticky(error.0) {
+                    return Err(self.fault("patching a plan's CUDA graph", error));
+                }
+                *fallback = Some(refused("new kernel parameters for a graph", error));
                 return Ok(Replayed::Plain(end));
             }
             if !exact {
@@ -316,15 +343,18 @@ impl Shared {
 
     /// The graph of the segment in `replays.shapes`, on the driver: a
     /// refused one (null `exec`) where the driver would not build it, the
-    /// reason in `replays.fallback`.
+    /// reason in `replays.fallback`; one refused for want of memory is
+    /// tried again `wait` segments on.
+    ///
+    /// # Errors
+    /// A driver error that poisons the context (the device is lost).
     fn build(
         &self,
         replays: &mut Replays,
         batch: &Batch<Cuda>,
-        key: u32,
-        start: usize,
-        end: usize,
-    ) -> Graph {
+        (key, start, end): (u32, usize, usize),
+        wait: u64,
+    ) -> Result<Graph> {
         let mut made = Executable {
             programs: Vec::with_capacity(replays.shapes.len()),
             graph: ptr::null_mut(),
@@ -348,11 +378,23 @@ impl Shared {
                 made.programs.push(program.clone());
             }
         }
-        if opted_in && let Err(reason) = made.make(&replays.shapes, &replays.cells, &mut nodes) {
+        let mut retry = None;
+        if opted_in
+            && let Err((reason, code)) = made.make(&replays.shapes, &replays.cells, &mut nodes)
+        {
             nodes.clear();
             replays.fallback = Some(reason);
+            match code {
+                Some(error) if launch::is_sticky(error.0) => {
+                    return Err(self.fault("building a plan's CUDA graph", error));
+                }
+                Some(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)) => {
+                    retry = Some((replays.clock + wait, wait));
+                }
+                _ => {}
+            }
         }
-        Graph {
+        Ok(Graph {
             key,
             start,
             shapes: replays.shapes.clone(),
@@ -360,7 +402,8 @@ impl Shared {
             nodes,
             made: Arc::new(made),
             used: 0,
-        }
+            retry,
+        })
     }
 }
 
@@ -488,18 +531,19 @@ impl Executable {
         shapes: &[Shape],
         cells: &[u64],
         nodes: &mut Vec<sys::CUgraphNode>,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), (String, Option<DriverError>)> {
         let Some(entries) = entries() else {
-            return Err(
+            return Err((
                 "the driver has no cuGraphAddKernelNode; the segment's kernels launch \
                         one by one, as without replay"
                     .to_owned(),
-            );
+                None,
+            ));
         };
         // SAFETY: writes a new graph's handle, which `Drop` destroys.
         unsafe { sys::cuGraphCreate(&mut self.graph, 0) }
             .result()
-            .map_err(|e| refused("to create a graph", e))?;
+            .map_err(|e| (refused("to create a graph", e), Some(e)))?;
         let mut offset = 0;
         for (at, shape) in shapes.iter().enumerate() {
             let count = shape.cells as usize;
@@ -521,7 +565,7 @@ impl Executable {
                         .result()
                 },
             )
-            .map_err(|e| refused("to add a kernel node to a graph", e))?;
+            .map_err(|e| (refused("to add a kernel node to a graph", e), Some(e)))?;
             nodes.push(node);
             offset += count;
         }
@@ -531,7 +575,7 @@ impl Executable {
             .result()
             .map_err(|e| {
                 self.exec = ptr::null_mut();
-                refused("to instantiate a graph", e)
+                (refused("to instantiate a graph", e), Some(e))
             })
     }
 }

@@ -44,6 +44,10 @@
  *                                Unset: none
  *   HWQUEUE_FAKE_REFUSAL         that failure's CUresult (default 2,
  *                                CUDA_ERROR_OUT_OF_MEMORY)
+ *   HWQUEUE_FAKE_REFUSE_TIMES    if set, how many of those calls fail (the
+ *                                first ones, all listed entry points
+ *                                together); the later ones succeed, as once
+ *                                a driver's memory came back
  *   HWQUEUE_FAKE_EVENT_DELAY_US  microseconds (0 to 10,000,000) after its
  *                                cuEventRecord that an event completes (see
  *                                "Event delay" below); unset or 0: at once
@@ -372,8 +376,13 @@ static CUresult device_fault(const char *symbol) {
  * else CUDA_SUCCESS: what each capture and graph entry point returns at
  * once when it is not CUDA_SUCCESS. */
 static CUresult refusal(const char *symbol) {
+    static atomic_long refused;
     const char *refuse = refuse_list;
     if (refuse == NULL || !in_list(refuse, symbol)) {
+        return CUDA_SUCCESS;
+    }
+    const char *times = getenv("HWQUEUE_FAKE_REFUSE_TIMES");
+    if (times != NULL && atomic_fetch_add(&refused, 1) >= atol(times)) {
         return CUDA_SUCCESS;
     }
     return env_code("HWQUEUE_FAKE_REFUSAL", CUDA_ERROR_OUT_OF_MEMORY);
