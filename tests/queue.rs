@@ -760,3 +760,50 @@ fn a_queue_failure_from_a_lost_device_does_not_say_the_queue_is_usable() {
     .to_string();
     assert!(failed.ends_with("the queue is usable again"), "{failed}");
 }
+
+/// An upload's owner whose drop panics (the caller's type).
+struct PanicsOnDrop(Vec<u8>);
+
+impl AsRef<[u8]> for PanicsOnDrop {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("injected failure: {}", "an upload owner's drop panics");
+    }
+}
+
+/// The worker drops a finished batch's upload owner when it clears the
+/// batch: an owner whose drop panics loses that batch's memory, not the
+/// worker. On dc4df80 the worker died there: the next batch neither ran
+/// nor failed (its signal timed out) and `synchronize` hung (review
+/// helper-55).
+#[test]
+fn a_panicking_upload_owner_does_not_end_the_worker() {
+    quiet_injected_failures();
+    no_hang("a panicking upload owner", || {
+        let device = CpuDevice::new();
+        let mut queue = device.compute_queue().unwrap();
+        let buffer = device.alloc(4).unwrap();
+        let (first, second) = (CpuSignal::new(0), CpuSignal::new(0));
+        queue
+            .upload_vec(&buffer, PanicsOnDrop(vec![1, 2, 3, 4]))
+            .signal(&first, 1)
+            .submit()
+            .unwrap();
+        first.wait(1, LONG).unwrap();
+        queue
+            .fill(&buffer, 9u8)
+            .signal(&second, 1)
+            .submit()
+            .unwrap();
+        second
+            .wait(1, Duration::from_secs(5))
+            .expect("the next batch runs");
+        queue.synchronize().unwrap();
+        assert_eq!(buffer.to_vec::<u8>().unwrap(), [9; 4]);
+    });
+}

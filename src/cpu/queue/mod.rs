@@ -345,10 +345,22 @@ fn run_worker(shared: &Shared) {
                 move_events(&mut shared.profile.lock(), &mut events);
             }
         }
-        batch.clear();
+        // Clearing drops what the batch owns of the caller's (an
+        // `upload_vec`'s owner), which may panic: the batch is lost (its
+        // uses let go as it drops), never the worker, whose later batches
+        // nobody else would run or fail.
+        let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.clear()));
+        let reuse = match cleared {
+            Ok(()) => true,
+            Err(_) => {
+                let lost = std::mem::take(&mut batch);
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(lost)));
+                false
+            }
+        };
         state = shared.state.lock();
         state.in_flight -= 1;
-        if state.spare.len() < SPARE_BATCHES {
+        if reuse && state.spare.len() < SPARE_BATCHES {
             state.spare.push(batch);
         }
         if state.in_flight == 0 && state.sync_waiters > 0 {
