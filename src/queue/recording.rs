@@ -170,16 +170,22 @@ impl<E: Engine> Queue<E> {
         if let Err(e) = check_value(value) {
             return self.reject(e);
         }
+        let queue = self.id();
         if let Err(e) = self.engine.check_signal(signal, value) {
             // Recorded all the same (unclaimed), so that the rejected
-            // batch fails the value and its waiters learn why.
-            self.batch.commands.push(Command::Signal {
-                signal: signal.clone(),
-                value,
-            });
+            // batch fails the value and its waiters learn why; but not
+            // where another live queue produces it (as below): failing
+            // `value` would fail that queue's values up to it.
+            let produced_elsewhere = (signal.producer().queue())
+                .is_some_and(|producer| producer != queue && producer.is_live());
+            if !produced_elsewhere {
+                self.batch.commands.push(Command::Signal {
+                    signal: signal.clone(),
+                    value,
+                });
+            }
             return self.reject(e);
         }
-        let queue = self.id();
         if let Err(producer) = signal.producer().claim(queue) {
             // Not recorded: a batch this queue abandons must not fail the
             // values another queue produces.
