@@ -383,7 +383,6 @@ impl Shared {
             && let Err((reason, code)) = made.make(&replays.shapes, &replays.cells, &mut nodes)
         {
             nodes.clear();
-            replays.fallback = Some(reason);
             match code {
                 Some(error) if launch::is_sticky(error.0) => {
                     return Err(self.fault("building a plan's CUDA graph", error));
@@ -393,6 +392,7 @@ impl Shared {
                 }
                 _ => {}
             }
+            replays.fallback = Some(reason);
         }
         Ok(Graph {
             key,

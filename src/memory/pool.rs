@@ -315,6 +315,11 @@ impl<S: BlockSource> MemoryPool<S> {
             // on another thread) wait in `returned`: they count first.
             let returned = self.take_returned(state);
             self.free_blocks(returned);
+            // They may have made room in a block still partly in use.
+            state.flush_recycled();
+            if let Some(found) = state.find(units, class) {
+                return Ok(found);
+            }
             if retried || state.empty_blocks().next().is_none() {
                 state.stats.oom_failures += 1;
                 return Err(self.out_of_memory(state, size, detail));

@@ -245,7 +245,8 @@ impl Recorder {
             ledger.settle(&batch, |batch| {
                 let outcome = self.run_batch(batch);
                 ran = Some(outcome.is_ok());
-                // Skipped, or panicked: none ran.
+                // Skipped: none ran. (A panic leaves it 0 too, completing
+                // no `dealloca`: their buffers stay live, the safe side.)
                 ran_upto = outcome
                     .as_ref()
                     .map_or_else(|(from, _)| *from, |()| usize::MAX);
