@@ -98,7 +98,11 @@ pub enum FailureScope {
     /// waiter after that work, as a wait on a reached value would.
     /// Engines that hand work to a device and learn of failures later (the
     /// CUDA stream) fail the rest of a failed batch at once instead; there
-    /// a kernel fault is fatal to the device anyway.
+    /// a kernel fault is fatal to the device anyway. A batch that never
+    /// ran (rejected at `submit`, discarded, or skipped) fails its signals
+    /// at once, in queue order, without honouring its own waits: a caller
+    /// that orders later work after such a batch waits for what it waited
+    /// for itself (a plan's next run waits for a refused run whole).
     Batch,
 }
 
