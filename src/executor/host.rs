@@ -135,14 +135,21 @@ fn run_job<B: Backend>(
     failed: &mut Option<std::sync::Arc<Error>>,
     staging: &mut Vec<u8>,
 ) {
-    let waited = job.waits.iter().try_for_each(|(signal, value, settled)| {
+    // Every wait is honoured, the first error kept: a value this stage
+    // fails settles only after all its job waited for (the planner leaves
+    // out a later operation's wait that one on this value implies).
+    let mut waited = Ok(());
+    for (signal, value, settled) in &job.waits {
         let outcome = signal.wait(*value, Timeout::Forever);
-        if *settled || failed.is_some() {
+        let outcome = if *settled || failed.is_some() {
             crate::queue::settled(outcome)
         } else {
             outcome
+        };
+        if waited.is_ok() {
+            waited = outcome;
         }
-    });
+    }
     if let Some(cause) = failed {
         // Draining: the waits were honoured; the copy does not run.
         job.let_go();
