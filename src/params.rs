@@ -130,7 +130,9 @@ impl ExecParams {
 
     /// Work-items in one work-group.
     pub const fn local_count(&self) -> u64 {
-        self.local[0] as u64 * self.local[1] as u64 * self.local[2] as u64
+        (self.local[0] as u64)
+            .saturating_mul(self.local[1] as u64)
+            .saturating_mul(self.local[2] as u64)
     }
 
     /// Checks the rule above and `limits`.

@@ -1487,3 +1487,111 @@ fn a_copy_that_panics_on_the_host_stage_fails_its_run_and_the_next() {
         drop(plan);
     });
 }
+
+/// The gate `a_host_copy_whose_first_wait_fails_honours_the_others` holds
+/// its `gated` kernel behind, and what its `reader` kernel saw.
+static HOST_GATE: std::sync::OnceLock<CpuSignal> = std::sync::OnceLock::new();
+static HOST_SEEN: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn gated(_: &WorkGroup, _: &KernelArgs<'_>) {
+    HOST_GATE.get().unwrap().wait(1, LONG).unwrap();
+}
+
+fn read_first_word(_: &WorkGroup, args: &KernelArgs<'_>) {
+    // SAFETY: one work-group, reading only.
+    let seen = unsafe { args.buffer(0).as_slice::<u32>()[0] };
+    HOST_SEEN.lock().unwrap().push(seen);
+}
+
+fn fails(_: &WorkGroup, _: &KernelArgs<'_>) {
+    panic!("injected failure: {}", "a kernel that fails");
+}
+
+/// A host-stage copy (`a0` to `b1`, two devices) waits on a kernel that
+/// fails (on device 0) and on device 1's queue, where a reader of `b1`
+/// sits behind a gated kernel. The next run's upload into `b1` waits only
+/// on the copy (its wait on the reader is implied by the copy's). The copy
+/// must honour all its waits before failing, or the upload overwrites `b1`
+/// before the first run's reader read it. On 2590841 the copy failed at
+/// its first failed wait: the first run's reader saw the second run's 2
+/// (review helper-56).
+#[test]
+fn a_host_copy_whose_first_wait_fails_honours_the_others() {
+    quiet_injected_failures();
+    no_hang("a host copy whose first wait fails", || {
+        let gate = HOST_GATE.get_or_init(|| CpuSignal::new(0));
+        let (d0, d1) = (Arc::new(CpuDevice::new()), Arc::new(CpuDevice::new()));
+        let mut schedule = Schedule::<Cpu>::new();
+        let (i0, i1) = (
+            schedule.add_device(d0.clone()),
+            schedule.add_device(d1.clone()),
+        );
+        let a0 = schedule.add_buffer(i0, "a0", d0.alloc(64).unwrap());
+        let b1 = schedule.add_buffer(i1, "b1", d1.alloc(64).unwrap());
+        let c1 = schedule.add_buffer(i1, "c1", d1.alloc(64).unwrap());
+        let one = ExecParams::new_1d(1, 1);
+        let program = |name, kernel| CpuProgram::from_fn(name, 1, 0, kernel);
+        let up = schedule.upload("upload b1", b1).id();
+        schedule
+            .exec("fail", i0, &program("fail", fails), &[a0], &[], one)
+            .writes(a0, ..);
+        schedule.exec("gated", i1, &program("gated", gated), &[c1], &[], one);
+        schedule
+            .exec(
+                "read b1",
+                i1,
+                &program("read", read_first_word),
+                &[b1],
+                &[],
+                one,
+            )
+            .reads(b1, ..);
+        schedule.copy("a0 to b1", b1, a0);
+        let mut plan = schedule.plan().unwrap();
+        assert!(plan.queue_labels().contains(&"host"), "{plan}");
+        plan.upload(up, &[1u32; 16]).unwrap();
+        let first = plan.run().unwrap();
+        plan.upload(up, &[2u32; 16]).unwrap();
+        let second = plan.run().unwrap();
+        // Long enough for a copy that gave up at its failed wait to let
+        // the second upload through (it then writes at once); a right
+        // plan does not depend on it.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        gate.set(1);
+        assert!(first.wait(LONG).is_err(), "`fail` failed");
+        assert!(second.wait(LONG).is_err(), "`fail` failed again");
+        assert_eq!(*HOST_SEEN.lock().unwrap(), [1, 2], "each run's upload");
+    });
+}
+
+/// A plan asked about an operation of another schedule says so, never
+/// panics (on 2590841 `queue_of`, `waits_of` and a reason's display
+/// indexed out of bounds; review helper-56).
+#[test]
+fn a_plan_asked_about_another_schedule_s_operation_answers_none() {
+    let device = Arc::new(CpuDevice::new());
+    let mut small = Schedule::<Cpu>::new();
+    let d = small.add_device(device.clone());
+    let x = small.add_tensor(d, "x", 16);
+    small.fill("fill x", x, 0u32);
+    // Two devices and a copy between them (the host stage), after fills.
+    let mut large = Schedule::<Cpu>::new();
+    let (d0, d1) = (
+        large.add_device(device),
+        large.add_device(Arc::new(CpuDevice::new())),
+    );
+    let (y0, y1) = (
+        large.add_tensor(d0, "y0", 16),
+        large.add_tensor(d1, "y1", 16),
+    );
+    for k in 0..4 {
+        large.fill(format!("fill y0 {k}"), y0, k as u32);
+    }
+    large.copy("y0 to y1", y1, y0);
+    let (small, large) = (small.plan().unwrap(), large.plan().unwrap());
+    let (op, wait) = large.waits().last().expect("the copy waits");
+    assert_eq!(small.queue_of(op), None);
+    assert!(small.waits_of(op).is_empty());
+    let text = small.reason(op, wait).to_string();
+    assert!(text.contains("another plan"), "{text}");
+}

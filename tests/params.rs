@@ -183,3 +183,11 @@ fn a_global_size_near_the_top_is_an_error_not_an_overflow() {
     assert!(why.contains("not a multiple"), "{why}");
     assert!(why.contains("round global down to 4294967294"), "{why}");
 }
+
+/// Work-items per group of the largest local size saturate instead of
+/// overflowing (on 2590841 a debug build panicked; review helper-56).
+#[test]
+fn the_local_count_of_the_largest_local_size_saturates() {
+    let params = hwqueue::ExecParams::new_3d([u32::MAX; 3], [u32::MAX; 3]);
+    assert_eq!(params.local_count(), u64::MAX);
+}

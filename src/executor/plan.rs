@@ -506,9 +506,10 @@ impl<B: Backend> Plan<B> {
         }
     }
 
-    /// The waits inserted before operation `op`.
+    /// The waits inserted before operation `op` (none for an id of
+    /// another schedule's).
     pub fn waits_of(&self, op: OpId) -> &[PlannedWait] {
-        &self.facts.ops[op.0].waits
+        self.facts.ops.get(op.0).map_or(&[], |op| &op.waits)
     }
 
     /// Every inserted wait, as (waiting operation, wait).
@@ -521,9 +522,9 @@ impl<B: Backend> Plan<B> {
     }
 
     /// The queue (an index into [`queue_labels`](Self::queue_labels)) that
-    /// runs `op`.
-    pub fn queue_of(&self, op: OpId) -> usize {
-        self.facts.ops[op.0].queue
+    /// runs `op`; `None` for an id of another schedule's.
+    pub fn queue_of(&self, op: OpId) -> Option<usize> {
+        self.facts.ops.get(op.0).map(|op| op.queue)
     }
 
     /// How many runs were started.
@@ -663,17 +664,18 @@ pub struct WaitReason<'a, B: Backend> {
 impl<B: Backend> fmt::Display for WaitReason<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let wait = self.wait;
-        let (later, earlier) = (
-            &self.schedule.ops[self.op.0],
-            &self.schedule.ops[wait.after.0],
-        );
+        let ops = &self.schedule.ops;
+        let (Some(later), Some(earlier), Some(buffer)) = (
+            ops.get(self.op.0),
+            ops.get(wait.after.0),
+            self.schedule.buffers.get(wait.buffer.0),
+        ) else {
+            return f.write_str("a wait of another plan's (its operation is not this plan's)");
+        };
         write!(
             f,
             "{} on `{}` [{}, {})",
-            wait.hazard,
-            self.schedule.buffers[wait.buffer.0].name,
-            wait.range.start,
-            wait.range.end
+            wait.hazard, buffer.name, wait.range.start, wait.range.end
         )?;
         super::schedule::write_tensors_at(
             f,
