@@ -13,7 +13,8 @@
 //!
 //! ```text
 //! [.visible | .weak | .extern] .entry NAME [( PARAM {, PARAM} )] ...
-//! PARAM := .param [.align N] TYPE [.ptr [.SPACE] [.align N]] NAME [ '[' N ']' ]
+//! PARAM := .param [.align N] TYPE [.ptr [.SPACE] [.align N]] NAME { '[' N ']' }
+//!          (the .ptr attributes apart, or joined: .ptr.global.align 16)
 //! ```
 //!
 //! with `//` and `/* */` comments anywhere.
@@ -143,8 +144,13 @@ fn find_entry<'a>(text: &'a str, entry: &str) -> Option<&'a str> {
 
 /// The size of one `.param` declaration, or why it cannot be read.
 fn param_bytes(param: &str) -> std::result::Result<usize, String> {
-    // `p[16]` and `p [ 16 ]` alike: brackets as words of their own.
-    let spaced = param.replace('[', " [ ").replace(']', " ] ");
+    // `p[16]` and `p [ 16 ]` alike: brackets as words of their own; and
+    // the pointer attributes as the PTX ISA writes them joined
+    // (`.ptr.global.align 16`) or apart (`.ptr .global .align 16`).
+    let mut spaced = param.replace('[', " [ ").replace(']', " ] ");
+    for attribute in [".ptr", ".global", ".const", ".local", ".shared"] {
+        spaced = spaced.replace(&format!("{attribute}."), &format!("{attribute} ."));
+    }
     let mut words = spaced.split_whitespace().peekable();
     if words.next() != Some(".param") {
         return Err("is not a `.param` declaration".to_owned());
@@ -166,9 +172,11 @@ fn param_bytes(param: &str) -> std::result::Result<usize, String> {
                 if words.next() != Some("]") {
                     return Err("has an array size that is not `[N]`".to_owned());
                 }
-                count = n
+                // `p[2][3]`: six elements.
+                let n = n
                     .filter(|n| *n > 0)
                     .ok_or("has an array size that is not a positive number")?;
+                count = count.checked_mul(n).ok_or("is larger than memory")?;
             }
             word if word.starts_with('.') => {
                 if element.replace(type_bytes(word)?).is_some() {
@@ -265,6 +273,16 @@ mod tests {
             vec![]
         );
         assert_eq!(entry_params(".entry none()", "none").unwrap(), vec![]);
+    }
+
+    /// The PTX ISA's own spelling of pointer attributes, joined, and an
+    /// array of two dimensions (review helper-56: on 2590841 the first was
+    /// refused as "not a PTX type" and the second sized 3 bytes).
+    #[test]
+    fn joined_pointer_attributes_and_two_dimensional_arrays_are_read() {
+        let ptx = ".entry j(.param .u32 .ptr.global.align 16 p,
+                           .param .u64 .ptr.const.align 8 q, .param .b8 r[2][3])";
+        assert_eq!(entry_params(ptx, "j").unwrap(), vec![4, 8, 6]);
     }
 
     #[test]

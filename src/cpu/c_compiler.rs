@@ -262,8 +262,12 @@ fn compile(
     };
     fs::write(&scratch.source, text).map_err(cache_io("writing a C kernel into the cache"))?;
     // Files the compiler reads that change from here on may not be what it
-    // read (see `c_manifest`).
-    let started = epoch_nanos(SystemTime::now());
+    // read (see `c_manifest`). Modification times come from the kernel's
+    // coarse clock, which may lag the system time by a tick: the source's
+    // own, just written, bounds it (a header written after it is at or
+    // after it on the same clock).
+    let now = epoch_nanos(SystemTime::now());
+    let started = fs::metadata(&scratch.source).map_or(now, |meta| modified(&meta).min(now));
     let ran = Command::new(&compiler.path)
         .args(&compiler.args)
         .args(["-shared", "-fPIC", "-o"])

@@ -265,12 +265,14 @@ pub(crate) fn linked_libraries(
     names
         .iter()
         .filter_map(|name| {
+            // `-l:libfoo.a` names the file itself.
+            let exact = name.strip_prefix(':').map(str::to_owned);
             let shared = format!("lib{name}.so");
             let archive = format!("lib{name}.a");
-            let files: &[&String] = if static_only {
-                &[&archive]
-            } else {
-                &[&shared, &archive]
+            let files: &[&String] = match &exact {
+                Some(file) => &[file],
+                None if static_only => &[&archive],
+                None => &[&shared, &archive],
             };
             dirs.iter()
                 .find_map(|dir| {
@@ -400,6 +402,16 @@ mod tests {
         assert_eq!(
             linked_libraries(none, &[], &args(&["-static"])),
             [first.join("libhwqfoo.a"), second.join("libhwqbar.a")]
+        );
+        // `-l:FILE` names the file (review helper-56: on 2590841 it looked
+        // for `lib:libhwqbar.a.so` and left the archive untracked).
+        assert_eq!(
+            linked_libraries(none, &[], &args(&["-l:libhwqbar.a"])),
+            [
+                first.join("libhwqfoo.a"),
+                second.join("libhwqbar.so"),
+                second.join("libhwqbar.a")
+            ]
         );
         fs::remove_dir_all(&root).unwrap();
     }
