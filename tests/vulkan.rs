@@ -1547,4 +1547,14 @@ fn a_refused_signal_of_another_handle_fails_nothing_its_producer_sets() {
     );
     producer.signal(&signal, 2).submit().unwrap();
     signal.wait(2, LONG).expect("the producer's value");
+    // Recorded before the producer's claim, submitted after it (the
+    // record-time look alone missed this; review helper-57).
+    let late = second.new_signal(0).unwrap();
+    refusing.signal(&late, 5);
+    let mut claimer = second.compute_queue().unwrap();
+    claimer.signal(&late, 1).submit().unwrap();
+    assert!(refusing.submit().is_err());
+    let _ = refusing.synchronize();
+    claimer.signal(&late, 2).submit().unwrap();
+    late.wait(2, LONG).expect("the claimer's value");
 }

@@ -175,7 +175,9 @@ impl<E: Engine> Queue<E> {
             // Recorded all the same (unclaimed), so that the rejected
             // batch fails the value and its waiters learn why; but not
             // where another live queue produces it (as below): failing
-            // `value` would fail that queue's values up to it.
+            // `value` would fail that queue's values up to it. (`submit`
+            // looks again, for a producer that claimed it since; one
+            // that claims it after that still races the abandon.)
             let produced_elsewhere = (signal.producer().queue())
                 .is_some_and(|producer| producer != queue && producer.is_live());
             if !produced_elsewhere {

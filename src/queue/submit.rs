@@ -8,6 +8,8 @@ use crate::error::{Error, Result};
 use crate::profile::now_ns;
 
 use super::engine::Engine;
+use super::Command;
+use crate::signal::TimelineSignal;
 use super::{HardwareQueue, Queue};
 
 impl<E: Engine> Queue<E> {
@@ -17,6 +19,16 @@ impl<E: Engine> Queue<E> {
     pub(super) fn submit_recorded(&mut self) -> Result<()> {
         if let Some(error) = self.rejected.take() {
             let cause = std::sync::Arc::new(*error);
+            // A signal recorded unclaimed (refused by the engine: another
+            // device handle's) that another live queue has claimed since
+            // is that queue's to set: failing it here would fail its
+            // values up to this one (see `signal_checked`).
+            let queue = self.id();
+            self.batch.commands.retain(|command| match command {
+                Command::Signal { signal, .. } => (signal.producer().queue())
+                    .is_none_or(|producer| producer == queue || !producer.is_live()),
+                _ => true,
+            });
             // Submitted on this rank all the same: its collectives take
             // their places, which the engine forfeits (see there).
             if self.batch.collectives {
