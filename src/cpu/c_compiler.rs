@@ -310,7 +310,7 @@ fn compile(
         .filter(|path| path.extension().is_some_and(|extension| extension == "a"));
     Ok((
         scratch,
-        Manifest::capture(headers.into_iter().chain(libraries), started),
+        Manifest::capture(headers.into_iter().chain(libraries), (started, now)),
     ))
 }
 

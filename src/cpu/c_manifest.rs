@@ -107,8 +107,14 @@ impl Manifest {
     /// Stamps `paths` as they are now (each once; unreadable ones are left
     /// out: the compile that named them read them, so they exist), for a
     /// compile that started at `compile_started` (nanoseconds since the
-    /// Unix epoch; see the module docs).
-    pub(crate) fn capture(paths: impl IntoIterator<Item = PathBuf>, compile_started: u128) -> Self {
+    /// Unix epoch, on the files' clock; see the module docs). `nonce` (the
+    /// system time of that start, in nanoseconds) keeps the digests of two
+    /// compiles that each found a file too new apart, however coarse the
+    /// files' clock.
+    pub(crate) fn capture(
+        paths: impl IntoIterator<Item = PathBuf>,
+        (compile_started, nonce): (u128, u128),
+    ) -> Self {
         let mut paths: Vec<PathBuf> = paths.into_iter().collect();
         paths.sort();
         paths.dedup();
@@ -119,7 +125,7 @@ impl Manifest {
         let unsettled = files
             .iter()
             .any(|file| file.hash == UNKNOWN)
-            .then_some(compile_started);
+            .then_some(nonce);
         Self { files, unsettled }
     }
 
@@ -334,7 +340,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let header = dir.join("a header.h");
         fs::write(&header, "#define X 1\n").unwrap();
-        let manifest = Manifest::capture([header.clone(), header.clone()], u128::MAX);
+        let manifest = Manifest::capture([header.clone(), header.clone()], (u128::MAX, u128::MAX));
         let text = manifest.to_text().unwrap();
         let file = dir.join("m.deps");
         fs::write(&file, &text).unwrap();
@@ -344,7 +350,7 @@ mod tests {
         fs::write(&header, "#define X 2\n").unwrap();
         assert!(!manifest.is_current());
         assert_ne!(
-            Manifest::capture([header.clone()], u128::MAX).digest(),
+            Manifest::capture([header.clone()], (u128::MAX, u128::MAX)).digest(),
             digest
         );
         fs::remove_dir_all(&dir).unwrap();
@@ -361,9 +367,9 @@ mod tests {
         let header = dir.join("generated.h");
         fs::write(&header, "#define X 1\n").unwrap();
         let written = modified(&fs::metadata(&header).unwrap());
-        let too_new = Manifest::capture([header.clone()], written);
+        let too_new = Manifest::capture([header.clone()], (written, written));
         assert!(!too_new.is_current());
-        let settled = Manifest::capture([header.clone()], written + 1);
+        let settled = Manifest::capture([header.clone()], (written + 1, written + 1));
         assert!(settled.is_current());
         fs::remove_dir_all(&dir).unwrap();
     }
@@ -427,10 +433,15 @@ mod tests {
         let header = dir.join("future.h");
         fs::write(&header, "#define X 1\n").unwrap();
         let written = modified(&fs::metadata(&header).unwrap());
-        let first = Manifest::capture([header.clone()], written);
+        let first = Manifest::capture([header.clone()], (written, written));
         fs::write(&header, "#define X 2\n").unwrap();
-        let second = Manifest::capture([header.clone()], written + 1);
+        let second = Manifest::capture([header.clone()], (written + 1, written + 1));
         assert_ne!(first.digest(), second.digest());
+        // Started on the same tick of a coarse file clock, the two are
+        // still apart by their system-time nonces (review helper-57: on
+        // 098a944 the start on the file clock was the nonce).
+        let third = Manifest::capture([header.clone()], (written, written + 7));
+        assert_ne!(first.digest(), third.digest());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

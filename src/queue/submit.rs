@@ -7,10 +7,10 @@ use std::mem;
 use crate::error::{Error, Result};
 use crate::profile::now_ns;
 
-use super::engine::Engine;
 use super::Command;
-use crate::signal::TimelineSignal;
+use super::engine::Engine;
 use super::{HardwareQueue, Queue};
+use crate::signal::TimelineSignal;
 
 impl<E: Engine> Queue<E> {
     /// `submit`'s work past the checks: a rejected batch abandoned (its
