@@ -789,12 +789,24 @@ fn a_panicking_upload_owner_does_not_end_the_worker() {
         let mut queue = device.compute_queue().unwrap();
         let buffer = device.alloc(4).unwrap();
         let (first, second) = (CpuSignal::new(0), CpuSignal::new(0));
+        // A buffer only the batch's fill holds once dropped here: the
+        // commands after the panicking owner are dropped too (on 4214ad3
+        // they leaked, and its range stayed in use; review helper-57).
+        let other = device.alloc(65536).unwrap();
         queue
             .upload_vec(&buffer, PanicsOnDrop(vec![1, 2, 3, 4]))
+            .fill(&other, 1u8)
             .signal(&first, 1)
             .submit()
             .unwrap();
         first.wait(1, LONG).unwrap();
+        queue.synchronize().unwrap();
+        let in_use = device.memory_stats().in_use;
+        drop(other);
+        assert!(
+            device.memory_stats().in_use < in_use,
+            "the fill's buffer went back"
+        );
         queue
             .fill(&buffer, 9u8)
             .signal(&second, 1)

@@ -30,6 +30,7 @@
 //! writes none of the above.
 
 mod batch;
+mod batch_drop;
 mod checks;
 mod collective;
 mod engine;
