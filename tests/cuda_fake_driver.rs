@@ -660,6 +660,39 @@ fn run_child_scenario(scenario: &str) {
             );
         }
         "graph_replay" => graph_replay(&device),
+        // An upload owner whose drop panics, then a batch of a signal
+        // alone: the queue goes on.
+        "panicking_owner" => {
+            struct PanicsOnDrop(Vec<u8>);
+            impl AsRef<[u8]> for PanicsOnDrop {
+                fn as_ref(&self) -> &[u8] {
+                    &self.0
+                }
+            }
+            impl Drop for PanicsOnDrop {
+                fn drop(&mut self) {
+                    panic!("injected failure: {}", "an upload owner's drop panics");
+                }
+            }
+            let buffer = device.alloc(4).unwrap();
+            let (first, second) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+            let mut queue = device.compute_queue().unwrap();
+            let submitted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                queue
+                    .upload_vec(&buffer, PanicsOnDrop(vec![1, 2, 3, 4]))
+                    .signal(&first, 1)
+                    .submit()
+            }));
+            report("first", &format!("{:?}", submitted.map(|r| r.is_ok())));
+            let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                queue.signal(&second, 1).submit().unwrap();
+                second.wait(1, std::time::Duration::from_secs(5))
+            }));
+            report("second", &format!("{waited:?}"));
+            let synchronized =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| queue.synchronize()));
+            report("synchronize", &format!("{synchronized:?}"));
+        }
         "plan_replay" => plan_replay(device),
         "many_params" => many_params(&device),
         "signal_behind_wait" => signal_behind_wait(&device),
@@ -1695,4 +1728,19 @@ fn a_signal_only_batch_behind_a_deferred_wait_keeps_its_place() {
     assert_eq!(outcome.field("early"), "0", "{outcome:#?}");
     assert_eq!(outcome.field("after"), "ok 2", "{outcome:#?}");
     assert_eq!(outcome.field("idle"), "ok 3", "{outcome:#?}");
+}
+
+/// A finished batch's upload owner whose drop panics (the caller's type)
+/// loses that batch, never the queue: the next batch runs and
+/// `synchronize` returns. On 29c1bd6 the panic came out of clearing the
+/// batch (`InFlight::keep`) on whichever thread retired it (review
+/// helper-57).
+#[test]
+fn a_panicking_upload_owner_loses_its_batch_not_the_cuda_queue() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("panicking_owner", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("first"), "Ok(true)", "{outcome:#?}");
+    assert_eq!(outcome.field("second"), "Ok(Ok(()))", "{outcome:#?}");
+    assert_eq!(outcome.field("synchronize"), "Ok(Ok(()))", "{outcome:#?}");
 }

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::mem;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaEvent;
 
@@ -174,8 +175,15 @@ impl Shared {
 impl InFlight {
     /// Clears a finished batch and keeps it, and its event, for reuse.
     fn keep(&mut self, mut batch: Batch<Cuda>, event: Option<CudaEvent>) {
-        batch.clear();
-        if self.spare_batches.len() < SPARE_BATCHES {
+        // Clearing drops what the batch owns of the caller's (an
+        // `upload_vec`'s owner), which may panic: on the worker, that
+        // would end it, and later batches would neither run nor fail. The
+        // batch is lost instead (what its commands hold is dropped all the
+        // same: `Batch::drop_commands`).
+        let cleared = catch_unwind(AssertUnwindSafe(|| batch.clear()));
+        if cleared.is_err() {
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(batch)));
+        } else if self.spare_batches.len() < SPARE_BATCHES {
             self.spare_batches.push(batch);
         }
         if let Some(event) = event
