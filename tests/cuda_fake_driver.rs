@@ -660,6 +660,26 @@ fn run_child_scenario(scenario: &str) {
             );
         }
         "graph_replay" => graph_replay(&device),
+        // A second open of device 0: its buffers, zero-filled, copied on
+        // a queue of the first handle.
+        "second_handle" => {
+            let second = CudaDevice::open(0).unwrap();
+            let mut queue = device.compute_queue().unwrap();
+            let (src, dst) = (second.alloc(4096).unwrap(), second.alloc(4096).unwrap());
+            report("same", &second.same_as(&device).to_string());
+            let copied = queue
+                .copy(&dst, &src)
+                .submit()
+                .and_then(|()| queue.synchronize());
+            report("copied", &describe(copied, |()| String::new()));
+        }
+        // A host write that meets a sticky fault.
+        "host_fault" => {
+            let buffer = device.alloc(64).unwrap();
+            let written = buffer.write_at(0, &[1u32; 4]);
+            report("write", &describe(written, |()| String::new()));
+            report("health", &describe(device.health(), |()| String::new()));
+        }
         // An upload owner whose drop panics, then a batch of a signal
         // alone: the queue goes on.
         "panicking_owner" => {
@@ -1743,4 +1763,48 @@ fn a_panicking_upload_owner_loses_its_batch_not_the_cuda_queue() {
     assert_eq!(outcome.field("first"), "Ok(true)", "{outcome:#?}");
     assert_eq!(outcome.field("second"), "Ok(Ok(()))", "{outcome:#?}");
     assert_eq!(outcome.field("synchronize"), "Ok(Ok(()))", "{outcome:#?}");
+}
+
+/// Two opens of one ordinal share its allocation fence (each keeps its
+/// own pool): a buffer the second zero-filled is used on a queue of the
+/// first only after its fill. On 49598ad each open had its own fence, and
+/// the copy's stream did not wait for the second's fill (review
+/// helper-58).
+#[test]
+fn two_opens_of_one_ordinal_order_each_other_s_zero_fills() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("second_handle", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("same"), "true", "{outcome:#?}");
+    assert_eq!(outcome.field("copied"), "ok ", "{outcome:#?}");
+    let calls = &outcome.calls;
+    let fill = calls.iter().rposition(|c| c == "cuMemsetD8Async").unwrap();
+    let copy = calls
+        .iter()
+        .rposition(|c| c == "cuMemcpyDtoDAsync_v2")
+        .unwrap();
+    assert!(
+        calls[fill..copy].iter().any(|c| c == "cuStreamWaitEvent"),
+        "the copy's stream waits for the fill: {:?}",
+        &calls[fill..=copy]
+    );
+}
+
+/// A sticky fault a host write meets marks the device lost, as one a
+/// queue meets does (on 49598ad it was a plain driver error, and the
+/// device stayed healthy; review helper-58).
+#[test]
+fn a_sticky_fault_a_host_write_meets_marks_the_device_lost() {
+    let extra = [("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2")];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("host_fault", &extra)) else {
+        return;
+    };
+    assert!(
+        outcome.field("write").starts_with("DeviceLost "),
+        "{outcome:#?}"
+    );
+    assert!(
+        outcome.field("health").starts_with("DeviceLost "),
+        "{outcome:#?}"
+    );
 }

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::memory::{Access, Allocation, QueueOrdered};
 
 use super::memory::CudaBlocks;
-use super::{Cuda, CudaDevice, driver_error};
+use super::{Cuda, CudaDevice, context_error};
 
 /// Device memory of one CUDA device: an [`Allocation`] of the device's
 /// [`MemoryPool`](crate::memory::MemoryPool) (ranges of `cuMemAlloc`
@@ -75,7 +75,8 @@ impl CudaBuffer {
         }
         let dst = self.device_pointer() + offset as u64;
         self.host_copy(by, false, "a host write", |stream| {
-            let fail = |e| driver_error("uploading to a buffer", e);
+            // A sticky fault seen here marks the device lost.
+            let fail = |e| context_error(stream.context(), "uploading to a buffer", e);
             stream.context().bind_to_thread().map_err(fail)?;
             // SAFETY: `dst..dst + bytes.len()` lies in this live buffer
             // (checked above; held by the lock `host_copy` takes), and the
@@ -94,7 +95,7 @@ impl CudaBuffer {
         }
         let src = self.device_pointer() + offset as u64;
         self.host_copy(by, true, "a host read", |stream| {
-            let fail = |e| driver_error("downloading from a buffer", e);
+            let fail = |e| context_error(stream.context(), "downloading from a buffer", e);
             stream.context().bind_to_thread().map_err(fail)?;
             // SAFETY: `src..src + bytes.len()` lies in this live buffer
             // (checked above; held by the lock `host_copy` takes), `bytes`

@@ -100,15 +100,11 @@ impl CudaDevice {
         // Tracking would also make every allocation create two events and
         // every use wait on them, which hwqueue's signals already express.
         unsafe { context.disable_event_tracking() };
-        let host_stream = context
-            .new_stream()
+        let host = memory::HostSide::of(ordinal, &context)
             .map_err(fail("creating the host-transfer stream"))?;
+        let host_stream = host.stream.clone();
         let name = context.name().map_err(fail("reading the device name"))?;
-        let memory = MemoryPool::new(CudaBlocks::new(
-            ordinal,
-            context.clone(),
-            host_stream.clone(),
-        ));
+        let memory = MemoryPool::new(CudaBlocks::new(ordinal, context.clone(), host));
         let staging = std::sync::Arc::new(StagingCache::new(context.clone(), ordinal));
         let limits = read_limits(&context)?;
         let capability = {

@@ -44,8 +44,45 @@ pub const CUDA_BUFFER_ALIGN: usize = 256;
 pub struct CudaBlocks {
     ordinal: u32,
     context: std::sync::Arc<CudaContext>,
-    host_stream: std::sync::Arc<CudaStream>,
+    host: std::sync::Arc<HostSide>,
+}
+
+/// A device ordinal's host-transfer stream and allocation fence, one in the
+/// process, shared by every handle of the ordinal open at once: a queue of
+/// one handle may use a buffer another handle's pool zero-filled, and
+/// waits for the fence it shares (each handle with its own fence, the
+/// queue waited only for its own handle's fills; review helper-58).
+pub(crate) struct HostSide {
+    pub(crate) stream: std::sync::Arc<CudaStream>,
     fence: Fence,
+}
+
+/// The live [`HostSide`] of each ordinal.
+static HOST_SIDES: parking_lot::Mutex<Vec<(u32, std::sync::Weak<HostSide>)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+impl HostSide {
+    /// Ordinal `ordinal`'s, live, or made with a new stream of `context`.
+    ///
+    /// # Errors
+    /// The driver's, creating the stream.
+    pub(crate) fn of(
+        ordinal: u32,
+        context: &std::sync::Arc<CudaContext>,
+    ) -> std::result::Result<std::sync::Arc<HostSide>, DriverError> {
+        let mut sides = HOST_SIDES.lock();
+        sides.retain(|(_, side)| side.strong_count() > 0);
+        let live = sides.iter().find(|(at, _)| *at == ordinal);
+        if let Some(side) = live.and_then(|(_, side)| side.upgrade()) {
+            return Ok(side);
+        }
+        let side = std::sync::Arc::new(HostSide {
+            stream: context.new_stream()?,
+            fence: Fence::default(),
+        });
+        sides.push((ordinal, std::sync::Arc::downgrade(&side)));
+        Ok(side)
+    }
 }
 
 /// A `cuMemAlloc` block.
@@ -59,20 +96,20 @@ impl CudaBlocks {
     pub(crate) fn new(
         ordinal: u32,
         context: std::sync::Arc<CudaContext>,
-        host_stream: std::sync::Arc<CudaStream>,
+        host: std::sync::Arc<HostSide>,
     ) -> Self {
         Self {
             ordinal,
             context,
-            host_stream,
-            fence: Fence::default(),
+            host,
         }
     }
 
-    /// The allocation fence: what every queue's stream waits for before
-    /// using memory the pool handed out.
+    /// The allocation fence (the ordinal's, shared by its handles): what
+    /// every queue's stream waits for before using memory a pool of the
+    /// ordinal handed out.
     pub(crate) fn fence(&self) -> &Fence {
-        &self.fence
+        &self.host.fence
     }
 }
 
@@ -131,15 +168,15 @@ impl BlockSource for CudaBlocks {
     }
 
     unsafe fn zero(&self, address: sys::CUdeviceptr, len: usize) -> Result<()> {
-        let fail = |e| driver_error("zeroing device memory", e);
+        let fail = |e| super::context_error(&self.context, "zeroing device memory", e);
         self.context.bind_to_thread().map_err(fail)?;
         // SAFETY: the caller guarantees the bytes lie in a live block and are
         // nobody else's; the memset is ordered before every later use by
         // the fence recorded next.
-        unsafe { sys::cuMemsetD8Async(address, 0, len, self.host_stream.cu_stream()) }
+        unsafe { sys::cuMemsetD8Async(address, 0, len, self.host.stream.cu_stream()) }
             .result()
             .map_err(fail)?;
-        self.fence.advance(&self.host_stream).map_err(fail)
+        self.host.fence.advance(&self.host.stream).map_err(fail)
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {
