@@ -51,12 +51,26 @@ pub(crate) trait OwnedBytes: Send + Sync {
 }
 
 /// Host data of element type `T` held as `O` (a `Vec<T>`, `Box<[T]>`,
-/// `Arc<[T]>`, ...).
-struct Owned<T, O>(O, std::marker::PhantomData<fn() -> T>);
+/// `Arc<[T]>`, ...). `None` only while it drops.
+struct Owned<T, O>(Option<O>, std::marker::PhantomData<fn() -> T>);
 
 impl<T: Pod, O: AsRef<[T]> + Send + Sync> OwnedBytes for Owned<T, O> {
     fn bytes(&self) -> &[u8] {
-        bytes_of(self.0.as_ref())
+        self.0
+            .as_ref()
+            .map_or(&[], |owner| bytes_of(owner.as_ref()))
+    }
+}
+
+/// The owner is the caller's, dropped wherever the batch is let go (a
+/// queue's worker, a device's retire thread): a drop of it that panics
+/// (the panic hook has reported it) ends here, not the thread, nor the
+/// drop of the batch's other commands.
+impl<T, O> Drop for Owned<T, O> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.0.take() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(owner)));
+        }
     }
 }
 
@@ -67,7 +81,7 @@ where
     T: Pod,
     O: AsRef<[T]> + Send + Sync + 'static,
 {
-    Box::new(Owned(data, std::marker::PhantomData))
+    Box::new(Owned(Some(data), std::marker::PhantomData))
 }
 
 /// Erased bytes are themselves an owner of bytes, so the executor hands
