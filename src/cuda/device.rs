@@ -35,9 +35,11 @@ pub const CUDA_VIEW_ALIGNMENT: usize = 16;
 pub(crate) const PARAMETER_BYTES: usize = 4096;
 
 /// A CUDA device, opened: its primary context, a stream for zero fills and
-/// host transfers, its memory pool (ranges of `cuMemAlloc` blocks, see
-/// [`crate::memory`]; `alloca` takes its ranges too), and its cache of
-/// page-locked staging. Cheap to clone; clones share the context.
+/// host transfers (with the allocation fence, one per ordinal in the
+/// process, shared by every handle of it open at once), its memory pool
+/// (ranges of `cuMemAlloc` blocks, see [`crate::memory`]; `alloca` takes
+/// its ranges too), and its cache of page-locked staging. Cheap to clone;
+/// clones share the context.
 #[derive(Clone)]
 pub struct CudaDevice {
     inner: Arc<Inner>,
@@ -46,9 +48,9 @@ pub struct CudaDevice {
 struct Inner {
     ordinal: u32,
     context: std::sync::Arc<CudaContext>,
-    /// Zero fills, host uploads and downloads. Each host transfer
-    /// synchronises it before returning; a zero fill does not (the
-    /// allocation fence orders it).
+    /// Zero fills, host uploads and downloads (the ordinal's: every
+    /// handle's). Each host transfer synchronises it before returning; a
+    /// zero fill does not (the allocation fence orders it).
     host_stream: std::sync::Arc<CudaStream>,
     /// Every buffer (`Device::alloc`, `alloc_uninit`, `alloca`) is a range
     /// of it.
@@ -101,7 +103,7 @@ impl CudaDevice {
         // every use wait on them, which hwqueue's signals already express.
         unsafe { context.disable_event_tracking() };
         let host = memory::HostSide::of(ordinal, &context)
-            .map_err(fail("creating the host-transfer stream"))?;
+            .map_err(|e| super::context_error(&context, "creating the host-transfer stream", e))?;
         let host_stream = host.stream.clone();
         let name = context.name().map_err(fail("reading the device name"))?;
         let memory = MemoryPool::new(CudaBlocks::new(ordinal, context.clone(), host));

@@ -208,9 +208,17 @@ impl Fence {
     fn advance(&self, stream: &CudaStream) -> std::result::Result<(), DriverError> {
         let mut event = self.event.lock();
         let recorded = match event.take() {
-            Some(reused) => reused.record(stream).map(|()| reused),
-            None => stream.record_event(Some(EVENT_FLAGS)),
-        }?;
+            Some(reused) => match reused.record(stream) {
+                Ok(()) => reused,
+                Err(error) => {
+                    // Kept: the queues that have not waited for the last
+                    // fence yet still find it (review helper-59).
+                    *event = Some(reused);
+                    return Err(error);
+                }
+            },
+            None => stream.record_event(Some(EVENT_FLAGS))?,
+        };
         *event = Some(recorded);
         self.generation.fetch_add(1, Ordering::Release);
         Ok(())
