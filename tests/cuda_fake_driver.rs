@@ -673,6 +673,20 @@ fn run_child_scenario(scenario: &str) {
                 .and_then(|()| queue.synchronize());
             report("copied", &describe(copied, |()| String::new()));
         }
+        // Fills of an empty buffer and of an empty view.
+        "empty_fill" => {
+            let (empty, real) = (device.alloc(0).unwrap(), device.alloc(64).unwrap());
+            let mut queue = device.compute_queue().unwrap();
+            queue
+                .fill(&empty, 7u8)
+                .fill(&real.view(64, 0).unwrap(), 7u32);
+            let filled = queue.submit().and_then(|()| queue.synchronize());
+            report("filled", &describe(filled, |()| String::new()));
+            report(
+                "real",
+                &format!("{:?}", real.to_vec::<u8>().unwrap()[..4].to_vec()),
+            );
+        }
         // A host write that meets a sticky fault.
         "host_fault" => {
             let buffer = device.alloc(64).unwrap();
@@ -1807,4 +1821,19 @@ fn a_sticky_fault_a_host_write_meets_marks_the_device_lost() {
         outcome.field("health").starts_with("DeviceLost "),
         "{outcome:#?}"
     );
+}
+
+/// A fill of an empty buffer or view calls no memset (an empty buffer's
+/// address is 0, which a driver may refuse; on 30f40e1 both reached
+/// `cuMemsetD*Async` with a count of 0; review helper-58).
+#[test]
+fn an_empty_fill_reaches_no_memset() {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("empty_fill", &[])) else {
+        return;
+    };
+    assert_eq!(outcome.field("filled"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("real"), "[0, 0, 0, 0]", "{outcome:#?}");
+    let memsets = outcome.calls.iter().filter(|c| c.starts_with("cuMemsetD"));
+    // The 64-byte buffer's own zero fill, and nothing else.
+    assert_eq!(memsets.count(), 1, "{outcome:#?}");
 }

@@ -69,6 +69,11 @@ pub(crate) unsafe fn fill(
     width: u8,
     count: usize,
 ) -> Result<(), DriverError> {
+    // An empty view (of an empty buffer: address 0) has nothing to fill,
+    // and a driver may refuse the null address (review helper-58).
+    if count == 0 {
+        return Ok(());
+    }
     let stream = stream.cu_stream();
     // SAFETY: the caller's contract; the driver checks the alignment of
     // the 16- and 32-bit forms itself.
