@@ -661,6 +661,10 @@ fn a_changed_header_compiles_again_and_an_unchanged_one_does_not() {
     // of the header as it is now, not the one of another version.
     drop((first, again, touched, second));
     std::fs::write(&header, "#define VALUE 3\n").unwrap();
+    // Written a while before the compile: a header whose time is the
+    // compile's own tick of the file clock (or later) is not trusted, and
+    // its library is not found again by content (`c_manifest`).
+    settle(&header);
     let third = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
     assert_eq!(third.cache_outcome(), Some(CacheOutcome::Compiled));
     assert_eq!(value_of(&third), 3);
@@ -668,6 +672,14 @@ fn a_changed_header_compiles_again_and_an_unchanged_one_does_not() {
     let fourth = compile("k", SOURCE, "k", 1, 0, &options).unwrap();
     assert_eq!(fourth.cache_outcome(), Some(CacheOutcome::LoadedFromDisk));
     assert_eq!(value_of(&fourth), 3);
+}
+
+/// Sets `path`'s modification time a minute back, as for a file written
+/// well before the compile that reads it.
+fn settle(path: &std::path::Path) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    let past = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    file.set_modified(past).unwrap();
 }
 
 /// Defect 4, the libraries: a static library a `-l` flag links is part of
