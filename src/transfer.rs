@@ -64,14 +64,42 @@ impl<T: Pod, O: AsRef<[T]> + Send + Sync> OwnedBytes for Owned<T, O> {
 
 /// The owner is the caller's, dropped wherever the batch is let go (a
 /// queue's worker, a device's retire thread): a drop of it that panics
-/// (the panic hook has reported it) ends here, not the thread, nor the
-/// drop of the batch's other commands.
+/// ends here, not the thread, nor the drop of the batch's other commands
+/// (which would leak). Its message waits on this thread for the engine
+/// that let the batch go, which tells the queue's owner
+/// ([`take_contained_panic`]).
 impl<T, O> Drop for Owned<T, O> {
     fn drop(&mut self) {
         if let Some(owner) = self.0.take() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(owner)));
+            let dropped =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(owner)));
+            if let Err(payload) = dropped {
+                contain_panic(crate::error::panic_message(payload));
+            }
         }
     }
+}
+
+thread_local! {
+    /// The message of the last panic an upload owner's drop raised on this
+    /// thread, contained by `Owned`'s drop.
+    static CONTAINED: std::cell::Cell<Option<String>> = const { std::cell::Cell::new(None) };
+}
+
+/// For an engine that let batches go on this thread: the message of a
+/// panic an upload owner's drop raised meanwhile (contained there), once.
+/// Engines report it to the queue's owner as
+/// [`Error::EnginePanicked`](crate::Error::EnginePanicked), as any panic
+/// on their threads; they take it before letting a batch go too, so that
+/// one left by other work on the thread is not counted as theirs.
+pub(crate) fn take_contained_panic() -> Option<String> {
+    CONTAINED.with(std::cell::Cell::take)
+}
+
+/// Leaves `message`, of a panic caught on this thread while a batch was
+/// let go, for [`take_contained_panic`].
+pub(crate) fn contain_panic(message: String) {
+    CONTAINED.with(|contained| contained.set(Some(message)));
 }
 
 /// `data`, of any element type and owner, as bytes behind one type: what

@@ -777,10 +777,11 @@ impl Drop for PanicsOnDrop {
 }
 
 /// The worker drops a finished batch's upload owner when it clears the
-/// batch: an owner whose drop panics loses that batch's memory, not the
-/// worker. On dc4df80 the worker died there: the next batch neither ran
-/// nor failed (its signal timed out) and `synchronize` hung (review
-/// helper-55).
+/// batch: an owner whose drop panics is reported to the queue's owner
+/// (`synchronize` returns `EnginePanicked`, as on Vulkan), and neither
+/// ends the worker nor leaks the batch's other commands. On dc4df80 the
+/// worker died there: the next batch neither ran nor failed (its signal
+/// timed out) and `synchronize` hung (review helper-55).
 #[test]
 fn a_panicking_upload_owner_does_not_end_the_worker() {
     quiet_injected_failures();
@@ -800,7 +801,12 @@ fn a_panicking_upload_owner_does_not_end_the_worker() {
             .submit()
             .unwrap();
         first.wait(1, LONG).unwrap();
-        queue.synchronize().unwrap();
+        let reported = queue.synchronize().unwrap_err();
+        assert!(
+            matches!(reported.root_cause(), Error::EnginePanicked { message }
+                if message.contains("an upload owner's drop panics")),
+            "{reported}"
+        );
         let in_use = device.memory_stats().in_use;
         drop(other);
         assert!(

@@ -105,6 +105,7 @@ impl Shared {
 
     /// Drops the buffers and programs of batches the stream has passed.
     pub(super) fn retire(&self) {
+        let _ = crate::transfer::take_contained_panic();
         let mut in_flight = self.in_flight.lock();
         loop {
             // A query error means the context faulted: the stream will not
@@ -133,6 +134,19 @@ impl Shared {
         }
         self.holding
             .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
+        drop(in_flight);
+        self.report_contained_panic();
+    }
+
+    /// Tells the queue's owner (at its next `submit` or `synchronize`) of a
+    /// panic met letting a finished batch go here: the `Drop` of a value
+    /// of the caller's (an `upload_vec`'s owner), contained where it ran.
+    fn report_contained_panic(&self) {
+        if let Some(message) = crate::transfer::take_contained_panic() {
+            self.ledger.fail_unbatched(crate::Error::EnginePanicked {
+                message: format!("a CUDA queue, letting a finished batch go: {message}"),
+            });
+        }
     }
 
     /// Keeps `template` (where there is one) until the stream passed
@@ -145,7 +159,9 @@ impl Shared {
     }
 
     pub(super) fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
+        let _ = crate::transfer::take_contained_panic();
         self.in_flight.lock().keep(batch, event);
+        self.report_contained_panic();
     }
 
     /// After the owner dropped the queue and the worker drained it: wait for
@@ -181,7 +197,10 @@ impl InFlight {
         // batch is lost instead (what its commands hold is dropped all the
         // same: `Batch::drop_commands`).
         let cleared = catch_unwind(AssertUnwindSafe(|| batch.clear()));
-        if cleared.is_err() {
+        if let Err(payload) = cleared {
+            // Told as a contained one is (`report_contained_panic`).
+            let message = crate::error::panic_message(payload);
+            crate::transfer::contain_panic(message);
             let _ = catch_unwind(AssertUnwindSafe(move || drop(batch)));
         } else if self.spare_batches.len() < SPARE_BATCHES {
             self.spare_batches.push(batch);

@@ -76,6 +76,7 @@ pub(super) fn retire_all(
 ) {
     let mut names = EventNames::new();
     for batch in batches {
+        let _ = crate::transfer::take_contained_panic();
         // A panic here (a bug, or the `Drop` of an owner `upload_vec`
         // took) must not end the thread: `synchronize` and the queue's drop
         // wait for every batch to retire. The batch counts as retired (see
@@ -92,14 +93,19 @@ pub(super) fn retire_all(
         if let Ok(Some(error)) = &retired {
             ledger.fail_unbatched(error.clone());
         }
-        if let Err(payload) = retired {
+        // A panic of an upload owner's drop was contained there (see
+        // `transfer::take_contained_panic`); any other ends `retire_one`.
+        let panicked = match retired {
+            Err(payload) => Some(panic_message(payload)),
+            Ok(_) => crate::transfer::take_contained_panic(),
+        };
+        if let Some(message) = panicked {
             // Told before the batch counts as retired: a `synchronize`
             // that sees it retired reports the panic.
             ledger.fail_unbatched(Error::EnginePanicked {
                 message: format!(
                     "the retire thread of Vulkan queue {label}, retiring a batch that completed: \
-                     {}",
-                    panic_message(payload)
+                     {message}"
                 ),
             });
         }
