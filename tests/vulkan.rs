@@ -1558,3 +1558,14 @@ fn a_refused_signal_of_another_handle_fails_nothing_its_producer_sets() {
     claimer.signal(&late, 2).submit().unwrap();
     late.wait(2, LONG).expect("the claimer's value");
 }
+
+/// `vk:0` names the Vulkan device through the registry too, as a
+/// `DeviceSpec` parses it (on 5e55679 the registry answered "unknown
+/// backend `vk`", and so did `demo --device vk:0`; review helper-60).
+#[test]
+fn the_vk_alias_opens_through_the_registry() {
+    let Some(device) = device() else { return };
+    let spec = format!("vk:{}", device.spec().ordinal());
+    let opened = hwqueue::registry::acquire(&spec).expect("`vk` is Vulkan's alias");
+    assert_eq!(opened.spec().backend(), "vulkan", "{spec}");
+}

@@ -51,6 +51,10 @@ struct Options {
     trace: Option<String>,
 }
 
+/// The most iterations a run times (each keeps its time, to report the
+/// median).
+const MAX_ITERATIONS: usize = 10_000_000;
+
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         device: None,
@@ -68,9 +72,11 @@ fn parse_options() -> Result<Options, String> {
             }
             "--iterations" => {
                 let value = args.next().ok_or("--iterations needs a number")?;
-                options.iterations = value.parse().ok().filter(|n| *n > 0).ok_or(format!(
-                    "--iterations takes a positive number, not `{value}`"
-                ))?;
+                options.iterations = (value.parse().ok())
+                    .filter(|n| (1..=MAX_ITERATIONS).contains(n))
+                    .ok_or(format!(
+                        "--iterations takes a number from 1 to {MAX_ITERATIONS}, not `{value}`"
+                    ))?;
             }
             "--trace" => {
                 options.trace = Some(args.next().ok_or(
@@ -292,7 +298,7 @@ fn run() -> Result<(), String> {
     println!(
         "median {median:.2?}, min {:.2?}, mean {:.2?}; {:.0} samples/s, {:.2} GFLOP/s",
         sorted[0],
-        total / times.len() as u32,
+        total.div_f64(times.len() as f64),
         BATCH as f64 / median.as_secs_f64(),
         flops / median.as_secs_f64() / 1e9
     );

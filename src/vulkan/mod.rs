@@ -190,6 +190,8 @@ pub fn devices() -> Result<Vec<VulkanDeviceInfo>> {
 
 impl Backend for Vulkan {
     const ID: &'static str = context::ID;
+    /// As device specs spell it too (`vk:0`).
+    const ALIASES: &'static [&'static str] = &["vk"];
     /// Below CUDA (100): on an NVIDIA GPU, CUDA is chosen; above the
     /// simulator's 50.
     const PRECEDENCE: u32 = 90;
