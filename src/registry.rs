@@ -10,7 +10,9 @@
 //! open of one spec wait on that spec's slot and share the result. A failed
 //! open is not cached: the slot goes back to empty and the next caller (or a
 //! waiter) tries again. An open that asks for its own spec is an error, not a
-//! deadlock.
+//! deadlock ([`Error::ReentrantOpen`]); so are opens on several threads that
+//! acquire each other's specs: the one that would close the cycle fails
+//! with [`Error::OpenCycle`], naming it.
 //!
 //! # Selection
 //! [`Registry::select`] (and [`preferred`]) follow one documented rule:
@@ -166,6 +168,37 @@ pub struct Registry<S: BackendSet> {
     /// open.
     slots: Mutex<HashMap<DeviceSpec, Arc<Slot<S::Device>>>>,
     names: Vec<SpecName>,
+    /// Who opens which spec, and which spec each waiting thread waits for:
+    /// an open that would wait for an open that waits for it (two opens
+    /// acquiring each other's spec) is refused instead of deadlocking.
+    /// Taken after a slot's state, never before.
+    waits: Mutex<WaitGraph>,
+}
+
+/// [`Registry::waits`].
+#[derive(Default)]
+struct WaitGraph {
+    openers: HashMap<DeviceSpec, ThreadKey>,
+    waiting: HashMap<ThreadKey, DeviceSpec>,
+}
+
+impl WaitGraph {
+    /// The specs of the cycle `me` would close by waiting for `spec`, whose
+    /// open `opener` runs: `None` where there is none.
+    fn cycle(&self, me: ThreadKey, spec: DeviceSpec, opener: ThreadKey) -> Option<String> {
+        let mut path = vec![spec.to_string()];
+        let mut at = opener;
+        // Each step follows a distinct waiting thread: at most as many.
+        for _ in 0..=self.waiting.len() {
+            if at == me {
+                return Some(path.join(" -> "));
+            }
+            let next = self.waiting.get(&at)?;
+            path.push(next.to_string());
+            at = *self.openers.get(next)?;
+        }
+        None
+    }
 }
 
 /// One spec's device, and whoever is opening it.
@@ -200,6 +233,7 @@ impl<S: BackendSet> Registry<S> {
         Self {
             slots: Mutex::new(HashMap::new()),
             names,
+            waits: Mutex::new(WaitGraph::default()),
         }
     }
 
@@ -276,11 +310,21 @@ impl<S: BackendSet> Registry<S> {
                         spec: spec.to_string(),
                     });
                 }
-                SlotState::Opening(_) => state = slot.changed.wait(state),
+                SlotState::Opening(opener) => {
+                    let mut waits = self.waits.lock();
+                    if let Some(cycle) = waits.cycle(me, spec, *opener) {
+                        return Err(Error::OpenCycle { cycle });
+                    }
+                    waits.waiting.insert(me, spec);
+                    drop(waits);
+                    state = slot.changed.wait(state);
+                    self.waits.lock().waiting.remove(&me);
+                }
                 SlotState::Empty => break,
             }
         }
         *state = SlotState::Opening(me);
+        self.waits.lock().openers.insert(spec, me);
         drop(state);
 
         // A panicking open is a failed open: the slot must not stay
@@ -297,6 +341,7 @@ impl<S: BackendSet> Registry<S> {
         });
 
         let mut state = slot.state.lock();
+        self.waits.lock().openers.remove(&spec);
         let result = match opened {
             Ok(device) => {
                 let device = Arc::new(device);

@@ -278,3 +278,35 @@ fn a_lost_device_is_answered_as_lost_not_handed_out_again() {
     // Other specs are unaffected.
     registry.acquire("cpu").unwrap();
 }
+
+/// Two opens on two threads, each acquiring the other's spec once both are
+/// opening: the one that would close the cycle is refused with
+/// `OpenCycle`, and neither thread hangs. On 09cc67d both waited for good
+/// (review helper-60).
+#[test]
+fn opens_that_acquire_each_other_s_spec_fail_instead_of_deadlocking() {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    for ordinal in ABBA_ORDINALS {
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            let opened = global_registry().acquire(&format!("mock:{ordinal}"));
+            let _ = sender.send(opened.map(drop));
+        });
+    }
+    let mut cycles = 0;
+    for _ in 0..2 {
+        let outcome = receiver
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("both opens return");
+        let error = outcome.expect_err("an open that is part of a cycle fails");
+        if matches!(error.root_cause(), Error::OpenCycle { .. }) {
+            let text = error.to_string();
+            assert!(
+                text.contains("mock:10") && text.contains("mock:11"),
+                "{text}"
+            );
+            cycles += 1;
+        }
+    }
+    assert!(cycles >= 1, "one of them names the cycle");
+}

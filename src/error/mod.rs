@@ -682,6 +682,19 @@ pub enum Error {
         spec: String,
     },
 
+    /// Device opens that acquire each other's specs (an open of `a` asks
+    /// for `b`, whose open, on another thread, asks for `a`): each would
+    /// wait for the other for good, so the one that would close the cycle
+    /// is refused.
+    #[error(
+        "device opens wait for each other in a cycle ({cycle}): an open must not acquire a spec \
+         whose open acquires it in turn; open those devices one after the other instead"
+    )]
+    OpenCycle {
+        /// The specs, from the one refused round to it.
+        cycle: String,
+    },
+
     /// A backend's `open` panicked; the spec stays closed, and the next
     /// caller tries again.
     #[error("opening `{spec}` panicked: {message}; this is a bug in the `{backend}` backend")]

@@ -15,7 +15,7 @@ use hwqueue::{
     Program, Queue, QueueFactory, QueueKind, Registry, Result, TimelineSignal, Timeout, View,
 };
 
-pub const MOCK_DEVICES: u32 = 10;
+pub const MOCK_DEVICES: u32 = 12;
 /// Opened by the 8-thread race test only.
 pub const RACE_ORDINAL: u32 = 6;
 /// Its open blocks until `SLOW_GATE` is set.
@@ -32,6 +32,12 @@ pub const PANIC_ORDINAL: u32 = 8;
 pub const BAD_PAYLOAD_ORDINAL: u32 = 9;
 /// Reports itself lost (`Device::health`) once `LOST` is set.
 pub const LOST_ORDINAL: u32 = 7;
+/// Two devices whose opens each acquire the other's spec from
+/// `global_registry()`; the first two opens meet at `ABBA_BARRIER` first,
+/// so that both are opening (later ones, retries, do not wait).
+pub const ABBA_ORDINALS: [u32; 2] = [10, 11];
+pub static ABBA_BARRIER: std::sync::Barrier = std::sync::Barrier::new(2);
+pub static ABBA_OPENS: AtomicUsize = AtomicUsize::new(0);
 pub static LOST: AtomicBool = AtomicBool::new(false);
 
 /// A panic payload that panics again when dropped.
@@ -124,6 +130,13 @@ impl Backend for Mock {
             PANIC_ORDINAL => panic!("the mock's open of device {PANIC_ORDINAL} panics"),
             SELF_ORDINAL => {
                 global_registry().acquire("mock:5")?;
+            }
+            ordinal if ABBA_ORDINALS.contains(&ordinal) => {
+                if ABBA_OPENS.fetch_add(1, Ordering::SeqCst) < 2 {
+                    ABBA_BARRIER.wait();
+                }
+                let other = ABBA_ORDINALS[usize::from(ordinal == ABBA_ORDINALS[0])];
+                global_registry().acquire(&format!("mock:{other}"))?;
             }
             _ => {}
         }
