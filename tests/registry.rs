@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 
 use common::mock::*;
+use hwqueue::registry::RegistryError;
 use hwqueue::{Backend, Device, DeviceSpec, Error, Policy, Registry, TimelineSignal};
 
 #[test]
@@ -250,10 +251,10 @@ fn an_open_whose_panic_payload_panics_on_drop_is_an_error_too() {
         assert!(
             matches!(
                 &error,
-                Error::OpenPanicked {
+                Error::Registry(RegistryError::OpenPanicked {
                     backend: "mock",
                     ..
-                }
+                })
             ),
             "{error:?}"
         );
@@ -299,7 +300,10 @@ fn opens_that_acquire_each_other_s_spec_fail_instead_of_deadlocking() {
             .recv_timeout(std::time::Duration::from_secs(10))
             .expect("both opens return");
         let error = outcome.expect_err("an open that is part of a cycle fails");
-        if matches!(error.root_cause(), Error::OpenCycle { .. }) {
+        if matches!(
+            error.root_cause(),
+            Error::Registry(RegistryError::OpenCycle { .. })
+        ) {
             let text = error.to_string();
             assert!(
                 text.contains("mock:10") && text.contains("mock:11"),

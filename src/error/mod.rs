@@ -28,6 +28,11 @@ pub enum Error {
     #[error(transparent)]
     Collective(#[from] crate::collective::CollectiveError),
 
+    /// The registry refused to select or open a device: see
+    /// [`RegistryError`](crate::registry::RegistryError).
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+
     /// A `wait` ran out of time before its signal reached the target.
     #[error(
         "timed out after {waited:?} waiting for a signal to reach {target} (it is at {current}); \
@@ -660,50 +665,5 @@ pub enum Error {
         entry: String,
         /// What the loader said.
         detail: String,
-    },
-
-    /// Selection found no backend it may return.
-    #[error(
-        "no backend can run work: {reason}; install a driver, enable a backend feature, or \
-         allow the fallback to the CPU (`Policy::default()`)"
-    )]
-    NoUsableBackend {
-        /// What selection found.
-        reason: String,
-    },
-
-    /// A backend's `open` asked the registry for the very spec it opens.
-    #[error(
-        "opening `{spec}` asked the registry for `{spec}` itself; a device open must not acquire \
-         its own spec"
-    )]
-    ReentrantOpen {
-        /// The spec being opened.
-        spec: String,
-    },
-
-    /// Device opens that acquire each other's specs (an open of `a` asks
-    /// for `b`, whose open, on another thread, asks for `a`): each would
-    /// wait for the other for good, so the one that would close the cycle
-    /// is refused.
-    #[error(
-        "device opens wait for each other in a cycle ({cycle}): an open must not acquire a spec \
-         whose open acquires it in turn; open those devices one after the other instead"
-    )]
-    OpenCycle {
-        /// The specs, from the one refused round to it.
-        cycle: String,
-    },
-
-    /// A backend's `open` panicked; the spec stays closed, and the next
-    /// caller tries again.
-    #[error("opening `{spec}` panicked: {message}; this is a bug in the `{backend}` backend")]
-    OpenPanicked {
-        /// The backend id.
-        backend: &'static str,
-        /// The spec being opened.
-        spec: String,
-        /// The panic message.
-        message: String,
     },
 }

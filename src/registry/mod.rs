@@ -10,9 +10,9 @@
 //! open of one spec wait on that spec's slot and share the result. A failed
 //! open is not cached: the slot goes back to empty and the next caller (or a
 //! waiter) tries again. An open that asks for its own spec is an error, not a
-//! deadlock ([`Error::ReentrantOpen`]); so are opens on several threads that
+//! deadlock ([`RegistryError::ReentrantOpen`]); so are opens on several threads that
 //! acquire each other's specs: the one that would close the cycle fails
-//! with [`Error::OpenCycle`], naming it.
+//! with [`RegistryError::OpenCycle`], naming it.
 //!
 //! # Selection
 //! [`Registry::select`] (and [`preferred`]) follow one documented rule:
@@ -39,6 +39,10 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::spec::{DeviceSpec, SPEC_NAMES, SpecName};
 use crate::sync::{Arc, Condvar, Mutex, ThreadKey, current_thread};
+
+mod error;
+
+pub use error::RegistryError;
 
 /// What selection may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,15 +120,17 @@ fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Dev
                 entry.id
             ),
         )),
-        Some(entry) => Err(Error::NoUsableBackend {
+        Some(entry) => Err(RegistryError::NoUsableBackend {
             reason: format!(
                 "{nothing}, and the policy forbids the fallback to `{}`",
                 entry.id
             ),
-        }),
-        None => Err(Error::NoUsableBackend {
+        }
+        .into()),
+        None => Err(RegistryError::NoUsableBackend {
             reason: format!("{nothing}, and the set has no fallback backend"),
-        }),
+        }
+        .into()),
     }
 }
 
@@ -306,14 +312,15 @@ impl<S: BackendSet> Registry<S> {
                 // out again: reopening cannot help, and the error says so.
                 SlotState::Open(device) => return device.health().map(|()| device.clone()),
                 SlotState::Opening(opener) if *opener == me => {
-                    return Err(Error::ReentrantOpen {
+                    return Err(RegistryError::ReentrantOpen {
                         spec: spec.to_string(),
-                    });
+                    }
+                    .into());
                 }
                 SlotState::Opening(opener) => {
                     let mut waits = self.waits.lock();
                     if let Some(cycle) = waits.cycle(me, spec, *opener) {
-                        return Err(Error::OpenCycle { cycle });
+                        return Err(RegistryError::OpenCycle { cycle }.into());
                     }
                     waits.waiting.insert(me, spec);
                     drop(waits);
@@ -333,11 +340,12 @@ impl<S: BackendSet> Registry<S> {
             (entry.open)(spec.ordinal())
         }))
         .unwrap_or_else(|payload| {
-            Err(Error::OpenPanicked {
+            Err(RegistryError::OpenPanicked {
                 backend: entry.id,
                 spec: spec.to_string(),
                 message: crate::error::panic_message(payload),
-            })
+            }
+            .into())
         });
 
         let mut state = slot.state.lock();
