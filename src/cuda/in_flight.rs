@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::mem;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use cudarc::driver::CudaEvent;
 
@@ -105,7 +104,11 @@ impl Shared {
 
     /// Drops the buffers and programs of batches the stream has passed.
     pub(super) fn retire(&self) {
-        let _ = crate::transfer::take_contained_panic();
+        (self.ledger).letting_go(LETTING_GO, || self.retire_passed());
+    }
+
+    /// [`retire`](Self::retire)'s work.
+    fn retire_passed(&self) {
         let mut in_flight = self.in_flight.lock();
         loop {
             // A query error means the context faulted: the stream will not
@@ -134,19 +137,6 @@ impl Shared {
         }
         self.holding
             .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
-        drop(in_flight);
-        self.report_contained_panic();
-    }
-
-    /// Tells the queue's owner (at its next `submit` or `synchronize`) of a
-    /// panic met letting a finished batch go here: the `Drop` of a value
-    /// of the caller's (an `upload_vec`'s owner), contained where it ran.
-    fn report_contained_panic(&self) {
-        if let Some(message) = crate::transfer::take_contained_panic() {
-            self.ledger.fail_unbatched(crate::Error::EnginePanicked {
-                message: format!("a CUDA queue, letting a finished batch go: {message}"),
-            });
-        }
     }
 
     /// Keeps `template` (where there is one) until the stream passed
@@ -159,9 +149,7 @@ impl Shared {
     }
 
     pub(super) fn recycle(&self, batch: Batch<Cuda>, event: Option<CudaEvent>) {
-        let _ = crate::transfer::take_contained_panic();
-        self.in_flight.lock().keep(batch, event);
-        self.report_contained_panic();
+        (self.ledger).letting_go(LETTING_GO, || self.in_flight.lock().keep(batch, event));
     }
 
     /// After the owner dropped the queue and the worker drained it: wait for
@@ -188,21 +176,16 @@ impl Shared {
     }
 }
 
+/// What a panic met letting a finished batch go is told as.
+const LETTING_GO: &str = "a CUDA queue, letting a finished batch go";
+
 impl InFlight {
     /// Clears a finished batch and keeps it, and its event, for reuse.
     fn keep(&mut self, mut batch: Batch<Cuda>, event: Option<CudaEvent>) {
-        // Clearing drops what the batch owns of the caller's (an
-        // `upload_vec`'s owner), which may panic: on the worker, that
-        // would end it, and later batches would neither run nor fail. The
-        // batch is lost instead (what its commands hold is dropped all the
-        // same: `Batch::drop_commands`).
-        let cleared = catch_unwind(AssertUnwindSafe(|| batch.clear()));
-        if let Err(payload) = cleared {
-            // Told as a contained one is (`report_contained_panic`).
-            let message = crate::error::panic_message(payload);
-            crate::transfer::contain_panic(message);
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(batch)));
-        } else if self.spare_batches.len() < SPARE_BATCHES {
+        // A drop of a value of the caller's that panics (on the worker,
+        // it would end it) loses the batch instead; `letting_go`, around
+        // every call, tells the owner.
+        if batch.clear_caught() && self.spare_batches.len() < SPARE_BATCHES {
             self.spare_batches.push(batch);
         }
         if let Some(event) = event

@@ -44,4 +44,19 @@ impl<B: Backend> Batch<B> {
             }
         }
     }
+
+    /// [`clear`](Self::clear)s it for reuse; `false` where a drop it ran
+    /// panicked (a value of the caller's): the panic's message is left for
+    /// [`Ledger::letting_go`](super::Ledger::letting_go) to tell the owner,
+    /// and the rest of the batch is dropped (its uses let go), not kept.
+    pub fn clear_caught(&mut self) -> bool {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.clear())) else {
+            return true;
+        };
+        crate::transfer::contain_panic(crate::error::panic_message(payload));
+        let lost = std::mem::take(self);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(lost)));
+        false
+    }
 }

@@ -280,6 +280,24 @@ impl Ledger {
         (cause, upto)
     }
 
+    /// Runs `let_go`, where an engine lets finished batches go on this
+    /// thread (clears or drops them), and tells the owner, as a failure
+    /// of no batch, of a panic that dropping a value of the caller's (an
+    /// `upload_vec`'s owner) raised meanwhile, contained where it ran
+    /// ([`Batch::clear_caught`], the owner's own wrapper), named `what`
+    /// (which engine, doing what).
+    pub fn letting_go<R>(&self, what: &str, let_go: impl FnOnce() -> R) -> R {
+        // One left by other work on this thread is not this queue's.
+        let _ = crate::transfer::take_contained_panic();
+        let result = let_go();
+        if let Some(message) = crate::transfer::take_contained_panic() {
+            self.fail_unbatched(Error::EnginePanicked {
+                message: format!("{what}: {message}"),
+            });
+        }
+        result
+    }
+
     /// Records a failure that belongs to no batch (a device error found
     /// while synchronising): reported to the owner, cascading nothing.
     pub fn fail_unbatched(&self, error: Error) {

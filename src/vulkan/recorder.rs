@@ -264,15 +264,12 @@ impl Recorder {
         done.batch = batch;
         if self.retire.is_none() {
             // No retire thread: wait here.
-            let _ = crate::transfer::take_contained_panic();
-            if let Some(error) = retire_one(&self.context, self.progress, &self.shared, None, done)
-            {
+            let what = "a Vulkan queue, retiring a batch that completed";
+            let retired = ledger.letting_go(what, || {
+                retire_one(&self.context, self.progress, &self.shared, None, done)
+            });
+            if let Some(error) = retired {
                 ledger.fail_unbatched(error);
-            }
-            if let Some(message) = crate::transfer::take_contained_panic() {
-                ledger.fail_unbatched(Error::EnginePanicked {
-                    message: format!("a Vulkan queue, retiring a batch that completed: {message}"),
-                });
             }
             count_retired(&self.shared);
         } else if on_owner && done.holds_nothing() && self.deferred.len() < DEFERRED {

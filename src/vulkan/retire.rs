@@ -76,36 +76,35 @@ pub(super) fn retire_all(
 ) {
     let mut names = EventNames::new();
     for batch in batches {
-        let _ = crate::transfer::take_contained_panic();
         // A panic here (a bug, or the `Drop` of an owner `upload_vec`
         // took) must not end the thread: `synchronize` and the queue's drop
         // wait for every batch to retire. The batch counts as retired (see
         // `Retired`), what it held is let go, and the owner hears of it.
-        let retired = catch_unwind(AssertUnwindSafe(|| {
-            retire_one(
-                context,
-                progress,
-                shared,
-                Some((label, &mut names, clock)),
-                batch,
-            )
-        }));
+        // An upload owner's panicking drop is contained and told by
+        // `letting_go`; any other panic ends `retire_one`, caught here.
+        let what = "a Vulkan queue's retire thread, retiring a batch that completed";
+        let retired = ledger.letting_go(what, || {
+            catch_unwind(AssertUnwindSafe(|| {
+                retire_one(
+                    context,
+                    progress,
+                    shared,
+                    Some((label, &mut names, clock)),
+                    batch,
+                )
+            }))
+        });
         if let Ok(Some(error)) = &retired {
             ledger.fail_unbatched(error.clone());
         }
-        // A panic of an upload owner's drop was contained there (see
-        // `transfer::take_contained_panic`); any other ends `retire_one`.
-        let panicked = match retired {
-            Err(payload) => Some(panic_message(payload)),
-            Ok(_) => crate::transfer::take_contained_panic(),
-        };
-        if let Some(message) = panicked {
+        if let Err(payload) = retired {
             // Told before the batch counts as retired: a `synchronize`
             // that sees it retired reports the panic.
             ledger.fail_unbatched(Error::EnginePanicked {
                 message: format!(
                     "the retire thread of Vulkan queue {label}, retiring a batch that completed: \
-                     {message}"
+                     {}",
+                    panic_message(payload)
                 ),
             });
         }

@@ -346,23 +346,11 @@ fn run_worker(shared: &Shared) {
             }
         }
         // Clearing drops what the batch owns of the caller's (an
-        // `upload_vec`'s owner), which may panic: the batch is lost (its
-        // uses let go as it drops), never the worker, whose later batches
-        // nobody else would run or fail.
-        let _ = crate::transfer::take_contained_panic();
-        let cleared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| batch.clear()));
-        let reuse = match cleared {
-            Ok(()) => true,
-            Err(payload) => {
-                report_panic(shared, crate::error::panic_message(payload));
-                let lost = std::mem::take(&mut batch);
-                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(lost)));
-                false
-            }
-        };
-        if let Some(message) = crate::transfer::take_contained_panic() {
-            report_panic(shared, message);
-        }
+        // `upload_vec`'s owner), which may panic: the batch is lost, never
+        // the worker, whose later batches nobody else would run or fail;
+        // the owner is told.
+        let what = "a CPU queue's worker, letting a finished batch go";
+        let reuse = shared.ledger.letting_go(what, || batch.clear_caught());
         state = shared.state.lock();
         state.in_flight -= 1;
         if reuse && state.spare.len() < SPARE_BATCHES {
@@ -372,15 +360,6 @@ fn run_worker(shared: &Shared) {
             shared.idle.notify_all();
         }
     }
-}
-
-/// Tells the queue's owner (at its next `submit` or `synchronize`) of a
-/// panic the worker met letting a finished batch go: the `Drop` of a
-/// value of the caller's (an `upload_vec`'s owner).
-fn report_panic(shared: &Shared, message: String) {
-    shared.ledger.fail_unbatched(Error::EnginePanicked {
-        message: format!("a CPU queue's worker, letting a finished batch go: {message}"),
-    });
 }
 
 /// Whether `batch` holds an `exec` of more than one work-group (one that
