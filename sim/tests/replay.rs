@@ -270,6 +270,11 @@ fn a_stretch_whose_later_kernel_waits_on_the_run_before_still_repeats() {
         );
     }
     assert_eq!(zb.to_vec::<u32>().unwrap(), vec![80; 16]);
+    // Each of the first 20 runs, waited for, repeats the one before (19);
+    // of the 20 started back to back, those whose run before was enqueued
+    // in time do too, which a loaded machine may cut short (28 of 40 in a
+    // fresh-clone CI sharing its cores with builds, against the 30 this
+    // asked before). The defect gave 0.
     let launches = plan.launches();
-    assert!(launches.repeats >= 30, "{launches:?}");
+    assert!(launches.repeats >= 19, "{launches:?}");
 }
