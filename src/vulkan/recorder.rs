@@ -434,12 +434,20 @@ impl Recorder {
     /// completed (a waiter that a failure lets through, as a plan's next
     /// run, must come after that work). It completes: every submission's
     /// waits are on values already submitted. A lost device ends the wait
-    /// too.
+    /// too. The queue's progress, and every signal the batch (and those
+    /// kept back, `deferred`) submitted: a submission's semaphores are
+    /// signalled in no set order, so the progress value alone does not say
+    /// a lower value of the failed signal was reached (lavapipe makes them
+    /// visible one by one, progress first).
     fn settle_in_queue_order(&self) {
-        if self.next > 0 {
-            let _ =
-                super::retire::wait_all_semaphores(&self.context, &[(self.progress, self.next)]);
+        if self.next == 0 {
+            return;
         }
+        let mut waits = vec![(self.progress, self.next)];
+        for retire in self.deferred.iter().chain(self.current.as_ref()) {
+            waits.extend_from_slice(&retire.signals);
+        }
+        let _ = super::retire::wait_all_semaphores(&self.context, &waits);
     }
 
     pub(super) fn command(
