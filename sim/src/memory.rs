@@ -31,11 +31,14 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Arena {
+    /// An arena of `capacity` bytes, of which none is allocated yet: the
+    /// bytes grow to cover each range handed out (`take`), so a device of
+    /// any size opens (one of `usize::MAX` bytes panicked, and one larger
+    /// than the system's memory aborted the process), and a range the
+    /// system cannot back is an allocation's error.
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            // Zeroed pages come lazily from the system: a large arena costs
-            // what is touched.
-            bytes: Mutex::new(vec![0; capacity]),
+            bytes: Mutex::new(Vec::new()),
             free: Mutex::new(vec![(0, capacity)]),
             capacity,
         }
@@ -45,17 +48,41 @@ impl Arena {
         lock(&self.free).iter().map(|&(_, len)| len).sum()
     }
 
-    /// The first free range that fits `size` (a multiple of the alignment).
-    fn take(&self, size: usize) -> Option<usize> {
+    /// The first free range that fits `size` (a multiple of the alignment):
+    /// `Ok(None)` where none does, `Err` where the system could not give
+    /// the bytes that back it.
+    fn take(&self, size: usize) -> std::result::Result<Option<usize>, String> {
         let mut free = lock(&self.free);
-        let at = free.iter().position(|&(_, len)| len >= size)?;
+        let Some(at) = free.iter().position(|&(_, len)| len >= size) else {
+            return Ok(None);
+        };
         let (start, len) = free[at];
+        self.cover(start + size)?;
         if len == size {
             free.remove(at);
         } else {
             free[at] = (start + size, len - size);
         }
-        Some(start)
+        Ok(Some(start))
+    }
+
+    /// Grows the bytes, zeroed, to at least `end` (at most the capacity;
+    /// the reserve doubles, so growing costs amortised time). The pages
+    /// come from the system as they are written.
+    fn cover(&self, end: usize) -> std::result::Result<(), String> {
+        let mut bytes = lock(&self.bytes);
+        let len = bytes.len();
+        if end <= len {
+            return Ok(());
+        }
+        bytes.try_reserve(end - len).map_err(|error| {
+            format!(
+                "the system could not give the simulated device's arena {end} bytes ({error}); \
+                 give the device less with `SimConfig::memory`"
+            )
+        })?;
+        bytes.resize(end, 0);
+        Ok(())
     }
 
     fn give_back(&self, start: usize, size: usize) {
@@ -108,7 +135,7 @@ impl BlockSource for SimBlocks {
 
     fn allocate(&self, size: usize) -> std::result::Result<SimBlock, BlockError> {
         let size = size.next_multiple_of(SIM_ALIGNMENT);
-        match self.arena.take(size) {
+        match self.arena.take(size).map_err(BlockError::OutOfMemory)? {
             Some(start) => Ok(SimBlock { start, len: size }),
             None => Err(BlockError::OutOfMemory(format!(
                 "the simulated device has {} of its {} bytes free, in no range of {size}; \
@@ -138,5 +165,33 @@ impl BlockSource for SimBlocks {
             free: self.arena.free_bytes() as u64,
             total: self.arena.capacity as u64,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hwqueue::{Buffer, Device, Error};
+
+    use crate::{SimConfig, SimDevice};
+
+    /// A device larger than the machine's memory opens and allocates what
+    /// the machine can give; a range past what it can hold is an error.
+    /// `SimDevice::new` panicked on `usize::MAX` bytes ("capacity
+    /// overflow"), since the arena was allocated whole. (A range the
+    /// system cannot back is `cover`'s error; not tried here, since a
+    /// system that overcommits would give it and the test would touch it.)
+    #[test]
+    fn a_device_of_any_size_opens_and_refuses_what_the_system_cannot_give() {
+        let device = SimDevice::new(0, SimConfig::default().memory(usize::MAX));
+        let small = device.alloc(1 << 10).unwrap();
+        small.write_from(&[7u8; 1 << 10]).unwrap();
+        assert_eq!(small.to_vec::<u8>().unwrap(), vec![7u8; 1 << 10]);
+        let error = device.alloc(1 << 62).unwrap_err();
+        assert!(
+            matches!(&error, Error::OutOfMemory { size, .. } if *size == 1 << 62),
+            "{error}"
+        );
+        // The arena still serves what fits.
+        assert!(device.alloc(1 << 20).is_ok());
     }
 }
