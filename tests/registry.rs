@@ -128,6 +128,23 @@ fn the_cpu_is_the_explicit_fallback_and_a_policy_can_forbid_it() {
     );
 }
 
+/// Selection goes past a backend whose probe finds a device that then
+/// does not open, naming why: it returned that open's error, though a
+/// present backend below it (and the CPU) opened. Where nothing else
+/// opens and the fallback is forbidden, the error names the refusal.
+#[test]
+fn selection_goes_past_a_device_that_does_not_open_and_says_why() {
+    let registry = Registry::<BrokenFirst>::new();
+    let selection = registry.select(Policy::default()).unwrap();
+    assert_eq!(selection.spec, DeviceSpec::new("mock", 0));
+    assert!(
+        selection.reason.contains("`broken`") && selection.reason.contains("refused device 0"),
+        "{}",
+        selection.reason
+    );
+    assert!(!registry.is_open(DeviceSpec::cpu()));
+}
+
 #[test]
 fn the_listing_is_sorted_by_precedence_with_probe_results() {
     let reports = Registry::<CpuOrAbsent>::new().backends();

@@ -22,13 +22,16 @@
 //!    set, checked at compile time, so there are no ties).
 //! 2. Each candidate's probe runs in that order (probes never open a
 //!    device); the first whose probe finds a device wins, and its device 0 is
-//!    opened.
-//! 3. If none is present and the [`Policy`] allows the fallback, the
-//!    dispatching reference oracle of highest precedence is used (the CPU in
-//!    the crate's set). If the policy forbids it, selection fails with every
-//!    candidate's probe result.
+//!    opened. `select` goes on to the next candidate where that open fails
+//!    (a driver that lists a device and then refuses it), naming the error
+//!    in the [`Selection`]'s reason; [`preferred`] opens nothing, so the
+//!    probe alone decides there.
+//! 3. If none is present (or, for `select`, none opens) and the [`Policy`]
+//!    allows the fallback, the dispatching reference oracle of highest
+//!    precedence is used (the CPU in the crate's set). If the policy forbids
+//!    it, selection fails with every candidate's probe or open result.
 //!
-//! Only the device returned is opened.
+//! Only the device returned is opened (and the ones that failed to).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -76,11 +79,17 @@ impl Policy {
 /// [`Error::NoDriver`]-style report naming every candidate's probe result
 /// when nothing is present (or the fallback is forbidden).
 pub fn preferred<S: BackendSet>(policy: Policy) -> Result<&'static BackendEntry<S::Device>> {
-    choose::<S>(policy).map(|(entry, _)| entry)
+    choose::<S, ()>(policy, |_| Ok(())).map(|(entry, (), _)| entry)
 }
 
-/// The chosen entry and why.
-fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Device>, String)> {
+/// The chosen entry, what `take` made of it, and why: the present
+/// backend of highest precedence that `take` accepts (one it refuses is
+/// skipped, with its error in the reason), else the fallback, which
+/// `take` must accept.
+fn choose<S: BackendSet, T>(
+    policy: Policy,
+    mut take: impl FnMut(&'static BackendEntry<S::Device>) -> Result<T>,
+) -> Result<(&'static BackendEntry<S::Device>, T, String)> {
     let mut candidates: Vec<&BackendEntry<S::Device>> = S::entries()
         .iter()
         .filter(|e| e.dispatches && !e.reference_oracle)
@@ -89,16 +98,19 @@ fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Dev
     let mut skipped = Vec::new();
     for entry in candidates {
         match (entry.probe)() {
-            Ok(devices) if !devices.is_empty() => {
-                let mut why = format!(
-                    "`{}` has the highest precedence ({}) among present backends",
-                    entry.id, entry.precedence
-                );
-                if !skipped.is_empty() {
-                    why.push_str(&format!(" (skipped: {})", skipped.join("; ")));
+            Ok(devices) if !devices.is_empty() => match take(entry) {
+                Ok(taken) => {
+                    let mut why = format!(
+                        "`{}` has the highest precedence ({}) among present backends",
+                        entry.id, entry.precedence
+                    );
+                    if !skipped.is_empty() {
+                        why.push_str(&format!(" (skipped: {})", skipped.join("; ")));
+                    }
+                    return Ok((entry, taken, why));
                 }
-                return Ok((entry, why));
-            }
+                Err(error) => skipped.push(format!("`{}`: {error}", entry.id)),
+            },
             Ok(_) => skipped.push(format!("`{}`: no device found", entry.id)),
             Err(error) => skipped.push(format!("`{}`: {error}", entry.id)),
         }
@@ -110,11 +122,12 @@ fn choose<S: BackendSet>(policy: Policy) -> Result<(&'static BackendEntry<S::Dev
     let nothing = if skipped.is_empty() {
         "no accelerator backend is compiled in".to_owned()
     } else {
-        format!("no accelerator present ({})", skipped.join("; "))
+        format!("no accelerator present that opens ({})", skipped.join("; "))
     };
     match fallback {
         Some(entry) if policy.allow_fallback => Ok((
             entry,
+            take(entry)?,
             format!(
                 "{nothing}; falling back to the reference backend `{}`",
                 entry.id
@@ -373,13 +386,16 @@ impl<S: BackendSet> Registry<S> {
 
     /// Opens device 0 of the preferred backend (see the [module docs](self)).
     ///
+    /// A present backend whose device 0 does not open is skipped, its
+    /// error in the reason, for the next (or the fallback).
+    ///
     /// # Errors
-    /// When nothing is present and the policy forbids the fallback, or the
-    /// chosen device fails to open.
+    /// When nothing present opens and the policy forbids the fallback, or
+    /// the fallback's device fails to open.
     pub fn select(&self, policy: Policy) -> Result<Selection<S::Device>> {
-        let (entry, reason) = choose::<S>(policy)?;
+        let (entry, device, reason) =
+            choose::<S, _>(policy, |entry| self.open(DeviceSpec::new(entry.id, 0)))?;
         let spec = DeviceSpec::new(entry.id, 0);
-        let device = self.open(spec)?;
         Ok(Selection {
             spec,
             device,

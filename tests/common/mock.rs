@@ -176,6 +176,40 @@ impl Backend for Absent {
     }
 }
 
+/// A backend that finds a device it cannot open (a driver that lists a
+/// GPU and then refuses it): selection goes on to the next.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Broken;
+
+impl Backend for Broken {
+    const ID: &'static str = "broken";
+    const PRECEDENCE: u32 = 30;
+    const DISPATCHES: bool = true;
+    const REFERENCE_ORACLE: bool = false;
+
+    type Device = BrokenDevice;
+    type Queue = BrokenQueue;
+    type Signal = BrokenSignal;
+    type Buffer = BrokenBuffer;
+    type Program = BrokenProgram;
+
+    fn probe() -> Result<Vec<DeviceInfo>> {
+        Ok(vec![DeviceInfo {
+            spec: DeviceSpec::new(Self::ID, 0),
+            name: "a device its driver refuses".into(),
+            memory: None,
+            compute_units: None,
+        }])
+    }
+
+    fn open(_ordinal: u32) -> Result<BrokenDevice> {
+        Err(Error::NoDriver {
+            backend: Self::ID,
+            detail: "the driver refused device 0".into(),
+        })
+    }
+}
+
 hwqueue::backend_set! {
     /// The CPU and the mock backend.
     pub backend Mixed {
@@ -228,6 +262,42 @@ hwqueue::backend_set! {
             signal: AbsentSignal,
             buffer: AbsentBuffer,
             program: AbsentProgram,
+        },
+    }
+}
+
+hwqueue::backend_set! {
+    /// The CPU, a backend whose one device does not open, and the mock
+    /// backend below it.
+    pub backend BrokenFirst {
+        id: "broken-first",
+        device: BrokenFirstDevice,
+        queue: BrokenFirstQueue,
+        signal: BrokenFirstSignal,
+        buffer: BrokenFirstBuffer,
+        program: BrokenFirstProgram,
+    }
+    variants {
+        Cpu(as_cpu, as_cpu_mut): Cpu {
+            device: CpuDevice,
+            queue: CpuQueue,
+            signal: CpuSignal,
+            buffer: CpuBuffer,
+            program: CpuProgram,
+        },
+        Broken(as_broken, as_broken_mut): Broken {
+            device: BrokenDevice,
+            queue: BrokenQueue,
+            signal: BrokenSignal,
+            buffer: BrokenBuffer,
+            program: BrokenProgram,
+        },
+        Mock(as_mock, as_mock_mut): Mock {
+            device: MockDevice,
+            queue: MockQueue,
+            signal: MockSignal,
+            buffer: MockBuffer,
+            program: MockProgram,
         },
     }
 }
@@ -556,4 +626,13 @@ mock_types!(
     AbsentSignal,
     AbsentBuffer,
     AbsentProgram
+);
+mock_types!(
+    Broken,
+    BrokenDevice,
+    BrokenQueue,
+    BrokenEngine,
+    BrokenSignal,
+    BrokenBuffer,
+    BrokenProgram
 );
