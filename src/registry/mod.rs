@@ -375,7 +375,27 @@ impl<S: BackendSet> Registry<S> {
             }
         };
         slot.changed.notify_all();
+        drop(state);
+        if result.is_err() {
+            self.forget_if_unused(spec, &slot);
+        }
         result
+    }
+
+    /// Takes `spec`'s slot out of the map where it is empty and nobody
+    /// else holds it: specs that never opened (a mistyped ordinal, asked
+    /// for in a loop) leave nothing behind. Under the map's lock no new
+    /// holder can appear (slots are handed out only from the map).
+    fn forget_if_unused(&self, spec: DeviceSpec, slot: &Arc<Slot<S::Device>>) {
+        let mut slots = self.slots.lock();
+        let unused = slots.get(&spec).is_some_and(|kept| {
+            Arc::ptr_eq(kept, slot)
+                && Arc::strong_count(slot) == 2
+                && matches!(*slot.state.lock(), SlotState::Empty)
+        });
+        if unused {
+            slots.remove(&spec);
+        }
     }
 
     /// Whether `spec` is open in this registry (nothing is opened).
@@ -445,4 +465,27 @@ pub fn registry() -> &'static Registry<crate::AnyBackend> {
 #[cfg(not(loom))]
 pub fn acquire(spec: &str) -> Result<Arc<crate::AnyDevice>> {
     registry().acquire(spec)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::Registry;
+    use crate::DeviceSpec;
+
+    /// A spec whose open failed left an empty slot in the registry's map
+    /// for the rest of the process: a caller retrying mistyped ordinals
+    /// grew it by one slot each. Failed opens leave nothing now; an open
+    /// spec keeps its slot.
+    #[test]
+    fn specs_that_never_opened_leave_no_slot_behind() {
+        let registry = Registry::<crate::AnyBackend>::new();
+        for ordinal in 1..100 {
+            assert!(registry.open(DeviceSpec::new("cpu", ordinal)).is_err());
+        }
+        assert_eq!(registry.slots.lock().len(), 0);
+        registry.open(DeviceSpec::cpu()).unwrap();
+        assert!(registry.open(DeviceSpec::new("cpu", 7)).is_err());
+        assert_eq!(registry.slots.lock().len(), 1);
+        assert!(registry.is_open(DeviceSpec::cpu()));
+    }
 }
