@@ -193,14 +193,17 @@ impl<E: Engine> Queue<E> {
             .push(Command::Collective(Box::new(collective)));
     }
 
-    /// Rejects the batch with `cause` and, where the engine runs
-    /// `communicator`'s collectives, records a collective with no views in
-    /// `op`'s place (of `element`s, `count` of them asked for): numbered
-    /// at `submit` (a rejected batch's collectives are), it is forfeited,
-    /// never run. A rank refusing a collective that its peers record would
-    /// otherwise pair their next one with its own next: a mismatch for
-    /// good, or, where the two are alike, data of another step (see
-    /// [`HardwareQueue::forfeit_collective`]).
+    /// Rejects the batch with `cause` and records a collective with no
+    /// views in `op`'s place (of `element`s, `count` of them asked for):
+    /// numbered at `submit` (a rejected batch's collectives are), it is
+    /// forfeited, never run. A rank refusing a collective that its peers
+    /// record would otherwise pair their next one with its own next: a
+    /// mismatch for good, or, where the two are alike, data of another
+    /// step (see [`HardwareQueue::forfeit_collective`]). So too where the
+    /// engine does not run `communicator`'s collectives at all (an NCCL
+    /// communicator of another device, or on a CPU queue): over NCCL the
+    /// place breaks the communicator (`Batch::fail_from`); over MPI a
+    /// queue that cannot forfeit it leaves the peers' call to time out.
     pub(super) fn forfeit_place(
         &mut self,
         communicator: &Communicator,
@@ -213,7 +216,7 @@ impl<E: Engine> Queue<E> {
         let meets = op
             .peer()
             .is_none_or(|peer| peer < communicator.size() && peer != communicator.rank());
-        if meets && self.engine.check_collective(communicator).is_ok() {
+        if meets {
             self.batch.collectives = true;
             self.push_collective(communicator, (op, element, count), None, None);
         }

@@ -262,6 +262,15 @@ fn elsewhere(device: &CudaDevice) {
         .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
         .submit();
     report("cpu_queue", &outcome(submitted));
+    // Each refusal took its place: the peers' all_reduce does not pair
+    // with this one, on the communicator's own device.
+    let (input, output) = (other.alloc(16).unwrap(), other.alloc(16).unwrap());
+    let mut queue = other.compute_queue().unwrap();
+    let submitted = queue
+        .all_reduce::<f32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .submit()
+        .and_then(|()| queue.synchronize());
+    report("after", &outcome(submitted));
     // A plan is refused when planned, not at its first run.
     let mut schedule = Schedule::<hwqueue::cuda::Cuda>::new();
     let d = schedule.add_device(std::sync::Arc::new(device.clone()));
@@ -1114,13 +1123,19 @@ fn a_communicator_of_another_device_or_on_a_cpu_queue_is_refused() {
     for phrase in ["collective `sum on the cpu`", "a queue of its device"] {
         assert!(cpu.contains(phrase), "no `{phrase}` in {cpu}");
     }
-    // Nothing reached NCCL but the communicator's creation.
+    // The refused all_reduce took its place, which breaks the NCCL
+    // communicator there: the next one, on the communicator's own device,
+    // fails naming it (on a425c80 it ran, `ok`, where the peers would have
+    // paired it with the refused one).
+    let after = outcome.field("after");
+    assert!(after.starts_with("Broken "), "{after}");
+    for phrase in ["all_reduce (sum) of 4 f32", "was not run", "cuda:1"] {
+        assert!(after.contains(phrase), "no `{phrase}` in {after}");
+    }
+    // Nothing reached NCCL but the communicator's creation, and its abort
+    // (a broken one's peers may still be in the call it skipped).
     let calls = nccl_calls(&outcome);
-    assert_eq!(
-        calls,
-        ["ncclCommInitAll", "ncclCommDestroy"],
-        "{outcome:#?}"
-    );
+    assert_eq!(calls, ["ncclCommInitAll", "ncclCommAbort"], "{outcome:#?}");
 }
 
 #[cfg(feature = "mpi")]
