@@ -603,6 +603,42 @@ fn run_child_scenario(scenario: &str) {
                 report("ends", &format!("{ends:?} of [0, {last}]"));
             }
         }
+        // An upload (staged, over the cache: its staging is freed as soon
+        // as it is let go) into a buffer `alloca` made, and its
+        // `dealloca`, in one batch; then a batch of a signal alone, whose
+        // submit retires what the stream passed (querying the first
+        // batch's completion event). Reports the buffer's phase after
+        // each step, and what `synchronize` said. Then again (`again_*`),
+        // with two more submits of a signal (the first, a retry of the
+        // second) before `synchronize`.
+        "query_error" => {
+            let len = STAGING_CACHE / 4 + 1;
+            let mut queue = device.compute_queue().unwrap();
+            let signal = device.new_signal(0).unwrap();
+            let outcome = |r: Result<(), Error>| describe(r, |()| String::new());
+            let phase =
+                |b: &hwqueue::cuda::CudaBuffer| format!("{:?}", b.queue_ordered().unwrap().phase());
+            let scratch = queue.alloca(len * 4).unwrap();
+            let data: Vec<u32> = (0..len as u32).collect();
+            let submitted = queue.upload_vec(&scratch, data).dealloca(&scratch).submit();
+            report("submit", &outcome(submitted));
+            report("second", &outcome(queue.signal(&signal, 1).submit()));
+            report("phase_after_second", &phase(&scratch));
+            report("synchronize", &outcome(queue.synchronize()));
+            report("phase_after_synchronize", &phase(&scratch));
+            report("health", &describe(device.health(), |()| String::new()));
+            let scratch = queue.alloca(len * 4).unwrap();
+            let data: Vec<u32> = (0..len as u32).collect();
+            let submitted = queue.upload_vec(&scratch, data).dealloca(&scratch).submit();
+            report("again_submit", &outcome(submitted));
+            report("again_second", &outcome(queue.signal(&signal, 2).submit()));
+            report("again_third", &outcome(queue.signal(&signal, 3).submit()));
+            // The batch the failure report left recorded.
+            report("again_retry", &outcome(queue.submit()));
+            report("again_phase_after_retry", &phase(&scratch));
+            report("again_synchronize", &outcome(queue.synchronize()));
+            report("again_phase_after_synchronize", &phase(&scratch));
+        }
         // The conformance case `failure_scoped_to_its_batch_drains_and_settles`
         // without kernels: a batch of a `FailureScope::Batch` queue that
         // fails at its first wait must still honour its later wait before
@@ -1059,6 +1095,102 @@ fn after_a_sticky_fault_staging_is_never_freed() {
             "fault seen by {seen_by:?}: {health}"
         );
     }
+}
+
+/// A batch whose completion-event query fails with an error that is not
+/// sticky (the device is not lost, so its stream may still be running the
+/// batch) keeps what it holds: its `dealloca`'s range does not go back to
+/// the pool, nor its staging to the driver, until a wait for the stream
+/// (`synchronize`) says the stream passed it; the owner hears of the error
+/// there. On 81863f1 the batch was taken for passed at its first failed
+/// query: the next submit's retirement returned the range and freed the
+/// staging while the stream might still use both, and nobody was told.
+/// The control (no fault) shows that the fake's batch is passed at once,
+/// so the next submit's retirement does let it go.
+#[test]
+fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
+    let Some(control) = run_scenario(&on_a_12_2_device("query_error", &[])) else {
+        return;
+    };
+    assert_staged(&control);
+    assert_eq!(control.field("second"), "ok ", "{control:#?}");
+    assert_eq!(
+        control.field("phase_after_second"),
+        "Returned",
+        "{control:#?}"
+    );
+    assert_eq!(control.field("synchronize"), "ok ", "{control:#?}");
+    // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from
+    // `cuEventQuery` only, from the upload on.
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventQuery"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("query_error", &extra)) else {
+        return;
+    };
+    assert_staged(&outcome);
+    assert_eq!(outcome.field("second"), "ok ", "{outcome:#?}");
+    // The failed query left the batch in flight: its range is not the
+    // pool's again.
+    assert_eq!(
+        outcome.field("phase_after_second"),
+        "DeallocaRecorded",
+        "{outcome:#?}"
+    );
+    // Nor was its staging freed before the stream was waited for.
+    let synchronized = outcome
+        .calls
+        .iter()
+        .position(|call| call == "cuStreamSynchronize")
+        .unwrap_or(outcome.calls.len());
+    assert!(
+        !outcome.calls[..synchronized]
+            .iter()
+            .any(|call| call == "cuMemFreeHost"),
+        "staging freed before the stream was waited for: {:?}",
+        outcome.calls
+    );
+    // `synchronize` waited for the stream, which passed the batch: let go
+    // now, and the owner told of the failed query.
+    let synchronize = outcome.field("synchronize");
+    assert!(
+        synchronize.contains("querying a batch's completion event")
+            && synchronize.contains("CUDA_ERROR_INVALID_HANDLE"),
+        "{outcome:#?}"
+    );
+    assert_eq!(
+        outcome.field("phase_after_synchronize"),
+        "Returned",
+        "{outcome:#?}"
+    );
+    assert!(outcome.called("cuMemFreeHost"), "{outcome:#?}");
+    // Not sticky: the device is not lost.
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
+    // Again: the next batch's query fails too, and every later retirement
+    // (the retried submit's) keeps it; the owner is told once, by the next
+    // call (the third submit, whose batch stays recorded).
+    assert_eq!(outcome.field("again_submit"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("again_second"), "ok ", "{outcome:#?}");
+    let third = outcome.field("again_third");
+    assert!(
+        third.contains("querying a batch's completion event")
+            && third.contains("CUDA_ERROR_INVALID_HANDLE"),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("again_retry"), "ok ", "{outcome:#?}");
+    assert_eq!(
+        outcome.field("again_phase_after_retry"),
+        "DeallocaRecorded",
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("again_synchronize"), "ok ", "{outcome:#?}");
+    assert_eq!(
+        outcome.field("again_phase_after_synchronize"),
+        "Returned",
+        "{outcome:#?}"
+    );
 }
 
 /// Found on an H100 (the conformance case, which needs a GPU): a CUDA

@@ -1,13 +1,16 @@
 //! The batches a CUDA queue's stream has not passed yet ([`InFlight`]):
 //! each kept, with its buffers, programs, page-locked staging and replay
-//! template, until the stream passed the event recorded after it; then
-//! cleared and kept for reuse, with its event.
+//! template, until the stream passed the event recorded after it (or a
+//! wait for the stream did); then cleared and kept for reuse, with its
+//! event. A query of that event that fails without losing the device lets
+//! nothing go.
 
 use std::collections::VecDeque;
 use std::mem;
 
 use cudarc::driver::CudaEvent;
 
+use crate::error::Error;
 use crate::queue::{Batch, Command};
 use crate::sync::Ordering;
 
@@ -27,6 +30,14 @@ pub(super) struct InFlight {
     pub(super) batches: VecDeque<InFlightBatch>,
     pub(super) spare_events: Vec<CudaEvent>,
     pub(super) spare_batches: Vec<Batch<Cuda>>,
+    /// How many batches were put in `batches`, and how many left it, since
+    /// the queue was made: a wait for the stream that succeeded passed
+    /// those put before it ([`Shared::retire_waited`]).
+    pushed: u64,
+    popped: u64,
+    /// The front batch's completion query failed (an error that is not
+    /// sticky) and the owner was told: not again for that batch.
+    told: bool,
 }
 
 /// A batch the stream has not passed yet, and what it holds: see
@@ -80,6 +91,7 @@ impl Shared {
                 in_flight
                     .batches
                     .push_back((event, batch, staging, enqueued, template));
+                in_flight.pushed += 1;
                 self.holding.store(true, Ordering::Relaxed);
             }
             Err(error) => {
@@ -104,30 +116,61 @@ impl Shared {
 
     /// Drops the buffers and programs of batches the stream has passed.
     pub(super) fn retire(&self) {
-        (self.ledger).letting_go(LETTING_GO, || self.retire_passed());
+        self.retire_waited(0);
     }
 
-    /// [`retire`](Self::retire)'s work.
-    fn retire_passed(&self) {
+    /// How many batches were put in flight so far: taken before a wait for
+    /// the stream, for [`retire_waited`](Self::retire_waited) after it.
+    pub(super) fn put_in_flight(&self) -> u64 {
+        self.in_flight.lock().pushed
+    }
+
+    /// [`retire`](Self::retire), after a wait for the stream that
+    /// succeeded and began once `waited` batches ([`put_in_flight`]
+    /// then) were in flight: those passed, even one whose event's query
+    /// fails with an error that is not sticky (still told to the owner).
+    ///
+    /// [`put_in_flight`]: Self::put_in_flight
+    pub(super) fn retire_waited(&self, waited: u64) {
+        (self.ledger).letting_go(LETTING_GO, || self.retire_passed(waited));
+    }
+
+    /// [`retire_waited`](Self::retire_waited)'s work.
+    fn retire_passed(&self, waited: u64) {
         let mut in_flight = self.in_flight.lock();
-        loop {
-            // A query error means the context faulted: the stream will not
-            // use the batch again either. A sticky one marks the device
-            // lost before the staging goes back (see `finish`).
-            let passed = in_flight.batches.front().is_some_and(|(event, ..)| {
-                match event.try_is_complete() {
-                    Ok(complete) => complete,
-                    Err(error) => {
-                        let _ = self.fault("querying a batch's completion event", error);
-                        true
+        while let Some((event, ..)) = in_flight.batches.front() {
+            // Queried even where a wait passed it: a sticky fault only
+            // its query reports must still mark the device lost first.
+            let query = event.try_is_complete();
+            let waited_for = in_flight.popped < waited;
+            let passed = match query {
+                Ok(complete) => complete || waited_for,
+                Err(error) => match self.fault("querying a batch's completion event", error) {
+                    // Sticky: the device is marked lost (before the
+                    // staging goes back: see `finish`), and its stream
+                    // runs nothing again.
+                    Error::DeviceLost { .. } => true,
+                    // Not sticky: the stream may still run the batch, on
+                    // what it holds. It stays, and every batch after it,
+                    // until a wait for the stream lets it go (the queue's
+                    // `synchronize`, through `retire_waited`, or its drop,
+                    // `shut_down`); the owner hears of the error, once for
+                    // the batch.
+                    error => {
+                        if !mem::replace(&mut in_flight.told, true) {
+                            self.ledger.fail_unbatched(error);
+                        }
+                        waited_for
                     }
-                }
-            });
+                },
+            };
             if !passed {
                 break;
             }
             if let Some((event, batch, staging, enqueued, template)) = in_flight.batches.pop_front()
             {
+                in_flight.popped += 1;
+                in_flight.told = false;
                 drop((staging, template));
                 // Every command enqueued completed: the `dealloca`s among
                 // them too.

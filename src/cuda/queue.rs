@@ -462,12 +462,15 @@ impl Engine for CudaEngine {
             state.sync_waiters -= 1;
         }
         // The fault is made (a sticky one marks the device lost) before
-        // `retire` gives staging back (see `StreamShared::finish`).
+        // `retire` gives staging back (see `StreamShared::finish`). Once
+        // the wait succeeded, the stream passed every batch in flight
+        // before it, even one whose event's query fails.
+        let before = shared.put_in_flight();
         let synced = shared
             .stream
             .synchronize()
             .map_err(|e| shared.fault("running the queue's work", e));
-        shared.retire();
+        shared.retire_waited(if synced.is_ok() { before } else { 0 });
         if let Err(error) = synced {
             shared.ledger.fail_unbatched(error);
         }
