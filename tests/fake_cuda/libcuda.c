@@ -76,7 +76,9 @@
  *     a fault on the GPU is asynchronous), each entry point that enqueues
  *     work on, waits for or queries the device and is listed in
  *     HWQUEUE_FAKE_FAULT_SEEN_BY returns HWQUEUE_FAKE_FAULT from then on, as
- *     a sticky error is returned by a faulted context's calls. Destroying
+ *     a sticky error is returned by a faulted context's calls (a code that
+ *     is not sticky, e.g. 400, stands for a driver that keeps answering it
+ *     to those calls while the device runs on). Destroying
  *     handles and freeing memory still succeed. A stream callback is called
  *     with the fault as its status. The fault is the whole fake's (one
  *     device is all the tests fault).
