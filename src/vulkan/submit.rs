@@ -82,30 +82,21 @@ impl Recorder {
             // Nothing more runs on a lost device: the recorded buffer goes
             // back unsubmitted (a lent one to its recording).
             self.waits.clear();
-            if self.open_is_lent() {
-                let mut lent = self.open.take().map(|(set, _)| set);
-                self.keep_submitted(&mut lent);
-            } else if let Some((set, _)) = self.open.take() {
-                // SAFETY: the command buffer records; ending it lets its
-                // next `begin` reset it.
-                let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
-                self.shared.free.lock().push(set);
-            }
+            self.give_back_open();
             return Err(lost);
         }
         let device = &self.context.device;
         // A recording's command buffer lent for a replay was ended, with
         // its barriers, when it was recorded.
         let lent = self.open_is_lent();
-        let open = self.open.take();
-        if let Some((set, _)) = open.as_ref().filter(|_| !lent) {
+        if !lent && let Some((set, _)) = &self.open {
             let barrier = [vk::MemoryBarrier::default()
                 .src_access_mask(vk::AccessFlags::MEMORY_WRITE)
                 .dst_access_mask(vk::AccessFlags::HOST_READ)];
             let to_host =
                 ends_with_host_barrier(self.context.memory.host_copies(), self.host_reads);
             // SAFETY: the command buffer records; it ends here.
-            unsafe {
+            let ended = unsafe {
                 if to_host {
                     device.cmd_pipeline_barrier(
                         set.buffer,
@@ -117,11 +108,24 @@ impl Recorder {
                         &[],
                     );
                 }
-                device
-                    .end_command_buffer(set.buffer)
-                    .map_err(|e| self.context.error("vkEndCommandBuffer", e))?;
+                device.end_command_buffer(set.buffer)
+            };
+            #[cfg(test)]
+            let ended =
+                ended.and_then(|()| super::testing::injected("vkEndCommandBuffer", self.progress));
+            if let Err(e) = ended {
+                // Never submitted, and no longer recording (invalid, which
+                // its next `begin` resets): recorded again, not dropped
+                // with its pools; the stretch's waits go with it, as a
+                // failed submission's do.
+                self.waits.clear();
+                if let Some((set, _)) = self.open.take() {
+                    self.shared.free.lock().push(set);
+                }
+                return Err(self.context.error("vkEndCommandBuffer", e));
             }
         }
+        let open = self.open.take();
         let value = self.next + 1;
         // No allocation per submission: the waits are kept as Vulkan takes
         // them, the signals are the progress semaphore and at most one more.
@@ -187,6 +191,21 @@ impl Recorder {
             }
         }
     }
+
+    /// Gives the open command buffer back unsubmitted: a lent one to its
+    /// recording, one recording (ended: its next `begin` resets it) to be
+    /// recorded again, rather than dropped with its pools.
+    fn give_back_open(&mut self) {
+        if self.open_is_lent() {
+            let mut lent = self.open.take().map(|(set, _)| set);
+            self.keep_submitted(&mut lent);
+        } else if let Some((set, _)) = self.open.take() {
+            // SAFETY: the command buffer records; ending it lets its next
+            // `begin` reset it.
+            let _ = unsafe { self.context.device.end_command_buffer(set.buffer) };
+            self.shared.free.lock().push(set);
+        }
+    }
 }
 
 /// The stages a queue of `kind` orders its work after (see
@@ -242,7 +261,10 @@ mod tests {
     use ash::vk;
 
     use super::{ends_with_host_barrier, queue_stages};
-    use crate::queue::QueueKind;
+    use crate::buffer::Buffer;
+    use crate::device::{Device, QueueFactory};
+    use crate::queue::{HardwareQueue, QueueKind};
+    use crate::vulkan::testing::{BusyQueue, FailingCall, device};
 
     /// Issue 46, defect 9: a copy queue on the compute family (a device
     /// without a transfer-only family, lavapipe) shares its `VkQueue` with
@@ -273,5 +295,47 @@ mod tests {
             !ends_with_host_barrier(false, false),
             "unmapped compute work"
         );
+    }
+
+    /// `submit_stretch` returned early where `vkEndCommandBuffer` failed,
+    /// after taking the open command set: it was dropped, its descriptor
+    /// pools kept for the device's life, and the stretch's waits stayed
+    /// for the queue's next submission (naming semaphores the failed batch
+    /// may have let go by then). It goes back to be recorded again, never
+    /// submitted, and the waits go with it.
+    #[test]
+    fn a_command_buffer_that_fails_to_end_goes_back_and_its_waits_with_it() {
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let mut other = device.compute_queue().unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let state = &queue.engine().state;
+        let (recorder, shared) = (state.recorder.clone(), state.shared.clone());
+        let progress = recorder.lock().progress;
+        // Submitted and held pending: the batch's wait is one of its
+        // submission's.
+        let busy = BusyQueue::new(device.context());
+        other.signal(&signal, 1).submit().unwrap();
+        let failing = FailingCall::new("vkEndCommandBuffer", progress);
+        queue.wait(&signal, 1).fill(&buffer, 7u32).submit().unwrap();
+        let error = queue.synchronize().unwrap_err();
+        drop(failing);
+        busy.release();
+        assert!(error.to_string().contains("vkEndCommandBuffer"), "{error}");
+        assert_eq!(
+            shared.free.lock().len(),
+            1,
+            "the command set that failed to end goes back, not dropped"
+        );
+        assert!(
+            recorder.lock().waits.is_empty(),
+            "the failed stretch's waits are not the next submission's"
+        );
+        other.synchronize().unwrap();
+        queue.fill(&buffer, 9u32).submit().unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), [9; 4]);
+        assert_eq!(shared.free.lock().len(), 1, "recorded again, not one more");
     }
 }

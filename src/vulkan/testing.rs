@@ -3,6 +3,7 @@
 //! what a queue does with work still pending on it.
 
 use ash::vk;
+use parking_lot::Mutex;
 
 use super::VulkanDevice;
 use super::context::Context;
@@ -93,5 +94,38 @@ impl Drop for BusyQueue<'_> {
             let _ = self.context.device.queue_wait_idle(*queue);
             self.context.device.destroy_semaphore(self.gate, None);
         }
+    }
+}
+
+/// Vulkan calls a test made fail on one queue (named by its progress
+/// semaphore), as a driver's may (lavapipe's fail only by a loss).
+static FAILING_CALLS: Mutex<Vec<(&'static str, vk::Semaphore)>> = Mutex::new(Vec::new());
+
+/// `Err` where a test made `call` fail on the queue whose progress
+/// semaphore is `progress` ([`FailingCall`]).
+pub(super) fn injected(call: &str, progress: vk::Semaphore) -> Result<(), vk::Result> {
+    if FAILING_CALLS.lock().contains(&(call, progress)) {
+        Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+    } else {
+        Ok(())
+    }
+}
+
+/// Makes `call` fail on the queue of `progress` until it drops (so that
+/// a failing test never leaves it failing).
+pub(super) struct FailingCall(&'static str, vk::Semaphore);
+
+impl FailingCall {
+    pub(super) fn new(call: &'static str, progress: vk::Semaphore) -> Self {
+        FAILING_CALLS.lock().push((call, progress));
+        Self(call, progress)
+    }
+}
+
+impl Drop for FailingCall {
+    fn drop(&mut self) {
+        FAILING_CALLS
+            .lock()
+            .retain(|&entry| entry != (self.0, self.1));
     }
 }
