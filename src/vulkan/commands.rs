@@ -506,27 +506,40 @@ impl Recorder {
                     }
                 }
             };
+            // A recording for replay is submitted again, maybe while its
+            // last submission is pending.
+            let usage = if self.recording_for_replay() {
+                vk::CommandBufferUsageFlags::SIMULTANEOUS_USE
+            } else {
+                vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT
+            };
             // SAFETY: the set's work completed (the retire thread handed it
             // back, or it is new); its pools and buffer are this thread's.
-            unsafe {
-                for &pool in &set.pools {
-                    device
-                        .reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty())
-                        .map_err(|e| self.context.error("vkResetDescriptorPool", e))?;
-                }
-                // A recording for replay is submitted again, maybe while
-                // its last submission is pending.
-                let usage = if self.recording_for_replay() {
-                    vk::CommandBufferUsageFlags::SIMULTANEOUS_USE
-                } else {
-                    vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT
-                };
-                device
-                    .begin_command_buffer(
-                        set.buffer,
-                        &vk::CommandBufferBeginInfo::default().flags(usage),
-                    )
-                    .map_err(|e| self.context.error("vkBeginCommandBuffer", e))?;
+            let began = unsafe {
+                set.pools
+                    .iter()
+                    .try_for_each(|&pool| {
+                        device
+                            .reset_descriptor_pool(pool, vk::DescriptorPoolResetFlags::empty())
+                            .map_err(|e| ("vkResetDescriptorPool", e))
+                    })
+                    .and_then(|()| {
+                        #[cfg(test)]
+                        super::testing::injected("vkBeginCommandBuffer", self.progress)
+                            .map_err(|e| ("vkBeginCommandBuffer", e))?;
+                        device
+                            .begin_command_buffer(
+                                set.buffer,
+                                &vk::CommandBufferBeginInfo::default().flags(usage),
+                            )
+                            .map_err(|e| ("vkBeginCommandBuffer", e))
+                    })
+            };
+            if let Err((call, e)) = began {
+                // Neither recording nor pending: back as it came (a new one
+                // too), not dropped with its pools for the queue's life.
+                self.shared.free.lock().push(set);
+                return Err(self.context.error(call, e));
             }
             set.used = 0;
             set.written = 0;

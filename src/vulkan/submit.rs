@@ -338,4 +338,34 @@ mod tests {
         assert_eq!(buffer.to_vec::<u32>().unwrap(), [9; 4]);
         assert_eq!(shared.free.lock().len(), 1, "recorded again, not one more");
     }
+
+    /// `begin` dropped the command set it took (or made) where
+    /// `vkResetDescriptorPool` or `vkBeginCommandBuffer` failed: its
+    /// buffer and descriptor pools were kept, unused, for the queue's
+    /// life. It goes back.
+    #[test]
+    fn a_command_buffer_that_fails_to_begin_goes_back() {
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let state = &queue.engine().state;
+        let (progress, shared) = (state.recorder.lock().progress, state.shared.clone());
+        let failing = FailingCall::new("vkBeginCommandBuffer", progress);
+        queue.fill(&buffer, 7u32).submit().unwrap();
+        let error = queue.synchronize().unwrap_err();
+        drop(failing);
+        assert!(
+            error.to_string().contains("vkBeginCommandBuffer"),
+            "{error}"
+        );
+        assert_eq!(
+            shared.free.lock().len(),
+            1,
+            "the command set that failed to begin goes back, not dropped"
+        );
+        queue.fill(&buffer, 9u32).submit().unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), [9; 4]);
+        assert_eq!(shared.free.lock().len(), 1, "recorded again, not one more");
+    }
 }
