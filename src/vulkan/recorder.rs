@@ -253,6 +253,7 @@ impl Recorder {
                 outcome
             });
             self.end_replay(ran);
+            self.drop_unsubmitted();
             if let Some(current) = self.current.as_mut() {
                 current.ran = ran_upto;
             }

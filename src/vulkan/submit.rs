@@ -206,6 +206,23 @@ impl Recorder {
             self.shared.free.lock().push(set);
         }
     }
+
+    /// After a batch settled: what a panic while recording it (a caller's
+    /// upload owner, say) left unsubmitted goes, so that none of it is
+    /// submitted with the next batch, after this one retired and let its
+    /// buffers, staging and semaphores go: the open command buffer (back,
+    /// as `give_back_open`), the waits gathered, an open timing, and the
+    /// stretch's signal (dropped, so that a host `set` is not deferred
+    /// behind a queue signal that never comes). Where none panicked,
+    /// nothing is left.
+    pub(super) fn drop_unsubmitted(&mut self) {
+        self.waits.clear();
+        self.timing = None;
+        if let Some((signal, _, _)) = self.pending_signal.take() {
+            signal.note_dropped();
+        }
+        self.give_back_open();
+    }
 }
 
 /// The stages a queue of `kind` orders its work after (see
@@ -258,12 +275,17 @@ impl Waits {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use ash::vk;
 
     use super::{ends_with_host_barrier, queue_stages};
     use crate::buffer::Buffer;
     use crate::device::{Device, QueueFactory};
+    use crate::error::Error;
     use crate::queue::{HardwareQueue, QueueKind};
+    use crate::signal::TimelineSignal;
     use crate::vulkan::testing::{BusyQueue, FailingCall, device};
 
     /// Issue 46, defect 9: a copy queue on the compute family (a device
@@ -367,5 +389,63 @@ mod tests {
         queue.synchronize().unwrap();
         assert_eq!(buffer.to_vec::<u32>().unwrap(), [9; 4]);
         assert_eq!(shared.free.lock().len(), 1, "recorded again, not one more");
+    }
+
+    /// An upload's owner that panics when the queue reads its bytes, once
+    /// `armed` (the caller's `AsRef`: it runs on the recording thread).
+    struct PanicsWhenRead(Arc<AtomicBool>, Vec<u32>);
+
+    impl AsRef<[u32]> for PanicsWhenRead {
+        fn as_ref(&self) -> &[u32] {
+            assert!(
+                !self.0.load(Ordering::Relaxed),
+                "the upload's owner panics when read"
+            );
+            &self.1
+        }
+    }
+
+    /// A panic while recording a batch (here a caller's `AsRef`) left the
+    /// open command buffer and the stretch's signal in the recorder: the
+    /// next batch recorded into that buffer and submitted it, running the
+    /// failed batch's fill (its buffers and staging let go by then), and
+    /// the signal stayed noted as queued, so a host `set` was deferred
+    /// behind a queue signal that never came: the semaphore's counter
+    /// never reached it. Neither carries over now.
+    #[test]
+    fn a_panic_while_recording_leaves_nothing_for_the_next_batch_to_submit() {
+        let Some(device) = device() else { return };
+        let (filled, uploaded) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        queue.fill(&filled, 1u32).submit().unwrap();
+        queue.synchronize().unwrap();
+        let armed = Arc::new(AtomicBool::new(false));
+        queue
+            .fill(&filled, 7u32)
+            .signal(&signal, 1)
+            .upload_vec(&uploaded, PanicsWhenRead(armed.clone(), vec![5; 4]));
+        armed.store(true, Ordering::Relaxed);
+        queue.submit().unwrap();
+        let error = queue.synchronize().unwrap_err();
+        armed.store(false, Ordering::Relaxed);
+        assert!(
+            matches!(error.root_cause(), Error::EnginePanicked { message } if message.contains("panics when read")),
+            "{error}"
+        );
+        signal.set(2);
+        assert_eq!(
+            signal.counter(),
+            2,
+            "no queue signal is pending: the host signals the semaphore"
+        );
+        queue.fill(&uploaded, 9u32).submit().unwrap();
+        queue.synchronize().unwrap();
+        assert_eq!(uploaded.to_vec::<u32>().unwrap(), [9; 4]);
+        assert_eq!(
+            filled.to_vec::<u32>().unwrap(),
+            [1; 4],
+            "the failed batch's fill never runs"
+        );
     }
 }
