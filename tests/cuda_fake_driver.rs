@@ -639,6 +639,47 @@ fn run_child_scenario(scenario: &str) {
             report("again_synchronize", &outcome(queue.synchronize()));
             report("again_phase_after_synchronize", &phase(&scratch));
         }
+        // An upload (staged, over the cache: its staging is freed as soon
+        // as it is let go) into a buffer `alloca` made, and its `dealloca`,
+        // in one batch; then `synchronize` (not in `wait_error_drop`), and
+        // the queue's drop. Reports the buffer's phase after each step,
+        // once the drop's worker let go of the stream (the fake logged its
+        // `cuStreamDestroy_v2`), and what `synchronize` said.
+        "wait_error" | "wait_error_drop" => {
+            let len = STAGING_CACHE / 4 + 1;
+            let mut queue = device.compute_queue().unwrap();
+            let outcome = |r: Result<(), Error>| describe(r, |()| String::new());
+            let phase =
+                |b: &hwqueue::cuda::CudaBuffer| format!("{:?}", b.queue_ordered().unwrap().phase());
+            let scratch = queue.alloca(len * 4).unwrap();
+            let data: Vec<u32> = (0..len as u32).collect();
+            let submitted = queue.upload_vec(&scratch, data).dealloca(&scratch).submit();
+            report("submit", &outcome(submitted));
+            report("phase_after_submit", &phase(&scratch));
+            if scenario == "wait_error" {
+                report("synchronize", &outcome(queue.synchronize()));
+                report("phase_after_synchronize", &phase(&scratch));
+            }
+            let log = std::env::var("HWQUEUE_FAKE_CALLS").unwrap();
+            let destroyed = || {
+                let calls = std::fs::read_to_string(&log).unwrap_or_default();
+                calls.lines().filter(|l| *l == "cuStreamDestroy_v2").count()
+            };
+            let before = destroyed();
+            drop(queue);
+            let start = std::time::Instant::now();
+            while destroyed() == before && start.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let shut = if destroyed() > before {
+                "done"
+            } else {
+                "timed out"
+            };
+            report("shut_down", shut);
+            report("phase_after_drop", &phase(&scratch));
+            report("health", &describe(device.health(), |()| String::new()));
+        }
         // The conformance case `failure_scoped_to_its_batch_drains_and_settles`
         // without kernels: a batch of a `FailureScope::Batch` queue that
         // fails at its first wait must still honour its later wait before
@@ -1191,6 +1232,160 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
         "Returned",
         "{outcome:#?}"
     );
+}
+
+/// Whether the fake freed page-locked memory (`cuMemFreeHost`) before it
+/// destroyed the queue's stream (the queue's drop, done): the staging of
+/// an upload over the cache is freed as soon as it is let go.
+fn staging_freed_by_the_queue(outcome: &Outcome) -> bool {
+    let destroyed = outcome
+        .calls
+        .iter()
+        .position(|call| call == "cuStreamDestroy_v2")
+        .unwrap_or(outcome.calls.len());
+    outcome.calls[..destroyed]
+        .iter()
+        .any(|call| call == "cuMemFreeHost")
+}
+
+/// The queue's drop waits for its stream (`shut_down`). Where that wait
+/// fails with an error that is not sticky (the device is not lost, so the
+/// stream may still be running its batches), nothing the stream may use
+/// may be let go: a batch in flight keeps its `dealloca`'s range out of
+/// the pool and its staging from the driver, for the process. On aece0d2
+/// the drop let both go whatever the wait said (the range was `Returned`,
+/// the staging freed). The control (no fault) shows the drop does let go
+/// of a batch the stream passed.
+#[test]
+fn a_failed_wait_at_a_queues_drop_lets_nothing_go_unless_the_device_is_lost() {
+    let Some(control) = run_scenario(&on_a_12_2_device("wait_error_drop", &[])) else {
+        return;
+    };
+    assert_staged(&control);
+    assert_eq!(control.field("shut_down"), "done", "{control:#?}");
+    assert_eq!(
+        control.field("phase_after_drop"),
+        "Returned",
+        "{control:#?}"
+    );
+    assert!(staging_freed_by_the_queue(&control), "{control:#?}");
+    // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from the event
+    // query (so no retirement lets the batch go first) and the stream's
+    // wait, from the upload on.
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuStreamSynchronize",
+        ),
+    ];
+    for scenario in ["wait_error_drop", "wait_error"] {
+        let Some(outcome) = run_scenario(&on_a_12_2_device(scenario, &extra)) else {
+            return;
+        };
+        assert_staged(&outcome);
+        assert_eq!(
+            outcome.field("phase_after_submit"),
+            "DeallocaRecorded",
+            "{outcome:#?}"
+        );
+        if scenario == "wait_error" {
+            let synchronize = outcome.field("synchronize");
+            assert!(
+                synchronize.contains("CUDA_ERROR_INVALID_HANDLE"),
+                "{outcome:#?}"
+            );
+            assert_eq!(
+                outcome.field("phase_after_synchronize"),
+                "DeallocaRecorded",
+                "{outcome:#?}"
+            );
+        }
+        // The drop ended (no hang), and let nothing go.
+        assert_eq!(outcome.field("shut_down"), "done", "{outcome:#?}");
+        assert_eq!(
+            outcome.field("phase_after_drop"),
+            "DeallocaRecorded",
+            "{scenario}: {outcome:#?}"
+        );
+        assert!(
+            !staging_freed_by_the_queue(&outcome),
+            "{scenario}: staging freed after a failed wait: {:?}",
+            outcome.calls
+        );
+        assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
+    }
+    // Sticky (CUDA_ERROR_ILLEGAL_ADDRESS, the default): the device is lost
+    // and its stream runs nothing again, so the range does go back (the
+    // staging cache still keeps the staging: issue 24, defect 8).
+    let Some(lost) = run_scenario(&on_a_12_2_device("wait_error_drop", &extra[..1])) else {
+        return;
+    };
+    assert_staged(&lost);
+    assert_eq!(lost.field("shut_down"), "done", "{lost:#?}");
+    assert_eq!(lost.field("phase_after_drop"), "Returned", "{lost:#?}");
+    assert!(!staging_freed_by_the_queue(&lost), "{lost:#?}");
+    assert!(lost.field("health").starts_with("DeviceLost "), "{lost:#?}");
+}
+
+/// A batch whose completion event cannot be recorded is waited for at
+/// once (`finish`). Where that wait fails with an error that is not sticky,
+/// the stream may still be running the batch: it keeps its `dealloca`'s
+/// range and its staging, for the process, and the owner hears of the
+/// failed wait (its next call). On aece0d2 both were let go at the submit
+/// whatever the wait said, and the failed wait was told to nobody (the
+/// next `synchronize` reported only its own wait).
+#[test]
+fn a_batch_whose_completion_event_and_wait_fail_unsticky_keeps_its_memory() {
+    let Some(control) = run_scenario(&on_a_12_2_device("wait_error", &[])) else {
+        return;
+    };
+    assert_staged(&control);
+    assert_eq!(control.field("synchronize"), "ok ", "{control:#?}");
+    assert_eq!(
+        control.field("phase_after_synchronize"),
+        "Returned",
+        "{control:#?}"
+    );
+    assert!(staging_freed_by_the_queue(&control), "{control:#?}");
+    // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from recording
+    // the batch's completion event and from the stream's wait.
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventRecord,cuStreamSynchronize",
+        ),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("wait_error", &extra)) else {
+        return;
+    };
+    assert_staged(&outcome);
+    assert!(outcome.called("cuEventRecord"), "{outcome:#?}");
+    assert_eq!(
+        outcome.field("phase_after_submit"),
+        "DeallocaRecorded",
+        "{outcome:#?}"
+    );
+    // Told by the next call: the wait after the failed record.
+    let synchronize = outcome.field("synchronize");
+    assert!(
+        synchronize.contains("waiting for a batch's stream")
+            && synchronize.contains("CUDA_ERROR_INVALID_HANDLE"),
+        "{outcome:#?}"
+    );
+    for phase in ["phase_after_synchronize", "phase_after_drop"] {
+        assert_eq!(outcome.field(phase), "DeallocaRecorded", "{outcome:#?}");
+    }
+    assert_eq!(outcome.field("shut_down"), "done", "{outcome:#?}");
+    assert!(
+        !staging_freed_by_the_queue(&outcome),
+        "staging freed after a failed wait: {:?}",
+        outcome.calls
+    );
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
 }
 
 /// Found on an H100 (the conformance case, which needs a GPU): a CUDA

@@ -2,8 +2,9 @@
 //! each kept, with its buffers, programs, page-locked staging and replay
 //! template, until the stream passed the event recorded after it (or a
 //! wait for the stream did); then cleared and kept for reuse, with its
-//! event. A query of that event that fails without losing the device lets
-//! nothing go.
+//! event. A query of that event, or a wait for the stream, that fails
+//! without losing the device lets nothing go: the query keeps the batch in
+//! flight, and a failed wait keeps what it waited for for the process.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -97,14 +98,22 @@ impl Shared {
             Err(error) => {
                 // No event to tell when the stream is done with the batch:
                 // wait for it here (the stream only holds work that
-                // completes on its own). An error is the stream's, and is
-                // reported by `synchronize`; a sticky one marks the device
+                // completes on its own). A sticky error marks the device
                 // lost *before* the staging goes back, so the cache keeps
                 // memory the driver may still copy to (issue 24, defect 8).
                 drop(in_flight);
                 let _ = self.fault("recording a batch's completion event", error);
                 if let Err(error) = self.stream.synchronize() {
-                    let _ = self.fault("waiting for a batch's stream", error);
+                    match self.fault("waiting for a batch's stream", error) {
+                        Error::DeviceLost { .. } => {}
+                        // Not sticky: the stream may still run the batch.
+                        // It is kept for the process, and the owner told.
+                        error => {
+                            keep_for_the_process((batch, staging, template), &error);
+                            self.ledger.fail_unbatched(error);
+                            return None;
+                        }
+                    }
                 }
                 drop(staging);
                 batch.complete_deallocas(enqueued);
@@ -196,12 +205,29 @@ impl Shared {
     }
 
     /// After the owner dropped the queue and the worker drained it: wait for
-    /// the stream, then release everything.
+    /// the stream, then release everything; or, where the wait failed with
+    /// an error that is not sticky, nothing the stream may still use.
     pub(super) fn shut_down(&self) {
         // A sticky error marks the device lost before the staging goes
         // back (see `finish`).
         if let Err(error) = self.stream.synchronize() {
-            let _ = self.fault("waiting for the stream at shutdown", error);
+            let error = self.fault("waiting for the stream at shutdown", error);
+            if !matches!(error, Error::DeviceLost { .. }) {
+                // The stream may still launch the graphs and run the
+                // batches in flight: kept for the process (nobody is left
+                // to tell but a download's waiter). Their completion
+                // events go (the driver lets an event recorded on a
+                // stream go once the stream passed it), and the spare
+                // batches with the queue.
+                let replays = mem::take(&mut *self.replays.lock());
+                let batches = mem::take(&mut self.in_flight.lock().batches);
+                let staging = mem::take(&mut *self.staging.lock());
+                for (_, batch, pinned, _, template) in batches {
+                    keep_for_the_process((batch, pinned, template), &error);
+                }
+                mem::forget((replays, staging));
+                return;
+            }
         }
         // The stream passed every graph launch: none is used again.
         self.replays.lock().clear();
@@ -217,6 +243,25 @@ impl Shared {
         }
         drop(batches);
     }
+}
+
+/// Keeps for the process what the stream may still use after a wait for
+/// it failed with `error`, an error that is not sticky (the device is not
+/// lost): a batch (its buffers, programs and `dealloca`s, which are never
+/// completed, so their ranges never go back to the pool), its page-locked
+/// staging and its replay template; as Vulkan's `retire_one` does. Its
+/// downloads still pending fail with `error` (a stream callback that still
+/// lands finds them settled), so that no waiter hangs on them.
+fn keep_for_the_process(
+    (batch, staging, template): (Batch<Cuda>, Vec<Pinned>, Option<std::sync::Arc<Template>>),
+    error: &Error,
+) {
+    for command in batch.commands() {
+        if let Command::Download { sink, .. } = command {
+            sink.fail(error);
+        }
+    }
+    mem::forget((batch, staging, template));
 }
 
 /// What a panic met letting a finished batch go is told as.
