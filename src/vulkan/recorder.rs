@@ -417,36 +417,40 @@ impl Recorder {
                     .failed_from
                     .take()
                     .map_or(index, |from| from.min(index));
-                self.settle_in_queue_order();
+                self.settle_in_queue_order(batch);
                 return Err((from, error));
             }
         }
         self.replay_end_of_batch();
         if let Err(error) = self.flush() {
             let from = self.failed_from.take().unwrap_or(0);
-            self.settle_in_queue_order();
+            self.settle_in_queue_order(batch);
             return Err((from, error));
         }
         Ok(())
     }
 
-    /// Before a batch's failure is reported: the values from the failure
-    /// on settle in queue order, only once the work submitted before it
-    /// completed (a waiter that a failure lets through, as a plan's next
-    /// run, must come after that work). It completes: every submission's
-    /// waits are on values already submitted. A lost device ends the wait
-    /// too. The queue's progress, and every signal the batch (and those
-    /// kept back, `deferred`) submitted: a submission's semaphores are
-    /// signalled in no set order, so the progress value alone does not say
-    /// a lower value of the failed signal was reached (lavapipe makes them
-    /// visible one by one, progress first).
-    fn settle_in_queue_order(&self) {
+    /// Before a batch's failure is reported, the work submitted before it
+    /// completes (a waiter the failure lets through comes after it; every
+    /// submission waits on values submitted, a lost device ends the wait):
+    /// the queue's progress, the signals the batch (and `deferred`)
+    /// submitted, and each of the batch's signals at its highest value
+    /// submitted (an earlier batch's, say). A submission's semaphores are
+    /// signalled in no set order (lavapipe's one by one, progress first).
+    fn settle_in_queue_order(&self, batch: &Batch<Vulkan>) {
         if self.next == 0 {
             return;
         }
         let mut waits = vec![(self.progress, self.next)];
         for retire in self.deferred.iter().chain(self.current.as_ref()) {
             waits.extend_from_slice(&retire.signals);
+        }
+        for command in batch.commands() {
+            if let Command::Signal { signal, .. } = command
+                && signal.is_of(&self.context)
+            {
+                waits.push((signal.semaphore(), signal.submitted()));
+            }
         }
         let _ = super::retire::wait_all_semaphores(&self.context, &waits);
     }

@@ -360,6 +360,60 @@ mod tests {
         assert!(queue.synchronize().is_err());
     }
 
+    /// The same across batches (helper-65): the lower value was signalled
+    /// by an earlier batch, handed to the retire thread already, so it was
+    /// neither the failed batch's signal nor a deferred one's; the failure
+    /// waited on the progress semaphore alone and was published while
+    /// value 1 was not seen reached. It waits for each of the batch's
+    /// signals at the highest value submitted for it now.
+    #[test]
+    fn a_failure_waits_for_a_lower_value_an_earlier_batch_signals() {
+        use std::time::Duration;
+
+        use crate::cpu::CpuSignal;
+        use crate::signal::TimelineSignal;
+        use crate::vulkan::testing::BusyQueue;
+
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let failed = CpuSignal::new(0);
+        failed.fail(
+            1,
+            Error::KernelFailed {
+                program: "elsewhere".into(),
+                message: "failed on its own account".into(),
+            },
+        );
+        let mut queue = device.compute_queue().unwrap();
+        let progress = queue.engine().state.recorder.lock().progress;
+        let busy = BusyQueue::new(device.context());
+        SEEN_AT_ONCE.lock().push(progress);
+        queue
+            .fill(&buffer, 7u32)
+            .signal(&signal, 1)
+            .submit()
+            .unwrap();
+        queue
+            .wait_foreign(&failed, 1)
+            .signal(&signal, 2)
+            .submit()
+            .unwrap();
+        let early = signal.wait(2, Duration::from_millis(300));
+        SEEN_AT_ONCE.lock().retain(|&s| s != progress);
+        busy.release();
+        assert!(
+            matches!(early, Err(Error::Timeout { .. })),
+            "value 2 failed while value 1, submitted by an earlier batch, was not reached: {early:?}"
+        );
+        assert!(matches!(
+            signal.wait(2, Duration::from_secs(30)),
+            Err(Error::SignalFailed { .. })
+        ));
+        assert!(signal.is_reached(1));
+        let _ = queue.synchronize();
+    }
+
     /// Issue 46, defect 7: a wait for a batch's completion that failed
     /// with the device not lost released what the batch held (its command
     /// buffer back to be recorded again, its staging and buffers back to

@@ -115,6 +115,12 @@ impl VulkanSignal {
         self.inner.submitted.load(Ordering::Acquire) >= value || self.is_reached(value)
     }
 
+    /// The highest value a submission on a `VkQueue` signals (or the
+    /// initial value).
+    pub(super) fn submitted(&self) -> u64 {
+        self.inner.submitted.load(Ordering::Acquire)
+    }
+
     /// Says that a submission on a `VkQueue` is about to signal `value`,
     /// before it is made, so that a host `set` from then on defers rather
     /// than signal below it; `false` (submit no signal) where the value is
