@@ -1162,11 +1162,39 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
     );
     assert_eq!(control.field("synchronize"), "ok ", "{control:#?}");
     // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from
-    // `cuEventQuery` only, from the upload on.
-    let extra = [
+    // `cuEventQuery` only, from the upload on: a wait on the batch's event
+    // decides where its query failed, so the batch is let go at the next
+    // submit all the same (batches do not pile up behind a query that
+    // keeps failing: helper-65), and the owner is told.
+    let query_only = [
         ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
         ("HWQUEUE_FAKE_FAULT", "400"),
         ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventQuery"),
+    ];
+    let Some(decided) = run_scenario(&on_a_12_2_device("query_error", &query_only)) else {
+        return;
+    };
+    assert!(decided.called("cuEventSynchronize"), "{decided:#?}");
+    assert_eq!(
+        decided.field("phase_after_second"),
+        "Returned",
+        "{decided:#?}"
+    );
+    assert!(
+        decided
+            .field("synchronize")
+            .contains("querying a batch's completion event"),
+        "{decided:#?}"
+    );
+    // The same error from the event's wait too: only a wait for the
+    // stream lets the batch go.
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuEventSynchronize",
+        ),
     ];
     let Some(outcome) = run_scenario(&on_a_12_2_device("query_error", &extra)) else {
         return;
@@ -1270,14 +1298,14 @@ fn a_failed_wait_at_a_queues_drop_lets_nothing_go_unless_the_device_is_lost() {
     );
     assert!(staging_freed_by_the_queue(&control), "{control:#?}");
     // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from the event
-    // query (so no retirement lets the batch go first) and the stream's
-    // wait, from the upload on.
+    // query and the event's wait (so no retirement lets the batch go
+    // first) and the stream's wait, from the upload on.
     let extra = [
         ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
         ("HWQUEUE_FAKE_FAULT", "400"),
         (
             "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuStreamSynchronize",
+            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
         ),
     ];
     for scenario in ["wait_error_drop", "wait_error"] {

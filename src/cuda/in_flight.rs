@@ -160,16 +160,20 @@ impl Shared {
                     // runs nothing again.
                     Error::DeviceLost { .. } => true,
                     // Not sticky: the stream may still run the batch, on
-                    // what it holds. It stays, and every batch after it,
-                    // until a wait for the stream lets it go (the queue's
-                    // `synchronize`, through `retire_waited`, or its drop,
-                    // `shut_down`); the owner hears of the error, once for
-                    // the batch.
+                    // what it holds. A wait on its event decides (the
+                    // stream holds only work that completes on its own),
+                    // so that batches do not pile up behind a query that
+                    // keeps failing. Where that wait fails too, it stays,
+                    // and every batch after it, until a wait for the
+                    // stream lets it go (the queue's `synchronize`,
+                    // through `retire_waited`, or its drop, `shut_down`).
+                    // The owner hears of the error, once for the batch.
                     error => {
+                        let passed = waited_for || event.synchronize().is_ok();
                         if !mem::replace(&mut in_flight.told, true) {
                             self.ledger.fail_unbatched(error);
                         }
-                        waited_for
+                        passed
                     }
                 },
             };
