@@ -35,7 +35,8 @@ impl Arena {
     /// bytes grow to cover each range handed out (`take`), so a device of
     /// any size opens (one of `usize::MAX` bytes panicked, and one larger
     /// than the system's memory aborted the process), and a range the
-    /// system cannot back is an allocation's error.
+    /// allocator refuses is an allocation's error (a system that
+    /// overcommits may grant it and fail when it is written instead).
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             bytes: Mutex::new(Vec::new()),
@@ -66,16 +67,18 @@ impl Arena {
         Ok(Some(start))
     }
 
-    /// Grows the bytes, zeroed, to at least `end` (at most the capacity;
-    /// the reserve doubles, so growing costs amortised time). The pages
-    /// come from the system as they are written.
+    /// Grows the bytes to `end`, zeroed (written: resident from then on,
+    /// so the arena costs the highest range handed out, not its capacity).
+    /// The reserve doubles up to the capacity, so growing costs amortised
+    /// time.
     fn cover(&self, end: usize) -> std::result::Result<(), String> {
         let mut bytes = lock(&self.bytes);
         let len = bytes.len();
         if end <= len {
             return Ok(());
         }
-        bytes.try_reserve(end - len).map_err(|error| {
+        let reserve = len.saturating_mul(2).clamp(end, self.capacity.max(end));
+        bytes.try_reserve_exact(reserve - len).map_err(|error| {
             format!(
                 "the system could not give the simulated device's arena {end} bytes ({error}); \
                  give the device less with `SimConfig::memory`"
