@@ -1,10 +1,8 @@
 //! Collectives: a [`Communicator`] is one rank of a group on an existing
-//! distributed engine (MPI, or NCCL on CUDA), and an `all_reduce`,
-//! `all_gather`, `reduce_scatter`, `broadcast`, `send` or `recv` over it is
-//! a *command*, recorded into a queue like a copy and ordered by the queue
-//! and its signals, never a host call between two waits (IREE's
-//! `hal/channel.h` and `collective` command; PyTorch's c10d orders them
-//! with events the same way).
+//! distributed engine (MPI, or NCCL on CUDA), and a collective over it is a
+//! *command*, recorded into a queue like a copy and ordered by the queue
+//! and its signals, never a host call between two waits (as IREE's
+//! `hal/channel.h` and `collective` command, and PyTorch's c10d).
 //!
 //! # How a collective enters a queue
 //!
@@ -22,9 +20,12 @@
 //! Each engine matches the command: the CPU backend runs it on its queue's
 //! worker over MPI; the CUDA backend puts it on its queue's stream over
 //! NCCL (below); every other engine (Vulkan, the simulator, test mocks),
-//! and CPU and CUDA queues given the other engine's communicator, refuse
-//! it at record time with [`CollectiveError::Unsupported`], and a match
-//! arm fails the batch with the same error should one reach it.
+//! and CPU and CUDA queues given the other engine's (or another device's)
+//! communicator, refuse it at record time ([`CollectiveError::Unsupported`],
+//! `DeviceMismatch`). A refused collective still takes its place once its
+//! batch is submitted, so no peer pairs it with this rank's next: over NCCL
+//! that breaks the communicator ([`CollectiveError::Broken`]); over MPI the
+//! peers' call fails (at the timeout where the queue cannot forfeit it).
 //!
 //! # On the CPU, over MPI
 //!
@@ -43,18 +44,17 @@
 //! peer's, described failed, so the peer fails at once rather than pair
 //! its receive with this rank's next send.)
 //!
-//! A larger one runs over the views' own memory: the worker holds their
-//! buffers (as a kernel does) from the moment the ranks agreed, starts
-//! MPI's non-blocking collective (`MPI_Iallreduce`, ...) on them and polls
-//! it (`MPI_Test`) until it completes or the communicator's timeout
-//! passes; no copies (but one for an `all_reduce` in place, one view as
-//! both: MPI sends a staging copy of it, as rsmpi has no `MPI_IN_PLACE`,
-//! and writes the result into the view). A peer that died or
-//! never comes fails the batch with [`CollectiveError::Timeout`]. MPI
-//! cannot cancel a started collective, so the communicator is broken
-//! ([`CollectiveError::Broken`]) from then on, and what MPI may still read
-//! or write is given up to it: staging memory is leaked, and a view's
-//! buffer is *lost*: every later access to it fails with
+//! A larger one runs over the views' own memory: the worker holds their buffers
+//! (as a kernel does) from the moment the ranks agreed, starts MPI's
+//! non-blocking collective (`MPI_Iallreduce`, ...) on them and polls it
+//! (`MPI_Test`) until it completes or the communicator's timeout passes; no
+//! copies (but one for an `all_reduce` in place: rsmpi has no `MPI_IN_PLACE`,
+//! so MPI sends a staging copy of the view and writes the result into it). A
+//! peer that died or never comes fails the batch with
+//! [`CollectiveError::Timeout`]. MPI cannot cancel a started collective, so the
+//! communicator is broken ([`CollectiveError::Broken`]) from then on, and what
+//! MPI may still read or write is given up to it: staging memory is leaked, and
+//! a view's buffer is *lost*: every later access to it fails with
 //! [`Error::MemoryLost`](crate::Error::MemoryLost), and its memory is never
 //! reused.
 //!
