@@ -414,6 +414,131 @@ mod tests {
         let _ = queue.synchronize();
     }
 
+    /// Runs `f` (which may hang on a defect) on a thread of its own, and
+    /// fails the test where it has not returned within 30 s.
+    fn within_30_s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(30))
+            .expect("hung: not returned within 30 s")
+    }
+
+    /// A host `set` deferred behind a queue's pending signal raised the
+    /// signal's `submitted`, which 0d0e8ab's failure path then waited for:
+    /// no submission signals that value (`apply_deferred` does, on the
+    /// retire thread, once the kept-back batch before it retires), so a
+    /// failed batch behind a batch kept back on the owner's thread waited
+    /// forever, holding the recorder (helper-66). It waits for the values
+    /// submissions signal.
+    #[test]
+    fn a_failure_never_waits_for_a_deferred_host_set() {
+        use crate::cpu::CpuSignal;
+        use crate::signal::TimelineSignal;
+        use crate::vulkan::testing::BusyQueue;
+
+        let Some(device) = device() else { return };
+        let signal = device.new_signal(0).unwrap();
+        let failed = CpuSignal::new(0);
+        failed.fail(
+            1,
+            Error::KernelFailed {
+                program: "elsewhere".into(),
+                message: "failed on its own account".into(),
+            },
+        );
+        let mut queue = device.compute_queue().unwrap();
+        let busy = BusyQueue::new(device.context());
+        // Signals only: settled on the owner's thread and kept back.
+        queue.signal(&signal, 1).submit().unwrap();
+        // A queue's signal is pending: deferred.
+        signal.set(5);
+        queue
+            .wait_foreign(&failed, 1)
+            .signal(&signal, 6)
+            .submit()
+            .unwrap();
+        busy.release();
+        let waited = signal.clone();
+        let outcome = within_30_s(move || {
+            let synchronized = queue.synchronize();
+            (
+                synchronized,
+                waited.wait(5, std::time::Duration::from_secs(20)),
+            )
+        });
+        assert!(outcome.0.is_err(), "the failure is reported: {outcome:?}");
+        assert!(
+            outcome.1.is_ok(),
+            "the deferred set is applied: {outcome:?}"
+        );
+        assert!(matches!(
+            signal.wait(6, std::time::Duration::ZERO),
+            Err(Error::SignalFailed { .. })
+        ));
+    }
+
+    /// A submission that failed (`note_dropped`) set the signal's queued
+    /// value to `submitted`, which a deferred host `set` had raised: the
+    /// deferred value was then never signalled (`apply_deferred` saw it as
+    /// queued), and 0d0e8ab's failure path waited for it forever, in the
+    /// owner's `submit` (helper-66). The queued value goes back to what
+    /// submissions signal.
+    #[test]
+    fn a_failed_submission_leaves_a_deferred_host_set_to_be_applied() {
+        use crate::signal::TimelineSignal;
+        use crate::vulkan::testing::{BusyQueue, FailingCall};
+
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let progress = queue.engine().state.recorder.lock().progress;
+        let busy = BusyQueue::new(device.context());
+        // Holds a command buffer: handed to the retire thread.
+        queue
+            .fill(&buffer, 1u32)
+            .signal(&signal, 1)
+            .submit()
+            .unwrap();
+        signal.set(5);
+        let failing = FailingCall::new("vkEndCommandBuffer", progress);
+        let (waited, written) = (signal.clone(), buffer.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Settled here, on the owner's thread: its failure waits for
+            // the first batch, which the held `VkQueue` keeps pending.
+            let submitted = queue.fill(&written, 2u32).signal(&waited, 6).submit();
+            let synchronized = queue.synchronize();
+            let applied = waited.wait(5, std::time::Duration::from_secs(20));
+            let _ = tx.send((submitted, synchronized, applied));
+        });
+        // Released once the submission failed, so that the first batch
+        // is still pending then (no sleep: the hook counts its failures).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while failing.failed() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the submission never ended"
+            );
+            std::thread::yield_now();
+        }
+        busy.release();
+        let outcome = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("hung: the failed submission waited for the deferred set");
+        drop(failing);
+        assert!(
+            outcome.0.is_err() || outcome.1.is_err(),
+            "the failed end is reported: {outcome:?}"
+        );
+        assert!(
+            outcome.2.is_ok(),
+            "the deferred set is applied: {outcome:?}"
+        );
+    }
+
     /// Issue 46, defect 7: a wait for a batch's completion that failed
     /// with the device not lost released what the batch held (its command
     /// buffer back to be recorded again, its staging and buffers back to

@@ -53,6 +53,10 @@ struct Inner {
     context: Arc<Context>,
     semaphore: vk::Semaphore,
     submitted: AtomicU64,
+    /// The highest value a submission on a `VkQueue` signals: `submitted`
+    /// without the host `set`s deferred behind one (which no submission
+    /// signals; `apply_deferred` does, once the queue's signals completed).
+    signalled: AtomicU64,
     queued: AtomicU64,
     deferred: AtomicU64,
     /// A floor of the counter that costs no driver call: the initial
@@ -83,6 +87,7 @@ impl VulkanSignal {
                 context,
                 semaphore,
                 submitted: AtomicU64::new(initial),
+                signalled: AtomicU64::new(initial),
                 queued: AtomicU64::new(0),
                 deferred: AtomicU64::new(0),
                 observed: AtomicU64::new(initial),
@@ -116,9 +121,9 @@ impl VulkanSignal {
     }
 
     /// The highest value a submission on a `VkQueue` signals (or the
-    /// initial value).
+    /// initial value); not a host `set` deferred behind one.
     pub(super) fn submitted(&self) -> u64 {
-        self.inner.submitted.load(Ordering::Acquire)
+        self.inner.signalled.load(Ordering::Acquire)
     }
 
     /// Says that a submission on a `VkQueue` is about to signal `value`,
@@ -232,12 +237,13 @@ impl VulkanSignal {
     /// is no longer deferred behind it.
     pub(super) fn note_dropped(&self) {
         let _state = self.inner.state.lock();
-        let submitted = self.inner.submitted.load(Ordering::Acquire);
+        let submitted = self.inner.signalled.load(Ordering::Acquire);
         self.inner.queued.store(submitted, Ordering::Release);
     }
 
     /// Says that a submission on a `VkQueue` signals `value`.
     pub(super) fn note_submitted(&self, value: u64) {
+        self.inner.signalled.fetch_max(value, Ordering::AcqRel);
         self.inner.submitted.fetch_max(value, Ordering::AcqRel);
         let _state = self.inner.state.lock();
         self.inner.changed.notify_all();

@@ -99,15 +99,22 @@ impl Drop for BusyQueue<'_> {
 
 /// Vulkan calls a test made fail on one queue (named by its progress
 /// semaphore), as a driver's may (lavapipe's fail only by a loss).
-static FAILING_CALLS: Mutex<Vec<(&'static str, vk::Semaphore)>> = Mutex::new(Vec::new());
+/// With how many times each failed.
+static FAILING_CALLS: Mutex<Vec<(&'static str, vk::Semaphore, usize)>> = Mutex::new(Vec::new());
 
 /// `Err` where a test made `call` fail on the queue whose progress
 /// semaphore is `progress` ([`FailingCall`]).
 pub(super) fn injected(call: &str, progress: vk::Semaphore) -> Result<(), vk::Result> {
-    if FAILING_CALLS.lock().contains(&(call, progress)) {
-        Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
-    } else {
-        Ok(())
+    let mut failing = FAILING_CALLS.lock();
+    match failing
+        .iter_mut()
+        .find(|(name, queue, _)| *name == call && *queue == progress)
+    {
+        Some((_, _, failed)) => {
+            *failed += 1;
+            Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+        }
+        None => Ok(()),
     }
 }
 
@@ -117,8 +124,17 @@ pub(super) struct FailingCall(&'static str, vk::Semaphore);
 
 impl FailingCall {
     pub(super) fn new(call: &'static str, progress: vk::Semaphore) -> Self {
-        FAILING_CALLS.lock().push((call, progress));
+        FAILING_CALLS.lock().push((call, progress, 0));
         Self(call, progress)
+    }
+
+    /// How many times the call failed so far.
+    pub(super) fn failed(&self) -> usize {
+        FAILING_CALLS
+            .lock()
+            .iter()
+            .find(|(name, queue, _)| (*name, *queue) == (self.0, self.1))
+            .map_or(0, |&(_, _, failed)| failed)
     }
 }
 
@@ -126,6 +142,6 @@ impl Drop for FailingCall {
     fn drop(&mut self) {
         FAILING_CALLS
             .lock()
-            .retain(|&entry| entry != (self.0, self.1));
+            .retain(|&(name, queue, _)| (name, queue) != (self.0, self.1));
     }
 }
