@@ -2,9 +2,10 @@
 //! each kept, with its buffers, programs, page-locked staging and replay
 //! template, until the stream passed the event recorded after it (or a
 //! wait for the stream did); then cleared and kept for reuse, with its
-//! event. A query of that event, or a wait for the stream, that fails
-//! without losing the device lets nothing go: the query keeps the batch in
-//! flight, and a failed wait keeps what it waited for for the process.
+//! event. A query of that event that fails without losing the device
+//! leaves a wait on the event to decide (where that fails too, the batch
+//! stays in flight for a wait for the stream); a wait for the stream that
+//! fails so keeps what it waited for for the process.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -169,7 +170,16 @@ impl Shared {
                     // through `retire_waited`, or its drop, `shut_down`).
                     // The owner hears of the error, once for the batch.
                     error => {
-                        let passed = waited_for || event.synchronize().is_ok();
+                        // A sticky error of the wait marks the device
+                        // lost, as the query's would.
+                        let passed = waited_for
+                            || event.synchronize().map_or_else(
+                                |error| {
+                                    let fault = self.fault("waiting for a batch's event", error);
+                                    matches!(fault, Error::DeviceLost { .. })
+                                },
+                                |()| true,
+                            );
                         if !mem::replace(&mut in_flight.told, true) {
                             self.ledger.fail_unbatched(error);
                         }
