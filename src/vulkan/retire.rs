@@ -306,6 +306,21 @@ mod tests {
         waits.iter().all(|(semaphore, _)| seen.contains(semaphore))
     }
 
+    /// A CPU signal whose value 1 failed elsewhere: a `wait_foreign` on
+    /// it fails the batch there.
+    fn failed_elsewhere() -> crate::cpu::CpuSignal {
+        use crate::signal::TimelineSignal;
+        let failed = crate::cpu::CpuSignal::new(0);
+        failed.fail(
+            1,
+            Error::KernelFailed {
+                program: "elsewhere".into(),
+                message: "failed on its own account".into(),
+            },
+        );
+        failed
+    }
+
     /// A batch failed after a signal it submitted: the failure of the
     /// signal's later value was published once the queue's progress
     /// semaphore was seen reached, though a submission's semaphores are
@@ -319,21 +334,13 @@ mod tests {
     fn a_failure_waits_for_the_signals_submitted_before_it_not_only_progress() {
         use std::time::Duration;
 
-        use crate::cpu::CpuSignal;
         use crate::signal::TimelineSignal;
         use crate::vulkan::testing::BusyQueue;
 
         let Some(device) = device() else { return };
         let buffer = device.alloc(16).unwrap();
         let signal = device.new_signal(0).unwrap();
-        let failed = CpuSignal::new(0);
-        failed.fail(
-            1,
-            Error::KernelFailed {
-                program: "elsewhere".into(),
-                message: "failed on its own account".into(),
-            },
-        );
+        let failed = failed_elsewhere();
         let mut queue = device.compute_queue().unwrap();
         let progress = queue.engine().state.recorder.lock().progress;
         let busy = BusyQueue::new(device.context());
@@ -370,21 +377,13 @@ mod tests {
     fn a_failure_waits_for_a_lower_value_an_earlier_batch_signals() {
         use std::time::Duration;
 
-        use crate::cpu::CpuSignal;
         use crate::signal::TimelineSignal;
         use crate::vulkan::testing::BusyQueue;
 
         let Some(device) = device() else { return };
         let buffer = device.alloc(16).unwrap();
         let signal = device.new_signal(0).unwrap();
-        let failed = CpuSignal::new(0);
-        failed.fail(
-            1,
-            Error::KernelFailed {
-                program: "elsewhere".into(),
-                message: "failed on its own account".into(),
-            },
-        );
+        let failed = failed_elsewhere();
         let mut queue = device.compute_queue().unwrap();
         let progress = queue.engine().state.recorder.lock().progress;
         let busy = BusyQueue::new(device.context());
@@ -434,20 +433,12 @@ mod tests {
     /// submissions signal.
     #[test]
     fn a_failure_never_waits_for_a_deferred_host_set() {
-        use crate::cpu::CpuSignal;
         use crate::signal::TimelineSignal;
         use crate::vulkan::testing::BusyQueue;
 
         let Some(device) = device() else { return };
         let signal = device.new_signal(0).unwrap();
-        let failed = CpuSignal::new(0);
-        failed.fail(
-            1,
-            Error::KernelFailed {
-                program: "elsewhere".into(),
-                message: "failed on its own account".into(),
-            },
-        );
+        let failed = failed_elsewhere();
         let mut queue = device.compute_queue().unwrap();
         let busy = BusyQueue::new(device.context());
         // Signals only: settled on the owner's thread and kept back.
