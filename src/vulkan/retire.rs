@@ -321,17 +321,12 @@ mod tests {
         failed
     }
 
-    /// A batch failed after a signal it submitted: the failure of the
-    /// signal's later value was published once the queue's progress
-    /// semaphore was seen reached, though a submission's semaphores are
-    /// signalled in no set order: a waiter on the failed value saw it
-    /// fail while the lower value, submitted before it, was not reached
-    /// (CI on `aab2f53`, under load, on lavapipe). The window is made
-    /// certain here: the progress semaphore is seen reached at once while
-    /// the `VkQueue` is held. The failure now waits for the batch's
-    /// signals too.
-    #[test]
-    fn a_failure_waits_for_the_signals_submitted_before_it_not_only_progress() {
+    /// Value 1 of a signal, then a batch that fails before value 2: in
+    /// one batch, or (`split`) in two, the first handed to the retire
+    /// thread already. The failure of 2 must not be seen before 1 is
+    /// reached. The window is made certain: the progress semaphore is
+    /// seen reached at once while the `VkQueue` is held.
+    fn a_failure_waits_for_value_1(split: bool) {
         use std::time::Duration;
 
         use crate::signal::TimelineSignal;
@@ -345,9 +340,11 @@ mod tests {
         let progress = queue.engine().state.recorder.lock().progress;
         let busy = BusyQueue::new(device.context());
         SEEN_AT_ONCE.lock().push(progress);
+        queue.fill(&buffer, 7u32).signal(&signal, 1);
+        if split {
+            queue.submit().unwrap();
+        }
         queue
-            .fill(&buffer, 7u32)
-            .signal(&signal, 1)
             .wait_foreign(&failed, 1)
             .signal(&signal, 2)
             .submit()
@@ -357,7 +354,8 @@ mod tests {
         busy.release();
         assert!(
             matches!(early, Err(Error::Timeout { .. })),
-            "value 2 failed while value 1, submitted before it, was not reached: {early:?}"
+            "value 2 failed while value 1, submitted before it (split: {split}), \
+             was not reached: {early:?}"
         );
         assert!(matches!(
             signal.wait(2, Duration::from_secs(30)),
@@ -367,50 +365,26 @@ mod tests {
         assert!(queue.synchronize().is_err());
     }
 
+    /// A batch failed after a signal it submitted: the failure of the
+    /// signal's later value was published once the queue's progress
+    /// semaphore was seen reached, though a submission's semaphores are
+    /// signalled in no set order: a waiter on the failed value saw it
+    /// fail while the lower value, submitted before it, was not reached
+    /// (CI on `aab2f53`, under load, on lavapipe). The failure now waits
+    /// for the batch's signals too.
+    #[test]
+    fn a_failure_waits_for_the_signals_submitted_before_it_not_only_progress() {
+        a_failure_waits_for_value_1(false);
+    }
+
     /// The same across batches (helper-65): the lower value was signalled
     /// by an earlier batch, handed to the retire thread already, so it was
-    /// neither the failed batch's signal nor a deferred one's; the failure
-    /// waited on the progress semaphore alone and was published while
-    /// value 1 was not seen reached. It waits for each of the batch's
-    /// signals at the highest value submitted for it now.
+    /// neither the failed batch's signal nor a deferred one's. The failure
+    /// waits for each of the batch's signals at the highest value
+    /// submitted for it now.
     #[test]
     fn a_failure_waits_for_a_lower_value_an_earlier_batch_signals() {
-        use std::time::Duration;
-
-        use crate::signal::TimelineSignal;
-        use crate::vulkan::testing::BusyQueue;
-
-        let Some(device) = device() else { return };
-        let buffer = device.alloc(16).unwrap();
-        let signal = device.new_signal(0).unwrap();
-        let failed = failed_elsewhere();
-        let mut queue = device.compute_queue().unwrap();
-        let progress = queue.engine().state.recorder.lock().progress;
-        let busy = BusyQueue::new(device.context());
-        SEEN_AT_ONCE.lock().push(progress);
-        queue
-            .fill(&buffer, 7u32)
-            .signal(&signal, 1)
-            .submit()
-            .unwrap();
-        queue
-            .wait_foreign(&failed, 1)
-            .signal(&signal, 2)
-            .submit()
-            .unwrap();
-        let early = signal.wait(2, Duration::from_millis(300));
-        SEEN_AT_ONCE.lock().retain(|&s| s != progress);
-        busy.release();
-        assert!(
-            matches!(early, Err(Error::Timeout { .. })),
-            "value 2 failed while value 1, submitted by an earlier batch, was not reached: {early:?}"
-        );
-        assert!(matches!(
-            signal.wait(2, Duration::from_secs(30)),
-            Err(Error::SignalFailed { .. })
-        ));
-        assert!(signal.is_reached(1));
-        let _ = queue.synchronize();
+        a_failure_waits_for_value_1(true);
     }
 
     /// Runs `f` (which may hang on a defect) on a thread of its own, and
