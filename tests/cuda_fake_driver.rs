@@ -1166,11 +1166,7 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
     // decides where its query failed, so the batch is let go at the next
     // submit all the same (batches do not pile up behind a query that
     // keeps failing: helper-65), and the owner is told.
-    let query_only = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventQuery"),
-    ];
+    let query_only = unsticky_from_the_upload("cuEventQuery");
     let Some(decided) = run_scenario(&on_a_12_2_device("query_error", &query_only)) else {
         return;
     };
@@ -1188,14 +1184,7 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
     );
     // The same error from the event's wait too: only a wait for the
     // stream lets the batch go.
-    let extra = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuEventSynchronize",
-        ),
-    ];
+    let extra = unsticky_from_the_upload("cuEventQuery,cuEventSynchronize");
     let Some(outcome) = run_scenario(&on_a_12_2_device("query_error", &extra)) else {
         return;
     };
@@ -1262,6 +1251,17 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
     );
 }
 
+/// The fake's faults for a device that is not lost: from the upload on,
+/// CUDA_ERROR_INVALID_HANDLE (400, not sticky) from the entry points
+/// `seen_by` names (comma-separated).
+fn unsticky_from_the_upload(seen_by: &'static str) -> [(&'static str, &'static str); 3] {
+    [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", seen_by),
+    ]
+}
+
 /// Whether the fake freed page-locked memory (`cuMemFreeHost`) before it
 /// destroyed the queue's stream (the queue's drop, done): the staging of
 /// an upload over the cache is freed as soon as it is let go.
@@ -1300,14 +1300,7 @@ fn a_failed_wait_at_a_queues_drop_lets_nothing_go_unless_the_device_is_lost() {
     // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from the event
     // query and the event's wait (so no retirement lets the batch go
     // first) and the stream's wait, from the upload on.
-    let extra = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
-        ),
-    ];
+    let extra = unsticky_from_the_upload("cuEventQuery,cuEventSynchronize,cuStreamSynchronize");
     for scenario in ["wait_error_drop", "wait_error"] {
         let Some(outcome) = run_scenario(&on_a_12_2_device(scenario, &extra)) else {
             return;
@@ -1379,14 +1372,7 @@ fn a_batch_whose_completion_event_and_wait_fail_unsticky_keeps_its_memory() {
     assert!(staging_freed_by_the_queue(&control), "{control:#?}");
     // CUDA_ERROR_INVALID_HANDLE (400), which is not sticky, from recording
     // the batch's completion event and from the stream's wait.
-    let extra = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventRecord,cuStreamSynchronize",
-        ),
-    ];
+    let extra = unsticky_from_the_upload("cuEventRecord,cuStreamSynchronize");
     let Some(outcome) = run_scenario(&on_a_12_2_device("wait_error", &extra)) else {
         return;
     };
