@@ -27,27 +27,35 @@ pub(super) fn device() -> Option<VulkanDevice> {
     }
 }
 
-/// The compute `VkQueue` held behind a submission waiting on a timeline
-/// semaphore of the test's, until `release` (or the drop, so that a
-/// failing test never leaves the queue held): what is submitted after it
-/// stays pending.
-pub(super) struct BusyQueue<'a> {
-    context: &'a Context,
-    gate: vk::Semaphore,
-    released: std::cell::Cell<bool>,
+/// A submission on the shared compute `VkQueue` that waits for value 1
+/// of a timeline semaphore of the test's (`open`), with a fence that says
+/// when it completed: what is submitted after it stays pending until then.
+pub(super) struct Gate {
+    semaphore: vk::Semaphore,
+    fence: vk::Fence,
 }
 
-impl<'a> BusyQueue<'a> {
-    pub(super) fn new(context: &'a Context) -> Self {
+impl Gate {
+    pub(super) fn submit(context: &Context) -> Self {
         let mut timeline = vk::SemaphoreTypeCreateInfo::default()
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
         let info = vk::SemaphoreCreateInfo::default().push_next(&mut timeline);
-        // SAFETY: the create-info and its chain live across the call;
-        // `drop` destroys the semaphore.
-        let gate =
-            unsafe { context.device.create_semaphore(&info, None) }.expect("vkCreateSemaphore");
-        let gates = [gate];
+        // SAFETY: the create-infos and the chain live across the calls;
+        // `finish` destroys both objects.
+        let (semaphore, fence) = unsafe {
+            (
+                context.device.create_semaphore(&info, None),
+                context
+                    .device
+                    .create_fence(&vk::FenceCreateInfo::default(), None),
+            )
+        };
+        let (semaphore, fence) = (
+            semaphore.expect("vkCreateSemaphore"),
+            fence.expect("vkCreateFence"),
+        );
+        let gates = [semaphore];
         let open = [1u64];
         let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
         let mut values = vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&open);
@@ -57,16 +65,66 @@ impl<'a> BusyQueue<'a> {
             .push_next(&mut values);
         let queue = context.compute_queue.lock();
         // SAFETY: the queue's lock is held; the infos live across the call;
-        // `release` signals what it waits for.
+        // `open` signals what it waits for.
+        unsafe { context.device.queue_submit(*queue, &[submit], fence) }.expect("vkQueueSubmit");
+        Self { semaphore, fence }
+    }
+
+    /// Lets the submission (and what the queue holds behind it) run.
+    pub(super) fn open(&self, context: &Context) {
+        let signal = vk::SemaphoreSignalInfo::default()
+            .semaphore(self.semaphore)
+            .value(1);
+        // SAFETY: a host signal of the gate, above its counter of 0 (a
+        // second `open` of the same value is never made: see `BusyQueue`).
+        unsafe { context.device.signal_semaphore(&signal) }.expect("vkSignalSemaphore");
+    }
+
+    /// Waits for the submission to complete (it must be open), and frees
+    /// what it used. The queue's lock is not held meanwhile: another
+    /// test's gate submitted after this one may still be closed, and that
+    /// test may need the lock to submit before it opens it (a
+    /// `vkQueueWaitIdle` under the lock here deadlocked two tests: the CI
+    /// run of `895dc75`).
+    pub(super) fn finish(self, context: &Context) {
+        // SAFETY: the fence was handed to the submission; once it is
+        // signalled the submission completed, and nothing else names the
+        // two objects.
         unsafe {
-            context
+            let _ = context
                 .device
-                .queue_submit(*queue, &[submit], vk::Fence::null())
+                .wait_for_fences(&[self.fence], true, u64::MAX);
+            context.device.destroy_fence(self.fence, None);
+            context.device.destroy_semaphore(self.semaphore, None);
         }
-        .expect("vkQueueSubmit");
+    }
+}
+
+/// Whether a test holds a [`BusyQueue`]: one at a time in the process, so
+/// that no test's pending work waits behind another test's gate too.
+static BUSY: Mutex<bool> = Mutex::new(false);
+static BUSY_FREED: parking_lot::Condvar = parking_lot::Condvar::new();
+
+/// The compute `VkQueue` held behind a [`Gate`] until `release` (or the
+/// drop, so that a failing test never leaves the queue held): what is
+/// submitted after it stays pending. One at a time ([`BUSY`]).
+pub(super) struct BusyQueue<'a> {
+    context: &'a Context,
+    gate: Option<Gate>,
+    released: std::cell::Cell<bool>,
+}
+
+impl<'a> BusyQueue<'a> {
+    pub(super) fn new(context: &'a Context) -> Self {
+        let mut busy = BUSY.lock();
+        while *busy {
+            BUSY_FREED.wait(&mut busy);
+        }
+        *busy = true;
+        drop(busy);
         Self {
             context,
-            gate,
+            gate: Some(Gate::submit(context)),
             released: std::cell::Cell::new(false),
         }
     }
@@ -76,25 +134,58 @@ impl<'a> BusyQueue<'a> {
         if self.released.replace(true) {
             return;
         }
-        let signal = vk::SemaphoreSignalInfo::default()
-            .semaphore(self.gate)
-            .value(1);
-        // SAFETY: a host signal of the gate, above its counter of 0.
-        unsafe { self.context.device.signal_semaphore(&signal) }.expect("vkSignalSemaphore");
+        if let Some(gate) = &self.gate {
+            gate.open(self.context);
+        }
     }
 }
 
 impl Drop for BusyQueue<'_> {
     fn drop(&mut self) {
         self.release();
-        let queue = self.context.compute_queue.lock();
-        // SAFETY: the queue's lock is held; once it is idle the submission
-        // that waited on the gate completed, and nothing else names it.
-        unsafe {
-            let _ = self.context.device.queue_wait_idle(*queue);
-            self.context.device.destroy_semaphore(self.gate, None);
+        if let Some(gate) = self.gate.take() {
+            gate.finish(self.context);
         }
+        *BUSY.lock() = false;
+        BUSY_FREED.notify_one();
     }
+}
+
+/// A test's gate dropped while another gate, submitted after it, is
+/// still closed: the drop waited for the whole queue to go idle, under the
+/// queue's lock, so the other test could never submit the work after
+/// which it opens its gate (two `retire` tests hung CI on `895dc75`).
+#[test]
+fn a_busy_queue_goes_without_waiting_for_a_later_gate() {
+    let Some(device) = device() else { return };
+    let context = device.context();
+    let busy = BusyQueue::new(context);
+    let later = Gate::submit(context);
+    busy.release();
+    let (dropped, rx) = std::sync::mpsc::channel();
+    let had_to_open = std::thread::scope(|scope| {
+        let later = &later;
+        let opener = scope.spawn(move || {
+            // Where the drop still waits after 30 s, the later gate is
+            // opened so that it ends, and the test fails.
+            let waited = rx.recv_timeout(std::time::Duration::from_secs(30));
+            if waited.is_err() {
+                later.open(context);
+            }
+            waited.is_err()
+        });
+        drop(busy);
+        let _ = dropped.send(());
+        opener.join().expect("the opener does not panic")
+    });
+    if !had_to_open {
+        later.open(context);
+    }
+    later.finish(context);
+    assert!(
+        !had_to_open,
+        "dropping a busy queue waited for a gate submitted after it"
+    );
 }
 
 /// Vulkan calls a test made fail on one queue (named by its progress
