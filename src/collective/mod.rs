@@ -81,7 +81,7 @@
 //! `mpi` feature too, `Communicator::nccl_over` (rank and size from an
 //! MPI world, so from `mpirun`; rank 0's id broadcast over it); the last
 //! two are blocking, and `nccl_with`/`nccl_over_with` make them as an
-//! [`NcclConfig`] says. A CUDA queue of that device runs its collectives
+//! `NcclConfig` says. A CUDA queue of that device runs its collectives
 //! ([`Engine::check_collective`](crate::Engine::check_collective) refuses
 //! another device's with [`Error::DeviceMismatch`](crate::Error::DeviceMismatch)):
 //! the worker that enqueues the batch calls `ncclAllReduce`,
@@ -101,7 +101,7 @@
 //! this rank skips (its batch refused or failed before it) breaks the
 //! communicator here ([`CollectiveError::Skipped`]). A profile times a
 //! group as one entry, under its first collective.
-//! [`Communicator::split`] is `ncclCommSplit` (NCCL 2.18 or newer; the
+//! `Communicator::split` is `ncclCommSplit` (NCCL 2.18 or newer; the
 //! color `None` is `NCCL_SPLIT_NOCOLOR`, and gets no communicator), with
 //! the MPI split's rule: every rank calls it from the host at the same
 //! place of the communicator's order. A blocking communicator's creation,
