@@ -159,17 +159,27 @@ impl VulkanEngine {
         recorder.start_retiring(&ledger);
         let recorder = Arc::new(Mutex::new(recorder));
         let (jobs, receiver) = mpsc::channel();
-        let thread = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("hwqueue-vulkan {}", queue_label(ledger.id(), kind)))
             .spawn({
                 let ledger = ledger.clone();
                 let recorder = recorder.clone();
                 move || Recorder::run(&recorder, &ledger, receiver)
-            })
-            .map_err(|error| Error::System {
-                what: "spawning a Vulkan queue's recording thread",
-                detail: error.to_string(),
-            })?;
+            });
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(error) => {
+                // The closure, and its handle, went with the failed spawn:
+                // what the recorder made is freed, not leaked.
+                if let Ok(recorder) = Arc::try_unwrap(recorder) {
+                    recorder.into_inner().discard();
+                }
+                return Err(Error::System {
+                    what: "spawning a Vulkan queue's recording thread",
+                    detail: error.to_string(),
+                });
+            }
+        };
         Ok(Self {
             ledger,
             kind,

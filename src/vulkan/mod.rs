@@ -70,6 +70,7 @@ mod rebind;
 mod recorder;
 mod replay;
 mod retire;
+mod setup;
 mod signal;
 mod staged;
 mod submit;

@@ -8,23 +8,23 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::thread::JoinHandle;
 
 use ash::vk;
 use parking_lot::Mutex;
 
-use super::commands::{Bound, Stage, Touched};
+use super::commands::{Bound, Touched};
 use super::context::Context;
 use super::engine::{CommandSet, Job, Shared, release_queued};
-use super::memory::{VulkanBlock, free_buffer, make_buffer};
-use super::retire::{Retire, count_retired, retire_all, retire_one};
+use super::memory::VulkanBlock;
+use super::retire::{Retire, count_retired, retire_one};
 use super::submit::Waits;
 use super::timing::Clock;
 use super::{Vulkan, VulkanDevice};
 use crate::error::{Error, Result};
 use crate::profile::now_ns;
-use crate::queue::{Batch, Command, Ledger, QueueKind, queue_label, settled};
+use crate::queue::{Batch, Command, Ledger, QueueKind, settled};
 use crate::signal::TimelineSignal;
 use crate::transfer::DownloadSink;
 use crate::view::View;
@@ -99,108 +99,6 @@ pub(super) struct Recorder {
 unsafe impl Send for Recorder {}
 
 impl Recorder {
-    pub(super) fn new(
-        owner: VulkanDevice,
-        family: u32,
-        kind: QueueKind,
-        shared: Arc<Shared>,
-        ledger: &Ledger,
-    ) -> Result<Self> {
-        let context = owner.context().clone();
-        let device = &context.device;
-        let mut timeline = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        // SAFETY: create-infos live across the calls; what is made is
-        // destroyed when the recording thread ends.
-        let (pool, progress) = unsafe {
-            let pool = device
-                .create_command_pool(
-                    &vk::CommandPoolCreateInfo::default()
-                        .queue_family_index(family)
-                        .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER),
-                    None,
-                )
-                .map_err(|e| context.error("vkCreateCommandPool", e))?;
-            let progress = match device.create_semaphore(
-                &vk::SemaphoreCreateInfo::default().push_next(&mut timeline),
-                None,
-            ) {
-                Ok(semaphore) => semaphore,
-                Err(e) => {
-                    device.destroy_command_pool(pool, None);
-                    return Err(context.error("vkCreateSemaphore", e));
-                }
-            };
-            (pool, progress)
-        };
-        let dummy = make_buffer(&context, 16, context.memory.device, false)
-            .map_err(|(call, e)| context.error(&call, e))?;
-        let mut recorder = Self {
-            label: queue_label(ledger.id(), kind),
-            device: owner,
-            context,
-            kind,
-            pool,
-            progress,
-            next: 0,
-            shared,
-            current: None,
-            open: None,
-            waits: Waits::default(),
-            retire: None,
-            deferred: Vec::new(),
-            dummy,
-            clock: None,
-            timing: None,
-            // A copy queue records transfers only; a compute queue both.
-            touched: Touched::new(match kind {
-                QueueKind::Copy => &[Stage::Transfer],
-                QueueKind::Compute => &[Stage::Shader, Stage::Transfer],
-            }),
-            bound: None,
-            host_reads: false,
-            replay: None,
-            recordings: std::collections::HashMap::new(),
-            pending_signal: None,
-            failed_from: None,
-            kernels: 0,
-            programs: 0,
-        };
-        let bits = recorder.context.physical.families[family as usize].timestamp_valid_bits;
-        let period = f64::from(recorder.context.limits().timestamp_period);
-        if bits > 0 && period > 0.0 && recorder.query_resets(family) {
-            // Without a clock, profiles use the host's times. A calibration
-            // that fails (the device did not answer in 5 s, or is lost)
-            // fails the queue's creation with why.
-            recorder.clock =
-                Some(recorder.calibrate(period, super::timing::CALIBRATION_TIMEOUT_NS)?);
-        }
-        Ok(recorder)
-    }
-
-    /// Starts the retire thread (without one, each batch is waited for
-    /// where it is settled).
-    pub(super) fn start_retiring(&mut self, ledger: &Ledger) {
-        let (retire, retiring) = mpsc::channel::<Retire>();
-        let ledger = ledger.clone();
-        let context = self.context.clone();
-        let shared = self.shared.clone();
-        let progress = self.progress;
-        let label: crate::profile::Name = self.label.as_str().into();
-        let clock = self.clock;
-        if let Ok(thread) = std::thread::Builder::new()
-            .name(format!("hwqueue-vulkan-retire {}", self.label))
-            .spawn(move || {
-                retire_all(
-                    &context, progress, &shared, &label, clock, &ledger, retiring,
-                );
-            })
-        {
-            self.retire = Some((retire, thread));
-        }
-    }
-
     /// Settles one batch through the ledger (records and submits it) and
     /// hands it to the retire thread: on the recording thread, or on the
     /// owner's when nothing is queued before it and it cannot block
@@ -326,10 +224,8 @@ impl Recorder {
                     device.destroy_query_pool(set.queries, None);
                 }
             }
-            device.destroy_command_pool(this.pool, None);
-            device.destroy_semaphore(this.progress, None);
         }
-        free_buffer(&this.context, &this.dummy);
+        this.free_objects();
     }
 
     /// Whether `batch` can be settled on the owner's thread: nothing in it
@@ -377,7 +273,7 @@ impl Recorder {
 
     /// Whether every submission of this queue completed (a host copy then
     /// waits for nothing).
-    fn is_idle(&self) -> bool {
+    pub(super) fn is_idle(&self) -> bool {
         if self.next == 0 {
             return true;
         }

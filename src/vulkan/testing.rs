@@ -236,3 +236,58 @@ impl Drop for FailingCall {
             .retain(|&(name, queue, _)| (name, queue) != (self.0, self.1));
     }
 }
+
+std::thread_local! {
+    /// Vulkan calls a test made fail in queue creations on its thread
+    /// ([`FailingCall::here`]): the queue's progress semaphore, which
+    /// [`injected`] names it by, does not exist yet there.
+    static FAILING_HERE: std::cell::RefCell<Vec<&'static str>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// Objects a queue's creation made on this thread and not yet
+    /// destroyed on it (raw handles).
+    static LIVE_HERE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `Err` where a test made `call` fail in queue creations on this thread.
+pub(super) fn injected_here(call: &str) -> Result<(), vk::Result> {
+    let failing = FAILING_HERE.with(|failing| failing.borrow().contains(&call));
+    if failing {
+        Err(vk::Result::ERROR_OUT_OF_DEVICE_MEMORY)
+    } else {
+        Ok(())
+    }
+}
+
+/// Notes an object made by a queue's creation on this thread.
+pub(super) fn made(handle: u64) {
+    LIVE_HERE.with(|live| live.borrow_mut().push(handle));
+}
+
+/// Notes an object of a queue destroyed (on this thread: one made on
+/// another is not in its list).
+pub(super) fn freed(handle: u64) {
+    LIVE_HERE.with(|live| live.borrow_mut().retain(|&h| h != handle));
+}
+
+/// The objects queue creations on this thread made and did not destroy.
+pub(super) fn live_here() -> Vec<u64> {
+    LIVE_HERE.with(|live| live.borrow().clone())
+}
+
+impl FailingCall {
+    /// Makes `call` fail in queue creations on this thread until the
+    /// guard drops.
+    pub(super) fn here(call: &'static str) -> FailingHere {
+        FAILING_HERE.with(|failing| failing.borrow_mut().push(call));
+        FailingHere(call)
+    }
+}
+
+/// See [`FailingCall::here`].
+pub(super) struct FailingHere(&'static str);
+
+impl Drop for FailingHere {
+    fn drop(&mut self) {
+        FAILING_HERE.with(|failing| failing.borrow_mut().retain(|&call| call != self.0));
+    }
+}

@@ -61,7 +61,10 @@ impl Recorder {
     /// (the next submission signals past it) and its command buffer and
     /// query pool kept rather than freed while the device may use them.
     pub(super) fn calibrate(&mut self, period: f64, timeout_ns: u64) -> Result<Clock> {
-        let queries = self.query_pool()?;
+        let queries = super::setup::injected("vkCreateQueryPool")
+            .map_err(|e| self.context.error("vkCreateQueryPool", e))
+            .and_then(|()| self.query_pool())?;
+        super::setup::creating(queries);
         let info = vk::CommandBufferAllocateInfo::default()
             .command_pool(self.pool)
             .level(vk::CommandBufferLevel::PRIMARY)
@@ -69,11 +72,19 @@ impl Recorder {
         let device = &self.context.device;
         // SAFETY: the pool is this thread's; the command buffer records one
         // timestamp, is submitted once, waited for, and freed; the query
-        // pool is destroyed after its result is read.
+        // pool is destroyed after its result is read, or where no command
+        // buffer could be had for it.
         unsafe {
-            let buffer = device
-                .allocate_command_buffers(&info)
-                .map_err(|e| self.context.error("vkAllocateCommandBuffers", e))?[0];
+            let allocated = super::setup::injected("vkAllocateCommandBuffers")
+                .and_then(|()| device.allocate_command_buffers(&info));
+            let buffer = match allocated {
+                Ok(buffers) => buffers[0],
+                Err(e) => {
+                    super::setup::freed(queries);
+                    device.destroy_query_pool(queries, None);
+                    return Err(self.context.error("vkAllocateCommandBuffers", e));
+                }
+            };
             let on_host = self.reset_queries(queries, 1);
             let recorded = device
                 .begin_command_buffer(buffer, &vk::CommandBufferBeginInfo::default())
@@ -101,7 +112,8 @@ impl Recorder {
                     .signal_semaphores(&signals)
                     .push_next(&mut timeline);
                 let queue = self.queue().lock();
-                device.queue_submit(*queue, &[submit], vk::Fence::null())
+                super::setup::injected("vkQueueSubmit")
+                    .and_then(|()| device.queue_submit(*queue, &[submit], vk::Fence::null()))
             });
             let before = now_ns();
             let outcome = submitted.and_then(|()| {
@@ -131,6 +143,7 @@ impl Recorder {
             }
             if outcome.is_ok() || submitted.is_err() {
                 device.free_command_buffers(self.pool, &[buffer]);
+                super::setup::freed(queries);
                 device.destroy_query_pool(queries, None);
             }
             // Else the submission may still be pending (the wait timed out
