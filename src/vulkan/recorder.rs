@@ -57,7 +57,9 @@ pub(super) struct Recorder {
     /// (signals and waits only), kept from the retire thread until a
     /// batch that does, a `synchronize`, the queue's end, or [`DEFERRED`]
     /// of them: a batch of signals only then wakes no thread but the
-    /// driver's (what a raw submit and wait costs).
+    /// driver's (what a raw submit and wait costs). A host `set` deferred
+    /// behind one of their signals is applied only then; nothing waits
+    /// for it meanwhile (`VulkanSignal::wait_submitted`).
     pub(super) deferred: Vec<Retire>,
     /// A 16-byte buffer bound for an empty view.
     pub(super) dummy: VulkanBlock,
@@ -559,14 +561,17 @@ impl Recorder {
         // A hold only where the value is not submitted yet: the usual
         // cross-queue wait (submitted, not reached) takes no lock here.
         let _held = (!signal.is_submitted(value)).then(|| self.holding());
-        match signal
-            .wait_submitted(value)
-            .and_then(|()| signal.check_value_difference(value))
-        {
-            Ok(()) => {
+        // No device wait for a value only a deferred host `set` reached
+        // (see `wait_submitted`): it is reached for this queue too.
+        let waited = signal.wait_submitted(value).and_then(|on_device| {
+            if on_device {
+                signal.check_value_difference(value)?;
                 self.waits.push(signal.semaphore(), value);
-                Ok(())
             }
+            Ok(())
+        });
+        match waited {
+            Ok(()) => Ok(()),
             Err(error) if is_settled => settled(Err(error)),
             Err(error) => Err(error),
         }

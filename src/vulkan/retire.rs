@@ -444,6 +444,70 @@ mod tests {
         ));
     }
 
+    /// A host `set` deferred behind a queue's pending signal, where that
+    /// queue's batch (signals only) is kept back on its owner's thread:
+    /// another queue's batch, held on the host until value 5 was submitted,
+    /// took the deferred set for a submission and waited for 5 on the
+    /// device; `apply_deferred` signals it only once the kept-back batch
+    /// retires, which waits for the first queue's next hand-over, so the
+    /// second queue's `synchronize` (and the shared `VkQueue` behind the
+    /// wait) hung while the first queue was left alone (helper-68). The
+    /// value is reached for every waiter (`value`): no device wait is made.
+    #[test]
+    fn a_queue_waits_for_no_host_set_deferred_behind_a_kept_back_batch() {
+        use std::sync::atomic::Ordering;
+        use std::time::{Duration, Instant};
+
+        use crate::buffer::Buffer;
+        use crate::signal::TimelineSignal;
+        use crate::vulkan::testing::BusyQueue;
+
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let signal = device.new_signal(0).unwrap();
+        let mut first = device.compute_queue().unwrap();
+        let mut second = device.compute_queue().unwrap();
+        let shared = second.engine().state.shared.clone();
+        let busy = BusyQueue::new(device.context());
+        // Signals only: settled on the owner's thread and kept back, its
+        // signal pending behind the held `VkQueue`.
+        first.signal(&signal, 1).submit().unwrap();
+        // Held on the host by the recording thread until 5 is submitted.
+        second
+            .wait(&signal, 5)
+            .fill(&buffer, 7u32)
+            .submit()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while shared.holding.load(Ordering::Relaxed) == 0 {
+            assert!(Instant::now() < deadline, "the wait was never held");
+            std::thread::yield_now();
+        }
+        // The first queue's signal is pending: deferred, and seen at once
+        // by a host waiter.
+        signal.set(5);
+        assert!(signal.is_reached(5));
+        busy.release();
+        drop(busy);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let _ = tx.send(second.synchronize());
+            second
+        });
+        let synchronized = rx.recv_timeout(Duration::from_secs(30));
+        // Hands the kept-back batch over, which applies the set: a hung
+        // second queue ends, and the test fails rather than hang.
+        first.synchronize().unwrap();
+        let _second = waiter.join().unwrap();
+        let synchronized = synchronized.expect(
+            "hung: the second queue waited on the device for a host set deferred behind a \
+             batch kept back on the first queue's owner",
+        );
+        synchronized.unwrap();
+        assert_eq!(buffer.to_vec::<u32>().unwrap(), [7; 4]);
+        signal.wait(5, Duration::ZERO).unwrap();
+    }
+
     /// A submission that failed (`note_dropped`) set the signal's queued
     /// value to `submitted`, which a deferred host `set` had raised: the
     /// deferred value was then never signalled (`apply_deferred` saw it as

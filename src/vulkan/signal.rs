@@ -48,7 +48,7 @@ pub struct VulkanSignal {
 /// |-------|---------|---------|----------|
 /// | `submitted` | the highest value the semaphore will reach: some submission on a `VkQueue` signals it, or the host set it | `note_submitted`, `set` | `AcqRel` `fetch_max`; read `Acquire` by `is_submitted` |
 /// | `queued` | the highest value a queue's submission signals, raised *before* the submission | `note_queued`, under `state`'s lock | `AcqRel`; read under the lock where it decides |
-/// | `deferred` | a host `set` not yet signalled (0: none), because a queue's signal was pending; signalled once every queue signal completed and none reaches it (`apply_deferred`) | `set`, `apply_deferred`, under the lock | `AcqRel`; `value()` reads it `Acquire` (values seen only rise) |
+/// | `deferred` | a host `set` not yet signalled (0: none), because a queue's signal was pending; signalled once every queue signal completed and none reaches it (`apply_deferred`), which may wait for a kept-back batch: no device wait waits for it (`wait_submitted`) | `set`, `apply_deferred`, under the lock | `AcqRel`; `value()` reads it `Acquire` (values seen only rise) |
 struct Inner {
     context: Arc<Context>,
     semaphore: vk::Semaphore,
@@ -249,17 +249,29 @@ impl VulkanSignal {
         self.inner.changed.notify_all();
     }
 
-    /// Blocks until a submission that signals `value` is on a `VkQueue`
-    /// (or the value is reached): a semaphore wait for it may then be
-    /// submitted without stalling the queue behind it.
+    /// Blocks until a submission that signals `value` is on a `VkQueue`,
+    /// or the semaphore holds it (`Ok(true)`: a semaphore wait for it may
+    /// then be submitted without stalling the queue behind it), or a host
+    /// `set` deferred behind a queue's pending signal reached it
+    /// (`Ok(false)`: no device wait). A device wait must not wait for a
+    /// deferred set: the semaphore gets there only once `apply_deferred`
+    /// signals it, when the batch of the pending signal retires, and a
+    /// batch kept back on its owner's thread (`Recorder::deferred`)
+    /// retires only at that queue's next hand-over, which may never come
+    /// (its owner waiting for this queue). Every host waiter sees it
+    /// reached at once (`value`), and so does this queue.
     ///
     /// # Errors
     /// [`Error::SignalFailed`] when the work that would signal it failed.
-    pub(super) fn wait_submitted(&self, value: u64) -> Result<()> {
+    pub(super) fn wait_submitted(&self, value: u64) -> Result<bool> {
         let mut failures = self.inner.state.lock();
         loop {
             if self.is_submitted(value) {
-                return Ok(());
+                // Under the lock `set` defers under: a set that raised
+                // `submitted` to `value` is seen here with its `deferred`.
+                // (One applied meanwhile cleared `deferred` once the
+                // counter held it: the device wait then waits for nothing.)
+                return Ok(self.inner.deferred.load(Ordering::Acquire) < value);
             }
             failures.check(value, self.value())?;
             // Nothing more is submitted on a lost device.
