@@ -487,6 +487,10 @@ impl Recorder {
         // `VkQueue`'s earlier submissions.
         let opened = self.open.is_none();
         if opened {
+            // Nothing more runs on a lost device: no free set is reset and
+            // begun there (a driver may fail that with an error of its
+            // own, hiding the loss), as no submission is made.
+            self.context.health()?;
             let mut set = match self.shared.free.lock().pop() {
                 Some(set) => set,
                 None => {

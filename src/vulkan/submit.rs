@@ -448,4 +448,43 @@ mod tests {
             "the failed batch's fill never runs"
         );
     }
+
+    /// After a device loss, `begin` reused a free command set: it reset
+    /// the set's descriptor pools and began its command buffer on the lost
+    /// device, where a driver may fail either call with an error of its
+    /// own (here `vkBeginCommandBuffer`, made to fail), so that the batch
+    /// failed with that error rather than the loss (helper-68). It fails
+    /// with the loss, as a submission or a host copy does, and calls
+    /// nothing on the lost device.
+    #[test]
+    fn a_command_after_a_loss_fails_with_the_loss_before_reusing_a_command_set() {
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        // Leaves a command set to reuse.
+        queue.fill(&buffer, 1u32).submit().unwrap();
+        queue.synchronize().unwrap();
+        let state = &queue.engine().state;
+        assert!(
+            !state.shared.free.lock().is_empty(),
+            "a command set is free"
+        );
+        let progress = state.recorder.lock().progress;
+        let failing = FailingCall::new("vkBeginCommandBuffer", progress);
+        device.simulate_device_loss();
+        let submitted = queue.fill(&buffer, 2u32).submit();
+        let error = submitted
+            .err()
+            .or_else(|| queue.synchronize().err())
+            .expect("the batch fails on a lost device");
+        assert_eq!(
+            failing.failed(),
+            0,
+            "vkBeginCommandBuffer was called on the lost device: {error}"
+        );
+        assert!(
+            matches!(error.root_cause(), Error::DeviceLost { .. }),
+            "the batch fails with the loss: {error}"
+        );
+    }
 }
