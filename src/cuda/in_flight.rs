@@ -5,7 +5,9 @@
 //! event. A query of that event that fails without losing the device
 //! leaves a wait on the event to decide (where that fails too, the batch
 //! stays in flight for a wait for the stream); a wait for the stream that
-//! fails so keeps what it waited for for the process.
+//! fails so keeps what it waited for for the process. A batch whose
+//! values the worker could not fail yet ([`Unsettled`]) fails them as it
+//! leaves.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -40,6 +42,29 @@ pub(super) struct InFlight {
     /// The front batch's completion query failed (an error that is not
     /// sticky) and the owner was told: not again for that batch.
     told: bool,
+    /// How many of `batches` hold [`Unsettled`] values: the worker polls
+    /// while there are any ([`Shared::unsettled`]), since a waiter may
+    /// wait for them with nothing else to move the retirement on.
+    unsettled: usize,
+}
+
+/// A failed batch's values, from the command that failed on, that the
+/// worker could not fail yet: its wait for the work on the stream before
+/// them failed without losing the device, so that work may still run, and
+/// a waiter a failed value lets through (a settled wait, a plan's next
+/// run) would race it. They fail with `cause` once the stream passed the
+/// batch (or the device is lost); the owner was told of `cause` already.
+/// Without a drain of its later waits (`Batch::drain_failed`): that may
+/// block, and the batch may leave on the owner's thread.
+pub(super) struct Unsettled {
+    pub(super) from: usize,
+    pub(super) cause: std::sync::Arc<Error>,
+}
+
+impl Unsettled {
+    fn settle(self, batch: &Batch<Cuda>) {
+        batch.fail_signals(self.from, &self.cause);
+    }
 }
 
 /// A batch the stream has not passed yet, and what it holds: see
@@ -50,6 +75,7 @@ pub(super) type InFlightBatch = (
     Vec<Pinned>,
     usize,
     Option<std::sync::Arc<Template>>,
+    Option<Unsettled>,
 );
 
 /// How many finished batches and completion events to keep for reuse.
@@ -67,6 +93,20 @@ impl Shared {
         enqueued: usize,
         template: Option<std::sync::Arc<Template>>,
     ) -> Option<Batch<Cuda>> {
+        self.finish_unsettled(batch, enqueued, template, None)
+    }
+
+    /// [`finish`](Self::finish), with values of the batch to fail once the
+    /// stream passed it (see [`Unsettled`]): such a batch is kept in
+    /// flight, with a completion event, even where it holds nothing else.
+    #[must_use]
+    pub(super) fn finish_unsettled(
+        &self,
+        batch: Batch<Cuda>,
+        enqueued: usize,
+        template: Option<std::sync::Arc<Template>>,
+        unsettled: Option<Unsettled>,
+    ) -> Option<Batch<Cuda>> {
         let staging = mem::take(&mut *self.staging.lock());
         // A batch of signals and waits only (a queue's `signal` + `submit`)
         // holds nothing the stream uses: no buffer, program, staging or
@@ -77,6 +117,7 @@ impl Shared {
         // (`super::replay::Mark`).
         if staging.is_empty()
             && template.is_none()
+            && unsettled.is_none()
             && batch.commands()[..enqueued].iter().all(|command| {
                 command.only_synchronises() || matches!(command, Command::Replay { .. })
             })
@@ -90,9 +131,10 @@ impl Shared {
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
             Ok(event) => {
+                in_flight.unsettled += usize::from(unsettled.is_some());
                 in_flight
                     .batches
-                    .push_back((event, batch, staging, enqueued, template));
+                    .push_back((event, batch, staging, enqueued, template, unsettled));
                 in_flight.pushed += 1;
                 self.holding.store(true, Ordering::Relaxed);
             }
@@ -109,12 +151,20 @@ impl Shared {
                         Error::DeviceLost { .. } => {}
                         // Not sticky: the stream may still run the batch.
                         // It is kept for the process, and the owner told.
+                        // Its unsettled values fail all the same: with no
+                        // event, nothing could prove them done later, and
+                        // a waiter must not hang on them (as a download's
+                        // does not).
                         error => {
-                            keep_for_the_process((batch, staging, template), &error);
+                            keep_for_the_process((batch, staging, template), unsettled, &error);
                             self.ledger.fail_unbatched(error);
                             return None;
                         }
                     }
+                }
+                // The stream passed the batch, or the device is lost.
+                if let Some(unsettled) = unsettled {
+                    unsettled.settle(&batch);
                 }
                 drop(staging);
                 batch.complete_deallocas(enqueued);
@@ -190,10 +240,17 @@ impl Shared {
             if !passed {
                 break;
             }
-            if let Some((event, batch, staging, enqueued, template)) = in_flight.batches.pop_front()
+            if let Some((event, batch, staging, enqueued, template, unsettled)) =
+                in_flight.batches.pop_front()
             {
                 in_flight.popped += 1;
                 in_flight.told = false;
+                // Its values from the failure on fail now: the work
+                // before them is done (or the device lost).
+                if let Some(unsettled) = unsettled {
+                    in_flight.unsettled -= 1;
+                    unsettled.settle(&batch);
+                }
                 drop((staging, template));
                 // Every command enqueued completed: the `dealloca`s among
                 // them too.
@@ -203,6 +260,11 @@ impl Shared {
         }
         self.holding
             .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
+    }
+
+    /// Whether a batch in flight holds [`Unsettled`] values.
+    pub(super) fn unsettled(&self) -> bool {
+        self.in_flight.lock().unsettled > 0
     }
 
     /// Keeps `template` (where there is one) until the stream passed
@@ -236,8 +298,8 @@ impl Shared {
                 let replays = mem::take(&mut *self.replays.lock());
                 let batches = mem::take(&mut self.in_flight.lock().batches);
                 let staging = mem::take(&mut *self.staging.lock());
-                for (_, batch, pinned, _, template) in batches {
-                    keep_for_the_process((batch, pinned, template), &error);
+                for (_, batch, pinned, _, template, unsettled) in batches {
+                    keep_for_the_process((batch, pinned, template), unsettled, &error);
                 }
                 mem::forget((replays, staging));
                 return;
@@ -247,15 +309,18 @@ impl Shared {
         self.replays.lock().clear();
         let mut in_flight = self.in_flight.lock();
         let batches = mem::take(&mut in_flight.batches);
+        in_flight.unsettled = 0;
         in_flight.spare_events.clear();
         in_flight.spare_batches.clear();
         drop(in_flight);
         // The stream is synchronised: what was enqueued completed (or the
         // context is lost, and no stream runs again).
-        for (_, batch, _, enqueued, _) in &batches {
-            batch.complete_deallocas(*enqueued);
+        for (_, batch, _, enqueued, _, unsettled) in batches {
+            batch.complete_deallocas(enqueued);
+            if let Some(unsettled) = unsettled {
+                unsettled.settle(&batch);
+            }
         }
-        drop(batches);
     }
 }
 
@@ -265,11 +330,17 @@ impl Shared {
 /// completed, so their ranges never go back to the pool), its page-locked
 /// staging and its replay template; as Vulkan's `retire_one` does. Its
 /// downloads still pending fail with `error` (a stream callback that still
-/// lands finds them settled), so that no waiter hangs on them.
+/// lands finds them settled), so that no waiter hangs on them, and so do
+/// its `unsettled` values, with their cause: nothing is left to prove them
+/// done later.
 fn keep_for_the_process(
     (batch, staging, template): (Batch<Cuda>, Vec<Pinned>, Option<std::sync::Arc<Template>>),
+    unsettled: Option<Unsettled>,
     error: &Error,
 ) {
+    if let Some(unsettled) = unsettled {
+        unsettled.settle(&batch);
+    }
     for command in batch.commands() {
         if let Command::Download { sink, .. } = command {
             sink.fail(error);

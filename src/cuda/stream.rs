@@ -198,20 +198,18 @@ impl Shared {
         self.work.notify_one();
     }
 
-    /// On the worker: whether `batch` runs, as the ledger says; where
-    /// not, its signals from `from` on fail once the work on the stream
-    /// before them completed, as a failed batch's do (and the caller lets
-    /// the batch go).
-    pub(super) fn admit(&self, batch: &Batch<Cuda>, from: usize) -> bool {
-        match self.ledger.admit(batch) {
-            Admission::Run => true,
-            Admission::Skip(cause) => {
-                if let Err(sync) = self.stream.synchronize() {
-                    let _ = self.fault("waiting for the work before a skipped batch", sync);
-                }
-                batch.fail_signals(from, &cause);
-                false
-            }
+    /// On the worker, before it fails values after work on the stream:
+    /// whether that work is done, by a wait for the stream: `Ok` where it
+    /// succeeded or failed with a sticky error (the device is marked lost,
+    /// and its stream runs nothing again); the error where it failed
+    /// otherwise, and the stream may still run it.
+    pub(super) fn earlier_work_done(&self, what: &str) -> Result<()> {
+        match self.stream.synchronize() {
+            Ok(()) => Ok(()),
+            Err(error) => match self.fault(what, error) {
+                Error::DeviceLost { .. } => Ok(()),
+                error => Err(error),
+            },
         }
     }
 

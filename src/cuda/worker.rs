@@ -4,13 +4,23 @@
 //! and every batch submitted behind it, in order, until the queue is
 //! dropped and drained. `super::stream` is what it shares with the owner.
 
-use crate::error::Result;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
 use crate::profile::now_ns;
-use crate::queue::Command;
+use crate::queue::{Admission, Batch, Command};
 use crate::sync::Ordering;
 
 use super::Cuda;
+use super::in_flight::Unsettled;
+use super::repeat::Template;
 use super::stream::{Outcome, Pending, Shared};
+
+/// How long the idle worker first sleeps between retirements while a batch
+/// in flight holds values it could not fail yet, and at most (doubling):
+/// their waiters may have nothing else to move the retirement on.
+const POLL_FIRST: Duration = Duration::from_millis(1);
+const POLL_MAX: Duration = Duration::from_millis(100);
 
 /// The worker: enqueues handed-over batches in order, blocking on the host
 /// for the waits that stopped them, until the queue is dropped and drained.
@@ -23,6 +33,7 @@ pub(super) fn run_worker(shared: &Shared) {
             mark,
         } = {
             let mut state = shared.state.lock();
+            let mut poll = POLL_FIRST;
             loop {
                 if let Some(next) = state.pending.pop_front() {
                     break next;
@@ -31,6 +42,21 @@ pub(super) fn run_worker(shared: &Shared) {
                 shared.busy.store(false, Ordering::Release);
                 if state.sync_waiters > 0 {
                     shared.idle.notify_all();
+                }
+                // Values failed only once the stream passed their batch
+                // (`Unsettled`): retired by this thread too, before the
+                // queue goes (the owner's `synchronize` does not wait for
+                // them, and its drop returns at once). A stream that never
+                // proves them done keeps this thread polling, at most ten
+                // times a second, rather than failing them early.
+                if shared.unsettled() {
+                    let deadline = Instant::now() + poll;
+                    state = shared.work.wait_until(state, Some(deadline));
+                    poll = (poll * 2).min(POLL_MAX);
+                    drop(state);
+                    shared.retire();
+                    state = shared.state.lock();
+                    continue;
                 }
                 if state.closed {
                     drop(state);
@@ -44,9 +70,26 @@ pub(super) fn run_worker(shared: &Shared) {
         // A batch handed over part-enqueued (`from > 0`) was admitted when
         // its first command went on the stream: it must finish, so the
         // buffers it already uses stay alive until the stream passes it.
-        if from == 0 && failed.is_none() && !shared.admit(&batch, 0) {
-            shared.hold(mark.held());
-            shared.recycle(batch, None);
+        if from == 0
+            && failed.is_none()
+            && let Admission::Skip(cause) = shared.ledger.admit(&batch)
+        {
+            // Its values fail as a failed batch's do: once the work on
+            // the stream before them completed.
+            let proven = shared.earlier_work_done("waiting for the work before a skipped batch");
+            let unsettled = Unsettled {
+                from: 0,
+                cause: std::sync::Arc::new(cause),
+            };
+            settle(
+                shared,
+                batch,
+                0,
+                mark.held(),
+                unsettled,
+                proven.map_err(Some),
+                false,
+            );
             continue;
         }
         let outcome = match failed {
@@ -74,27 +117,71 @@ pub(super) fn run_worker(shared: &Shared) {
                 }
             },
         };
-        let enqueued = match outcome {
-            // Its later waits honoured first under `FailureScope::Batch`.
+        match outcome {
             Outcome::Failed(at, error) => {
                 // The values from the failure on settle in queue order:
                 // once the work enqueued before it (the batch's own, and
                 // earlier batches') completed (the stream holds only work
                 // that completes on its own), so a waiter a failure lets
-                // through (a plan's next run) comes after it. An error is
-                // the stream's, reported as usual.
-                if let Err(sync) = shared.stream.synchronize() {
-                    let _ = shared.fault("waiting for a failed batch's earlier work", sync);
-                }
-                shared.ledger.complete(&batch, Err((at, error)));
-                at
+                // through (a plan's next run) comes after it. The failure
+                // is recorded first (the owner's next call reports it,
+                // later batches cascade), whether or not they can fail now.
+                let proven = shared.earlier_work_done("waiting for a failed batch's earlier work");
+                let cause = shared.ledger.record_failure(&batch, error);
+                let unsettled = Unsettled { from: at, cause };
+                // The wait's own error, if any, is the stream's: the
+                // owner's `synchronize` meets it too.
+                let drain = shared.ledger.independent();
+                let proven = proven.map_err(|_| None);
+                settle(shared, batch, at, mark.held(), unsettled, proven, drain);
             }
-            _ => batch.commands().len(),
-        };
-        if let Some(batch) = shared.finish(batch, enqueued, mark.held()) {
-            shared.recycle(batch, None);
+            _ => {
+                let all = batch.commands().len();
+                if let Some(batch) = shared.finish(batch, all, mark.held()) {
+                    shared.recycle(batch, None);
+                }
+            }
         }
         shared.retire();
+    }
+}
+
+/// Fails `batch`'s values from `unsettled.from` on, of which the first
+/// `enqueued` commands are on the stream, where `proven` says the work
+/// before them is done (or the device lost): at once, draining the
+/// batch's later waits first where `drain` (a failure of its own under
+/// `FailureScope::Batch`); else, with the
+/// error of the wait that could not tell (for the owner, where nothing
+/// else is to be reported), once the stream passed the batch
+/// ([`Unsettled`]): kept in flight until then, with all it holds.
+fn settle(
+    shared: &Shared,
+    batch: Batch<Cuda>,
+    enqueued: usize,
+    template: Option<std::sync::Arc<Template>>,
+    unsettled: Unsettled,
+    proven: std::result::Result<(), Option<Error>>,
+    drain: bool,
+) {
+    let unsettled = match proven {
+        Ok(()) => {
+            let Unsettled { from, cause } = unsettled;
+            if drain {
+                batch.drain_failed(from, &cause);
+            } else {
+                batch.fail_signals(from, &cause);
+            }
+            None
+        }
+        Err(error) => {
+            if let Some(error) = error {
+                shared.ledger.fail_unbatched(error);
+            }
+            Some(unsettled)
+        }
+    };
+    if let Some(batch) = shared.finish_unsettled(batch, enqueued, template, unsettled) {
+        shared.recycle(batch, None);
     }
 }
 

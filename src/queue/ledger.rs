@@ -264,6 +264,20 @@ impl Ledger {
             .fetch_max(epoch + 1, Ordering::Release);
     }
 
+    /// Records that `batch` failed with `error`, as [`complete`](Self::complete)
+    /// does, but leaves its signals to the caller: for an engine that
+    /// cannot fail them yet (the work before them may still run), which
+    /// fails them with the returned cause once it can. The owner hears of
+    /// the failure, and later batches cascade, from now on.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn record_failure<B: Backend>(
+        &self,
+        batch: &Batch<B>,
+        error: Error,
+    ) -> std::sync::Arc<Error> {
+        self.record(batch, error)
+    }
+
     /// Records a failure found out of queue order, after later batches ran
     /// (an NCCL group aborted on the device, behind which the stream went
     /// on), of work of a batch stamped `epoch`: reported to the owner and,

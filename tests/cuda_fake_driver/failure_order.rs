@@ -66,7 +66,8 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         other => panic!("no failure_order case `{other}`"),
     }
     queue.submit().unwrap();
-    let ended = b.wait(1, Duration::from_secs(60));
+    // 30 s: a value that never settles fails the test, not CI.
+    let ended = b.wait(1, Duration::from_secs(30));
     let a_reached = a.is_reached(1);
     report(
         "b",
@@ -77,15 +78,28 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         },
     );
     report("a_reached_when_b_failed", &a_reached.to_string());
+    // The owner hears of the failure, and its `synchronize` ends.
+    let synchronized = queue.synchronize();
+    report(
+        "synchronize",
+        &match synchronized {
+            Ok(()) => "ok".to_owned(),
+            Err(error) => format!("err {error}"),
+        },
+    );
 }
 
 fn scenario(case: &str, extra: &[(&str, &str)]) {
+    scenario_outcome(case, extra);
+}
+
+/// [`scenario`], giving back what the child reported (`None` without a C
+/// compiler).
+fn scenario_outcome(case: &str, extra: &[(&str, &str)]) -> Option<super::Outcome> {
     let name = format!("failure_order:{case}");
     let mut vars = vec![("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000")];
     vars.extend_from_slice(extra);
-    let Some(outcome) = run_scenario(&on_a_12_2_device(&name, &vars)) else {
-        return;
-    };
+    let outcome = run_scenario(&on_a_12_2_device(&name, &vars))?;
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
     assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
     assert_eq!(
@@ -93,6 +107,7 @@ fn scenario(case: &str, extra: &[(&str, &str)]) {
         "true",
         "{outcome:#?}"
     );
+    Some(outcome)
 }
 
 /// On 5af1e38 `b` failed as `submit` returned, two seconds before `a`'s
@@ -129,4 +144,30 @@ fn a_batch_failing_at_its_first_command_fails_its_values_once_earlier_batches_co
 #[test]
 fn a_refused_batch_fails_its_values_once_earlier_batches_completed() {
     scenario("behind_rejected", &[]);
+}
+
+/// The same where the worker's wait for the stream, before it fails the
+/// values, fails with an error that is not sticky (CUDA_ERROR_INVALID_HANDLE,
+/// 400, from `cuStreamSynchronize` from `a`'s record on): the device is not
+/// lost, so the stream may still run `a`'s work, and `b` must not fail
+/// until something proves it done (here the event queries, which still
+/// answer). On 895dc75 `b` failed at once, while `a`'s work ran.
+#[test]
+fn a_failed_batch_whose_stream_wait_fails_unsticky_fails_its_values_only_once_proven() {
+    let stream_wait = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+    ];
+    for case in ["behind_batch", "behind_wait"] {
+        let Some(outcome) = scenario_outcome(case, &stream_wait) else {
+            return;
+        };
+        assert!(outcome.called("cuStreamSynchronize"), "{outcome:#?}");
+        // The owner hears of the failure, and its `synchronize` ends.
+        assert!(
+            outcome.field("synchronize").starts_with("err "),
+            "{outcome:#?}"
+        );
+    }
 }
