@@ -822,6 +822,7 @@ fn run_child_scenario(scenario: &str) {
         }
         "other_device_event" => contexts::run(false),
         "other_device_last_event" => contexts::run(true),
+        "signal_event_drop" => contexts::run_event_drop(&device),
         other if other.starts_with("failure_order:") => {
             failure_order::run(&device, &other["failure_order:".len()..]);
         }

@@ -130,18 +130,27 @@ impl SignalEvent {
 /// batch (a ring replacing a done slot's event of another device, a
 /// wait's handle let go, a full ring waiting for its oldest event).
 ///
+/// `f` runs whatever happens, told whether `context` could be made
+/// current (`Err`: why not; where even the current context could not be
+/// read, none is bound, and none restored): a handle to let go must go
+/// then too, or it leaks for the process.
+///
 /// `context` is a handle: one given by value (an `Arc`) is let go before
 /// the restore, since cudarc's drop of a context's last handle makes the
 /// context current to release it, and leaves it current.
 fn in_context<C: std::ops::Deref<Target = CudaContext>, T>(
     context: C,
-    f: impl FnOnce() -> std::result::Result<T, DriverError>,
+    f: impl FnOnce(std::result::Result<(), DriverError>) -> std::result::Result<T, DriverError>,
 ) -> std::result::Result<T, DriverError> {
     let own = context.cu_ctx();
     let mut previous = std::ptr::null_mut();
     // SAFETY: the call writes one handle (null: none current).
-    unsafe { sys::cuCtxGetCurrent(&mut previous) }.result()?;
-    let outcome = context.bind_to_thread().and_then(|()| f());
+    if let Err(error) = unsafe { sys::cuCtxGetCurrent(&mut previous) }.result() {
+        let outcome = f(Err(error));
+        drop(context);
+        return outcome;
+    }
+    let outcome = f(context.bind_to_thread());
     drop(context);
     if previous != own {
         // SAFETY: `previous` was current on this thread just now (or is
@@ -158,12 +167,15 @@ impl Drop for SignalEvent {
         let context = unsafe { ManuallyDrop::take(&mut self.context) };
         let event = self.event;
         // The handle goes inside `in_context`, before the caller's context
-        // is current again (see there).
-        let _ = in_context(context, || {
+        // is current again (see there); where its context cannot be made
+        // current, it goes all the same, by its handle, as cudarc's own
+        // events do: kept, it would be lost for the process.
+        let _ = in_context(context, |bound| {
             // SAFETY: the event was created by `new` and is destroyed only
             // here; the driver lets an event be destroyed while recorded
             // work is still pending (it is released once that completes).
-            unsafe { sys::cuEventDestroy_v2(event) }.result()
+            let destroyed = unsafe { sys::cuEventDestroy_v2(event) }.result();
+            bound.and(destroyed)
         });
     }
 }
@@ -192,10 +204,12 @@ impl RingEvent for SignalEvent {
     /// The caller's current context stays current (see `in_context`).
     fn synchronize(&self) -> Result<()> {
         let fail = |e| self.fault("waiting for a signal's event", e);
-        // SAFETY: the event is alive until `Drop`; the call blocks
-        // (sleeping: `CU_EVENT_BLOCKING_SYNC`) until it completes.
-        in_context(&**self.context, || unsafe {
-            sys::cuEventSynchronize(self.event).result()
+        // Only with its context current: a wait has nothing to let go.
+        in_context(&**self.context, |bound| {
+            bound?;
+            // SAFETY: the event is alive until `Drop`; the call blocks
+            // (sleeping: `CU_EVENT_BLOCKING_SYNC`) until it completes.
+            unsafe { sys::cuEventSynchronize(self.event) }.result()
         })
         .map_err(fail)
     }

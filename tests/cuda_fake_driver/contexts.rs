@@ -1,8 +1,12 @@
 //! A signal's event of another device, destroyed in the middle of a
 //! queue's enqueue, leaves the queue's context current. The fake refuses a
 //! launch on a stream of a context that is not current, as the driver does.
+//! And a signal's event is destroyed even where its context cannot be made
+//! current.
 
-use hwqueue::cuda::{Cuda, CudaProgram};
+use std::time::{Duration, Instant};
+
+use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram};
 use hwqueue::{Backend, Device, ExecParams, HardwareQueue, QueueFactory, Scalar, TimelineSignal};
 
 use super::{SCALE_PTX, describe, on_a_12_2_device, report, run_scenario};
@@ -99,4 +103,72 @@ fn a_signal_event_holding_its_context_s_last_handle_dropped_mid_batch_leaves_the
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
     assert_eq!(outcome.field("batch"), "ok ", "{outcome:#?}");
     assert_eq!(outcome.field("reached"), "true", "{outcome:#?}");
+}
+
+/// The child's half of `signal_event_drop`: a queue signals `s` 1 and is
+/// dropped (its worker lets go of it); then `s` is dropped on a thread of
+/// its own, where no context is current, so that the drop of its event
+/// makes its context current (`cuCtxSetCurrent`). Reports how many events
+/// that drop destroyed (`cuEventDestroy_v2` in the fake's call log).
+pub(super) fn run_event_drop(device: &CudaDevice) {
+    let long = Duration::from_secs(30);
+    let signal = device.new_signal(0).unwrap();
+    {
+        let mut queue = device.compute_queue().unwrap();
+        queue.signal(&signal, 1).submit().unwrap();
+        report(
+            "reached",
+            &describe(signal.wait(1, long), |()| String::new()),
+        );
+    }
+    let start = Instant::now();
+    while signal
+        .producer()
+        .queue()
+        .is_some_and(|queue| queue.is_live())
+        && start.elapsed() < long
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let log = std::env::var("HWQUEUE_FAKE_CALLS").unwrap();
+    let destroyed = || {
+        let calls = std::fs::read_to_string(&log).unwrap_or_default();
+        calls.lines().filter(|l| *l == "cuEventDestroy_v2").count()
+    };
+    let before = destroyed();
+    std::thread::spawn(move || drop(signal)).join().unwrap();
+    report("events_destroyed", &(destroyed() - before).to_string());
+}
+
+/// A signal's event is destroyed inside its context (`in_context`). On
+/// 895dc75 a context call that failed first (`cuCtxGetCurrent`, or the
+/// bind's `cuCtxSetCurrent`: a driver shutting down answers them so) left
+/// the event undestroyed: `events_destroyed` was 0 where the control's is
+/// one. The fake fails them (CUDA_ERROR_DEINITIALIZED, 4) from the
+/// signal's record on.
+#[test]
+fn a_signal_event_is_destroyed_even_where_its_context_cannot_be_made_current() {
+    let Some(control) = run_scenario(&on_a_12_2_device("signal_event_drop", &[])) else {
+        return;
+    };
+    assert_eq!(control.field("reached"), "ok ", "{control:#?}");
+    let expected = control.field("events_destroyed");
+    assert_ne!(expected, "0", "{control:#?}");
+    for failing in ["cuCtxGetCurrent", "cuCtxSetCurrent"] {
+        let extra = [
+            ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT_SEEN_BY", failing),
+            ("HWQUEUE_FAKE_FAULT", "4"),
+        ];
+        let Some(outcome) = run_scenario(&on_a_12_2_device("signal_event_drop", &extra)) else {
+            return;
+        };
+        assert_eq!(outcome.field("reached"), "ok ", "{failing}: {outcome:#?}");
+        assert!(outcome.called(failing), "{outcome:#?}");
+        assert_eq!(
+            outcome.field("events_destroyed"),
+            expected,
+            "{failing}: {outcome:#?}"
+        );
+    }
 }

@@ -78,7 +78,10 @@
  *     HWQUEUE_FAKE_FAULT_SEEN_BY returns HWQUEUE_FAKE_FAULT from then on, as
  *     a sticky error is returned by a faulted context's calls (a code that
  *     is not sticky, e.g. 400, stands for a driver that keeps answering it
- *     to those calls while the device runs on). Destroying
+ *     to those calls while the device runs on). cuCtxGetCurrent and
+ *     cuCtxSetCurrent report it only where the list names them (a driver
+ *     shutting down, or one whose context calls fail, answers there:
+ *     what a caller does with a handle it meant to let go then). Destroying
  *     handles and freeing memory still succeed. A stream callback is called
  *     with the fault as its status. The fault is the whole fake's (one
  *     device is all the tests fault).
@@ -582,10 +585,25 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
     return result;
 }
 
+/* The fault as the context entry points report it: only where
+ * HWQUEUE_FAKE_FAULT_SEEN_BY names `symbol` (every other fault scenario
+ * leaves them working). */
+static CUresult context_fault(const char *symbol) {
+    const char *seen_by = getenv("HWQUEUE_FAKE_FAULT_SEEN_BY");
+    if (seen_by == NULL || !in_list(seen_by, symbol)) {
+        return CUDA_SUCCESS;
+    }
+    return device_fault(symbol);
+}
+
 CUresult cuCtxGetCurrent(CUcontext *context) {
     log_call(__func__);
     if (!atomic_load(&initialised)) {
         return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    CUresult fault = context_fault(__func__);
+    if (fault != CUDA_SUCCESS) {
+        return fault;
     }
     if (context == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -598,6 +616,10 @@ CUresult cuCtxSetCurrent(CUcontext context) {
     log_call(__func__);
     if (!atomic_load(&initialised)) {
         return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    CUresult fault = context_fault(__func__);
+    if (fault != CUDA_SUCCESS) {
+        return fault;
     }
     current_context = context;
     return CUDA_SUCCESS;
