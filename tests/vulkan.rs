@@ -1126,11 +1126,19 @@ fn raw_timeline_semaphore(
 /// The shared compute `VkQueue` of a device held behind a raw wait on a
 /// timeline semaphore of the test's own, until [`release`](Self::release):
 /// work submitted meanwhile is pending on the device, deterministically.
-/// Drop it only once a queue synchronised past the release (the layer
-/// checks that no submission still names the semaphore).
+///
+/// Its drop lets the queue go too, and frees the semaphore only once the
+/// held submission completed (its fence): a test that fails while it holds
+/// the queue (an `unwrap` or an assertion before `release`) must not leave
+/// every other test of the binary behind a wait that never ends, nor
+/// destroy a semaphore a pending submission still waits on (before, the
+/// drop destroyed it at once, and a failure between `new` and `release`
+/// held the queue forever: the next submission of every test hung).
 struct Hold {
     raw: hwqueue::vulkan::ash::Device,
     semaphore: hwqueue::vulkan::ash::vk::Semaphore,
+    fence: hwqueue::vulkan::ash::vk::Fence,
+    released: std::cell::Cell<bool>,
 }
 
 impl Hold {
@@ -1139,6 +1147,9 @@ impl Hold {
         let raw = device.raw_device().clone();
         // Destroyed by `drop`, once its wait completed.
         let semaphore = raw_timeline_semaphore(&raw);
+        // SAFETY: the create-info lives across the call; `drop` destroys
+        // the fence once it is signalled.
+        let fence = unsafe { raw.create_fence(&vk::FenceCreateInfo::default(), None) }.unwrap();
         let semaphores = [semaphore];
         let values = [1u64];
         let stages = [vk::PipelineStageFlags::ALL_COMMANDS];
@@ -1149,17 +1160,25 @@ impl Hold {
             .push_next(&mut wait);
         device.with_compute_queue(|queue| {
             // SAFETY: the queue's lock is held; the infos live across the
-            // call; `release` signals the semaphore.
-            unsafe { raw.queue_submit(queue, &[submit], vk::Fence::null()) }.unwrap();
+            // call; `release` (or the drop) signals the semaphore.
+            unsafe { raw.queue_submit(queue, &[submit], fence) }.unwrap();
         });
-        Self { raw, semaphore }
+        Self {
+            raw,
+            semaphore,
+            fence,
+            released: std::cell::Cell::new(false),
+        }
     }
 
-    /// Lets the `VkQueue` go.
+    /// Lets the `VkQueue` go (once: later calls do nothing).
     fn release(&self) {
         use hwqueue::vulkan::ash::vk;
-        // SAFETY: a host signal of the raw semaphore, above its counter
-        // (once: a second signal of 1 would not be above it).
+        if self.released.replace(true) {
+            return;
+        }
+        // SAFETY: a host signal of the raw semaphore, above its counter of
+        // 0 (once: `released` guards it).
         unsafe {
             self.raw.signal_semaphore(
                 &vk::SemaphoreSignalInfo::default()
@@ -1173,10 +1192,53 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        // SAFETY: the caller synchronised a queue past the release, so the
-        // one submission that named the semaphore completed.
-        unsafe { self.raw.destroy_semaphore(self.semaphore, None) };
+        self.release();
+        // The held submission completes once what was submitted before it
+        // on the queue did (other tests' work, never waiting on a value
+        // nobody sets): bounded all the same, so that a defect fails the
+        // test rather than hanging it.
+        // SAFETY: the fence was handed to the held submission, and lives
+        // across the call.
+        let done = unsafe {
+            self.raw
+                .wait_for_fences(&[self.fence], true, LONG.as_nanos() as u64)
+        };
+        if done.is_ok() {
+            // SAFETY: the one submission that named them completed.
+            unsafe {
+                self.raw.destroy_fence(self.fence, None);
+                self.raw.destroy_semaphore(self.semaphore, None);
+            }
+        } else {
+            // Still pending: left alive (leaked), never destroyed in use.
+            eprintln!("a Hold's submission did not complete within {LONG:?}: {done:?}");
+        }
     }
+}
+
+/// A test that fails while it holds the queue (here a panic between
+/// `Hold::new` and `release`): the queue goes on, and the next test's work
+/// completes. Before `Hold`'s drop released it, the drop destroyed the
+/// semaphore the held submission waited on, and every later submission of
+/// the binary stayed pending for good (this test failed after 30 s, and
+/// the queue's drop then hung).
+#[test]
+fn a_hold_dropped_by_a_failing_test_lets_the_queue_go() {
+    let Some(device) = device() else { return };
+    common::no_hang("work submitted after a failed test's hold", move || {
+        let signal = device.new_signal(0).unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _hold = Hold::new(&device);
+            panic!("a test failing while it holds the queue (expected)");
+        }));
+        assert!(failed.is_err());
+        queue.signal(&signal, 1).submit().unwrap();
+        signal
+            .wait(1, LONG)
+            .expect("the queue was left held by a failed test's hold");
+        queue.synchronize().unwrap();
+    });
 }
 
 /// Issue 46, defect 4: the host's `set` of a value above a queue's
