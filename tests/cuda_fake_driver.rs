@@ -34,9 +34,11 @@ mod repeat;
 mod threads;
 #[path = "cuda_fake_driver/wait_policy.rs"]
 mod wait_policy;
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys;
 use hwqueue::cuda::{Cuda, CudaDevice, CudaProgram, STAGING_CACHE};
@@ -207,9 +209,60 @@ fn find_field<'a>(stdout: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
+/// How long a child may run before it is killed and its test fails: the
+/// longest scenario takes about 20 s (a fake NCCL call blocking the host
+/// that long), and a loaded machine may take a few times that.
+const CHILD_LIMIT: Duration = Duration::from_secs(120);
+
 /// Runs [`fake_driver_child`] in a child process over the fake driver with
 /// `vars` set; `None` (after printing why) when there is no C compiler.
+/// A child still running after [`CHILD_LIMIT`] fails the test.
 fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
+    run_scenario_within(vars, CHILD_LIMIT)
+}
+
+/// Runs `command` to its end, with its output, or kills it once `limit`
+/// passed (`Err`, with what it printed until then): a child that hangs (a
+/// defect in what a scenario waits for) fails its test, instead of
+/// holding the test run until CI's own limit kills it unnamed.
+fn output_within(mut command: Command, limit: Duration) -> Result<Output, Output> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("re-running the test binary");
+    // Read beside the wait: a child whose pipe fills up would otherwise
+    // block in its writes and never end.
+    fn read_all(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    }
+    let stdout = read_all(child.stdout.take().expect("piped"));
+    let stderr = read_all(child.stderr.take().expect("piped"));
+    let deadline = Instant::now() + limit;
+    let (status, hung) = loop {
+        if let Some(status) = child.try_wait().expect("waiting for the child") {
+            break (status, false);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            break (child.wait().expect("waiting for the killed child"), true);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let output = Output {
+        status,
+        stdout: stdout.join().expect("reading the child's stdout"),
+        stderr: stderr.join().expect("reading the child's stderr"),
+    };
+    if hung { Err(output) } else { Ok(output) }
+}
+
+/// [`run_scenario`], killing the child and failing after `limit`.
+fn run_scenario_within(vars: &[(&str, &str)], limit: Duration) -> Option<Outcome> {
     static RUN: AtomicUsize = AtomicUsize::new(0);
     let Some(dir) = fake_driver_dir() else {
         println!("skipped: no C compiler");
@@ -265,7 +318,13 @@ fn run_scenario(vars: &[(&str, &str)]) -> Option<Outcome> {
         // A GPU job's "fail without a GPU" switch is about the real GPU.
         .env_remove("HWQUEUE_REQUIRE_GPU")
         .envs(vars.iter().copied());
-    let output = child.output().expect("re-running the test binary");
+    let output = output_within(child, limit).unwrap_or_else(|output| {
+        panic!(
+            "the child did not end within {limit:?} (killed): scenario {vars:?}\n--- stdout\n{}\n--- stderr\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
     let read_log = |path: &Path| -> Vec<String> {
         let lines = std::fs::read_to_string(path).unwrap_or_default();
         let _ = std::fs::remove_file(path);
@@ -829,8 +888,42 @@ fn run_child_scenario(scenario: &str) {
         other if other.starts_with("wait_policy:") => {
             wait_policy::run(&device, &other["wait_policy:".len()..]);
         }
+        // Never ends: what a defect that hangs a scenario looks like to
+        // the parent (`a_hung_child_fails_its_test_instead_of_hanging_the_run`).
+        "hang" => loop {
+            std::thread::park();
+        },
         other => panic!("no scenario `{other}`"),
     }
+}
+
+/// A child that never ends (here the `hang` scenario; for real, a defect
+/// in what a scenario waits for) is killed after its limit and fails its
+/// test, naming the scenario. `Command::output` waited for it without
+/// bound: this test hung, and with it the whole run.
+#[test]
+fn a_hung_child_fails_its_test_instead_of_hanging_the_run() {
+    if fake_driver_dir().is_none() {
+        println!("skipped: no C compiler");
+        return;
+    }
+    let started = Instant::now();
+    let hung = std::panic::catch_unwind(|| {
+        run_scenario_within(&on_a_12_2_device("hang", &[]), Duration::from_secs(3))
+    });
+    let message = match hung {
+        Ok(outcome) => panic!("a child that never ends returned: {outcome:?}"),
+        Err(panic) => panic
+            .downcast::<String>()
+            .map_or_else(|_| String::new(), |message| *message),
+    };
+    assert!(
+        message.contains("did not end within 3s (killed)") && message.contains("hang"),
+        "{message}"
+    );
+    // The probe's report, printed before the child hung, comes with it.
+    assert!(message.contains("HWQUEUE-FAKE device=ok"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 /// How many times [`graph_replay`] captures `scale`.
