@@ -306,6 +306,24 @@ mod tests {
         waits.iter().all(|(semaphore, _)| seen.contains(semaphore))
     }
 
+    /// `semaphore` in `list` until the drop: a test that fails in between
+    /// leaves no entry behind for a later semaphore the driver gives the
+    /// same handle.
+    struct Listed(&'static Mutex<Vec<vk::Semaphore>>, vk::Semaphore);
+
+    impl Listed {
+        fn new(list: &'static Mutex<Vec<vk::Semaphore>>, semaphore: vk::Semaphore) -> Self {
+            list.lock().push(semaphore);
+            Self(list, semaphore)
+        }
+    }
+
+    impl Drop for Listed {
+        fn drop(&mut self) {
+            self.0.lock().retain(|&s| s != self.1);
+        }
+    }
+
     /// A CPU signal whose value 1 failed elsewhere: a `wait_foreign` on
     /// it fails the batch there.
     fn failed_elsewhere() -> crate::cpu::CpuSignal {
@@ -339,7 +357,7 @@ mod tests {
         let mut queue = device.compute_queue().unwrap();
         let progress = queue.engine().state.recorder.lock().progress;
         let busy = BusyQueue::new(device.context());
-        SEEN_AT_ONCE.lock().push(progress);
+        let seen_at_once = Listed::new(&SEEN_AT_ONCE, progress);
         queue.fill(&buffer, 7u32).signal(&signal, 1);
         if split {
             queue.submit().unwrap();
@@ -350,7 +368,7 @@ mod tests {
             .submit()
             .unwrap();
         let early = signal.wait(2, Duration::from_millis(300));
-        SEEN_AT_ONCE.lock().retain(|&s| s != progress);
+        drop(seen_at_once);
         busy.release();
         assert!(
             matches!(early, Err(Error::Timeout { .. })),
@@ -585,10 +603,10 @@ mod tests {
             shared.free.lock().is_empty(),
             "a new queue has recorded nothing"
         );
-        FAILING.lock().push(progress);
+        let failing = Listed::new(&FAILING, progress);
         queue.copy(&copy, &source).submit().unwrap();
         let error = queue.synchronize().unwrap_err();
-        FAILING.lock().retain(|&s| s != progress);
+        drop(failing);
         assert!(
             !matches!(error, Error::DeviceLost { .. })
                 && error.to_string().contains("vkWaitSemaphores"),

@@ -86,16 +86,22 @@ impl Gate {
     /// test may need the lock to submit before it opens it (a
     /// `vkQueueWaitIdle` under the lock here deadlocked two tests: the CI
     /// run of `895dc75`).
+    /// The wait is bounded (30 s): where the submission has not completed
+    /// by then (an earlier gate some test never opened), both objects are
+    /// leaked rather than destroyed in use, and the test goes on to fail
+    /// on its own account instead of hanging the run.
     pub(super) fn finish(self, context: &Context) {
         // SAFETY: the fence was handed to the submission; once it is
         // signalled the submission completed, and nothing else names the
-        // two objects.
+        // two objects; unsignalled, they are not destroyed.
         unsafe {
-            let _ = context
+            let waited = context
                 .device
-                .wait_for_fences(&[self.fence], true, u64::MAX);
-            context.device.destroy_fence(self.fence, None);
-            context.device.destroy_semaphore(self.semaphore, None);
+                .wait_for_fences(&[self.fence], true, 30_000_000_000);
+            if waited.is_ok() {
+                context.device.destroy_fence(self.fence, None);
+                context.device.destroy_semaphore(self.semaphore, None);
+            }
         }
     }
 }
