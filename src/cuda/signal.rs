@@ -290,6 +290,16 @@ impl CudaSignal {
         self.ring.wait_dependency(value, Timeout::Forever)
     }
 
+    /// [`wait_dependency`](Self::wait_dependency) for at most `slice`
+    /// ([`Error::Timeout`] then).
+    pub(crate) fn wait_dependency_for(
+        &self,
+        value: u64,
+        slice: std::time::Duration,
+    ) -> Result<Dependency<SignalEvent>> {
+        self.ring.wait_dependency(value, slice)
+    }
+
     /// Fails `value` although its event is recorded: the work before it
     /// was abandoned on the device (see [`EventRing::abandon`]).
     #[cfg(feature = "nccl")]

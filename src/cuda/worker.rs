@@ -100,7 +100,7 @@ pub(super) fn run_worker(shared: &Shared) {
                     Outcome::Blocked(at) => {
                         let command = &batch.commands()[at];
                         let start = now_ns();
-                        let blocked = block_on(command);
+                        let blocked = block_on(shared, command);
                         if shared.profiling.load(Ordering::Relaxed)
                             && let Some(profiler) = shared.profiler.lock().as_mut()
                         {
@@ -185,8 +185,41 @@ fn settle(
     }
 }
 
-/// Blocks on the host until the wait `command` can be enqueued.
-fn block_on(command: &Command<Cuda>) -> Result<()> {
+/// Blocks on the host until the wait `command` can be enqueued. While a
+/// batch in flight holds values it could not fail yet ([`Unsettled`]), in
+/// slices (1 ms doubling to 100 ms, as the idle worker polls), retiring
+/// batches between them: the wait may be for a value that a thread sets
+/// only once those values settled, and nothing else retires them while
+/// the owner submits nothing. (A foreign signal, which can only be waited
+/// for without end, is polled meanwhile.)
+fn block_on(shared: &Shared, command: &Command<Cuda>) -> Result<()> {
+    let mut poll = POLL_FIRST;
+    while shared.unsettled() {
+        // `None`: not over within the slice.
+        let within = |waited: Result<()>| match waited {
+            Err(Error::Timeout { .. }) => None,
+            waited => Some(waited),
+        };
+        let slice = match command {
+            Command::Wait { signal, value } => {
+                within(signal.wait_dependency_for(*value, poll).map(drop))
+            }
+            Command::WaitSettled { signal, value } => within(crate::queue::settled(
+                signal.wait_dependency_for(*value, poll).map(drop),
+            )),
+            Command::WaitForeign { signal, value } if signal.is_reached(*value) => Some(Ok(())),
+            Command::WaitForeign { .. } => {
+                std::thread::sleep(poll);
+                None
+            }
+            _ => Some(Ok(())),
+        };
+        if let Some(over) = slice {
+            return over;
+        }
+        shared.retire();
+        poll = (poll * 2).min(POLL_MAX);
+    }
     match command {
         Command::Wait { signal, value } => signal.wait_dependency(*value).map(drop),
         Command::WaitSettled { signal, value } => {

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use hwqueue::cuda::CudaDevice;
-use hwqueue::{Device, Error, HardwareQueue, QueueFactory, TimelineSignal};
+use hwqueue::{Device, Error, FailureScope, HardwareQueue, QueueFactory, TimelineSignal};
 
 use super::{on_a_12_2_device, report, run_scenario};
 
@@ -24,6 +24,9 @@ use super::{on_a_12_2_device, report, run_scenario};
 /// buffers of two sizes, which `submit` refuses. Reports how
 /// `b` ended and whether `a` was reached by then.
 pub(super) fn run(device: &CudaDevice, case: &str) {
+    if case == "blocked_behind_unsettled" {
+        return run_blocked_behind_unsettled(device);
+    }
     let mut queue = device.compute_queue().unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
@@ -87,6 +90,55 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
             Err(error) => format!("err {error}"),
         },
     );
+}
+
+/// The child's half of `blocked_behind_unsettled`: under
+/// `FailureScope::Batch`, `signal(a, 1)` submitted alone, then a batch of
+/// a wait on a failed value and `signal(b, 1)` (failing at its first
+/// command), then one that waits for `x`, which only the host sets, once
+/// `b` settled (as a thread that waits for `b` before it sets `x` would).
+/// Reports how `b` ended (within 10 s) and whether `a` was reached then;
+/// then sets `x` and synchronises.
+fn run_blocked_behind_unsettled(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (x, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue.signal(&a, 1).submit().unwrap();
+    queue.wait(&failed, 1).signal(&b, 1).submit().unwrap();
+    queue.wait(&x, 1).signal(&c, 1);
+    // The failure of the batch before may be reported first (the batch
+    // stays recorded): submitted again.
+    let mut submitted = queue.submit();
+    for _ in 0..3 {
+        match submitted {
+            Err(Error::QueueFailed { .. }) => submitted = queue.submit(),
+            _ => break,
+        }
+    }
+    submitted.unwrap();
+    let ended = b.wait(1, Duration::from_secs(10));
+    let a_reached = a.is_reached(1);
+    report(
+        "b",
+        match &ended {
+            Err(Error::SignalFailed { .. }) => "failed",
+            Ok(()) => "reached",
+            Err(_) => "other",
+        },
+    );
+    report("a_reached_when_b_failed", &a_reached.to_string());
+    x.set(1);
+    let reached = c.wait(1, Duration::from_secs(30));
+    report("c", &format!("{reached:?}"));
 }
 
 fn scenario(case: &str, extra: &[(&str, &str)]) {
@@ -170,4 +222,24 @@ fn a_failed_batch_whose_stream_wait_fails_unsticky_fails_its_values_only_once_pr
             "{outcome:#?}"
         );
     }
+}
+
+/// The same, with the worker then blocked on a later batch's wait for a
+/// value only the host sets (`x`), by a thread that waits for `b` first:
+/// `b`'s values are failed only by a retirement, and the worker retired
+/// only while idle, so `b` never settled until `x` was set (here, `b`'s
+/// wait timed out after 10 s; for a thread that sets `x` after `b`
+/// settled, a deadlock). Under the same unsticky stream-wait fault.
+#[test]
+fn a_value_kept_unsettled_fails_while_the_worker_blocks_on_a_later_wait() {
+    let stream_wait = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+    ];
+    let Some(outcome) = scenario_outcome("blocked_behind_unsettled", &stream_wait) else {
+        return;
+    };
+    assert!(outcome.called("cuStreamSynchronize"), "{outcome:#?}");
+    assert_eq!(outcome.field("c"), "Ok(())", "{outcome:#?}");
 }
