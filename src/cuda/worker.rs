@@ -76,20 +76,14 @@ pub(super) fn run_worker(shared: &Shared) {
         {
             // Its values fail as a failed batch's do: once the work on
             // the stream before them completed.
+            let waited = shared.put_in_flight();
             let proven = shared.earlier_work_done("waiting for the work before a skipped batch");
             let unsettled = Unsettled {
                 from: 0,
                 cause: std::sync::Arc::new(cause),
             };
-            settle(
-                shared,
-                batch,
-                0,
-                mark.held(),
-                unsettled,
-                proven.map_err(Some),
-                false,
-            );
+            let proven = proven.map(|()| waited).map_err(Some);
+            settle(shared, batch, 0, mark.held(), unsettled, proven, false);
             continue;
         }
         let outcome = match failed {
@@ -126,13 +120,14 @@ pub(super) fn run_worker(shared: &Shared) {
                 // through (a plan's next run) comes after it. The failure
                 // is recorded first (the owner's next call reports it,
                 // later batches cascade), whether or not they can fail now.
+                let waited = shared.put_in_flight();
                 let proven = shared.earlier_work_done("waiting for a failed batch's earlier work");
                 let cause = shared.ledger.record_failure(&batch, error);
                 let unsettled = Unsettled { from: at, cause };
                 // The wait's own error, if any, is the stream's: the
                 // owner's `synchronize` meets it too.
                 let drain = shared.ledger.independent();
-                let proven = proven.map_err(|_| None);
+                let proven = proven.map(|()| waited).map_err(|_| None);
                 settle(shared, batch, at, mark.held(), unsettled, proven, drain);
             }
             _ => {
@@ -148,7 +143,11 @@ pub(super) fn run_worker(shared: &Shared) {
 
 /// Fails `batch`'s values from `unsettled.from` on, of which the first
 /// `enqueued` commands are on the stream, where `proven` says the work
-/// before them is done (or the device lost): at once, draining the
+/// before them is done (or the device lost; `Ok` holds how many batches
+/// were in flight when the wait for the stream that proved it began): at
+/// once, after the values of earlier batches kept unsettled (retired
+/// first: queue order, and a drain may wait for one of them, which
+/// nothing else would settle while it blocks this thread), draining the
 /// batch's later waits first where `drain` (a failure of its own under
 /// `FailureScope::Batch`); else, with the
 /// error of the wait that could not tell (for the owner, where nothing
@@ -160,11 +159,12 @@ fn settle(
     enqueued: usize,
     template: Option<std::sync::Arc<Template>>,
     unsettled: Unsettled,
-    proven: std::result::Result<(), Option<Error>>,
+    proven: std::result::Result<u64, Option<Error>>,
     drain: bool,
 ) {
     let unsettled = match proven {
-        Ok(()) => {
+        Ok(waited) => {
+            shared.retire_waited(waited);
             let Unsettled { from, cause } = unsettled;
             if drain {
                 batch.drain_failed(from, &cause);

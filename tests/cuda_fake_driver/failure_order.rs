@@ -27,6 +27,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "blocked_behind_unsettled" {
         return run_blocked_behind_unsettled(device);
     }
+    if case == "drain_behind_unsettled" {
+        return run_drain_behind_unsettled(device);
+    }
     let mut queue = device.compute_queue().unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
@@ -141,6 +144,49 @@ fn run_blocked_behind_unsettled(device: &CudaDevice) {
     report("c", &format!("{reached:?}"));
 }
 
+/// The child's half of `drain_behind_unsettled`: under
+/// `FailureScope::Batch`, `signal(a, 1)` submitted alone, then a batch of
+/// a wait on a failed value and `signal(b, 1)` (whose values the worker
+/// cannot fail yet: the fake fails its first stream wait), then one of
+/// the same failed wait, a settled wait for `b` 1 and `signal(c, 1)`:
+/// the second stream wait succeeds, so `c`'s batch fails at once, and its
+/// drain honours the settled wait for `b` first. Reports how `c` ended
+/// (within 10 s), and how `b` did.
+fn run_drain_behind_unsettled(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let c = device.new_signal(0).unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue.signal(&a, 1).submit().unwrap();
+    queue.wait(&failed, 1).signal(&b, 1).submit().unwrap();
+    queue.wait(&failed, 1).wait_settled(&b, 1).signal(&c, 1);
+    let mut submitted = queue.submit();
+    for _ in 0..3 {
+        match submitted {
+            Err(Error::QueueFailed { .. }) => submitted = queue.submit(),
+            _ => break,
+        }
+    }
+    submitted.unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    let ended = c.wait(1, Duration::from_secs(10));
+    report("c", describe(&ended));
+    report("a_reached_when_c_failed", &a.is_reached(1).to_string());
+    report("b", describe(&b.wait(1, Duration::ZERO)));
+}
+
 fn scenario(case: &str, extra: &[(&str, &str)]) {
     scenario_outcome(case, extra);
 }
@@ -242,4 +288,37 @@ fn a_value_kept_unsettled_fails_while_the_worker_blocks_on_a_later_wait() {
     };
     assert!(outcome.called("cuStreamSynchronize"), "{outcome:#?}");
     assert_eq!(outcome.field("c"), "Ok(())", "{outcome:#?}");
+}
+
+/// A batch failing with proof of the work before it (its stream wait
+/// succeeded), behind one whose values the worker kept unsettled (the
+/// stream wait before them failed unsticky, once: `HWQUEUE_FAKE_FAULT_TIMES`):
+/// under `FailureScope::Batch` its drain honoured a settled wait for the
+/// kept value `b` on the worker, and only a retirement, which the blocked
+/// worker never reached, could settle `b`: a deadlock (`c` timed out
+/// after 10 s, and the queue never ended). The proof settles the kept
+/// values first, in queue order.
+#[test]
+fn a_proven_failure_settles_the_values_kept_unsettled_before_it_first() {
+    let vars = [
+        ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        ("HWQUEUE_FAKE_FAULT_TIMES", "1"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device(
+        "failure_order:drain_behind_unsettled",
+        &vars,
+    )) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
+    assert_eq!(
+        outcome.field("a_reached_when_c_failed"),
+        "true",
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
 }

@@ -32,6 +32,11 @@
  *                                CUDA_ERROR_ILLEGAL_ADDRESS)
  *   HWQUEUE_FAKE_FAULT_SEEN_BY   a comma-separated list of the entry points
  *                                that report the fault; unset: all that can
+ *   HWQUEUE_FAKE_FAULT_TIMES     if set, how many calls report the fault (the
+ *                                first ones after it, all listed entry points
+ *                                together); the later ones succeed, as a
+ *                                driver whose error was not sticky may go
+ *                                on answering. Unset: every one
  *   HWQUEUE_FAKE_LAUNCHES        if set, a file each kernel run (a launch on a
  *                                stream, or a kernel node of a graph launch)
  *                                and each graph launch appends a line to (see
@@ -372,6 +377,11 @@ static CUresult device_fault(const char *symbol) {
     }
     const char *seen_by = getenv("HWQUEUE_FAKE_FAULT_SEEN_BY");
     if (seen_by != NULL && !in_list(seen_by, symbol)) {
+        return CUDA_SUCCESS;
+    }
+    static atomic_int reported = 0;
+    int times = env_int("HWQUEUE_FAKE_FAULT_TIMES", -1);
+    if (times >= 0 && atomic_fetch_add(&reported, 1) >= times) {
         return CUDA_SUCCESS;
     }
     return env_code("HWQUEUE_FAKE_FAULT", CUDA_ERROR_ILLEGAL_ADDRESS);
