@@ -55,7 +55,9 @@ pub(super) struct InFlight {
 /// run) would race it. They fail with `cause` once the stream passed the
 /// batch (or the device is lost); the owner was told of `cause` already.
 /// Without a drain of its later waits (`Batch::drain_failed`): that may
-/// block, and the batch may leave on the owner's thread.
+/// block, and the batch may leave on the owner's thread; under
+/// `FailureScope::Batch` the worker honours them before it keeps the
+/// batch (`worker::settle`), so every value still fails after them.
 pub(super) struct Unsettled {
     pub(super) from: usize,
     pub(super) cause: std::sync::Arc<Error>,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::profile::now_ns;
 use crate::queue::{Admission, Batch, Command};
+use crate::signal::{TimelineSignal, Timeout};
 use crate::sync::Ordering;
 
 use super::Cuda;
@@ -152,7 +153,8 @@ pub(super) fn run_worker(shared: &Shared) {
 /// `FailureScope::Batch`); else, with the
 /// error of the wait that could not tell (for the owner, where nothing
 /// else is to be reported), once the stream passed the batch
-/// ([`Unsettled`]): kept in flight until then, with all it holds.
+/// ([`Unsettled`]): kept in flight until then, with all it holds, its
+/// later waits honoured here first where `drain`.
 fn settle(
     shared: &Shared,
     batch: Batch<Cuda>,
@@ -177,11 +179,54 @@ fn settle(
             if let Some(error) = error {
                 shared.ledger.fail_unbatched(error);
             }
+            // The drain's waits, honoured here (the values fail later, on
+            // whichever thread retires the batch, after every one of them).
+            if drain {
+                for command in batch.commands().iter().skip(unsettled.from + 1) {
+                    honour(shared, command);
+                }
+            }
             Some(unsettled)
         }
     };
     if let Some(batch) = shared.finish_unsettled(batch, enqueued, template, unsettled) {
         shared.recycle(batch, None);
+    }
+}
+
+/// Blocks on the host until the wait `command` of a failed batch is over
+/// (its value reached or failed), as `Batch::drain_failed` honours it; in
+/// slices, retiring batches between them, while earlier batches hold
+/// values kept unsettled (see [`block_on`]).
+fn honour(shared: &Shared, command: &Command<Cuda>) {
+    let mut poll = POLL_FIRST;
+    loop {
+        let over = match command {
+            Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
+                if !shared.unsettled() {
+                    let _ = signal.wait(*value, Timeout::Forever);
+                    return;
+                }
+                !matches!(signal.wait(*value, poll), Err(Error::Timeout { .. }))
+            }
+            Command::WaitForeign { signal, value } => {
+                if !shared.unsettled() {
+                    let _ = signal.wait_forever(*value);
+                    return;
+                }
+                let reached = signal.is_reached(*value);
+                if !reached {
+                    std::thread::sleep(poll);
+                }
+                reached
+            }
+            _ => return,
+        };
+        if over {
+            return;
+        }
+        shared.retire();
+        poll = (poll * 2).min(POLL_MAX);
     }
 }
 

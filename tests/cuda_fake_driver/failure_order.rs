@@ -30,6 +30,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "drain_behind_unsettled" {
         return run_drain_behind_unsettled(device);
     }
+    if case == "drain_unsettled" {
+        return run_drain_unsettled(device);
+    }
     let mut queue = device.compute_queue().unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
@@ -187,6 +190,43 @@ fn run_drain_behind_unsettled(device: &CudaDevice) {
     report("b", describe(&b.wait(1, Duration::ZERO)));
 }
 
+/// The child's half of `drain_unsettled`: under `FailureScope::Batch`,
+/// `signal(a, 1)` submitted alone, then a batch of a wait on a failed
+/// value, a wait for `x` 1 (which only the host sets) and `signal(b, 1)`.
+/// Reports how a wait of 5 s for `b` ended before `x` is set, then how
+/// one of 10 s ended after.
+fn run_drain_unsettled(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let x = device.new_signal(0).unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue.signal(&a, 1).submit().unwrap();
+    queue
+        .wait(&failed, 1)
+        .wait(&x, 1)
+        .signal(&b, 1)
+        .submit()
+        .unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    report("b_before_x", describe(&b.wait(1, Duration::from_secs(5))));
+    report("a_reached", &a.is_reached(1).to_string());
+    x.set(1);
+    report("b", describe(&b.wait(1, Duration::from_secs(10))));
+}
+
 fn scenario(case: &str, extra: &[(&str, &str)]) {
     scenario_outcome(case, extra);
 }
@@ -320,5 +360,29 @@ fn a_proven_failure_settles_the_values_kept_unsettled_before_it_first() {
         "true",
         "{outcome:#?}"
     );
+    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
+}
+
+/// Under `FailureScope::Batch` a failed batch honours its later waits
+/// before failing the values after them (`Batch::drain_failed`), also
+/// where its values wait for proof of the work before them (the stream
+/// wait failed unsticky): that path failed them once the stream passed
+/// the batch without honouring its waits, so `b` failed (at about 2 s)
+/// while the wait for `x` before it was still open.
+#[test]
+fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
+    let vars = [
+        ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:drain_unsettled", &vars))
+    else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
+    assert_eq!(outcome.field("b_before_x"), "pending", "{outcome:#?}");
     assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
 }
