@@ -179,6 +179,20 @@ fn settle(
             if let Some(error) = error {
                 shared.ledger.fail_unbatched(error);
             }
+            // A collective this rank skips breaks its communicator now, not
+            // as the batch retires: a later batch (admitted under
+            // `FailureScope::Batch`, or once the owner was told) would
+            // launch one on it meanwhile, out of step with the peers. The
+            // retirement's own `skipped` then finds it broken already.
+            #[cfg(feature = "nccl")]
+            for command in batch.commands().iter().skip(unsettled.from) {
+                if let Command::Collective(collective) = command
+                    && collective.numbered
+                    && let Some(nccl) = collective.communicator.as_nccl()
+                {
+                    nccl.skipped(collective, &unsettled.cause);
+                }
+            }
             // The drain's waits, honoured here (the values fail later, on
             // whichever thread retires the batch, after every one of them).
             if drain {

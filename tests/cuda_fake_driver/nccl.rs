@@ -77,6 +77,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "hang_behind_threads" => hang_behind_threads(device),
         "many_groups" => many_groups(device),
         "skipped" => skipped(device),
+        "skipped_unsettled" => skipped_unsettled(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -835,6 +836,46 @@ fn plan(device: &CudaDevice) {
         }
     }
     report("runs", &runs);
+}
+
+/// Under `FailureScope::Batch`: `signal(a, 1)` alone, then a batch of a
+/// wait on a failed value, an all_reduce and `signal(b, 1)`, which fails
+/// at its wait on the worker, where the fake fails the stream wait (not
+/// sticky), so that its values stay unsettled until `a`'s delayed work
+/// completes; then at once a batch of an all_reduce on the same
+/// communicator and `signal(c, 1)` (`c`: how it ended).
+fn skipped_unsettled(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let (a, b, c) = (
+        device.new_signal(0).unwrap(),
+        device.new_signal(0).unwrap(),
+        device.new_signal(0).unwrap(),
+    );
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    queue.signal(&a, 1).submit().unwrap();
+    queue
+        .wait(&failed, 1)
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&b, 1)
+        .submit()
+        .unwrap();
+    queue
+        .all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output)
+        .signal(&c, 1)
+        .submit()
+        .unwrap();
+    report("c", &outcome(c.wait(1, LONG)));
+    report("a_reached", &a.is_reached(1).to_string());
 }
 
 /// A collective this rank does not run, where its peers run theirs: an
@@ -1653,4 +1694,29 @@ fn a_collective_this_rank_skips_breaks_the_communicator_here() {
     let aborts = calls.iter().filter(|c| **c == "ncclCommAbort").count();
     assert_eq!(aborts, 2, "{outcome:#?}");
     assert!(!calls.contains(&"ncclCommDestroy"), "{outcome:#?}");
+}
+
+/// A batch failed before its all_reduce, whose values stay unsettled (the
+/// stream wait that would prove the work before them done failed, not
+/// sticky): the skipped all_reduce broke the communicator only when the
+/// batch retired, two seconds later, so the next batch's all_reduce on it
+/// was launched meanwhile, out of step with the peers (helper-70; on
+/// `1050450` `c` read `ok`). A skip breaks it as the batch fails.
+#[test]
+fn a_collective_skipped_by_a_batch_kept_unsettled_breaks_the_communicator_at_once() {
+    let vars = on_a_12_2_device(
+        "nccl:skipped_unsettled",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
+            ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+            ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+            ("HWQUEUE_FAKE_FAULT", "400"),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    let c = outcome.field("c");
+    assert!(c.starts_with("Broken "), "{outcome:#?}");
 }
