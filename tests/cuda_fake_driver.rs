@@ -698,6 +698,53 @@ fn run_child_scenario(scenario: &str) {
             report("again_synchronize", &outcome(queue.synchronize()));
             report("again_phase_after_synchronize", &phase(&scratch));
         }
+        // [`PILE_UP_SUBMITS`] batches, each a small upload into a buffer
+        // `alloca` made and its `dealloca`, submitted one after another with
+        // no `synchronize` between (an owner that only submits), each
+        // buffer kept: a batch in flight holds its `dealloca`'s range out
+        // of the pool (`DeallocaRecorded`) until it is let go. Reports the
+        // most buffers held so at once after a submit (`peak_held`), how
+        // many submits failed and the first and last failure, how many are
+        // held after the last submit, then what `synchronize` said and how
+        // many are held after it.
+        "pile_up" => {
+            let mut queue = device.compute_queue().unwrap();
+            let outcome = |r: Result<(), Error>| describe(r, |()| String::new());
+            let held = |buffers: &[hwqueue::cuda::CudaBuffer]| {
+                buffers
+                    .iter()
+                    .filter(|b| {
+                        b.queue_ordered().unwrap().phase()
+                            == hwqueue::memory::Phase::DeallocaRecorded
+                    })
+                    .count()
+            };
+            let mut scratches = Vec::new();
+            let (mut peak, mut failed) = (0, 0);
+            let (mut first_error, mut last_error) = (None, None);
+            for i in 0..PILE_UP_SUBMITS {
+                let scratch = queue.alloca(64).unwrap();
+                queue
+                    .upload_vec(&scratch, vec![i as u32; 16])
+                    .dealloca(&scratch);
+                if let Err(error) = queue.submit() {
+                    failed += 1;
+                    let error = outcome(Err(error));
+                    first_error.get_or_insert_with(|| error.clone());
+                    last_error = Some(error);
+                }
+                scratches.push(scratch);
+                peak = peak.max(held(&scratches));
+            }
+            report("peak_held", &peak.to_string());
+            report("failed_submits", &failed.to_string());
+            report("first_error", first_error.as_deref().unwrap_or("none"));
+            report("last_error", last_error.as_deref().unwrap_or("none"));
+            report("held_after_submits", &held(&scratches).to_string());
+            report("synchronize", &outcome(queue.synchronize()));
+            report("held_after_synchronize", &held(&scratches).to_string());
+            report("health", &describe(device.health(), |()| String::new()));
+        }
         // An upload (staged, over the cache: its staging is freed as soon
         // as it is let go) into a buffer `alloca` made, and its `dealloca`,
         // in one batch; then `synchronize` (not in `wait_error_drop`), and
@@ -1343,6 +1390,94 @@ fn a_batch_whose_event_query_fails_unsticky_keeps_its_memory_until_a_wait() {
         "Returned",
         "{outcome:#?}"
     );
+}
+
+/// How many batches the `pile_up` scenario submits.
+const PILE_UP_SUBMITS: usize = 300;
+
+/// How many `pile_up` buffers a CUDA queue may hold at once: as many
+/// batches as it keeps in flight behind a front batch whose completion
+/// can be told neither by a query of its event nor by a wait on it
+/// (`MAX_BEHIND_A_FAILED_WAIT` in `src/cuda/in_flight.rs`, 64), plus that
+/// front batch and the batch submitted since its retirement last looked;
+/// and a few more for batches that hold two (a submit that reports a
+/// failure leaves its batch recorded, and the next buffer's commands go
+/// into it too).
+const HELD_AT_MOST: usize = 64 + 2 + 4;
+
+/// An owner that only submits (never a `synchronize`), on a stream whose
+/// batches' completion events can be neither queried nor waited for (an
+/// error that is not sticky, CUDA_ERROR_INVALID_HANDLE: the device is not
+/// lost, so the stream may still run them): each batch stays in flight,
+/// with what it holds (its `dealloca`'s range, its staging). On 145130e
+/// nothing bounded that: every one of the [`PILE_UP_SUBMITS`] batches was
+/// held at once (`peak_held` 300), for the life of the queue. Now, past
+/// a bound, the retirement waits for the stream itself: where that
+/// succeeds, it lets go of every batch it waited for; where it fails too
+/// (not sticky), it keeps them for the process, and the queue takes no
+/// more work: every later submit fails, saying to drop the queue, and
+/// lets its batch go unrun, so nothing grows.
+#[test]
+fn batches_behind_an_event_that_cannot_be_told_are_bounded() {
+    // The stream's wait succeeds: the bound lets the batches go.
+    let extra = unsticky_from_the_upload("cuEventQuery,cuEventSynchronize");
+    let Some(outcome) = run_scenario(&on_a_12_2_device("pile_up", &extra)) else {
+        return;
+    };
+    let peak: usize = outcome.field("peak_held").parse().unwrap();
+    assert!(
+        peak <= HELD_AT_MOST,
+        "{peak} of {PILE_UP_SUBMITS} batches held at once: {outcome:#?}"
+    );
+    assert!(outcome.called("cuStreamSynchronize"), "{outcome:#?}");
+    // The owner hears of the failed queries (once per front batch).
+    let first = outcome.field("first_error");
+    assert!(
+        first.contains("querying a batch's completion event")
+            && first.contains("CUDA_ERROR_INVALID_HANDLE"),
+        "{outcome:#?}"
+    );
+    // The queue goes on working: a `synchronize` lets go of the rest.
+    assert_eq!(outcome.field("held_after_synchronize"), "0", "{outcome:#?}");
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
+
+    // The stream's wait fails too (not sticky): the batches it waited for
+    // are kept for the process, and the queue takes no more work.
+    let extra = unsticky_from_the_upload("cuEventQuery,cuEventSynchronize,cuStreamSynchronize");
+    let Some(outcome) = run_scenario(&on_a_12_2_device("pile_up", &extra)) else {
+        return;
+    };
+    let peak: usize = outcome.field("peak_held").parse().unwrap();
+    assert!(
+        peak <= HELD_AT_MOST,
+        "{peak} of {PILE_UP_SUBMITS} batches held at once: {outcome:#?}"
+    );
+    let held: usize = outcome.field("held_after_submits").parse().unwrap();
+    assert!(held <= HELD_AT_MOST, "{outcome:#?}");
+    // Kept for the process: a `synchronize` lets none go.
+    assert_eq!(
+        outcome.field("held_after_synchronize"),
+        held.to_string(),
+        "{outcome:#?}"
+    );
+    // Every submit after the stream's failed wait fails, and says why and
+    // what to do.
+    let failed: usize = outcome.field("failed_submits").parse().unwrap();
+    assert!(
+        failed >= PILE_UP_SUBMITS - HELD_AT_MOST - 2,
+        "{failed} submits failed: {outcome:#?}"
+    );
+    for key in ["last_error", "synchronize"] {
+        let error = outcome.field(key);
+        assert!(
+            error.contains("CUDA_ERROR_INVALID_HANDLE")
+                && error.contains("takes no more work")
+                && error.contains("drop"),
+            "{key}: {outcome:#?}"
+        );
+    }
+    // Not sticky: the device is not lost.
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
 }
 
 /// The fake's faults for a device that is not lost: from the upload on,

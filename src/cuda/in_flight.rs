@@ -2,17 +2,35 @@
 //! each kept, with its buffers, programs, page-locked staging and replay
 //! template, until the stream passed the event recorded after it (or a
 //! wait for the stream did); then cleared and kept for reuse, with its
-//! event. A query of that event that fails without losing the device
-//! leaves a wait on the event to decide (where that fails too, the batch
-//! stays in flight for a wait for the stream); a wait for the stream that
-//! fails so keeps what it waited for for the process. A batch whose
-//! values the worker could not fail yet ([`Unsettled`]) fails them as it
-//! leaves.
+//! event. A batch whose values the worker could not fail yet
+//! ([`Unsettled`]) fails them as it leaves.
+//!
+//! # When the event cannot tell
+//!
+//! A query of the front batch's event that fails without losing the
+//! device leaves a wait on the event to decide. Where that fails too, the
+//! batch stays in flight, and every batch after it, for a wait for the
+//! stream (the owner is told once per front batch): the owner's
+//! `synchronize`, the queue's drop, or, once more than
+//! [`MAX_BEHIND_A_FAILED_WAIT`] batches are in flight behind it, the
+//! retirement itself (on the thread that retires: the owner's `submit`,
+//! or the worker), so that an owner that only submits does not pile up
+//! batches, and what they hold, without bound. That wait, as
+//! `synchronize`'s: where it succeeds, every batch it waited for goes;
+//! where it fails with a sticky error, the device is marked lost and they
+//! go; where it fails otherwise, the stream may still run them, and the
+//! queue *stalls*: they are kept for the process ([`keep_for_the_process`],
+//! their pending values failed), the owner is told
+//! ([`Error::QueueStalled`]), and the queue takes no more work (the
+//! ledger's `refuse_all`): every later batch is let go unrun, its values
+//! failed at once, and every later `submit` and `synchronize` fails,
+//! saying to drop the queue. A wait for the stream at the queue's drop
+//! that fails so likewise keeps what it waited for for the process.
 
 use std::collections::VecDeque;
 use std::mem;
 
-use cudarc::driver::CudaEvent;
+use cudarc::driver::{CudaEvent, DriverError};
 
 use crate::error::Error;
 use crate::queue::{Batch, Command};
@@ -79,6 +97,17 @@ pub(super) type InFlightBatch = (
     Option<std::sync::Arc<Template>>,
     Option<Unsettled>,
 );
+
+/// How many batches may be in flight behind a front batch whose event's
+/// query and wait both failed (without losing the device) before the
+/// retirement waits for the stream itself (see the module's docs): what
+/// such a queue holds is bounded by this many batches' staging, buffers
+/// and templates. Four times [`SPARE_EVENTS`]: far past what a queue that
+/// submits and synchronizes keeps in flight, so that a wait the owner
+/// would make anyway is not pre-empted, and small enough that the
+/// page-locked staging held (the largest part) stays a few of its chunks
+/// per batch.
+pub(super) const MAX_BEHIND_A_FAILED_WAIT: usize = 4 * SPARE_EVENTS;
 
 /// How many finished batches and completion events to keep for reuse.
 pub(super) const SPARE_BATCHES: usize = 4;
@@ -194,11 +223,84 @@ impl Shared {
     ///
     /// [`put_in_flight`]: Self::put_in_flight
     pub(super) fn retire_waited(&self, waited: u64) {
-        (self.ledger).letting_go(LETTING_GO, || self.retire_passed(waited));
+        (self.ledger).letting_go(LETTING_GO, || {
+            if self.retire_passed(waited) {
+                self.retire_behind_a_failed_wait();
+            }
+        });
     }
 
-    /// [`retire_waited`](Self::retire_waited)'s work.
-    fn retire_passed(&self, waited: u64) {
+    /// Waits for the stream, as the queue's `synchronize` does: how many
+    /// batches were put in flight before the wait (what it passed, where
+    /// it succeeded: for [`retire_waited`](Self::retire_waited)), and the
+    /// driver's error, with the fault it makes (`what` failed: a sticky
+    /// one marks the device lost, before any staging goes back: see
+    /// `finish`).
+    pub(super) fn wait_for_the_stream(
+        &self,
+        what: &str,
+    ) -> (u64, Result<(), (DriverError, Error)>) {
+        let before = self.put_in_flight();
+        let synced = (self.stream.synchronize()).map_err(|e| (e, self.fault(what, e)));
+        (before, synced)
+    }
+
+    /// Once more than [`MAX_BEHIND_A_FAILED_WAIT`] batches are in flight
+    /// behind one whose event cannot tell: waits for the stream and lets
+    /// go of what it passed; or, where that fails without losing the
+    /// device, stalls the queue (see the module's docs).
+    #[cold]
+    #[inline(never)]
+    fn retire_behind_a_failed_wait(&self) {
+        let (before, synced) =
+            self.wait_for_the_stream("waiting for the stream behind a batch whose event failed");
+        // Where the stream passed them, or the device is lost (its stream
+        // runs nothing again), the batches waited for go, past the front
+        // batch: not over the bound again (a batch the other thread put in
+        // flight meanwhile is not waited for).
+        let (driver, error) = match synced {
+            Ok(()) => {
+                let _ = self.retire_passed(before);
+                return;
+            }
+            Err((_, error @ Error::DeviceLost { .. })) => {
+                let _ = self.retire_passed(before);
+                return self.ledger.fail_unbatched(error);
+            }
+            Err(failed) => failed,
+        };
+        // The stream may still run every batch in flight, on what they
+        // hold: kept for the process, as at a failed wait at the drop.
+        let mut in_flight = self.in_flight.lock();
+        let batches = mem::take(&mut in_flight.batches);
+        in_flight.popped += batches.len() as u64;
+        in_flight.unsettled = 0;
+        in_flight.told = false;
+        self.holding.store(false, Ordering::Relaxed);
+        drop(in_flight);
+        let count = batches.len();
+        for (_, batch, pinned, _, template, unsettled) in batches {
+            keep_for_the_process((batch, pinned, template), unsettled, &error);
+        }
+        // A batch the other thread puts in flight meanwhile (one, at
+        // most: every batch reaching either thread from now on is let go
+        // unrun) stays, for a later retirement or the drop.
+        self.ledger.refuse_all(Error::QueueStalled {
+            backend: <Cuda as crate::backend::Backend>::ID,
+            what: format!(
+                "waiting for the queue's stream, with {count} batches in flight behind one whose \
+                 completion event could be neither queried nor waited for"
+            ),
+            detail: driver.to_string(),
+        });
+    }
+
+    /// [`retire_waited`](Self::retire_waited)'s work: `true` where more
+    /// than [`MAX_BEHIND_A_FAILED_WAIT`] batches are left in flight behind
+    /// a front batch whose event's query and wait both failed (not
+    /// sticky).
+    fn retire_passed(&self, waited: u64) -> bool {
+        let mut over = false;
         let mut in_flight = self.in_flight.lock();
         while let Some((event, ..)) = in_flight.batches.front() {
             // Queried even where a wait passed it: a sticky fault only
@@ -219,8 +321,10 @@ impl Shared {
                     // keeps failing. Where that wait fails too, it stays,
                     // and every batch after it, until a wait for the
                     // stream lets it go (the queue's `synchronize`,
-                    // through `retire_waited`, or its drop, `shut_down`).
-                    // The owner hears of the error, once for the batch.
+                    // through `retire_waited`, its drop, `shut_down`, or,
+                    // past `MAX_BEHIND_A_FAILED_WAIT` batches behind it,
+                    // `retire_behind_a_failed_wait`). The owner hears of
+                    // the error, once for the batch.
                     error => {
                         // A sticky error of the wait marks the device
                         // lost, as the query's would.
@@ -235,6 +339,9 @@ impl Shared {
                         if !mem::replace(&mut in_flight.told, true) {
                             self.ledger.fail_unbatched(error);
                         }
+                        // Only here, on this failure: the common path
+                        // pays nothing for the bound.
+                        over = !passed && in_flight.batches.len() > MAX_BEHIND_A_FAILED_WAIT + 1;
                         passed
                     }
                 },
@@ -262,6 +369,7 @@ impl Shared {
         }
         self.holding
             .store(!in_flight.batches.is_empty(), Ordering::Relaxed);
+        over
     }
 
     /// Whether a batch in flight holds [`Unsettled`] values.

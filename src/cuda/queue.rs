@@ -465,11 +465,8 @@ impl Engine for CudaEngine {
         // `retire` gives staging back (see `StreamShared::finish`). Once
         // the wait succeeded, the stream passed every batch in flight
         // before it, even one whose event's query fails.
-        let before = shared.put_in_flight();
-        let synced = shared
-            .stream
-            .synchronize()
-            .map_err(|e| shared.fault("running the queue's work", e));
+        let (before, synced) = shared.wait_for_the_stream("running the queue's work");
+        let synced = synced.map_err(|(_, error)| error);
         shared.retire_waited(if synced.is_ok() { before } else { 0 });
         if let Err(error) = synced {
             shared.ledger.fail_unbatched(error);

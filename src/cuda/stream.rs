@@ -202,8 +202,14 @@ impl Shared {
     /// whether that work is done, by a wait for the stream: `Ok` where it
     /// succeeded or failed with a sticky error (the device is marked lost,
     /// and its stream runs nothing again); the error where it failed
-    /// otherwise, and the stream may still run it.
+    /// otherwise, and the stream may still run it. `Ok` at once on a
+    /// stalled queue (see `super::in_flight`): nothing will prove its work
+    /// done any more, and what that work uses is kept for the process, so
+    /// values fail at once, as `keep_for_the_process` fails them.
     pub(super) fn earlier_work_done(&self, what: &str) -> Result<()> {
+        if self.ledger.refuses() {
+            return Ok(());
+        }
         match self.stream.synchronize() {
             Ok(()) => Ok(()),
             Err(error) => match self.fault(what, error) {
@@ -557,10 +563,15 @@ impl Shared {
     }
 
     /// Whether the stream completed everything put on it (`false` where
-    /// the query fails: the worker's wait for it reports the fault).
+    /// the query fails: the worker's wait for it reports the fault), or
+    /// nothing will tell any more: `true` on a stalled queue, whose values
+    /// fail at once (see [`earlier_work_done`](Self::earlier_work_done)).
     #[cold]
     #[inline(never)]
     fn stream_idle(&self) -> bool {
+        if self.ledger.refuses() {
+            return true;
+        }
         // SAFETY: the stream is alive (`self` holds it); a query blocks
         // for nothing.
         unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }

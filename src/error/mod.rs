@@ -459,6 +459,27 @@ pub enum Error {
         detail: String,
     },
 
+    /// A queue whose work on the device can no longer be proven done: a
+    /// wait for its stream failed with an error that does not lose the
+    /// device (the stream may still run that work), with many batches
+    /// behind one whose completion could not be told either. What its
+    /// work uses is kept for the process, and the queue takes no more:
+    /// each later `submit` or `synchronize` fails with this, and lets the
+    /// batch recorded go unrun.
+    #[error(
+        "{backend}: {what} failed: {detail}; the queue cannot prove its work done, so what that \
+         work uses is kept for the rest of the process and the queue takes no more work: drop \
+         it, and make a new queue (the device is not lost)"
+    )]
+    QueueStalled {
+        /// The backend id.
+        backend: &'static str,
+        /// What was attempted.
+        what: String,
+        /// The driver's error.
+        detail: String,
+    },
+
     /// A device ordinal past the devices present.
     #[error(
         "no device `{backend}:{ordinal}`: the `{backend}` backend has {count} device(s); use an \

@@ -29,13 +29,14 @@ pub(super) fn memory_figures(
 }
 
 /// What a queue's owner can do after `cause` failed a batch: go on, unless
-/// the device is lost.
+/// the device is lost or the queue stalled.
 pub(super) fn after_failure(cause: &Error) -> &'static str {
     match cause.root_cause() {
         Error::DeviceLost { .. } => {
             "the queue's device is lost, so the queue is not usable again: drop it and restart \
              the process"
         }
+        Error::QueueStalled { .. } => "the queue is not usable again: drop it",
         _ => "the queue is usable again",
     }
 }

@@ -82,7 +82,7 @@ fn live_queues() -> std::sync::MutexGuard<'static, BTreeSet<u64>> {
 ///
 /// | field | meaning | written by | read by |
 /// |-------|---------|------------|---------|
-/// | `cascade_below` | batches stamped below this epoch cascade (0: none) | the engine, under `state`, with `Release` | the engine's `admit` (`Acquire`), on every batch |
+/// | `cascade_below` | batches stamped below this epoch cascade (0: none; `u64::MAX`: the engine refuses every batch, `refuse_all`) | the engine, under `state`, with `Release` | the engine's `admit` (`Acquire`), on every batch |
 /// | `unreported` | a failure awaits the owner | set by the engine under `state` (`Release`); cleared by the owner under `state` | the owner's `submit` (`Acquire`) |
 /// | `told` | the owner's epoch (failures reported to it) | the owner's report, under `state` | [`fail_out_of_order`](Ledger::fail_out_of_order), under `state`: a failure found after later batches ran cascades up to it |
 /// | `state` | the unreported cause, and the cause of the last failed batch | both, under the lock | both |
@@ -113,6 +113,9 @@ struct LedgerState {
     unreported: Option<std::sync::Arc<Error>>,
     /// The cause of the last batch that failed on its own.
     last: Option<std::sync::Arc<Error>>,
+    /// Why the engine takes no more work (`Ledger::refuse_all`): every
+    /// later batch skips with it, and every later report is of it.
+    refused: Option<std::sync::Arc<Error>>,
 }
 
 impl Drop for LedgerInner {
@@ -201,15 +204,21 @@ impl Ledger {
         self.admit_after_failure(batch)
     }
 
-    /// [`admit`](Self::admit) of a batch abandoned, or stamped before a
-    /// failure that cascades.
+    /// [`admit`](Self::admit) of a batch abandoned, stamped before a
+    /// failure that cascades, or reaching an engine that refuses all.
     #[inline(never)]
     fn admit_after_failure<B: Backend>(&self, batch: &Batch<B>) -> Admission {
         if let Some(cause) = batch.abandoned() {
             return Admission::Skip(cause.clone());
         }
+        let below = self.inner.cascade_below.load(Ordering::Acquire);
+        if below == u64::MAX
+            && let Some(refused) = &self.inner.state.lock().refused
+        {
+            return Admission::Skip((**refused).clone());
+        }
         // A batch whose failures are its own runs after a failure before it.
-        if batch.epoch() < self.inner.cascade_below.load(Ordering::Acquire) && !self.independent() {
+        if batch.epoch() < below && !self.independent() {
             let state = self.inner.state.lock();
             if let Some(cause) = &state.last {
                 return Admission::Skip(Error::EarlierBatchFailed {
@@ -264,6 +273,30 @@ impl Ledger {
             .fetch_max(epoch + 1, Ordering::Release);
     }
 
+    /// Says that the engine takes no more work, because of `cause` (a
+    /// CUDA stream that can no longer prove its work done): every batch it
+    /// reaches from now on is skipped, its signals failing with `cause`,
+    /// and every report to the owner from now on (each `submit` and
+    /// `synchronize`; a failure unreported before goes first) is `cause`,
+    /// with the batch recorded then let go unrun, so that an owner that
+    /// goes on recording and submitting grows nothing. For good: the queue
+    /// is to be dropped. The first cause stays.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn refuse_all(&self, cause: Error) {
+        let mut state = self.inner.state.lock();
+        if state.refused.is_none() {
+            state.refused = Some(std::sync::Arc::new(cause));
+        }
+        self.inner.unreported.store(true, Ordering::Release);
+        // Every batch takes `admit`'s slow path, which finds `refused`.
+        self.inner.cascade_below.store(u64::MAX, Ordering::Release);
+    }
+
+    /// Whether the engine takes no more work (`refuse_all`).
+    pub(crate) fn refuses(&self) -> bool {
+        self.inner.cascade_below.load(Ordering::Acquire) == u64::MAX
+    }
+
     /// Records that `batch` failed with `error`, as [`complete`](Self::complete)
     /// does, but leaves its signals to the caller: for an engine that
     /// cannot fail them yet (the work before them may still run), which
@@ -314,9 +347,11 @@ impl Ledger {
 
     /// Records a failure that belongs to no batch (a device error found
     /// while synchronising): reported to the owner, cascading nothing.
+    /// Not once the engine refuses all (`refuse_all`):
+    /// the refusal is what the owner hears from then on.
     pub fn fail_unbatched(&self, error: Error) {
         let mut state = self.inner.state.lock();
-        if state.unreported.is_none() {
+        if state.unreported.is_none() && state.refused.is_none() {
             state.unreported = Some(std::sync::Arc::new(error));
             self.inner.unreported.store(true, Ordering::Release);
         }
@@ -428,14 +463,20 @@ impl Ledger {
     #[inline(never)]
     fn report_failure(&self, epoch: &mut u64) -> crate::Result<()> {
         let mut state = self.inner.state.lock();
-        self.inner.unreported.store(false, Ordering::Relaxed);
+        // A refusal is reported again and again (see `refuse_all`).
+        (self.inner.unreported).store(state.refused.is_some(), Ordering::Relaxed);
         match state.unreported.take() {
             Some(cause) => {
                 *epoch += 1;
                 self.inner.told.fetch_max(*epoch, Ordering::Relaxed);
                 Err(Error::QueueFailed { cause })
             }
-            None => Ok(()),
+            None => match &state.refused {
+                Some(cause) => Err(Error::QueueFailed {
+                    cause: cause.clone(),
+                }),
+                None => Ok(()),
+            },
         }
     }
 }

@@ -14,8 +14,9 @@ use crate::signal::TimelineSignal;
 
 impl<E: Engine> Queue<E> {
     /// `submit`'s work past the checks: a rejected batch abandoned (its
-    /// collectives numbered), a failure reported, an empty batch dropped,
-    /// else the batch numbered and handed over.
+    /// collectives numbered), a failure reported (the batch abandoned too
+    /// where the engine takes no more work), an empty batch dropped, else
+    /// the batch numbered and handed over.
     pub(super) fn submit_recorded(&mut self) -> Result<()> {
         if let Some(error) = self.rejected.take() {
             let cause = std::sync::Arc::new(*error);
@@ -39,7 +40,16 @@ impl<E: Engine> Queue<E> {
             });
             return Err(Error::BatchRejected { cause });
         }
-        self.engine.ledger().report(&mut self.epoch)?;
+        if let Err(error) = self.engine.ledger().report(&mut self.epoch) {
+            // An engine that takes no more work (`Ledger::refuse_all`)
+            // reports at every call: the batch recorded is let go unrun,
+            // or an owner that goes on recording and submitting would grow
+            // it without bound.
+            if self.engine.ledger().refuses() {
+                self.abandon_recorded(error.clone());
+            }
+            return Err(error);
+        }
         if self.batch.is_empty() {
             // A replay key given for it must not reach the next batch.
             self.engine.replay_next(None);
