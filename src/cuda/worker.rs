@@ -45,12 +45,15 @@ pub(super) fn run_worker(shared: &Shared) {
                     shared.idle.notify_all();
                 }
                 // Values failed only once the stream passed their batch
-                // (`Unsettled`): retired by this thread too, before the
-                // queue goes (the owner's `synchronize` does not wait for
-                // them, and its drop returns at once). A stream that never
-                // proves them done keeps this thread polling, at most ten
-                // times a second, rather than failing them early.
-                if shared.unsettled() {
+                // (`Unsettled`): retired by this thread too while the
+                // queue lives (the owner's `synchronize` does not wait for
+                // them). A stream that never proves them done keeps this
+                // thread polling, at most ten times a second, rather than
+                // failing them early; once the queue is dropped (its drop
+                // returns at once), `shut_down`'s wait for the stream
+                // decides for them, as for every batch in flight, so the
+                // thread ends.
+                if shared.unsettled() && !state.closed {
                     let deadline = Instant::now() + poll;
                     state = shared.work.wait_until(state, Some(deadline));
                     poll = (poll * 2).min(POLL_MAX);

@@ -33,6 +33,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "drain_unsettled" {
         return run_drain_unsettled(device);
     }
+    if case == "dropped_unsettled" {
+        return run_dropped_unsettled(device);
+    }
     let mut queue = device.compute_queue().unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
@@ -227,6 +230,49 @@ fn run_drain_unsettled(device: &CudaDevice) {
     report("b", describe(&b.wait(1, Duration::from_secs(10))));
 }
 
+/// The child's half of `dropped_unsettled`: an upload, a wait on a failed
+/// value and `signal(b, 1)` in one batch (failing at the wait, after the
+/// upload went on the stream), whose values the worker keeps unsettled
+/// (its stream wait fails unsticky, and so do the queries of and waits on
+/// the batch's completion event, for good). Reports how a wait of 1 s for
+/// `b` ended while the queue lives, then drops the queue and reports how
+/// one of 10 s ended, and whether the queue's id is still live 5 s on.
+fn run_dropped_unsettled(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    let id = queue.id();
+    let b = device.new_signal(0).unwrap();
+    let buffer = device.alloc(64).unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue
+        .upload_vec(&buffer, vec![7u32; 16])
+        .wait(&failed, 1)
+        .signal(&b, 1)
+        .submit()
+        .unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
+    drop(queue);
+    report("b", describe(&b.wait(1, Duration::from_secs(10))));
+    // The worker lets the id go right after it settled `b`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while id.is_live() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    report("live_after_drop", &id.is_live().to_string());
+}
+
 fn scenario(case: &str, extra: &[(&str, &str)]) {
     scenario_outcome(case, extra);
 }
@@ -385,4 +431,37 @@ fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
     assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
     assert_eq!(outcome.field("b_before_x"), "pending", "{outcome:#?}");
     assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
+}
+
+/// A queue dropped with values kept unsettled behind a completion event
+/// that can be neither queried nor waited for (CUDA_ERROR_INVALID_HANDLE,
+/// not sticky, from the upload on; the stream's wait fails so too): the
+/// worker's idle loop polled the retirement for them before it looked at
+/// the drop, and nothing there could prove them done, so the worker never
+/// reached `shut_down`, never ended, and `b` never settled (its wait timed
+/// out after 10 s; the queue's id stayed live for the process). The
+/// drop's wait for the stream decides for them instead, as for every
+/// other batch in flight: here it fails unsticky, so the batch is kept for
+/// the process and `b` fails.
+#[test]
+fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
+    let vars = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
+        ),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device(
+        "failure_order:dropped_unsettled",
+        &vars,
+    )) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    // Nothing proves the work before `b` done while the queue lives.
+    assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
+    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
+    assert_eq!(outcome.field("live_after_drop"), "false", "{outcome:#?}");
 }
