@@ -6,10 +6,12 @@
 
 use std::time::{Duration, Instant};
 
+use cudarc::driver::sys;
+
 use crate::error::{Error, Result};
 use crate::profile::now_ns;
 use crate::queue::{Admission, Batch, Command};
-use crate::signal::{TimelineSignal, Timeout};
+use crate::signal::TimelineSignal;
 use crate::sync::Ordering;
 
 use super::Cuda;
@@ -157,7 +159,8 @@ pub(super) fn run_worker(shared: &Shared) {
 /// error of the wait that could not tell (for the owner, where nothing
 /// else is to be reported), once the stream passed the batch
 /// ([`Unsettled`]): kept in flight until then, with all it holds, its
-/// later waits honoured here first where `drain`.
+/// later waits honoured here first where `drain` (unless the stream is
+/// found idle meanwhile: the batch then drains as where `proven`).
 fn settle(
     shared: &Shared,
     batch: Batch<Cuda>,
@@ -197,13 +200,25 @@ fn settle(
                 }
             }
             // The drain's waits, honoured here (the values fail later, on
-            // whichever thread retires the batch, after every one of them).
-            if drain {
-                for command in batch.commands().iter().skip(unsettled.from + 1) {
-                    honour(shared, command);
+            // whichever thread retires the batch, after every one of them),
+            // unless the stream is found idle meanwhile: the batch then
+            // drains in queue order, each value failing before the waits
+            // after it are honoured (a thread may set what a later wait
+            // waits for only once an earlier value settled).
+            let proven = if drain {
+                (batch.commands().iter().skip(unsettled.from + 1))
+                    .find_map(|command| honour(shared, command))
+            } else {
+                None
+            };
+            match proven {
+                Some(waited) => {
+                    shared.retire_waited(waited);
+                    batch.drain_failed(unsettled.from, &unsettled.cause);
+                    None
                 }
+                None => Some(unsettled),
             }
-            Some(unsettled)
         }
     };
     if let Some(batch) = shared.finish_unsettled(batch, enqueued, template, unsettled) {
@@ -211,39 +226,66 @@ fn settle(
     }
 }
 
-/// Blocks on the host until the wait `command` of a failed batch is over
-/// (its value reached or failed), as `Batch::drain_failed` honours it; in
-/// slices, retiring batches between them, while earlier batches hold
-/// values kept unsettled (see [`block_on`]).
-fn honour(shared: &Shared, command: &Command<Cuda>) {
+/// Blocks on the host until the wait `command` of a failed batch whose
+/// values are kept unsettled is over (its value reached or failed), as
+/// `Batch::drain_failed` honours it; in slices (see [`block_on`]),
+/// retiring batches between them, and querying the stream: `Some` (how
+/// many batches were in flight before the query, for `retire_waited`) as
+/// soon as the stream is found idle (or the device lost), the work before
+/// the batch's values done, whether or not the wait is over.
+fn honour(shared: &Shared, command: &Command<Cuda>) -> Option<u64> {
+    if !matches!(
+        command,
+        Command::Wait { .. } | Command::WaitSettled { .. } | Command::WaitForeign { .. }
+    ) {
+        return None;
+    }
     let mut poll = POLL_FIRST;
     loop {
+        if let Some(waited) = stream_passed(shared) {
+            return Some(waited);
+        }
         let over = match command {
             Command::Wait { signal, value } | Command::WaitSettled { signal, value } => {
-                if !shared.unsettled() {
-                    let _ = signal.wait(*value, Timeout::Forever);
-                    return;
-                }
                 !matches!(signal.wait(*value, poll), Err(Error::Timeout { .. }))
             }
             Command::WaitForeign { signal, value } => {
-                if !shared.unsettled() {
-                    let _ = signal.wait_forever(*value);
-                    return;
-                }
                 let reached = signal.is_reached(*value);
                 if !reached {
                     std::thread::sleep(poll);
                 }
                 reached
             }
-            _ => return,
+            _ => true,
         };
         if over {
-            return;
+            return None;
         }
         shared.retire();
         poll = (poll * 2).min(POLL_MAX);
+    }
+}
+
+/// Whether the stream passed all the work put on it, by a query that
+/// blocks for nothing: `Some` of how many batches were in flight before
+/// it (what it passed, for `retire_waited`) where it is idle or the
+/// device is lost (a sticky error; its stream runs nothing again); `Some(0)`
+/// on a stalled queue, whose values fail at once (see
+/// `Shared::earlier_work_done`); `None` where work may still run.
+fn stream_passed(shared: &Shared) -> Option<u64> {
+    if shared.ledger.refuses() {
+        return Some(0);
+    }
+    let before = shared.put_in_flight();
+    // SAFETY: the stream is alive (`shared` holds it); a query blocks for
+    // nothing.
+    match unsafe { sys::cuStreamQuery(shared.stream.cu_stream()) }.result() {
+        Ok(()) => Some(before),
+        Err(error) if error.0 == sys::CUresult::CUDA_ERROR_NOT_READY => None,
+        Err(error) => match shared.fault("querying the stream behind a failed batch", error) {
+            Error::DeviceLost { .. } => Some(before),
+            _ => None,
+        },
     }
 }
 

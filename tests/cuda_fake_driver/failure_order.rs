@@ -33,6 +33,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "drain_unsettled" {
         return run_drain_unsettled(device);
     }
+    if case == "drain_signal_then_wait" {
+        return run_drain_signal_then_wait(device);
+    }
     if case == "dropped_unsettled" {
         return run_dropped_unsettled(device);
     }
@@ -228,6 +231,46 @@ fn run_drain_unsettled(device: &CudaDevice) {
     report("a_reached", &a.is_reached(1).to_string());
     x.set(1);
     report("b", describe(&b.wait(1, Duration::from_secs(10))));
+}
+
+/// The child's half of `drain_signal_then_wait`: under
+/// `FailureScope::Batch`, `signal(a, 1)` submitted alone, then a batch of
+/// a wait on a failed value, `signal(b, 1)`, a wait for `x` 1 (which only
+/// the host sets) and `signal(c, 1)`, as a thread that sets `x` once `b`
+/// settled would need. Reports how a wait of 10 s for `b` ended before
+/// `x` is set, and whether `a` was reached then; then sets `x` and
+/// reports how a wait of 10 s for `c` ended.
+fn run_drain_signal_then_wait(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let (x, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue.signal(&a, 1).submit().unwrap();
+    queue
+        .wait(&failed, 1)
+        .signal(&b, 1)
+        .wait(&x, 1)
+        .signal(&c, 1)
+        .submit()
+        .unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    report("b_before_x", describe(&b.wait(1, Duration::from_secs(10))));
+    report("a_reached", &a.is_reached(1).to_string());
+    x.set(1);
+    report("c", describe(&c.wait(1, Duration::from_secs(10))));
 }
 
 /// The child's half of `dropped_unsettled`: an upload, a wait on a failed
@@ -453,10 +496,8 @@ fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
             "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
         ),
     ];
-    let Some(outcome) = run_scenario(&on_a_12_2_device(
-        "failure_order:dropped_unsettled",
-        &vars,
-    )) else {
+    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:dropped_unsettled", &vars))
+    else {
         return;
     };
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
@@ -464,4 +505,32 @@ fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
     assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
     assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("live_after_drop"), "false", "{outcome:#?}");
+}
+
+/// Under `FailureScope::Batch`, a failed batch's value before a later wait
+/// settles before that wait is honoured (`Batch::drain_failed`: queue
+/// order), also where its values wait for proof of the work before them
+/// (the stream wait failed unsticky; the stream's query still answers):
+/// the worker honoured every later wait before it kept the batch, so `b`
+/// stayed pending until `x` was set (a thread that sets `x` once `b`
+/// settled: a deadlock; here `b`'s wait timed out after 10 s), though
+/// the work before it completed at 2 s.
+#[test]
+fn a_batch_scoped_failure_kept_unsettled_fails_a_value_before_a_later_wait_first() {
+    let vars = [
+        ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device(
+        "failure_order:drain_signal_then_wait",
+        &vars,
+    )) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("b_before_x"), "failed", "{outcome:#?}");
+    assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
+    assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
 }
