@@ -201,19 +201,24 @@ impl Shared {
     /// On the worker, before it fails values after work on the stream:
     /// whether that work is done, by a wait for the stream: `Ok` where it
     /// succeeded or failed with a sticky error (the device is marked lost,
-    /// and its stream runs nothing again); the error where it failed
-    /// otherwise, and the stream may still run it. `Ok` at once on a
-    /// stalled queue (see `super::in_flight`): nothing will prove its work
-    /// done any more, and what that work uses is kept for the process, so
-    /// values fail at once, as `keep_for_the_process` fails them.
-    pub(super) fn earlier_work_done(&self, what: &str) -> Result<()> {
+    /// and its stream runs nothing again), with how many batches were in
+    /// flight before it (those it passed, for `retire_waited`); the error
+    /// where it failed otherwise, and the stream may still run it. `Ok(0)`
+    /// at once on a stalled queue (see `super::in_flight`): nothing will
+    /// prove its work done any more, so values fail at once, as
+    /// `keep_for_the_process` fails them; but no batch in flight is passed
+    /// (one the stall did not keep for the process, such as a skipped
+    /// batch keeping its replay template, goes only once its own event
+    /// says the stream passed it).
+    pub(super) fn earlier_work_done(&self, what: &str) -> Result<u64> {
         if self.ledger.refuses() {
-            return Ok(());
+            return Ok(0);
         }
+        let before = self.put_in_flight();
         match self.stream.synchronize() {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(before),
             Err(error) => match self.fault(what, error) {
-                Error::DeviceLost { .. } => Ok(()),
+                Error::DeviceLost { .. } => Ok(before),
                 error => Err(error),
             },
         }

@@ -82,13 +82,12 @@ pub(super) fn run_worker(shared: &Shared) {
         {
             // Its values fail as a failed batch's do: once the work on
             // the stream before them completed.
-            let waited = shared.put_in_flight();
             let proven = shared.earlier_work_done("waiting for the work before a skipped batch");
             let unsettled = Unsettled {
                 from: 0,
                 cause: std::sync::Arc::new(cause),
             };
-            let proven = proven.map(|()| waited).map_err(Some);
+            let proven = proven.map_err(Some);
             settle(shared, batch, 0, mark.held(), unsettled, proven, false);
             continue;
         }
@@ -126,14 +125,13 @@ pub(super) fn run_worker(shared: &Shared) {
                 // through (a plan's next run) comes after it. The failure
                 // is recorded first (the owner's next call reports it,
                 // later batches cascade), whether or not they can fail now.
-                let waited = shared.put_in_flight();
                 let proven = shared.earlier_work_done("waiting for a failed batch's earlier work");
                 let cause = shared.ledger.record_failure(&batch, error);
                 let unsettled = Unsettled { from: at, cause };
                 // The wait's own error, if any, is the stream's: the
                 // owner's `synchronize` meets it too.
                 let drain = shared.ledger.independent();
-                let proven = proven.map(|()| waited).map_err(|_| None);
+                let proven = proven.map_err(|_| None);
                 settle(shared, batch, at, mark.held(), unsettled, proven, drain);
             }
             _ => {

@@ -36,6 +36,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "drain_signal_then_wait" {
         return run_drain_signal_then_wait(device);
     }
+    if case == "stalled_template" {
+        return run_stalled_template(device);
+    }
     if case == "dropped_unsettled" {
         return run_dropped_unsettled(device);
     }
@@ -272,6 +275,80 @@ fn run_drain_signal_then_wait(device: &CudaDevice) {
     x.set(1);
     report("c", describe(&c.wait(1, Duration::from_secs(10))));
 }
+
+/// The child's half of `stalled_template`: a batch of two `scale`
+/// launches under a key (one graph: the key's template), run and
+/// synchronised; a repeat of its graph; then, behind a wait on a host-set
+/// gate (the worker holds all that follows), [`STALL_UPLOADS`] batches of
+/// an upload each (the fake's faults start at the first), a batch under the
+/// key recording its kernels again (its mark now holds the first
+/// template, which the repeat launched), and `signal(s, 1)`. The gate set,
+/// the queue stalls once more than 64 batches are in flight behind the
+/// first upload's, and every later batch is skipped. Reports how `s`
+/// ended, and how many bytes of device memory went back to the pool by
+/// then (the kernels' buffers `a` and `b`, whose handles the child
+/// dropped after the second batch under the key: the queue holds the only
+/// uses left).
+fn run_stalled_template(device: &CudaDevice) {
+    use hwqueue::cuda::CudaProgram;
+    use hwqueue::{ExecParams, Scalar};
+    const KEY: u32 = 7;
+    let program = CudaProgram::from_ptx(device, super::SCALE_PTX, "scale", 2, 1).unwrap();
+    let (a, b) = (device.alloc(64).unwrap(), device.alloc(64).unwrap());
+    let (gate, done, s) = (
+        device.new_signal(0).unwrap(),
+        device.new_signal(0).unwrap(),
+        device.new_signal(0).unwrap(),
+    );
+    let grid = ExecParams::new_1d(16, 16);
+    let mut queue = device.compute_queue().unwrap();
+    let record = |queue: &mut hwqueue::cuda::CudaQueue, n: u32| {
+        queue
+            .exec(&program, &[&a, &b], &[Scalar::U32(n)], grid)
+            .exec(&program, &[&b, &a], &[Scalar::U32(n + 1)], grid)
+            .replay_as(KEY)
+            .submit()
+            .unwrap();
+    };
+    record(&mut queue, 1);
+    queue.synchronize().unwrap();
+    assert!(queue.replay_recorded(KEY, &[2]));
+    queue.replay_program(0).signal(&done, 1).submit().unwrap();
+    queue.wait(&gate, 1).submit().unwrap();
+    let buffer = device.alloc(64).unwrap();
+    for i in 0..STALL_UPLOADS {
+        queue.upload_vec(&buffer, vec![i; 16]).submit().unwrap();
+    }
+    record(&mut queue, 10);
+    // The queue keeps what its work uses: the template (and the batch
+    // above) hold the only uses of `a` and `b` left.
+    drop((a, b));
+    let held = device.memory_stats().in_use;
+    queue.signal(&s, 1).submit().unwrap();
+    gate.set(1);
+    let ended = s.wait(1, Duration::from_secs(10));
+    report(
+        "s",
+        match &ended {
+            Err(Error::SignalFailed { .. }) => "failed",
+            Err(Error::Timeout { .. }) => "pending",
+            Ok(()) => "reached",
+            Err(_) => "other",
+        },
+    );
+    let freed = held - device.memory_stats().in_use;
+    report("device_memory_freed", &freed.to_string());
+    // The failed queries are reported first, then the stall, each time.
+    let _ = queue.synchronize();
+    let synchronized = queue.synchronize();
+    if let Err(error) = synchronized {
+        report("synchronize_says", &error.to_string());
+    }
+}
+
+/// How many upload batches `stalled_template` submits: past the 64
+/// batches a CUDA queue keeps behind one whose completion cannot be told.
+const STALL_UPLOADS: u32 = 70;
 
 /// The child's half of `dropped_unsettled`: an upload, a wait on a failed
 /// value and `signal(b, 1)` in one batch (failing at the wait, after the
@@ -533,4 +610,39 @@ fn a_batch_scoped_failure_kept_unsettled_fails_a_value_before_a_later_wait_first
     assert_eq!(outcome.field("b_before_x"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
     assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
+}
+
+/// A stalled queue (`Error::QueueStalled`: its stream's work can no longer
+/// be proven done) lets go of nothing that work may use: a skipped batch
+/// under a replay key keeps the template its mark holds (whose graph a
+/// repeat launched, never proven done) behind a completion event that
+/// cannot be told. The next skipped batch's values fail at once
+/// (`earlier_work_done`, `Ok` on a stalled queue), and the worker then
+/// retired every batch in flight as if a wait for the stream had passed
+/// them: the template went, and with it the buffers its kernels took
+/// (back in the pool: `device_memory_freed` 512), while the stream may still run the
+/// repeat over them.
+#[test]
+fn a_stalled_queue_keeps_a_skipped_batchs_template() {
+    let vars = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
+        ),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:stalled_template", &vars))
+    else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("s"), "failed", "{outcome:#?}");
+    assert!(
+        outcome
+            .field("synchronize_says")
+            .contains("takes no more work"),
+        "{outcome:#?}"
+    );
+    assert_eq!(outcome.field("device_memory_freed"), "0", "{outcome:#?}");
 }
