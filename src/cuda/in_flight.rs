@@ -177,6 +177,7 @@ impl Shared {
                 // memory the driver may still copy to (issue 24, defect 8).
                 drop(in_flight);
                 let _ = self.fault("recording a batch's completion event", error);
+                let before = self.put_in_flight();
                 if let Err(error) = self.stream.synchronize() {
                     match self.fault("waiting for a batch's stream", error) {
                         Error::DeviceLost { .. } => {}
@@ -193,7 +194,10 @@ impl Shared {
                         }
                     }
                 }
-                // The stream passed the batch, or the device is lost.
+                // The stream passed the batch, or the device is lost: and
+                // every batch in flight before it, whose values kept
+                // unsettled fail first (queue order; helper-72).
+                self.retire_waited(before);
                 if let Some(unsettled) = unsettled {
                     unsettled.settle(&batch);
                 }
