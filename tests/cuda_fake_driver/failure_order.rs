@@ -14,6 +14,30 @@ use hwqueue::{Device, Error, FailureScope, HardwareQueue, QueueFactory, Timeline
 
 use super::{on_a_12_2_device, report, run_scenario};
 
+/// A signal whose value 1 failed on another queue: a wait on it fails the
+/// batch there.
+fn failed_elsewhere(device: &CudaDevice) -> hwqueue::cuda::CudaSignal {
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    failed
+}
+
+/// How a timed wait for a value ended, as the children report it.
+fn describe(ended: &hwqueue::Result<()>) -> &'static str {
+    match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    }
+}
+
 /// The child's half. `behind_wait`: `signal(a, 1)`, then a wait on a value
 /// failed on the host, then `signal(b, 1)`, submitted on the caller's
 /// thread. `behind_record`: `signal(a, 1)` and `signal(b, 1)` alone (the
@@ -46,28 +70,14 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
         "behind_wait" => {
-            let failed = device.new_signal(0).unwrap();
-            failed.fail(
-                1,
-                Error::KernelFailed {
-                    program: "elsewhere".into(),
-                    message: "failed on another queue".into(),
-                },
-            );
+            let failed = failed_elsewhere(device);
             queue.signal(&a, 1).wait(&failed, 1).signal(&b, 1);
         }
         "behind_record" => {
             queue.signal(&a, 1).signal(&b, 1);
         }
         "behind_batch" => {
-            let failed = device.new_signal(0).unwrap();
-            failed.fail(
-                1,
-                Error::KernelFailed {
-                    program: "elsewhere".into(),
-                    message: "failed on another queue".into(),
-                },
-            );
+            let failed = failed_elsewhere(device);
             queue.signal(&a, 1).submit().unwrap();
             queue.wait(&failed, 1).signal(&b, 1);
         }
@@ -119,14 +129,7 @@ fn run_blocked_behind_unsettled(device: &CudaDevice) {
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let (x, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue.signal(&a, 1).submit().unwrap();
     queue.wait(&failed, 1).signal(&b, 1).submit().unwrap();
     queue.wait(&x, 1).signal(&c, 1);
@@ -169,14 +172,7 @@ fn run_drain_behind_unsettled(device: &CudaDevice) {
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let c = device.new_signal(0).unwrap();
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue.signal(&a, 1).submit().unwrap();
     queue.wait(&failed, 1).signal(&b, 1).submit().unwrap();
     queue.wait(&failed, 1).wait_settled(&b, 1).signal(&c, 1);
@@ -188,11 +184,6 @@ fn run_drain_behind_unsettled(device: &CudaDevice) {
         }
     }
     submitted.unwrap();
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     let ended = c.wait(1, Duration::from_secs(10));
     report("c", describe(&ended));
     report("a_reached_when_c_failed", &a.is_reached(1).to_string());
@@ -209,14 +200,7 @@ fn run_drain_unsettled(device: &CudaDevice) {
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let x = device.new_signal(0).unwrap();
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue.signal(&a, 1).submit().unwrap();
     queue
         .wait(&failed, 1)
@@ -224,12 +208,6 @@ fn run_drain_unsettled(device: &CudaDevice) {
         .signal(&b, 1)
         .submit()
         .unwrap();
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Err(Error::Timeout { .. }) => "pending",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     report("b_before_x", describe(&b.wait(1, Duration::from_secs(5))));
     report("a_reached", &a.is_reached(1).to_string());
     x.set(1);
@@ -248,14 +226,7 @@ fn run_drain_signal_then_wait(device: &CudaDevice) {
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let (x, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue.signal(&a, 1).submit().unwrap();
     queue
         .wait(&failed, 1)
@@ -264,12 +235,6 @@ fn run_drain_signal_then_wait(device: &CudaDevice) {
         .signal(&c, 1)
         .submit()
         .unwrap();
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Err(Error::Timeout { .. }) => "pending",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     report("b_before_x", describe(&b.wait(1, Duration::from_secs(10))));
     report("a_reached", &a.is_reached(1).to_string());
     x.set(1);
@@ -362,26 +327,13 @@ fn run_dropped_unsettled(device: &CudaDevice) {
     let id = queue.id();
     let b = device.new_signal(0).unwrap();
     let buffer = device.alloc(64).unwrap();
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue
         .upload_vec(&buffer, vec![7u32; 16])
         .wait(&failed, 1)
         .signal(&b, 1)
         .submit()
         .unwrap();
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Err(Error::Timeout { .. }) => "pending",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
     drop(queue);
     report("b", describe(&b.wait(1, Duration::from_secs(10))));
