@@ -14,6 +14,27 @@ use hwqueue::{Device, Error, FailureScope, HardwareQueue, QueueFactory, Timeline
 
 use super::{on_a_12_2_device, report, run_scenario};
 
+/// The work before a failure runs 2 s, and every wait for the stream from
+/// the first signal's event record on fails with CUDA_ERROR_INVALID_HANDLE
+/// (400: not sticky), while the events still answer.
+const UNSTICKY_STREAM_WAIT: [(&str, &str); 4] = [
+    ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
+    ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
+    ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
+    ("HWQUEUE_FAKE_FAULT", "400"),
+];
+
+/// From the first upload on, nothing tells when work is done: event
+/// queries, event waits and stream waits all fail unsticky.
+const NOTHING_TELLS: [(&str, &str); 3] = [
+    ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+    ("HWQUEUE_FAKE_FAULT", "400"),
+    (
+        "HWQUEUE_FAKE_FAULT_SEEN_BY",
+        "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
+    ),
+];
+
 /// A signal whose value 1 failed on another queue: a wait on it fails the
 /// batch there.
 fn failed_elsewhere(device: &CudaDevice) -> hwqueue::cuda::CudaSignal {
@@ -489,12 +510,7 @@ fn a_proven_failure_settles_the_values_kept_unsettled_before_it_first() {
 /// while the wait for `x` before it was still open.
 #[test]
 fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
-    let vars = [
-        ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
-        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-    ];
+    let vars = UNSTICKY_STREAM_WAIT;
     let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:drain_unsettled", &vars))
     else {
         return;
@@ -517,14 +533,7 @@ fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
 /// the process and `b` fails.
 #[test]
 fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
-    let vars = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
-        ),
-    ];
+    let vars = NOTHING_TELLS;
     let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:dropped_unsettled", &vars))
     else {
         return;
@@ -546,12 +555,7 @@ fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
 /// the work before it completed at 2 s.
 #[test]
 fn a_batch_scoped_failure_kept_unsettled_fails_a_value_before_a_later_wait_first() {
-    let vars = [
-        ("HWQUEUE_FAKE_EVENT_DELAY_US", "2000000"),
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuEventRecord"),
-        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuStreamSynchronize"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-    ];
+    let vars = UNSTICKY_STREAM_WAIT;
     let Some(outcome) = run_scenario(&on_a_12_2_device(
         "failure_order:drain_signal_then_wait",
         &vars,
@@ -576,14 +580,7 @@ fn a_batch_scoped_failure_kept_unsettled_fails_a_value_before_a_later_wait_first
 /// repeat over them.
 #[test]
 fn a_stalled_queue_keeps_a_skipped_batchs_template() {
-    let vars = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
-        ),
-    ];
+    let vars = NOTHING_TELLS;
     let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:stalled_template", &vars))
     else {
         return;
