@@ -571,16 +571,25 @@ impl Shared {
     /// the query fails: the worker's wait for it reports the fault), or
     /// nothing will tell any more: `true` on a stalled queue, whose values
     /// fail at once (see [`earlier_work_done`](Self::earlier_work_done)).
+    /// Where it is idle, the batches in flight before the query are
+    /// retired first (it passed them, even one whose event cannot tell):
+    /// the values they keep unsettled fail before the caller fails later
+    /// ones at once (queue order).
     #[cold]
     #[inline(never)]
     fn stream_idle(&self) -> bool {
         if self.ledger.refuses() {
             return true;
         }
+        let before = self.put_in_flight();
         // SAFETY: the stream is alive (`self` holds it); a query blocks
         // for nothing.
-        unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
+        let idle = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
             .result()
-            .is_ok()
+            .is_ok();
+        if idle {
+            self.retire_waited(before);
+        }
+        idle
     }
 }

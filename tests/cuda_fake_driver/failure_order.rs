@@ -87,6 +87,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "dropped_unsettled" {
         return run_dropped_unsettled(device);
     }
+    if case == "rejected_behind_unsettled" {
+        return run_rejected_behind_unsettled(device);
+    }
     let mut queue = device.compute_queue().unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     match case {
@@ -366,6 +369,52 @@ fn run_dropped_unsettled(device: &CudaDevice) {
     report("live_after_drop", &id.is_live().to_string());
 }
 
+/// The child's half of `rejected_behind_unsettled`: the batch of
+/// `dropped_unsettled` (an upload, a wait on a failed value and
+/// `signal(b, 1)`), whose values the worker keeps unsettled; once the
+/// worker is idle (a wait of 1 s for `b`), `signal(c, 1)` and a copy
+/// between buffers of two sizes, which `submit` refuses: the engine fails
+/// `c` in queue order, on the owner's thread, the stream being idle (its
+/// query still answers). Reports how `c` ended (within 10 s), and how `b`
+/// stood then.
+fn run_rejected_behind_unsettled(device: &CudaDevice) {
+    let mut queue = device.compute_queue().unwrap();
+    let (b, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let buffer = device.alloc(64).unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue
+        .upload_vec(&buffer, vec![7u32; 16])
+        .wait(&failed, 1)
+        .signal(&b, 1)
+        .submit()
+        .unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
+    let (small, large) = (device.alloc(16).unwrap(), device.alloc(32).unwrap());
+    queue.signal(&c, 1).copy(&small, &large);
+    let refused = queue.submit();
+    assert!(
+        matches!(refused, Err(Error::BatchRejected { .. })),
+        "{refused:?}"
+    );
+    let c_ended = c.wait(1, Duration::from_secs(10));
+    let b_then = b.wait(1, Duration::ZERO);
+    report("c", describe(&c_ended));
+    report("b_when_c_settled", describe(&b_then));
+}
+
 fn scenario(case: &str, extra: &[(&str, &str)]) {
     scenario_outcome(case, extra);
 }
@@ -594,4 +643,33 @@ fn a_stalled_queue_keeps_a_skipped_batchs_template() {
         "{outcome:#?}"
     );
     assert_eq!(outcome.field("device_memory_freed"), "0", "{outcome:#?}");
+}
+
+/// A batch whose values fail on the owner's thread, the stream found idle
+/// (here one `submit` refused, its `c` failed in queue order), behind a
+/// batch whose values the worker keeps unsettled (its stream wait, and
+/// the queries of and waits on its completion event, fail unsticky; the
+/// stream's query still answers): `c` failed at once while `b`, earlier
+/// in queue order, stayed pending (for as long as the queue lived),
+/// though the idle stream proved the work before both done.
+#[test]
+fn a_value_failed_on_an_idle_stream_comes_after_the_values_kept_unsettled_before_it() {
+    let vars = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
+        ),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device(
+        "failure_order:rejected_behind_unsettled",
+        &vars,
+    )) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
+    assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
+    assert_eq!(outcome.field("b_when_c_settled"), "failed", "{outcome:#?}");
 }
