@@ -376,6 +376,39 @@ impl Shared {
         over
     }
 
+    /// For the worker blocked on a wait (`worker::block_on`, or
+    /// `worker::honour` draining a failed batch) while values are kept
+    /// [`Unsettled`]: once the queue is dropped, what `shut_down` would
+    /// decide for them, now, since the worker reaches `shut_down` only
+    /// past that wait, which may be for a value a thread sets only once
+    /// they settled. A wait for the stream: where it proves the work in
+    /// flight done (or the device lost), `Some` of how many batches it
+    /// passed, for [`retire_waited`](Self::retire_waited); where it fails
+    /// otherwise (or the queue is stalled), nothing will prove them done
+    /// any more: the values kept unsettled fail, in queue order
+    /// (`Some(0)`), their batches staying in flight with all they hold.
+    /// `None` while the queue lives.
+    pub(super) fn decide_once_dropped(&self) -> Option<u64> {
+        if !self.state.lock().closed {
+            return None;
+        }
+        // A stalled queue's answer (`Ok(0)`) proves nothing.
+        let what = "waiting for the stream behind values kept unsettled, the queue dropped";
+        if !self.ledger.refuses()
+            && let Ok(waited) = self.earlier_work_done(what)
+        {
+            return Some(waited);
+        }
+        let mut in_flight = self.in_flight.lock();
+        in_flight.unsettled = 0;
+        for (_, batch, _, _, _, unsettled) in &mut in_flight.batches {
+            if let Some(unsettled) = unsettled.take() {
+                unsettled.settle(batch);
+            }
+        }
+        Some(0)
+    }
+
     /// Whether a batch in flight holds [`Unsettled`] values.
     pub(super) fn unsettled(&self) -> bool {
         self.in_flight.lock().unsettled > 0

@@ -230,7 +230,8 @@ fn settle(
 /// retiring batches between them, and querying the stream: `Some` (how
 /// many batches were in flight before the query, for `retire_waited`) as
 /// soon as the stream is found idle (or the device lost), the work before
-/// the batch's values done, whether or not the wait is over.
+/// the batch's values done, whether or not the wait is over; or once the
+/// queue is dropped, as `Shared::decide_once_dropped` decides for them.
 fn honour(shared: &Shared, command: &Command<Cuda>) -> Option<u64> {
     if !matches!(
         command,
@@ -240,7 +241,10 @@ fn honour(shared: &Shared, command: &Command<Cuda>) -> Option<u64> {
     }
     let mut poll = POLL_FIRST;
     loop {
-        if let Some(waited) = stream_passed(shared) {
+        // Once the queue is dropped, the drop decides for the values, as
+        // `shut_down` would (the wait may be for a value a thread sets
+        // only once they settled).
+        if let Some(waited) = stream_passed(shared).or_else(|| shared.decide_once_dropped()) {
             return Some(waited);
         }
         let over = match command {
@@ -292,8 +296,10 @@ fn stream_passed(shared: &Shared) -> Option<u64> {
 /// slices (1 ms doubling to 100 ms, as the idle worker polls), retiring
 /// batches between them: the wait may be for a value that a thread sets
 /// only once those values settled, and nothing else retires them while
-/// the owner submits nothing. (A foreign signal, which can only be waited
-/// for without end, is polled meanwhile.)
+/// the owner submits nothing; once the queue is dropped, the drop decides
+/// for them (`Shared::decide_once_dropped`), as `shut_down` would. (A
+/// foreign signal, which can only be waited for without end, is polled
+/// meanwhile.)
 fn block_on(shared: &Shared, command: &Command<Cuda>) -> Result<()> {
     let mut poll = POLL_FIRST;
     while shared.unsettled() {
@@ -319,7 +325,12 @@ fn block_on(shared: &Shared, command: &Command<Cuda>) -> Result<()> {
         if let Some(over) = slice {
             return over;
         }
-        shared.retire();
+        // Once the queue is dropped, the drop decides for them, as
+        // `shut_down` would: the worker reaches it only past this wait.
+        match shared.decide_once_dropped() {
+            Some(waited) => shared.retire_waited(waited),
+            None => shared.retire(),
+        }
         poll = (poll * 2).min(POLL_MAX);
     }
     match command {

@@ -87,6 +87,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "dropped_unsettled" {
         return run_dropped_unsettled(device);
     }
+    if let Some(how) = case.strip_prefix("dropped_while_blocked_") {
+        return run_dropped_while_blocked(device, how == "draining");
+    }
     if case == "rejected_behind_unsettled" {
         return run_rejected_behind_unsettled(device);
     }
@@ -415,6 +418,61 @@ fn run_rejected_behind_unsettled(device: &CudaDevice) {
     report("b_when_c_settled", describe(&b_then));
 }
 
+/// The child's half of `dropped_while_blocked_*`: under
+/// `FailureScope::Batch`, an upload, a wait on a failed value and
+/// `signal(b, 1)`, whose values the worker keeps unsettled (nothing
+/// proves the work before them done); then a wait for `x` 1, which only
+/// the host sets (as a thread that sets it once `b` settled would), and
+/// `signal(c, 1)`: in the same batch (`draining`: the worker honours the
+/// wait draining the failed batch), or in the next (`blocked`: the worker
+/// blocks on it). Reports how a wait of 1 s for `b` ended while the queue
+/// lives, then drops the queue and reports how one of 10 s ended; then
+/// sets `x`.
+fn run_dropped_while_blocked(device: &CudaDevice, draining: bool) {
+    let mut queue = device.compute_queue().unwrap();
+    queue.set_failure_scope(FailureScope::Batch).unwrap();
+    let (b, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
+    let x = device.new_signal(0).unwrap();
+    let buffer = device.alloc(64).unwrap();
+    let failed = device.new_signal(0).unwrap();
+    failed.fail(
+        1,
+        Error::KernelFailed {
+            program: "elsewhere".into(),
+            message: "failed on another queue".into(),
+        },
+    );
+    queue
+        .upload_vec(&buffer, vec![7u32; 16])
+        .wait(&failed, 1)
+        .signal(&b, 1);
+    if !draining {
+        queue.submit().unwrap();
+    }
+    queue.wait(&x, 1).signal(&c, 1);
+    // The failure of the batch before may be reported first (the batch
+    // stays recorded): submitted again.
+    let mut submitted = queue.submit();
+    for _ in 0..3 {
+        match submitted {
+            Err(Error::QueueFailed { .. }) => submitted = queue.submit(),
+            _ => break,
+        }
+    }
+    submitted.unwrap();
+    let describe = |ended: &hwqueue::Result<()>| match ended {
+        Err(Error::SignalFailed { .. }) => "failed",
+        Err(Error::Timeout { .. }) => "pending",
+        Ok(()) => "reached",
+        Err(_) => "other",
+    };
+    report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
+    drop(queue);
+    report("b", describe(&b.wait(1, Duration::from_secs(10))));
+    x.set(1);
+    let _ = c.wait(1, Duration::from_secs(10));
+}
+
 fn scenario(case: &str, extra: &[(&str, &str)]) {
     scenario_outcome(case, extra);
 }
@@ -672,4 +730,39 @@ fn a_value_failed_on_an_idle_stream_comes_after_the_values_kept_unsettled_before
     assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
     assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("b_when_c_settled"), "failed", "{outcome:#?}");
+}
+
+/// A queue dropped while its worker blocks on a wait for a value only the
+/// host sets (`x`), behind values it keeps unsettled that nothing can
+/// prove done (the stream's wait and query, and the queries of and waits
+/// on the completion event, fail unsticky): the worker reached
+/// `shut_down`, whose wait for the stream decides for such values, only
+/// past the wait, so `b` stayed pending after the drop (its wait timed
+/// out after 10 s): a thread that sets `x` once `b` settled, and the
+/// worker, waited for each other for good. The drop decides for them
+/// while the worker blocks too: here `b` fails.
+#[test]
+fn a_queue_dropped_while_its_worker_blocks_settles_the_values_kept_unsettled() {
+    let vars = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize,cuStreamQuery",
+        ),
+    ];
+    for how in ["blocked", "draining"] {
+        let name = format!("failure_order:dropped_while_blocked_{how}");
+        let Some(outcome) = run_scenario(&on_a_12_2_device(&name, &vars)) else {
+            return;
+        };
+        assert_eq!(outcome.field("device"), "ok", "{how}: {outcome:#?}");
+        // Nothing proves the work before `b` done while the queue lives.
+        assert_eq!(
+            outcome.field("b_while_live"),
+            "pending",
+            "{how}: {outcome:#?}"
+        );
+        assert_eq!(outcome.field("b"), "failed", "{how}: {outcome:#?}");
+    }
 }
