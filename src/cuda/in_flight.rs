@@ -26,6 +26,14 @@
 //! failed at once, and every later `submit` and `synchronize` fails,
 //! saying to drop the queue. A wait for the stream at the queue's drop
 //! that fails so likewise keeps what it waited for for the process.
+//!
+//! Values kept [`Unsettled`] behind such a batch do not wait for the
+//! bound: no event will prove them done, and a waiter (or the worker,
+//! blocked on a value a thread sets only once they settled) would wait
+//! for good; so the retirement that finds them there, or the worker that
+//! finds the stream's query failing too while it drains a failed batch,
+//! waits for the stream at once, and where that cannot tell either, the
+//! queue stalls and they fail, in queue order.
 
 use std::collections::VecDeque;
 use std::mem;
@@ -71,7 +79,10 @@ pub(super) struct InFlight {
 /// them failed without losing the device, so that work may still run, and
 /// a waiter a failed value lets through (a settled wait, a plan's next
 /// run) would race it. They fail with `cause` once the stream passed the
-/// batch (or the device is lost); the owner was told of `cause` already.
+/// batch, the device is lost, the queue stalls (nothing can tell any
+/// more: see the module's docs), or its drop decides for them
+/// (`decide_once_dropped`, `shut_down`); the owner hears of the failure
+/// as of any other batch's.
 /// Without a drain of its later waits (`Batch::drain_failed`): that may
 /// block, and the batch may leave on the owner's thread; under
 /// `FailureScope::Batch` the worker honours them before it keeps the
@@ -229,9 +240,18 @@ impl Shared {
     pub(super) fn retire_waited(&self, waited: u64) {
         (self.ledger).letting_go(LETTING_GO, || {
             if self.retire_passed(waited) {
-                self.retire_behind_a_failed_wait();
+                self.retire_behind_a_failed_wait(
+                    "behind one whose completion event could be neither queried nor waited for",
+                );
             }
         });
+    }
+
+    /// For the worker, where neither an event nor the stream's query can
+    /// prove the work before values kept [`Unsettled`] done (`why`): what
+    /// [`retire_waited`](Self::retire_waited) does past its bound.
+    pub(super) fn ask_the_stream_or_stall(&self, why: &str) {
+        (self.ledger).letting_go(LETTING_GO, || self.retire_behind_a_failed_wait(why));
     }
 
     /// Waits for the stream, as the queue's `synchronize` does: how many
@@ -250,12 +270,14 @@ impl Shared {
     }
 
     /// Once more than [`MAX_BEHIND_A_FAILED_WAIT`] batches are in flight
-    /// behind one whose event cannot tell: waits for the stream and lets
-    /// go of what it passed; or, where that fails without losing the
-    /// device, stalls the queue (see the module's docs).
+    /// behind one whose event cannot tell, or values kept [`Unsettled`]
+    /// wait for a proof that neither an event nor the stream's query can
+    /// give (`why`, for the error): waits for the stream and lets go of
+    /// what it passed; or, where that fails without losing the device,
+    /// stalls the queue (see the module's docs).
     #[cold]
     #[inline(never)]
-    fn retire_behind_a_failed_wait(&self) {
+    fn retire_behind_a_failed_wait(&self, why: &str) {
         let (before, synced) =
             self.wait_for_the_stream("waiting for the stream behind a batch whose event failed");
         // Where the stream passed them, or the device is lost (its stream
@@ -291,10 +313,7 @@ impl Shared {
         // unrun) stays, for a later retirement or the drop.
         self.ledger.refuse_all(Error::QueueStalled {
             backend: <Cuda as crate::backend::Backend>::ID,
-            what: format!(
-                "waiting for the queue's stream, with {count} batches in flight behind one whose \
-                 completion event could be neither queried nor waited for"
-            ),
+            what: format!("waiting for the queue's stream, with {count} batches in flight {why}"),
             detail: driver.to_string(),
         });
     }
@@ -344,8 +363,17 @@ impl Shared {
                             self.ledger.fail_unbatched(error);
                         }
                         // Only here, on this failure: the common path
-                        // pays nothing for the bound.
-                        over = !passed && in_flight.batches.len() > MAX_BEHIND_A_FAILED_WAIT + 1;
+                        // pays nothing for the bound. Values kept
+                        // unsettled behind an event that cannot tell wait
+                        // for a proof only the stream can give now: a
+                        // waiter (or the worker, blocked on a value a
+                        // thread sets once they settled) would wait for
+                        // it for good, so the stream is asked at once,
+                        // and where it cannot tell either, the queue
+                        // stalls and they fail (helper-73, finding 3).
+                        over = !passed
+                            && (in_flight.batches.len() > MAX_BEHIND_A_FAILED_WAIT + 1
+                                || in_flight.unsettled > 0);
                         passed
                     }
                 },

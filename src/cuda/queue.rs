@@ -462,7 +462,7 @@ impl Engine for CudaEngine {
             state.sync_waiters -= 1;
         }
         // The fault is made (a sticky one marks the device lost) before
-        // `retire` gives staging back (see `StreamShared::finish`). Once
+        // `retire` gives staging back (see `Shared::finish`). Once
         // the wait succeeded, the stream passed every batch in flight
         // before it, even one whose event's query fails.
         let (before, synced) = shared.wait_for_the_stream("running the queue's work");

@@ -142,7 +142,8 @@ impl Shared {
         match self.ledger.admit(&batch) {
             Admission::Run => {}
             // Its values must not fail before the work ahead of them
-            // completed: the worker waits for the stream (see `admit`).
+            // completed: the worker waits for the stream (see
+            // `earlier_work_done`).
             Admission::Skip(_) if !self.stream_idle() => {
                 self.hand_over(batch, from, None, mark);
                 return None;

@@ -273,7 +273,12 @@ fn honour(shared: &Shared, command: &Command<Cuda>) -> Option<u64> {
 /// it (what it passed, for `retire_waited`) where it is idle or the
 /// device is lost (a sticky error; its stream runs nothing again); `Some(0)`
 /// on a stalled queue, whose values fail at once (see
-/// `Shared::earlier_work_done`); `None` where work may still run.
+/// `Shared::earlier_work_done`), and where the query fails without losing
+/// the device: the stream's wait failed so already (the caller keeps the
+/// values for want of a proof), so nothing can tell any more, and the
+/// queue asks the stream once more, then stalls (helper-73, finding 3: a
+/// worker honouring a wait for a value a thread sets only once they
+/// settled waited for good); `None` where work may still run.
 fn stream_passed(shared: &Shared) -> Option<u64> {
     if shared.ledger.refuses() {
         return Some(0);
@@ -286,7 +291,12 @@ fn stream_passed(shared: &Shared) -> Option<u64> {
         Err(error) if error.0 == sys::CUresult::CUDA_ERROR_NOT_READY => None,
         Err(error) => match shared.fault("querying the stream behind a failed batch", error) {
             Error::DeviceLost { .. } => Some(before),
-            _ => None,
+            _ => {
+                shared.ask_the_stream_or_stall(
+                    "behind a failed batch whose stream could be neither waited for nor queried",
+                );
+                Some(0)
+            }
         },
     }
 }

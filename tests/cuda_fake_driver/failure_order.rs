@@ -646,8 +646,11 @@ fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
         return;
     };
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    // Nothing proves the work before `b` done while the queue lives.
-    assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
+    // Nothing can prove the work before `b` done: the queue stalls at
+    // once, and `b` fails while it lives (helper-73, finding 3: it stayed
+    // pending for as long as the queue lived, so that a waiter without a
+    // timeout, or a worker blocked behind it, waited for good).
+    assert_eq!(outcome.field("b_while_live"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("live_after_drop"), "false", "{outcome:#?}");
 }
@@ -727,7 +730,9 @@ fn a_value_failed_on_an_idle_stream_comes_after_the_values_kept_unsettled_before
         return;
     };
     assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    assert_eq!(outcome.field("b_while_live"), "pending", "{outcome:#?}");
+    // The queue stalls once nothing tells (see the test before): `b`
+    // fails first, then `c`.
+    assert_eq!(outcome.field("b_while_live"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
     assert_eq!(outcome.field("b_when_c_settled"), "failed", "{outcome:#?}");
 }
@@ -757,10 +762,11 @@ fn a_queue_dropped_while_its_worker_blocks_settles_the_values_kept_unsettled() {
             return;
         };
         assert_eq!(outcome.field("device"), "ok", "{how}: {outcome:#?}");
-        // Nothing proves the work before `b` done while the queue lives.
+        // The queue stalls once nothing tells, the worker blocked: `b`
+        // fails while it lives (see the tests before).
         assert_eq!(
             outcome.field("b_while_live"),
-            "pending",
+            "failed",
             "{how}: {outcome:#?}"
         );
         assert_eq!(outcome.field("b"), "failed", "{how}: {outcome:#?}");
