@@ -35,6 +35,26 @@ const NOTHING_TELLS: [(&str, &str); 3] = [
     ),
 ];
 
+/// Runs the child `failure_order:CASE` under `vars`, and checks each of
+/// `fields` reads as given (and the device opened); `None` without a C
+/// compiler, else what the child reported.
+fn expect_fields(
+    case: &str,
+    vars: &[(&str, &str)],
+    fields: &[(&str, &str)],
+) -> Option<super::Outcome> {
+    let outcome = run_scenario(&on_a_12_2_device(&format!("failure_order:{case}"), vars))?;
+    assert_eq!(outcome.field("device"), "ok", "{case}: {outcome:#?}");
+    for (field, value) in fields {
+        assert_eq!(
+            outcome.field(field),
+            *value,
+            "{case}, {field}: {outcome:#?}"
+        );
+    }
+    Some(outcome)
+}
+
 /// A signal whose value 1 failed on another queue: a wait on it fails the
 /// batch there.
 fn failed_elsewhere(device: &CudaDevice) -> hwqueue::cuda::CudaSignal {
@@ -617,15 +637,15 @@ fn a_proven_failure_settles_the_values_kept_unsettled_before_it_first() {
 /// while the wait for `x` before it was still open.
 #[test]
 fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
-    let vars = UNSTICKY_STREAM_WAIT;
-    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:drain_unsettled", &vars))
-    else {
-        return;
-    };
-    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
-    assert_eq!(outcome.field("b_before_x"), "pending", "{outcome:#?}");
-    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
+    expect_fields(
+        "drain_unsettled",
+        &UNSTICKY_STREAM_WAIT,
+        &[
+            ("a_reached", "true"),
+            ("b_before_x", "pending"),
+            ("b", "failed"),
+        ],
+    );
 }
 
 /// A queue dropped with values kept unsettled behind a completion event
@@ -640,19 +660,19 @@ fn a_batch_scoped_failure_kept_unsettled_still_honours_its_later_waits() {
 /// the process and `b` fails.
 #[test]
 fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
-    let vars = NOTHING_TELLS;
-    let Some(outcome) = run_scenario(&on_a_12_2_device("failure_order:dropped_unsettled", &vars))
-    else {
-        return;
-    };
-    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    // Nothing can prove the work before `b` done: the queue stalls at
-    // once, and `b` fails while it lives (helper-73, finding 3: it stayed
-    // pending for as long as the queue lived, so that a waiter without a
-    // timeout, or a worker blocked behind it, waited for good).
-    assert_eq!(outcome.field("b_while_live"), "failed", "{outcome:#?}");
-    assert_eq!(outcome.field("b"), "failed", "{outcome:#?}");
-    assert_eq!(outcome.field("live_after_drop"), "false", "{outcome:#?}");
+    expect_fields(
+        "dropped_unsettled",
+        &NOTHING_TELLS,
+        &[
+            // Nothing can prove the work before `b` done: the queue stalls at
+            // once, and `b` fails while it lives (helper-73, finding 3: it stayed
+            // pending for as long as the queue lived, so that a waiter without a
+            // timeout, or a worker blocked behind it, waited for good).
+            ("b_while_live", "failed"),
+            ("b", "failed"),
+            ("live_after_drop", "false"),
+        ],
+    );
 }
 
 /// Under `FailureScope::Batch`, a failed batch's value before a later wait
@@ -665,17 +685,15 @@ fn a_queue_dropped_with_values_that_cannot_be_proven_still_settles_them() {
 /// the work before it completed at 2 s.
 #[test]
 fn a_batch_scoped_failure_kept_unsettled_fails_a_value_before_a_later_wait_first() {
-    let vars = UNSTICKY_STREAM_WAIT;
-    let Some(outcome) = run_scenario(&on_a_12_2_device(
-        "failure_order:drain_signal_then_wait",
-        &vars,
-    )) else {
-        return;
-    };
-    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    assert_eq!(outcome.field("b_before_x"), "failed", "{outcome:#?}");
-    assert_eq!(outcome.field("a_reached"), "true", "{outcome:#?}");
-    assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
+    expect_fields(
+        "drain_signal_then_wait",
+        &UNSTICKY_STREAM_WAIT,
+        &[
+            ("b_before_x", "failed"),
+            ("a_reached", "true"),
+            ("c", "failed"),
+        ],
+    );
 }
 
 /// A stalled queue (`Error::QueueStalled`: its stream's work can no longer
@@ -715,26 +733,17 @@ fn a_stalled_queue_keeps_a_skipped_batchs_template() {
 /// though the idle stream proved the work before both done.
 #[test]
 fn a_value_failed_on_an_idle_stream_comes_after_the_values_kept_unsettled_before_it() {
-    let vars = [
-        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
-        ("HWQUEUE_FAKE_FAULT", "400"),
-        (
-            "HWQUEUE_FAKE_FAULT_SEEN_BY",
-            "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
-        ),
-    ];
-    let Some(outcome) = run_scenario(&on_a_12_2_device(
-        "failure_order:rejected_behind_unsettled",
-        &vars,
-    )) else {
-        return;
-    };
-    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
-    // The queue stalls once nothing tells (see the test before): `b`
-    // fails first, then `c`.
-    assert_eq!(outcome.field("b_while_live"), "failed", "{outcome:#?}");
-    assert_eq!(outcome.field("c"), "failed", "{outcome:#?}");
-    assert_eq!(outcome.field("b_when_c_settled"), "failed", "{outcome:#?}");
+    expect_fields(
+        "rejected_behind_unsettled",
+        &NOTHING_TELLS,
+        &[
+            // The queue stalls once nothing tells (see the test before):
+            // `b` fails first, then `c`.
+            ("b_while_live", "failed"),
+            ("c", "failed"),
+            ("b_when_c_settled", "failed"),
+        ],
+    );
 }
 
 /// A queue dropped while its worker blocks on a wait for a value only the
