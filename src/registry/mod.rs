@@ -306,17 +306,10 @@ impl<S: BackendSet> Registry<S> {
                     .collect::<Vec<_>>()
                     .join(", "),
             })?;
-        let slot = self
-            .slots
-            .lock()
-            .entry(spec)
-            .or_insert_with(|| {
-                Arc::new(Slot {
-                    state: Mutex::new(SlotState::Empty),
-                    changed: Condvar::new(),
-                })
-            })
-            .clone();
+        let held = self.hold(spec, true);
+        let Some(slot) = held.slot.as_ref() else {
+            unreachable!("`hold` makes the slot it is asked to")
+        };
         let me = current_thread();
         let mut state = slot.state.lock();
         loop {
@@ -375,33 +368,37 @@ impl<S: BackendSet> Registry<S> {
             }
         };
         slot.changed.notify_all();
-        drop(state);
-        if result.is_err() {
-            self.forget_if_unused(spec, &slot);
-        }
         result
     }
 
-    /// Takes `spec`'s slot out of the map where it is empty and nobody
-    /// else holds it: specs that never opened (a mistyped ordinal, asked
-    /// for in a loop) leave nothing behind. Under the map's lock no new
-    /// holder can appear (slots are handed out only from the map).
-    fn forget_if_unused(&self, spec: DeviceSpec, slot: &Arc<Slot<S::Device>>) {
+    /// `spec`'s slot (made empty where there is none and `make` is set),
+    /// held until the [`Held`] drops.
+    fn hold(&self, spec: DeviceSpec, make: bool) -> Held<'_, S> {
         let mut slots = self.slots.lock();
-        let unused = slots.get(&spec).is_some_and(|kept| {
-            Arc::ptr_eq(kept, slot)
-                && Arc::strong_count(slot) == 2
-                && matches!(*slot.state.lock(), SlotState::Empty)
-        });
-        if unused {
-            slots.remove(&spec);
+        let slot = if make {
+            Some(&*slots.entry(spec).or_insert_with(|| {
+                Arc::new(Slot {
+                    state: Mutex::new(SlotState::Empty),
+                    changed: Condvar::new(),
+                })
+            }))
+        } else {
+            slots.get(&spec)
+        };
+        Held {
+            registry: self,
+            spec,
+            slot: slot.cloned(),
         }
     }
 
     /// Whether `spec` is open in this registry (nothing is opened).
     pub fn is_open(&self, spec: DeviceSpec) -> bool {
-        let slot = self.slots.lock().get(&spec).cloned();
-        slot.is_some_and(|slot| matches!(*slot.state.lock(), SlotState::Open(_)))
+        let held = self.hold(spec, false);
+        // (Edition 2024: the state's guard drops before `held`.)
+        held.slot
+            .as_ref()
+            .is_some_and(|slot| matches!(*slot.state.lock(), SlotState::Open(_)))
     }
 
     /// Opens device 0 of the preferred backend (see the [module docs](self)).
@@ -437,6 +434,35 @@ impl<S: BackendSet> Registry<S> {
             .collect();
         reports.sort_by_key(|r| std::cmp::Reverse(r.precedence));
         reports
+    }
+}
+
+/// A slot taken from the registry's map. Slots are cloned only under the
+/// map's lock, and a `Held` drops its clone under that lock too, so there
+/// the count of holders is exact: the last holder of an empty slot takes it
+/// out of the map, and specs that never opened (a mistyped ordinal, asked
+/// for in a loop, on any number of threads) leave nothing behind. (Checked
+/// by each failed open alone, a holder that let go just after the check
+/// left the slot in the map for good.)
+struct Held<'r, S: BackendSet> {
+    registry: &'r Registry<S>,
+    spec: DeviceSpec,
+    slot: Option<Arc<Slot<S::Device>>>,
+}
+
+impl<S: BackendSet> Drop for Held<'_, S> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let mut slots = self.registry.slots.lock();
+        drop(slot);
+        let unused = slots.get(&self.spec).is_some_and(|kept| {
+            Arc::strong_count(kept) == 1 && matches!(*kept.state.lock(), SlotState::Empty)
+        });
+        if unused {
+            slots.remove(&self.spec);
+        }
     }
 }
 
@@ -487,5 +513,90 @@ mod tests {
         assert!(registry.open(DeviceSpec::new("cpu", 7)).is_err());
         assert_eq!(registry.slots.lock().len(), 1);
         assert!(registry.is_open(DeviceSpec::cpu()));
+    }
+
+    /// Many threads at once, started together by a barrier, on one fresh
+    /// registry per round: a third race the first open of `cpu` and use
+    /// it, the rest open `cpu:1` or `cpu:2` (no such device: every open
+    /// fails) and ask `is_open` of them, several times each. Afterwards no
+    /// slot is left for the specs that never opened, the threads that
+    /// opened `cpu` hold one device while all their handles live, and
+    /// once every handle is dropped `cpu` opens again (to that device, the
+    /// registry's). A 30 s watchdog turns a deadlock into a failure.
+    #[test]
+    fn racing_opens_leave_no_slot_for_failed_specs_and_share_the_one_that_opened() {
+        use std::sync::{Arc, Barrier, mpsc};
+        use std::time::Duration;
+
+        use crate::Device;
+
+        const THREADS: usize = 12;
+        const ROUNDS: usize = 200;
+        const TRIES: u32 = 4;
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            for round in 0..ROUNDS {
+                let registry = Arc::new(Registry::<crate::AnyBackend>::new());
+                // Everyone starts together; everyone holds what it opened
+                // until all have opened.
+                let (start, held) = (
+                    Arc::new(Barrier::new(THREADS)),
+                    Arc::new(Barrier::new(THREADS)),
+                );
+                let threads: Vec<_> = (0..THREADS)
+                    .map(|i| {
+                        let (registry, start, held) =
+                            (registry.clone(), start.clone(), held.clone());
+                        std::thread::spawn(move || {
+                            start.wait();
+                            let device = if i % 3 == 0 {
+                                let device = registry.open(DeviceSpec::cpu()).unwrap();
+                                device.health().unwrap();
+                                assert_eq!(device.spec(), DeviceSpec::cpu());
+                                Some(device)
+                            } else {
+                                let spec = DeviceSpec::new("cpu", 1 + (i % 3 == 2) as u32);
+                                for _ in 0..TRIES {
+                                    assert!(registry.open(spec).is_err(), "{spec} opened");
+                                    assert!(!registry.is_open(spec));
+                                }
+                                None
+                            };
+                            held.wait();
+                            device
+                        })
+                    })
+                    .collect();
+                let devices: Vec<_> = threads
+                    .into_iter()
+                    .filter_map(|t| t.join().unwrap())
+                    .collect();
+                assert_eq!(devices.len(), THREADS.div_ceil(3));
+                assert!(
+                    devices.iter().all(|d| Arc::ptr_eq(d, &devices[0])),
+                    "round {round}: the threads that opened `cpu` got different devices"
+                );
+                let id = Arc::as_ptr(&devices[0]);
+                drop(devices);
+                let left: Vec<String> = registry
+                    .slots
+                    .lock()
+                    .keys()
+                    .map(ToString::to_string)
+                    .collect();
+                assert_eq!(left, ["cpu:0"], "round {round}: slots left behind");
+                let again = registry.open(DeviceSpec::cpu()).unwrap();
+                assert_eq!(Arc::as_ptr(&again), id, "round {round}");
+                again.health().unwrap();
+            }
+            let _ = sender.send(());
+        });
+        match receiver.recv_timeout(Duration::from_secs(30)) {
+            Ok(()) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("no progress in 30 s: a deadlock (or a thread panicked: see above)")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => panic!("failed (see above)"),
+        }
     }
 }
