@@ -96,10 +96,10 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         return run_drain_behind_unsettled(device);
     }
     if case == "drain_unsettled" {
-        return run_drain_unsettled(device);
+        return run_drain(device, false);
     }
     if case == "drain_signal_then_wait" {
-        return run_drain_signal_then_wait(device);
+        return run_drain(device, true);
     }
     if case == "stalled_template" {
         return run_stalled_template(device);
@@ -237,55 +237,35 @@ fn run_drain_behind_unsettled(device: &CudaDevice) {
     report("b", describe(&b.wait(1, Duration::ZERO)));
 }
 
-/// The child's half of `drain_unsettled`: under `FailureScope::Batch`,
-/// `signal(a, 1)` submitted alone, then a batch of a wait on a failed
-/// value, a wait for `x` 1 (which only the host sets) and `signal(b, 1)`.
-/// Reports how a wait of 5 s for `b` ended before `x` is set, then how
-/// one of 10 s ended after.
-fn run_drain_unsettled(device: &CudaDevice) {
-    let mut queue = device.compute_queue().unwrap();
-    queue.set_failure_scope(FailureScope::Batch).unwrap();
-    let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
-    let x = device.new_signal(0).unwrap();
-    let failed = failed_elsewhere(device);
-    queue.signal(&a, 1).submit().unwrap();
-    queue
-        .wait(&failed, 1)
-        .wait(&x, 1)
-        .signal(&b, 1)
-        .submit()
-        .unwrap();
-    report("b_before_x", describe(&b.wait(1, Duration::from_secs(5))));
-    report("a_reached", &a.is_reached(1).to_string());
-    x.set(1);
-    report("b", describe(&b.wait(1, Duration::from_secs(10))));
-}
-
-/// The child's half of `drain_signal_then_wait`: under
-/// `FailureScope::Batch`, `signal(a, 1)` submitted alone, then a batch of
-/// a wait on a failed value, `signal(b, 1)`, a wait for `x` 1 (which only
-/// the host sets) and `signal(c, 1)`, as a thread that sets `x` once `b`
-/// settled would need. Reports how a wait of 10 s for `b` ended before
-/// `x` is set, and whether `a` was reached then; then sets `x` and
-/// reports how a wait of 10 s for `c` ended.
-fn run_drain_signal_then_wait(device: &CudaDevice) {
+/// The child's half of `drain_unsettled` and (`signal_first`)
+/// `drain_signal_then_wait`: under `FailureScope::Batch`, `signal(a, 1)`
+/// submitted alone, then a batch of a wait on a failed value and either
+/// a wait for `x` 1 (which only the host sets) then `signal(b, 1)`, or
+/// `signal(b, 1)`, the wait for `x` and `signal(c, 1)`, as a thread that
+/// sets `x` once `b` settled would need. Reports how a wait for `b` (5 s;
+/// 10 s where it should fail) ended before `x` is set, and whether `a`
+/// was reached then; then sets `x` and reports how a wait of 10 s for the
+/// batch's last value (`b`, or `c`) ended.
+fn run_drain(device: &CudaDevice, signal_first: bool) {
     let mut queue = device.compute_queue().unwrap();
     queue.set_failure_scope(FailureScope::Batch).unwrap();
     let (a, b) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let (x, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let failed = failed_elsewhere(device);
     queue.signal(&a, 1).submit().unwrap();
-    queue
-        .wait(&failed, 1)
-        .signal(&b, 1)
-        .wait(&x, 1)
-        .signal(&c, 1)
-        .submit()
-        .unwrap();
-    report("b_before_x", describe(&b.wait(1, Duration::from_secs(10))));
+    queue.wait(&failed, 1);
+    if signal_first {
+        queue.signal(&b, 1).wait(&x, 1).signal(&c, 1);
+    } else {
+        queue.wait(&x, 1).signal(&b, 1);
+    }
+    queue.submit().unwrap();
+    let before_x = Duration::from_secs(if signal_first { 10 } else { 5 });
+    report("b_before_x", describe(&b.wait(1, before_x)));
     report("a_reached", &a.is_reached(1).to_string());
     x.set(1);
-    report("c", describe(&c.wait(1, Duration::from_secs(10))));
+    let (name, last) = if signal_first { ("c", &c) } else { ("b", &b) };
+    report(name, describe(&last.wait(1, Duration::from_secs(10))));
 }
 
 /// The child's half of `stalled_template`: a batch of two `scale`
