@@ -360,7 +360,21 @@ impl DeviceThread {
         profile: bool,
         mark: &Mark,
     ) -> std::result::Result<(), (usize, Error)> {
+        // A template is filled before the first signal after the batch's
+        // last kernel, not once the batch settled: a waiter that signal
+        // lets through may submit the next run at once, which looks the
+        // template up (filled after the signals, it was still empty for
+        // every one of 40 runs on a loaded CI machine, at `8884bda`).
+        // Its kernels all ran by then; `run` fills it again (the same
+        // programs) where no such signal came.
+        let last_exec =
+            (batch.commands().iter()).rposition(|command| matches!(command, Command::Exec { .. }));
         for (index, command) in batch.commands().iter().enumerate() {
+            if let (Mark::Record(template), Command::Signal { .. }) = (mark, command)
+                && last_exec.is_none_or(|last| index > last)
+            {
+                template.record(batch);
+            }
             let start = profile.then(now_ns);
             let outcome = self.run_command(batch, command, mark);
             if let Some(start) = start {
