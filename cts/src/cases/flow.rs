@@ -265,7 +265,21 @@ pub fn failure_scoped_to_its_batch_drains_and_settles<T: Target>(cx: &Cx<T>) {
             format!("a wait_settled on a failed value did not pass: {error}"),
         );
     }
-    let _ = queue.synchronize();
+    // The failure is reported to the owner once, here (every submit came
+    // before it), and the queue runs on.
+    match queue.synchronize() {
+        Err(Error::QueueFailed { .. }) => {}
+        other => broke(
+            FAILURE,
+            format!("the first synchronize after a failed batch gave {other:?}, not QueueFailed"),
+        ),
+    }
+    if let Err(error) = queue.synchronize() {
+        broke(
+            FAILURE,
+            format!("a failure reported once was reported again: {error}"),
+        );
+    }
     setup("synchronize", settled.synchronize());
 }
 
@@ -397,9 +411,10 @@ pub fn memory_alloc_is_zeroed_and_counted<T: Target>(cx: &Cx<T>) {
     });
 }
 
-/// `alloca`'s buffer is usable by the commands after it; `dealloca` gives
-/// it back once they ran, after which the host's access through a
-/// remaining handle is refused. A backend without queue-ordered memory
+/// `alloca`'s buffer is usable by the commands after it, and by the host
+/// until its `dealloca` runs (here: the batch held at a gate after the
+/// fill); `dealloca` gives it back once they ran, after which the host's
+/// access through a remaining handle is refused. A backend without queue-ordered memory
 /// says so (`NoQueueOrderedMemory`), and the case checks only that.
 pub fn memory_alloca_and_dealloca_in_queue_order<T: Target>(cx: &Cx<T>) {
     let mut queue = cx.queue();
@@ -418,13 +433,31 @@ pub fn memory_alloca_and_dealloca_in_queue_order<T: Target>(cx: &Cx<T>) {
         format!("alloca(16) made {} bytes", scratch.size())
     });
     let out = cx.buffer(&[0; 4]);
-    let done = cx.signal(0);
+    let (filled, gate, done) = (cx.signal(0), cx.signal(0), cx.signal(0));
     queue
         .fill(&scratch, 4u32)
+        .signal(&filled, 1)
+        .wait(&gate, 1)
         .copy(&out, &scratch)
         .dealloca(&scratch)
         .signal(&done, 1);
     setup("submit", queue.submit());
+    // Before the `dealloca` runs, the buffer is live: the host reads what
+    // the queue wrote, and the queue has not run past the gate.
+    setup("the wait for the fill", filled.wait(1, LONG));
+    match scratch.to_vec::<u32>() {
+        Ok(read) => check(read == [4; 4], MEMORY, || {
+            format!("the host read {read:?} of alloca's buffer after its fill")
+        }),
+        Err(error) => broke(
+            MEMORY,
+            format!("a host read of alloca's buffer before its dealloca ran was refused: {error}"),
+        ),
+    }
+    check(done.value() == 0, ORDER, || {
+        "the batch ran past a wait on a gate never opened".into()
+    });
+    gate.set(1);
     setup("synchronize", queue.synchronize());
     check(cx.read(&out) == [4; 4], MEMORY, || {
         format!(

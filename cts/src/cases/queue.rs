@@ -134,17 +134,27 @@ pub fn queue_signal_never_lowers_a_value<T: Target>(cx: &Cx<T>) {
 }
 
 /// After `submit` nothing is recorded, and the next batch records afresh:
-/// three batches, each one fill, each runs only its own fill once. (The
-/// queue core clears what the engine hands back; the fills and signals
-/// show the engine ran each batch once.)
+/// three batches, each one `add` of a distinct power of ten to the whole
+/// buffer, each runs its own once. An `add` run twice, or a batch that
+/// still held an earlier one's command, shows in the sum (a fill, which
+/// the case used before, would not: run twice, it writes the same).
+/// (The queue core clears what the engine hands back; the sum and the
+/// signals show the engine ran each batch once.)
 pub fn queue_submit_leaves_an_empty_batch_to_record_into<T: Target>(cx: &Cx<T>) {
+    let add = cx.program(Kernel::Add);
     let done = cx.signal(0);
-    let data = cx.buffer(&[0; 3]);
+    let data = cx.buffer(&[0; 16]);
     let mut queue = cx.queue();
     setup("an empty submit", queue.submit());
-    for n in 0..3u64 {
-        let view = setup("view", hwqueue::View::new(&data, n as usize * 4, 4));
-        queue.fill(&view, n as u32 + 10).signal(&done, n + 1);
+    for n in 0..3u32 {
+        queue
+            .exec(
+                &add,
+                &[&data],
+                &[Scalar::U32(10u32.pow(n))],
+                ExecParams::new_1d(16, 16),
+            )
+            .signal(&done, u64::from(n) + 1);
         check(queue.recorded() == 2, COMMANDS, || {
             format!(
                 "after recording 2 commands into batch {}, recorded() is {}",
@@ -164,8 +174,11 @@ pub fn queue_submit_leaves_an_empty_batch_to_record_into<T: Target>(cx: &Cx<T>) 
             done.value()
         )
     });
-    check(cx.read(&data) == [10, 11, 12], COMMANDS, || {
-        format!("three fills of one word each left {:?}", cx.read(&data))
+    check(cx.read(&data) == [111; 16], COMMANDS, || {
+        format!(
+            "three batches adding 1, 10 and 100 once each left {:?}, not 111 each (a digit above 1 is a command run again)",
+            cx.read(&data)
+        )
     });
 }
 
