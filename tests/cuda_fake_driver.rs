@@ -22,6 +22,8 @@ mod contexts;
 mod exec_checks;
 #[path = "cuda_fake_driver/failure_order.rs"]
 mod failure_order;
+#[path = "cuda_fake_driver/host_side.rs"]
+mod host_side;
 #[cfg(feature = "nccl")]
 #[path = "cuda_fake_driver/nccl.rs"]
 mod nccl;
@@ -920,6 +922,7 @@ fn run_child_scenario(scenario: &str) {
         "record_lost" => exec_checks::run_record_lost(&device),
         "exec_params" => exec_checks::run_params(&device),
         "plan_threads" => threads::run(device),
+        "host_side_threads" => host_side::run(device),
         #[cfg(feature = "nccl")]
         other if other.starts_with("nccl:") => nccl::run(&device, &other["nccl:".len()..]),
         #[cfg(feature = "nccl")]
