@@ -58,8 +58,8 @@ fn executor_replay(c: &mut Criterion) {
     group.bench_function("hwqueue", |b| {
         let mut schedule = Schedule::<Cpu>::new();
         let d = schedule.add_device(device.clone());
-        let [bs, bx, by, bo] =
-            [&staging, &x, &y, &out].map(|buffer| schedule.add_buffer(d, "buffer", buffer.clone()));
+        let [bs, bx, by, bo] = [("staging", &staging), ("x", &x), ("y", &y), ("out", &out)]
+            .map(|(name, buffer)| schedule.add_buffer(d, name, buffer.clone()));
         schedule.copy("upload", bx, bs);
         schedule.exec("x += 5", d, &add, &[bx], &[5u32.into()], one);
         schedule

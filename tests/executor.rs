@@ -1595,3 +1595,53 @@ fn a_plan_asked_about_another_schedule_s_operation_answers_none() {
     let text = small.reason(op, wait).to_string();
     assert!(text.contains("another plan"), "{text}");
 }
+
+/// `plan` refuses the schedule, with a reason containing every one of `words`.
+fn refused_with(s: Setup, words: &[&str]) {
+    match s.schedule.plan() {
+        Err(Error::InvalidSchedule { reason }) => {
+            for word in words {
+                assert!(reason.contains(word), "`{word}` missing from: {reason}");
+            }
+        }
+        other => panic!("planned: {:?}", other.map(|_| ())),
+    }
+}
+
+#[test]
+fn duplicate_names_are_refused_naming_the_duplicate() {
+    // Two operations under one name.
+    let mut s = setup();
+    let buf = buffer(&mut s, "buf", 16);
+    touch(&mut s, "step", buf, None, None);
+    touch(&mut s, "other", buf, None, None);
+    touch(&mut s, "step", buf, None, None);
+    refused_with(s, &["`step`", "operations 0 and 2"]);
+
+    // Two buffers of different kinds (a buffer and a tensor) under one name.
+    let mut s = setup();
+    let buf = buffer(&mut s, "x", 16);
+    let tensor = s.schedule.add_tensor(s.device, "x", 16);
+    s.schedule.copy("into tensor", tensor, buf);
+    s.schedule.copy("back", buf, tensor);
+    refused_with(s, &["`x`", "buffers 0 and 1"]);
+
+    // A slot and a view under one name.
+    let mut s = setup();
+    let slot = s.schedule.add_slot(s.device, "io", 16);
+    s.schedule.add_view("io", slot, 0, 8).unwrap();
+    s.schedule.fill("clear", slot, 0u32);
+    refused_with(s, &["`io`", "buffers 0 and 1"]);
+
+    // Two scalar slots under one name.
+    let mut s = setup();
+    s.schedule.add_scalar("n", 0u32);
+    s.schedule.add_scalar("n", 1u32);
+    refused_with(s, &["`n`", "scalar slots 0 and 1"]);
+
+    // An operation may share a name with a buffer: they are named apart.
+    let mut s = setup();
+    let buf = buffer(&mut s, "same", 16);
+    touch(&mut s, "same", buf, None, None);
+    assert!(s.schedule.plan().is_ok());
+}

@@ -304,8 +304,22 @@ fn only_slots_bind() {
     let d = s.add_device(device.clone());
     let tensor = s.add_tensor(d, "tensor", 64);
     let buffer = s.add_buffer(d, "buffer", device.alloc(64).expect("alloc"));
-    s.exec("write", d, &program, &[tensor], &[Scalar::U32(1)], ONE);
-    s.exec("write", d, &program, &[buffer], &[Scalar::U32(1)], ONE);
+    s.exec(
+        "write tensor",
+        d,
+        &program,
+        &[tensor],
+        &[Scalar::U32(1)],
+        ONE,
+    );
+    s.exec(
+        "write buffer",
+        d,
+        &program,
+        &[buffer],
+        &[Scalar::U32(1)],
+        ONE,
+    );
     let mut plan = s.plan().expect("plan");
     let other = device.alloc(64).expect("alloc");
     for id in [tensor, buffer] {
@@ -546,7 +560,7 @@ fn plan_huge(per_device: &[&[usize]]) -> hwqueue::Result<hwqueue::Plan<Cpu>> {
             .collect();
         let program = CpuProgram::from_fn("nothing", tensors.len(), 0, nothing);
         s.exec(
-            "write",
+            format!("write{d}"),
             device,
             &program,
             &tensors,

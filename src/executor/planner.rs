@@ -28,7 +28,8 @@ impl<B: Backend> Schedule<B> {
     /// # Errors
     /// [`Error::InvalidSchedule`] for unknown ids, ranges past a buffer's end,
     /// an exec whose buffers live on another device, a copy between buffers
-    /// of different sizes; any error creating queues or signals.
+    /// of different sizes, two operations (or two buffers, or two scalar
+    /// slots) with one name; any error creating queues or signals.
     pub fn plan(self) -> Result<Plan<B>> {
         plan(self)
     }
@@ -473,6 +474,7 @@ fn validate<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
     if schedule.devices.is_empty() && !schedule.ops.is_empty() {
         return invalid("no device was added; call `add_device` first".into());
     }
+    check_unique_names(schedule)?;
     for (index, slot) in schedule.buffers.iter().enumerate() {
         if slot.device.0 >= schedule.devices.len() {
             return invalid(format!(

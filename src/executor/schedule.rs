@@ -105,6 +105,12 @@ pub(super) struct Op<B: Backend> {
 
 /// Operations over buffers on devices, in program order: the input of the
 /// planner.
+///
+/// Names are how plans and errors speak of things, so each operation's
+/// must differ from every other operation's, each buffer's (buffer,
+/// tensor, slot or view) from every other buffer's, and each scalar
+/// slot's from every other's; [`plan`](Self::plan) refuses a schedule
+/// where two share one.
 pub struct Schedule<B: Backend> {
     pub(super) devices: Vec<Arc<B::Device>>,
     pub(super) buffers: Vec<BufferSlot<B>>,
@@ -491,6 +497,48 @@ impl<B: Backend> OpBuilder<'_, B> {
             range: start..end,
         }
     }
+}
+
+/// What `plan` checks of the names: no two operations, no two buffers
+/// (buffers, tensors, slots and views together) and no two scalar slots
+/// share one, as plans and errors name things by them. An operation and a
+/// buffer may share a name (a kernel `gelu` writing tensor `gelu`).
+pub(super) fn check_unique_names<B: Backend>(schedule: &Schedule<B>) -> Result<()> {
+    let kinds: [(&str, &str, Vec<&str>); 3] = [
+        (
+            "operations",
+            "operation",
+            schedule.ops.iter().map(|op| op.name.as_str()).collect(),
+        ),
+        (
+            "buffers",
+            "buffer",
+            (schedule.buffers.iter())
+                .map(|slot| slot.name.as_str())
+                .collect(),
+        ),
+        (
+            "scalar slots",
+            "scalar slot",
+            (schedule.scalars.iter())
+                .map(|(name, _)| name.as_str())
+                .collect(),
+        ),
+    ];
+    for (plural, singular, names) in kinds {
+        let mut first: std::collections::HashMap<&str, usize> = Default::default();
+        for (index, name) in names.into_iter().enumerate() {
+            if let Some(earlier) = first.insert(name, index) {
+                return Err(Error::InvalidSchedule {
+                    reason: format!(
+                        "{plural} {earlier} and {index} are both named `{name}`; plans and \
+                         errors name things by these names: give each {singular} its own"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// For a hazard on an arena's bytes, which tensors the two operations
