@@ -55,9 +55,11 @@ pub const SPEC_NAMES: &[SpecName] = &[
 /// `backend:ordinal` (`cuda:1`, `cpu:0`).
 ///
 /// Parsing accepts the canonical id or an alias, in any ASCII case, with an
-/// optional `:ORDINAL` (default 0), surrounded by optional whitespace:
-/// `cpu`, `CPU`, `host`, `cuda`, `cuda:1`, `gpu:2`, `nvidia:0`. A backend not
-/// compiled into this build is an error that names the feature to enable.
+/// optional `:ORDINAL` (default 0), with optional whitespace around either
+/// part: `cpu`, `CPU`, `host`, `cuda`, `cuda:1`, `gpu:2`, `nvidia:0`,
+/// `cuda : 1`. Whitespace inside a part (`cpu 0`, `cuda:1 2`) is an error
+/// that shows how to write the spec. A backend not compiled into this build
+/// is an error that names the feature to enable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeviceSpec {
     backend: &'static str,
@@ -102,10 +104,19 @@ impl DeviceSpec {
             reason,
             accepted: accepted(names),
         };
-        let trimmed = input.trim();
-        let (name, ordinal) = match trimmed.split_once(':') {
-            Some((name, ordinal)) => (name, Some(ordinal)),
-            None => (trimmed, None),
+        // Whitespace around a part is padding (`cuda : 1`); inside one it
+        // is a mistake the reason explains.
+        let (name, ordinal) = match input.split_once(':') {
+            Some((name, ordinal)) => (name.trim(), Some(ordinal.trim())),
+            None => (input.trim(), None),
+        };
+        let spaced = |part: &str| {
+            if part.contains(char::is_whitespace) {
+                "; write a backend name, then optionally `:` and a device number, with no \
+                 spaces inside either (`cpu:0`, `cuda:1`)"
+            } else {
+                ""
+            }
         };
         if name.is_empty() {
             return Err(invalid("the backend name is missing".into()));
@@ -116,13 +127,14 @@ impl DeviceSpec {
                 known.id.eq_ignore_ascii_case(name)
                     || known.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
             })
-            .ok_or_else(|| invalid(format!("unknown backend `{name}`")))?;
+            .ok_or_else(|| invalid(format!("unknown backend `{name}`{}", spaced(name))))?;
         let ordinal = match ordinal {
             None => 0,
             Some(text) => parse_ordinal(text).ok_or_else(|| {
                 invalid(format!(
-                    "the ordinal `{text}` is not a device number (0 to {})",
-                    u32::MAX
+                    "the ordinal `{text}` is not a device number (0 to {}){}",
+                    u32::MAX,
+                    spaced(text)
                 ))
             })?,
         };

@@ -88,6 +88,39 @@ fn garbage_is_an_error_naming_what_is_accepted() {
     }
 }
 
+#[test]
+fn whitespace_around_the_parts_of_a_spec_is_accepted() {
+    for (input, ordinal) in [
+        ("cpu: 0", 0),
+        ("cpu :0", 0),
+        ("cpu : 0", 0),
+        ("cpu\t:\t3", 3),
+        ("  host  :  7  ", 7),
+    ] {
+        let spec = input
+            .parse::<DeviceSpec>()
+            .unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        assert_eq!(spec, DeviceSpec::new("cpu", ordinal), "{input:?}");
+    }
+    for input in ["cuda : 1", "gpu:  1"] {
+        let spec = DeviceSpec::parse_with(input, WITH_CUDA).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec, DeviceSpec::cuda(1), "{input:?}");
+    }
+}
+
+#[test]
+fn whitespace_inside_a_part_is_an_error_that_shows_how_to_write_it() {
+    for input in ["cpu 0", "cp u", "cpu:1 2", "cpu : 1 2"] {
+        let error = input.parse::<DeviceSpec>().unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidDeviceSpec { .. }),
+            "{input:?}: {error:?}"
+        );
+        let message = error.to_string();
+        assert!(message.contains("`cpu:0`"), "{input:?}: {message}");
+    }
+}
+
 mod model {
     //! Round trip and rejection, generated.
 
