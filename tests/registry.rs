@@ -331,3 +331,57 @@ fn opens_that_acquire_each_other_s_spec_fail_instead_of_deadlocking() {
     }
     assert!(cycles >= 1, "one of them names the cycle");
 }
+
+/// A preference list: the first spec that opens is chosen, and each one
+/// before it that did not is named with why. (`cuda:4096` opens nowhere:
+/// CUDA not compiled in, no driver, or no such device.)
+#[test]
+fn a_preference_list_goes_past_specs_that_do_not_open_and_names_them() {
+    let registry = Registry::<hwqueue::AnyBackend>::new();
+    let selection = registry
+        .select_from(&["cpu:5", "cuda:4096", " cpu "])
+        .unwrap();
+    assert_eq!(selection.spec, DeviceSpec::cpu());
+    assert!(registry.is_open(DeviceSpec::cpu()));
+    for tried in ["`cpu:5`", "use an ordinal below 1", "`cuda:4096`"] {
+        assert!(
+            selection.reason.contains(tried),
+            "`{tried}` missing from: {}",
+            selection.reason
+        );
+    }
+}
+
+/// When nothing listed opens, the error names every spec tried and why.
+#[test]
+fn a_preference_list_where_nothing_opens_is_an_error_naming_each_try() {
+    let registry = Registry::<hwqueue::AnyBackend>::new();
+    let error = registry.select_from(&["cpu:5", "cuda:4096"]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Registry(RegistryError::NoPreferenceOpened { .. })
+        ),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    for tried in ["`cpu:5`", "use an ordinal below 1", "`cuda:4096`", "`cpu`"] {
+        assert!(message.contains(tried), "`{tried}` missing from: {message}");
+    }
+    // An empty list says so.
+    let message = registry.select_from(&[]).unwrap_err().to_string();
+    assert!(message.contains("no device was listed"), "{message}");
+}
+
+/// A misspelled spec is refused before anything opens, even where a spec
+/// before it would have opened.
+#[test]
+fn a_preference_list_with_a_misspelled_spec_is_refused_before_opening() {
+    let registry = Registry::<hwqueue::AnyBackend>::new();
+    let error = registry.select_from(&["cpu", "tpu:1"]).unwrap_err();
+    assert!(
+        matches!(error, Error::InvalidDeviceSpec { ref input, .. } if input == "tpu:1"),
+        "{error:?}"
+    );
+    assert!(!registry.is_open(DeviceSpec::cpu()));
+}

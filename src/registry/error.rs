@@ -18,6 +18,17 @@ pub enum RegistryError {
         reason: String,
     },
 
+    /// No spec of a preference list
+    /// ([`Registry::select_from`](crate::Registry::select_from)) opened.
+    #[error(
+        "none of the preferred devices opened ({tried}); fix the ones that failed as their \
+         errors say, or end the list with a device that is always there, such as `cpu`"
+    )]
+    NoPreferenceOpened {
+        /// Each spec tried, in order, and why it did not open.
+        tried: String,
+    },
+
     /// A backend's `open` asked the registry for the very spec it opens.
     #[error(
         "opening `{spec}` asked the registry for `{spec}` itself; a device open must not acquire \

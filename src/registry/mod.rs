@@ -32,6 +32,9 @@
 //!    it, selection fails with every candidate's probe or open result.
 //!
 //! Only the device returned is opened (and the ones that failed to).
+//!
+//! [`Registry::select_from`] takes the caller's own order instead: a list
+//! of specs, tried in turn until one opens, each failure named.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -418,6 +421,51 @@ impl<S: BackendSet> Registry<S> {
             device,
             reason,
         })
+    }
+
+    /// Opens the first of `preferences` (specs, most preferred first:
+    /// `["cuda:1", "cuda:0", "cpu"]`) that opens. One that does not (no
+    /// driver, no such device, a backend not compiled in) is skipped, its
+    /// error in the [`Selection`]'s reason, for the next.
+    ///
+    /// Every spec is parsed before any is opened: a misspelled one is an
+    /// error even where one before it would have opened.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDeviceSpec`] for a spec that does not parse;
+    /// [`RegistryError::NoPreferenceOpened`] naming every spec tried and
+    /// its error when none opens (or the list is empty).
+    pub fn select_from(&self, preferences: &[&str]) -> Result<Selection<S::Device>> {
+        let mut specs = Vec::with_capacity(preferences.len());
+        for input in preferences {
+            match self.parse(input) {
+                Err(error @ Error::InvalidDeviceSpec { .. }) => return Err(error),
+                parsed => specs.push((input.trim(), parsed)),
+            }
+        }
+        let mut tried = Vec::new();
+        for (input, parsed) in specs {
+            match parsed.and_then(|spec| self.open(spec).map(|device| (spec, device))) {
+                Ok((spec, device)) => {
+                    let mut reason = format!("`{spec}` is the first preference that opens");
+                    if !tried.is_empty() {
+                        reason.push_str(&format!(" (skipped: {})", tried.join("; ")));
+                    }
+                    return Ok(Selection {
+                        spec,
+                        device,
+                        reason,
+                    });
+                }
+                Err(error) => tried.push(format!("`{input}`: {error}")),
+            }
+        }
+        let tried = if tried.is_empty() {
+            "no device was listed".to_owned()
+        } else {
+            tried.join("; ")
+        };
+        Err(RegistryError::NoPreferenceOpened { tried }.into())
     }
 
     /// The set's backends, highest precedence first, with their probes.
