@@ -60,6 +60,7 @@ fn ranges_are_aligned_disjoint_and_counted() {
     assert_eq!(stats.blocks, 2, "{stats}");
     assert_eq!(stats.reserved, SMALL_BLOCK + LARGE_BLOCK);
     assert_eq!(stats.cached, stats.reserved - stats.in_use);
+    assert_eq!(stats.stranded, 0);
     assert!(stats.largest_free_range > 0);
     drop(buffers);
     let stats = device.memory_stats();
@@ -251,6 +252,62 @@ fn the_retry_succeeds_when_the_cache_was_what_stood_in_the_way() {
     assert_eq!(stats.reserved, 22 * MIB);
     assert_eq!(stats.block_frees, 2);
     drop(big);
+}
+
+/// A request no block could hold (past what one range may span) is
+/// refused for want of memory like one past the limit, and counted so.
+#[test]
+fn a_request_too_large_for_any_range_counts_as_an_out_of_memory_failure() {
+    let device = CpuDevice::new();
+    for (count, size) in [usize::MAX, 1 << 50].into_iter().enumerate() {
+        let error = device.alloc(size).unwrap_err();
+        assert!(matches!(error, Error::OutOfMemory { .. }), "{error}");
+        let stats = device.memory_stats();
+        assert_eq!(stats.oom_failures, count as u64 + 1, "{size}: {stats}");
+        assert_eq!(stats.oom_retries, 0, "nothing to retry: {stats}");
+    }
+}
+
+/// A small block tracks at most 4,096 ranges: once its allocator has no
+/// record left, its free bytes cannot be handed out (the next request
+/// takes a new block), so they are not reported as cached.
+#[test]
+fn a_block_out_of_range_records_does_not_report_its_free_bytes_as_cached() {
+    let device = CpuDevice::new();
+    let mut held = Vec::new();
+    loop {
+        held.push(device.alloc(64).unwrap());
+        let stats = device.memory_stats();
+        if stats.largest_free_range == 0 {
+            break;
+        }
+        assert!(held.len() < 5000, "{stats}");
+    }
+    let stats = device.memory_stats();
+    assert_eq!(stats.blocks, 1, "{stats}");
+    assert!(
+        stats.reserved - stats.in_use > MIB,
+        "free bytes remain: {stats}"
+    );
+    assert_eq!(stats.cached, 0, "{stats}");
+    assert_eq!(stats.stranded, stats.reserved - stats.in_use, "{stats}");
+    assert!(stats.to_string().contains("stranded"), "{stats}");
+    // A range of the block back, its free bytes are cached again.
+    drop(held.pop());
+    let stats = device.memory_stats();
+    assert_eq!(stats.stranded, 0, "{stats}");
+    assert_eq!(stats.cached, stats.reserved - stats.in_use, "{stats}");
+    // Stranded again, the next range needs a new block, as `cached` said.
+    held.push(device.alloc(64).unwrap());
+    held.push(device.alloc(64).unwrap());
+    let stats = device.memory_stats();
+    assert_eq!(stats.blocks, 2, "{stats}");
+    assert_eq!(
+        stats.in_use + stats.cached + stats.stranded,
+        stats.reserved,
+        "{stats}"
+    );
+    assert!(stats.stranded > MIB, "the first block's: {stats}");
 }
 
 #[test]

@@ -207,8 +207,10 @@ impl<S: BlockSource> MemoryPool<S> {
             .checked_next_multiple_of(align)
             .filter(|&taken| taken <= max_range)
             .ok_or_else(|| {
+                let mut state = self.lock();
+                state.stats.oom_failures += 1;
                 self.out_of_memory(
-                    &self.lock(),
+                    &state,
                     size,
                     format!(
                         "one range holds at most {} ({max_range} bytes: the pool's offset \
@@ -456,7 +458,14 @@ impl<S: BlockSource> MemoryPool<S> {
         let mut state = self.lock();
         state.flush_recycled();
         let mut stats = state.stats;
-        stats.cached = stats.reserved - stats.in_use;
+        // Free bytes a block's allocator can still hand out; a block with
+        // no record left for another range reports none (its
+        // `storage_report`), so its free bytes are stranded, not cached.
+        let free: usize = (state.blocks.iter().flatten())
+            .map(|entry| entry.ranges.storage_report().total_free_space as usize * S::ALIGNMENT)
+            .sum();
+        stats.cached = free.min(stats.reserved - stats.in_use);
+        stats.stranded = stats.reserved - stats.in_use - stats.cached;
         // A request of at most `SMALL_REQUEST` is served from small blocks
         // only, a larger one from large blocks only: the largest one
         // allocation can get is the larger of the two classes' figures,

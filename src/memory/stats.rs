@@ -5,7 +5,7 @@ use std::fmt;
 /// A pool's figures at one moment ([`MemoryPool::stats`](super::MemoryPool::stats)).
 ///
 /// Bytes are counted as the pool hands them out: each range rounded up to
-/// the backend's alignment. `in_use + cached == reserved`. `reserved` is
+/// the backend's alignment. `in_use + cached + stranded == reserved`. `reserved` is
 /// what the backend really holds for the pool: every block is a multiple of
 /// the backend's allocation unit (the page, on the CPU). The pool's own
 /// records of its ranges are host memory, counted apart in
@@ -29,9 +29,15 @@ pub struct MemoryStats {
     /// a block, and about 1 KiB a block): bounded by 129 KiB a block, and
     /// not part of `reserved` or of the limit.
     pub bookkeeping: usize,
-    /// Bytes reserved and not in use: what the pool can hand out again
-    /// without asking the backend.
+    /// Bytes reserved, not in use, and free to hand out again without
+    /// asking the backend.
     pub cached: usize,
+    /// Bytes reserved and not in use that no allocation can get: the free
+    /// bytes of blocks whose offset allocator has no record left for
+    /// another range (a block tracks at most 4,096), until a range of that
+    /// block comes back. Many small ranges alive at once strand them;
+    /// fewer, larger ones do not.
+    pub stranded: usize,
     /// Ranges handed out and not yet returned.
     pub live_allocations: usize,
     /// Ranges handed out since the pool was made.
@@ -94,7 +100,8 @@ impl fmt::Display for Bytes {
     }
 }
 
-/// A summary a person can read, one line per group:
+/// A summary a person can read, one line per group (bytes stranded in
+/// blocks out of range records, when there are any, end the first):
 ///
 /// ```text
 /// in use 20.0 MiB (peak 24.0 MiB) in 12 ranges; reserved 42.0 MiB (peak 42.0 MiB) in 3 blocks, 22.0 MiB cached; bookkeeping 387.4 KiB
@@ -102,7 +109,7 @@ impl fmt::Display for Bytes {
 /// ```
 impl fmt::Display for MemoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
+        write!(
             f,
             "in use {} (peak {}) in {} ranges; reserved {} (peak {}) in {} blocks, {} cached; \
              bookkeeping {}",
@@ -115,6 +122,14 @@ impl fmt::Display for MemoryStats {
             Bytes(self.cached),
             Bytes(self.bookkeeping),
         )?;
+        if self.stranded > 0 {
+            write!(
+                f,
+                "; {} stranded in blocks out of range records",
+                Bytes(self.stranded)
+            )?;
+        }
+        writeln!(f)?;
         write!(
             f,
             "{} allocations, {} blocks allocated, {} freed; largest free range {}; {} \

@@ -511,7 +511,11 @@ impl Harness {
             "{when}: the pool's (in use, requested, live) differ from the model's\n{stats}\n{}",
             self.describe()
         );
-        assert_eq!(stats.cached, stats.reserved - stats.in_use, "{when}");
+        assert_eq!(
+            stats.in_use + stats.cached + stats.stranded,
+            stats.reserved,
+            "{when}"
+        );
         for (index, made) in self.made.iter().enumerate() {
             if let Some(buffer) = &made.handle
                 && made.alloca
