@@ -359,6 +359,19 @@ impl Recorder {
         index: usize,
         command: &Command<Vulkan>,
     ) -> Result<()> {
+        // Nothing more runs on a lost device: a device command fails with
+        // the loss before any driver call it would make (its pipeline, its
+        // staging memory, a command buffer begun), as a submission does.
+        if matches!(
+            command,
+            Command::Exec { .. }
+                | Command::Copy { .. }
+                | Command::Fill { .. }
+                | Command::Upload { .. }
+                | Command::Download { .. }
+        ) {
+            self.context.health()?;
+        }
         match command {
             Command::Wait { signal, value } => {
                 self.held(index, |this| this.wait(signal, *value, false))

@@ -284,8 +284,10 @@ mod tests {
     use crate::buffer::Buffer;
     use crate::device::{Device, QueueFactory};
     use crate::error::Error;
+    use crate::params::ExecParams;
     use crate::queue::{HardwareQueue, QueueKind};
     use crate::signal::TimelineSignal;
+    use crate::vulkan::VulkanProgram;
     use crate::vulkan::testing::{BusyQueue, FailingCall, device};
 
     /// Issue 46, defect 9: a copy queue on the compute family (a device
@@ -481,6 +483,45 @@ mod tests {
             failing.failed(),
             0,
             "vkBeginCommandBuffer was called on the lost device: {error}"
+        );
+        assert!(
+            matches!(error.root_cause(), Error::DeviceLost { .. }),
+            "the batch fails with the loss: {error}"
+        );
+    }
+    /// `exec` made its pipeline (a kernel's first use on the device, or
+    /// its first of a local size: a set layout, a pipeline layout, a
+    /// shader module and the pipeline) before `begin` looked at the
+    /// device's health, so a batch after a loss still called the driver
+    /// on the lost device (helper-76). It fails with the loss before
+    /// any driver call: no pipeline is made.
+    #[test]
+    fn an_exec_after_a_loss_fails_with_the_loss_before_making_a_pipeline() {
+        let Some(device) = device() else { return };
+        let buffer = device.alloc(16).unwrap();
+        let program = VulkanProgram::from_wgsl(
+            "add_one",
+            "@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+             @compute @workgroup_size(4)
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                 data[id.x] = data[id.x] + 1u;
+             }",
+            "main",
+        )
+        .unwrap();
+        let mut queue = device.compute_queue().unwrap();
+        device.simulate_device_loss();
+        let submitted = queue
+            .exec(&program, &[&buffer], &[], ExecParams::new_1d(4, 4))
+            .submit();
+        let error = submitted
+            .err()
+            .or_else(|| queue.synchronize().err())
+            .expect("the batch fails on a lost device");
+        assert_eq!(
+            program.cached_pipelines(),
+            0,
+            "a pipeline was made on the lost device: {error}"
         );
         assert!(
             matches!(error.root_cause(), Error::DeviceLost { .. }),
