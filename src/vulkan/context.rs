@@ -74,6 +74,12 @@ pub(super) struct Physical {
     /// recording for replay then takes a run's new bindings by rewriting
     /// its descriptor sets (`replay.rs`), not by being recorded again.
     pub(super) update_after_bind: bool,
+    /// The most storage buffers one update-after-bind set layout may give
+    /// the compute stage: the least of
+    /// `maxPerStageDescriptorUpdateAfterBindStorageBuffers`,
+    /// `maxDescriptorSetUpdateAfterBindStorageBuffers` and
+    /// `maxPerStageUpdateAfterBindResources`.
+    pub(super) update_after_bind_buffers: u32,
 }
 
 impl Physical {
@@ -206,12 +212,18 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
         let properties = instance.get_physical_device_properties(handle);
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
         let mut timeline = vk::PhysicalDeviceTimelineSemaphoreProperties::default();
+        let mut indexing = vk::PhysicalDeviceDescriptorIndexingProperties::default();
         let mut chained = vk::PhysicalDeviceProperties2::default()
             .push_next(&mut driver)
-            .push_next(&mut timeline);
+            .push_next(&mut timeline)
+            .push_next(&mut indexing);
         instance.get_physical_device_properties2(handle, &mut chained);
-        // Read before `chained`'s borrow of it ends below.
+        // Read before `chained`'s borrow of them ends below.
         let max_value_difference = timeline.max_timeline_semaphore_value_difference;
+        let update_after_bind_buffers = indexing
+            .max_per_stage_descriptor_update_after_bind_storage_buffers
+            .min(indexing.max_descriptor_set_update_after_bind_storage_buffers)
+            .min(indexing.max_per_stage_update_after_bind_resources);
         let driver_name = driver
             .driver_name_as_c_str()
             .map(CStr::to_string_lossy)
@@ -235,6 +247,7 @@ fn describe(instance: &ash::Instance, handle: vk::PhysicalDevice) -> Physical {
             timeline_semaphores: v12.timeline_semaphore == vk::TRUE,
             host_query_reset: v12.host_query_reset == vk::TRUE,
             update_after_bind: v12.descriptor_binding_storage_buffer_update_after_bind == vk::TRUE,
+            update_after_bind_buffers,
             // 0 from a driver that did not fill it in: the spec's least.
             max_value_difference: if max_value_difference == 0 {
                 (1 << 31) - 1
@@ -372,6 +385,10 @@ pub(crate) struct Context {
     /// the device's `maxTimelineSemaphoreValueDifference`, or less, for
     /// tests (`VulkanDevice::limit_value_difference`).
     pub(super) max_value_difference: std::sync::atomic::AtomicU64,
+    /// The most storage buffers an update-after-bind set layout may have:
+    /// the device's (`Physical::update_after_bind_buffers`), or fewer, for
+    /// tests (`VulkanDevice::limit_update_after_bind_buffers`).
+    pub(super) update_after_bind_buffers: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: `ash::Device` is a table of function pointers and a handle;
@@ -423,6 +440,9 @@ impl Context {
             lost: Mutex::new(None),
             host_query_reset: physical.host_query_reset,
             max_value_difference: std::sync::atomic::AtomicU64::new(physical.max_value_difference),
+            update_after_bind_buffers: std::sync::atomic::AtomicU32::new(
+                physical.update_after_bind_buffers,
+            ),
         })
     }
 

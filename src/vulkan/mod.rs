@@ -398,6 +398,21 @@ impl VulkanDevice {
             .fetch_min(max, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Lowers the most storage buffers an update-after-bind descriptor
+    /// set layout may have on this handle (the device's least of
+    /// `maxPerStageDescriptorUpdateAfterBindStorageBuffers`,
+    /// `maxDescriptorSetUpdateAfterBindStorageBuffers` and
+    /// `maxPerStageUpdateAfterBindResources`), as a driver with small
+    /// limits has it: for tests of what follows, on drivers whose limits
+    /// are too large to reach. A program's pipeline is made once per
+    /// `VkDevice`: the tests use programs of their own.
+    #[doc(hidden)]
+    pub fn limit_update_after_bind_buffers(&self, max: u32) {
+        self.context()
+            .update_after_bind_buffers
+            .fetch_min(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Marks the device lost, as a `VK_ERROR_DEVICE_LOST` would: for tests
     /// of what follows a loss, which no driver produces on demand.
     #[doc(hidden)]
