@@ -463,6 +463,21 @@ impl Context {
         Ok(())
     }
 
+    /// Whether a set layout of `buffers` storage buffers is made
+    /// update-after-bind (its sets rewritten in place by a rebinding,
+    /// `rebind.rs`): where the device writes descriptors after binding and
+    /// the layout is within its update-after-bind limits. A layout over
+    /// them would be invalid; it is a plain one, which those limits do not
+    /// count (a kernel's buffers are held to the plain limits already:
+    /// `Limits::max_buffers`), and its recordings are recorded again
+    /// instead of rewritten.
+    pub(super) fn after_bind(&self, buffers: usize) -> bool {
+        let max = self
+            .update_after_bind_buffers
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.physical.update_after_bind && buffers <= max as usize
+    }
+
     /// `VkPhysicalDeviceLimits` of the device.
     pub(super) fn limits(&self) -> &vk::PhysicalDeviceLimits {
         &self.physical.properties.limits

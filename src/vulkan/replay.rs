@@ -388,7 +388,10 @@ impl Recorder {
         .ok()?;
         let mut wanted = None;
         let at = kept.iter_mut().rposition(|recording| {
-            if recording.last > completed || recording.sets.is_empty() {
+            // A set of a plain layout (a kernel over the update-after-bind
+            // limits) may not be written once bound.
+            let plain = recording.sets.iter().any(|bound| !bound.after_bind);
+            if recording.last > completed || recording.sets.is_empty() || plain {
                 return false;
             }
             let wanted = wanted.get_or_insert_with(|| Structure::of(words, ranges));
@@ -399,8 +402,9 @@ impl Recorder {
         })?;
         let recording = kept.remove(at);
         // SAFETY: the sets are this queue's recording's, from its command
-        // sets' pools, made `UPDATE_AFTER_BIND` with their layouts where the
-        // device has `update_after_bind`; every submission of the recording
+        // sets' pools, made `UPDATE_AFTER_BIND` where the device has
+        // `update_after_bind`, and of `UPDATE_AFTER_BIND` layouts (no set
+        // is of a plain one: `plain` above); every submission of the recording
         // completed (the progress semaphore passed its last); the buffers
         // the batch binds live while it does, and the recording takes them
         // before it is submitted again.
@@ -419,8 +423,14 @@ impl Recorder {
     }
 
     /// An exec recorded: the set it wrote and bound (`None` where it kept
-    /// the one bound) and how many buffers it binds.
-    pub(super) fn note_exec(&mut self, set: Option<vk::DescriptorSet>, bindings: usize) {
+    /// the one bound), whether its layout is update-after-bind, and how
+    /// many buffers it binds.
+    pub(super) fn note_exec(
+        &mut self,
+        set: Option<vk::DescriptorSet>,
+        after_bind: bool,
+        bindings: usize,
+    ) {
         let Some(replay) = self.replay.as_mut() else {
             return;
         };
@@ -433,6 +443,7 @@ impl Recorder {
                 set,
                 first: replay.ranges,
                 count,
+                after_bind,
             });
         }
         replay.ranges += count;
