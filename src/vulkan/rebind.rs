@@ -320,4 +320,53 @@ mod tests {
         assert_eq!(words(1), [1; 4]);
         assert_eq!(words(2), [2; 4]);
     }
+
+    /// A replayed batch after a loss rewrote its recording's descriptor
+    /// sets (`vkGetSemaphoreCounterValue`, `vkUpdateDescriptorSets`) on
+    /// the lost device before any command looked at its health
+    /// (helper-76). It fails with the loss, and rewrites nothing.
+    #[test]
+    fn a_rebinding_after_a_loss_fails_with_the_loss_before_rewriting_sets() {
+        use crate::{Device, ExecParams, HardwareQueue, QueueFactory};
+        let Some(device) = crate::vulkan::testing::device() else {
+            return;
+        };
+        if !device.rebinds_in_place() {
+            println!("this driver has no update-after-bind: nothing to check");
+            return;
+        }
+        let increment = crate::vulkan::VulkanProgram::from_wgsl(
+            "increment",
+            "@group(0) @binding(0) var<storage, read_write> y: array<u32>;
+             @compute @workgroup_size(4)
+             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+                 y[id.x] = y[id.x] + 1u;
+             }",
+            "main",
+        )
+        .unwrap();
+        let (a, b) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+        let mut queue = device.compute_queue().unwrap();
+        let grid = ExecParams::new_1d(4, 4);
+        queue.exec(&increment, &[&a], &[], grid).replay_as(0);
+        queue.submit().unwrap();
+        queue.synchronize().unwrap();
+        let before = queue.launches();
+        device.simulate_device_loss();
+        queue.exec(&increment, &[&b], &[], grid).replay_as(0);
+        let error = queue
+            .submit()
+            .err()
+            .or_else(|| queue.synchronize().err())
+            .expect("the batch fails on a lost device");
+        let after = queue.launches();
+        assert_eq!(
+            after.patched, before.patched,
+            "a recording was rewritten on the lost device: {error}"
+        );
+        assert!(
+            matches!(error.root_cause(), crate::Error::DeviceLost { .. }),
+            "the batch fails with the loss: {error}"
+        );
+    }
 }

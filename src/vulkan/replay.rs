@@ -311,6 +311,12 @@ impl Recorder {
     pub(super) fn begin_replay(&mut self, batch: &Batch<Vulkan>, key: Option<u32>, profile: bool) {
         self.replay = None;
         let Some(key) = key else { return };
+        // Nothing more runs on a lost device: no kept recording is looked
+        // at or rewritten there (`rebind`); the batch takes the plain
+        // path, whose first device command fails with the loss.
+        if self.context.health().is_err() {
+            return;
+        }
         if profile {
             *self.shared.fallback.lock() =
                 Some("the batch profiles: device timestamps are recorded per run".into());
