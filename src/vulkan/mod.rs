@@ -304,7 +304,7 @@ impl VulkanDevice {
             .position(|p| std::ptr::eq(p, *chosen))
             .expect("one of the instance's");
         let context = Arc::new(Context::open(index as u32, ordinal, unmapped)?);
-        let limits = limits_of(&context);
+        let limits = limits_of(context.limits());
         Ok(Self {
             inner: Arc::new(DeviceInner {
                 pool: MemoryPool::new(VulkanBlocks::for_device(context)),
@@ -423,8 +423,7 @@ impl VulkanDevice {
     }
 }
 
-fn limits_of(context: &Context) -> Limits {
-    let limits = context.limits();
+fn limits_of(limits: &vk::PhysicalDeviceLimits) -> Limits {
     Limits {
         max_local_size: limits.max_compute_work_group_size,
         max_local_count: limits.max_compute_work_group_invocations,
