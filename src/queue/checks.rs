@@ -55,7 +55,8 @@ pub(super) fn check_exec(
     }
     if given.0 > limits.max_buffers {
         return bad(format!(
-            "{} buffers exceed the limit of {}",
+            "{} buffers exceed the device's limit of {} for one kernel; pass fewer (several \
+             arrays in one buffer, at offsets, or the kernel split in two)",
             given.0, limits.max_buffers
         ));
     }

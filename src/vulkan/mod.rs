@@ -428,7 +428,19 @@ fn limits_of(limits: &vk::PhysicalDeviceLimits) -> Limits {
         max_local_size: limits.max_compute_work_group_size,
         max_local_count: limits.max_compute_work_group_invocations,
         max_groups: limits.max_compute_work_group_count,
-        max_buffers: (limits.max_per_stage_descriptor_storage_buffers as usize).min(64),
+        // A kernel's buffers are one plain set layout's storage buffers,
+        // in the compute stage (a layout over the update-after-bind limits
+        // is a plain one: `Context::after_bind`), so each limit on those
+        // holds; and hwqueue's own, 64.
+        max_buffers: [
+            limits.max_per_stage_descriptor_storage_buffers,
+            limits.max_descriptor_set_storage_buffers,
+            limits.max_per_stage_resources,
+        ]
+        .into_iter()
+        .min()
+        .map_or(0, |max| max as usize)
+        .min(64),
         // Work-group memory is declared in the shader, not passed.
         max_shared_memory: 0,
         view_alignment: (limits.min_storage_buffer_offset_alignment as usize)
@@ -506,5 +518,36 @@ impl Device for VulkanDevice {
     /// `VK_ERROR_DEVICE_LOST`; sticky, like CUDA's.
     fn health(&self) -> Result<()> {
         self.context().health()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Limits::max_buffers` followed `maxPerStageDescriptorStorageBuffers`
+    /// alone: a kernel within it but over `maxDescriptorSetStorageBuffers`
+    /// or `maxPerStageResources`, which a plain set layout counts against
+    /// too (a kernel over the update-after-bind limits gets one), was not
+    /// refused at record time, and got an invalid pipeline layout. The
+    /// least of the three holds, and 64 at most.
+    #[test]
+    fn a_kernel_s_buffers_are_held_to_every_limit_of_its_set_layout() {
+        let mut limits = vk::PhysicalDeviceLimits {
+            max_per_stage_descriptor_storage_buffers: 40,
+            max_descriptor_set_storage_buffers: 24,
+            max_per_stage_resources: 128,
+            ..Default::default()
+        };
+        assert_eq!(limits_of(&limits).max_buffers, 24, "the set's limit");
+        limits.max_descriptor_set_storage_buffers = 96;
+        limits.max_per_stage_resources = 30;
+        assert_eq!(limits_of(&limits).max_buffers, 30, "the stage's resources");
+        limits.max_per_stage_resources = 200;
+        assert_eq!(limits_of(&limits).max_buffers, 40, "the stage's buffers");
+        limits.max_per_stage_descriptor_storage_buffers = 1 << 20;
+        limits.max_descriptor_set_storage_buffers = 1 << 20;
+        limits.max_per_stage_resources = 1 << 20;
+        assert_eq!(limits_of(&limits).max_buffers, 64, "hwqueue's own limit");
     }
 }
