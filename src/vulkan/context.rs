@@ -377,8 +377,10 @@ pub(crate) struct Context {
     pub(super) once: Mutex<Option<OneShot>>,
     pub(super) spec: String,
     /// What lost the device, once a call returned `VK_ERROR_DEVICE_LOST`:
-    /// sticky, every later submission fails with it.
-    pub(super) lost: Mutex<Option<String>>,
+    /// sticky, every later submission fails with it. Set once (the first
+    /// loss is the one named), so that [`health`](Self::health), which
+    /// every device command asks, is a load, not a lock.
+    pub(super) lost: OnceLock<String>,
     /// Whether queries are reset on the host (`hostQueryReset` enabled).
     pub(super) host_query_reset: bool,
     /// The largest difference between values of one timeline semaphore:
@@ -437,7 +439,7 @@ impl Context {
             memory: memory?,
             once: Mutex::new(None),
             spec,
-            lost: Mutex::new(None),
+            lost: OnceLock::new(),
             host_query_reset: physical.host_query_reset,
             max_value_difference: std::sync::atomic::AtomicU64::new(physical.max_value_difference),
             update_after_bind_buffers: std::sync::atomic::AtomicU32::new(
@@ -488,14 +490,14 @@ impl Context {
     pub(super) fn error(&self, call: &str, result: vk::Result) -> Error {
         let error = vk_error(&self.spec, call, result);
         if let Error::DeviceLost { detail, .. } = &error {
-            self.lost.lock().get_or_insert_with(|| detail.clone());
+            self.lost.get_or_init(|| detail.clone());
         }
         error
     }
 
     /// [`Error::DeviceLost`] once a call lost the device, naming that call.
     pub(super) fn health(&self) -> Result<()> {
-        match &*self.lost.lock() {
+        match self.lost.get() {
             Some(detail) => Err(Error::DeviceLost {
                 device: self.spec.clone(),
                 detail: detail.clone(),
