@@ -24,6 +24,8 @@ mod exec_checks;
 mod failure_order;
 #[path = "cuda_fake_driver/host_side.rs"]
 mod host_side;
+#[path = "cuda_fake_driver/memory.rs"]
+mod memory;
 #[cfg(feature = "nccl")]
 #[path = "cuda_fake_driver/nccl.rs"]
 mod nccl;
@@ -932,6 +934,7 @@ fn run_child_scenario(scenario: &str) {
         "other_device_event" => contexts::run(false),
         "other_device_last_event" => contexts::run(true),
         "signal_event_drop" => contexts::run_event_drop(&device),
+        other if other.starts_with("memory:") => memory::run(&device, &other["memory:".len()..]),
         other if other.starts_with("failure_order:") => {
             failure_order::run(&device, &other["failure_order:".len()..]);
         }

@@ -130,8 +130,8 @@ pub(crate) unsafe fn upload(
     outcome
 }
 
-/// What the callback of a download needs: the staging, and the download
-/// to complete.
+/// What the callback of a download needs: the staging (null for an empty
+/// download, which has none), and the download to complete.
 struct Landing {
     staging: *const u8,
     len: usize,
@@ -140,7 +140,10 @@ struct Landing {
 
 /// Copies `src` into page-locked staging on the stream, then, in stream
 /// order, a stream callback copies the staging into the download's memory
-/// and marks it ready, or fails it with the stream's error.
+/// and marks it ready, or fails it with the stream's error. An empty
+/// download takes no staging and copies nothing: only its callback goes on
+/// the stream, so it still completes in stream order (a 64 KiB chunk of
+/// staging, and a copy from what may be address 0, were taken for it).
 ///
 /// A stream callback (`cuStreamAddCallback`), not a host function
 /// (`cuLaunchHostFunc`): the driver calls it with the stream's status even
@@ -159,20 +162,24 @@ pub(crate) unsafe fn download(
     staging: &mut Vec<Pinned>,
 ) -> Result<(), DriverError> {
     let len = sink.len();
-    let pinned = Pinned::new(cache, len)?;
-    // SAFETY: the caller's contract for `src`; the staging holds `len`
-    // bytes and lives with the batch until the stream passed it (so after
-    // the callback below ran). A raw copy, not cudarc's slice form: the
-    // staging is uninitialised until the copy lands, so no `&mut [u8]` of
-    // it may be made first.
-    unsafe { sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr().cast(), src, len, stream.cu_stream()) }
-        .result()?;
+    let mut landed_in = std::ptr::null();
+    if len > 0 {
+        let pinned = Pinned::new(cache, len)?;
+        // SAFETY: the caller's contract for `src`; the staging holds `len`
+        // bytes and lives with the batch until the stream passed it (so
+        // after the callback below ran). A raw copy, not cudarc's slice
+        // form: the staging is uninitialised until the copy lands, so no
+        // `&mut [u8]` of it may be made first.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr().cast(), src, len, stream.cu_stream()) }
+            .result()?;
+        landed_in = pinned.as_ptr().cast_const();
+        staging.push(pinned);
+    }
     let landing = Box::into_raw(Box::new(Landing {
-        staging: pinned.as_ptr(),
+        staging: landed_in,
         len,
         sink: sink.share(),
     }));
-    staging.push(pinned);
     // SAFETY: `land` takes the box back exactly once, when the driver calls
     // it; if the driver refuses it, we take it back here instead (the
     // shared handle does not fail the download when dropped: the batch's
@@ -211,9 +218,13 @@ unsafe extern "C" fn land(_stream: sys::CUstream, status: sys::CUresult, arg: *m
             });
             return;
         }
-        // SAFETY: the staging holds `len` bytes the copy before this wrote,
-        // alive until the stream passed the batch.
-        let bytes = unsafe { std::slice::from_raw_parts(landing.staging, landing.len) };
+        let bytes: &[u8] = if landing.len == 0 {
+            &[]
+        } else {
+            // SAFETY: the staging holds `len` bytes the copy before this
+            // wrote, alive until the stream passed the batch.
+            unsafe { std::slice::from_raw_parts(landing.staging, landing.len) }
+        };
         let _ = landing.sink.complete(|out| {
             out.copy_from_slice(bytes);
             Ok(())
