@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hwqueue::cpu::CpuDevice;
 use hwqueue::memory::{
-    BlockError, BlockSource, LARGE_BLOCK, MemoryPool, SMALL_BLOCK, SMALL_REQUEST,
+    BlockError, BlockSource, LARGE_BLOCK, MemoryPool, SMALL_BLOCK, SMALL_REQUEST, ZeroError,
 };
 use hwqueue::{Device, Error};
 
@@ -57,7 +57,7 @@ impl BlockSource for CountingBlocks {
         self.blocks.fetch_sub(1, Ordering::Relaxed);
     }
 
-    unsafe fn zero(&self, _: usize, _: usize) -> hwqueue::Result<()> {
+    unsafe fn zero(&self, _: usize, _: usize) -> Result<(), ZeroError> {
         Ok(())
     }
 }
@@ -309,7 +309,7 @@ impl BlockSource for ExhaustedBlocks {
         self.inner.free(size)
     }
 
-    unsafe fn zero(&self, _: usize, _: usize) -> hwqueue::Result<()> {
+    unsafe fn zero(&self, _: usize, _: usize) -> Result<(), ZeroError> {
         Ok(())
     }
 }
@@ -347,4 +347,81 @@ fn a_range_given_back_while_the_pool_grows_makes_room_in_a_block_in_use() {
     assert!(served.is_ok(), "{:?}", served.err());
     assert_eq!(pool.stats().blocks, 1, "{}", pool.stats());
     drop(keep);
+}
+
+/// A block source whose blocks are not zeroed and whose zero fills fail:
+/// with [`ZeroError::StillWriting`] where `still_writing`, else with
+/// [`ZeroError::Failed`].
+#[derive(Clone, Default)]
+struct FailingZero {
+    inner: CountingBlocks,
+    still_writing: bool,
+}
+
+impl BlockSource for FailingZero {
+    type Block = usize;
+    type Address = usize;
+    const ALIGNMENT: usize = 64;
+    const ZEROED_BLOCKS: bool = false;
+
+    fn device(&self) -> String {
+        "failing-zero:0".into()
+    }
+
+    fn allocate(&self, size: usize) -> Result<usize, BlockError> {
+        self.inner.allocate(size)
+    }
+
+    fn address(&self, _: &usize, offset: usize) -> usize {
+        offset
+    }
+
+    fn free(&self, size: usize) {
+        self.inner.free(size)
+    }
+
+    unsafe fn zero(&self, _: usize, _: usize) -> Result<(), ZeroError> {
+        let error = Error::Abandoned {
+            reason: "zeroing failed in the test",
+        };
+        Err(if self.still_writing {
+            ZeroError::StillWriting(error)
+        } else {
+            ZeroError::Failed(error)
+        })
+    }
+}
+
+/// A zero fill that failed with nothing left writing gives its range
+/// back; one the device may still be writing keeps it out of the pool for
+/// good (counted in use, never handed out again, its block never freed),
+/// and the allocation fails with the source's error either way.
+#[test]
+fn a_range_whose_zero_fill_may_still_write_is_kept_for_the_process() {
+    for still_writing in [false, true] {
+        let source = FailingZero {
+            still_writing,
+            ..FailingZero::default()
+        };
+        let pool = MemoryPool::new(source.clone());
+        let failed = pool.alloc_zeroed(4096);
+        assert!(
+            matches!(failed, Err(Error::Abandoned { .. })),
+            "{:?}",
+            failed.map(|range| range.address())
+        );
+        let stats = pool.stats();
+        let kept = if still_writing { 4096 } else { 0 };
+        assert_eq!(
+            (stats.in_use, stats.live_allocations),
+            (kept, kept / 4096),
+            "{stats}"
+        );
+        let next = pool.alloc_uninit(4096).unwrap();
+        assert_eq!(next.address() == 0, !still_writing, "{stats}");
+        drop(next);
+        drop(pool);
+        let held = source.inner.held.load(Ordering::Relaxed);
+        assert_eq!(held > 0, still_writing, "blocks held after the pool's drop");
+    }
 }

@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use hwqueue::Result;
-use hwqueue::memory::{BlockError, BlockSource, DeviceMemory};
+use hwqueue::memory::{BlockError, BlockSource, DeviceMemory, ZeroError};
 
 /// The alignment of every range (what a GPU's allocator gives).
 pub const SIM_ALIGNMENT: usize = 256;
@@ -157,7 +157,7 @@ impl BlockSource for SimBlocks {
         self.arena.give_back(block.start, block.len);
     }
 
-    unsafe fn zero(&self, address: usize, len: usize) -> Result<()> {
+    unsafe fn zero(&self, address: usize, len: usize) -> Result<(), ZeroError> {
         self.arena
             .with_bytes(|bytes| bytes[address..address + len].fill(0));
         Ok(())

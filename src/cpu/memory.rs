@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 
 use crate::error::Result;
-use crate::memory::{BLOCK_GRANULE, BlockError, BlockSource, DeviceMemory};
+use crate::memory::{BLOCK_GRANULE, BlockError, BlockSource, DeviceMemory, ZeroError};
 
 use super::CPU_BUFFER_ALIGN;
 
@@ -100,7 +100,7 @@ impl BlockSource for HostBlocks {
     /// on this project's machines (a VM), a first touch of a page handed
     /// back costs about 1.5 µs, a write of its 4 KiB of zeros about 30 ns,
     /// so writing wins at every size once the memory is used.
-    unsafe fn zero(&self, address: HostAddress, len: usize) -> Result<()> {
+    unsafe fn zero(&self, address: HostAddress, len: usize) -> Result<(), ZeroError> {
         // SAFETY: the caller guarantees the bytes lie in a live block and are
         // nobody else's during the call.
         unsafe { address.0.as_ptr().write_bytes(0, len) };

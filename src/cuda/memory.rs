@@ -8,7 +8,10 @@
 //!
 //! - a block is a `cuMemAlloc`, ready for every stream when it returns;
 //! - a zeroed range is a `cuMemsetD8Async` on the device's host stream,
-//!   followed by an event recorded there: the **allocation fence**. Every
+//!   followed by an event recorded there: the **allocation fence** (where
+//!   that record fails, the one exception: a wait for the host stream,
+//!   and a range the memset may still write is kept out of the pool for
+//!   the process: `CudaBlocks::fence_failed`). Every
 //!   queue makes its stream wait for the newest fence before it enqueues a
 //!   batch, when the fence moved since its last batch (one atomic load per
 //!   batch otherwise), and host transfers run on the host stream itself, so
@@ -28,8 +31,9 @@ use std::fmt;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result, sys};
 
-use crate::error::Result;
-use crate::memory::{BlockError, BlockSource, DeviceMemory};
+use crate::Backend;
+use crate::error::{Error, Result};
+use crate::memory::{BlockError, BlockSource, DeviceMemory, ZeroError};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 
 use super::driver_error;
@@ -113,6 +117,41 @@ impl CudaBlocks {
     }
 }
 
+impl CudaBlocks {
+    /// A zero fill whose allocation fence could not be recorded (`record`
+    /// failed): nothing orders a queue's later use of the range behind its
+    /// memset, which may still run. The one allocation path that waits for
+    /// the host stream: where the wait succeeds, the memset is done and the
+    /// range stands, zeroed (the record's error is not passed on: the
+    /// device did all that was asked); where it fails with a sticky error,
+    /// the device is lost and its streams run nothing again, so the range
+    /// may go back; otherwise the memset may still run, and the range is
+    /// kept out of the pool for the process (helper-75; it went back free,
+    /// and `alloc_uninit` could hand it to a queue the memset then zeroed
+    /// under).
+    #[cold]
+    fn fence_failed(&self, record: DriverError) -> Result<(), ZeroError> {
+        let fail = |e| super::context_error(&self.context, "zeroing device memory", e);
+        let record = fail(record);
+        let Err(wait) = self.host.stream.synchronize() else {
+            return Ok(());
+        };
+        match fail(wait) {
+            lost @ Error::DeviceLost { .. } => Err(ZeroError::Failed(lost)),
+            wait => Err(ZeroError::StillWriting(Error::Driver {
+                backend: super::Cuda::ID,
+                what: "zeroing device memory".into(),
+                detail: format!(
+                    "recording the allocation fence after the memset failed ({record}), and so \
+                     did the wait for it ({wait}): the memset may still run, so the range is \
+                     kept out of the pool for the process (its bytes stay counted in use); \
+                     check the device's health, and reopen it if this repeats"
+                ),
+            })),
+        }
+    }
+}
+
 impl fmt::Debug for CudaBlocks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CudaBlocks")
@@ -167,16 +206,19 @@ impl BlockSource for CudaBlocks {
         }
     }
 
-    unsafe fn zero(&self, address: sys::CUdeviceptr, len: usize) -> Result<()> {
+    unsafe fn zero(&self, address: sys::CUdeviceptr, len: usize) -> Result<(), ZeroError> {
         let fail = |e| super::context_error(&self.context, "zeroing device memory", e);
         self.context.bind_to_thread().map_err(fail)?;
         // SAFETY: the caller guarantees the bytes lie in a live block and are
         // nobody else's; the memset is ordered before every later use by
-        // the fence recorded next.
+        // the fence recorded next (or, where that fails, by a wait for it).
         unsafe { sys::cuMemsetD8Async(address, 0, len, self.host.stream.cu_stream()) }
             .result()
             .map_err(fail)?;
-        self.host.fence.advance(&self.host.stream).map_err(fail)
+        let Err(record) = self.host.fence.advance(&self.host.stream) else {
+            return Ok(());
+        };
+        self.fence_failed(record)
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {

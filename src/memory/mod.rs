@@ -196,13 +196,17 @@ pub trait BlockSource: Send + Sync + 'static {
     /// handed out.
     ///
     /// # Errors
-    /// What the device reports; the pool returns the range and passes the
-    /// error on.
+    /// [`ZeroError::Failed`] with what the device reports: the pool returns
+    /// the range and passes the error on; [`ZeroError::StillWriting`] where
+    /// the device may still be writing the zeros after the call (work it
+    /// took that nothing can order later uses behind, or wait for): the
+    /// pool keeps the range out of its free ranges for the process and
+    /// passes the error on.
     ///
     /// # Safety
     /// `address..address + len` lies in a block this source allocated and
     /// has not freed, and nothing else accesses those bytes during the call.
-    unsafe fn zero(&self, address: Self::Address, len: usize) -> Result<()>;
+    unsafe fn zero(&self, address: Self::Address, len: usize) -> Result<(), ZeroError>;
 
     /// The device's free and total memory in bytes, where the backend knows
     /// them: shown in out-of-memory errors and statistics.
@@ -218,6 +222,24 @@ pub enum BlockError {
     OutOfMemory(String),
     /// Anything else (a lost device, a driver error).
     Other(crate::Error),
+}
+
+/// Why a [`BlockSource`] could not zero a range.
+#[derive(Debug)]
+pub enum ZeroError {
+    /// The bytes may not read as zeros, and nothing writes them any more:
+    /// the range can be handed out again.
+    Failed(crate::Error),
+    /// The device may still be writing them, and nothing can order a later
+    /// use behind it: the range must never be handed out again. The error
+    /// says so.
+    StillWriting(crate::Error),
+}
+
+impl From<crate::Error> for ZeroError {
+    fn from(error: crate::Error) -> Self {
+        Self::Failed(error)
+    }
 }
 
 /// A device's memory, as its driver reports it.

@@ -9,7 +9,7 @@ use super::blocks::{Class, MAX_UNITS, Returned, State};
 use super::stats::{Bytes, MemoryStats};
 use super::{
     BLOCK_GRANULE, BlockError, BlockSource, DEDICATED_REQUEST, LARGE_BLOCK, SMALL_BLOCK,
-    SMALL_REQUEST,
+    SMALL_REQUEST, ZeroError,
 };
 use crate::error::{Error, Result};
 use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering};
@@ -260,9 +260,21 @@ impl<S: BlockSource> MemoryPool<S> {
             // the range just taken from a live block of this source (the
             // block stays until the range is given back), and nobody else
             // has the range yet.
-            if let Err(error) = unsafe { self.shared.source.zero(address, dirty) } {
-                self.give_back_range(range);
-                return Err(error);
+            match unsafe { self.shared.source.zero(address, dirty) } {
+                Ok(()) => {}
+                Err(ZeroError::Failed(error)) => {
+                    self.give_back_range(range);
+                    return Err(error);
+                }
+                // Kept for the process, with the pool (so its block is
+                // never freed either): still counted in use.
+                Err(ZeroError::StillWriting(error)) => {
+                    std::mem::forget(PooledRange {
+                        pool: self.clone(),
+                        range,
+                    });
+                    return Err(error);
+                }
             }
         }
         Ok(range)

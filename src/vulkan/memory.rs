@@ -13,7 +13,7 @@ use super::staged::STAGING_CHUNK;
 use crate::buffer::{Buffer, Pod, bytes_of, bytes_of_mut, check_host_access};
 use crate::error::{Error, Result};
 use crate::memory::{
-    Access, Allocation, BlockError, BlockSource, DeviceMemory, MemoryPool, QueueOrdered,
+    Access, Allocation, BlockError, BlockSource, DeviceMemory, MemoryPool, QueueOrdered, ZeroError,
 };
 
 /// Every range of the pool starts at a multiple of this: at least the
@@ -219,7 +219,7 @@ impl BlockSource for VulkanBlocks {
         free_buffer(&self.context, &block);
     }
 
-    unsafe fn zero(&self, address: VulkanAddress, len: usize) -> Result<()> {
+    unsafe fn zero(&self, address: VulkanAddress, len: usize) -> Result<(), ZeroError> {
         if let Some(host) = address.host {
             // SAFETY: the caller hands a range of a live block, mapped for
             // the host, that nothing else touches now.
@@ -236,7 +236,8 @@ impl BlockSource for VulkanBlocks {
                 // of the alignment) and size are multiples of 4.
                 unsafe { device.cmd_fill_buffer(command, address.buffer, address.offset, size, 0) };
             },
-        )
+        )?;
+        Ok(())
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {

@@ -1,4 +1,6 @@
-//! Host staging on the fake driver: what an empty download takes.
+//! Host staging and the pool's zero fills on the fake driver: what an
+//! empty download takes, and what a zero fill whose allocation fence
+//! cannot be recorded does with its range.
 
 use hwqueue::Download;
 use hwqueue::cuda::CudaDevice;
@@ -41,11 +43,23 @@ fn empty_download(device: &CudaDevice, fill_first: bool) {
     report("synchronize", &outcome(queue.synchronize()));
 }
 
+/// The child's half of `zero_fill_fence`: a zeroed allocation (on the
+/// fake, `cuMemAlloc` memory is never zeroed, so its range is filled by
+/// a memset behind the allocation fence), what the pool counts in use
+/// after it (`in_use`), and the device's health.
+fn zero_fill_fence(device: &CudaDevice) {
+    let buffer = device.alloc(4096);
+    report("in_use", &device.memory_stats().in_use.to_string());
+    report("alloc", &describe(buffer.map(drop), |()| String::new()));
+    report("health", &describe(device.health(), |()| String::new()));
+}
+
 /// The child's half: the scenario `name`.
 pub(super) fn run(device: &CudaDevice, name: &str) {
     match name {
         "empty_download" => empty_download(device, false),
         "empty_download_fault" => empty_download(device, true),
+        "zero_fill_fence" => zero_fill_fence(device),
         other => panic!("no memory scenario `{other}`"),
     }
 }
@@ -95,4 +109,60 @@ fn an_empty_download_behind_a_fault_fails() {
         assert!(!said.starts_with("ok"), "{key}: {outcome:#?}");
     }
     assert!(!outcome.called("cuMemHostAlloc"), "{:?}", outcome.calls);
+}
+
+/// The allocation fence recorded after a zero fill's memset fails once
+/// (an error that is not sticky), and the wait for the host stream that
+/// follows proves the memset done: the allocation stands, zeroed, with
+/// nothing left for a queue to order behind. On d441ef0 the allocation
+/// failed and its range went back to the pool free while the memset, for
+/// all the pool knew, still ran: `alloc_uninit` could hand it to a queue
+/// that no fence ordered behind it.
+#[test]
+fn a_zero_fill_whose_fence_fails_waits_for_its_memset() {
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemsetD8Async"),
+        ("HWQUEUE_FAKE_FAULT_SEEN_BY", "cuEventRecord"),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        ("HWQUEUE_FAKE_FAULT_TIMES", "1"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("memory:zero_fill_fence", &extra)) else {
+        return;
+    };
+    assert_eq!(outcome.field("alloc"), "ok ", "{outcome:#?}");
+    assert_eq!(outcome.field("in_use"), "4096", "{outcome:#?}");
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
+    let calls = &outcome.calls;
+    let memset = calls.iter().position(|c| c == "cuMemsetD8Async").unwrap();
+    assert!(
+        calls[memset..].iter().any(|c| c == "cuStreamSynchronize"),
+        "the memset is waited for: {:?}",
+        &calls[memset..]
+    );
+}
+
+/// As the last, where the wait for the host stream fails too (not
+/// sticky: the device is not lost, and the memset may still run): the
+/// allocation fails, saying so, and its range is kept out of the pool for
+/// the process, still counted in use, never handed out again. On d441ef0
+/// the range went back to the pool free (`in_use` 0).
+#[test]
+fn a_zero_fill_whose_fence_and_wait_fail_keeps_its_range() {
+    let extra = [
+        ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemsetD8Async"),
+        (
+            "HWQUEUE_FAKE_FAULT_SEEN_BY",
+            "cuEventRecord,cuStreamSynchronize",
+        ),
+        ("HWQUEUE_FAKE_FAULT", "400"),
+        ("HWQUEUE_FAKE_FAULT_TIMES", "2"),
+    ];
+    let Some(outcome) = run_scenario(&on_a_12_2_device("memory:zero_fill_fence", &extra)) else {
+        return;
+    };
+    let alloc = outcome.field("alloc");
+    assert!(alloc.starts_with("Driver "), "{outcome:#?}");
+    assert!(alloc.contains("kept out of the pool"), "{outcome:#?}");
+    assert_eq!(outcome.field("in_use"), "4096", "{outcome:#?}");
+    assert_eq!(outcome.field("health"), "ok ", "{outcome:#?}");
 }
