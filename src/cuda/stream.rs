@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::mem;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use cudarc::driver::{CudaStream, result, sys};
+use cudarc::driver::{CudaStream, DriverError, result, sys};
 
 use crate::error::{Error, Result, panic_message};
 use crate::queue::{Admission, Batch, Command, Ledger};
@@ -91,6 +91,24 @@ pub(super) struct Shared {
     /// asks whether it watches any (`StreamWatch::watching`).
     #[cfg(feature = "nccl")]
     pub(super) behind: crate::collective::StreamWatch,
+}
+
+/// What a query of the stream (`cuStreamQuery`, which blocks for
+/// nothing) found: [`Shared::query_stream`].
+pub(super) enum StreamQuery {
+    /// The queue is stalled (see
+    /// [`earlier_work_done`](Shared::earlier_work_done)): no query was
+    /// made, and nothing will prove work done any more.
+    Stalled,
+    /// The stream completed all the work put on it: among it, the batches
+    /// in flight before the query, this many ([`Shared::put_in_flight`]
+    /// then), for [`retire_waited`](Shared::retire_waited).
+    Idle(u64),
+    /// Work on the stream may still run (`CUDA_ERROR_NOT_READY`).
+    Busy,
+    /// The query failed otherwise (with this many batches in flight
+    /// before it): sticky or not, the caller decides what that means.
+    Failed(u64, DriverError),
 }
 
 /// A batch for the worker: the command it resumes at (or, with an error,
@@ -579,18 +597,31 @@ impl Shared {
     #[cold]
     #[inline(never)]
     fn stream_idle(&self) -> bool {
+        match self.query_stream() {
+            StreamQuery::Stalled => true,
+            StreamQuery::Idle(before) => {
+                self.retire_waited(before);
+                true
+            }
+            StreamQuery::Busy | StreamQuery::Failed(..) => false,
+        }
+    }
+
+    /// Queries the stream, unless the queue is stalled: what
+    /// [`stream_idle`](Self::stream_idle) and the worker's
+    /// `stream_passed` both ask, before each handles a failed query its
+    /// own way.
+    pub(super) fn query_stream(&self) -> StreamQuery {
         if self.ledger.refuses() {
-            return true;
+            return StreamQuery::Stalled;
         }
         let before = self.put_in_flight();
         // SAFETY: the stream is alive (`self` holds it); a query blocks
         // for nothing.
-        let idle = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }
-            .result()
-            .is_ok();
-        if idle {
-            self.retire_waited(before);
+        match unsafe { sys::cuStreamQuery(self.stream.cu_stream()) }.result() {
+            Ok(()) => StreamQuery::Idle(before),
+            Err(error) if error.0 == sys::CUresult::CUDA_ERROR_NOT_READY => StreamQuery::Busy,
+            Err(error) => StreamQuery::Failed(before, error),
         }
-        idle
     }
 }

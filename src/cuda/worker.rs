@@ -6,8 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys;
-
 use crate::error::{Error, Result};
 use crate::profile::now_ns;
 use crate::queue::{Admission, Batch, Command};
@@ -17,7 +15,7 @@ use crate::sync::Ordering;
 use super::Cuda;
 use super::in_flight::Unsettled;
 use super::repeat::Template;
-use super::stream::{Outcome, Pending, Shared};
+use super::stream::{Outcome, Pending, Shared, StreamQuery};
 
 /// How long the idle worker first sleeps between retirements while a batch
 /// in flight holds values it could not fail yet, and at most (doubling):
@@ -280,24 +278,19 @@ fn honour(shared: &Shared, command: &Command<Cuda>) -> Option<u64> {
 /// worker honouring a wait for a value a thread sets only once they
 /// settled waited for good); `None` where work may still run.
 fn stream_passed(shared: &Shared) -> Option<u64> {
-    if shared.ledger.refuses() {
-        return Some(0);
-    }
-    let before = shared.put_in_flight();
-    // SAFETY: the stream is alive (`shared` holds it); a query blocks for
-    // nothing.
-    match unsafe { sys::cuStreamQuery(shared.stream.cu_stream()) }.result() {
-        Ok(()) => Some(before),
-        Err(error) if error.0 == sys::CUresult::CUDA_ERROR_NOT_READY => None,
-        Err(error) => match shared.fault("querying the stream behind a failed batch", error) {
-            Error::DeviceLost { .. } => Some(before),
-            _ => {
-                shared.ask_the_stream_or_stall(
-                    "behind a failed batch whose stream could be neither waited for nor queried",
-                );
-                Some(0)
-            }
-        },
+    const WHY: &str = "behind a failed batch whose stream could be neither waited for nor queried";
+    let (before, error) = match shared.query_stream() {
+        StreamQuery::Stalled => return Some(0),
+        StreamQuery::Idle(before) => return Some(before),
+        StreamQuery::Busy => return None,
+        StreamQuery::Failed(before, error) => (before, error),
+    };
+    match shared.fault("querying the stream behind a failed batch", error) {
+        Error::DeviceLost { .. } => Some(before),
+        _ => {
+            shared.ask_the_stream_or_stall(WHY);
+            Some(0)
+        }
     }
 }
 
