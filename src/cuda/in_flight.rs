@@ -69,8 +69,10 @@ pub(super) struct InFlight {
     /// sticky) and the owner was told: not again for that batch.
     told: bool,
     /// How many of `batches` hold [`Unsettled`] values: the worker polls
-    /// while there are any ([`Shared::unsettled`]), since a waiter may
-    /// wait for them with nothing else to move the retirement on.
+    /// while there are any ([`Shared::unsettled`], which reads its mirror
+    /// `Shared::unsettled_batches`), since a waiter may wait for them with
+    /// nothing else to move the retirement on. Changed only through
+    /// `Shared::set_unsettled`, which keeps the mirror.
     unsettled: usize,
 }
 
@@ -173,7 +175,8 @@ impl Shared {
         };
         match event.and_then(|event| event.record(&self.stream).map(|()| event)) {
             Ok(event) => {
-                in_flight.unsettled += usize::from(unsettled.is_some());
+                let count = in_flight.unsettled + usize::from(unsettled.is_some());
+                self.set_unsettled(&mut in_flight, count);
                 in_flight
                     .batches
                     .push_back((event, batch, staging, enqueued, template, unsettled));
@@ -300,7 +303,7 @@ impl Shared {
         let mut in_flight = self.in_flight.lock();
         let batches = mem::take(&mut in_flight.batches);
         in_flight.popped += batches.len() as u64;
-        in_flight.unsettled = 0;
+        self.set_unsettled(&mut in_flight, 0);
         in_flight.told = false;
         self.holding.store(false, Ordering::Relaxed);
         drop(in_flight);
@@ -389,7 +392,8 @@ impl Shared {
                 // Its values from the failure on fail now: the work
                 // before them is done (or the device lost).
                 if let Some(unsettled) = unsettled {
-                    in_flight.unsettled -= 1;
+                    let count = in_flight.unsettled - 1;
+                    self.set_unsettled(&mut in_flight, count);
                     unsettled.settle(&batch);
                 }
                 drop((staging, template));
@@ -428,7 +432,7 @@ impl Shared {
             return Some(waited);
         }
         let mut in_flight = self.in_flight.lock();
-        in_flight.unsettled = 0;
+        self.set_unsettled(&mut in_flight, 0);
         for (_, batch, _, _, _, unsettled) in &mut in_flight.batches {
             if let Some(unsettled) = unsettled.take() {
                 unsettled.settle(batch);
@@ -437,9 +441,17 @@ impl Shared {
         Some(0)
     }
 
-    /// Whether a batch in flight holds [`Unsettled`] values.
+    /// Whether a batch in flight holds [`Unsettled`] values: read without
+    /// the lock, from its mirror (see `Shared::unsettled_batches`).
     pub(super) fn unsettled(&self) -> bool {
-        self.in_flight.lock().unsettled > 0
+        self.unsettled_batches.load(Ordering::Relaxed) > 0
+    }
+
+    /// Sets how many batches in flight hold [`Unsettled`] values, and its
+    /// mirror, under the lock (`in_flight` is its guard's).
+    fn set_unsettled(&self, in_flight: &mut InFlight, count: usize) {
+        in_flight.unsettled = count;
+        self.unsettled_batches.store(count, Ordering::Relaxed);
     }
 
     /// Keeps `template` (where there is one) until the stream passed
@@ -484,7 +496,7 @@ impl Shared {
         self.replays.lock().clear();
         let mut in_flight = self.in_flight.lock();
         let batches = mem::take(&mut in_flight.batches);
-        in_flight.unsettled = 0;
+        self.set_unsettled(&mut in_flight, 0);
         in_flight.spare_events.clear();
         in_flight.spare_batches.clear();
         drop(in_flight);

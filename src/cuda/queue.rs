@@ -11,7 +11,7 @@ use crate::params::{ExecParams, Limits};
 use crate::profile::ProfileEvent;
 use crate::program::{Program, Scalar};
 use crate::queue::{Batch, Command, Engine, Ledger, Queue, QueueKind, queue_label};
-use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, spawn};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering, spawn};
 
 use super::device::PARAMETER_BYTES;
 use super::launch;
@@ -163,6 +163,7 @@ impl CudaEngine {
             patched: AtomicU64::new(0),
             busy: AtomicBool::new(false),
             holding: AtomicBool::new(false),
+            unsettled_batches: AtomicUsize::new(0),
             #[cfg(feature = "nccl")]
             behind: crate::collective::StreamWatch::default(),
         });

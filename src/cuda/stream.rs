@@ -13,7 +13,7 @@ use cudarc::driver::{CudaStream, DriverError, result, sys};
 use crate::error::{Error, Result, panic_message};
 use crate::queue::{Admission, Batch, Command, Ledger};
 use crate::ring::Dependency;
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
 pub(super) use super::in_flight::InFlight;
 use super::launch;
@@ -85,6 +85,15 @@ pub(super) struct Shared {
     /// Whether `InFlight::batches` holds a batch (stored under
     /// `in_flight`): a `submit` with nothing to retire takes no lock.
     pub(super) holding: AtomicBool,
+    /// `InFlight::unsettled` (how many batches in flight hold values kept
+    /// `Unsettled`), mirrored: stored under `in_flight` at each change
+    /// (`Shared::set_unsettled`), so it is exact whenever that lock is
+    /// free; read alone (`Relaxed`) by the worker's idle and blocked
+    /// checks (`Shared::unsettled`). Only the worker adds to it
+    /// (`worker::settle`), so it never reads fewer than it put there; a
+    /// retirement on the owner's thread it reads late costs it one more
+    /// poll, never a missed one. No other memory is published through it.
+    pub(super) unsettled_batches: AtomicUsize,
     /// The NCCL groups in flight on the stream, told of every batch
     /// enqueued behind them, so that an abort fails those too. Told by the
     /// thread enqueueing, in queue order; the owner's signal-only fast path
