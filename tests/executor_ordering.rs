@@ -503,3 +503,62 @@ fn a_buffer_added_twice_is_one_memory_to_the_planner() {
         "the download does not wait for the kernel:\n{plan}"
     );
 }
+
+static HOLD_FIRST_BINDING: AtomicBool = AtomicBool::new(false);
+
+/// A slot bound to `x`, run (held), rebound to `y` and run while the first
+/// run is in flight: once both runs settled and the caller dropped `x`, its
+/// memory goes back to the pool. The plan kept the first binding (to order
+/// later rebindings against the run using it) until the slot was rebound
+/// *again*, so a plan rebound once and then run with the same buffers held
+/// `x` for as long as it lived.
+#[test]
+fn a_binding_replaced_and_settled_is_let_go() {
+    fn held(_: &WorkGroup, _: &KernelArgs<'_>) {
+        hold(&HOLD_FIRST_BINDING);
+    }
+    no_hang("a replaced binding let go", || {
+        let device = Arc::new(CpuDevice::new());
+        let mut schedule = Schedule::<Cpu>::new();
+        let d = schedule.add_device(device.clone());
+        let slot = schedule.add_slot(d, "s", 64);
+        let program = CpuProgram::from_fn("held", 1, 0, held);
+        schedule
+            .exec(
+                "write s",
+                d,
+                &program,
+                &[slot],
+                &[],
+                ExecParams::new_1d(1, 1),
+            )
+            .writes(slot, ..);
+        let mut plan = schedule.plan().unwrap();
+        let live = || device.memory_stats().live_allocations;
+        let x = device.alloc(64).unwrap();
+        let y = device.alloc(64).unwrap();
+        plan.bind(slot, &x).unwrap();
+        let run0 = plan.run().unwrap();
+        // Run 0 is held: the rebinding meets it in flight.
+        plan.bind(slot, &y).unwrap();
+        let run1 = plan.run().unwrap();
+        HOLD_FIRST_BINDING.store(true, Ordering::Release);
+        run0.wait(LONG).unwrap();
+        run1.wait(LONG).unwrap();
+        // More runs, the same binding.
+        plan.run().unwrap().wait(LONG).unwrap();
+        let before = live();
+        drop(x);
+        assert_eq!(
+            live(),
+            before - 1,
+            "the plan still holds the replaced binding"
+        );
+        drop(y);
+        assert_eq!(
+            live(),
+            before - 1,
+            "the bound buffer is the plan's until rebound"
+        );
+    });
+}

@@ -185,9 +185,14 @@ impl<B: Backend> Plan<B> {
             if let (old, Some(last_run)) = std::mem::replace(&mut bindings.current, (views, None)) {
                 bindings.history.push_back((old, last_run));
             }
-            bindings
-                .history
-                .retain(|(_, run)| in_flight.in_flight(facts, *run));
+        }
+        // Bindings whose runs settled order nothing: let the caller's
+        // buffers go, every run (not only at the next rebinding, which
+        // may never come).
+        bindings
+            .history
+            .retain(|(_, run)| in_flight.in_flight(facts, *run));
+        if bindings.changed {
             let current = &bindings.current.0;
             bindings.barrier = bindings
                 .history
