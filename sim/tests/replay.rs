@@ -278,3 +278,40 @@ fn a_stretch_whose_later_kernel_waits_on_the_run_before_still_repeats() {
     let launches = plan.launches();
     assert!(launches.repeats >= 19, "{launches:?}");
 }
+
+/// A stretch of three kernels, `a`, `b` and `c`, repeated as one program
+/// (the second run names it instead of recording its kernels), whose
+/// third kernel fails. The repeat sets the stretch's last value only, so
+/// every kernel of it looks unfinished, and the run named the first one,
+/// `a`, though the error named `c`'s kernel; without replay it names `c`.
+#[test]
+fn a_failure_inside_a_repeated_stretch_names_the_kernel_that_failed() {
+    for replay in [false, true] {
+        // Three `exec`s a run: the sixth is the second run's `c`.
+        let device = Arc::new(SimDevice::new(0, SimConfig::default().fail_exec(6)));
+        let mut schedule = Schedule::<Sim>::new();
+        let d = schedule.add_device(device.clone());
+        let z = schedule.add_slot(d, "z", 64);
+        let grid = ExecParams::new_1d(16, 16);
+        for name in ["a", "b", "c"] {
+            let program = SimProgram::new(name, 1, 0, bump);
+            schedule.exec(format!("bump {name}"), d, &program, &[z], &[], grid);
+        }
+        let mut plan = schedule.plan().unwrap();
+        plan.set_replay(replay);
+        plan.bind(z, &device.alloc(64).unwrap()).unwrap();
+        plan.run().unwrap().wait(Timeout::Forever).unwrap();
+        let error = plan.run().unwrap().wait(Timeout::Forever).unwrap_err();
+        assert_eq!(
+            plan.launches().repeats,
+            u64::from(replay),
+            "replay {replay}"
+        );
+        match &error {
+            hwqueue::Error::OperationFailed { operation, .. } => {
+                assert_eq!(operation, "bump c", "replay {replay}: {error}");
+            }
+            other => panic!("replay {replay}: {other}"),
+        }
+    }
+}

@@ -71,15 +71,16 @@ impl<B: Backend> Run<B> {
             _ => None,
         };
         let mut culprits = Vec::new();
+        // Kernels after a culprit on its queue with no wait within the run
+        // between: a repeated run of kernels sets only its last value
+        // (`replay.rs`), so the one that failed may be any of them.
+        let mut behind = Vec::new();
         for (queue, signal) in timelines.signals.iter().enumerate() {
-            let first_unfinished = facts
-                .ops
-                .iter()
-                .filter(|op| {
-                    op.queue == queue && !signal.is_reached(facts.value(timelines, queue, op.value))
-                })
-                .min_by_key(|op| op.value);
-            if let Some(op) = first_unfinished {
+            // In queue order: a queue's values rise in program order.
+            let mut unfinished = facts.ops.iter().filter(|op| {
+                op.queue == queue && !signal.is_reached(facts.value(timelines, queue, op.value))
+            });
+            if let Some(op) = unfinished.next() {
                 // Its waits within the run were met (a wait on the run
                 // before is settled: that run's failure is not this one's).
                 let waits_met = op.waits.iter().filter(|w| !w.previous_run).all(|w| {
@@ -87,12 +88,15 @@ impl<B: Backend> Run<B> {
                 });
                 if waits_met {
                     culprits.push(op);
+                    behind.extend(unfinished.take_while(|op| {
+                        op.program.is_some() && op.waits.iter().all(|w| w.previous_run)
+                    }));
                 }
             }
         }
-        let culprit = culprits
-            .iter()
-            .find(|op| failed_program.is_some() && op.program == failed_program)
+        let named = |op: &&&PlannedOp| failed_program.is_some() && op.program == failed_program;
+        let culprit = (culprits.iter().find(named))
+            .or_else(|| behind.iter().find(named))
             .or(culprits.first());
         match culprit {
             Some(op) => Error::OperationFailed {
