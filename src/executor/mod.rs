@@ -201,8 +201,8 @@ use std::fmt;
 use std::ops::Range;
 
 pub use memory::{PlanMemory, TensorPlacement};
-pub use ordering::PlannedWait;
-pub use plan::{Plan, WaitReason};
+pub use ordering::{PlannedWait, WaitReason};
+pub use plan::Plan;
 pub use run::Run;
 pub use schedule::{OpBuilder, Schedule};
 

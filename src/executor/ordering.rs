@@ -2,7 +2,8 @@
 //! on each queue's timeline, which of them a run waits for, and the rules
 //! that decide it, used by every path that records, refuses or fails a run
 //! (`plan.rs`), by the bindings (`binding.rs`), by the host stage
-//! (`host.rs`) and by [`Run`](super::Run).
+//! (`host.rs`) and by [`Run`](super::Run); and why each wait is there,
+//! for people ([`WaitReason`]).
 //!
 //! - **Signals per run.** Each run sets signals of its own, one per queue
 //!   ([`Timelines`]; those of a settled run whose handle is gone are
@@ -47,7 +48,9 @@
 //!   (`Plan::fail_in_order`). A `submit` that reports an earlier run's
 //!   failure (`QueueFailed`, once per failure) keeps the batch, and is
 //!   called again until the batch records or the queue refuses it: one
-//!   run's failure is never taken for another's refusal. A refused run's
+//!   run's failure is never taken for another's refusal. A queue that
+//!   takes no more work (stalled) reports one cause at every call: the
+//!   same cause twice refuses the run. A refused run's
 //!   batch on the refusing queue is discarded, never sent with the next
 //!   run's. The collectives of the queues that recorded nothing of a
 //!   refused run still take their places, forfeited
@@ -374,4 +377,56 @@ pub(super) fn same_bytes<B: Backend>(a: &View<B>, b: &View<B>) -> bool {
     crate::buffer::Buffer::same_as(a.buffer(), b.buffer())
         && a.offset() == b.offset()
         && a.len() == b.len()
+}
+
+/// Why an operation waits: [`Plan::reason`]. Displays as, for example,
+/// ``read-after-write on `arena` [0, 4096) (`hidden`) after `matmul1` ``.
+pub struct WaitReason<'a, B: Backend> {
+    schedule: &'a Schedule<B>,
+    op: OpId,
+    wait: &'a PlannedWait,
+}
+
+impl<'a, B: Backend> WaitReason<'a, B> {
+    pub(super) fn new(schedule: &'a Schedule<B>, op: OpId, wait: &'a PlannedWait) -> Self {
+        Self { schedule, op, wait }
+    }
+}
+
+impl<B: Backend> fmt::Display for WaitReason<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let wait = self.wait;
+        let ops = &self.schedule.ops;
+        let (Some(later), Some(earlier), Some(buffer)) = (
+            ops.get(self.op.0),
+            ops.get(wait.after.0),
+            self.schedule.buffers.get(wait.buffer.0),
+        ) else {
+            return f.write_str("a wait of another plan's (its operation is not this plan's)");
+        };
+        write!(
+            f,
+            "{} on `{}` [{}, {})",
+            wait.hazard, buffer.name, wait.range.start, wait.range.end
+        )?;
+        super::schedule::write_tensors_at(
+            f,
+            self.schedule,
+            later,
+            earlier,
+            wait.buffer,
+            &wait.range,
+        )?;
+        write!(f, " after `{}`", earlier.name)?;
+        if wait.previous_run {
+            f.write_str(" of the previous run")?;
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> fmt::Debug for WaitReason<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }

@@ -5,7 +5,7 @@ use crate::profile::ProfileEvent;
 use crate::sync::mpsc;
 
 use super::host::{HostBatch, HostJob};
-use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Refused, Timelines};
+use super::ordering::{Bindings, InFlight, PlanFacts, PlannedWait, Refused, Timelines, WaitReason};
 use super::replay::Stretches;
 use super::run::Run;
 use super::schedule::*;
@@ -349,10 +349,21 @@ impl<B: Backend> Plan<B> {
             // An earlier run's failure is reported once per call, and the
             // batch is kept: submit again until it records (each report is
             // a failure of a batch submitted before, so this ends), or the
-            // queue really refuses this batch.
+            // queue really refuses this batch. A queue that takes no more
+            // work (stalled) reports its one cause at every call, having
+            // let the batch go: the same cause again refuses the run.
+            let mut reported: Option<std::sync::Arc<Error>> = None;
             let submitted = loop {
                 match queue.submit() {
-                    Err(Error::QueueFailed { .. }) => {}
+                    Err(Error::QueueFailed { cause }) => {
+                        if reported
+                            .as_ref()
+                            .is_some_and(|r| std::sync::Arc::ptr_eq(r, &cause))
+                        {
+                            break Err(Error::QueueFailed { cause });
+                        }
+                        reported = Some(cause);
+                    }
                     other => break other,
                 }
             };
@@ -499,11 +510,7 @@ impl<B: Backend> Plan<B> {
     /// buffer's name and the bytes, the tensors sharing them, the
     /// operation waited for. Formatted only when shown.
     pub fn reason<'a>(&'a self, op: OpId, wait: &'a PlannedWait) -> WaitReason<'a, B> {
-        WaitReason {
-            schedule: &self.schedule,
-            op,
-            wait,
-        }
+        WaitReason::new(&self.schedule, op, wait)
     }
 
     /// The waits inserted before operation `op` (none for an id of
@@ -648,52 +655,6 @@ impl<B: Backend> fmt::Display for Plan<B> {
 }
 
 impl<B: Backend> fmt::Debug for Plan<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// Why an operation waits: [`Plan::reason`]. Displays as, for example,
-/// ``read-after-write on `arena` [0, 4096) (`hidden`) after `matmul1` ``.
-pub struct WaitReason<'a, B: Backend> {
-    schedule: &'a Schedule<B>,
-    op: OpId,
-    wait: &'a PlannedWait,
-}
-
-impl<B: Backend> fmt::Display for WaitReason<'_, B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let wait = self.wait;
-        let ops = &self.schedule.ops;
-        let (Some(later), Some(earlier), Some(buffer)) = (
-            ops.get(self.op.0),
-            ops.get(wait.after.0),
-            self.schedule.buffers.get(wait.buffer.0),
-        ) else {
-            return f.write_str("a wait of another plan's (its operation is not this plan's)");
-        };
-        write!(
-            f,
-            "{} on `{}` [{}, {})",
-            wait.hazard, buffer.name, wait.range.start, wait.range.end
-        )?;
-        super::schedule::write_tensors_at(
-            f,
-            self.schedule,
-            later,
-            earlier,
-            wait.buffer,
-            &wait.range,
-        )?;
-        write!(f, " after `{}`", earlier.name)?;
-        if wait.previous_run {
-            f.write_str(" of the previous run")?;
-        }
-        Ok(())
-    }
-}
-
-impl<B: Backend> fmt::Debug for WaitReason<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(self, f)
     }

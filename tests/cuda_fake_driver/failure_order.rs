@@ -104,6 +104,9 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
     if case == "stalled_template" {
         return run_stalled_template(device);
     }
+    if case == "plan_on_a_stalled_queue" {
+        return run_plan_on_a_stalled_queue(device);
+    }
     if case == "dropped_unsettled" {
         return run_dropped_unsettled(device);
     }
@@ -342,6 +345,29 @@ fn run_stalled_template(device: &CudaDevice) {
     if let Err(error) = synchronized {
         report("synchronize_says", &error.to_string());
     }
+}
+
+/// The child's half of `plan_on_a_stalled_queue`: a plan of one upload,
+/// run back to back (never waited for) until a run is refused, at most
+/// [`STALL_UPLOADS`] + 10 times. Reports `refused`: the run refused and
+/// why, or `none`.
+fn run_plan_on_a_stalled_queue(device: &CudaDevice) {
+    use hwqueue::Schedule;
+    use hwqueue::cuda::Cuda;
+    let mut schedule = Schedule::<Cuda>::new();
+    let d = schedule.add_device(std::sync::Arc::new(device.clone()));
+    let x = schedule.add_buffer(d, "x", device.alloc(64).unwrap());
+    let up = schedule.upload("upload x", x).id();
+    let mut plan = schedule.plan().unwrap();
+    let mut refused = "none".to_owned();
+    for run in 0..STALL_UPLOADS + 10 {
+        plan.upload(up, &[run; 16]).unwrap();
+        if let Err(error) = plan.run() {
+            refused = format!("run {run}: {error}");
+            break;
+        }
+    }
+    report("refused", &refused);
 }
 
 /// How many upload batches `stalled_template` submits: past the 64
@@ -714,6 +740,26 @@ fn a_stalled_queue_keeps_a_skipped_batchs_template() {
         "{outcome:#?}"
     );
     assert_eq!(outcome.field("device_memory_freed"), "0", "{outcome:#?}");
+}
+
+/// A plan whose queue stalls (nothing tells when its uploads are done, and
+/// its runs pile up behind the first, never waited for): the run the stall meets is
+/// refused, saying the queue takes no more work. A stalled queue reports
+/// its refusal (`QueueFailed`) at every `submit`, and `Plan::run` took
+/// each report for an earlier run's failure and submitted again: the run
+/// never returned, spinning a core (the child was killed at its limit).
+#[test]
+fn a_plan_on_a_stalled_queue_refuses_the_run_instead_of_spinning() {
+    let vars = NOTHING_TELLS;
+    let scenario = on_a_12_2_device("failure_order:plan_on_a_stalled_queue", &vars);
+    let Some(outcome) = super::run_scenario_within(&scenario, Duration::from_secs(60)) else {
+        return;
+    };
+    assert_eq!(outcome.field("device"), "ok", "{outcome:#?}");
+    assert!(
+        outcome.field("refused").contains("takes no more work"),
+        "{outcome:#?}"
+    );
 }
 
 /// A batch whose values fail on the owner's thread, the stream found idle
