@@ -385,3 +385,26 @@ fn a_preference_list_with_a_misspelled_spec_is_refused_before_opening() {
     );
     assert!(!registry.is_open(DeviceSpec::cpu()));
 }
+
+/// helper-79: a crate backend this registry's set lacks (Vulkan, compiled
+/// in by default, on `Mixed`: CPU and mock) is a device that does not open
+/// here, as one not compiled in is: skipped for the next preference, not
+/// refused as a misspelling.
+#[test]
+fn a_preference_list_skips_a_backend_the_set_lacks() {
+    let registry = Registry::<Mixed>::new();
+    let selection = registry.select_from(&["vulkan", "cuda", "cpu"]);
+    let selection = selection.unwrap_or_else(|error| panic!("refused: {error}"));
+    assert_eq!(selection.spec, DeviceSpec::cpu());
+    assert!(
+        selection.reason.contains("`vulkan`"),
+        "{}",
+        selection.reason
+    );
+    // A misspelling is still refused before anything opens.
+    let error = registry.select_from(&["vulkam", "cpu"]).unwrap_err();
+    assert!(
+        matches!(error, Error::InvalidDeviceSpec { .. }),
+        "{error:?}"
+    );
+}

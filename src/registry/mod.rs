@@ -429,7 +429,9 @@ impl<S: BackendSet> Registry<S> {
     /// error in the [`Selection`]'s reason, for the next.
     ///
     /// Every spec is parsed before any is opened: a misspelled one is an
-    /// error even where one before it would have opened.
+    /// error even where one before it would have opened. A crate backend
+    /// the registry's set lacks is spelled right: skipped, as one not
+    /// compiled in.
     ///
     /// # Errors
     /// [`Error::InvalidDeviceSpec`] for a spec that does not parse;
@@ -439,7 +441,14 @@ impl<S: BackendSet> Registry<S> {
         let mut specs = Vec::with_capacity(preferences.len());
         for input in preferences {
             match self.parse(input) {
-                Err(error @ Error::InvalidDeviceSpec { .. }) => return Err(error),
+                // A crate backend this set lacks (`vulkan` on a CPU-only
+                // set) is well spelled: a device that does not open here,
+                // skipped as one not compiled in is.
+                Err(error @ Error::InvalidDeviceSpec { .. })
+                    if DeviceSpec::parse_with(input, SPEC_NAMES).is_err() =>
+                {
+                    return Err(error);
+                }
                 parsed => specs.push((input.trim(), parsed)),
             }
         }
