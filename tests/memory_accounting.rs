@@ -425,3 +425,29 @@ fn a_range_whose_zero_fill_may_still_write_is_kept_for_the_process() {
         assert_eq!(held > 0, still_writing, "blocks held after the pool's drop");
     }
 }
+
+/// helper-79: a range kept for the process because its zero fill may
+/// still write needs its own block kept, not every block of the pool: a
+/// large block cached (nothing in use) when the pool is dropped goes back
+/// to the source; only the kept range's block stays held.
+#[test]
+fn a_range_kept_for_the_process_keeps_only_its_own_block() {
+    let source = FailingZero {
+        still_writing: true,
+        ..FailingZero::default()
+    };
+    let pool = MemoryPool::new(source.clone());
+    // A large block, cached once its range is back.
+    drop(pool.alloc_uninit(16 << 20).unwrap());
+    let cached_large = source.inner.held.load(Ordering::Relaxed);
+    assert!(pool.alloc_zeroed(4096).is_err());
+    let with_small = source.inner.held.load(Ordering::Relaxed);
+    let small = with_small - cached_large;
+    drop(pool);
+    let held = source.inner.held.load(Ordering::Relaxed);
+    assert_eq!(
+        held, small,
+        "after the pool's drop, {held} bytes are held: the kept range's block is {small}, \
+         the cached large block {cached_large}"
+    );
+}

@@ -266,15 +266,12 @@ impl<S: BlockSource> MemoryPool<S> {
                     self.give_back_range(range);
                     return Err(error);
                 }
-                // Kept for the process, with the pool (so its block is
-                // never freed either): still counted in use.
-                Err(ZeroError::StillWriting(error)) => {
-                    std::mem::forget(PooledRange {
-                        pool: self.clone(),
-                        range,
-                    });
-                    return Err(error);
-                }
+                // Kept for the process: never given back, so still taken,
+                // counted in use and holding its block, which the pool's
+                // drop keeps too (`Shared::drop`); the pool's other blocks
+                // go back as usual (a handle of the pool kept with it held
+                // every block, and the cache, for the process).
+                Err(ZeroError::StillWriting(error)) => return Err(error),
             }
         }
         Ok(range)
@@ -572,10 +569,24 @@ impl<S: BlockSource> MemoryPool<S> {
 
 impl<S: BlockSource> Drop for Shared<S> {
     fn drop(&mut self) {
-        // Every range holds the pool, so none is left: every block is empty.
-        let blocks = std::mem::take(&mut self.state.lock().blocks);
+        // Every range handed out holds the pool, so none is left but those
+        // given back while the lock was held (merged here) and those kept
+        // for the process, whose zero fill may still write
+        // (`ZeroError::StillWriting`): their blocks are kept too.
+        let mut state = self.state.lock();
+        for returned in std::mem::take(&mut *self.returned.lock()) {
+            for (block, _) in state.return_range(returned) {
+                self.source.free(block);
+            }
+        }
+        let blocks = std::mem::take(&mut state.blocks);
+        drop(state);
         for entry in blocks.into_iter().flatten() {
-            self.source.free(entry.block);
+            if entry.live > 0 {
+                std::mem::forget(entry.block);
+            } else {
+                self.source.free(entry.block);
+            }
         }
     }
 }
