@@ -403,7 +403,7 @@ impl Recorder {
                 infos,
             });
         }
-        self.note_exec(written, pipeline.after_bind, views.len());
+        self.note_exec(written, views.len());
         let groups = params.groups();
         let device = &self.context.device;
         // SAFETY: the command buffer records, with the pipeline and a set
@@ -459,8 +459,7 @@ impl Recorder {
                 .max_sets(64)
                 .pool_sizes(&sizes);
             if self.context.physical.update_after_bind {
-                // Update-after-bind layouts' sets come from such pools
-                // (`make_pipeline`); a plain layout's may too.
+                // The layouts' sets come from such pools (`make_pipeline`).
                 info = info.flags(vk::DescriptorPoolCreateFlags::UPDATE_AFTER_BIND);
             }
             // SAFETY: the create-info lives across the call.

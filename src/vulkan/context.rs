@@ -74,8 +74,9 @@ pub(super) struct Physical {
     /// recording for replay then takes a run's new bindings by rewriting
     /// its descriptor sets (`replay.rs`), not by being recorded again.
     pub(super) update_after_bind: bool,
-    /// The most storage buffers one update-after-bind set layout may give
-    /// the compute stage: the least of
+    /// The most storage buffers one set layout may give the compute stage
+    /// on a device with [`update_after_bind`](Self::update_after_bind),
+    /// where those limits count every set, plain or not: the least of
     /// `maxPerStageDescriptorUpdateAfterBindStorageBuffers`,
     /// `maxDescriptorSetUpdateAfterBindStorageBuffers` and
     /// `maxPerStageUpdateAfterBindResources`.
@@ -387,10 +388,6 @@ pub(crate) struct Context {
     /// the device's `maxTimelineSemaphoreValueDifference`, or less, for
     /// tests (`VulkanDevice::limit_value_difference`).
     pub(super) max_value_difference: std::sync::atomic::AtomicU64,
-    /// The most storage buffers an update-after-bind set layout may have:
-    /// the device's (`Physical::update_after_bind_buffers`), or fewer, for
-    /// tests (`VulkanDevice::limit_update_after_bind_buffers`).
-    pub(super) update_after_bind_buffers: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: `ash::Device` is a table of function pointers and a handle;
@@ -442,9 +439,6 @@ impl Context {
             lost: OnceLock::new(),
             host_query_reset: physical.host_query_reset,
             max_value_difference: std::sync::atomic::AtomicU64::new(physical.max_value_difference),
-            update_after_bind_buffers: std::sync::atomic::AtomicU32::new(
-                physical.update_after_bind_buffers,
-            ),
         })
     }
 
@@ -463,21 +457,6 @@ impl Context {
             });
         }
         Ok(())
-    }
-
-    /// Whether a set layout of `buffers` storage buffers is made
-    /// update-after-bind (its sets rewritten in place by a rebinding,
-    /// `rebind.rs`): where the device writes descriptors after binding and
-    /// the layout is within its update-after-bind limits. A layout over
-    /// them would be invalid; it is a plain one, which those limits do not
-    /// count (a kernel's buffers are held to the plain limits already:
-    /// `Limits::max_buffers`), and its recordings are recorded again
-    /// instead of rewritten.
-    pub(super) fn after_bind(&self, buffers: usize) -> bool {
-        let max = self
-            .update_after_bind_buffers
-            .load(std::sync::atomic::Ordering::Relaxed);
-        self.physical.update_after_bind && buffers <= max as usize
     }
 
     /// `VkPhysicalDeviceLimits` of the device.

@@ -304,7 +304,11 @@ impl VulkanDevice {
             .position(|p| std::ptr::eq(p, *chosen))
             .expect("one of the instance's");
         let context = Arc::new(Context::open(index as u32, ordinal, unmapped)?);
-        let limits = limits_of(context.limits());
+        let physical = &context.physical;
+        let after_bind = physical
+            .update_after_bind
+            .then_some(physical.update_after_bind_buffers);
+        let limits = limits_of(context.limits(), after_bind);
         Ok(Self {
             inner: Arc::new(DeviceInner {
                 pool: MemoryPool::new(VulkanBlocks::for_device(context)),
@@ -398,21 +402,6 @@ impl VulkanDevice {
             .fetch_min(max, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Lowers the most storage buffers an update-after-bind descriptor
-    /// set layout may have on this handle (the device's least of
-    /// `maxPerStageDescriptorUpdateAfterBindStorageBuffers`,
-    /// `maxDescriptorSetUpdateAfterBindStorageBuffers` and
-    /// `maxPerStageUpdateAfterBindResources`), as a driver with small
-    /// limits has it: for tests of what follows, on drivers whose limits
-    /// are too large to reach. A program's pipeline is made once per
-    /// `VkDevice`: the tests use programs of their own.
-    #[doc(hidden)]
-    pub fn limit_update_after_bind_buffers(&self, max: u32) {
-        self.context()
-            .update_after_bind_buffers
-            .fetch_min(max, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Marks the device lost, as a `VK_ERROR_DEVICE_LOST` would: for tests
     /// of what follows a loss, which no driver produces on demand.
     #[doc(hidden)]
@@ -423,21 +412,26 @@ impl VulkanDevice {
     }
 }
 
-fn limits_of(limits: &vk::PhysicalDeviceLimits) -> Limits {
+/// The device's [`Limits`]; `after_bind`: the least of its
+/// update-after-bind storage buffer limits, where it binds kernels'
+/// buffers through update-after-bind set layouts (`Physical::update_after_bind`).
+fn limits_of(limits: &vk::PhysicalDeviceLimits, after_bind: Option<u32>) -> Limits {
     Limits {
         max_local_size: limits.max_compute_work_group_size,
         max_local_count: limits.max_compute_work_group_invocations,
         max_groups: limits.max_compute_work_group_count,
-        // A kernel's buffers are one plain set layout's storage buffers,
-        // in the compute stage (a layout over the update-after-bind limits
-        // is a plain one: `Context::after_bind`), so each limit on those
-        // holds; and hwqueue's own, 64.
+        // A kernel's buffers are one set layout's storage buffers, in the
+        // compute stage, so each limit on those holds: the plain ones, and
+        // where the device uses update-after-bind layouts, theirs too (they
+        // count every set's descriptors, plain or not: the spec's
+        // `VkDescriptorSetLayoutCreateFlagBits`); and hwqueue's own, 64.
         max_buffers: [
             limits.max_per_stage_descriptor_storage_buffers,
             limits.max_descriptor_set_storage_buffers,
             limits.max_per_stage_resources,
         ]
         .into_iter()
+        .chain(after_bind)
         .min()
         .map_or(0, |max| max as usize)
         .min(64),
@@ -527,8 +521,8 @@ mod tests {
 
     /// `Limits::max_buffers` followed `maxPerStageDescriptorStorageBuffers`
     /// alone: a kernel within it but over `maxDescriptorSetStorageBuffers`
-    /// or `maxPerStageResources`, which a plain set layout counts against
-    /// too (a kernel over the update-after-bind limits gets one), was not
+    /// or `maxPerStageResources`, which a set layout counts against too,
+    /// was not
     /// refused at record time, and got an invalid pipeline layout. The
     /// least of the three holds, and 64 at most.
     #[test]
@@ -539,15 +533,36 @@ mod tests {
             max_per_stage_resources: 128,
             ..Default::default()
         };
-        assert_eq!(limits_of(&limits).max_buffers, 24, "the set's limit");
+        assert_eq!(limits_of(&limits, None).max_buffers, 24, "the set's limit");
         limits.max_descriptor_set_storage_buffers = 96;
         limits.max_per_stage_resources = 30;
-        assert_eq!(limits_of(&limits).max_buffers, 30, "the stage's resources");
+        assert_eq!(
+            limits_of(&limits, None).max_buffers,
+            30,
+            "the stage's resources"
+        );
         limits.max_per_stage_resources = 200;
-        assert_eq!(limits_of(&limits).max_buffers, 40, "the stage's buffers");
+        assert_eq!(
+            limits_of(&limits, None).max_buffers,
+            40,
+            "the stage's buffers"
+        );
         limits.max_per_stage_descriptor_storage_buffers = 1 << 20;
         limits.max_descriptor_set_storage_buffers = 1 << 20;
         limits.max_per_stage_resources = 1 << 20;
-        assert_eq!(limits_of(&limits).max_buffers, 64, "hwqueue's own limit");
+        assert_eq!(
+            limits_of(&limits, None).max_buffers,
+            64,
+            "hwqueue's own limit"
+        );
+        // Where kernels' sets are update-after-bind, those limits hold too
+        // (helper-79: a plain layout, which ebb0d74 fell back to past them,
+        // counts against them all the same).
+        assert_eq!(
+            limits_of(&limits, Some(12)).max_buffers,
+            12,
+            "the update-after-bind limits"
+        );
+        assert_eq!(limits_of(&limits, Some(1 << 20)).max_buffers, 64);
     }
 }

@@ -88,13 +88,12 @@ struct ProgramInner {
 
 /// A program's pipeline on one `VkDevice`.
 pub(super) struct Pipeline {
-    /// The device's function table (the `VkDevice`, kept for the process).
+    /// The device's function table; the `VkDevice` outlives every
+    /// pipeline (it is kept for the process).
     device: ash::Device,
     pub(super) set_layout: vk::DescriptorSetLayout,
     pub(super) layout: vk::PipelineLayout,
     pub(super) pipeline: vk::Pipeline,
-    /// Whether its set layout is update-after-bind (`Context::after_bind`).
-    pub(super) after_bind: bool,
 }
 
 impl VulkanProgram {
@@ -393,14 +392,14 @@ impl VulkanProgram {
             offset: 0,
             size: inner.push_size,
         }];
-        // Where the device can, within its limits, a set may be rewritten while
-        // a recorded command buffer binds it (`rebind.rs`; `descriptor_set`).
-        let after_bind = context.after_bind(bindings.len());
-        let flags = vec![vk::DescriptorBindingFlags::UPDATE_AFTER_BIND; bindings.len()];
+        // Where the device can, a set's descriptors may be rewritten while
+        // a recorded command buffer binds it (`replay.rs`'s rebinding);
+        // its sets then come from pools made for that (`descriptor_set`).
+        let after_bind = vec![vk::DescriptorBindingFlags::UPDATE_AFTER_BIND; bindings.len()];
         let mut binding_flags =
-            vk::DescriptorSetLayoutBindingFlagsCreateInfo::default().binding_flags(&flags);
+            vk::DescriptorSetLayoutBindingFlagsCreateInfo::default().binding_flags(&after_bind);
         let mut set_layout_info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-        if after_bind {
+        if context.physical.update_after_bind {
             set_layout_info = set_layout_info
                 .flags(vk::DescriptorSetLayoutCreateFlags::UPDATE_AFTER_BIND_POOL)
                 .push_next(&mut binding_flags);
@@ -448,7 +447,6 @@ impl VulkanProgram {
                     set_layout,
                     layout,
                     pipeline: pipelines[0],
-                    after_bind,
                 }),
                 Err((_, e)) => {
                     device.destroy_pipeline_layout(layout, None);
@@ -460,13 +458,6 @@ impl VulkanProgram {
                 }
             }
         }
-    }
-
-    /// How many pipelines the program holds: one per `VkDevice` and local
-    /// size it ran with (for tests).
-    #[doc(hidden)]
-    pub fn cached_pipelines(&self) -> usize {
-        self.inner.pipelines.lock().len()
     }
 }
 
@@ -480,6 +471,15 @@ impl Drop for Pipeline {
             device.destroy_pipeline_layout(self.layout, None);
             device.destroy_descriptor_set_layout(self.set_layout, None);
         }
+    }
+}
+
+impl VulkanProgram {
+    /// How many pipelines the program holds: one per `VkDevice` and local
+    /// size it ran with (for tests).
+    #[doc(hidden)]
+    pub fn cached_pipelines(&self) -> usize {
+        self.inner.pipelines.lock().len()
     }
 }
 

@@ -105,10 +105,6 @@ pub(super) struct BoundSet {
     pub(super) set: vk::DescriptorSet,
     pub(super) first: u32,
     pub(super) count: u32,
-    /// Whether its layout is update-after-bind: a set of a plain one (a
-    /// kernel over the device's update-after-bind limits:
-    /// `Context::after_bind`) is never rewritten.
-    pub(super) after_bind: bool,
 }
 
 /// Rewrites `sets` (recorded for the exec ranges of `old`) for those of
@@ -117,7 +113,7 @@ pub(super) struct BoundSet {
 ///
 /// # Safety
 /// Every set is `device`'s, from an `UPDATE_AFTER_BIND` pool, of a layout
-/// whose bindings are `UPDATE_AFTER_BIND` (`BoundSet::after_bind`), and no submission that reads it
+/// whose bindings are `UPDATE_AFTER_BIND`, and no submission that reads it
 /// is pending; the buffers `new` names live until the sets are written
 /// again or freed.
 pub(super) unsafe fn rewrite(
@@ -230,97 +226,6 @@ mod tests {
         let (other, _) = execs(&[[2, 0, 64]]);
         assert_ne!(Structure::of(&words, &copy), Structure::of(&other, &copy));
     }
-
-    /// Runs `x + 1` into `y` for each `(x, y)` of `runs`, marked for
-    /// replay as key 0, on a queue of `device`; the queue's launches after
-    /// each run, and the buffers.
-    fn increments(
-        device: &crate::vulkan::VulkanDevice,
-        runs: &[(usize, usize)],
-    ) -> (Vec<crate::Launches>, Vec<crate::vulkan::VulkanBuffer>) {
-        use crate::{Buffer, Device, ExecParams, HardwareQueue, QueueFactory, TimelineSignal};
-        // A program of its own: a pipeline is made once per `VkDevice`,
-        // under the limits of the handle that first runs it.
-        let increment = crate::vulkan::VulkanProgram::from_wgsl(
-            "increment",
-            "@group(0) @binding(0) var<storage, read> x: array<u32>;
-             @group(0) @binding(1) var<storage, read_write> y: array<u32>;
-             @compute @workgroup_size(4)
-             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                 y[id.x] = x[id.x] + 1u;
-             }",
-            "main",
-        )
-        .unwrap();
-        let buffers: Vec<_> = (0..3u32)
-            .map(|at| {
-                let buffer = device.alloc(16).unwrap();
-                buffer.write_at(0, &[10 * at; 4]).unwrap();
-                buffer
-            })
-            .collect();
-        let signal = device.new_signal(0).unwrap();
-        let mut queue = device.compute_queue().unwrap();
-        let mut launches = Vec::new();
-        for (value, &(x, y)) in (1..).zip(runs) {
-            queue
-                .exec(
-                    &increment,
-                    &[&buffers[x], &buffers[y]],
-                    &[],
-                    ExecParams::new_1d(4, 4),
-                )
-                .signal(&signal, value)
-                .replay_as(0)
-                .submit()
-                .unwrap();
-            signal
-                .wait(
-                    value,
-                    crate::signal::Timeout::After(std::time::Duration::from_secs(60)),
-                )
-                .unwrap();
-            launches.push(queue.launches());
-        }
-        (launches, buffers)
-    }
-
-    /// A kernel binding more storage buffers than an update-after-bind
-    /// set layout may have (`maxPerStageDescriptorUpdateAfterBindStorageBuffers`,
-    /// `maxDescriptorSetUpdateAfterBindStorageBuffers`,
-    /// `maxPerStageUpdateAfterBindResources`: lowered here, as a driver
-    /// with small limits has them) got such a layout all the same, an
-    /// invalid pipeline layout, and its recordings were rewritten in
-    /// place. Its layout is a plain one now, so a rebinding records it
-    /// again; a kernel within the limits is still rewritten.
-    #[test]
-    fn a_kernel_over_the_update_after_bind_limits_gets_a_plain_layout() {
-        let Some(device) = crate::vulkan::testing::device() else {
-            return;
-        };
-        if !device.rebinds_in_place() {
-            println!("this driver has no update-after-bind: nothing to check");
-            return;
-        }
-        // Within the limits: the rebinding (run 2) is rewritten in place.
-        let (within, _) = increments(&device, &[(0, 1), (0, 2)]);
-        assert_eq!(within[1].patched, within[0].patched + 1, "{within:?}");
-        assert_eq!(within[1].kernels, within[0].kernels, "{within:?}");
-        // Over them (2 buffers, 1 allowed): recorded again, not rewritten.
-        let device = crate::vulkan::testing::device().expect("opened above");
-        device.limit_update_after_bind_buffers(1);
-        let (over, buffers) = increments(&device, &[(0, 1), (0, 2), (1, 2)]);
-        assert_eq!(
-            over[1].patched, over[0].patched,
-            "a set of a kernel over the limits was rewritten after binding: {over:?}"
-        );
-        assert_eq!(over[1].kernels, over[0].kernels + 1, "{over:?}");
-        // Every run computed what it should.
-        let words = |at: usize| crate::Buffer::to_vec::<u32>(&buffers[at]).unwrap();
-        assert_eq!(words(1), [1; 4]);
-        assert_eq!(words(2), [2; 4]);
-    }
-
     /// A replayed batch after a loss rewrote its recording's descriptor
     /// sets (`vkGetSemaphoreCounterValue`, `vkUpdateDescriptorSets`) on
     /// the lost device before any command looked at its health

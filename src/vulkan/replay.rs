@@ -394,10 +394,7 @@ impl Recorder {
         .ok()?;
         let mut wanted = None;
         let at = kept.iter_mut().rposition(|recording| {
-            // A set of a plain layout (a kernel over the update-after-bind
-            // limits) may not be written once bound.
-            let plain = recording.sets.iter().any(|bound| !bound.after_bind);
-            if recording.last > completed || recording.sets.is_empty() || plain {
+            if recording.last > completed || recording.sets.is_empty() {
                 return false;
             }
             let wanted = wanted.get_or_insert_with(|| Structure::of(words, ranges));
@@ -408,9 +405,8 @@ impl Recorder {
         })?;
         let recording = kept.remove(at);
         // SAFETY: the sets are this queue's recording's, from its command
-        // sets' pools, made `UPDATE_AFTER_BIND` where the device has
-        // `update_after_bind`, and of `UPDATE_AFTER_BIND` layouts (no set
-        // is of a plain one: `plain` above); every submission of the recording
+        // sets' pools, made `UPDATE_AFTER_BIND` with their layouts where the
+        // device has `update_after_bind`; every submission of the recording
         // completed (the progress semaphore passed its last); the buffers
         // the batch binds live while it does, and the recording takes them
         // before it is submitted again.
@@ -429,14 +425,8 @@ impl Recorder {
     }
 
     /// An exec recorded: the set it wrote and bound (`None` where it kept
-    /// the one bound), whether its layout is update-after-bind, and how
-    /// many buffers it binds.
-    pub(super) fn note_exec(
-        &mut self,
-        set: Option<vk::DescriptorSet>,
-        after_bind: bool,
-        bindings: usize,
-    ) {
+    /// the one bound) and how many buffers it binds.
+    pub(super) fn note_exec(&mut self, set: Option<vk::DescriptorSet>, bindings: usize) {
         let Some(replay) = self.replay.as_mut() else {
             return;
         };
@@ -449,7 +439,6 @@ impl Recorder {
                 set,
                 first: replay.ranges,
                 count,
-                after_bind,
             });
         }
         replay.ranges += count;
