@@ -61,7 +61,8 @@ pub struct MemoryStats {
     /// Times a backend's out-of-memory made the pool free its cache and
     /// retry.
     pub oom_retries: u64,
-    /// Allocations refused for want of memory, after the retry.
+    /// Allocations refused for want of memory: after the retry, or at once
+    /// where the request is larger than any range may be.
     pub oom_failures: u64,
     /// The most bytes kept cached; above it, emptied blocks go back to the
     /// backend at once.
