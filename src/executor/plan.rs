@@ -77,9 +77,11 @@ impl<B: Backend> Plan<B> {
     /// [`Error::TransferNotStaged`] when an upload or download has nothing
     /// staged (in those three cases nothing is recorded, and what was
     /// staged stays: the peers' collectives wait for this rank's next run);
-    /// when a queue refuses the batch (a command the backend rejects), in
-    /// which case every download staged for the run fails with that error,
-    /// and its collectives take their places, failed on this rank.
+    /// when a queue refuses the batch (a command the backend rejects, or a
+    /// queue that takes no more work), in which case every download staged
+    /// for the run that was not yet submitted fails with that error (one
+    /// a queue submitted before the refusing one still runs), and its
+    /// collectives take their places, failed on this rank.
     pub fn run(&mut self) -> Result<Run<B>> {
         let refused = self
             .refused
