@@ -46,6 +46,13 @@ impl<E: Engine> Queue<E> {
             // or an owner that goes on recording and submitting would grow
             // it without bound.
             if self.engine.ledger().refuses() {
+                // Let go on this rank all the same: its collectives take
+                // their places, which the engine forfeits (as a rejected
+                // batch's), or the communicator's next collective would
+                // meet the peers' one this rank skipped (helper-78).
+                if self.batch.collectives {
+                    self.stamp_collectives();
+                }
                 self.abandon_recorded(error.clone());
             }
             return Err(error);

@@ -78,6 +78,7 @@ pub(super) fn run(device: &CudaDevice, case: &str) {
         "many_groups" => many_groups(device),
         "skipped" => skipped(device),
         "skipped_unsettled" => skipped_unsettled(device),
+        "stalled" => stalled(device),
         #[cfg(feature = "mpi")]
         "over_mpi" => over_mpi(device),
         #[cfg(feature = "half")]
@@ -881,6 +882,27 @@ fn skipped_unsettled(device: &CudaDevice) {
     submitted.unwrap();
     report("c", &outcome(c.wait(1, LONG)));
     report("a_reached", &a.is_reached(1).to_string());
+}
+
+/// A queue that takes no more work (stalled: from the first upload on,
+/// nothing tells when work is done, and 70 uploads are put behind it),
+/// then a batch of an all_reduce on it, which its `submit` lets go unrun
+/// (`stalled`: what that submit said). Everything is dropped after.
+fn stalled(device: &CudaDevice) {
+    let comm = Communicator::nccl_single(device).unwrap();
+    let (input, output) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
+    let mut queue = device.compute_queue().unwrap();
+    let refuses = |submitted: &hwqueue::Result<()>| {
+        matches!(submitted, Err(Error::QueueFailed { cause })
+            if matches!(**cause, Error::QueueStalled { .. }))
+    };
+    let stalled = (0..200).any(|_| {
+        let submitted = queue.upload_vec(&input, vec![1u32; 4]).submit();
+        refuses(&submitted)
+    });
+    report("stalled", &stalled.to_string());
+    queue.all_reduce::<u32, _, _>(&comm, Reduction::Sum, &input, &output);
+    report("refused", &refuses(&queue.submit()).to_string());
 }
 
 /// A collective this rank does not run, where its peers run theirs: an
@@ -1724,4 +1746,38 @@ fn a_collective_skipped_by_a_batch_kept_unsettled_breaks_the_communicator_at_onc
     };
     let c = outcome.field("c");
     assert!(c.starts_with("Broken "), "{outcome:#?}");
+}
+
+/// A collective in a batch that a stalled queue (one that takes no more
+/// work) let go unrun took no place in its communicator's order: the
+/// communicator stayed whole, so its next collective (from another queue)
+/// would have met the peers' collective this rank skipped, out of step
+/// with them (helper-78). It is forfeited, as a refused batch's is: the
+/// communicator breaks, and is aborted when dropped, not destroyed.
+#[test]
+fn a_collective_a_stalled_queue_lets_go_breaks_the_communicator() {
+    let vars = on_a_12_2_device(
+        "nccl:stalled",
+        &[
+            (NCCL_FAKE, "so"),
+            ("HWQUEUE_FAKE_FAULT_AFTER", "cuMemcpyHtoDAsync_v2"),
+            ("HWQUEUE_FAKE_FAULT", "400"),
+            (
+                "HWQUEUE_FAKE_FAULT_SEEN_BY",
+                "cuEventQuery,cuEventSynchronize,cuStreamSynchronize",
+            ),
+        ],
+    );
+    let Some(outcome) = run_scenario(&vars) else {
+        return;
+    };
+    assert_eq!(outcome.field("stalled"), "true", "{outcome:#?}");
+    assert_eq!(outcome.field("refused"), "true", "{outcome:#?}");
+    let calls = nccl_calls(&outcome);
+    assert!(
+        !calls.iter().any(|c| c.starts_with("ncclAllReduce")),
+        "{outcome:#?}"
+    );
+    assert!(calls.contains(&"ncclCommAbort"), "{outcome:#?}");
+    assert!(!calls.contains(&"ncclCommDestroy"), "{outcome:#?}");
 }
