@@ -124,6 +124,44 @@ fn read_after_write_across_queues_waits() {
     assert_eq!(plan.queue_labels(), ["cpu:0 copy", "cpu:0 compute"]);
 }
 
+/// An exec whose declarations name only some of its arguments still
+/// reads and writes the others whole: on 9eae564 the undeclared argument
+/// `w` got no hazard, so the kernel did not wait for the copy queue's
+/// write of it (no wait at all), nor the copy after it for the kernel
+/// (helper-78).
+#[test]
+fn an_argument_no_declaration_names_is_read_and_written_whole() {
+    let mut s = setup();
+    let (x, w, h) = (
+        buffer(&mut s, "x", 64),
+        buffer(&mut s, "w", 64),
+        buffer(&mut s, "h", 64),
+    );
+    let staging = buffer(&mut s, "staging", 64);
+    copy_touch(&mut s, "upload w", w, staging);
+    let program = CpuProgram::from_fn("noop", 3, 0, noop);
+    s.schedule
+        .exec(
+            "use",
+            s.device,
+            &program,
+            &[x, w, h],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .reads(x, 0..64)
+        .writes(h, 0..64);
+    copy_touch(&mut s, "overwrite w", w, staging);
+    let plan = s.schedule.plan().unwrap();
+    assert_eq!(
+        waits(&plan),
+        [
+            (0, 1, Hazard::ReadAfterWrite),
+            (1, 2, Hazard::WriteAfterRead)
+        ]
+    );
+}
+
 /// A wait names the buffer and the bytes the two operations share.
 #[test]
 fn a_wait_names_the_buffer_and_the_bytes_in_conflict() {

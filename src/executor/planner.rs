@@ -356,12 +356,26 @@ fn effective_accesses<B: Backend>(
     };
     match &op.work {
         Work::Exec { buffers, .. } => {
-            if op.reads.is_some() || op.writes.is_some() {
-                (declared(&op.reads), declared(&op.writes))
-            } else {
-                let all: Vec<Access> = buffers.iter().map(|b| whole(*b)).collect();
-                (all.clone(), all)
-            }
+            // Narrowed only where declared: an argument no declaration
+            // names keeps its whole read and write (helper-78: it got no
+            // hazard at all, so a kernel could read a tensor before the
+            // operation writing it ran, or while the next overwrote it).
+            let named = |buffer: &BufferId| {
+                [&op.reads, &op.writes]
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .any(|access| access.buffer == *buffer)
+            };
+            let undeclared: Vec<Access> = (buffers.iter())
+                .filter(|buffer| !named(buffer))
+                .map(|buffer| whole(*buffer))
+                .collect();
+            let mut reads = declared(&op.reads);
+            let mut writes = declared(&op.writes);
+            reads.extend(undeclared.iter().cloned());
+            writes.extend(undeclared);
+            (reads, writes)
         }
         Work::Copy { dst, src } => {
             let mut reads = vec![whole(*src)];

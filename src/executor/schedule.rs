@@ -370,9 +370,11 @@ impl<B: Backend> Schedule<B> {
             .map_or(DeviceId(usize::MAX), |b| b.device)
     }
 
-    /// Adds a kernel launch on `device`'s compute queue. Unless narrowed with
-    /// [`OpBuilder::reads`]/[`OpBuilder::writes`], it reads and writes every
-    /// buffer argument whole.
+    /// Adds a kernel launch on `device`'s compute queue. It reads and
+    /// writes every buffer argument whole, except those that
+    /// [`OpBuilder::reads`]/[`OpBuilder::writes`] narrow to the ranges they
+    /// declare (an argument no declaration names stays read and written
+    /// whole).
     pub fn exec(
         &mut self,
         name: impl Into<String>,
