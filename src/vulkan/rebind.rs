@@ -240,16 +240,7 @@ mod tests {
             println!("this driver has no update-after-bind: nothing to check");
             return;
         }
-        let increment = crate::vulkan::VulkanProgram::from_wgsl(
-            "increment",
-            "@group(0) @binding(0) var<storage, read_write> y: array<u32>;
-             @compute @workgroup_size(4)
-             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                 y[id.x] = y[id.x] + 1u;
-             }",
-            "main",
-        )
-        .unwrap();
+        let increment = crate::vulkan::testing::add_one();
         let (a, b) = (device.alloc(16).unwrap(), device.alloc(16).unwrap());
         let mut queue = device.compute_queue().unwrap();
         let grid = ExecParams::new_1d(4, 4);

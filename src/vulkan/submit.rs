@@ -287,8 +287,7 @@ mod tests {
     use crate::params::ExecParams;
     use crate::queue::{HardwareQueue, QueueKind};
     use crate::signal::TimelineSignal;
-    use crate::vulkan::VulkanProgram;
-    use crate::vulkan::testing::{BusyQueue, FailingCall, device};
+    use crate::vulkan::testing::{BusyQueue, FailingCall, add_one, device};
 
     /// Issue 46, defect 9: a copy queue on the compute family (a device
     /// without a transfer-only family, lavapipe) shares its `VkQueue` with
@@ -499,16 +498,7 @@ mod tests {
     fn an_exec_after_a_loss_fails_with_the_loss_before_making_a_pipeline() {
         let Some(device) = device() else { return };
         let buffer = device.alloc(16).unwrap();
-        let program = VulkanProgram::from_wgsl(
-            "add_one",
-            "@group(0) @binding(0) var<storage, read_write> data: array<u32>;
-             @compute @workgroup_size(4)
-             fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-                 data[id.x] = data[id.x] + 1u;
-             }",
-            "main",
-        )
-        .unwrap();
+        let program = add_one();
         let mut queue = device.compute_queue().unwrap();
         device.simulate_device_loss();
         let submitted = queue

@@ -27,6 +27,21 @@ pub(super) fn device() -> Option<VulkanDevice> {
     }
 }
 
+/// A new program (so no pipeline of it is cached yet) adding 1 to each
+/// word of its one buffer, 4 invocations a work group.
+pub(super) fn add_one() -> super::VulkanProgram {
+    super::VulkanProgram::from_wgsl(
+        "add_one",
+        "@group(0) @binding(0) var<storage, read_write> data: array<u32>;
+         @compute @workgroup_size(4)
+         fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+             data[id.x] = data[id.x] + 1u;
+         }",
+        "main",
+    )
+    .expect("the add_one kernel compiles")
+}
+
 /// A submission on the shared compute `VkQueue` that waits for value 1
 /// of a timeline semaphore of the test's (`open`), with a fence that says
 /// when it completed: what is submitted after it stays pending until then.
