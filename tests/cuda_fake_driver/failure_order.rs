@@ -55,6 +55,28 @@ fn expect_fields(
     Some(outcome)
 }
 
+/// Submits what `queue` recorded, past what the batches before report:
+/// the failure of the one before may be reported first (the batch stays
+/// recorded), so it is submitted again (up to 3 times); and the stall may
+/// land first (the worker retired the batches before meanwhile, and
+/// nothing could tell their work done), after which the queue takes no
+/// more work and says so at every submit: then the batch is let go, and
+/// the values kept unsettled before it failed. Anything else panics.
+fn submit_past_reports(queue: &mut hwqueue::cuda::CudaQueue) {
+    let stalled = |ended: &hwqueue::Result<()>| {
+        matches!(ended, Err(Error::QueueFailed { cause })
+            if matches!(**cause, Error::QueueStalled { .. }))
+    };
+    let mut submitted = queue.submit();
+    for _ in 0..3 {
+        match submitted {
+            Err(Error::QueueFailed { .. }) if !stalled(&submitted) => submitted = queue.submit(),
+            _ => break,
+        }
+    }
+    assert!(submitted.is_ok() || stalled(&submitted), "{submitted:?}");
+}
+
 /// A signal whose value 1 failed on another queue: a wait on it fails the
 /// batch there.
 fn failed_elsewhere(device: &CudaDevice) -> hwqueue::cuda::CudaSignal {
@@ -183,22 +205,7 @@ fn run_blocked_behind_unsettled(device: &CudaDevice) {
     queue.signal(&a, 1).submit().unwrap();
     queue.wait(&failed, 1).signal(&b, 1).submit().unwrap();
     queue.wait(&x, 1).signal(&c, 1);
-    // The failure of the batch before may be reported first (the batch
-    // stays recorded): submitted again. The stall may land first too (the
-    // worker retires `blocked`'s first batch meanwhile): the queue then
-    // takes no more work, reporting it at every submit, and `b` failed.
-    let stalled = |ended: &hwqueue::Result<()>| {
-        matches!(ended, Err(Error::QueueFailed { cause })
-            if matches!(**cause, Error::QueueStalled { .. }))
-    };
-    let mut submitted = queue.submit();
-    for _ in 0..3 {
-        match submitted {
-            Err(Error::QueueFailed { .. }) if !stalled(&submitted) => submitted = queue.submit(),
-            _ => break,
-        }
-    }
-    assert!(submitted.is_ok() || stalled(&submitted), "{submitted:?}");
+    submit_past_reports(&mut queue);
     let ended = b.wait(1, Duration::from_secs(10));
     let a_reached = a.is_reached(1);
     report(
@@ -482,22 +489,7 @@ fn run_dropped_while_blocked(device: &CudaDevice, draining: bool) {
         queue.submit().unwrap();
     }
     queue.wait(&x, 1).signal(&c, 1);
-    // The failure of the batch before may be reported first (the batch
-    // stays recorded): submitted again. The stall may land first too (the
-    // worker retires `blocked`'s first batch meanwhile): the queue then
-    // takes no more work, reporting it at every submit, and `b` failed.
-    let stalled = |ended: &hwqueue::Result<()>| {
-        matches!(ended, Err(Error::QueueFailed { cause })
-            if matches!(**cause, Error::QueueStalled { .. }))
-    };
-    let mut submitted = queue.submit();
-    for _ in 0..3 {
-        match submitted {
-            Err(Error::QueueFailed { .. }) if !stalled(&submitted) => submitted = queue.submit(),
-            _ => break,
-        }
-    }
-    assert!(submitted.is_ok() || stalled(&submitted), "{submitted:?}");
+    submit_past_reports(&mut queue);
     let describe = |ended: &hwqueue::Result<()>| match ended {
         Err(Error::SignalFailed { .. }) => "failed",
         Err(Error::Timeout { .. }) => "pending",
