@@ -423,26 +423,13 @@ fn run_rejected_behind_unsettled(device: &CudaDevice) {
     let mut queue = device.compute_queue().unwrap();
     let (b, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let buffer = device.alloc(64).unwrap();
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue
         .upload_vec(&buffer, vec![7u32; 16])
         .wait(&failed, 1)
         .signal(&b, 1)
         .submit()
         .unwrap();
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Err(Error::Timeout { .. }) => "pending",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
     let (small, large) = (device.alloc(16).unwrap(), device.alloc(32).unwrap());
     queue.signal(&c, 1).copy(&small, &large);
@@ -473,14 +460,7 @@ fn run_dropped_while_blocked(device: &CudaDevice, draining: bool) {
     let (b, c) = (device.new_signal(0).unwrap(), device.new_signal(0).unwrap());
     let x = device.new_signal(0).unwrap();
     let buffer = device.alloc(64).unwrap();
-    let failed = device.new_signal(0).unwrap();
-    failed.fail(
-        1,
-        Error::KernelFailed {
-            program: "elsewhere".into(),
-            message: "failed on another queue".into(),
-        },
-    );
+    let failed = failed_elsewhere(device);
     queue
         .upload_vec(&buffer, vec![7u32; 16])
         .wait(&failed, 1)
@@ -490,12 +470,6 @@ fn run_dropped_while_blocked(device: &CudaDevice, draining: bool) {
     }
     queue.wait(&x, 1).signal(&c, 1);
     submit_past_reports(&mut queue);
-    let describe = |ended: &hwqueue::Result<()>| match ended {
-        Err(Error::SignalFailed { .. }) => "failed",
-        Err(Error::Timeout { .. }) => "pending",
-        Ok(()) => "reached",
-        Err(_) => "other",
-    };
     report("b_while_live", describe(&b.wait(1, Duration::from_secs(1))));
     drop(queue);
     report("b", describe(&b.wait(1, Duration::from_secs(10))));
