@@ -13,14 +13,33 @@ use std::thread;
 
 use common::{LONG, no_hang};
 use hwqueue::cpu::{Cpu, CpuDevice, CpuProgram, KernelArgs, WorkGroup};
-use hwqueue::executor::Schedule;
-use hwqueue::{Buffer, Device, Error, ExecParams, QueueKind, View};
+use hwqueue::executor::{Plan, Schedule};
+use hwqueue::{Buffer, BufferId, Device, Error, ExecParams, QueueKind, View};
 
 /// Spins until `gate` is set.
 fn hold(gate: &AtomicBool) {
     while !gate.load(Ordering::Acquire) {
         thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// A plan on `device` of one exec of `program` (one buffer) writing the
+/// 64-byte slot `s` whole, and that slot.
+fn one_writer(device: Arc<CpuDevice>, program: &CpuProgram) -> (Plan<Cpu>, BufferId) {
+    let mut schedule = Schedule::<Cpu>::new();
+    let d = schedule.add_device(device);
+    let slot = schedule.add_slot(d, "s", 64);
+    schedule
+        .exec(
+            "write s",
+            d,
+            program,
+            &[slot],
+            &[],
+            ExecParams::new_1d(1, 1),
+        )
+        .writes(slot, ..);
+    (schedule.plan().unwrap(), slot)
 }
 
 /// Two CPU devices: a cross-device copy (so the plan has a host stage), an
@@ -88,21 +107,8 @@ fn a_refused_run_never_fails_the_run_in_flight_before_it() {
         unsafe { args.buffer(0).slice_mut::<u32>(0..1)[0] = 7 };
     }
     no_hang("a refused run after one in flight", || {
-        let mut schedule = Schedule::<Cpu>::new();
-        let device = schedule.add_device(Arc::new(CpuDevice::new()));
-        let slot = schedule.add_slot(device, "s", 64);
         let program = CpuProgram::from_fn("write_7", 1, 0, write_7);
-        schedule
-            .exec(
-                "write 7",
-                device,
-                &program,
-                &[slot],
-                &[],
-                ExecParams::new_1d(1, 1),
-            )
-            .writes(slot, ..);
-        let mut plan = schedule.plan().unwrap();
+        let (mut plan, slot) = one_writer(Arc::new(CpuDevice::new()), &program);
         let out = CpuDevice::new().alloc(128).unwrap();
         plan.bind(slot, &View::new(&out, 0, 64).unwrap()).unwrap();
         let run0 = plan.run().unwrap();
@@ -519,21 +525,8 @@ fn a_binding_replaced_and_settled_is_let_go() {
     }
     no_hang("a replaced binding let go", || {
         let device = Arc::new(CpuDevice::new());
-        let mut schedule = Schedule::<Cpu>::new();
-        let d = schedule.add_device(device.clone());
-        let slot = schedule.add_slot(d, "s", 64);
         let program = CpuProgram::from_fn("held", 1, 0, held);
-        schedule
-            .exec(
-                "write s",
-                d,
-                &program,
-                &[slot],
-                &[],
-                ExecParams::new_1d(1, 1),
-            )
-            .writes(slot, ..);
-        let mut plan = schedule.plan().unwrap();
+        let (mut plan, slot) = one_writer(device.clone(), &program);
         let live = || device.memory_stats().live_allocations;
         let x = device.alloc(64).unwrap();
         let y = device.alloc(64).unwrap();
